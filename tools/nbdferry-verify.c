@@ -1,0 +1,412 @@
+/* tools/nbdferry-verify.c: compare the digest of a source disk with the
+ * digest of its copy on an NBD export (or a file), locate differences.
+ *
+ * THREAD MODEL
+ * Two threads, one per side: the main thread hashes SOURCE, one worker
+ * thread hashes DESTINATION.  Each owns its verify_source (and so its NBD
+ * handles) and its sink; they share only 'abort' (atomic: the first side to
+ * fail sets it and the other gives up with -ECANCELED, without logging) and
+ * read-only tables.  The report is built after pthread_join(), so it reads
+ * both sinks without locks.  With one operand there is only the main thread.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "tools/verify/verify.h"
+
+struct options {
+    const char *algorithm;
+    const EVP_MD *md;
+    uint64_t size;                      /* --size, if have_size */
+    bool have_size;
+    bool zero_tail;
+    bool raw;
+    bool json;
+    bool quiet;
+    uint64_t block_size;
+    size_t max_ranges;
+    struct source_options src;
+};
+
+struct side {
+    struct verify_source *s;            /* owned */
+    struct sink k;                      /* owned */
+    int r;                              /* source_run + sink_finish */
+};
+
+static atomic_bool abort_flag;
+
+static const char usage_text[] =
+"Usage: nbdferry-verify [OPTIONS] SOURCE DESTINATION\n"
+"       nbdferry-verify [OPTIONS] OPERAND\n"
+"\n"
+"Compare the digest of SOURCE with the digest of DESTINATION and, when they\n"
+"differ, name the byte ranges that differ.  With one operand, print its\n"
+"digest like sha256sum.  An operand containing \"://\" is an NBD URI\n"
+"(nbd://HOST[:PORT][/EXPORT], nbd+unix:///[EXPORT]?socket=PATH, nbds://...);\n"
+"anything else is a file or a block device.  Holes (SEEK_HOLE, NBD block\n"
+"status) are hashed as zeros without being read.\n"
+"\n"
+"Without --size or --zero-tail the sizes must be equal: if they differ the\n"
+"result is a mismatch and no data is read.\n"
+"\n"
+"Options:\n"
+"  -d, --digest=ALG        md5, sha1, sha256 (default) or sha512\n"
+"  -s, --size=N            compare only the first N bytes of each side\n"
+"  -z, --zero-tail         accept a DESTINATION larger than SOURCE if every\n"
+"                          byte past SOURCE's size reads as zero\n"
+"  -b, --block-size=N      granularity of mismatch ranges (default 1M)\n"
+"  -m, --max-ranges=N      list at most N mismatch ranges (default 10, 0: all)\n"
+"  -j, --json              print a JSON report instead of text\n"
+"  -q, --quiet             print nothing; only the exit status\n"
+"      --raw               hash a VHD SOURCE file as it is, not decoded\n"
+"      --no-extents        read holes too (no SEEK_HOLE, no block status)\n"
+"  -r, --requests=N        NBD reads in flight per side (default 32)\n"
+"  -R, --request-size=N    bytes per read request (default 2M)\n"
+"  -C, --connections=N     NBD connections per export when the server\n"
+"                          allows multi-conn (default 1)\n"
+"  -h, --help              print this help\n"
+"  -V, --version           print the version\n"
+"\n"
+"Sizes take a K, M, G or T suffix (powers of 1024).\n"
+"Exit status: 0 match, 1 mismatch, 2 error.\n";
+
+enum { OPT_RAW = 256, OPT_NO_EXTENTS };
+
+static const struct option long_options[] = {
+    { "digest",       required_argument, NULL, 'd' },
+    { "size",         required_argument, NULL, 's' },
+    { "zero-tail",    no_argument,       NULL, 'z' },
+    { "block-size",   required_argument, NULL, 'b' },
+    { "max-ranges",   required_argument, NULL, 'm' },
+    { "json",         no_argument,       NULL, 'j' },
+    { "quiet",        no_argument,       NULL, 'q' },
+    { "raw",          no_argument,       NULL, OPT_RAW },
+    { "no-extents",   no_argument,       NULL, OPT_NO_EXTENTS },
+    { "requests",     required_argument, NULL, 'r' },
+    { "request-size", required_argument, NULL, 'R' },
+    { "connections",  required_argument, NULL, 'C' },
+    { "help",         no_argument,       NULL, 'h' },
+    { "version",      no_argument,       NULL, 'V' },
+    { NULL, 0, NULL, 0 },
+};
+
+/* ---- option parsing: every failure is one line and exit 2 ---- */
+
+static _Noreturn void die_usage(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+static _Noreturn void die_usage(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    verify_err("%s (see --help)", msg);
+    exit(VERIFY_EXIT_ERROR);
+}
+
+/* "123", "4K", "2M", "1G", "1T" (also "KiB" etc.): powers of 1024. */
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned shift = 0;
+
+    if (*s < '0' || *s > '9')
+        return -EINVAL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -EINVAL;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    }
+    if (shift && strcmp(end, "iB") == 0)
+        end += 2;
+    if (*end || (shift && v > (UINT64_MAX >> shift)))
+        return -EINVAL;
+    *out = (uint64_t) v << shift;
+    return 0;
+}
+
+static uint64_t size_arg(const char *opt, const char *arg, uint64_t min,
+                         uint64_t max)
+{
+    uint64_t v;
+
+    if (parse_size(arg, &v) < 0 || v < min || v > max)
+        die_usage("%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")", opt, arg,
+                  min, max);
+    return v;
+}
+
+static const EVP_MD *digest_arg(const char *name)
+{
+    static const char *const names[] = { "md5", "sha1", "sha256", "sha512" };
+
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return EVP_get_digestbyname(name);
+    die_usage("--digest: unknown algorithm '%s' (md5, sha1, sha256, sha512)",
+              name);
+}
+
+static _Noreturn void bad_option(int c, char **argv)
+{
+    if (c == ':')
+        die_usage("option '%s' needs a value", argv[optind - 1]);
+    if (optopt)
+        die_usage("bad option '-%c'", optopt);
+    die_usage("bad option '%s'", argv[optind - 1]);
+}
+
+static void parse_one(struct options *o, int c, char **argv)
+{
+    switch (c) {
+    case 'd': o->algorithm = optarg; o->md = digest_arg(optarg); break;
+    case 's': o->size = size_arg("--size", optarg, 0, INT64_MAX);
+              o->have_size = true; break;
+    case 'z': o->zero_tail = true; break;
+    case 'b': o->block_size = size_arg("--block-size", optarg, 4096, 1ull << 30);
+              if (o->block_size % 4096)
+                  die_usage("--block-size: '%s' is not a multiple of 4096", optarg);
+              break;
+    case 'm': o->max_ranges = size_arg("--max-ranges", optarg, 0, 1u << 30); break;
+    case 'j': o->json = true; break;
+    case 'q': o->quiet = true; break;
+    case OPT_RAW: o->raw = true; break;
+    case OPT_NO_EXTENTS: o->src.use_extents = false; break;
+    case 'r': o->src.requests = size_arg("--requests", optarg, 1, 1024); break;
+    case 'R': o->src.request_size = size_arg("--request-size", optarg, 4096,
+                                             32u << 20); break;
+    case 'C': o->src.connections = size_arg("--connections", optarg, 1, 16); break;
+    case 'h': fputs(usage_text, stdout); exit(0);
+    case 'V': printf("nbdferry-verify %s\n", PACKAGE_VERSION); exit(0);
+    default: bad_option(c, argv);
+    }
+}
+
+static int parse_options(struct options *o, int argc, char **argv)
+{
+    int c;
+
+    *o = (struct options) {
+        .algorithm = "sha256", .md = EVP_sha256(), .block_size = 1u << 20,
+        .max_ranges = 10,
+        .src = { .request_size = 2u << 20, .requests = 32, .connections = 1,
+                 .use_extents = true },
+    };
+    opterr = 0;                         /* our own one-line messages */
+    while ((c = getopt_long(argc, argv, "+:d:s:zb:m:jqr:R:C:hV", long_options,
+                            NULL)) != -1)
+        parse_one(o, c, argv);
+    if (o->have_size && o->zero_tail)
+        die_usage("%s", "--size and --zero-tail cannot be combined");
+    if (argc - optind < 1 || argc - optind > 2)
+        die_usage("%s", argc - optind < 1 ? "missing operand"
+                                          : "too many operands");
+    if (!o->md)
+        die_usage("--digest: '%s' is not available in this OpenSSL",
+                  o->algorithm);
+    return argc - optind;
+}
+
+/* ---- hashing ---- */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *side_main(void *arg)
+{
+    struct side *sd = arg;
+
+    sd->r = source_run(sd->s, &sd->k);
+    if (sd->r == 0)
+        sd->r = sink_finish(&sd->k);
+    if (sd->r < 0)
+        atomic_store(&abort_flag, true);
+    return NULL;
+}
+
+/* Hash both sides at once: DESTINATION on a new thread, SOURCE here. */
+static int run_sides(struct side sd[2])
+{
+    pthread_t t;
+    int err = pthread_create(&t, NULL, side_main, &sd[1]);
+
+    if (err) {
+        verify_err("pthread_create: %s", strerror(err));
+        return -err;
+    }
+    side_main(&sd[0]);
+    pthread_join(t, NULL);
+    return sd[0].r < 0 ? sd[0].r : sd[1].r;
+}
+
+/* The rule for sizes (also in --help and the man page).  Sets the bytes
+ * each side delivers, or returns why the sizes don't fit. */
+static const char *plan_sizes(const struct options *o, uint64_t ssz,
+                              uint64_t dsz, uint64_t *compared,
+                              uint64_t *dst_end, char *why, size_t n)
+{
+    if (o->have_size) {
+        *compared = *dst_end = o->size;
+        if (ssz >= o->size && dsz >= o->size)
+            return NULL;
+        snprintf(why, n, "%s has %" PRIu64 " bytes, fewer than --size %" PRIu64,
+                 ssz < o->size ? "source" : "destination",
+                 ssz < o->size ? ssz : dsz, o->size);
+        return why;
+    }
+    *compared = ssz;
+    *dst_end = o->zero_tail ? dsz : ssz;
+    if (o->zero_tail && dsz < ssz)
+        snprintf(why, n, "destination is smaller than source (%" PRIu64
+                 " < %" PRIu64 " bytes)", dsz, ssz);
+    else if (!o->zero_tail && dsz != ssz)
+        snprintf(why, n, "sizes differ: source %" PRIu64 " bytes, destination %"
+                 PRIu64 " bytes (--size N compares a prefix; --zero-tail "
+                 "accepts a larger destination whose tail reads as zero)",
+                 ssz, dsz);
+    else
+        return NULL;
+    return why;
+}
+
+/* ---- verdict ---- */
+
+static int judge(struct verify_report *rep, const struct sink *a,
+                 const struct sink *b, struct verify_range **ranges)
+{
+    bool same = a->digest_size == b->digest_size &&
+                memcmp(a->digest, b->digest, a->digest_size) == 0;
+    int r = report_ranges(a, b, rep->compared, ranges, &rep->nranges,
+                          &rep->mismatch_bytes);
+
+    if (r < 0)
+        return r;
+    rep->ranges = *ranges;
+    if (same && rep->nranges) {
+        /* Cannot happen unless the fingerprint code is broken. */
+        verify_err("internal error: digests match but %zu block fingerprint "
+                   "range(s) differ, first at %" PRIu64, rep->nranges,
+                   rep->ranges[0].off);
+        return -EIO;
+    }
+    rep->match = same && b->tail_nonzero < 0;
+    return 0;
+}
+
+static int print_report(const struct options *o, struct verify_report *rep)
+{
+    if (!o->quiet) {
+        if (o->json)
+            report_json(stdout, rep);
+        else
+            report_text(stdout, rep);
+    }
+    if (fflush(stdout) == EOF) {
+        verify_err("stdout: %s", strerror(errno));
+        return VERIFY_EXIT_ERROR;
+    }
+    return rep->match ? VERIFY_EXIT_MATCH : VERIFY_EXIT_MISMATCH;
+}
+
+static int verify_two(const struct options *o, struct side sd[2], double t0)
+{
+    struct verify_report rep = {
+        .algorithm = o->algorithm, .zero_tail = o->zero_tail,
+        .block_size = o->block_size, .max_ranges = o->max_ranges,
+        .side = { { .src = sd[0].s }, { .src = sd[1].s } },
+    };
+    struct verify_range *ranges = NULL;
+    uint64_t dst_end;
+    char why[256];
+    int r;
+
+    rep.size_problem = plan_sizes(o, sd[0].s->size, sd[1].s->size,
+                                  &rep.compared, &dst_end, why, sizeof why);
+    if (rep.size_problem)
+        return print_report(o, &rep);
+    if (sink_init(&sd[0].k, o->md, rep.compared, rep.compared, o->block_size,
+                  &abort_flag) < 0 ||
+        sink_init(&sd[1].k, o->md, rep.compared, dst_end, o->block_size,
+                  &abort_flag) < 0)
+        return VERIFY_EXIT_ERROR;
+    if (run_sides(sd) < 0)
+        return VERIFY_EXIT_ERROR;
+    rep.elapsed = now() - t0;
+    rep.side[0].k = &sd[0].k;
+    rep.side[1].k = &sd[1].k;
+    if ((r = judge(&rep, &sd[0].k, &sd[1].k, &ranges)) == 0)
+        r = print_report(o, &rep);
+    else
+        r = VERIFY_EXIT_ERROR;
+    free(ranges);
+    return r;
+}
+
+static int digest_one(const struct options *o, struct side *sd, double t0)
+{
+    struct verify_report rep = {
+        .algorithm = o->algorithm, .side = { { .src = sd->s } },
+    };
+    uint64_t len = o->have_size ? o->size : sd->s->size;
+
+    if (len > sd->s->size) {
+        verify_err("%s has %" PRIu64 " bytes, fewer than --size %" PRIu64,
+                   sd->s->name, sd->s->size, len);
+        return VERIFY_EXIT_ERROR;
+    }
+    if (sink_init(&sd->k, o->md, len, len, o->block_size, &abort_flag) < 0)
+        return VERIFY_EXIT_ERROR;
+    side_main(sd);
+    if (sd->r < 0)
+        return VERIFY_EXIT_ERROR;
+    rep.compared = len;
+    rep.elapsed = now() - t0;
+    rep.side[0].k = &sd->k;
+    if (!o->quiet)
+        report_single(stdout, &rep, o->json);
+    return fflush(stdout) == EOF ? VERIFY_EXIT_ERROR : VERIFY_EXIT_MATCH;
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+    int nops = parse_options(&o, argc, argv);
+    struct side sd[2] = { { 0 } };
+    double t0 = now();
+    int r = VERIFY_EXIT_ERROR;
+
+    if (nops == 1) {
+        if (source_open(argv[optind], &o.src, !o.raw, &sd[0].s) == 0)
+            r = digest_one(&o, &sd[0], t0);
+    } else if (source_open(argv[optind], &o.src, !o.raw, &sd[0].s) == 0 &&
+               source_open(argv[optind + 1], &o.src, false, &sd[1].s) == 0) {
+        r = verify_two(&o, sd, t0);
+    }
+    for (int i = 0; i < 2; i++) {
+        source_close(sd[i].s);
+        if (sd[i].k.md)
+            sink_free(&sd[i].k);
+    }
+    return r;
+}

@@ -1,0 +1,111 @@
+/* tools/verify/source.c: open an operand; drive simple sources. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tools/verify/verify.h"
+
+static int open_path(const char *path, const struct source_options *opt,
+                     bool probe_vhd, struct verify_source **out)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd == -1) {
+        int err = errno;
+        verify_err("%s: %s", path, strerror(err));
+        return -err;
+    }
+    int r = src_file_open(path, fd, opt, out);
+    if (r < 0 || !probe_vhd)
+        return r;
+
+    /* The file source found the size (block devices too): probe with it. */
+    r = src_vhd_probe(fd, (*out)->size);
+    if (r <= 0) {
+        if (r < 0) {
+            verify_err("%s: %s", path, strerror(-r));
+            source_close(*out);
+            *out = NULL;
+        }
+        return r;
+    }
+    int vfd = dup(fd);
+    int err = errno;
+    source_close(*out);
+    *out = NULL;
+    if (vfd == -1) {
+        verify_err("%s: dup: %s", path, strerror(err));
+        return -err;
+    }
+    return src_vhd_open(path, vfd, opt, out);
+}
+
+int source_open(const char *operand, const struct source_options *opt,
+                bool probe_vhd, struct verify_source **out)
+{
+    *out = NULL;
+    if (strstr(operand, "://"))
+        return src_nbd_open(operand, opt, out);
+    return open_path(operand, opt, probe_vhd, out);
+}
+
+void source_close(struct verify_source *s)
+{
+    if (s)
+        s->ops->close(s);
+}
+
+/* One extent: a known-zero range goes to the sink as such; a data range is
+ * read in request_size pieces.  The kernel's readahead (the file source asks
+ * for POSIX_FADV_SEQUENTIAL) overlaps the next read with our hashing. */
+static int run_extent(struct verify_source *s, struct sink *k,
+                      unsigned char *buf, uint64_t len, bool zero)
+{
+    if (zero)
+        return sink_zero(k, len);
+    while (len > 0) {
+        size_t n = len < s->opt->request_size ? len : s->opt->request_size;
+        int r = s->ops->read(s, buf, n, k->pos);
+        if (r < 0)
+            return r;
+        if ((r = sink_data(k, buf, n)) != 0)
+            return r;
+        if (sink_aborted(k))
+            return -ECANCELED;
+        len -= n;
+    }
+    return 0;
+}
+
+static int run_simple(struct verify_source *s, struct sink *k)
+{
+    unsigned char *buf = malloc(s->opt->request_size);
+    int r = 0;
+
+    if (!buf) {
+        verify_err("out of memory");
+        return -ENOMEM;
+    }
+    while (r == 0 && k->pos < k->end) {
+        uint64_t len;
+        bool zero;
+
+        if (sink_aborted(k))
+            r = -ECANCELED;
+        else if ((r = s->ops->extent(s, k->pos, k->end, &len, &zero)) == 0)
+            r = run_extent(s, k, buf, len, zero);
+    }
+    free(buf);
+    return r;
+}
+
+int source_run(struct verify_source *s, struct sink *k)
+{
+    int r = s->ops->run ? s->ops->run(s, k) : run_simple(s, k);
+
+    if (r == SINK_STOP)
+        r = 0;
+    return r;
+}

@@ -1,0 +1,167 @@
+/* tools/verify/verify.h: internal interfaces of nbdferry-verify.
+ *
+ * Data flow, per side (SOURCE or DESTINATION):
+ *
+ *   verify_source --(in-order segments: data or known-zero)--> sink
+ *
+ * A source delivers the byte range [0, sink->end) to its sink strictly in
+ * offset order, as a sequence of sink_data() (bytes it read) and sink_zero()
+ * (ranges it knows read as zero, never transferred) calls.  The sink feeds
+ * the whole-stream EVP digest, the per-block fingerprints used to locate
+ * mismatches, and (past sink->digest_len) the "tail reads as zero" check.
+ *
+ * Nothing here is shared between the two sides except the abort flag and
+ * the read-only fingerprint tables and zero buffer.
+ */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include <openssl/evp.h>
+
+#define VERIFY_EXIT_MATCH    0
+#define VERIFY_EXIT_MISMATCH 1
+#define VERIFY_EXIT_ERROR    2
+
+/* log.c */
+/* One line on stderr, prefixed "nbdferry-verify: "; embedded newlines
+ * (libnbd and OpenSSL messages) are folded into spaces. */
+void verify_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* fingerprint.c
+ *
+ * A block fingerprint is a 128-bit multilinear hash of the block's bytes,
+ * read as little-endian 64-bit words w_i at their offset inside the block:
+ *     F = sum_i w_i * m_i  (mod 2^128),  every m_i odd and pseudo-random.
+ * It is linear, so zero bytes contribute nothing (holes are never hashed)
+ * and the result does not depend on how the block was cut into segments.
+ * A difference in a single word always changes F (m_i is odd).  It only
+ * locates mismatches; the verdict comes from the EVP digest. */
+typedef unsigned __int128 fp_t;
+#define FP_SUB_BYTES 8192u               /* one multiplier table span */
+void fp_init(void);                      /* idempotent, thread-safe */
+/* 'off' is the offset of p[0] inside its block; off + len <= block size. */
+fp_t fp_update(fp_t acc, uint64_t off, const void *p, size_t len);
+
+/* sink.c */
+#define SINK_STOP 1                      /* sink_*() result: stop reading */
+
+struct sink {
+    EVP_MD_CTX *md;                      /* owned */
+    uint64_t digest_len;                 /* [0, digest_len) enters the digest */
+    uint64_t end;                        /* [digest_len, end) must read as 0 */
+    uint64_t pos;                        /* next offset the source delivers */
+    uint64_t block_size;
+    uint64_t nblocks;                    /* ceil(digest_len / block_size) */
+    fp_t *blocks;                        /* owned: nblocks fingerprints */
+    uint64_t bytes_read;                 /* delivered by sink_data() */
+    uint64_t bytes_zero;                 /* delivered by sink_zero() */
+    int64_t tail_nonzero;                /* first non-zero tail byte, or -1 */
+    atomic_bool *abort;                  /* borrowed, shared by both sides */
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned digest_size;                /* set by sink_finish() */
+};
+
+int  sink_init(struct sink *k, const EVP_MD *md, uint64_t digest_len,
+               uint64_t end, uint64_t block_size, atomic_bool *abort);
+/* Both take the segment at k->pos.  Return 0, SINK_STOP (a non-zero tail
+ * byte was found: the verdict is known) or -errno. */
+int  sink_data(struct sink *k, const void *buf, size_t len);
+int  sink_zero(struct sink *k, uint64_t len);
+int  sink_finish(struct sink *k);        /* -EIO if the range is incomplete */
+bool sink_aborted(const struct sink *k); /* the other side failed */
+void sink_free(struct sink *k);
+
+/* source.c: the interface every kind of operand implements. */
+struct source_options {
+    size_t request_size;                 /* bytes per read request */
+    unsigned requests;                   /* NBD reads in flight per side */
+    unsigned connections;                /* NBD connections, if multi-conn */
+    bool use_extents;                    /* SEEK_DATA/HOLE, block status */
+};
+
+struct verify_source;
+
+struct verify_source_ops {
+    const char *kind;                    /* "file", "nbd", "vhd" */
+    /* Pipelined sources (NBD) deliver [0, k->end) to the sink themselves.
+     * Simple sources (file, VHD) leave run NULL and implement extent() and
+     * read(); source_run() drives them. */
+    int (*run)(struct verify_source *s, struct sink *k);
+    /* Describe [off, off + *len) with off < end: *zero means the range
+     * reads as zero and need not be read.  *len >= 1, off + *len <= end. */
+    int (*extent)(struct verify_source *s, uint64_t off, uint64_t end,
+                  uint64_t *len, bool *zero);
+    /* Read exactly len bytes at off (off + len <= size). */
+    int (*read)(struct verify_source *s, void *buf, size_t len, uint64_t off);
+    void (*close)(struct verify_source *s);   /* frees s */
+};
+
+struct verify_source {
+    const struct verify_source_ops *ops;
+    const char *name;                    /* borrowed: the operand as given */
+    uint64_t size;
+    const struct source_options *opt;    /* borrowed, outlives s */
+};
+
+/* Opens an operand: an NBD URI if it contains "://", else a path.  When
+ * probe_vhd is set, a file that looks like a VHD is opened through the VHD
+ * reader.  Logs the reason on failure. */
+int  source_open(const char *operand, const struct source_options *opt,
+                 bool probe_vhd, struct verify_source **out);
+int  source_run(struct verify_source *s, struct sink *k);
+void source_close(struct verify_source *s);   /* NULL is fine */
+
+/* source-file.c: regular file or block device; holes via SEEK_DATA/HOLE. */
+int src_file_open(const char *path, int fd, const struct source_options *opt,
+                  struct verify_source **out);   /* takes fd, even on error */
+
+/* source-vhd.c */
+/* 1 if fd looks like a VHD ("conectix" cookie in the first sector or the
+ * last one), 0 if not, -errno if it cannot be read. */
+int src_vhd_probe(int fd, uint64_t size);
+int src_vhd_open(const char *path, int fd, const struct source_options *opt,
+                 struct verify_source **out);    /* takes fd, even on error */
+
+/* source-nbd.c: libnbd, pipelined reads, base:allocation block status. */
+int src_nbd_open(const char *uri, const struct source_options *opt,
+                 struct verify_source **out);
+
+/* report.c */
+struct verify_range {
+    uint64_t off, len;
+};
+
+struct verify_side_report {
+    const struct verify_source *src;     /* borrowed */
+    const struct sink *k;                /* borrowed; NULL: not read */
+};
+
+struct verify_report {
+    const char *algorithm;
+    struct verify_side_report side[2];   /* SOURCE, DESTINATION */
+    const char *size_problem;            /* sizes don't fit: why, or NULL */
+    bool zero_tail;                      /* --zero-tail was asked for */
+    uint64_t compared;                   /* bytes that entered the digests */
+    uint64_t block_size;
+    double elapsed;                      /* seconds */
+    bool match;
+    const struct verify_range *ranges;   /* all mismatching ranges, merged */
+    size_t nranges;
+    uint64_t mismatch_bytes;
+    size_t max_ranges;                   /* list at most this many; 0: all */
+};
+
+/* Merged ranges of blocks whose fingerprints differ, as byte ranges clipped
+ * to 'compared'.  *out is malloc'ed (may be NULL when *n is 0). */
+int  report_ranges(const struct sink *a, const struct sink *b,
+                   uint64_t compared, struct verify_range **out, size_t *n,
+                   uint64_t *bytes);
+void report_text(FILE *f, const struct verify_report *r);
+void report_json(FILE *f, const struct verify_report *r);
+/* One operand: "DIGEST  NAME" like sha256sum, or JSON. */
+void report_single(FILE *f, const struct verify_report *r, bool json);
