@@ -1,0 +1,152 @@
+"""Child processes: spawn, wait with a timeout and rusage, clean up.
+
+Every process and mount the bench starts is registered here, and
+cleanup() (atexit and on SIGINT/SIGTERM) unmounts and kills exactly those,
+by pid, never by name.
+"""
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+_live = {}          # pid -> argv[0], processes we started and not reaped
+_mounts = set()     # mountpoints we may have left mounted
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class Timeout(Exception):
+    pass
+
+
+def spawn(argv, log=None, stdout=None):
+    """Start argv; stderr (and stdout unless given) go to the file 'log'."""
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                             stdout=stdout if stdout is not None else out,
+                             stderr=out, close_fds=True)
+    finally:
+        if log:
+            out.close()
+    _live[p.pid] = argv[0]
+    return p
+
+
+def wait4(p, timeout):
+    """Reap p; return (exit code, rusage).  Raises Timeout after 'timeout' s
+    (p is left running; the caller decides whether to kill it).  One reaper
+    thread per process, so a later call after a Timeout picks up its result."""
+    t = getattr(p, "_reaper", None)
+    if t is None:
+        box = p._reaped = {}
+
+        def reap():
+            try:
+                box["r"] = os.wait4(p.pid, 0)
+            except ChildProcessError as e:
+                box["err"] = e
+
+        t = p._reaper = threading.Thread(target=reap, daemon=True)
+        t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise Timeout(f"{p.args[0]} (pid {p.pid}) still running after "
+                      f"{timeout:.0f} s")
+    _live.pop(p.pid, None)
+    if "err" in p._reaped:
+        return (p.returncode if p.returncode is not None else -1), None
+    _, status, ru = p._reaped["r"]
+    p.returncode = os.waitstatus_to_exitcode(status)   # keep Popen quiet
+    return p.returncode, ru
+
+
+def kill(p, sig=signal.SIGTERM, grace=5.0):
+    """Stop p (ours) and reap it; returns rusage or None."""
+    if p.returncode is not None:
+        return None
+    try:
+        os.kill(p.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        return wait4(p, grace)[1]
+    except Timeout:
+        os.kill(p.pid, signal.SIGKILL)
+        return wait4(p, grace)[1]
+
+
+def cpu_seconds(ru):
+    return ru.ru_utime + ru.ru_stime if ru else None
+
+
+def proc_cpu_seconds(pid):
+    """utime+stime of a live process from /proc/PID/stat (all threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return None
+    fields = s[s.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def wait_for_file(path, p, timeout, what):
+    """Wait until 'path' is non-empty; fail early if p exits."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return
+        if p.poll() is not None:
+            _live.pop(p.pid, None)
+            raise RuntimeError(f"{what} exited with status {p.returncode} "
+                               f"before it was ready")
+        time.sleep(0.01)
+    raise Timeout(f"{what} not ready after {timeout:.0f} s")
+
+
+def add_mount(mnt):
+    _mounts.add(mnt)
+
+
+def unmount(mnt, lazy=False):
+    argv = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mnt]
+    r = subprocess.run(argv, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode == 0:
+        _mounts.discard(mnt)
+    return r.returncode, r.stderr.decode(errors="replace").strip()
+
+
+def is_mounted(mnt):
+    mnt = os.path.realpath(mnt)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == mnt for line in f)
+
+
+def cleanup():
+    for mnt in list(_mounts):
+        if is_mounted(mnt):
+            unmount(mnt, lazy=True)
+        _mounts.discard(mnt)
+    for pid in list(_live):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        _live.pop(pid, None)
+
+
+def _on_signal(signum, frame):
+    cleanup()
+    sys.exit(128 + signum)
+
+
+def install_cleanup():
+    atexit.register(cleanup)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)

@@ -1,0 +1,363 @@
+"""Markdown report: machine, command, tables, ratios, raw runs.
+
+docs/benchmarks.md may hold hand-written text (method, tuning notes); the
+bench replaces only what lies between BEGIN and END below.
+"""
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+
+BEGIN = "<!-- BEGIN tools/bench output (regenerated; edit outside) -->"
+END = "<!-- END tools/bench output -->"
+
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
+          "TiB": 1 << 40, "PiB": 1 << 50, "EiB": 1 << 60}
+_STATS_RE = re.compile(r"^(\w+): (\d+) ops, ([\d.]+) s, ([\d.]+) (\w+)")
+
+
+def parse_stats(path):
+    """nbdkit-stats-filter output -> {op: {"ops": n, "bytes": b, "s": t}}."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                m = _STATS_RE.match(line)
+                if m and m.group(1) != "total":
+                    out[m.group(1)] = dict(
+                        ops=int(m.group(2)), s=float(m.group(3)),
+                        bytes=int(float(m.group(4)) * _UNITS.get(m.group(5), 1)))
+    except OSError:
+        pass
+    return out
+
+
+# ---- machine ------------------------------------------------------------
+
+def _first_line(argv):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        text = (r.stdout or r.stderr).strip()
+        return text.splitlines()[0] if text else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "not found"
+
+
+def _lines(argv):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (r.stdout + r.stderr).strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def machine(nbdferry):
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) // 1024 // 1024} GiB"
+    nbdcopy = _lines(["nbdcopy", "--version"])
+    libnbd = next((l for l in nbdcopy if l.startswith("libnbd")), "?")
+    debian = "?"
+    try:
+        with open("/etc/debian_version") as f:
+            debian = f.read().strip()
+    except OSError:
+        pass
+    ferry = _first_line([nbdferry, "--version"]) if nbdferry else "not built"
+    rev = _first_line(["git", "-C", os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+        "rev-parse", "--short", "HEAD"])
+    return [
+        ("CPU", f"{os.cpu_count()} x {model}"),
+        ("memory", mem),
+        ("kernel", platform.release()),
+        ("Debian", debian),
+        ("nbdkit", _first_line(["nbdkit", "--version"])),
+        ("libnbd", libnbd),
+        ("nbdfuse", _first_line(["nbdfuse", "--version"])),
+        ("qemu-img", _first_line(["qemu-img", "--version"])),
+        ("coreutils cp", _first_line(["cp", "--version"])),
+        ("nbdferry", f"{ferry} (git {rev})"),
+    ]
+
+
+# ---- aggregation --------------------------------------------------------
+
+def group(results):
+    """{(exp, source, server, latency, arm): [results]} in first-seen order."""
+    g = {}
+    for r in results:
+        g.setdefault((r["exp"], r["source"], r["server"], r["latency"],
+                      r["arm"]), []).append(r)
+    return g
+
+
+def cell_summary(runs):
+    ok = [r for r in runs if r["ok"]]
+    s = dict(n=len(runs), ok=len(ok), label=runs[0]["label"])
+    if not ok:
+        return s
+    mibs = [r["mibs"] for r in ok]
+    s.update(min=min(mibs), med=statistics.median(mibs), max=max(mibs))
+
+    def med(key):
+        v = [r[key] for r in ok if r.get(key) is not None]
+        return statistics.median(v) if v else None
+
+    for k in ("seconds", "cpu_client", "cpu_daemon", "cpu_server",
+              "umount_seconds"):
+        s[k] = med(k)
+    for op in ("write", "zero", "trim", "flush"):
+        ops = [r["stats"].get(op, {}).get("ops", 0) for r in ok if r["stats"]]
+        byt = [r["stats"].get(op, {}).get("bytes", 0) for r in ok if r["stats"]]
+        if ops:
+            s[op + "_ops"] = statistics.median(ops)
+            s[op + "_bytes"] = statistics.median(byt)
+    return s
+
+
+def fmt(v, spec=".0f", none="–"):
+    return none if v is None else format(v, spec)
+
+
+def lat_label(lat):
+    return "no delay" if not lat else f"{lat:g} ms"
+
+
+def mean_kib(s, op):
+    ops = s.get(op + "_ops")
+    if not ops:
+        return "–"
+    return f"{s[op + '_bytes'] / ops / 1024:.0f}"
+
+
+# ---- markdown -----------------------------------------------------------
+
+def markdown(results, meta):
+    g = group(results)
+    out = [BEGIN, "", f"## Results of {meta['date']}", ""]
+    out += [f"Command (from the repository root):", "",
+            f"    {meta['command']}", ""]
+    out += ["| machine | |", "| --- | --- |"]
+    out += [f"| {k} | {v} |" for k, v in meta["machine"]]
+    out += [f"| load average before / after | {meta['load_before']} / "
+            f"{meta['load_after']} |",
+            f"| wall time of the whole run | {meta['wall']:.0f} s |", ""]
+    out += method(meta)
+    if meta.get("skipped"):
+        out += ["Skipped arms:", ""]
+        out += [f"- {a}: {why}" for a, why in meta["skipped"]]
+        out += [""]
+    for exp in meta["experiments"]:
+        out += experiment_tables(exp, g, meta)
+    bad = [r for r in results if not r["ok"]]
+    if bad:
+        out += ["### Failed runs", ""]
+        out += [f"- {r['label']}, {r['source']}, {r['server']}, "
+                f"{lat_label(r['latency'])}, run {r['run']}: {r['error']} "
+                f"(logs: {r['dir']})" for r in bad]
+        out += [""]
+    out += raw_runs(results)
+    out += [END]
+    return "\n".join(out) + "\n"
+
+
+def method(meta):
+    return [
+        "Each run gets a fresh nbdkit (`--exit-with-parent`, stats filter "
+        "outermost, then the delay filter) and, for the mounted arms, a "
+        "fresh mount.  Runs are interleaved: run 1 of every cell and every "
+        "arm, then run 2, ...; the arm order rotates from run to run.  "
+        "MiB/s = image size / time from spawning the client (cp, dd, "
+        "nbdcopy, qemu-img) to its exit; cp and dd exit after close(), which "
+        "on nbdferry returns only when the server has acknowledged every "
+        "write.  Every run is verified: the sha256 of the whole export, "
+        "read back from the server (`nbdcopy URI -`, or the backing file "
+        "of the file plugin), must equal the source's.  CPU seconds: client "
+        "and daemon from wait4() rusage, server from /proc/PID/stat before "
+        "the read-back.  NBD requests are counted by nbdkit's stats filter.",
+        "",
+        f"Delay: {meta['delay_note']}",
+        "",
+    ]
+
+
+def experiment_tables(exp, g, meta):
+    out = [f"### {exp['name']}", ""]
+    if exp.get("note"):
+        out += [exp["note"], ""]
+    keys = [k for k in g if k[0] == exp["name"]]
+    blocks = []
+    for k in keys:
+        b = (k[1], k[2])
+        if b not in blocks:
+            blocks.append(b)
+    for source, server in blocks:
+        lats = sorted({k[3] for k in keys if k[1:3] == (source, server)})
+        arms = []
+        for k in keys:
+            if k[1:3] == (source, server) and k[4] not in arms:
+                arms.append(k[4])
+        out += [f"#### {source} onto {server}: MiB/s, median (min–max) "
+                f"of {exp['runs']} run(s)", ""]
+        out += ["| arm | " + " | ".join(lat_label(l) for l in lats) + " |",
+                "| --- |" + " ---: |" * len(lats)]
+        for a in arms:
+            row = []
+            label = a
+            for l in lats:
+                runs = g.get((exp["name"], source, server, l, a))
+                if not runs:
+                    row.append("")
+                    continue
+                s = cell_summary(runs)
+                label = s["label"]
+                row.append(fmt_cell(s))
+            out += [f"| {label} | " + " | ".join(row) + " |"]
+        out += [""]
+        out += ratio_table(exp, g, source, server, lats)
+        out += detail_table(exp, g, source, server, lats, arms)
+    return out
+
+
+def fmt_cell(s):
+    if "med" not in s:
+        return f"failed ({s['ok']}/{s['n']})"
+    txt = f"**{s['med']:.0f}** ({s['min']:.0f}–{s['max']:.0f})"
+    if s["ok"] < s["n"]:
+        txt += f" {s['ok']}/{s['n']} ok"
+    return txt
+
+
+RATIOS = [
+    ("nbdferry+cp / nbdcopy", "ferry-cp", "nbdcopy"),
+    ("nbdferry+cp / nbdfuse+cp", "ferry-cp", "fuse-cp"),
+    ("nbdferry+cp / qemu-img -W", "ferry-cp", "qemu-img-W"),
+    ("nbdferry pipelined+nodelay / stock (published: 7.39x)",
+     "ferry-cp", "ferry-stock"),
+    ("nbdferry pipelined, Nagle on / stock (published: 7.41x)",
+     "ferry-pipe", "ferry-stock"),
+    ("nbdferry TCP_NODELAY only / stock (published: 4.26x)",
+     "ferry-nodelay", "ferry-stock"),
+]
+
+
+def ratio(g, exp, source, server, lat, a, b):
+    ra = g.get((exp, source, server, lat, a))
+    rb = g.get((exp, source, server, lat, b))
+    if not ra or not rb:
+        return None
+    sa, sb = cell_summary(ra), cell_summary(rb)
+    if "med" not in sa or "med" not in sb:
+        return None
+    return sa["med"] / sb["med"]
+
+
+def ratio_table(exp, g, source, server, lats):
+    rows = []
+    for name, a, b in RATIOS:
+        vals = [ratio(g, exp["name"], source, server, l, a, b) for l in lats]
+        if any(v is not None for v in vals):
+            rows.append(f"| {name} | " + " | ".join(
+                fmt(v, ".2f") + ("x" if v is not None else "")
+                for v in vals) + " |")
+    if not rows:
+        return []
+    return (["Ratios of medians:", "",
+             "| ratio | " + " | ".join(lat_label(l) for l in lats) + " |",
+             "| --- |" + " ---: |" * len(lats)] + rows + [""])
+
+
+def detail_table(exp, g, source, server, lats, arms):
+    out = ["<details><summary>Details: seconds, CPU, NBD requests "
+           "(medians)</summary>", "",
+           "| delay | arm | runs ok | s | CPU s client / daemon / server "
+           "| unmount s | NBD writes | mean write KiB | zeroes | flushes |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+           "| ---: |"]
+    for l in lats:
+        for a in arms:
+            runs = g.get((exp["name"], source, server, l, a))
+            if not runs:
+                continue
+            s = cell_summary(runs)
+            cpu = " / ".join(fmt(s.get(k), ".2f") for k in
+                             ("cpu_client", "cpu_daemon", "cpu_server"))
+            out.append(
+                f"| {lat_label(l)} | {s['label']} | {s['ok']}/{s['n']} | "
+                f"{fmt(s.get('seconds'), '.2f')} | {cpu} | "
+                f"{fmt(s.get('umount_seconds'), '.2f')} | "
+                f"{fmt(s.get('write_ops'), '.0f')} | {mean_kib(s, 'write')} | "
+                f"{fmt(s.get('zero_ops'), '.0f')} | "
+                f"{fmt(s.get('flush_ops'), '.0f')} |")
+    return out + ["", "</details>", ""]
+
+
+def raw_runs(results):
+    out = ["<details><summary>Every run, in the order run</summary>", "",
+           "| # | experiment | source | server | delay | arm | run | MiB/s "
+           "| s | verified |",
+           "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for i, r in enumerate(results, 1):
+        out.append(f"| {i} | {r['exp']} | {r['source']} | {r['server']} | "
+                   f"{lat_label(r['latency'])} | {r['label']} | {r['run']} | "
+                   f"{fmt(r['mibs'], '.1f')} | {fmt(r['seconds'], '.2f')} | "
+                   f"{'yes' if r['verified'] else 'NO: ' + r['error']} |")
+    return out + ["", "</details>", ""]
+
+
+def summary_text(results, meta):
+    """Plain-text medians and headline ratios for the terminal."""
+    g = group(results)
+    out = []
+    for (exp, src, srv, lat, arm), runs in g.items():
+        s = cell_summary(runs)
+        out.append(f"{exp:14} {src:16} {srv:20} {lat_label(lat):9} "
+                   f"{s['label']:48} " +
+                   (f"{s['med']:8.1f} MiB/s ({s['min']:.1f}-{s['max']:.1f})"
+                    if "med" in s else f"failed {s['n'] - s['ok']}/{s['n']}"))
+    for exp, src, srv, lat in dict.fromkeys(k[:4] for k in g):
+        for name, a, b in RATIOS:
+            v = ratio(g, exp, src, srv, lat, a, b)
+            if v is not None:
+                out.append(f"{exp:14} {src:16} {srv:20} {lat_label(lat):9} "
+                           f"{name}: {v:.2f}x")
+    return "\n".join(out) + "\n"
+
+
+def write(path, text, title="# Benchmarks\n\n"):
+    """Replace the generated block of 'path', keeping text around it."""
+    old = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+    if BEGIN in old and END in old:
+        head = old[:old.index(BEGIN)]
+        tail = old[old.index(END) + len(END):].lstrip("\n")
+        new = head + text + ("\n" + tail if tail else "")
+    else:
+        new = title + text
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.rename(tmp, path)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def now():
+    return time.strftime("%Y-%m-%d %H:%M %Z")

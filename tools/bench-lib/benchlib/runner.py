@@ -1,0 +1,208 @@
+"""One run: fresh nbdkit, optional mount, timed copy, unmount, verify.
+
+Timing covers the client only: from spawning cp/dd/nbdcopy/qemu-img to its
+exit.  cp and dd exit after close(), and close() on a FUSE file returns once
+the daemon has every write acknowledged, so write-back daemons are not
+flattered; the unmount (drain + NBD flush) is timed separately.  Mounting
+and server start-up are outside the timing.
+
+CPU seconds: client and daemon from wait4() rusage (the daemon's covers its
+whole life, unmount included); server from /proc/PID/stat after the copy and
+before the verification read-back.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from . import procs
+from .report import parse_stats
+from .sources import sha256_file, sha256_stream
+
+
+class RunError(Exception):
+    pass
+
+
+@dataclass
+class Env:
+    workdir: str
+    nbdferry: str              # path to the nbdferry binary ("" if missing)
+    usdelay: str               # path to nbdkit-usdelay-filter.so ("" if none)
+    ferry_opts: list = field(default_factory=list)
+    stats: bool = True
+    usdelay_all: bool = False  # use usdelay for whole-ms delays too
+    timeout: float = 900.0     # per client run
+    keep: bool = False
+
+
+def delay_args(env, lat_ms):
+    """(nbdkit filter args, filter params) for a per-write delay."""
+    if not lat_ms:
+        return [], []
+    if lat_ms == int(lat_ms) and not env.usdelay_all:
+        return ["--filter=delay"], [f"wdelay={int(lat_ms)}ms"]
+    if not env.usdelay:
+        raise RunError("sub-millisecond delay needs nbdkit-usdelay-filter.so")
+    return [f"--filter={env.usdelay}"], [f"wdelay={round(lat_ms * 1000)}us"]
+
+
+def delay_how(env, lat_ms):
+    f, p = delay_args(env, lat_ms)
+    if not f:
+        return "none"
+    name = "usdelay" if "usdelay" in f[0] else "delay"
+    return f"{name} {p[0]}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(env, srv, lat, size, d):
+    """Start nbdkit for one run; returns (Popen, uri, backing file or None)."""
+    pidfile = os.path.join(d, "nbdkit.pid")
+    argv = ["nbdkit", "--exit-with-parent", "-P", pidfile]
+    if srv.transport == "unix":
+        sock = os.path.join(d, "nbd.sock")
+        argv += ["-U", sock]
+        uri = f"nbd+unix:///?socket={sock}"
+    else:
+        port = free_port()
+        argv += ["-i", "127.0.0.1", "-p", str(port)]
+        uri = f"nbd://127.0.0.1:{port}/"
+    params = []
+    if env.stats:
+        argv += ["--filter=stats"]
+        params += [f"statsfile={os.path.join(d, 'stats.txt')}",
+                   "statsthreshold=0"]
+    fargs, fparams = delay_args(env, lat)
+    argv += fargs
+    params += fparams
+    for name, fp in srv.filters:
+        argv += [f"--filter={name}"]
+        params += list(fp)
+    backing = None
+    if srv.plugin == "memory":
+        argv += ["memory", str(size)]
+    elif srv.plugin == "file":
+        backing = os.path.join(d, "backing.img")
+        with open(backing, "wb") as f:
+            f.truncate(size)
+        argv += ["file", backing]
+    else:
+        raise ValueError(srv.plugin)
+    argv += params
+    p = procs.spawn(argv, log=os.path.join(d, "nbdkit.log"))
+    procs.wait_for_file(pidfile, p, 30, "nbdkit")
+    return p, uri, backing
+
+
+def start_daemon(env, arm, mnt, uri, d):
+    pidfile = os.path.join(d, f"{arm.daemon}.pid")
+    if arm.daemon == "nbdferry":
+        argv = [env.nbdferry, "-f", "-P", pidfile, *arm.daemon_opts,
+                *env.ferry_opts, mnt, uri]
+    elif arm.daemon == "nbdfuse":
+        argv = ["nbdfuse", "-P", pidfile, *arm.daemon_opts, mnt, uri]
+    else:
+        raise ValueError(arm.daemon)
+    procs.add_mount(mnt)
+    p = procs.spawn(argv, log=os.path.join(d, f"{arm.daemon}.log"))
+    procs.wait_for_file(pidfile, p, 30, arm.daemon)
+    if not procs.is_mounted(mnt):
+        raise RunError(f"{arm.daemon} wrote its pidfile but {mnt} is not "
+                       f"mounted")
+    return p, argv
+
+
+def verify(uri, backing):
+    """sha256 of the whole export, read back from the server itself."""
+    if backing:
+        return sha256_file(backing)
+    p = subprocess.Popen(["nbdcopy", uri, "-"], stdout=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL)
+    digest, _ = sha256_stream(p.stdout)
+    if p.wait() != 0:
+        raise RunError(f"nbdcopy read-back of {uri} failed")
+    return digest
+
+
+def log_tail(path, n=3):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [l.rstrip() for l in f if l.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
+    d = tempfile.mkdtemp(dir=env.workdir, prefix=f"run-{arm.name}-")
+    res = dict(arm=arm.name, label=arm.label, source=src.name, server=srv.name,
+               latency=lat, run=idx, size=src.size, ok=False, verified=False,
+               seconds=None, mibs=None, cpu_client=None, cpu_daemon=None,
+               cpu_server=None, umount_seconds=None, stats={}, error="",
+               dir=d)
+    server = daemon = client = None
+    mnt = None
+    try:
+        server, uri, backing = start_server(env, srv, lat, src.size, d)
+        subst = dict(src=src_path, uri=uri, mnt="", file="")
+        if arm.mounted:
+            mnt = os.path.join(d, "mnt")
+            os.mkdir(mnt)
+            daemon, dargv = start_daemon(env, arm, mnt, uri, d)
+            res["daemon_argv"] = dargv
+            subst.update(mnt=mnt, file=os.path.join(mnt, "nbd"))
+        argv = [a.format(**subst) for a in arm.client]
+        res["argv"] = argv
+        clog = os.path.join(d, "client.log")
+        t0 = time.monotonic()
+        client = procs.spawn(argv, log=clog)
+        rc, ru = procs.wait4(client, env.timeout)
+        res["seconds"] = time.monotonic() - t0
+        res["mibs"] = src.size / (1 << 20) / res["seconds"]
+        res["cpu_client"] = procs.cpu_seconds(ru)
+        if rc != 0:
+            raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
+        if daemon:
+            t1 = time.monotonic()
+            urc, uerr = procs.unmount(mnt)
+            if urc != 0:
+                raise RunError(f"fusermount3 -u failed: {uerr}")
+            drc, dru = procs.wait4(daemon, env.timeout)
+            res["umount_seconds"] = time.monotonic() - t1
+            res["cpu_daemon"] = procs.cpu_seconds(dru)
+            if drc != 0:
+                raise RunError(f"{arm.daemon} exited {drc} after unmount: "
+                               f"{log_tail(os.path.join(d, arm.daemon + '.log'))}")
+        res["cpu_server"] = procs.proc_cpu_seconds(server.pid)
+        digest = verify(uri, backing)
+        res["verified"] = digest == src_sha
+        if not res["verified"]:
+            raise RunError(f"sha256 mismatch: source {src_sha[:16]}..., "
+                           f"server {digest[:16]}...")
+        res["ok"] = True
+    except (RunError, procs.Timeout, RuntimeError, OSError,
+            subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    finally:
+        if client is not None and client.returncode is None:
+            procs.kill(client, grace=2)
+        if mnt and procs.is_mounted(mnt):
+            procs.unmount(mnt, lazy=True)
+        if daemon is not None and daemon.returncode is None:
+            procs.kill(daemon, grace=10)
+        if server is not None:
+            procs.kill(server, grace=10)
+            res["stats"] = parse_stats(os.path.join(d, "stats.txt"))
+    if res["ok"] and not env.keep:
+        shutil.rmtree(d, ignore_errors=True)
+    return res

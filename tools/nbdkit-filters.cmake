@@ -1,0 +1,20 @@
+# nbdkit filters used by tools/bench; built, never installed.
+#
+# nbdkit-usdelay-filter.so: per-write delay with microsecond resolution
+# (nbdkit 1.32's delay filter only does whole milliseconds).  tools/bench
+# looks for it in ${CMAKE_BINARY_DIR}/tools/nbdkit-filters/ and compiles
+# tools/nbdkit-filters/usdelay.c itself when it is not there.
+pkg_check_modules(NBDKIT IMPORTED_TARGET nbdkit)
+if(NBDKIT_FOUND)
+  add_library(nbdkit-usdelay-filter MODULE
+              ${CMAKE_CURRENT_SOURCE_DIR}/nbdkit-filters/usdelay.c)
+  target_link_libraries(nbdkit-usdelay-filter PRIVATE PkgConfig::NBDKIT)
+  set_target_properties(nbdkit-usdelay-filter PROPERTIES
+    PREFIX ""
+    OUTPUT_NAME nbdkit-usdelay-filter
+    C_VISIBILITY_PRESET hidden
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/nbdkit-filters)
+else()
+  message(STATUS "nbdkit-plugin-dev not found: skipping the bench's nbdkit "
+                 "filters (tools/bench builds them on demand)")
+endif()
