@@ -1,0 +1,50 @@
+/* fs/fs.h: the daemon's FUSE side.  The only place that includes
+ * fuse_lowlevel.h. */
+#pragma once
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "transport/nbdx.h"
+#include "transport/pool.h"
+
+enum fs_ino {
+    FS_INO_ROOT = 1,
+    FS_INO_RAW = 2,           /* the export as a raw file ("nbd") */
+    FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
+};
+
+#define FS_STATUS_NAME ".nbdferry-status"
+
+struct fs {
+    struct nbdx *x;
+    struct pool *pool;
+    uint64_t export_size;
+    const char *filename;
+    bool readonly;
+    uid_t uid;
+    gid_t gid;
+    struct timespec started;
+
+    pthread_mutex_t lock;     /* protects the fields below */
+    uint64_t apparent_size;   /* the raw file's size; every byte beyond it
+                               * is pending or known zero on the disk */
+    struct timespec mtime;
+};
+
+/* One open file. */
+struct fs_fh {
+    enum fs_ino ino;
+    uint64_t err_seq;         /* last pool error this handle was told of */
+    char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
+    size_t snapshot_len;
+};
+
+extern const struct fuse_lowlevel_ops fs_ops;
+
+/* fs/status.c: the status document, JSON, malloc'd. */
+char *fs_status_json(struct fs *fs, size_t *len);

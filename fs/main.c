@@ -1,0 +1,624 @@
+/* fs/main.c: nbdferry — mount an NBD export as a file.
+ *
+ * Command line (nbdfuse's, plus our own options):
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] URI
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] [ CMD ARGS ]
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --command CMD ARGS
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N
+ *
+ * Start-up order: parse, fork (unless -f; before any thread exists), connect,
+ * create the pool, mount, write the pidfile, tell the waiting parent.  Any
+ * failure before that point prints one line and exits non-zero with
+ * nothing mounted.  At the end: unmount, drain, NBD flush, disconnect.
+ */
+#include "fs/fs.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "config.h"
+
+#define DEFAULT_CONNECTIONS 4
+#define DEFAULT_DEPTH 8
+#define DEFAULT_REQUEST_SIZE (2u << 20)
+#define DEFAULT_POOL_SIZE (64u << 20)
+#define DEFAULT_IDLE_MS 10
+#define MAX_REQUEST_SIZE (32u << 20)  /* some servers drop the connection
+                                       * beyond this */
+
+struct options {
+    struct nbdx_config nbd;
+    bool mode_set;
+    unsigned depth;
+    uint64_t request_size, pool_size;
+    unsigned idle_ms;
+    bool write_through, destination_is_zero, no_extents;
+    char *fuse_opts;
+    const char *pidfile;
+    bool foreground;
+    char *mountpoint;
+    char *filename;
+};
+
+static const char *program = "nbdferry";
+
+static void usage_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2), noreturn));
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    char msg[512];
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: %s (see %s --help)\n", program, msg, program);
+    exit(EXIT_FAILURE);
+}
+
+static void usage(void)
+{
+    printf(
+"nbdferry - mount an NBD export as a file, with pipelined write-back\n"
+"\n"
+"Usage:\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] URI\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] [ CMD ARGS ... ]\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --command CMD ARGS ...\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
+"\n"
+"The export appears as MOUNTPOINT/FILENAME (default: nbd).  Copy a disk\n"
+"image into it with cp, dd, rsync --inplace or qemu-img; unmount with\n"
+"fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with systemd\n"
+"socket activation; --command runs one on stdin/stdout.\n"
+"\n"
+"Options:\n"
+"  -C, --connections N    NBD connections if the server offers multi-conn\n"
+"                         (default %u)\n"
+"      --depth N          requests in flight per connection (default %u)\n"
+"      --request-size SIZE  largest NBD write; clamped to the server's\n"
+"                         maximum and to 32M (default 2M)\n"
+"      --pool-size SIZE   write-back memory in all (default 64M)\n"
+"      --idle-ms N        send a partly filled buffer after N ms without\n"
+"                         writes (default %u)\n"
+"      --write-through    no write-back: each write waits for its reply\n"
+"                         (the stock behaviour, for comparison)\n"
+"      --no-nodelay       leave Nagle's algorithm on for TCP connections\n"
+"      --destination-is-zero  the export already reads as zero everywhere:\n"
+"                         never zero it again\n"
+"      --no-extents       do not read block status at start\n"
+"  -o FUSE-OPTION         FUSE mount option (allow_other, ...); repeatable\n"
+"  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
+"  -r, --readonly         read-only mount\n"
+"  -f, --foreground       stay in the foreground\n"
+"  -v, --verbose          more messages (twice: libnbd debug too)\n"
+"  -V, --version          print the version and exit\n"
+"      --help             this text\n"
+"\n"
+"SIZE takes a K, M or G suffix (powers of 1024).\n",
+        DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS);
+}
+
+/* ---- option values --------------------------------------------------- */
+
+static uint64_t parse_size(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+
+    if (errno || end == s || !isdigit((unsigned char) s[0]))
+        usage_error("%s: '%s' is not a size", opt, s);
+    switch (toupper((unsigned char) *end)) {
+    case 'K': mul = 1ull << 10; end++; break;
+    case 'M': mul = 1ull << 20; end++; break;
+    case 'G': mul = 1ull << 30; end++; break;
+    case 'T': mul = 1ull << 40; end++; break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end != '\0')
+        usage_error("%s: '%s' is not a size", opt, s);
+    if (v > UINT64_MAX / mul)
+        usage_error("%s: '%s' is too large", opt, s);
+    return v * mul;
+}
+
+static unsigned parse_uint(const char *opt, const char *s, unsigned min,
+                           unsigned max)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+
+    if (errno || end == s || *end || !isdigit((unsigned char) s[0]))
+        usage_error("%s: '%s' is not a number", opt, s);
+    if (v < min || v > max)
+        usage_error("%s: %s is out of range (%u to %u)", opt, s, min, max);
+    return (unsigned) v;
+}
+
+static void add_fuse_opt(struct options *o, const char *opt)
+{
+    size_t n = o->fuse_opts ? strlen(o->fuse_opts) : 0;
+    char *s = realloc(o->fuse_opts, n + strlen(opt) + 2);
+    if (!s) {
+        perror(program);
+        exit(EXIT_FAILURE);
+    }
+    if (n)
+        s[n++] = ',';
+    strcpy(s + n, opt);
+    o->fuse_opts = s;
+}
+
+/* ---- command line ---------------------------------------------------- */
+
+enum {
+    OPT_HELP = 256, OPT_DEPTH, OPT_REQUEST_SIZE, OPT_POOL_SIZE, OPT_IDLE_MS,
+    OPT_WRITE_THROUGH, OPT_NO_NODELAY, OPT_DEST_ZERO, OPT_NO_EXTENTS,
+    OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD,
+};
+
+static const struct option long_options[] = {
+    { "connections", required_argument, NULL, 'C' },
+    { "depth", required_argument, NULL, OPT_DEPTH },
+    { "request-size", required_argument, NULL, OPT_REQUEST_SIZE },
+    { "pool-size", required_argument, NULL, OPT_POOL_SIZE },
+    { "idle-ms", required_argument, NULL, OPT_IDLE_MS },
+    { "write-through", no_argument, NULL, OPT_WRITE_THROUGH },
+    { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
+    { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
+    { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "pidfile", required_argument, NULL, 'P' },
+    { "readonly", no_argument, NULL, 'r' },
+    { "read-only", no_argument, NULL, 'r' },
+    { "foreground", no_argument, NULL, 'f' },
+    { "verbose", no_argument, NULL, 'v' },
+    { "version", no_argument, NULL, 'V' },
+    { "help", no_argument, NULL, OPT_HELP },
+    { "command", no_argument, NULL, OPT_COMMAND },
+    { "socket-activation", no_argument, NULL, OPT_SOCKACT },
+    { "unix", no_argument, NULL, OPT_UNIX },
+    { "tcp", no_argument, NULL, OPT_TCP },
+    { "fd", no_argument, NULL, OPT_FD },
+    { NULL },
+};
+
+static void set_mode(struct options *o, enum nbdx_mode m)
+{
+    if (o->mode_set && o->nbd.mode != m)
+        usage_error("only one of --command, --socket-activation, --unix, "
+                    "--tcp and --fd may be given");
+    o->nbd.mode = m;
+    o->mode_set = true;
+}
+
+static bool mode_flag(struct options *o, const char *arg)
+{
+    static const struct { const char *name; enum nbdx_mode mode; } flags[] = {
+        { "--command", NBDX_COMMAND },
+        { "--socket-activation", NBDX_SOCKET_ACTIVATION },
+        { "--unix", NBDX_UNIX },
+        { "--tcp", NBDX_TCP },
+        { "--fd", NBDX_FD },
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (strcmp(arg, flags[i].name) == 0) {
+            set_mode(o, flags[i].mode);
+            return true;
+        }
+    return false;
+}
+
+static void parse_server(struct options *o, int argc, char **argv)
+{
+    if (!o->mode_set && argc > 0 && mode_flag(o, argv[0])) {
+        argc--;
+        argv++;
+    }
+    if (!o->mode_set && argc > 0 && strcmp(argv[0], "[") == 0) {
+        if (argc < 3 || strcmp(argv[argc - 1], "]") != 0)
+            usage_error("'[ CMD ARGS ]' needs a command and a closing ']'");
+        argv[argc - 1] = NULL;
+        set_mode(o, NBDX_SOCKET_ACTIVATION);
+        o->nbd.argv = argv + 1;
+        return;
+    }
+    if (!o->mode_set)
+        set_mode(o, NBDX_URI);
+    switch (o->nbd.mode) {
+    case NBDX_URI:
+        if (argc != 1)
+            usage_error(argc ? "too many arguments after the URI"
+                             : "missing the server: URI, [ CMD ], --unix, "
+                               "--tcp, --command or --fd");
+        o->nbd.uri = argv[0];
+        break;
+    case NBDX_SOCKET_ACTIVATION:
+    case NBDX_COMMAND:
+        if (argc < 1)
+            usage_error("missing the server command");
+        o->nbd.argv = argv;
+        break;
+    case NBDX_UNIX:
+        if (argc != 1)
+            usage_error("--unix takes one socket path");
+        o->nbd.path = argv[0];
+        break;
+    case NBDX_TCP:
+        if (argc != 2)
+            usage_error("--tcp takes a host and a port");
+        o->nbd.host = argv[0];
+        o->nbd.port = argv[1];
+        break;
+    case NBDX_FD:
+        if (argc != 1)
+            usage_error("--fd takes one file descriptor number");
+        o->nbd.fd = (int) parse_uint("--fd", argv[0], 0, INT_MAX);
+        if (fcntl(o->nbd.fd, F_GETFD) == -1)
+            usage_error("--fd %d: not an open file descriptor", o->nbd.fd);
+        break;
+    }
+}
+
+/* MOUNTPOINT or MOUNTPOINT/FILENAME (when MOUNTPOINT/FILENAME is not itself
+ * a directory). */
+static void parse_mountpoint(struct options *o, const char *arg)
+{
+    struct stat st;
+    char *copy;
+
+    if (stat(arg, &st) == 0 && S_ISDIR(st.st_mode)) {
+        o->mountpoint = strdup(arg);
+        o->filename = strdup("nbd");
+        return;
+    }
+    copy = strdup(arg);
+    char *slash = copy ? strrchr(copy, '/') : NULL;
+    if (!slash || slash[1] == '\0')
+        usage_error("mountpoint %s: %s", arg,
+                    errno == ENOENT ? "no such directory" : "not a directory");
+    *slash = '\0';
+    o->filename = strdup(slash + 1);
+    o->mountpoint = strdup(copy[0] ? copy : "/");
+    free(copy);
+    if (stat(o->mountpoint, &st) == -1 || !S_ISDIR(st.st_mode))
+        usage_error("mountpoint %s: no such directory", o->mountpoint);
+    if (strcmp(o->filename, ".") == 0 || strcmp(o->filename, "..") == 0 ||
+        strcmp(o->filename, FS_STATUS_NAME) == 0)
+        usage_error("'%s' cannot be the file name", o->filename);
+}
+
+static void parse_args(struct options *o, int argc, char **argv)
+{
+    int c;
+
+    o->nbd.connections = DEFAULT_CONNECTIONS;
+    o->nbd.nodelay = true;
+    o->depth = DEFAULT_DEPTH;
+    o->request_size = DEFAULT_REQUEST_SIZE;
+    o->pool_size = DEFAULT_POOL_SIZE;
+    o->idle_ms = DEFAULT_IDLE_MS;
+
+    while ((c = getopt_long(argc, argv, "+C:o:P:rfvV", long_options,
+                            NULL)) != -1) {
+        switch (c) {
+        case 'C':
+            o->nbd.connections = parse_uint("--connections", optarg, 1, 64);
+            break;
+        case OPT_DEPTH:
+            o->depth = parse_uint("--depth", optarg, 1, 1024);
+            break;
+        case OPT_REQUEST_SIZE:
+            o->request_size = parse_size("--request-size", optarg);
+            if (o->request_size < 4096)
+                usage_error("--request-size must be at least 4K");
+            break;
+        case OPT_POOL_SIZE:
+            o->pool_size = parse_size("--pool-size", optarg);
+            if (o->pool_size < 8192 || o->pool_size > (64ull << 30))
+                usage_error("--pool-size must be between 8K and 64G");
+            break;
+        case OPT_IDLE_MS:
+            o->idle_ms = parse_uint("--idle-ms", optarg, 1, 60000);
+            break;
+        case OPT_WRITE_THROUGH: o->write_through = true; break;
+        case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
+        case OPT_DEST_ZERO: o->destination_is_zero = true; break;
+        case OPT_NO_EXTENTS: o->no_extents = true; break;
+        case 'o': add_fuse_opt(o, optarg); break;
+        case 'P': o->pidfile = optarg; break;
+        case 'r': o->nbd.readonly = true; break;
+        case 'f': o->foreground = true; break;
+        case 'v': log_verbosity++; break;
+        case 'V':
+            printf("%s %s (libfuse %s)\n", PACKAGE_NAME, PACKAGE_VERSION,
+                   fuse_pkgversion());
+            exit(EXIT_SUCCESS);
+        case OPT_HELP:
+            usage();
+            exit(EXIT_SUCCESS);
+        case OPT_COMMAND: set_mode(o, NBDX_COMMAND); break;
+        case OPT_SOCKACT: set_mode(o, NBDX_SOCKET_ACTIVATION); break;
+        case OPT_UNIX: set_mode(o, NBDX_UNIX); break;
+        case OPT_TCP: set_mode(o, NBDX_TCP); break;
+        case OPT_FD: set_mode(o, NBDX_FD); break;
+        default:
+            fprintf(stderr, "%s: see %s --help\n", program, program);
+            exit(EXIT_FAILURE);
+        }
+    }
+    if (optind >= argc)
+        usage_error("missing the mountpoint");
+    parse_mountpoint(o, argv[optind]);
+    parse_server(o, argc - optind - 1, argv + optind + 1);
+    o->nbd.debug = log_verbosity >= 2;
+}
+
+/* ---- daemon ---------------------------------------------------------- */
+
+static int ready_fd = -1;         /* tells the waiting parent we are up */
+
+/* Fork now, before any thread exists.  The parent waits for one byte: 0
+ * when the mount is ready, anything else (or EOF) on failure, and exits
+ * with it.  The child carries on. */
+static void daemonize_early(void)
+{
+    int p[2];
+
+    if (pipe(p) == -1) {
+        perror(program);
+        exit(EXIT_FAILURE);
+    }
+    pid_t pid = fork();
+    if (pid == -1) {
+        perror(program);
+        exit(EXIT_FAILURE);
+    }
+    if (pid > 0) {
+        unsigned char status = 1;
+        close(p[1]);
+        if (read(p[0], &status, 1) != 1) {
+            int ws;
+            waitpid(pid, &ws, 0);
+            status = 1;
+        }
+        _exit(status);
+    }
+    close(p[0]);
+    ready_fd = p[1];
+    setsid();
+}
+
+/* The mount is up: release the parent, leave the terminal. */
+static void detach(void)
+{
+    if (ready_fd < 0)
+        return;
+    unsigned char ok = 0;
+    int null = open("/dev/null", O_RDWR);
+    if (write(ready_fd, &ok, 1) != 1) {
+        /* the parent is gone: nobody to tell */
+    }
+    close(ready_fd);
+    ready_fd = -1;
+    log_set_syslog(true);
+    if (null >= 0) {
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        if (null > STDERR_FILENO)
+            close(null);
+    }
+    if (chdir("/") == -1) {
+        /* harmless */
+    }
+}
+
+static int write_pidfile(const char *path)
+{
+    char tmp[PATH_MAX];
+    FILE *f;
+
+    if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, getpid()) >= (int) sizeof tmp)
+        return -ENAMETOOLONG;
+    f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%d\n", getpid());
+    if (fclose(f) != 0 || rename(tmp, path) == -1) {
+        int err = errno;
+        unlink(tmp);
+        return -err;
+    }
+    return 0;
+}
+
+/* ---- setup ----------------------------------------------------------- */
+
+static uint64_t clamp_request_size(const struct options *o,
+                                   const struct nbdx_info *info)
+{
+    uint64_t rs = o->request_size;
+
+    if (rs > MAX_REQUEST_SIZE) {
+        log_info("request size %" PRIu64 " clamped to 32M", rs);
+        rs = MAX_REQUEST_SIZE;
+    }
+    if (info->block_max && rs > info->block_max) {
+        log_info("request size clamped to the server's maximum, %" PRIu32,
+                 info->block_max);
+        rs = info->block_max;
+    }
+    return rs;
+}
+
+static int open_pool(struct fs *fs, const struct options *o)
+{
+    const struct nbdx_info *info = nbdx_info(fs->x);
+    struct pool_config pc = {
+        .request_size = clamp_request_size(o, info),
+        .pool_size = o->pool_size,
+        .depth = o->depth,
+        .idle_ms = o->idle_ms,
+        .write_through = o->write_through,
+        .destination_is_zero = o->destination_is_zero,
+        .scan_extents = !o->no_extents,
+    };
+    if (pc.pool_size < 2 * pc.request_size) {
+        log_info("pool size raised to two requests");
+        pc.pool_size = 2 * pc.request_size;
+    }
+    int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
+    if (r < 0)
+        log_err("cannot create the write-back pool: %s", strerror(-r));
+    return r;
+}
+
+static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
+{
+    struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
+    struct fuse_session *se = NULL;
+
+    fuse_opt_add_arg(&args, program);
+    fuse_opt_add_arg(&args, "-o");
+    fuse_opt_add_arg(&args, "fsname=nbdferry,subtype=nbdferry");
+    if (fs->readonly) {
+        fuse_opt_add_arg(&args, "-o");
+        fuse_opt_add_arg(&args, "ro");
+    }
+    if (o->fuse_opts) {
+        fuse_opt_add_arg(&args, "-o");
+        fuse_opt_add_arg(&args, o->fuse_opts);
+    }
+    se = fuse_session_new(&args, &fs_ops, sizeof fs_ops, fs);
+    fuse_opt_free_args(&args);
+    if (!se) {
+        log_err("cannot start FUSE (bad -o option?)");
+        return NULL;
+    }
+    if (fuse_set_signal_handlers(se) == -1 ||
+        fuse_session_mount(se, o->mountpoint) == -1) {
+        log_err("cannot mount on %s", o->mountpoint);
+        fuse_remove_signal_handlers(se);
+        fuse_session_destroy(se);
+        return NULL;
+    }
+    return se;
+}
+
+static int serve(struct fuse_session *se)
+{
+    struct fuse_loop_config *lc = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(lc, 0);
+    fuse_loop_cfg_set_max_threads(lc, 16);
+    fuse_loop_cfg_set_idle_threads(lc, 8);
+    int r = fuse_session_loop_mt(se, lc);
+    fuse_loop_cfg_destroy(lc);
+    return r;
+}
+
+/* Drain and flush after the mount is gone.  Returns the exit status. */
+static int finish(struct fs *fs)
+{
+    struct pool_stats st;
+
+    int r = pool_flush(fs->pool);
+    pool_get_stats(fs->pool, &st);
+    if (st.errors || r < 0) {
+        log_err("%" PRIu64 " NBD request(s) failed during this mount; the "
+                "disk may not hold what was written (first: %s of %" PRIu64
+                " bytes at %" PRIu64 ")", st.errors + (r < 0),
+                st.nfailures ? (st.failures[0].kind == POOL_WRITE ? "write"
+                                : st.failures[0].kind == POOL_ZERO ? "zero"
+                                : "flush") : "flush",
+                st.nfailures ? st.failures[0].len : 0,
+                st.nfailures ? st.failures[0].off : 0);
+        return EXIT_FAILURE;
+    }
+    log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",
+             st.bytes_written, st.bytes_acked);
+    return EXIT_SUCCESS;
+}
+
+int main(int argc, char **argv)
+{
+    struct options o = { 0 };
+    struct fs fs = { 0 };
+    int status = EXIT_FAILURE;
+
+    log_set_program(program);
+    signal(SIGPIPE, SIG_IGN);
+    parse_args(&o, argc, argv);
+    if (!o.foreground)
+        daemonize_early();
+
+    if (nbdx_open(&o.nbd, &fs.x) < 0)
+        return EXIT_FAILURE;
+    const struct nbdx_info *info = nbdx_info(fs.x);
+    fs.export_size = info->size;
+    fs.apparent_size = info->size;
+    fs.readonly = info->readonly;
+    fs.filename = o.filename;
+    fs.uid = getuid();
+    fs.gid = getgid();
+    clock_gettime(CLOCK_REALTIME, &fs.started);
+    fs.mtime = fs.started;
+    pthread_mutex_init(&fs.lock, NULL);
+    log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
+             info->size, info->connections, info->tcp ? ", tcp" : "",
+             info->can_zero ? ", write-zeroes" : "",
+             info->can_fast_zero ? ", fast-zero" : "");
+
+    if (open_pool(&fs, &o) < 0)
+        goto out_nbd;
+    struct fuse_session *se = mount_fuse(&fs, &o);
+    if (!se)
+        goto out_pool;
+    if (o.pidfile) {
+        int r = write_pidfile(o.pidfile);
+        if (r < 0) {
+            log_err("pidfile %s: %s", o.pidfile, strerror(-r));
+            goto out_unmount;
+        }
+    }
+    detach();
+    serve(se);
+    status = EXIT_SUCCESS;
+
+out_unmount:
+    fuse_session_unmount(se);
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+out_pool:
+    if (status == EXIT_SUCCESS)
+        status = finish(&fs);
+    pool_destroy(fs.pool);
+out_nbd:
+    nbdx_close(fs.x);
+    if (o.pidfile && status == EXIT_SUCCESS)
+        unlink(o.pidfile);
+    free(o.mountpoint);
+    free(o.filename);
+    free(o.fuse_opts);
+    return status;
+}

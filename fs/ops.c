@@ -1,0 +1,562 @@
+/* fs/ops.c: FUSE low-level handlers.  Each turns a kernel request into
+ * pool calls and replies; file semantics are mission.md §3.
+ *
+ * THREAD MODEL
+ * libfuse's worker threads (fuse_session_loop_mt) call these handlers
+ * concurrently.  fs->lock protects the apparent size and times; it is never
+ * held across a pool call that can wait, nor across fuse_reply_*().
+ */
+#include "fs/fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/falloc.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
+#include "common/log.h"
+
+#define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
+                                   * buffer size, so writes arrive large */
+
+static struct fs *fs_of(fuse_req_t req) { return fuse_req_userdata(req); }
+
+static uint64_t apparent_size(struct fs *fs)
+{
+    pthread_mutex_lock(&fs->lock);
+    uint64_t s = fs->apparent_size;
+    pthread_mutex_unlock(&fs->lock);
+    return s;
+}
+
+/* ---- attributes ------------------------------------------------------ */
+
+static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
+{
+    memset(st, 0, sizeof *st);
+    st->st_ino = ino;
+    st->st_uid = fs->uid;
+    st->st_gid = fs->gid;
+    st->st_atim = st->st_ctim = st->st_mtim = fs->started;
+    st->st_blksize = FS_BLKSIZE;
+    switch (ino) {
+    case FS_INO_ROOT:
+        st->st_mode = S_IFDIR | 0700;
+        st->st_nlink = 2;
+        break;
+    case FS_INO_RAW: {
+        uint64_t size;
+        pthread_mutex_lock(&fs->lock);
+        size = fs->apparent_size;
+        st->st_mtim = st->st_ctim = fs->mtime;
+        pthread_mutex_unlock(&fs->lock);
+        st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+        st->st_nlink = 1;
+        st->st_size = (off_t) size;
+        /* From the zero maps, so sparse-aware readers (cp --sparse=auto
+         * wants st_blocks < st_size / 512) look for holes. */
+        st->st_blocks = (blkcnt_t) ((pool_allocated(fs->pool, size) + 511) / 512);
+        break;
+    }
+    case FS_INO_STATUS:
+        st->st_mode = S_IFREG | 0400;
+        st->st_nlink = 1;
+        st->st_size = 0;          /* generated at open; read until EOF */
+        break;
+    }
+}
+
+static void reply_attr(fuse_req_t req, fuse_ino_t ino)
+{
+    struct stat st;
+    fill_attr(fs_of(req), ino, &st);
+    /* Timeout 0: the size changes under the kernel (truncate through the
+     * VHD view, writes extending the file), never cache it. */
+    fuse_reply_attr(req, &st, 0);
+}
+
+static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
+{
+    if (strcmp(name, fs->filename) == 0)
+        return FS_INO_RAW;
+    if (strcmp(name, FS_STATUS_NAME) == 0)
+        return FS_INO_STATUS;
+    return 0;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    struct fuse_entry_param e = { 0 };
+    fuse_ino_t ino = parent == FS_INO_ROOT ? ino_by_name(fs_of(req), name) : 0;
+
+    if (!ino) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    e.ino = ino;
+    e.generation = 1;
+    fill_attr(fs_of(req), ino, &e.attr);
+    e.attr_timeout = 0;
+    e.entry_timeout = 3600;       /* the set of names never changes */
+    fuse_reply_entry(req, &e);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino,
+                       struct fuse_file_info *fi)
+{
+    reply_attr(req, ino);
+}
+
+static void touch(struct fs *fs)
+{
+    pthread_mutex_lock(&fs->lock);
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* Set the raw file's size.  Every byte beyond the new size must read as
+ * zero: the bytes [size, old size) become pending zero, done lazily at
+ * the next drain (close, fsync, unmount) for the parts not written again
+ * meanwhile.  Bytes beyond the old size already read as zero. */
+static int truncate_to(struct fs *fs, uint64_t size)
+{
+    if (size > fs->export_size)
+        return -EFBIG;
+    pthread_mutex_lock(&fs->lock);
+    uint64_t old = fs->apparent_size;
+    fs->apparent_size = size;
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
+    pthread_mutex_unlock(&fs->lock);
+    if (size < old)
+        return pool_zero_lazy(fs->pool, size, old - size);
+    return 0;
+}
+
+/* Grow the apparent size to cover end (writes, fallocate). */
+static void extend_to(struct fs *fs, uint64_t end)
+{
+    pthread_mutex_lock(&fs->lock);
+    if (end > fs->apparent_size)
+        fs->apparent_size = end;
+    pthread_mutex_unlock(&fs->lock);
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+                       int to_set, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+
+    if (ino != FS_INO_RAW) {
+        fuse_reply_err(req, EPERM);
+        return;
+    }
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+        if (fs->readonly) {
+            fuse_reply_err(req, EROFS);
+            return;
+        }
+        if (attr->st_size < 0) {
+            fuse_reply_err(req, EINVAL);
+            return;
+        }
+        int r = truncate_to(fs, (uint64_t) attr->st_size);
+        if (r < 0) {
+            if (r == -EFBIG)
+                log_notice("truncate to %jd bytes refused: the export holds "
+                           "%" PRIu64, (intmax_t) attr->st_size,
+                           fs->export_size);
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
+    /* chmod, chown, utimes: accepted and ignored, so rsync -a --inplace
+     * and cp -p work.  The disk has no such metadata. */
+    reply_attr(req, ino);
+}
+
+/* ---- directory ------------------------------------------------------- */
+
+struct dirbuf {
+    char *p;
+    size_t size;
+};
+
+static void dirbuf_add(fuse_req_t req, struct dirbuf *b, const char *name,
+                       fuse_ino_t ino)
+{
+    struct stat st = { .st_ino = ino };
+    size_t old = b->size;
+    b->size += fuse_add_direntry(req, NULL, 0, name, NULL, 0);
+    char *n = realloc(b->p, b->size);
+    if (!n) {
+        b->size = old;
+        return;
+    }
+    b->p = n;
+    fuse_add_direntry(req, b->p + old, b->size - old, name, &st,
+                      (off_t) b->size);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct dirbuf b = { 0 };
+
+    if (ino != FS_INO_ROOT) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    dirbuf_add(req, &b, ".", FS_INO_ROOT);
+    dirbuf_add(req, &b, "..", FS_INO_ROOT);
+    dirbuf_add(req, &b, fs->filename, FS_INO_RAW);
+    dirbuf_add(req, &b, FS_STATUS_NAME, FS_INO_STATUS);
+    if ((size_t) off < b.size) {
+        size_t n = b.size - (size_t) off;
+        fuse_reply_buf(req, b.p + off, n < size ? n : size);
+    } else
+        fuse_reply_buf(req, NULL, 0);
+    free(b.p);
+}
+
+/* Names cannot be made, removed or renamed: the mount holds a fixed set
+ * of files.  Tools that want a temporary file (plain rsync) are told. */
+static void refuse(fuse_req_t req, const char *what, const char *name)
+{
+    log_notice("%s '%s' refused: this mount holds only its disk file; "
+               "write to it in place (rsync: use --inplace)", what, name);
+    fuse_reply_err(req, EPERM);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+                     mode_t mode, dev_t rdev)
+{
+    refuse(req, "creating", name);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+                     mode_t mode)
+{
+    refuse(req, "creating directory", name);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    refuse(req, "removing", name);
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    refuse(req, "removing", name);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+                      fuse_ino_t newparent, const char *newname,
+                      unsigned int flags)
+{
+    refuse(req, "renaming", name);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+                    const char *newname)
+{
+    refuse(req, "linking", newname);
+}
+
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+                       const char *name)
+{
+    refuse(req, "creating symlink", name);
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+                      mode_t mode, struct fuse_file_info *fi)
+{
+    refuse(req, "creating", name);
+}
+
+/* ---- open and close -------------------------------------------------- */
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    bool writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+
+    if (ino == FS_INO_ROOT) {
+        fuse_reply_err(req, EISDIR);
+        return;
+    }
+    if (writing && (fs->readonly || ino != FS_INO_RAW)) {
+        fuse_reply_err(req, fs->readonly ? EROFS : EACCES);
+        return;
+    }
+    struct fs_fh *fh = calloc(1, sizeof *fh);
+    if (!fh) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    fh->ino = (enum fs_ino) ino;
+    fh->err_seq = pool_error_seq(fs->pool);
+    if (ino == FS_INO_STATUS) {
+        fh->snapshot = fs_status_json(fs, &fh->snapshot_len);
+        if (!fh->snapshot) {
+            free(fh);
+            fuse_reply_err(req, ENOMEM);
+            return;
+        }
+    }
+    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr. */
+    if (ino == FS_INO_RAW && writing && (fi->flags & O_TRUNC)) {
+        int r = truncate_to(fs, 0);
+        if (r < 0) {
+            free(fh);
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
+    fi->fh = (uintptr_t) fh;
+    fi->direct_io = 1;        /* our semantics, not the page cache's */
+    fi->keep_cache = 0;
+    fi->nonseekable = 0;
+    if (fuse_reply_open(req, fi) == -ENOENT) {  /* interrupted */
+        free(fh->snapshot);
+        free(fh);
+    }
+}
+
+static struct fs_fh *fh_of(struct fuse_file_info *fi)
+{
+    return (struct fs_fh *) (uintptr_t) fi->fh;
+}
+
+/* close(2): every write is acknowledged before close returns, and the
+ * first error since this handle last reported one is returned. */
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_fh *fh = fh_of(fi);
+
+    if (ino != FS_INO_RAW) {
+        fuse_reply_err(req, 0);
+        return;
+    }
+    pool_drain(fs->pool);
+    fuse_reply_err(req, pool_error_take(fs->pool, &fh->err_seq));
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+                     struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_fh *fh = fh_of(fi);
+
+    if (ino != FS_INO_RAW) {
+        fuse_reply_err(req, 0);
+        return;
+    }
+    int r = pool_flush(fs->pool);
+    int err = pool_error_take(fs->pool, &fh->err_seq);
+    fuse_reply_err(req, err ? err : -r);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino,
+                       struct fuse_file_info *fi)
+{
+    struct fs_fh *fh = fh_of(fi);
+
+    free(fh->snapshot);
+    free(fh);
+    fuse_reply_err(req, 0);
+}
+
+/* ---- data ------------------------------------------------------------ */
+
+static void read_status(fuse_req_t req, struct fs_fh *fh, size_t size,
+                        off_t off)
+{
+    if ((size_t) off >= fh->snapshot_len) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    size_t n = fh->snapshot_len - (size_t) off;
+    fuse_reply_buf(req, fh->snapshot + off, n < size ? n : size);
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+
+    if (ino == FS_INO_STATUS) {
+        read_status(req, fh_of(fi), size, off);
+        return;
+    }
+    uint64_t end = apparent_size(fs);
+    if (off < 0 || (uint64_t) off >= end) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    if (size > end - (uint64_t) off)
+        size = (size_t) (end - (uint64_t) off);
+    char *buf = malloc(size);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    int r = pool_read(fs->pool, (uint64_t) off, buf, size);
+    if (r < 0)
+        fuse_reply_err(req, -r);
+    else
+        fuse_reply_buf(req, buf, size);
+    free(buf);
+}
+
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
+                     size_t size, off_t off, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_fh *fh = fh_of(fi);
+
+    if (off < 0 || (uint64_t) off >= fs->export_size) {
+        if (size == 0) {
+            fuse_reply_write(req, 0);
+            return;
+        }
+        log_notice("write of %zu bytes at offset %jd is past the end of the "
+                   "export (%" PRIu64 " bytes)", size, (intmax_t) off,
+                   fs->export_size);
+        fuse_reply_err(req, ENOSPC);
+        return;
+    }
+    /* A write that fails later is reported at close or fsync; once one
+     * has failed, later writes through this handle fail at once. */
+    int err = pool_error_peek(fs->pool, fh->err_seq);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    if (size > fs->export_size - (uint64_t) off)
+        size = (size_t) (fs->export_size - (uint64_t) off);  /* short */
+    ssize_t r = pool_write(fs->pool, (uint64_t) off, buf, size);
+    if (r < 0) {
+        fuse_reply_err(req, (int) -r);
+        return;
+    }
+    extend_to(fs, (uint64_t) off + size);
+    touch(fs);
+    fuse_reply_write(req, size);
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
+                         off_t len, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+    int kind = mode & ~FALLOC_FL_KEEP_SIZE;
+
+    if (ino != FS_INO_RAW || off < 0 || len <= 0) {
+        fuse_reply_err(req, EINVAL);
+        return;
+    }
+    if (fs->readonly) {
+        fuse_reply_err(req, EROFS);
+        return;
+    }
+    if (kind != 0 && kind != FALLOC_FL_PUNCH_HOLE &&
+        kind != FALLOC_FL_ZERO_RANGE) {
+        fuse_reply_err(req, EOPNOTSUPP);
+        return;
+    }
+    uint64_t start = (uint64_t) off, end = start + (uint64_t) len;
+    if (end < start || (!keep_size && end > fs->export_size)) {
+        fuse_reply_err(req, ENOSPC);
+        return;
+    }
+    if (end > fs->export_size)
+        end = fs->export_size;    /* keep-size: nothing exists past it */
+    if (kind != 0 && start < end)
+        pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+    if (!keep_size)
+        extend_to(fs, end);
+    touch(fs);
+    fuse_reply_err(req, 0);
+}
+
+static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+                     struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+
+    if (ino != FS_INO_RAW || (whence != SEEK_DATA && whence != SEEK_HOLE)) {
+        fuse_reply_err(req, EINVAL);
+        return;
+    }
+    if (off < 0) {
+        fuse_reply_err(req, ENXIO);
+        return;
+    }
+    int64_t r = pool_seek(fs->pool, (uint64_t) off, whence, apparent_size(fs));
+    if (r < 0)
+        fuse_reply_err(req, (int) -r);
+    else
+        fuse_reply_lseek(req, (off_t) r);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+    struct fs *fs = fs_of(req);
+    struct statvfs sv = { 0 };
+    uint64_t used = apparent_size(fs);
+
+    sv.f_bsize = FS_BLKSIZE;
+    sv.f_frsize = 4096;
+    sv.f_blocks = fs->export_size / 4096;
+    sv.f_bfree = sv.f_bavail = (fs->export_size - used) / 4096;
+    sv.f_files = 2;
+    sv.f_ffree = 0;
+    sv.f_namemax = 255;
+    fuse_reply_statfs(req, &sv);
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+    /* 1 MiB requests (libfuse negotiates max_pages to match). */
+    conn->max_write = 1u << 20;
+    conn->max_readahead = 1u << 20;
+    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
+        conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    if (conn->capable & FUSE_CAP_ASYNC_DIO)
+        conn->want |= FUSE_CAP_ASYNC_DIO;
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  /* we are the write-back */
+}
+
+const struct fuse_lowlevel_ops fs_ops = {
+    .init = op_init,
+    .lookup = op_lookup,
+    .getattr = op_getattr,
+    .setattr = op_setattr,
+    .readdir = op_readdir,
+    .mknod = op_mknod,
+    .mkdir = op_mkdir,
+    .unlink = op_unlink,
+    .rmdir = op_rmdir,
+    .rename = op_rename,
+    .link = op_link,
+    .symlink = op_symlink,
+    .create = op_create,
+    .open = op_open,
+    .read = op_read,
+    .write = op_write,
+    .flush = op_flush,
+    .fsync = op_fsync,
+    .release = op_release,
+    .fallocate = op_fallocate,
+    .lseek = op_lseek,
+    .statfs = op_statfs,
+};

@@ -1,0 +1,104 @@
+/* transport/nbdx.h: NBD connections, one I/O thread each.
+ *
+ * nbdx owns the libnbd handles.  Callers describe a request in a
+ * struct nbdx_op and hand it to nbdx_submit(); the op's done() callback
+ * runs later on the connection's I/O thread, outside any libnbd call.
+ * nbdx does not order requests: callers never submit two overlapping
+ * requests at once (the pool guarantees it for the daemon).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum nbdx_mode {
+    NBDX_URI,                 /* nbd://, nbd+unix://, nbds:// ... */
+    NBDX_SOCKET_ACTIVATION,   /* [ CMD ARGS ]: libnbd starts the server */
+    NBDX_COMMAND,             /* --command: server on stdin/stdout */
+    NBDX_UNIX,                /* --unix SOCKET */
+    NBDX_TCP,                 /* --tcp HOST PORT */
+    NBDX_FD,                  /* --fd N: an already connected socket */
+};
+
+struct nbdx_config {
+    enum nbdx_mode mode;
+    const char *uri;          /* NBDX_URI */
+    char **argv;              /* NBDX_SOCKET_ACTIVATION, NBDX_COMMAND */
+    const char *path;         /* NBDX_UNIX */
+    const char *host, *port;  /* NBDX_TCP */
+    int fd;                   /* NBDX_FD */
+    unsigned connections;     /* wanted; 1 unless the server offers multi-conn */
+    bool readonly;
+    bool nodelay;             /* TCP_NODELAY on TCP sockets (default on) */
+    bool debug;               /* libnbd debug messages */
+};
+
+/* What the server told us at handshake. */
+struct nbdx_info {
+    uint64_t size;
+    bool readonly;
+    bool can_flush, can_zero, can_fast_zero, can_multi_conn, can_extents;
+    bool tcp;                 /* the connections are TCP sockets */
+    uint32_t block_min, block_pref, block_max;  /* 0 where not advertised */
+    unsigned connections;     /* actually opened */
+};
+
+enum nbdx_kind {
+    NBDX_OP_READ,
+    NBDX_OP_WRITE,
+    NBDX_OP_ZERO,
+    NBDX_OP_FLUSH,
+    NBDX_OP_BLOCK_STATUS,
+};
+
+struct nbdx_op;
+typedef void (*nbdx_done_fn)(struct nbdx_op *op, int err);
+/* Called for each extent of a block status reply, on the I/O thread,
+ * inside libnbd: record the extent, call nothing in libnbd. */
+typedef void (*nbdx_extent_fn)(struct nbdx_op *op, uint64_t off,
+                               uint64_t len, uint32_t flags);
+
+struct nbdx_op {
+    enum nbdx_kind kind;
+    uint64_t off, len;
+    void *buf;                /* READ, WRITE: borrowed until done() */
+    uint32_t flags;           /* LIBNBD_CMD_FLAG_* */
+    nbdx_done_fn done;        /* err is 0 or a positive errno */
+    nbdx_extent_fn extent;    /* BLOCK_STATUS only */
+    void *opaque;             /* the caller's */
+
+    /* Private to nbdx. */
+    struct nbdx_op *next;
+    struct nbdx_conn *conn;
+    int err;
+    bool completed;
+};
+
+struct nbdx;
+
+/* Connects every connection and completes the handshake.  On error,
+ * logs one line naming the server and returns -errno. */
+int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out);
+const struct nbdx_info *nbdx_info(const struct nbdx *x);
+
+/* Queue op on the least busy connection.  Never blocks and never calls
+ * done() itself: done() always runs on an I/O thread. */
+void nbdx_submit(struct nbdx *x, struct nbdx_op *op);
+
+/* Submit op and wait for it.  Returns 0 or -errno. */
+int nbdx_run(struct nbdx *x, struct nbdx_op *op);
+
+/* Requests queued or on the wire, all connections. */
+unsigned nbdx_in_flight(const struct nbdx *x);
+
+/* TCP_INFO-style counters, for the status. */
+struct nbdx_stats {
+    uint64_t ops[5];          /* by enum nbdx_kind */
+    uint64_t bytes[5];
+    uint64_t errors;
+};
+void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
+
+/* Stop the I/O threads once their queues are empty, disconnect cleanly
+ * and free.  Ops still queued complete with ESHUTDOWN. */
+void nbdx_close(struct nbdx *x);

@@ -1,0 +1,920 @@
+/* transport/pool.c: write-back buffers, coalescing and request ordering.
+ *
+ * THREAD MODEL
+ * FUSE worker threads call pool_write/zero/read/drain/flush.  nbdx I/O
+ * threads call req_done() when a reply arrives.  One idle thread seals
+ * buffers nobody has written to for idle_ms.  Everything below is
+ * protected by pool->lock; pool->cond is broadcast whenever a request
+ * completes or a buffer frees.  nbdx_submit() is called with pool->lock
+ * held (it only queues: nbdx's conn->lock is a leaf).  No lock is held
+ * across a network wait: pool_read() and pool_flush() drop it around
+ * nbdx_run().
+ *
+ * REQUESTS
+ * A request (struct pool_req) is a write buffer or a zero range.  A write
+ * buffer starts FILLING: writes that land inside it or extend it are
+ * copied in.  It is sealed (QUEUED) when full, when idle, when a read or a
+ * zero touches its range, or when the pool needs buffers.  Sealing gives a
+ * request its place in the queue; the queue is in sealing order.
+ *
+ * ORDERING INVARIANTS
+ *  1. FILLING buffers never overlap each other.  Before a write lands in a
+ *     new buffer, or extends one over another, every other FILLING buffer
+ *     it overlaps is sealed first: they hold older bytes.
+ *  2. A QUEUED request is sent only when no earlier request in the queue
+ *     overlaps it, so overlapping requests are never in flight together
+ *     and reach the server in the order they were made.
+ *  3. A request leaves the queue, and its buffer returns to the free list,
+ *     only in req_done(), after the server replied.
+ *
+ * ZERO MAPS
+ * known_zero: ranges that will read as zero once every queued request is
+ * done (block status at start, zero requests when sealed; writes remove
+ * their range when they are absorbed).  pending_zero: ranges that must
+ * read as zero but have not been zeroed yet (truncate); disjoint from
+ * known_zero; turned into zero requests at the next drain.  Reads overlay
+ * pending_zero, so they already read as zero.
+ */
+#include "transport/pool.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libnbd.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "transport/extmap.h"
+#include "transport/nbdx.h"
+
+#define MAX_FILLING 4             /* buffers open for coalescing at once */
+#define MAX_ZERO_REQS 256         /* zero requests queued at once */
+#define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
+#define READ_MAX_LEN (32u << 20)  /* largest read request */
+#define MAX_FAILURES 1024
+
+enum req_kind { REQ_WRITE, REQ_ZERO };
+enum req_state { REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
+
+struct pool_req {
+    enum req_kind kind;
+    enum req_state state;
+    uint64_t off, len;            /* the range; a FILLING buffer grows */
+    char *data;                   /* WRITE: owned buffer of request_size;
+                                   * ZERO via writes: the shared zero page */
+    uint64_t seq;                 /* place in the queue, set when sealed */
+    uint64_t touched_ns;
+    struct pool *p;
+    struct nbdx_op op;
+    struct pool_req *prev, *next; /* filling list or queue */
+};
+
+struct req_list {
+    struct pool_req *head, *tail;
+    unsigned n;
+};
+
+struct pool {
+    struct pool_config cfg;
+    struct nbdx *x;
+    uint64_t size;
+    bool can_zero, fast_zero;
+    unsigned max_in_flight;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;          /* a request completed, a buffer freed */
+    pthread_cond_t idle_cond;     /* wakes the idle thread */
+    pthread_t idle_thread;
+    bool stopping;
+
+    struct req_list filling;      /* FILLING buffers, most recent last */
+    struct req_list queue;        /* QUEUED and IN_FLIGHT, in seq order */
+    uint64_t next_seq;
+    unsigned in_flight, nzero_reqs;
+
+    char **free_bufs;             /* buffers not in use */
+    unsigned nfree, nbufs, nallocated;
+    char *zero_buf;               /* request_size zero bytes, read-only */
+
+    struct extmap known_zero, pending_zero;
+
+    bool lost;                    /* connection lost: refuse new writes */
+    uint64_t err_seq;
+    unsigned nfailures;
+    struct pool_failure *failures;/* the first MAX_FAILURES */
+    int last_err;
+
+    struct pool_stats st;
+    uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+    return a < b + blen && b < a + alen;
+}
+
+/* ---- lists ----------------------------------------------------------- */
+
+static void list_append(struct req_list *l, struct pool_req *r)
+{
+    r->next = NULL;
+    r->prev = l->tail;
+    if (l->tail)
+        l->tail->next = r;
+    else
+        l->head = r;
+    l->tail = r;
+    l->n++;
+}
+
+static void list_remove(struct req_list *l, struct pool_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        l->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        l->tail = r->prev;
+    r->prev = r->next = NULL;
+    l->n--;
+}
+
+/* ---- failures -------------------------------------------------------- */
+
+static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
+                                  uint64_t off, uint64_t len, int err)
+{
+    static const char *what[] = { "write", "zero", "flush", "read" };
+
+    p->err_seq++;
+    p->last_err = err;
+    p->st.errors++;
+    if (p->nfailures < MAX_FAILURES)
+        p->failures[p->nfailures++] = (struct pool_failure){
+            .seq = p->err_seq, .off = off, .len = len, .err = err,
+            .kind = kind };
+    if (err == ENOTCONN || err == ESHUTDOWN)
+        p->lost = true;
+    log_err("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s",
+            what[kind], len, off, strerror(err));
+}
+
+uint64_t pool_error_seq(struct pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t s = p->err_seq;
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+static int error_since_locked(struct pool *p, uint64_t seq)
+{
+    if (p->err_seq <= seq)
+        return 0;
+    for (unsigned i = 0; i < p->nfailures; i++)
+        if (p->failures[i].seq > seq)
+            return p->failures[i].err;
+    return p->last_err;               /* past the recorded ones */
+}
+
+int pool_error_peek(struct pool *p, uint64_t seq)
+{
+    pthread_mutex_lock(&p->lock);
+    int err = error_since_locked(p, seq);
+    pthread_mutex_unlock(&p->lock);
+    return err;
+}
+
+int pool_error_take(struct pool *p, uint64_t *seq)
+{
+    pthread_mutex_lock(&p->lock);
+    int err = error_since_locked(p, *seq);
+    *seq = p->err_seq;
+    pthread_mutex_unlock(&p->lock);
+    return err;
+}
+
+/* ---- sending --------------------------------------------------------- */
+
+static void req_done(struct nbdx_op *op, int err);
+
+static bool overlaps_earlier(const struct pool_req *r)
+{
+    for (const struct pool_req *e = r->prev; e; e = e->prev)
+        if (overlaps(e->off, e->len, r->off, r->len))
+            return true;
+    return false;
+}
+
+static void send_req_locked(struct pool *p, struct pool_req *r)
+{
+    struct nbdx_op *op = &r->op;
+
+    memset(op, 0, sizeof *op);
+    op->off = r->off;
+    op->len = r->len;
+    op->done = req_done;
+    op->opaque = r;
+    if (r->kind == REQ_WRITE || !p->can_zero) {
+        op->kind = NBDX_OP_WRITE;
+        op->buf = r->data;
+    } else {
+        op->kind = NBDX_OP_ZERO;
+        op->flags = p->fast_zero ? LIBNBD_CMD_FLAG_FAST_ZERO : 0;
+    }
+    r->state = REQ_IN_FLIGHT;
+    if (p->in_flight++ == 0 && p->idle_since_ns) {
+        p->st.idle_ns += now_ns() - p->idle_since_ns;
+        p->idle_since_ns = 0;
+    }
+    if (p->in_flight > p->st.in_flight_peak)
+        p->st.in_flight_peak = p->in_flight;
+    nbdx_submit(p->x, op);
+}
+
+/* Send every queued request that invariant 2 allows, up to the limit. */
+static void dispatch_locked(struct pool *p)
+{
+    for (struct pool_req *r = p->queue.head;
+         r && p->in_flight < p->max_in_flight; r = r->next)
+        if (r->state == REQ_QUEUED && !overlaps_earlier(r))
+            send_req_locked(p, r);
+}
+
+static void seal_locked(struct pool *p, struct pool_req *r)
+{
+    if (r->state == REQ_FILLING)
+        list_remove(&p->filling, r);
+    r->state = REQ_QUEUED;
+    r->seq = p->next_seq++;
+    list_append(&p->queue, r);
+}
+
+/* Seal every FILLING buffer overlapping [off, off+len) except keep. */
+static void seal_overlapping_locked(struct pool *p, uint64_t off,
+                                    uint64_t len, struct pool_req *keep)
+{
+    struct pool_req *r = p->filling.head;
+    while (r) {
+        struct pool_req *next = r->next;
+        if (r != keep && overlaps(r->off, r->len, off, len))
+            seal_locked(p, r);
+        r = next;
+    }
+}
+
+static void seal_all_locked(struct pool *p)
+{
+    while (p->filling.head)
+        seal_locked(p, p->filling.head);
+}
+
+static void release_req_locked(struct pool *p, struct pool_req *r)
+{
+    list_remove(&p->queue, r);
+    if (r->kind == REQ_WRITE)
+        p->free_bufs[p->nfree++] = r->data;
+    else
+        p->nzero_reqs--;
+    if (--p->in_flight == 0)
+        p->idle_since_ns = now_ns();
+    free(r);
+}
+
+/* nbdx completion: runs on an I/O thread, outside libnbd. */
+static void req_done(struct nbdx_op *op, int err)
+{
+    struct pool_req *r = op->opaque;
+    struct pool *p = r->p;
+
+    pthread_mutex_lock(&p->lock);
+    if (err == ENOTSUP && r->kind == REQ_ZERO &&
+        (op->flags & LIBNBD_CMD_FLAG_FAST_ZERO)) {
+        /* The server cannot zero fast here: plain write-zeroes instead. */
+        p->fast_zero = false;
+        p->in_flight--;
+        r->state = REQ_QUEUED;
+        dispatch_locked(p);
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
+    if (err) {
+        record_failure_locked(p, r->kind == REQ_WRITE ? POOL_WRITE : POOL_ZERO,
+                              r->off, r->len, err);
+        if (r->kind == REQ_ZERO)
+            extmap_remove(&p->known_zero, r->off, r->off + r->len);
+    } else if (r->kind == REQ_WRITE) {
+        p->st.bytes_acked += r->len;
+        p->st.requests[POOL_WRITE]++;
+    } else {
+        p->st.bytes_zeroed += r->len;
+        p->st.requests[POOL_ZERO]++;
+    }
+    release_req_locked(p, r);
+    dispatch_locked(p);
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Wait until nothing sealed before seq is queued or in flight. */
+static void wait_seq_locked(struct pool *p, uint64_t seq)
+{
+    while (p->queue.head && p->queue.head->seq < seq)
+        pthread_cond_wait(&p->cond, &p->lock);
+}
+
+/* ---- zeroing --------------------------------------------------------- */
+
+/* Queue zero requests for [off, off+len) minus known_zero.  May wait for
+ * the number of queued zero requests to drop. */
+static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len)
+{
+    uint64_t end = off + len, pos = off;
+    uint64_t max = p->can_zero ? ZERO_MAX_LEN : p->cfg.request_size;
+
+    while (pos < end) {
+        size_t i = extmap_find(&p->known_zero, pos);
+        if (i < p->known_zero.n && p->known_zero.v[i].start <= pos) {
+            uint64_t skip = p->known_zero.v[i].end < end
+                                ? p->known_zero.v[i].end : end;
+            p->st.bytes_zero_skipped += skip - pos;
+            pos = skip;
+            continue;
+        }
+        uint64_t stop = i < p->known_zero.n && p->known_zero.v[i].start < end
+                            ? p->known_zero.v[i].start : end;
+        if (stop - pos > max)
+            stop = pos + max;
+        while (p->nzero_reqs >= MAX_ZERO_REQS) {
+            dispatch_locked(p);
+            pthread_cond_wait(&p->cond, &p->lock);
+        }
+        struct pool_req *r = calloc(1, sizeof *r);
+        if (!r) {
+            record_failure_locked(p, POOL_ZERO, pos, stop - pos, ENOMEM);
+            return;
+        }
+        r->kind = REQ_ZERO;
+        r->p = p;
+        r->off = pos;
+        r->len = stop - pos;
+        r->data = p->zero_buf;
+        p->nzero_reqs++;
+        seal_locked(p, r);
+        extmap_add(&p->known_zero, pos, stop);
+        pos = stop;
+    }
+}
+
+int pool_zero(struct pool *p, uint64_t off, uint64_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    seal_overlapping_locked(p, off, len, NULL);
+    extmap_remove(&p->pending_zero, off, off + len);
+    queue_zero_locked(p, off, len);
+    dispatch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
+{
+    uint64_t end = off + len, pos = off;
+    int r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    /* Keep pending_zero disjoint from known_zero: add only the gaps. */
+    for (size_t i = extmap_find(&p->known_zero, pos); pos < end && r == 0;
+         i++) {
+        uint64_t stop = end;
+        if (i < p->known_zero.n && p->known_zero.v[i].start < end)
+            stop = p->known_zero.v[i].start > pos ? p->known_zero.v[i].start
+                                                   : pos;
+        if (stop > pos)
+            r = extmap_add(&p->pending_zero, pos, stop);
+        if (i >= p->known_zero.n || p->known_zero.v[i].start >= end)
+            break;
+        pos = p->known_zero.v[i].end;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+static void materialize_pending_locked(struct pool *p)
+{
+    while (p->pending_zero.n > 0) {
+        struct ext e = p->pending_zero.v[0];
+        extmap_remove(&p->pending_zero, e.start, e.end);
+        queue_zero_locked(p, e.start, e.end - e.start);
+    }
+}
+
+/* ---- writing --------------------------------------------------------- */
+
+static struct pool_req *find_filling(struct pool *p, uint64_t off)
+{
+    struct pool_req *tail_match = NULL;
+
+    for (struct pool_req *r = p->filling.head; r; r = r->next) {
+        if (off < r->off || off >= r->off + p->cfg.request_size)
+            continue;
+        if (off < r->off + r->len)
+            return r;                     /* inside: a rewrite */
+        if (off == r->off + r->len)
+            tail_match = r;               /* appends */
+    }
+    return tail_match;
+}
+
+static char *get_buffer_locked(struct pool *p)
+{
+    if (p->nfree > 0)
+        return p->free_bufs[--p->nfree];
+    if (p->nallocated < p->nbufs) {
+        void *b;
+        if (posix_memalign(&b, 4096, p->cfg.request_size) != 0)
+            return NULL;
+        p->nallocated++;
+        return b;
+    }
+    return NULL;
+}
+
+/* A new FILLING buffer at off, or NULL after waiting (the caller looks
+ * again: the world changed while we slept). */
+static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
+                                           int *err)
+{
+    char *data;
+
+    if (p->filling.n >= MAX_FILLING)
+        seal_locked(p, p->filling.head);  /* the least recently opened */
+    data = get_buffer_locked(p);
+    if (!data) {
+        /* Pool full: make sure what fills it can drain, then wait. */
+        if (p->filling.head)
+            seal_locked(p, p->filling.head);
+        dispatch_locked(p);
+        if (p->nfree == 0 && p->nallocated == p->nbufs &&
+            p->queue.n == 0 && p->filling.n == 0) {
+            *err = -ENOMEM;
+            return NULL;
+        }
+        uint64_t t0 = now_ns();
+        pthread_cond_wait(&p->cond, &p->lock);
+        p->st.wait_ns += now_ns() - t0;
+        return NULL;
+    }
+    struct pool_req *r = calloc(1, sizeof *r);
+    if (!r) {
+        p->free_bufs[p->nfree++] = data;
+        *err = -ENOMEM;
+        return NULL;
+    }
+    r->kind = REQ_WRITE;
+    r->state = REQ_FILLING;
+    r->p = p;
+    r->off = off;
+    r->data = data;
+    list_append(&p->filling, r);
+    pthread_cond_signal(&p->idle_cond);
+    return r;
+}
+
+/* Copy as much of the write as fits into one buffer.  Returns bytes
+ * taken (0: waited, try again) or -errno. */
+static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
+                             size_t len)
+{
+    struct pool_req *b = p->cfg.write_through ? NULL : find_filling(p, off);
+    int err = 0;
+
+    if (!b) {
+        seal_overlapping_locked(p, off, len, NULL);
+        b = new_filling_locked(p, off, &err);
+        if (!b)
+            return err;
+    }
+    size_t room = b->off + p->cfg.request_size - off;
+    size_t n = len < room ? len : room;
+    memcpy(b->data + (off - b->off), data, n);
+    if (off + n > b->off + b->len)
+        b->len = off + n - b->off;
+    seal_overlapping_locked(p, off, n, b);
+    extmap_remove(&p->pending_zero, off, off + n);
+    extmap_remove(&p->known_zero, off, off + n);
+    b->touched_ns = now_ns();
+    if (b->len == p->cfg.request_size || p->cfg.write_through)
+        seal_locked(p, b);
+    return (ssize_t) n;
+}
+
+ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
+{
+    const char *data = buf;
+    size_t done = 0;
+    ssize_t r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    while (done < len) {
+        if (p->lost) {
+            r = -EIO;
+            break;
+        }
+        r = absorb_locked(p, off + done, data + done, len - done);
+        if (r < 0)
+            break;
+        done += (size_t) r;
+    }
+    p->st.bytes_written += done;
+    dispatch_locked(p);
+    if (p->cfg.write_through)
+        wait_seq_locked(p, p->next_seq);
+    pthread_mutex_unlock(&p->lock);
+    return r < 0 ? r : (ssize_t) len;
+}
+
+/* ---- reading --------------------------------------------------------- */
+
+static bool queue_overlaps(struct pool *p, uint64_t off, uint64_t len)
+{
+    for (struct pool_req *r = p->queue.head; r; r = r->next)
+        if (overlaps(r->off, r->len, off, len))
+            return true;
+    return false;
+}
+
+/* Zero the parts of buf that pending_zero covers. */
+static void overlay_pending_locked(struct pool *p, uint64_t off, char *buf,
+                                   size_t len)
+{
+    const struct extmap *m = &p->pending_zero;
+    for (size_t i = extmap_find(m, off); i < m->n && m->v[i].start < off + len;
+         i++) {
+        uint64_t s = m->v[i].start > off ? m->v[i].start : off;
+        uint64_t e = m->v[i].end < off + len ? m->v[i].end : off + len;
+        memset(buf + (s - off), 0, e - s);
+    }
+}
+
+static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
+{
+    size_t max = READ_MAX_LEN;
+    const struct nbdx_info *info = nbdx_info(p->x);
+
+    if (info->block_max && info->block_max < max)
+        max = info->block_max;
+    while (len > 0) {
+        size_t n = len < max ? len : max;
+        struct nbdx_op op = { .kind = NBDX_OP_READ, .off = off, .len = n,
+                              .buf = buf };
+        int r = nbdx_run(p->x, &op);
+        if (r < 0)
+            return r;
+        off += n;
+        buf += n;
+        len -= n;
+    }
+    return 0;
+}
+
+int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    seal_overlapping_locked(p, off, len, NULL);
+    dispatch_locked(p);
+    while (queue_overlaps(p, off, len))
+        pthread_cond_wait(&p->cond, &p->lock);
+    bool all_zero = extmap_covered(&p->known_zero, off, off + len) +
+                        extmap_covered(&p->pending_zero, off, off + len) ==
+                    len;
+    pthread_mutex_unlock(&p->lock);
+
+    if (all_zero)
+        memset(buf, 0, len);
+    else
+        r = read_server(p, off, buf, len);
+
+    pthread_mutex_lock(&p->lock);
+    if (r < 0) {
+        /* The reader gets this error itself: not part of the errseq. */
+        p->st.errors++;
+        log_err("read of %zu bytes at offset %" PRIu64 " failed: %s", len,
+                off, strerror(-r));
+    } else {
+        /* A write landing in pending_zero meanwhile removes its range
+         * from it; such a write is concurrent with this read, so
+         * either result is correct. */
+        overlay_pending_locked(p, off, buf, len);
+        p->st.bytes_read += len;
+        p->st.requests[POOL_READ]++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+/* ---- draining and flushing ------------------------------------------- */
+
+void pool_drain(struct pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    seal_all_locked(p);
+    materialize_pending_locked(p);
+    dispatch_locked(p);
+    wait_seq_locked(p, p->next_seq);
+    pthread_mutex_unlock(&p->lock);
+}
+
+int pool_flush(struct pool *p)
+{
+    pool_drain(p);
+    if (!nbdx_info(p->x)->can_flush)
+        return 0;
+    struct nbdx_op op = { .kind = NBDX_OP_FLUSH };
+    int r = nbdx_run(p->x, &op);
+    pthread_mutex_lock(&p->lock);
+    if (r < 0)
+        record_failure_locked(p, POOL_FLUSH, 0, 0, -r);
+    else
+        p->st.requests[POOL_FLUSH]++;
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+/* ---- holes ----------------------------------------------------------- */
+
+/* If pos is inside a range of m, its end; else pos. */
+static uint64_t skip_range(const struct extmap *m, uint64_t pos)
+{
+    size_t i = extmap_find(m, pos);
+    return i < m->n && m->v[i].start <= pos ? m->v[i].end : pos;
+}
+
+/* Start of the first range of m at or after pos, or UINT64_MAX. */
+static uint64_t next_range(const struct extmap *m, uint64_t pos)
+{
+    size_t i = extmap_find(m, pos);
+    if (i == m->n)
+        return UINT64_MAX;
+    return m->v[i].start > pos ? m->v[i].start : pos;
+}
+
+int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
+{
+    uint64_t pos = off;
+
+    if (off >= size)
+        return -ENXIO;
+    pthread_mutex_lock(&p->lock);
+    if (whence == 3 /* SEEK_DATA */) {
+        for (;;) {
+            uint64_t n = skip_range(&p->known_zero, pos);
+            n = skip_range(&p->pending_zero, n);
+            if (n == pos)
+                break;
+            pos = n;
+        }
+    } else {
+        uint64_t a = next_range(&p->known_zero, pos);
+        uint64_t b = next_range(&p->pending_zero, pos);
+        pos = a < b ? a : b;
+        if (pos > size)
+            pos = size;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (whence == 3 && pos >= size)
+        return -ENXIO;
+    return (int64_t) pos;
+}
+
+uint64_t pool_allocated(struct pool *p, uint64_t size)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t z = extmap_covered(&p->known_zero, 0, size) +
+                 extmap_covered(&p->pending_zero, 0, size);
+    pthread_mutex_unlock(&p->lock);
+    return z < size ? size - z : 0;
+}
+
+/* ---- the idle thread ------------------------------------------------- */
+
+static void *idle_thread(void *arg)
+{
+    struct pool *p = arg;
+    uint64_t idle_ns = (uint64_t) p->cfg.idle_ms * 1000000u;
+
+    pthread_mutex_lock(&p->lock);
+    while (!p->stopping) {
+        if (!p->filling.head) {
+            pthread_cond_wait(&p->idle_cond, &p->lock);
+            continue;
+        }
+        uint64_t now = now_ns(), wake = UINT64_MAX;
+        struct pool_req *r = p->filling.head;
+        while (r) {
+            struct pool_req *next = r->next;
+            if (now - r->touched_ns >= idle_ns)
+                seal_locked(p, r);
+            else if (r->touched_ns + idle_ns < wake)
+                wake = r->touched_ns + idle_ns;
+            r = next;
+        }
+        dispatch_locked(p);
+        if (wake == UINT64_MAX)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t t = (uint64_t) ts.tv_sec * 1000000000u +
+                     (uint64_t) ts.tv_nsec + (wake - now);
+        ts.tv_sec = (time_t) (t / 1000000000u);
+        ts.tv_nsec = (long) (t % 1000000000u);
+        pthread_cond_timedwait(&p->idle_cond, &p->lock, &ts);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* ---- setup ----------------------------------------------------------- */
+
+struct scan {
+    struct pool *p;
+    uint64_t end;                 /* end of the last extent seen */
+};
+
+static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
+                        uint32_t flags)
+{
+    struct scan *s = op->opaque;
+
+    if (flags & LIBNBD_STATE_ZERO)
+        extmap_add(&s->p->known_zero, off, off + len);
+    s->end = off + len;
+}
+
+struct scan_wait {
+    struct scan s;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done;
+    int err;
+};
+
+static void scan_done(struct nbdx_op *op, int err)
+{
+    struct scan_wait *w = op->opaque;
+    pthread_mutex_lock(&w->lock);
+    w->done = true;
+    w->err = err;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Learn which ranges read as zero, from base:allocation.  Runs before the
+ * mount exists, so nothing else touches known_zero yet. */
+static void scan_extents(struct pool *p)
+{
+    uint64_t pos = 0, t0 = now_ns();
+
+    while (pos < p->size) {
+        uint64_t len = p->size - pos;
+        if (len > (1ull << 31))
+            len = 1ull << 31;
+        struct scan_wait w = { .s = { .p = p, .end = pos },
+                               .lock = PTHREAD_MUTEX_INITIALIZER,
+                               .cond = PTHREAD_COND_INITIALIZER };
+        struct nbdx_op op = { .kind = NBDX_OP_BLOCK_STATUS, .off = pos,
+                              .len = len, .extent = scan_extent,
+                              .done = scan_done, .opaque = &w };
+        nbdx_submit(p->x, &op);
+        pthread_mutex_lock(&w.lock);
+        while (!w.done)
+            pthread_cond_wait(&w.cond, &w.lock);
+        pthread_mutex_unlock(&w.lock);
+        if (w.err || w.s.end <= pos) {
+            log_info("block status stopped at %" PRIu64 ": %s", pos,
+                     w.err ? strerror(w.err) : "no progress");
+            break;
+        }
+        pos = w.s.end;
+        if (now_ns() - t0 > 10ull * 1000000000u) {
+            log_info("block status scan stopped at %" PRIu64 " after 10s",
+                     pos);
+            break;
+        }
+    }
+    extmap_remove(&p->known_zero, p->size, UINT64_MAX);
+    log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
+             extmap_covered(&p->known_zero, 0, p->size), p->size);
+}
+
+int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
+                struct pool **out)
+{
+    const struct nbdx_info *info = nbdx_info(x);
+    struct pool *p = calloc(1, sizeof *p);
+
+    if (!p)
+        return -ENOMEM;
+    p->cfg = *cfg;
+    p->x = x;
+    p->size = size;
+    p->can_zero = info->can_zero;
+    p->fast_zero = info->can_fast_zero;
+    p->max_in_flight = cfg->depth * info->connections;
+    p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
+    if (p->nbufs < 2)
+        p->nbufs = 2;
+    p->free_bufs = calloc(p->nbufs, sizeof *p->free_bufs);
+    p->failures = calloc(MAX_FAILURES, sizeof *p->failures);
+    p->zero_buf = calloc(1, cfg->request_size);
+    if (!p->free_bufs || !p->failures || !p->zero_buf) {
+        free(p->free_bufs);
+        free(p->failures);
+        free(p->zero_buf);
+        free(p);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->idle_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    extmap_init(&p->known_zero);
+    extmap_init(&p->pending_zero);
+    p->idle_since_ns = 0;
+
+    if (cfg->destination_is_zero)
+        extmap_add(&p->known_zero, 0, size);
+    else if (cfg->scan_extents && info->can_extents)
+        scan_extents(p);
+
+    int r = pthread_create(&p->idle_thread, NULL, idle_thread, p);
+    if (r != 0) {
+        log_err("pthread_create: %s", strerror(r));
+        p->stopping = true;
+        pool_destroy(p);
+        return -r;
+    }
+    *out = p;
+    return 0;
+}
+
+void pool_get_stats(struct pool *p, struct pool_stats *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->st;
+    out->in_flight = p->in_flight;
+    out->nbufs = p->nbufs;
+    out->bufs_in_use = p->nallocated - p->nfree;
+    out->request_size = p->cfg.request_size;
+    out->pending_zero = extmap_covered(&p->pending_zero, 0, p->size);
+    out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
+    out->nfailures = p->nfailures < 16 ? p->nfailures : 16;
+    memcpy(out->failures, p->failures,
+           out->nfailures * sizeof *p->failures);
+    if (p->idle_since_ns)
+        out->idle_ns += now_ns() - p->idle_since_ns;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_destroy(struct pool *p)
+{
+    if (!p)
+        return;
+    bool started = !p->stopping;
+    if (started) {
+        pool_drain(p);
+        pthread_mutex_lock(&p->lock);
+        p->stopping = true;
+        pthread_cond_broadcast(&p->idle_cond);
+        pthread_mutex_unlock(&p->lock);
+        pthread_join(p->idle_thread, NULL);
+    }
+    while (p->nfree > 0)
+        free(p->free_bufs[--p->nfree]);
+    free(p->free_bufs);
+    free(p->failures);
+    free(p->zero_buf);
+    extmap_free(&p->known_zero);
+    extmap_free(&p->pending_zero);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cond);
+    pthread_cond_destroy(&p->idle_cond);
+    free(p);
+}

@@ -1,0 +1,106 @@
+/* transport/pool.h: the write-back pool — everything fs/ may know about it.
+ *
+ * The pool turns byte-range writes from FUSE into large, ordered,
+ * pipelined NBD requests.  Its promises:
+ *  - pool_write() copies the caller's bytes before returning;
+ *  - contiguous writes coalesce into one request of up to request_size;
+ *  - a buffer returns to the pool only when the server has replied;
+ *  - two overlapping requests are never in flight together, and they
+ *    reach the server in the order they were made;
+ *  - memory is bounded: writers wait for a free buffer;
+ *  - no failure is lost: each failed request is recorded with its range
+ *    and an error sequence number that fs/ uses to report it (errseq-like).
+ *
+ * All offsets are disk offsets, already checked against the export size.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct nbdx;
+struct pool;
+
+struct pool_config {
+    size_t request_size;      /* largest NBD write, bytes */
+    size_t pool_size;         /* write-back memory, bytes */
+    unsigned depth;           /* requests in flight per connection */
+    unsigned idle_ms;         /* send a partly filled buffer after this */
+    bool write_through;       /* stock behaviour: no coalescing, each write
+                               * waits for its reply (benchmarks) */
+    bool destination_is_zero; /* trust the user: the disk reads as zero */
+    bool scan_extents;        /* learn zero ranges from block status */
+};
+
+enum pool_counter_kind { POOL_WRITE, POOL_ZERO, POOL_FLUSH, POOL_READ };
+
+struct pool_failure {
+    uint64_t seq;             /* error sequence number */
+    uint64_t off, len;
+    int err;                  /* positive errno */
+    enum pool_counter_kind kind;
+};
+
+struct pool_stats {
+    uint64_t bytes_written;   /* accepted from the copy tool */
+    uint64_t bytes_acked;     /* write payload acknowledged by the server */
+    uint64_t bytes_zeroed;    /* zeroed on the server, acknowledged */
+    uint64_t bytes_zero_skipped; /* zeroing not needed: already zero */
+    uint64_t bytes_read;
+    uint64_t requests[4];     /* completed, by enum pool_counter_kind */
+    unsigned in_flight, in_flight_peak;
+    unsigned bufs_in_use, nbufs;
+    size_t request_size;
+    uint64_t wait_ns;         /* writers blocked on a full pool */
+    uint64_t idle_ns;         /* time with nothing in flight (after first) */
+    uint64_t errors;          /* failed requests */
+    uint64_t pending_zero, known_zero;  /* bytes */
+    unsigned nfailures;       /* entries in failures[] */
+    struct pool_failure failures[16];   /* the first ones */
+};
+
+int  pool_create(const struct pool_config *cfg, struct nbdx *x,
+                 uint64_t size, struct pool **out);
+/* Drains, stops the idle thread and frees.  Does not send NBD flush. */
+void pool_destroy(struct pool *p);
+
+/* Copy len bytes at off into the pool.  Returns len, or -errno: -EIO once
+ * the connection is lost.  May wait for a free buffer. */
+ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len);
+
+/* Make [off, off+len) read as zero, ordered after earlier writes.  Sent
+ * as write-zeroes (never trim), skipped where the disk is known zero. */
+int pool_zero(struct pool *p, uint64_t off, uint64_t len);
+
+/* Like pool_zero(), but lazily: the range reads as zero at once and is
+ * zeroed on the server at the next drain, except the parts written to
+ * before then.  Used for truncate and O_TRUNC. */
+int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
+
+/* Read, seeing every write and zero made before the call. */
+int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
+
+/* Return once everything accepted before the call has been answered by
+ * the server (success or failure). */
+void pool_drain(struct pool *p);
+
+/* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
+int pool_flush(struct pool *p);
+
+/* Errors, reported like the kernel's errseq_t: each failure of a write,
+ * zero or flush gets a sequence number; a file handle remembers the last
+ * one it has been told about.  pool_error_seq() is the current number;
+ * pool_error_take() returns the first error (positive errno) recorded
+ * after *seq, or 0, and moves *seq to the current number. */
+uint64_t pool_error_seq(struct pool *p);
+int pool_error_peek(struct pool *p, uint64_t seq);
+int pool_error_take(struct pool *p, uint64_t *seq);
+
+/* SEEK_DATA / SEEK_HOLE over [0, size).  -ENXIO past the last data. */
+int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
+
+/* Bytes of [0, size) that may hold data (not known to read as zero). */
+uint64_t pool_allocated(struct pool *p, uint64_t size);
+
+void pool_get_stats(struct pool *p, struct pool_stats *out);
