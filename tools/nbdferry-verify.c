@@ -210,7 +210,7 @@ static int parse_options(struct options *o, int argc, char **argv)
                  .use_extents = true },
     };
     opterr = 0;                         /* our own one-line messages */
-    while ((c = getopt_long(argc, argv, "+:d:s:zb:m:jqr:R:C:hV", long_options,
+    while ((c = getopt_long(argc, argv, ":d:s:zb:m:jqr:R:C:hV", long_options,
                             NULL)) != -1)
         parse_one(o, c, argv);
     if (o->have_size && o->zero_tail)
