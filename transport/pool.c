@@ -57,7 +57,7 @@
 #define MAX_FAILURES 1024
 
 enum req_kind { REQ_WRITE, REQ_ZERO };
-enum req_state { REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
+enum req_state { REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
 
 struct pool_req {
     enum req_kind kind;
