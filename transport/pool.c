@@ -55,6 +55,8 @@
 #define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
 #define READ_MAX_LEN (32u << 20)  /* largest read request */
 #define MAX_FAILURES 1024
+#define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
+                                   * alignment become write-zeroes */
 
 enum req_kind { REQ_WRITE, REQ_ZERO };
 enum req_state { REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
@@ -62,6 +64,8 @@ enum req_state { REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
 struct pool_req {
     enum req_kind kind;
     enum req_state state;
+    bool from_tool;               /* ZERO: an all-zero run the copy tool
+                                   * wrote; counts as acknowledged data */
     uint64_t off, len;            /* the range; a FILLING buffer grows */
     char *data;                   /* WRITE: owned buffer of request_size;
                                    * ZERO via writes: the shared zero page */
@@ -321,6 +325,8 @@ static void req_done(struct nbdx_op *op, int err)
     } else {
         p->st.bytes_zeroed += r->len;
         p->st.requests[POOL_ZERO]++;
+        if (r->from_tool)
+            p->st.bytes_acked += r->len;
     }
     release_req_locked(p, r);
     dispatch_locked(p);
@@ -339,7 +345,8 @@ static void wait_seq_locked(struct pool *p, uint64_t seq)
 
 /* Queue zero requests for [off, off+len) minus known_zero.  May wait for
  * the number of queued zero requests to drop. */
-static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len)
+static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len,
+                              bool from_tool)
 {
     uint64_t end = off + len, pos = off;
     uint64_t max = p->can_zero ? ZERO_MAX_LEN : p->cfg.request_size;
@@ -350,6 +357,8 @@ static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len)
             uint64_t skip = p->known_zero.v[i].end < end
                                 ? p->known_zero.v[i].end : end;
             p->st.bytes_zero_skipped += skip - pos;
+            if (from_tool)            /* nothing to wait for */
+                p->st.bytes_acked += skip - pos;
             pos = skip;
             continue;
         }
@@ -367,6 +376,7 @@ static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len)
             return;
         }
         r->kind = REQ_ZERO;
+        r->from_tool = from_tool;
         r->p = p;
         r->off = pos;
         r->len = stop - pos;
@@ -378,12 +388,18 @@ static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len)
     }
 }
 
+static void zero_locked(struct pool *p, uint64_t off, uint64_t len,
+                        bool from_tool)
+{
+    seal_overlapping_locked(p, off, len, NULL);
+    extmap_remove(&p->pending_zero, off, off + len);
+    queue_zero_locked(p, off, len, from_tool);
+}
+
 int pool_zero(struct pool *p, uint64_t off, uint64_t len)
 {
     pthread_mutex_lock(&p->lock);
-    seal_overlapping_locked(p, off, len, NULL);
-    extmap_remove(&p->pending_zero, off, off + len);
-    queue_zero_locked(p, off, len);
+    zero_locked(p, off, len, false);
     dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
     return 0;
@@ -417,7 +433,7 @@ static void materialize_pending_locked(struct pool *p)
     while (p->pending_zero.n > 0) {
         struct ext e = p->pending_zero.v[0];
         extmap_remove(&p->pending_zero, e.start, e.end);
-        queue_zero_locked(p, e.start, e.end - e.start);
+        queue_zero_locked(p, e.start, e.end - e.start, false);
     }
 }
 
@@ -521,24 +537,88 @@ static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
     return (ssize_t) n;
 }
 
-ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
+static bool is_zero(const char *buf, size_t len)
 {
-    const char *data = buf;
-    size_t done = 0;
-    ssize_t r = 0;
+    /* The usual idiom: check the first 16 bytes, then compare the buffer
+     * with itself shifted by 16. */
+    size_t head = len < 16 ? len : 16;
+    for (size_t i = 0; i < head; i++)
+        if (buf[i])
+            return false;
+    return len <= 16 || memcmp(buf, buf + 16, len - 16) == 0;
+}
 
-    pthread_mutex_lock(&p->lock);
+/* Length of the run of whole, aligned, all-zero ZERO_CHUNKs at the start
+ * of [off, off+len); off must be aligned. */
+static size_t zero_run(uint64_t off, const char *data, size_t len)
+{
+    size_t n = 0;
+    while (len - n >= ZERO_CHUNK && is_zero(data + n, ZERO_CHUNK))
+        n += ZERO_CHUNK;
+    return n;
+}
+
+/* Copy bytes in, buffer by buffer.  -errno on failure. */
+static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
+                                 const char *data, size_t len)
+{
+    size_t done = 0;
     while (done < len) {
-        if (p->lost) {
-            r = -EIO;
-            break;
-        }
-        r = absorb_locked(p, off + done, data + done, len - done);
+        if (p->lost)
+            return -EIO;
+        ssize_t r = absorb_locked(p, off + done, data + done, len - done);
         if (r < 0)
-            break;
+            return r;
         done += (size_t) r;
     }
-    p->st.bytes_written += done;
+    return 0;
+}
+
+/* Split the write into payload and aligned all-zero runs of at least
+ * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
+ * disk is known to read as zero already. */
+static ssize_t write_split_locked(struct pool *p, uint64_t off,
+                                  const char *data, size_t len)
+{
+    size_t pos = 0;
+
+    while (pos < len) {
+        uint64_t a = (off + pos + ZERO_CHUNK - 1) & ~(uint64_t) (ZERO_CHUNK - 1);
+        size_t payload_end = len;
+        size_t zlen = 0;
+        /* Find the next zero run at an aligned offset. */
+        for (uint64_t z = a; z + ZERO_CHUNK <= off + len; z += ZERO_CHUNK) {
+            zlen = zero_run(z, data + (z - off), len - (size_t) (z - off));
+            if (zlen) {
+                payload_end = (size_t) (z - off);
+                break;
+            }
+        }
+        ssize_t r = absorb_all_locked(p, off + pos, data + pos,
+                                      payload_end - pos);
+        if (r < 0)
+            return r;
+        if (zlen) {
+            if (p->lost)
+                return -EIO;
+            zero_locked(p, off + payload_end, zlen, true);
+        }
+        pos = payload_end + zlen;
+    }
+    return 0;
+}
+
+ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
+{
+    ssize_t r;
+
+    pthread_mutex_lock(&p->lock);
+    if (p->cfg.write_through)
+        r = absorb_all_locked(p, off, buf, len);
+    else
+        r = write_split_locked(p, off, buf, len);
+    if (r == 0)
+        p->st.bytes_written += len;
     dispatch_locked(p);
     if (p->cfg.write_through)
         wait_seq_locked(p, p->next_seq);

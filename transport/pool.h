@@ -44,7 +44,9 @@ struct pool_failure {
 
 struct pool_stats {
     uint64_t bytes_written;   /* accepted from the copy tool */
-    uint64_t bytes_acked;     /* write payload acknowledged by the server */
+    uint64_t bytes_acked;     /* of bytes_written, acknowledged by the
+                               * server (all-zero runs: their write-zeroes
+                               * acknowledged, or not needed) */
     uint64_t bytes_zeroed;    /* zeroed on the server, acknowledged */
     uint64_t bytes_zero_skipped; /* zeroing not needed: already zero */
     uint64_t bytes_read;
