@@ -1,0 +1,36 @@
+# VHD library unit tests (included from tests/CMakeLists.txt).
+# Fixtures: tests/fixtures/vhd/*.xz, decompressed with xz -dc at test time.
+set(VHD_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+set(VHD_FIXTURE_DIR ${CMAKE_CURRENT_LIST_DIR}/../fixtures/vhd)
+
+add_library(vhd-test-util STATIC ${VHD_TEST_DIR}/vhd-test-util.c)
+target_compile_definitions(vhd-test-util PUBLIC
+  VHD_FIXTURE_DIR="${VHD_FIXTURE_DIR}")
+target_include_directories(vhd-test-util PUBLIC ${VHD_TEST_DIR})
+target_link_libraries(vhd-test-util PUBLIC vhd OpenSSL::Crypto)
+
+foreach(t format stream synth)
+  add_executable(vhd-test-${t} ${VHD_TEST_DIR}/vhd-test-${t}.c)
+  target_link_libraries(vhd-test-${t} PRIVATE vhd-test-util)
+endforeach()
+
+add_test(NAME vhd-format COMMAND vhd-test-format)
+add_test(NAME vhd-synth COMMAND vhd-test-synth)
+foreach(fx tap-dyn-64m tap-diff-64m vhdtool-delta-64m vhdtool-raw-100m3s
+           tap-fixed-8m qemu-dyn-10m)
+  add_test(NAME vhd-stream-${fx} COMMAND vhd-test-stream ${fx})
+  set_tests_properties(vhd-stream-${fx} PROPERTIES TIMEOUT 600)
+endforeach()
+
+# The inspector's pytest (only tests/test_vhd_tool*.py), so that
+# `ctest -R vhd` covers it; the catch-all pytest test runs it too.
+add_test(NAME vhd-tool-pytest
+         COMMAND /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider
+                 ${VHD_TEST_DIR}/../test_vhd_tool.py
+         WORKING_DIRECTORY ${VHD_TEST_DIR}/..)
+set_tests_properties(vhd-tool-pytest PROPERTIES
+  ENVIRONMENT "NBDFERRY_BUILD=${CMAKE_BINARY_DIR}" TIMEOUT 1200)
+
+if(FUZZ)
+  include(${VHD_TEST_DIR}/../fuzz/vhd-fuzz.cmake)
+endif()
