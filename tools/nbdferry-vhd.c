@@ -1,0 +1,916 @@
+/* tools/nbdferry-vhd.c: VHD inspector over the vhd/ library.
+ *
+ *   nbdferry-vhd info FILE
+ *   nbdferry-vhd check FILE
+ *   nbdferry-vhd map FILE
+ *   nbdferry-vhd cat FILE [-o OUT] [--parent P] [--stream]
+ *   nbdferry-vhd export RAW -o OUT
+ *
+ * Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.
+ * The library never does I/O; this file does all of it (pread, pwrite).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "vhd/vhd.h"
+
+#define EXIT_INVALID 1
+#define EXIT_USAGE   2
+#define CHAIN_MAX    32
+#define CHUNK        (2u << 20)
+
+static const char *prog = "nbdferry-vhd";
+
+static void msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void msg(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* ---- I/O helpers ------------------------------------------------------------ */
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = pread(fd, p, len, off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO;                /* file shrank under us */
+        p += n; off += n; len -= n;
+    }
+    return 0;
+}
+
+static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        p += n; off += n; len -= n;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        p += n; len -= n;
+    }
+    return 0;
+}
+
+static bool all_zero(const uint8_t *b, size_t n)
+{
+    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
+}
+
+/* Write buf at off, leaving 4 KiB pieces that are all zero as holes (the
+ * output was truncated to its size first, so holes read as zero). */
+static int pwrite_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
+{
+    size_t i = 0;
+    while (i < len) {
+        size_t n = 4096 - (off + i) % 4096;
+        if (n > len - i)
+            n = len - i;
+        size_t j = i + n;
+        bool z = all_zero(buf + i, n);
+        while (j < len) {               /* extend a run of the same kind */
+            size_t m = len - j < 4096 ? len - j : 4096;
+            if (all_zero(buf + j, m) != z)
+                break;
+            j += m;
+        }
+        if (!z) {
+            int r = pwrite_full(fd, buf + i, j - i, off + i);
+            if (r < 0)
+                return r;
+        }
+        i = j;
+    }
+    return 0;
+}
+
+/* ---- one chain member --------------------------------------------------------- */
+
+struct member {
+    char *path;                         /* owned */
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    uint64_t file_size;
+    struct vhd_image *img;              /* owned; NULL: raw parent */
+    uint64_t size;                      /* virtual size */
+    struct member *parent;              /* owned */
+    uint32_t bm_block;                  /* cached bitmap */
+    uint8_t *bm;                        /* owned */
+};
+
+static void member_free(struct member *m)
+{
+    while (m) {
+        struct member *p = m->parent;
+        if (m->fd >= 0)
+            close(m->fd);
+        vhd_image_free(m->img);
+        free(m->bm);
+        free(m->path);
+        free(m);
+        m = p;
+    }
+}
+
+/* Parse the VHD at m->fd.  Returns 0, -EINVAL (invalid: err set) or
+ * another -errno (I/O). */
+static int member_parse(struct member *m, struct vhd_err *err)
+{
+    uint8_t foot[512];
+    if (m->file_size < 512) {
+        snprintf(err->msg, sizeof err->msg, "file of %" PRIu64 " bytes is "
+                 "shorter than a VHD footer", m->file_size);
+        return -EINVAL;
+    }
+    int r = pread_full(m->fd, foot, 512, m->file_size - 512);
+    if (r < 0)
+        return r;
+    if ((r = vhd_image_new(foot, m->file_size, &m->img, err)) < 0)
+        return r == -EFBIG ? -EINVAL : r;
+    uint64_t off;
+    size_t len;
+    while ((r = vhd_image_next(m->img, &off, &len)) > 0) {
+        uint8_t *buf = malloc(len ? len : 1);
+        if (!buf)
+            return -ENOMEM;
+        r = pread_full(m->fd, buf, len, off);
+        if (r == 0)
+            r = vhd_image_supply(m->img, buf, err);
+        free(buf);
+        if (r < 0)
+            return r == -EFBIG ? -EINVAL : r;
+    }
+    m->size = vhd_image_size(m->img);
+    m->bm_block = UINT32_MAX;
+    m->bm = malloc(vhd_image_bitmap_bytes(m->img) ? vhd_image_bitmap_bytes(m->img) : 1);
+    return m->bm ? 0 : -ENOMEM;
+}
+
+static int member_open(const char *path, bool raw_ok, struct member **out,
+                       struct vhd_err *err)
+{
+    struct member *m = calloc(1, sizeof *m);
+    if (!m)
+        return -ENOMEM;
+    m->fd = open(path, O_RDONLY | O_CLOEXEC);
+    m->path = strdup(path);
+    struct stat st;
+    if (m->fd < 0 || !m->path || fstat(m->fd, &st) < 0) {
+        int r = -errno;
+        snprintf(err->msg, sizeof err->msg, "%s: %s", path, strerror(errno));
+        member_free(m);
+        return r ? r : -ENOMEM;
+    }
+    m->dev = st.st_dev;
+    m->ino = st.st_ino;
+    m->file_size = st.st_size;
+    int r = member_parse(m, err);
+    if (r == -EINVAL && raw_ok) {       /* blktap: raw parent */
+        vhd_image_free(m->img);
+        m->img = NULL;
+        m->size = m->file_size;
+        r = 0;
+    }
+    if (r < 0) {
+        if (r != -EINVAL)
+            snprintf(err->msg, sizeof err->msg, "%s: %s", path, strerror(-r));
+        member_free(m);
+        return r;
+    }
+    *out = m;
+    return 0;
+}
+
+/* ---- parent resolution ---------------------------------------------------------- */
+
+/* Candidate parent paths from the locators (MacX, W2ru, W2ku) and the
+ * unicode name, in that order.  Returns the count; each is malloc'ed. */
+static int parent_candidates(const struct member *m, char *cand[10])
+{
+    static const uint32_t order[] = { VHD_PLAT_MACX, VHD_PLAT_W2RU, VHD_PLAT_W2KU };
+    const struct vhd_header *h = vhd_image_header(m->img);
+    char path[4096];
+    int n = 0;
+    for (size_t o = 0; o < 3; o++)
+        for (int i = 0; i < 8; i++) {
+            size_t len;
+            const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
+            if (h->loc[i].code != order[o] || !p)
+                continue;
+            if (vhd_locator_path(&h->loc[i], p, len, path, sizeof path, NULL) > 0)
+                cand[n++] = strdup(path);
+        }
+    if (vhd_parent_name(h, path, sizeof path) > 0)
+        cand[n++] = strdup(path);
+    return n;
+}
+
+/* Locator strings are untrusted: resolve a relative path against the
+ * child's directory and accept it only if it stays inside that directory. */
+static char *resolve_inside(const char *child, const char *rel)
+{
+    if (!rel || rel[0] == '/' || (rel[0] && rel[1] == ':'))
+        return NULL;                    /* absolute (POSIX or Windows drive) */
+    char *c = strdup(child);
+    char dir[PATH_MAX], joined[PATH_MAX * 2], real[PATH_MAX];
+    if (!c || !realpath(dirname(c), dir)) {
+        free(c);
+        return NULL;
+    }
+    free(c);
+    snprintf(joined, sizeof joined, "%s/%s", dir, rel);
+    if (!realpath(joined, real))
+        return NULL;
+    size_t dl = strlen(dir);
+    if (strncmp(real, dir, dl) != 0 || (real[dl] != '/' && strcmp(dir, "/")))
+        return NULL;
+    return strdup(real);
+}
+
+static char *find_parent(const struct member *m, struct vhd_err *err)
+{
+    char *cand[10] = { 0 }, *found = NULL;
+    int n = parent_candidates(m, cand);
+    size_t used = 0;
+    err->msg[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (!found)
+            found = resolve_inside(m->path, cand[i]);
+        if (!found && cand[i])
+            used += snprintf(err->msg + used, used < sizeof err->msg ?
+                             sizeof err->msg - used : 0, "%s\"%s\"",
+                             used ? ", " : "", cand[i]);
+        free(cand[i]);
+    }
+    if (!found && n == 0)
+        snprintf(err->msg, sizeof err->msg, "no parent locator or name");
+    return found;
+}
+
+static bool in_chain(const struct member *top, const struct member *m)
+{
+    for (; top; top = top->parent)
+        if (top->dev == m->dev && top->ino == m->ino)
+            return true;
+    return false;
+}
+
+/* Open the parents of *top.  explicit_parent applies to top itself.
+ * Returns 0, EXIT_INVALID or EXIT_USAGE. */
+static int open_chain(struct member *top, const char *explicit_parent)
+{
+    struct member *m = top;
+    struct vhd_err err = { "" };
+    for (int depth = 1; m->img && vhd_image_kind(m->img) == VHD_DIFF; depth++) {
+        if (depth > CHAIN_MAX) {
+            msg("%s: differencing chain deeper than %d", top->path, CHAIN_MAX);
+            return EXIT_INVALID;
+        }
+        char *path = m == top && explicit_parent ? strdup(explicit_parent)
+                                                 : find_parent(m, &err);
+        if (!path) {
+            msg("%s: cannot find the parent (tried %s); use --parent",
+                m->path, err.msg);
+            return EXIT_USAGE;
+        }
+        const struct vhd_header *h = vhd_image_header(m->img);
+        bool raw_ok = true;
+        for (int i = 0; i < 16; i++)
+            raw_ok &= h->parent_uuid[i] == 0;
+        struct member *p;
+        int r = member_open(path, raw_ok, &p, &err);
+        free(path);
+        if (r < 0) {
+            msg("parent of %s: %s", m->path, err.msg);
+            return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
+        }
+        if (in_chain(top, p)) {
+            msg("%s: differencing chain loops back to %s", top->path, p->path);
+            member_free(p);
+            return EXIT_INVALID;
+        }
+        m->parent = p;
+        if (p->img && vhd_image_check_parent(m->img, p->img, &err) < 0) {
+            msg("%s: parent %s: %s", m->path, p->path, err.msg);
+            return EXIT_INVALID;
+        }
+        m = p;
+    }
+    return 0;
+}
+
+/* ---- random-access decode of a chain ------------------------------------------- */
+
+static int chain_read(struct member *m, uint64_t off, uint8_t *buf, size_t len);
+
+static int read_parent(struct member *m, uint64_t off, uint8_t *buf, size_t len)
+{
+    struct member *p = m->parent;
+    if (!p)
+        return -ENOENT;
+    size_t in = off < p->size ? (p->size - off < len ? p->size - off : len) : 0;
+    memset(buf + in, 0, len - in);      /* a child may be larger than its parent */
+    return in ? chain_read(p, off, buf, in) : 0;
+}
+
+static int load_bitmap(struct member *m, uint64_t off, const struct vhd_place *pl)
+{
+    uint32_t block = off / vhd_image_block_size(m->img);
+    if (m->bm_block == block)
+        return 0;
+    int r = pread_full(m->fd, m->bm, pl->len, pl->file_off);
+    m->bm_block = r == 0 ? block : UINT32_MAX;
+    return r;
+}
+
+static int chain_read(struct member *m, uint64_t off, uint8_t *buf, size_t len)
+{
+    if (!m->img)                        /* raw parent */
+        return pread_full(m->fd, buf, len, off);
+    while (len) {
+        struct vhd_place pl;
+        int r = vhd_image_lookup(m->img, off, NULL, &pl);
+        if (r == 0 && pl.src == VHD_SRC_BITMAP) {
+            if ((r = load_bitmap(m, off, &pl)) < 0)
+                return r;
+            r = vhd_image_lookup(m->img, off, m->bm, &pl);
+        }
+        if (r < 0)
+            return r;
+        size_t n = pl.len < len ? pl.len : len;
+        if (pl.src == VHD_SRC_FILE)
+            r = pread_full(m->fd, buf, n, pl.file_off);
+        else if (pl.src == VHD_SRC_ZERO)
+            memset(buf, 0, n);
+        else
+            r = read_parent(m, off, buf, n);
+        if (r < 0)
+            return r;
+        off += n; buf += n; len -= n;
+    }
+    return 0;
+}
+
+/* Decode the whole chain to out_fd (sparse if it is a regular file). */
+static int decode_to(struct member *top, int out_fd, bool sparse)
+{
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf)
+        return -ENOMEM;
+    int r = 0;
+    if (sparse && ftruncate(out_fd, top->size) < 0)
+        r = -errno;
+    for (uint64_t off = 0; r == 0 && off < top->size; off += CHUNK) {
+        size_t n = top->size - off < CHUNK ? top->size - off : CHUNK;
+        r = chain_read(top, off, buf, n);
+        if (r == 0)
+            r = sparse ? pwrite_sparse(out_fd, buf, n, off)
+                       : write_full(out_fd, buf, n);
+    }
+    free(buf);
+    return r;
+}
+
+/* ---- stream decode (what the nbd.vhd view does) ------------------------------- */
+
+struct out {
+    int fd;
+    uint64_t size;                      /* highest byte written */
+    bool diff_ok;                       /* output holds the parent already */
+};
+
+static int out_begin(void *opaque, enum vhd_kind kind, uint64_t size)
+{
+    struct out *o = opaque;
+    if (kind == VHD_DIFF) {
+        if (!o->diff_ok)
+            return -EINVAL;
+        return 0;
+    }
+    if (ftruncate(o->fd, 0) < 0 || ftruncate(o->fd, size) < 0)
+        return -errno;
+    o->size = size;
+    return 0;
+}
+
+static int out_data(void *opaque, uint64_t off, const void *buf, size_t len)
+{
+    struct out *o = opaque;
+    if (off + len > o->size)
+        o->size = off + len;
+    return pwrite_full(o->fd, buf, len, off);
+}
+
+static int out_zero(void *opaque, uint64_t off, uint64_t len)
+{
+    struct out *o = opaque;
+    static const uint8_t z[65536];
+    if (off + len > o->size)
+        o->size = off + len;
+    if (fallocate(o->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len) == 0)
+        return 0;
+    while (len) {
+        size_t n = len < sizeof z ? len : sizeof z;
+        int r = pwrite_full(o->fd, z, n, off);
+        if (r < 0)
+            return r;
+        off += n; len -= n;
+    }
+    return 0;
+}
+
+static const struct vhd_sink out_sink = { out_begin, out_data, out_zero };
+
+/* Feed the file as cp --sparse=auto would: data extents in 128 KiB
+ * writes, holes skipped (the decoder sees forward jumps). */
+static int feed_file(struct vhd_stream *s, int fd, uint64_t size)
+{
+    uint8_t *buf = malloc(128 << 10);
+    if (!buf)
+        return -ENOMEM;
+    int r = 0;
+    uint64_t pos = 0;
+    while (r == 0 && pos < size) {
+        off_t d = lseek(fd, pos, SEEK_DATA);
+        if (d < 0) {
+            r = errno == ENXIO ? 0 : -errno;
+            break;
+        }
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h < 0) {
+            r = -errno;
+            break;
+        }
+        for (pos = d; r == 0 && pos < (uint64_t) h; ) {
+            size_t n = (uint64_t) h - pos < (128 << 10) ? h - pos : 128 << 10;
+            r = pread_full(fd, buf, n, pos);
+            if (r == 0 && vhd_stream_feed(s, pos, buf, n) < 0)
+                r = -EINVAL;
+            pos += n;
+        }
+    }
+    if (r == 0 && vhd_stream_position(s) < size &&
+        vhd_stream_hole(s, vhd_stream_position(s), size - vhd_stream_position(s)) < 0)
+        r = -EINVAL;                    /* the file ends in a hole */
+    free(buf);
+    return r;
+}
+
+static int stream_to(struct member *top, int out_fd, const char *out_path)
+{
+    struct out o = { out_fd, 0, false };
+    if (vhd_image_kind(top->img) == VHD_DIFF) {
+        int r = decode_to(top->parent, out_fd, true);
+        if (r < 0) {
+            msg("%s: %s", out_path, strerror(-r));
+            return EXIT_USAGE;
+        }
+        o.size = top->parent->size;
+        o.diff_ok = true;
+    }
+    struct vhd_stream *s;
+    if (vhd_stream_new(&out_sink, &o, &s) < 0)
+        return EXIT_USAGE;
+    int r = feed_file(s, top->fd, top->file_size);
+    if (r == 0)
+        r = vhd_stream_finish(s) < 0 ? -EINVAL : 0;
+    int ret = 0;
+    if (r == -EINVAL) {
+        msg("%s: stream decode: %s", top->path, vhd_stream_error(s));
+        ret = EXIT_INVALID;
+    } else if (r < 0) {
+        msg("%s: %s", top->path, strerror(-r));
+        ret = EXIT_USAGE;
+    } else if (ftruncate(out_fd, top->size) < 0) {
+        msg("%s: %s", out_path, strerror(errno));
+        ret = EXIT_USAGE;
+    }
+    vhd_stream_free(s);
+    return ret;
+}
+
+/* ---- commands ---------------------------------------------------------------------- */
+
+static int open_top(const char *path, struct member **m)
+{
+    struct vhd_err err = { "" };
+    int r = member_open(path, false, m, &err);
+    if (r == 0)
+        return 0;
+    if (r == -EINVAL)
+        msg("%s: invalid: %s", path, err.msg);
+    else
+        msg("%s", err.msg);
+    return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
+}
+
+static const char *kind_name(enum vhd_kind k)
+{
+    return k == VHD_FIXED ? "fixed" : k == VHD_DYNAMIC ? "dynamic"
+                                                       : "differencing";
+}
+
+static void print_uuid(const char *label, const uint8_t *u)
+{
+    printf("%-18s ", label);
+    for (int i = 0; i < 16; i++)
+        printf("%02x%s", u[i], i == 3 || i == 5 || i == 7 || i == 9 ? "-" : "");
+    printf("\n");
+}
+
+static void print_time(const char *label, uint32_t t)
+{
+    time_t u = (time_t) t + 946684800;
+    struct tm tm;
+    char buf[64] = "";
+    gmtime_r(&u, &tm);
+    strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    printf("%-18s %s (%u)\n", label, buf, t);
+}
+
+static void print_fourcc(const char *label, const char *c, uint32_t ver)
+{
+    printf("%-18s \"", label);
+    for (int i = 0; i < 4; i++)
+        if (c[i] >= 0x20 && c[i] < 0x7f)
+            putchar(c[i]);
+        else
+            printf("\\x%02x", (uint8_t) c[i]);
+    printf("\" version 0x%08x\n", ver);
+}
+
+static void info_footer(const struct vhd_footer *f)
+{
+    printf("%-18s %.8s\n", "cookie:", f->cookie);
+    printf("%-18s 0x%08x\n", "features:", f->features);
+    printf("%-18s 0x%08x\n", "format version:", f->version);
+    printf("%-18s 0x%016" PRIx64 "\n", "data offset:", f->data_offset);
+    print_time("timestamp:", f->timestamp);
+    print_fourcc("creator:", f->creator_app, f->creator_version);
+    char os[5] = { f->creator_os >> 24, f->creator_os >> 16, f->creator_os >> 8,
+                   f->creator_os, 0 };
+    printf("%-18s 0x%08x%s%s%s\n", "creator host OS:", f->creator_os,
+           f->creator_os ? " \"" : "", f->creator_os ? os : "",
+           f->creator_os ? "\"" : "");
+    printf("%-18s %" PRIu64 "\n", "original size:", f->original_size);
+    printf("%-18s %" PRIu64 "\n", "current size:", f->current_size);
+    uint64_t chs = (uint64_t) f->cylinders * f->heads * f->sectors * 512;
+    printf("%-18s %u/%u/%u (C/H/S, %" PRIu64 " bytes)\n", "geometry:",
+           f->cylinders, f->heads, f->sectors, chs);
+    uint64_t q = vhd_qemu_size(f);
+    printf("%-18s %" PRIu64 "%s\n", "qemu size:", q, q == f->current_size ? "" :
+           " (differs: qemu needs force_size_calc=current_size)");
+    printf("%-18s %u (%s)\n", "disk type:", f->disk_type,
+           kind_name(f->disk_type));
+    printf("%-18s 0x%08x%s\n", "checksum:", f->checksum,
+           f->legacy_checksum ? " (legacy tapdisk rule)" : " (ok)");
+    print_uuid("unique id:", f->uuid);
+    printf("%-18s %u\n", "saved state:", f->saved_state);
+    printf("%-18s %u\n", "hidden:", f->hidden);
+}
+
+static const char *plat_name(uint32_t c)
+{
+    switch (c) {
+    case VHD_PLAT_WI2R: return "Wi2r";
+    case VHD_PLAT_WI2K: return "Wi2k";
+    case VHD_PLAT_W2RU: return "W2ru";
+    case VHD_PLAT_W2KU: return "W2ku";
+    case VHD_PLAT_MAC: return "Mac ";
+    case VHD_PLAT_MACX: return "MacX";
+    }
+    return "?";
+}
+
+static void info_header(const struct member *m)
+{
+    const struct vhd_header *h = vhd_image_header(m->img);
+    uint64_t batmap;
+    printf("%-18s 0x%016" PRIx64 "\n", "table offset:", h->table_offset);
+    printf("%-18s %u (%u needed)\n", "max table entries:", h->max_entries,
+           vhd_image_blocks(m->img));
+    printf("%-18s %u\n", "block size:", h->block_size);
+    printf("%-18s %u of %u\n", "allocated blocks:", vhd_image_allocated(m->img),
+           vhd_image_blocks(m->img));
+    if (vhd_image_has_batmap(m->img, &batmap))
+        printf("%-18s map at %" PRIu64 "\n", "batmap:", batmap);
+    else
+        printf("%-18s none\n", "batmap:");
+    if (vhd_image_kind(m->img) != VHD_DIFF)
+        return;
+    char name[2048];
+    print_uuid("parent id:", h->parent_uuid);
+    print_time("parent timestamp:", h->parent_timestamp);
+    if (vhd_parent_name(h, name, sizeof name) < 0)
+        snprintf(name, sizeof name, "(undecodable)");
+    printf("%-18s %s\n", "parent name:", name);
+    for (int i = 0; i < 8; i++) {
+        const struct vhd_locator *l = &h->loc[i];
+        size_t len;
+        const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
+        if (l->code == VHD_PLAT_NONE)
+            continue;
+        struct vhd_err e = { "" };
+        int r = p ? vhd_locator_path(l, p, len, name, sizeof name, &e) : -ENOENT;
+        printf("parent locator %d:  %s space %u length %u offset %" PRIu64
+               " -> %s%s%s\n", i, plat_name(l->code), l->data_space,
+               l->data_length, l->data_offset, r > 0 ? "\"" : "",
+               r > 0 ? name : r == -ENOENT ? "(empty)" : e.msg,
+               r > 0 ? "\"" : "");
+    }
+}
+
+static int cmd_info(const char *path)
+{
+    struct member *m;
+    int r = open_top(path, &m);
+    if (r)
+        return r;
+    printf("%-18s %s\n", "file:", path);
+    printf("%-18s %" PRIu64 "\n", "file size:", m->file_size);
+    printf("%-18s %s\n", "kind:", kind_name(vhd_image_kind(m->img)));
+    printf("%-18s %" PRIu64 "\n", "virtual size:", m->size);
+    info_footer(vhd_image_footer(m->img));
+    if (vhd_image_header(m->img))
+        info_header(m);
+    member_free(m);
+    return 0;
+}
+
+static void warn_cb(void *opaque, const char *w)
+{
+    msg("%s: warning: %s", (const char *) opaque, w);
+}
+
+static int cmd_check(const char *path)
+{
+    struct member *m;
+    int r = open_top(path, &m);
+    if (r)
+        return r;
+    vhd_lint(vhd_image_footer(m->img), vhd_image_header(m->img), warn_cb,
+             (void *) path);
+    printf("%s: ok (%s, %" PRIu64 " bytes", path,
+           kind_name(vhd_image_kind(m->img)), m->size);
+    if (vhd_image_kind(m->img) != VHD_FIXED)
+        printf(", %u of %u blocks allocated", vhd_image_allocated(m->img),
+               vhd_image_blocks(m->img));
+    printf(")\n");
+    member_free(m);
+    return 0;
+}
+
+static int map_block(struct member *m, uint32_t i)
+{
+    uint64_t off = vhd_image_block_offset(m->img, i);
+    uint32_t bs = vhd_image_block_size(m->img), spb = bs / 512, set = 0;
+    if (off == VHD_NO_BLOCK)
+        return 0;
+    int r = pread_full(m->fd, m->bm, vhd_image_bitmap_bytes(m->img), off);
+    if (r < 0)
+        return r;
+    m->bm_block = UINT32_MAX;
+    for (uint32_t j = 0; j < spb; j++)
+        set += vhd_bitmap_test(m->bm, j);
+    printf("%8u %16" PRIu64 " %16" PRIu64 " %6u/%u\n", i, (uint64_t) i * bs,
+           off, set, spb);
+    return 0;
+}
+
+static int cmd_map(const char *path)
+{
+    struct member *m;
+    int r = open_top(path, &m);
+    if (r)
+        return r;
+    if (vhd_image_kind(m->img) == VHD_FIXED) {
+        printf("fixed: virtual [0, %" PRIu64 ") at file offset 0\n", m->size);
+        member_free(m);
+        return 0;
+    }
+    printf("%8s %16s %16s %s\n", "block", "virtual", "file", "sectors");
+    for (uint32_t i = 0; r == 0 && i < vhd_image_blocks(m->img); i++)
+        r = map_block(m, i);
+    if (r < 0)
+        msg("%s: %s", path, strerror(-r));
+    member_free(m);
+    return r < 0 ? EXIT_USAGE : 0;
+}
+
+static int cmd_cat(const char *path, const char *out, const char *parent,
+                   bool stream)
+{
+    struct member *m;
+    int r = open_top(path, &m);
+    if (r)
+        return r;
+    if (stream && !out) {
+        msg("cat --stream needs -o OUT (blocks arrive out of order)");
+        member_free(m);
+        return EXIT_USAGE;
+    }
+    if ((r = open_chain(m, parent)) != 0) {
+        member_free(m);
+        return r;
+    }
+    int fd = out ? open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+                 : STDOUT_FILENO;
+    if (fd < 0) {
+        msg("%s: %s", out, strerror(errno));
+        member_free(m);
+        return EXIT_USAGE;
+    }
+    struct stat st;
+    bool sparse = out && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (stream) {
+        r = stream_to(m, fd, out);
+    } else {
+        r = decode_to(m, fd, sparse);
+        if (r < 0)
+            msg("%s: %s", out ? out : "stdout", strerror(-r));
+        r = r < 0 ? EXIT_USAGE : 0;
+    }
+    if (out && close(fd) < 0 && r == 0) {
+        msg("%s: %s", out, strerror(errno));
+        r = EXIT_USAGE;
+    }
+    member_free(m);
+    return r;
+}
+
+/* ---- export: synthesize a dynamic VHD of a raw file ------------------------------ */
+
+static int raw_read(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    return pread_full(*(int *) opaque, buf, len, off);
+}
+
+static int mark_allocated(struct vhd_synth *sy, int fd, uint64_t size)
+{
+    uint64_t pos = 0;
+    while (pos < size) {
+        off_t d = lseek(fd, pos, SEEK_DATA);
+        if (d < 0)
+            return errno == ENXIO ? 0 : -errno;
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h < 0)
+            return -errno;
+        int r = vhd_synth_allocate(sy, d, h - d);
+        if (r < 0)
+            return r;
+        pos = h;
+    }
+    return 0;
+}
+
+static int cmd_export(const char *raw, const char *out)
+{
+    if (!out) {
+        msg("export needs -o OUT");
+        return EXIT_USAGE;
+    }
+    int fd = open(raw, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        msg("%s: %s", raw, strerror(errno));
+        return EXIT_USAGE;
+    }
+    uint8_t uuid[16];
+    if (getrandom(uuid, sizeof uuid, 0) != sizeof uuid)
+        memset(uuid, 0x42, sizeof uuid);
+    uuid[6] = (uuid[6] & 0x0F) | 0x40;
+    uuid[8] = (uuid[8] & 0x3F) | 0x80;
+    struct vhd_synth *sy;
+    struct vhd_err err = { "" };
+    int r = vhd_synth_new(st.st_size, uuid, time(NULL) - 946684800, &sy, &err);
+    if (r < 0) {
+        msg("%s: %s", raw, err.msg);
+        close(fd);
+        return EXIT_INVALID;
+    }
+    r = mark_allocated(sy, fd, st.st_size);
+    if (r == 0)
+        r = vhd_synth_seal(sy);
+    int ofd = r == 0 ? open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+                     : -1;
+    uint64_t fsz = vhd_synth_file_size(sy);
+    uint8_t *buf = malloc(CHUNK);
+    if (r == 0 && (ofd < 0 || !buf || ftruncate(ofd, fsz) < 0))
+        r = -errno;
+    for (uint64_t off = 0; r == 0 && off < fsz; off += CHUNK) {
+        int64_t n = vhd_synth_read(sy, off, buf, CHUNK, raw_read, &fd);
+        r = n < 0 ? (int) n : pwrite_sparse(ofd, buf, n, off);
+    }
+    if (r < 0)
+        msg("export %s -> %s: %s", raw, out, strerror(-r));
+    if (ofd >= 0 && close(ofd) < 0 && r == 0) {
+        msg("%s: %s", out, strerror(errno));
+        r = -EIO;
+    }
+    free(buf);
+    close(fd);
+    vhd_synth_free(sy);
+    return r < 0 ? EXIT_USAGE : 0;
+}
+
+/* ---- main --------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: %s info FILE\n"
+        "       %s check FILE\n"
+        "       %s map FILE\n"
+        "       %s cat FILE [-o OUT] [--parent PARENT] [--stream]\n"
+        "       %s export RAW -o OUT\n"
+        "Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.\n",
+        prog, prog, prog, prog, prog);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "output", required_argument, NULL, 'o' },
+        { "parent", required_argument, NULL, 'p' },
+        { "stream", no_argument, NULL, 's' },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *out = NULL, *parent = NULL;
+    bool stream = false;
+    int c;
+    /* GNU getopt permutes: options may come before or after COMMAND FILE. */
+    while ((c = getopt_long(argc, argv, "o:p:hV", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'p': parent = optarg; break;
+        case 's': stream = true; break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("%s %s\n", prog, PACKAGE_VERSION); return 0;
+        default: usage(stderr); return EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[optind], *file = argv[optind + 1];
+    bool extra = out || parent || stream;
+    if (strcmp(cmd, "cat") == 0)
+        return cmd_cat(file, out, parent, stream);
+    if (strcmp(cmd, "export") == 0 && !parent && !stream)
+        return cmd_export(file, out);
+    if (extra) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (strcmp(cmd, "info") == 0)
+        return cmd_info(file);
+    if (strcmp(cmd, "check") == 0)
+        return cmd_check(file);
+    if (strcmp(cmd, "map") == 0)
+        return cmd_map(file);
+    usage(stderr);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,5 @@
+# nbdferry-vhd: VHD inspector (info, check, map, cat, export) over vhd/.
+# Included from tools/CMakeLists.txt; paths are relative to this file.
+add_executable(nbdferry-vhd ${CMAKE_CURRENT_LIST_DIR}/nbdferry-vhd.c)
+target_link_libraries(nbdferry-vhd PRIVATE vhd)
+install(TARGETS nbdferry-vhd DESTINATION ${CMAKE_INSTALL_BINDIR})
