@@ -16,12 +16,18 @@ enum fs_ino {
     FS_INO_ROOT = 1,
     FS_INO_RAW = 2,           /* the export as a raw file ("nbd") */
     FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
+    FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
 };
 
 #define FS_STATUS_NAME ".nbdferry-status"
 
+struct vhdview;
+struct vhd_synth;
+
 struct fs {
     struct nbdx *x;
+    struct vhdview *vhd;      /* fs/vhdview.c */
+    char *vhd_name;           /* FILENAME.vhd */
     struct pool *pool;
     uint64_t export_size;
     const char *filename;
@@ -42,9 +48,16 @@ struct fs_fh {
     uint64_t err_seq;         /* last pool error this handle was told of */
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;
+    struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* The raw file's size, for fs/vhdview.c: replace the disk's content by a
+ * disk of size bytes (everything reads as zero until written), or grow
+ * the apparent size to cover end. */
+int  fs_raw_replace(struct fs *fs, uint64_t size);
+void fs_raw_extend(struct fs *fs, uint64_t end);
 
 /* fs/status.c: the status document, JSON, malloc'd. */
 char *fs_status_json(struct fs *fs, size_t *len);

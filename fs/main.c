@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "fs/vhdview.h"
 #include "config.h"
 
 #define DEFAULT_CONNECTIONS 4
@@ -304,7 +305,8 @@ static void parse_mountpoint(struct options *o, const char *arg)
     if (stat(o->mountpoint, &st) == -1 || !S_ISDIR(st.st_mode))
         usage_error("mountpoint %s: no such directory", o->mountpoint);
     if (strcmp(o->filename, ".") == 0 || strcmp(o->filename, "..") == 0 ||
-        strcmp(o->filename, FS_STATUS_NAME) == 0)
+        strcmp(o->filename, FS_STATUS_NAME) == 0 ||
+        strlen(o->filename) > 200)
         usage_error("'%s' cannot be the file name", o->filename);
 }
 
@@ -579,6 +581,11 @@ int main(int argc, char **argv)
     fs.apparent_size = info->size;
     fs.readonly = info->readonly;
     fs.filename = o.filename;
+    if (asprintf(&fs.vhd_name, "%s.vhd", o.filename) == -1 ||
+        vhdview_init(&fs) < 0) {
+        log_err("out of memory");
+        goto out_nbd;
+    }
     fs.uid = getuid();
     fs.gid = getgid();
     clock_gettime(CLOCK_REALTIME, &fs.started);
@@ -614,6 +621,8 @@ out_pool:
         status = finish(&fs);
     pool_destroy(fs.pool);
 out_nbd:
+    vhdview_fini(&fs);
+    free(fs.vhd_name);
     nbdx_close(fs.x);
     if (o.pidfile && status == EXIT_SUCCESS)
         unlink(o.pidfile);

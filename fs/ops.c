@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "fs/vhdview.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
                                    * buffer size, so writes arrive large */
@@ -64,6 +65,12 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
         st->st_blocks = (blkcnt_t) ((pool_allocated(fs->pool, size) + 511) / 512);
         break;
     }
+    case FS_INO_VHD:
+        st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+        st->st_nlink = 1;
+        st->st_size = (off_t) vhdview_size(fs);
+        st->st_blocks = (st->st_size + 511) / 512;
+        break;
     case FS_INO_STATUS:
         st->st_mode = S_IFREG | 0400;
         st->st_nlink = 1;
@@ -87,6 +94,8 @@ static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
         return FS_INO_RAW;
     if (strcmp(name, FS_STATUS_NAME) == 0)
         return FS_INO_STATUS;
+    if (strcmp(name, fs->vhd_name) == 0)
+        return FS_INO_VHD;
     return 0;
 }
 
@@ -147,11 +156,37 @@ static void extend_to(struct fs *fs, uint64_t end)
     pthread_mutex_unlock(&fs->lock);
 }
 
+void fs_raw_extend(struct fs *fs, uint64_t end) { extend_to(fs, end); }
+
+int fs_raw_replace(struct fs *fs, uint64_t size)
+{
+    if (size > fs->export_size)
+        return -ENOSPC;
+    pthread_mutex_lock(&fs->lock);
+    uint64_t old = fs->apparent_size;
+    fs->apparent_size = size;
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
+    pthread_mutex_unlock(&fs->lock);
+    /* Bytes past the old apparent size already read as zero. */
+    return pool_zero_lazy(fs->pool, 0, old);
+}
+
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
                        int to_set, struct fuse_file_info *fi)
 {
     struct fs *fs = fs_of(req);
 
+    if (ino == FS_INO_VHD) {
+        int r = !(to_set & FUSE_SET_ATTR_SIZE) ? 0
+                : fs->readonly ? -EROFS
+                : attr->st_size < 0 ? -EINVAL
+                : vhdview_truncate(fs, (uint64_t) attr->st_size);
+        if (r < 0)
+            fuse_reply_err(req, -r);
+        else
+            reply_attr(req, ino);
+        return;
+    }
     if (ino != FS_INO_RAW) {
         fuse_reply_err(req, EPERM);
         return;
@@ -216,6 +251,7 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     dirbuf_add(req, &b, ".", FS_INO_ROOT);
     dirbuf_add(req, &b, "..", FS_INO_ROOT);
     dirbuf_add(req, &b, fs->filename, FS_INO_RAW);
+    dirbuf_add(req, &b, fs->vhd_name, FS_INO_VHD);
     dirbuf_add(req, &b, FS_STATUS_NAME, FS_INO_STATUS);
     if ((size_t) off < b.size) {
         size_t n = b.size - (size_t) off;
@@ -292,7 +328,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fuse_reply_err(req, EISDIR);
         return;
     }
-    if (writing && (fs->readonly || ino != FS_INO_RAW)) {
+    if (writing && (fs->readonly || ino == FS_INO_STATUS)) {
         fuse_reply_err(req, fs->readonly ? EROFS : EACCES);
         return;
     }
@@ -303,6 +339,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     }
     fh->ino = (enum fs_ino) ino;
     fh->err_seq = pool_error_seq(fs->pool);
+    if (ino == FS_INO_VHD) {
+        int r = vhdview_open(fs, fh, fi->flags);
+        if (r < 0) {
+            free(fh);
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
     if (ino == FS_INO_STATUS) {
         fh->snapshot = fs_status_json(fs, &fh->snapshot_len);
         if (!fh->snapshot) {
@@ -342,6 +386,13 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
+    if (ino == FS_INO_VHD) {
+        int r = vhdview_flush(fs, fh);
+        pool_drain(fs->pool);
+        int err = pool_error_take(fs->pool, &fh->err_seq);
+        fuse_reply_err(req, r < 0 ? -r : err);
+        return;
+    }
     if (ino != FS_INO_RAW) {
         fuse_reply_err(req, 0);
         return;
@@ -356,7 +407,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
-    if (ino != FS_INO_RAW) {
+    if (ino != FS_INO_RAW && ino != FS_INO_VHD) {
         fuse_reply_err(req, 0);
         return;
     }
@@ -370,6 +421,8 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
 {
     struct fs_fh *fh = fh_of(fi);
 
+    if (ino == FS_INO_VHD)
+        vhdview_release(fs_of(req), fh);
     free(fh->snapshot);
     free(fh);
     fuse_reply_err(req, 0);
@@ -388,6 +441,22 @@ static void read_status(fuse_req_t req, struct fs_fh *fh, size_t size,
     fuse_reply_buf(req, fh->snapshot + off, n < size ? n : size);
 }
 
+static void read_vhd(fuse_req_t req, struct fs_fh *fh, size_t size, off_t off)
+{
+    char *buf = off >= 0 ? malloc(size ? size : 1) : NULL;
+    if (!buf) {
+        fuse_reply_err(req, off < 0 ? EINVAL : ENOMEM);
+        return;
+    }
+    ssize_t n = vhdview_read(fuse_req_userdata(req), fh, buf, size,
+                             (uint64_t) off);
+    if (n < 0)
+        fuse_reply_err(req, (int) -n);
+    else
+        fuse_reply_buf(req, buf, (size_t) n);
+    free(buf);
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
@@ -395,6 +464,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
     if (ino == FS_INO_STATUS) {
         read_status(req, fh_of(fi), size, off);
+        return;
+    }
+    if (ino == FS_INO_VHD) {
+        read_vhd(req, fh_of(fi), size, off);
         return;
     }
     uint64_t end = apparent_size(fs);
@@ -423,6 +496,15 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
+    if (ino == FS_INO_VHD) {
+        ssize_t n = off < 0 ? -EINVAL
+                            : vhdview_write(fs, fh, buf, size, (uint64_t) off);
+        if (n < 0)
+            fuse_reply_err(req, (int) -n);
+        else
+            fuse_reply_write(req, (size_t) n);
+        return;
+    }
     if (off < 0 || (uint64_t) off >= fs->export_size) {
         if (size == 0) {
             fuse_reply_write(req, 0);
@@ -460,6 +542,14 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
     int kind = mode & ~FALLOC_FL_KEEP_SIZE;
 
+    if (ino == FS_INO_VHD && off >= 0 && len > 0 &&
+        (mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
+        /* cp --sparse=always punches the holes it skipped: zeros of the
+         * VHD file. */
+        int r = vhdview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len);
+        fuse_reply_err(req, r < 0 ? -r : 0);
+        return;
+    }
     if (ino != FS_INO_RAW || off < 0 || len <= 0) {
         fuse_reply_err(req, EINVAL);
         return;
@@ -531,8 +621,10 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->max_readahead = 1u << 20;
     if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
         conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
-    if (conn->capable & FUSE_CAP_ASYNC_DIO)
-        conn->want |= FUSE_CAP_ASYNC_DIO;
+    /* No async direct I/O: the kernel would split one large write into
+     * requests served in parallel, out of file order, and the VHD view's
+     * decoder needs file order. */
+    conn->want &= ~FUSE_CAP_ASYNC_DIO;
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  /* we are the write-back */
 }
 

@@ -1,0 +1,337 @@
+/* fs/vhdview.c: FILENAME.vhd, the disk seen as a VHD (mission §4).
+ *
+ * Writing: a copy tool writes a VHD file in file order (cp, dd, cat).  Each
+ * write feeds vhd/'s forward-only stream decoder, whose sink places the
+ * decoded bytes on the disk through the pool.  Opening with O_TRUNC does
+ * not touch the disk: the decoder's begin() says what arrives, and only
+ * then a fixed or dynamic VHD replaces the disk (lazy zeroing, so blocks
+ * the VHD does not carry read as zero at the cost of write-zeroes only
+ * where the disk is not known zero), while a differencing VHD is applied
+ * over what the disk holds.  close() finishes the stream: a VHD that
+ * ended early or whose footer is wrong fails there with EINVAL.
+ *
+ * Reading: at open, the allocation of the disk (from the zero maps: block
+ * status and everything written since) is frozen into a synthesizer that
+ * produces a dynamic VHD; block data is read through the pool.
+ *
+ * THREAD MODEL
+ * view->lock serializes everything about the ingest (the decoder is not
+ * thread-safe, and its input must stay in order).  It is held across
+ * pool_write() (which may wait for a buffer: the writer is throttled, as
+ * on the raw file) but never across fuse_reply_*().  The kernel sends a
+ * writer's requests in order because async direct I/O is off (fs/ops.c).
+ */
+#include "fs/vhdview.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "vhd/vhd.h"
+
+struct vhdview {
+    pthread_mutex_t lock;
+    struct vhd_stream *stream;    /* the ingest in progress, or NULL */
+    struct fs_fh *writer;         /* the handle that owns it */
+    int err;                      /* its sticky error (positive errno) */
+    uint64_t file_size;           /* high-water mark of the VHD written */
+    uint8_t uuid[16];             /* of the synthesized VHD, per mount */
+    uint32_t timestamp;
+};
+
+static struct vhd_sink sink;
+
+int vhdview_init(struct fs *fs)
+{
+    struct vhdview *v = calloc(1, sizeof *v);
+
+    if (!v)
+        return -ENOMEM;
+    pthread_mutex_init(&v->lock, NULL);
+    /* A per-mount identity: re-reads of the view agree within a mount. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = (uint64_t) ts.tv_sec * 1000000007u ^ (uint64_t) ts.tv_nsec ^
+                    fs->export_size;
+    for (int i = 0; i < 16; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        v->uuid[i] = (uint8_t) (seed >> 56);
+    }
+    v->uuid[6] = (v->uuid[6] & 0x0f) | 0x40;   /* version 4 */
+    v->uuid[8] = (v->uuid[8] & 0x3f) | 0x80;
+    v->timestamp = (uint32_t) (ts.tv_sec - 946684800);  /* VHD epoch */
+    fs->vhd = v;
+    return 0;
+}
+
+void vhdview_fini(struct fs *fs)
+{
+    struct vhdview *v = fs->vhd;
+
+    if (!v)
+        return;
+    vhd_stream_free(v->stream);
+    pthread_mutex_destroy(&v->lock);
+    free(v);
+    fs->vhd = NULL;
+}
+
+/* ---- the synthesized (read) side -------------------------------------- */
+
+/* Freeze the disk's allocation into a synthesizer.  -EFBIG past the VHD
+ * size limit. */
+static int build_synth(struct fs *fs, struct vhd_synth **out)
+{
+    struct vhd_err e = { "" };
+    struct vhd_synth *s;
+    uint64_t size = fs->export_size, pos = 0;
+
+    int r = vhd_synth_new(size, fs->vhd->uuid, fs->vhd->timestamp, &s, &e);
+    if (r < 0) {
+        log_notice("%s.vhd: %s", fs->filename, e.msg);
+        return r;
+    }
+    while (pos < size) {
+        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
+        if (d < 0)
+            break;                            /* -ENXIO: no more data */
+        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
+        if (h <= d)
+            h = (int64_t) size;
+        vhd_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
+        pos = (uint64_t) h;
+    }
+    vhd_synth_seal(s);
+    *out = s;
+    return 0;
+}
+
+uint64_t vhdview_size(struct fs *fs)
+{
+    struct vhdview *v = fs->vhd;
+    struct vhd_synth *s;
+
+    pthread_mutex_lock(&v->lock);
+    bool ingesting = v->stream != NULL;
+    uint64_t written = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    if (ingesting)
+        return written;
+    if (build_synth(fs, &s) < 0)
+        return 0;
+    uint64_t n = vhd_synth_file_size(s);
+    vhd_synth_free(s);
+    return n;
+}
+
+static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    struct fs *fs = opaque;
+    return pool_read(fs->pool, off, buf, len);
+}
+
+ssize_t vhdview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
+                     uint64_t off)
+{
+    if (!fh->synth)
+        return -EBADF;
+    int64_t n = vhd_synth_read(fh->synth, off, buf, size, read_disk, fs);
+    return (ssize_t) n;
+}
+
+/* ---- the ingest (write) side ------------------------------------------ */
+
+static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
+{
+    struct fs *fs = opaque;
+    static const char *names[] = { [VHD_FIXED] = "fixed",
+                                   [VHD_DYNAMIC] = "dynamic",
+                                   [VHD_DIFF] = "differencing" };
+
+    if (size > fs->export_size) {
+        log_err("%s.vhd: the VHD's disk is %" PRIu64 " bytes, larger than "
+                "the export (%" PRIu64 "): nothing written", fs->filename,
+                size, fs->export_size);
+        return -ENOSPC;
+    }
+    log_info("%s.vhd: receiving a %s VHD, disk size %" PRIu64, fs->filename,
+             names[kind], size);
+    if (kind == VHD_DIFF)
+        return 0;                             /* applied over the parent */
+    /* Fixed or dynamic: the VHD's disk replaces the export's content. */
+    return fs_raw_replace(fs, size);
+}
+
+static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
+{
+    struct fs *fs = opaque;
+
+    if (off > fs->export_size || len > fs->export_size - off)
+        return -EINVAL;                       /* the decoder promised not */
+    ssize_t r = pool_write(fs->pool, off, buf, len);
+    if (r < 0)
+        return (int) r;
+    fs_raw_extend(fs, off + len);
+    return 0;
+}
+
+static int sink_zero(void *opaque, uint64_t off, uint64_t len)
+{
+    struct fs *fs = opaque;
+
+    if (off > fs->export_size || len > fs->export_size - off)
+        return -EINVAL;
+    pool_zero(fs->pool, off, len);
+    fs_raw_extend(fs, off + len);
+    return 0;
+}
+
+static struct vhd_sink sink = {
+    .begin = sink_begin,
+    .data = sink_data,
+    .zero = sink_zero,
+};
+
+/* Log the decoder's error once and latch it. */
+static int fail_locked(struct fs *fs, struct vhdview *v, int r)
+{
+    if (!v->err) {
+        v->err = -r;
+        log_err("%s.vhd: %s", fs->filename,
+                vhd_stream_error(v->stream)[0] ? vhd_stream_error(v->stream)
+                                               : strerror(-r));
+    }
+    return -v->err;
+}
+
+int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
+{
+    struct vhdview *v = fs->vhd;
+    bool writing = (flags & O_ACCMODE) != O_RDONLY;
+
+    if (!writing)
+        return build_synth(fs, &fh->synth);
+    pthread_mutex_lock(&v->lock);
+    if (v->stream && v->writer) {
+        pthread_mutex_unlock(&v->lock);
+        log_notice("%s.vhd: a VHD is already being written", fs->filename);
+        return -EBUSY;
+    }
+    vhd_stream_free(v->stream);
+    v->stream = NULL;
+    int r = vhd_stream_new(&sink, fs, &v->stream);
+    if (r == 0) {
+        v->writer = fh;
+        v->err = 0;
+        v->file_size = 0;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                      size_t size, uint64_t off)
+{
+    struct vhdview *v = fs->vhd;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer != fh || !v->stream)
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vhd_stream_feed(v->stream, off, buf, size)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + size > v->file_size)
+        v->file_size = off + size;
+    pthread_mutex_unlock(&v->lock);
+    return r < 0 ? r : (ssize_t) size;
+}
+
+/* Punch-hole, zero-range and truncate-extend on the VHD file: zeros of the
+ * VHD file.  A truncate that shrinks cannot be decoded. */
+int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    struct vhdview *v = fs->vhd;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (!v->stream || (fh && v->writer != fh))
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vhd_stream_hole(v->stream, off, len)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + len > v->file_size)
+        v->file_size = off + len;
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+int vhdview_truncate(struct fs *fs, uint64_t size)
+{
+    struct vhdview *v = fs->vhd;
+
+    pthread_mutex_lock(&v->lock);
+    bool active = v->stream != NULL;
+    uint64_t cur = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    if (!active)
+        return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
+    if (size < cur) {
+        log_err("%s.vhd: cannot shrink a VHD being written (%" PRIu64
+                " < %" PRIu64 ")", fs->filename, size, cur);
+        return -EINVAL;
+    }
+    return size > cur ? vhdview_hole(fs, NULL, cur, size - cur) : 0;
+}
+
+/* close(): finish the stream and wait for what it wrote.  Returns the
+ * decoder's error, or the first write error. */
+int vhdview_flush(struct fs *fs, struct fs_fh *fh)
+{
+    struct vhdview *v = fs->vhd;
+    int r = 0;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh && v->stream && !v->err &&
+        vhd_stream_position(v->stream) == 0 &&
+        vhd_stream_kind(v->stream) == 0) {
+        /* Nothing written yet: a close of a duplicate (dd does
+         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
+    } else if (v->writer == fh && v->stream) {
+        if (v->err)
+            r = -v->err;
+        else if ((r = vhd_stream_finish(v->stream)) < 0)
+            r = fail_locked(fs, v, r);
+        else
+            log_info("%s.vhd: VHD received, %" PRIu64 " bytes", fs->filename,
+                     v->file_size);
+        vhd_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+void vhdview_release(struct fs *fs, struct fs_fh *fh)
+{
+    struct vhdview *v = fs->vhd;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh) {
+        /* Closed without a flush reaching us (cannot normally happen). */
+        vhd_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    vhd_synth_free(fh->synth);
+    fh->synth = NULL;
+}
