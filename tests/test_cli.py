@@ -1,0 +1,374 @@
+"""The command line: every connection mode mounts and carries data; bad
+command lines and unreachable servers fail with one clear line, a non-zero
+exit and nothing left mounted or running."""
+
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (MiB, assert_content, daemon_cmd, fill_random,
+                      free_tcp_port, fusermount_u, is_mounted, nonempty,
+                      pid_alive, random_file, read_nbd, sha256_file,
+                      stderr_problems, timeout, wait_for)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPORT = 64 * MiB
+
+
+def project_version():
+    text = (ROOT / "CMakeLists.txt").read_text()
+    return re.search(r"project\(\s*nbdferry\s+VERSION\s+([\d.]+)", text).group(1)
+
+
+# ------------------------------------------------------------ helpers
+
+class Cli:
+    """Runs the daemon as a user would (no -f unless given), always with a
+    pidfile so that anything it left behind can be found and removed."""
+
+    def __init__(self, d):
+        self.dir = d
+        self.mp = d / "mp"
+        self.mp.mkdir()
+        self.pidfile = d / "cli.pid"
+        self.runs = 0
+
+    def run(self, *args, secs=30, pidfile=True, **kw):
+        self.runs += 1
+        out = self.dir / f"out{self.runs}"
+        err = self.dir / f"err{self.runs}"
+        pre = ["-P", self.pidfile] if pidfile else []
+        cmd = daemon_cmd(*pre, *args)
+        with open(out, "wb") as o, open(err, "wb") as e:
+            try:
+                rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=o,
+                                    stderr=e, timeout=timeout(secs),
+                                    **kw).returncode
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{' '.join(cmd)}: did not return within "
+                            f"{timeout(secs)}s")
+        return rc, out.read_text(errors="replace"), err.read_text(errors="replace")
+
+    def daemon_pid(self):
+        try:
+            return int(self.pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def cleanup(self):
+        left = []
+        for mp in [self.mp] + sorted(self.dir.glob("mp*")):
+            if is_mounted(mp):
+                left.append(str(mp))
+                fusermount_u(mp, wait=2)
+        pid = self.daemon_pid()
+        if pid and pid_alive(pid):
+            deadline = time.monotonic() + timeout(10)
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(pid):
+                left.append(f"pid {pid}")
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+
+@pytest.fixture
+def cli(shortdir):
+    c = Cli(shortdir)
+    yield c
+    left = c.cleanup()
+    assert not left, f"left behind: {left}"
+
+
+def assert_one_clear_line(rc, err, *mentions):
+    assert rc != 0, "exit status 0 for a failing command line"
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, (f"expected exactly one line on stderr, got "
+                             f"{len(lines)}:\n{err}")
+    if mentions:
+        assert any(w.lower() in lines[0].lower() for w in mentions), (
+            f"stderr line does not mention any of {mentions}: {lines[0]!r}")
+    return lines[0]
+
+
+def write_and_verify(path, uri=None, backing=None, size=EXPORT):
+    """Write random data at an odd offset through the mount, close, read it
+    back through the mount; check the server or backing file if given."""
+    off, n = MiB + 7, 4 * MiB + 3
+    data = os.urandom(n)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert os.pwrite(fd, data, off) == n
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        f.seek(off)
+        assert f.read(n) == data, "read back through the mount differs"
+    if uri is not None:
+        assert read_nbd(uri, off, n) == data, "server differs"
+    return off, data
+
+
+def assert_backing(disk, old, off, data):
+    ref = bytearray(old)
+    ref[off:off + len(data)] = data
+    assert Path(disk).read_bytes() == bytes(ref), "backing file differs"
+
+
+# ------------------------------------------------------- info options
+
+def test_cli_version(cli):
+    rc, out, err = cli.run("-V", pidfile=False)
+    assert rc == 0, err
+    assert "nbdferry" in out and project_version() in out, out
+    rc2, out2, _ = cli.run("--version", pidfile=False)
+    assert rc2 == 0 and out2 == out
+
+
+def test_cli_help(cli):
+    rc, out, err = cli.run("--help", pidfile=False)
+    assert rc == 0, err
+    text = out + err
+    assert "nbdferry" in text and "MOUNTPOINT" in text, text
+    for opt in ("--depth", "--request-size", "--pool-size", "--connections",
+                "--unix", "--tcp", "--fd", "--command"):
+        assert opt in text, f"--help does not mention {opt}"
+    assert not is_mounted(cli.mp)
+
+
+# -------------------------------------------------------- bad input
+
+NOSOCK = "/nonexistent-nbdferry-dir/sock"
+
+
+def bad_cases(mp, uri):
+    """(id, args, words the error line should mention)."""
+    return [
+        ("no-args", [], ()),
+        ("no-target", [mp], ()),
+        ("unknown-option", ["--bogus-option", mp, uri], ("bogus-option",)),
+        ("depth-zero", ["--depth", "0", mp, uri], ("depth",)),
+        ("depth-garbage", ["--depth", "lots", mp, uri], ("depth", "lots")),
+        ("request-size-garbage", ["--request-size", "garbage", mp, uri],
+         ("request-size", "garbage")),
+        ("request-size-zero", ["--request-size", "0", mp, uri],
+         ("request-size",)),
+        ("pool-size-garbage", ["--pool-size", "12Q", mp, uri],
+         ("pool-size", "12Q")),
+        ("connections-zero", ["-C", "0", mp, uri],
+         ("connection", "-C")),
+        ("option-missing-value", [mp, uri, "--depth"], ()),
+        ("extra-arg", [mp, uri, "surplus"], ()),
+        # MOUNTPOINT/FILENAME whose MOUNTPOINT does not exist.
+        ("missing-mountpoint", [mp.parent / "no-such-dir" / "nbd", uri],
+         ("no-such-dir", "No such file")),
+        ("unreachable-uri", [mp, f"nbd+unix:///?socket={NOSOCK}"],
+         (NOSOCK, "No such file", "connect")),
+        ("unreachable-unix", [mp, "--unix", NOSOCK],
+         (NOSOCK, "No such file", "connect")),
+        ("bad-uri", [mp, "http://example.invalid/"],
+         ("uri", "http", "scheme")),
+        ("command-fails", [mp, "--command", "false"], ()),
+        ("activation-missing-binary",
+         [mp, "[", "/nonexistent-nbdferry-dir/server", "]"],
+         ("nonexistent-nbdferry-dir", "No such file")),
+    ]
+
+
+CASE_IDS = [c[0] for c in bad_cases(Path("/x"), "u")]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_cli_bad_command_line(cli, server, case):
+    srv = server("memory", "size=16M")
+    cid, args, mentions = next(c for c in bad_cases(cli.mp, srv.uri)
+                               if c[0] == case)
+    rc, out, err = cli.run(*args)
+    assert_one_clear_line(rc, err, *mentions)
+    assert not is_mounted(cli.mp), "something was left mounted"
+    pid = cli.daemon_pid()
+    assert not (pid and pid_alive(pid)), "a daemon was left running"
+
+
+def test_cli_mountpoint_is_a_file(cli, server):
+    """MOUNTPOINT/FILENAME where MOUNTPOINT is a regular file."""
+    srv = server("memory", "size=16M")
+    f = cli.dir / "plainfile"
+    f.write_bytes(b"x")
+    rc, _, err = cli.run(f / "nbd", srv.uri)
+    assert_one_clear_line(rc, err, "plainfile", "directory")
+    assert f.read_bytes() == b"x"
+    assert not is_mounted(f)
+
+
+def test_cli_refused_tcp(cli):
+    port = free_tcp_port()              # nothing listens there
+    rc, _, err = cli.run(cli.mp, "--tcp", "127.0.0.1", port)
+    assert_one_clear_line(rc, err, "refused", str(port), "connect")
+    assert not is_mounted(cli.mp)
+
+
+@pytest.mark.parametrize("fg", [False, True], ids=["background", "foreground"])
+def test_cli_unreachable_server(cli, fg):
+    args = (["-f"] if fg else []) + [cli.mp, f"nbd+unix:///?socket={NOSOCK}"]
+    rc, _, err = cli.run(*args)
+    assert_one_clear_line(rc, err, NOSOCK, "No such file", "connect")
+    assert not is_mounted(cli.mp)
+    assert not cli.pidfile.exists() or not pid_alive(cli.daemon_pid() or 0), \
+        "pidfile left pointing at a live daemon"
+
+
+# ------------------------------------------------- connection modes
+
+def test_mode_uri(server, mount):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    assert os.path.getsize(m.file) == EXPORT
+    write_and_verify(m.file, uri=srv.uri)
+
+
+def test_mode_filename(server, mount):
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, filename="disk.raw")
+    assert sorted(p for p in os.listdir(m.mp) if not p.startswith(".")) \
+        == ["disk.raw"]
+    write_and_verify(m.file, uri=srv.uri)
+
+
+@pytest.fixture
+def disk(shm):
+    d = random_file(shm / "disk.img", EXPORT)
+    return d, d.read_bytes()
+
+
+def test_mode_socket_activation(mount, disk):
+    path, old = disk
+    m = mount(["[", "nbdkit", "file", path, "]"])
+    assert os.path.getsize(m.file) == EXPORT
+    off, data = write_and_verify(m.file)
+    m.unmount()
+    assert_backing(path, old, off, data)
+
+
+def test_mode_socket_activation_memory(mount):
+    m = mount(["[", "nbdkit", "memory", "64M", "]"])
+    assert os.path.getsize(m.file) == EXPORT
+    write_and_verify(m.file)
+
+
+def test_mode_command(mount, disk):
+    path, old = disk
+    m = mount(["--command", "nbdkit", "-s", "file", path])
+    assert os.path.getsize(m.file) == EXPORT
+    off, data = write_and_verify(m.file)
+    m.unmount()
+    assert_backing(path, old, off, data)
+
+
+def test_mode_unix(server, mount):
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(["--unix", srv.sock])
+    write_and_verify(m.file, uri=srv.uri)
+
+
+def test_mode_tcp(server, mount):
+    srv = server("memory", f"size={EXPORT}", tcp=True)
+    m = mount(["--tcp", "127.0.0.1", srv.port])
+    write_and_verify(m.file, uri=srv.uri)
+
+
+def test_mode_fd(server, mount):
+    srv = server("memory", f"size={EXPORT}")
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(srv.sock))
+    try:
+        m = mount(["--fd", s.fileno()], pass_fds=(s.fileno(),))
+    finally:
+        s.close()                        # the daemon has its own copy
+    write_and_verify(m.file, uri=srv.uri)
+
+
+# ------------------------------------------------------------ options
+
+def test_option_readonly(server, mount):
+    srv = server("memory", f"size={EXPORT}")
+    old = fill_random(srv.uri, EXPORT)
+    m = mount(srv, "-r")
+    try:
+        fd = os.open(m.file, os.O_WRONLY)
+    except OSError as e:
+        assert e.errno == errno.EROFS, f"open for write: {e}"
+    else:
+        try:
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"x" * 4096, 0)
+                os.fsync(fd)
+            assert e.value.errno == errno.EROFS
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    assert_content(old, EXPORT, mount_file=m.file, uri=srv.uri,
+                   what="read-only mount")
+
+
+def test_option_connections_multi_conn(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}", log=True)
+    m = mount(srv, "-C", "4", "--request-size", "256K")
+    src = random_file(shm / "src.img", 32 * MiB)
+    with open(src, "rb") as f, open(m.file, "r+b") as g:
+        g.write(f.read())
+    assert_content(src, EXPORT, uri=srv.uri, what="-C 4")
+    n = srv.connections()
+    assert n >= 4, f"-C 4 opened {n} connection(s)"
+
+
+def test_option_sizes_with_suffixes(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, "--depth", "4", "--request-size", "1M",
+              "--pool-size", "16M", "-C", "2", "-o", "fsname=nbdferrytest")
+    src = random_file(shm / "src.img", 24 * MiB + 1)
+    with open(src, "rb") as f, open(m.file, "r+b") as g:
+        g.write(f.read())
+    assert_content(src, EXPORT, uri=srv.uri, what="suffix sizes")
+    with open("/proc/mounts") as f:
+        line = next(l for l in f if l.split()[1] == str(m.mp))
+    assert line.split()[0] == "nbdferrytest", f"-o fsname ignored: {line}"
+
+
+def test_background_mode(cli, server):
+    """Without -f the command returns once the mount is ready; fusermount3
+    -u ends the daemon."""
+    srv = server("memory", f"size={EXPORT}")
+    rc, out, err = cli.run(cli.mp, srv.uri)
+    assert rc == 0, f"background mount failed: {err}"
+    assert is_mounted(cli.mp), "command returned before the mount was ready"
+    assert nonempty(cli.pidfile)(), "pidfile missing after return"
+    pid = cli.daemon_pid()
+    assert pid_alive(pid), "daemon not running after background start"
+    write_and_verify(cli.mp / "nbd", uri=srv.uri)
+    r = subprocess.run(["fusermount3", "-u", str(cli.mp)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: not pid_alive(pid), None, "daemon exit after unmount",
+             timeout=60)
+    assert not is_mounted(cli.mp)
+    bad = stderr_problems(err)
+    assert not bad, f"stderr: {bad}"
+
+
+def test_sha256_file_helper_sanity(tmp_path):
+    """The digest helper pads with zeros as the tests assume."""
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    import hashlib
+    assert sha256_file(p, pad_to=5) == hashlib.sha256(b"abc\0\0").hexdigest()
