@@ -97,6 +97,23 @@ def daemon_cmd(*args):
     return WRAPPER + [str(NBDFERRY)] + [str(a) for a in args]
 
 
+_HELP = None
+
+
+def daemon_has_option(opt):
+    """True if the daemon's --help mentions opt (for options beyond the
+    contract, e.g. --retry-timeout, used only where present)."""
+    global _HELP
+    if _HELP is None:
+        try:
+            r = subprocess.run([str(NBDFERRY), "--help"], capture_output=True,
+                               text=True, timeout=30)
+            _HELP = r.stdout + r.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            _HELP = ""
+    return re.search(re.escape(opt) + r"\b", _HELP) is not None
+
+
 # ---------------------------------------------------------------- waiting
 
 def tail(path, n=20):

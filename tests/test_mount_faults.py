@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import (MiB, assert_content, fill_random, random_file, read_nbd, run,
+from conftest import (MiB, assert_content, daemon_has_option, fill_random, random_file, read_nbd, run,
                       tail, timeout)
 
 EXPORT = 64 * MiB
@@ -189,7 +189,11 @@ def test_fault_server_killed_mid_copy(server, mount, shm, tool):
     """kill -9 the server while a slow dd is copying: dd exits non-zero in
     bounded time, reads error out, the daemon exits when unmounted."""
     srv = server("memory", "size=256M", "wdelay=50ms", filters=["delay"])
-    m = mount(srv, expect_rc=None, expect_errors=True)
+    # A daemon that reconnects after a connection failure would wait for
+    # the dead server; keep that wait short where it can be configured.
+    opts = ["--retry-timeout", "2"] if daemon_has_option("--retry-timeout") \
+        else []
+    m = mount(srv, *opts, expect_rc=None, expect_errors=True)
     src = random_file(shm / "src.img", 128 * MiB)
     cmd = [str(c) for c in TOOLS[tool](src, m.file)]
     with open(shm / "dd.err", "wb") as err:
