@@ -40,6 +40,10 @@ struct fs {
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
                                * is pending or known zero on the disk */
     struct timespec mtime;
+
+    /* Set before the mount, freed after it; each has its own lock. */
+    struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
+    struct progress *progress;/* fs/progress.c: pass, samples, bar */
 };
 
 /* One open file. */

@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "fs/digest.h"
+#include "fs/progress.h"
 #include "fs/vhdview.h"
 #include "config.h"
 
@@ -54,7 +56,12 @@ struct options {
     bool foreground;
     char *mountpoint;
     char *filename;
+    bool no_digest, progress_bar;
+    int progress_fd;          /* --progress=FD, or -1 */
+    uint64_t expected_size;
 };
+
+#define DIGEST_QUEUE_LIMIT (64u << 20)  /* bytes waiting for the hash */
 
 static const char *program = "nbdferry";
 
@@ -105,6 +112,12 @@ static void usage(void)
 "      --destination-is-zero  the export already reads as zero everywhere:\n"
 "                         never zero it again\n"
 "      --no-extents       do not read block status at start\n"
+"      --no-digest        no inline sha256 of the copy (saves a core)\n"
+"      --progress[=FD]    show the copy's progress, counted in acknowledged\n"
+"                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
+"                         lines written to file descriptor FD\n"
+"      --expected-size SIZE  the source's size, for percent and ETA\n"
+"                         (default: the size the copy tool truncates to)\n"
 "  -o FUSE-OPTION         FUSE mount option (allow_other, ...); repeatable\n"
 "  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
 "  -r, --readonly         read-only mount\n"
@@ -177,6 +190,7 @@ enum {
     OPT_HELP = 256, OPT_DEPTH, OPT_REQUEST_SIZE, OPT_POOL_SIZE, OPT_IDLE_MS,
     OPT_WRITE_THROUGH, OPT_NO_NODELAY, OPT_DEST_ZERO, OPT_NO_EXTENTS,
     OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD,
+    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
 };
 
 static const struct option long_options[] = {
@@ -189,6 +203,9 @@ static const struct option long_options[] = {
     { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
     { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
+    { "progress", optional_argument, NULL, OPT_PROGRESS },
+    { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "pidfile", required_argument, NULL, 'P' },
     { "readonly", no_argument, NULL, 'r' },
     { "read-only", no_argument, NULL, 'r' },
@@ -316,6 +333,7 @@ static void parse_args(struct options *o, int argc, char **argv)
 
     o->nbd.connections = DEFAULT_CONNECTIONS;
     o->nbd.nodelay = true;
+    o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
     o->pool_size = DEFAULT_POOL_SIZE;
@@ -347,6 +365,20 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
         case OPT_DEST_ZERO: o->destination_is_zero = true; break;
         case OPT_NO_EXTENTS: o->no_extents = true; break;
+        case OPT_NO_DIGEST: o->no_digest = true; break;
+        case OPT_PROGRESS:
+            if (!optarg) {
+                o->progress_bar = true;
+                break;
+            }
+            o->progress_fd = (int) parse_uint("--progress", optarg, 0, INT_MAX);
+            if (fcntl(o->progress_fd, F_GETFD) == -1)
+                usage_error("--progress=%d: not an open file descriptor",
+                            o->progress_fd);
+            break;
+        case OPT_EXPECTED_SIZE:
+            o->expected_size = parse_size("--expected-size", optarg);
+            break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
         case 'r': o->nbd.readonly = true; break;
@@ -371,6 +403,9 @@ static void parse_args(struct options *o, int argc, char **argv)
     }
     if (optind >= argc)
         usage_error("missing the mountpoint");
+    if (o->progress_bar && !o->foreground)
+        usage_error("--progress draws on stderr, which a daemon closes: "
+                    "add -f, or use --progress=FD");
     parse_mountpoint(o, argv[optind]);
     parse_server(o, argc - optind - 1, argv + optind + 1);
     o->nbd.debug = log_verbosity >= 2;
@@ -539,6 +574,38 @@ static int serve(struct fuse_session *se)
     return r;
 }
 
+/* The inline digest and the progress thread: they start once the pool
+ * exists and stop after the final flush, so the last progress line
+ * comes after the last reply. */
+static int start_watchers(struct fs *fs, const struct options *o)
+{
+    struct progress_config pc = {
+        .bar = o->progress_bar,
+        .fd = o->progress_fd,
+        .expected_size = o->expected_size,
+    };
+    int r = o->no_digest ? 0 : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+    if (r == 0)
+        r = progress_create(fs, &pc, &fs->progress);
+    if (r < 0)
+        log_err("cannot start the digest and progress threads: %s",
+                strerror(-r));
+    return r;
+}
+
+static void stop_watchers(struct fs *fs)
+{
+    struct digest_info di;
+
+    progress_destroy(fs->progress);
+    fs->progress = NULL;
+    digest_get(fs->digest, fs->apparent_size, &di);
+    if (di.state == DIGEST_COMPLETE)
+        log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
+    digest_destroy(fs->digest);
+    fs->digest = NULL;
+}
+
 /* Drain and flush after the mount is gone.  Returns the exit status. */
 static int finish(struct fs *fs)
 {
@@ -598,6 +665,8 @@ int main(int argc, char **argv)
 
     if (open_pool(&fs, &o) < 0)
         goto out_nbd;
+    if (start_watchers(&fs, &o) < 0)
+        goto out_pool;
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
@@ -619,6 +688,7 @@ out_unmount:
 out_pool:
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
+    stop_watchers(&fs);
     pool_destroy(fs.pool);
 out_nbd:
     vhdview_fini(&fs);

@@ -21,6 +21,8 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "fs/digest.h"
+#include "fs/progress.h"
 #include "fs/vhdview.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
@@ -142,6 +144,8 @@ static int truncate_to(struct fs *fs, uint64_t size)
     fs->apparent_size = size;
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
     pthread_mutex_unlock(&fs->lock);
+    digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
+    progress_truncate(fs->progress, size);
     if (size < old)
         return pool_zero_lazy(fs->pool, size, old - size);
     return 0;
@@ -398,6 +402,10 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         return;
     }
     pool_drain(fs->pool);
+    /* The pass covers the file up to its size (cp's final ftruncate). */
+    uint64_t size = apparent_size(fs);
+    digest_close(fs->digest, size);
+    progress_close(fs->progress, size);
     fuse_reply_err(req, pool_error_take(fs->pool, &fh->err_seq));
 }
 
@@ -531,6 +539,8 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
         return;
     }
     extend_to(fs, (uint64_t) off + size);
+    digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
+    progress_write(fs->progress, (uint64_t) off, size);
     touch(fs);
     fuse_reply_write(req, size);
 }
@@ -574,6 +584,10 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
         pool_zero(fs->pool, start, end - start);   /* write-zeroes */
     if (!keep_size)
         extend_to(fs, end);
+    if (kind != 0 && start < end) {
+        digest_zero(fs->digest, start, end - start, apparent_size(fs));
+        progress_zero(fs->progress, start, end - start);
+    }
     touch(fs);
     fuse_reply_err(req, 0);
 }

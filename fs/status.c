@@ -1,10 +1,20 @@
-/* fs/status.c: the live status, as JSON, for MNT/.nbdferry-status. */
+/* fs/status.c: the live status, as JSON, for MNT/.nbdferry-status.
+ *
+ * Generated at open from one snapshot of each part (pool, connections,
+ * progress, digest); reading the file returns that snapshot.  Byte
+ * counters add up: bytes_acknowledged <= bytes_written always, and they
+ * are equal once a close() or fsync() has returned without error.
+ * tools/nbdferry-status reads this; docs/nbdferry.1 documents each key.
+ */
 #include "fs/fs.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "fs/digest.h"
+#include "fs/progress.h"
 
 static double elapsed_s(const struct timespec *since)
 {
@@ -14,17 +24,110 @@ static double elapsed_s(const struct timespec *since)
            (double) (now.tv_nsec - since->tv_nsec) / 1e9;
 }
 
-static void put_failures(FILE *f, const struct pool_stats *s)
+static void put_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char) *s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned char) *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static const char *kind_name(enum pool_counter_kind k)
 {
     static const char *kind[] = { "write", "zero", "flush", "read" };
+    return kind[k];
+}
 
+static void put_failures(FILE *f, const struct pool_stats *s)
+{
     fputs("  \"failures\": [", f);
     for (unsigned i = 0; i < s->nfailures; i++)
         fprintf(f, "%s\n    {\"kind\": \"%s\", \"offset\": %" PRIu64
                    ", \"length\": %" PRIu64 ", \"errno\": %d}",
-                i ? "," : "", kind[s->failures[i].kind], s->failures[i].off,
-                s->failures[i].len, s->failures[i].err);
-    fputs(s->nfailures ? "\n  ]\n" : "]\n", f);
+                i ? "," : "", kind_name(s->failures[i].kind),
+                s->failures[i].off, s->failures[i].len, s->failures[i].err);
+    fputs(s->nfailures ? "\n  ],\n" : "],\n", f);
+}
+
+static void put_requests(FILE *f, const struct pool_stats *s,
+                         const struct nbdx_stats *n)
+{
+    fprintf(f, "  \"nbd_requests\": {\"read\": %" PRIu64 ", \"write\": %" PRIu64
+               ", \"zero\": %" PRIu64 ", \"flush\": %" PRIu64
+               ", \"block_status\": %" PRIu64 "},\n",
+            n->ops[NBDX_OP_READ], n->ops[NBDX_OP_WRITE], n->ops[NBDX_OP_ZERO],
+            n->ops[NBDX_OP_FLUSH], n->ops[NBDX_OP_BLOCK_STATUS]);
+    fprintf(f, "  \"requests_completed\": {\"write\": %" PRIu64
+               ", \"zero\": %" PRIu64 ", \"flush\": %" PRIu64
+               ", \"read\": %" PRIu64 "},\n",
+            s->requests[POOL_WRITE], s->requests[POOL_ZERO],
+            s->requests[POOL_FLUSH], s->requests[POOL_READ]);
+}
+
+static void put_server(FILE *f, const struct nbdx_info *info)
+{
+    fprintf(f, "  \"connections\": %u,\n", info->connections);
+    fprintf(f, "  \"server\": {\"tcp\": %s, \"can_zero\": %s, "
+               "\"can_fast_zero\": %s, \"can_multi_conn\": %s, "
+               "\"can_extents\": %s, \"block_max\": %" PRIu32 "},\n",
+            info->tcp ? "true" : "false", info->can_zero ? "true" : "false",
+            info->can_fast_zero ? "true" : "false",
+            info->can_multi_conn ? "true" : "false",
+            info->can_extents ? "true" : "false", info->block_max);
+}
+
+static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
+                         double uptime)
+{
+    struct progress_info pi;
+
+    progress_get(fs->progress, &pi);
+    fprintf(f, "  \"throughput\": {\"last_1s\": %.0f, \"last_5s\": %.0f, "
+               "\"last_10s\": %.0f, \"average\": %.0f},\n",
+            pi.rate_1s, pi.rate_5s, pi.rate_10s,
+            uptime > 0 ? (double) s->bytes_acked / uptime : 0.0);
+    fprintf(f, "  \"progress\": {\"done\": %" PRIu64 ", \"total\": %" PRIu64
+               ", \"total_from\": \"%s\", \"percent\": %.1f, "
+               "\"frontier\": %" PRIu64 ", \"settled\": %s, "
+               "\"eta_s\": %.1f},\n",
+            pi.done, pi.total, progress_total_name(pi.total_from),
+            pi.percent, pi.frontier, pi.settled ? "true" : "false", pi.eta_s);
+}
+
+/* The digest describes what was written through the file; once an NBD
+ * write failed the disk may differ, so no value is shown then. */
+static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
+                       uint64_t apparent)
+{
+    struct digest_info di;
+    char reason[160];
+
+    digest_get(fs->digest, apparent, &di);
+    const char *state = digest_state_name(di.state);
+    snprintf(reason, sizeof reason, "%s", di.reason);
+    if (s->nfailures && di.state != DIGEST_DISABLED) {
+        state = "write-failed";
+        snprintf(reason, sizeof reason, "an NBD request failed: the disk "
+                 "may not hold what was written");
+        di.hex[0] = '\0';
+    }
+    fprintf(f, "  \"digest\": {\"algorithm\": \"%s\", \"state\": \"%s\", "
+               "\"covered\": %" PRIu64 ", \"size\": %" PRIu64
+               ", \"queued_bytes\": %" PRIu64,
+            di.algorithm, state, di.covered, apparent, di.queued);
+    if (di.hex[0])
+        fprintf(f, ", \"value\": \"%s\"", di.hex);
+    if (reason[0]) {
+        fputs(", \"reason\": ", f);
+        put_string(f, reason);
+    }
+    fputs("}\n", f);
 }
 
 char *fs_status_json(struct fs *fs, size_t *len)
@@ -42,15 +145,19 @@ char *fs_status_json(struct fs *fs, size_t *len)
     pthread_mutex_lock(&fs->lock);
     uint64_t apparent = fs->apparent_size;
     pthread_mutex_unlock(&fs->lock);
+    double uptime = elapsed_s(&fs->started);
 
     fprintf(f, "{\n");
     fprintf(f, "  \"export_size\": %" PRIu64 ",\n", fs->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
-    fprintf(f, "  \"uptime_s\": %.3f,\n", elapsed_s(&fs->started));
-    fprintf(f, "  \"connections\": %u,\n", info->connections);
+    fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
+    put_server(f, info);
     fprintf(f, "  \"request_size\": %zu,\n", s.request_size);
     fprintf(f, "  \"bytes_written\": %" PRIu64 ",\n", s.bytes_written);
     fprintf(f, "  \"bytes_acknowledged\": %" PRIu64 ",\n", s.bytes_acked);
+    fprintf(f, "  \"bytes_unacknowledged\": %" PRIu64 ",\n",
+            s.bytes_written > s.bytes_acked ? s.bytes_written - s.bytes_acked
+                                            : 0);
     fprintf(f, "  \"bytes_zeroed\": %" PRIu64 ",\n", s.bytes_zeroed);
     fprintf(f, "  \"bytes_zero_skipped\": %" PRIu64 ",\n",
             s.bytes_zero_skipped);
@@ -63,13 +170,11 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
-    fprintf(f, "  \"nbd_requests\": {\"read\": %" PRIu64 ", \"write\": %" PRIu64
-               ", \"zero\": %" PRIu64 ", \"flush\": %" PRIu64
-               ", \"block_status\": %" PRIu64 "},\n",
-            n.ops[NBDX_OP_READ], n.ops[NBDX_OP_WRITE], n.ops[NBDX_OP_ZERO],
-            n.ops[NBDX_OP_FLUSH], n.ops[NBDX_OP_BLOCK_STATUS]);
+    put_requests(f, &s, &n);
     fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors);
     put_failures(f, &s);
+    put_progress(f, fs, &s, uptime);
+    put_digest(f, fs, &s, apparent);
     fprintf(f, "}\n");
     if (fclose(f) != 0) {
         free(buf);

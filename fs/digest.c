@@ -1,0 +1,442 @@
+/* fs/digest.c: the inline sha256 of one forward pass over the raw file.
+ *
+ * THREAD MODEL
+ * FUSE worker threads call digest_write/zero/truncate/close after the pool
+ * accepted the operation; digest_get() runs on whichever thread opens the
+ * status file.  They only check the pass and queue work: a data item is a
+ * copy of the written bytes, a zero item (a gap, a punched hole, the tail
+ * up to the size at close) is a length.  One digest thread hashes the
+ * queue in order with OpenSSL EVP.  d->lock protects everything in struct
+ * digest except the EVP context, which only the digest thread touches; no
+ * lock is held while hashing.  Writers never wait for the thread: when the
+ * queued payload would exceed queue_limit the digest is abandoned.
+ *
+ * THE PASS
+ * A pass starts at a truncate to 0 (O_TRUNC).  pos is where the pass has
+ * got to: [0, pos) is queued or hashed.  zero_beyond says every byte at or
+ * beyond pos reads as zero (true after a truncate to 0 or to pos), so a
+ * write beyond pos hashes the gap as zeros, and a close hashes zeros up to
+ * the file's size.  Anything that changes bytes below pos (a write or
+ * punch before it, a truncate below it) ends the pass: the status says
+ * "not-a-forward-pass" and never shows a value.  Without zero_beyond a
+ * gap holds old data, so it ends the pass too.
+ *
+ * XXX Writes of one single-threaded tool arrive in order (the kernel sends
+ * a direct-I/O write() as sequential requests).  Tools writing from
+ * several threads at once (qemu-img convert -W) may be reported as
+ * not-a-forward-pass.  Fix: hold writes beyond pos for a short reorder
+ * window before deciding the gap is a hole.
+ */
+#include "fs/digest.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
+#define ZERO_BUF (1u << 20)
+
+struct item {
+    struct item *next;
+    uint64_t len;
+    char *data;                   /* NULL: len zero bytes */
+};
+
+struct digest {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;          /* work queued, or stopping */
+    pthread_t thread;
+    bool stopping;
+
+    enum digest_state state;      /* IDLE, COMPUTING, NOT_FORWARD, ABANDONED */
+    bool closed;                  /* a close came after the last change */
+    bool zero_beyond;
+    uint64_t gen;                 /* bumped when a pass starts or ends */
+    uint64_t pos;
+    char reason[120];
+
+    struct item *head, *tail;
+    size_t queued, limit;         /* payload bytes */
+
+    uint64_t hashed;              /* of this gen, by the thread */
+    uint64_t hex_len, hex_gen;    /* what hex covers */
+    char hex[65];
+};
+
+static const char zeros[ZERO_BUF];
+
+const char *digest_state_name(enum digest_state s)
+{
+    static const char *names[] = {
+        [DIGEST_DISABLED] = "disabled",
+        [DIGEST_IDLE] = "idle",
+        [DIGEST_COMPUTING] = "computing",
+        [DIGEST_COMPLETE] = "complete",
+        [DIGEST_INCOMPLETE] = "incomplete",
+        [DIGEST_NOT_FORWARD] = "not-a-forward-pass",
+        [DIGEST_ABANDONED] = "abandoned",
+    };
+    return names[s];
+}
+
+/* ---- queue (d->lock held) -------------------------------------------- */
+
+static void free_queue_locked(struct digest *d)
+{
+    while (d->head) {
+        struct item *it = d->head;
+        d->head = it->next;
+        free(it->data);
+        free(it);
+    }
+    d->tail = NULL;
+    d->queued = 0;
+}
+
+static bool active_locked(const struct digest *d)
+{
+    return d->state == DIGEST_IDLE || d->state == DIGEST_COMPUTING;
+}
+
+/* End the pass: no value will be shown until the next truncate to 0. */
+static void fail_locked(struct digest *d, enum digest_state state,
+                        const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_locked(struct digest *d, enum digest_state state,
+                        const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(d->reason, sizeof d->reason, fmt, ap);
+    va_end(ap);
+    d->state = state;
+    d->gen++;                     /* the thread drops what it is hashing */
+    free_queue_locked(d);
+    log_info("inline digest: %s: %s", digest_state_name(state), d->reason);
+}
+
+static void push_locked(struct digest *d, struct item *it)
+{
+    if (d->tail)
+        d->tail->next = it;
+    else
+        d->head = it;
+    d->tail = it;
+    pthread_cond_signal(&d->cond);
+}
+
+/* Queue len zero bytes (len may be 0: it starts the thread's context). */
+static void push_zero_locked(struct digest *d, uint64_t len)
+{
+    struct item *it = calloc(1, sizeof *it);
+    if (!it) {
+        fail_locked(d, DIGEST_ABANDONED, "out of memory");
+        return;
+    }
+    it->len = len;
+    push_locked(d, it);
+    d->pos += len;
+}
+
+static void push_data_locked(struct digest *d, const void *buf, size_t len)
+{
+    if (d->queued + len > d->limit) {
+        fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
+                    "(%zu bytes waiting)", d->queued);
+        return;
+    }
+    struct item *it = calloc(1, sizeof *it);
+    char *copy = malloc(len ? len : 1);
+    if (!it || !copy) {
+        free(it);
+        free(copy);
+        fail_locked(d, DIGEST_ABANDONED, "out of memory");
+        return;
+    }
+    memcpy(copy, buf, len);
+    it->data = copy;
+    it->len = len;
+    d->queued += len;
+    push_locked(d, it);
+    d->pos += len;
+}
+
+/* ---- the digest thread ----------------------------------------------- */
+
+/* Take the next piece of work: a whole data item, or up to ZERO_SLICE of
+ * a zero item.  Returns false when stopping. */
+static bool take_locked(struct digest *d, struct item *out)
+{
+    while (!d->head && !d->stopping)
+        pthread_cond_wait(&d->cond, &d->lock);
+    if (d->stopping)
+        return false;
+    struct item *it = d->head;
+    if (!it->data && it->len > ZERO_SLICE) {
+        *out = (struct item) { .len = ZERO_SLICE };
+        it->len -= ZERO_SLICE;
+        return true;
+    }
+    *out = *it;
+    d->head = it->next;
+    if (!d->head)
+        d->tail = NULL;
+    d->queued -= it->data ? it->len : 0;
+    free(it);
+    return true;
+}
+
+static bool hash_piece(EVP_MD_CTX *ctx, const struct item *it)
+{
+    if (it->data)
+        return EVP_DigestUpdate(ctx, it->data, it->len) == 1;
+    for (uint64_t left = it->len; left > 0;) {
+        size_t n = left < ZERO_BUF ? (size_t) left : ZERO_BUF;
+        if (EVP_DigestUpdate(ctx, zeros, n) != 1)
+            return false;
+        left -= n;
+    }
+    return true;
+}
+
+/* The digest of what is hashed so far, without ending the context. */
+static bool snapshot_hex(EVP_MD_CTX *ctx, char hex[65])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned n = 0;
+    EVP_MD_CTX *copy = EVP_MD_CTX_new();
+    bool ok = copy && EVP_MD_CTX_copy_ex(copy, ctx) == 1 &&
+              EVP_DigestFinal_ex(copy, md, &n) == 1 && n == 32;
+
+    EVP_MD_CTX_free(copy);
+    for (unsigned i = 0; ok && i < n; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return ok;
+}
+
+static void *digest_thread(void *arg)
+{
+    struct digest *d = arg;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    uint64_t ctx_gen = UINT64_MAX;
+    struct item it;
+
+    pthread_mutex_lock(&d->lock);
+    while (take_locked(d, &it)) {
+        uint64_t gen = d->gen;
+        bool fresh = gen != ctx_gen;
+        pthread_mutex_unlock(&d->lock);
+
+        bool ok = ctx && (!fresh ||
+                          EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) &&
+                  hash_piece(ctx, &it);
+        char hex[65] = "";
+        /* Cheap (one block), so done whenever the queue may be empty. */
+        if (ok)
+            ok = snapshot_hex(ctx, hex);
+        free(it.data);
+        ctx_gen = ok ? gen : UINT64_MAX;
+
+        pthread_mutex_lock(&d->lock);
+        if (gen != d->gen)
+            continue;             /* the pass restarted or ended meanwhile */
+        if (!ok) {
+            fail_locked(d, DIGEST_ABANDONED, "OpenSSL sha256 failed");
+            continue;
+        }
+        d->hashed += it.len;
+        memcpy(d->hex, hex, sizeof hex);
+        d->hex_len = d->hashed;
+        d->hex_gen = gen;
+    }
+    pthread_mutex_unlock(&d->lock);
+    EVP_MD_CTX_free(ctx);
+    return NULL;
+}
+
+/* ---- the pass -------------------------------------------------------- */
+
+static void start_pass_locked(struct digest *d)
+{
+    free_queue_locked(d);
+    d->gen++;
+    d->state = DIGEST_COMPUTING;
+    d->pos = d->hashed = 0;
+    d->zero_beyond = true;
+    d->closed = false;
+    d->reason[0] = '\0';
+    push_zero_locked(d, 0);       /* so an empty pass has a digest too */
+}
+
+void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (size == 0)
+        start_pass_locked(d);
+    else if (!active_locked(d) || size == old)
+        ;
+    else if (size < d->pos)
+        fail_locked(d, DIGEST_NOT_FORWARD, "truncate to %" PRIu64
+                    " cut bytes already hashed (position %" PRIu64 ")",
+                    size, d->pos);
+    else {
+        if (size == d->pos)
+            d->zero_beyond = true;
+        d->closed = false;
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* A change at off: may the pass go on to off?  Queues the gap. */
+static bool advance_to_locked(struct digest *d, uint64_t off,
+                              const char *what)
+{
+    if (!active_locked(d))
+        return false;
+    if (off < d->pos) {
+        fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64
+                    " is before the position %" PRIu64, what, off, d->pos);
+        return false;
+    }
+    if (off > d->pos && !d->zero_beyond) {
+        fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64 " skips "
+                    "bytes from %" PRIu64 " that hold older data (no "
+                    "truncate to 0 started this pass)", what, off, d->pos);
+        return false;
+    }
+    if (d->state == DIGEST_IDLE) {
+        d->state = DIGEST_COMPUTING;
+        push_zero_locked(d, 0);
+    }
+    if (off > d->pos)
+        push_zero_locked(d, off - d->pos);
+    d->closed = false;
+    return d->state == DIGEST_COMPUTING;
+}
+
+void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
+{
+    if (!d || len == 0)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (advance_to_locked(d, off, "write"))
+        push_data_locked(d, buf, len);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_zero(struct digest *d, uint64_t off, uint64_t len,
+                 uint64_t apparent)
+{
+    if (!d || len == 0)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (d->zero_beyond) {
+        /* Beyond pos is zero already: only zeroing below it matters. */
+        if (active_locked(d) && off < d->pos)
+            advance_to_locked(d, off, "zeroing");
+    } else if (off <= d->pos && advance_to_locked(d, off, "zeroing")) {
+        uint64_t end = off + len < apparent ? off + len : apparent;
+        if (end > d->pos)
+            push_zero_locked(d, end - d->pos);
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_close(struct digest *d, uint64_t apparent)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (d->state == DIGEST_COMPUTING) {
+        if (d->zero_beyond && d->pos < apparent)
+            push_zero_locked(d, apparent - d->pos);
+        d->closed = true;
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_foreign(struct digest *d, const char *what)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (d->state != DIGEST_NOT_FORWARD)
+        fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written through %s",
+                    what);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->algorithm = "sha256";
+    if (!d) {
+        out->state = DIGEST_DISABLED;
+        return;
+    }
+    pthread_mutex_lock(&d->lock);
+    out->state = d->state;
+    out->covered = d->state == DIGEST_COMPUTING ? d->hashed : 0;
+    out->position = d->pos;
+    out->queued = d->queued;
+    snprintf(out->reason, sizeof out->reason, "%s", d->reason);
+    bool done = d->state == DIGEST_COMPUTING && d->closed && !d->head &&
+                d->hex_gen == d->gen && d->hex_len == d->pos;
+    if (done && d->pos == apparent) {
+        out->state = DIGEST_COMPLETE;
+        memcpy(out->hex, d->hex, sizeof out->hex);
+    } else if (done && d->pos < apparent) {
+        out->state = DIGEST_INCOMPLETE;
+        snprintf(out->reason, sizeof out->reason, "this pass wrote bytes 0 "
+                 "to %" PRIu64 "; the rest of the file holds older data",
+                 d->pos);
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- life ------------------------------------------------------------ */
+
+int digest_create(size_t queue_limit, struct digest **out)
+{
+    struct digest *d = calloc(1, sizeof *d);
+    if (!d)
+        return -ENOMEM;
+    d->limit = queue_limit;
+    d->state = DIGEST_IDLE;
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->cond, NULL);
+    int r = pthread_create(&d->thread, NULL, digest_thread, d);
+    if (r) {
+        pthread_mutex_destroy(&d->lock);
+        pthread_cond_destroy(&d->cond);
+        free(d);
+        return -r;
+    }
+    *out = d;
+    return 0;
+}
+
+void digest_destroy(struct digest *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    d->stopping = true;
+    pthread_cond_signal(&d->cond);
+    pthread_mutex_unlock(&d->lock);
+    pthread_join(d->thread, NULL);
+    free_queue_locked(d);
+    pthread_mutex_destroy(&d->lock);
+    pthread_cond_destroy(&d->cond);
+    free(d);
+}

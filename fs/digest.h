@@ -1,0 +1,63 @@
+/* fs/digest.h: the inline digest — a running sha256 of the raw file while
+ * one forward pass (cp, dd, cat) writes it, so `sha256sum source` can be
+ * compared without reading the disk back.
+ *
+ * ops.c reports what happens to the raw file's content; the digest
+ * decides whether it is still one forward pass and hashes on its own
+ * thread.  Every function accepts d == NULL (--no-digest) and does
+ * nothing.  None of them blocks on hashing.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct digest;
+
+enum digest_state {
+    DIGEST_DISABLED,          /* --no-digest */
+    DIGEST_IDLE,              /* nothing written since the mount */
+    DIGEST_COMPUTING,         /* a forward pass is being written/hashed */
+    DIGEST_COMPLETE,          /* closed, hashed, covers the whole file */
+    DIGEST_INCOMPLETE,        /* closed, but covers only a prefix: the
+                               * rest holds data this pass did not write */
+    DIGEST_NOT_FORWARD,       /* writes were not one forward pass */
+    DIGEST_ABANDONED,         /* hashing fell too far behind the writes */
+};
+
+struct digest_info {
+    enum digest_state state;
+    const char *algorithm;    /* "sha256" */
+    uint64_t covered;         /* bytes hashed so far, from offset 0 */
+    uint64_t position;        /* bytes accepted (hashed or queued) */
+    uint64_t queued;          /* payload bytes waiting for the thread */
+    char hex[65];             /* "" unless state == DIGEST_COMPLETE */
+    char reason[120];         /* NOT_FORWARD, ABANDONED, INCOMPLETE: why */
+};
+
+/* queue_limit: payload bytes that may wait for hashing before the digest
+ * is abandoned (writers never wait for it).  Starts the digest thread. */
+int  digest_create(size_t queue_limit, struct digest **out);
+/* Stops the thread (abandoning queued work) and frees. */
+void digest_destroy(struct digest *d);
+
+/* The raw file was truncated to size; old is the size before.  Size 0
+ * starts a new pass. */
+void digest_truncate(struct digest *d, uint64_t size, uint64_t old);
+/* buf[0..len) was written at off (and accepted by the pool).  Copies. */
+void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len);
+/* [off, off+len) now reads as zero (punch hole, zero range); apparent is
+ * the file's size afterwards. */
+void digest_zero(struct digest *d, uint64_t off, uint64_t len,
+                 uint64_t apparent);
+/* The raw file was closed (FUSE flush) at this apparent size: the pass
+ * covers the file up to it. */
+void digest_close(struct digest *d, uint64_t apparent);
+
+/* The disk was changed another way (through the VHD view): the raw
+ * file's pass, if any, is over.  what names it for the status. */
+void digest_foreign(struct digest *d, const char *what);
+
+/* What the status shows.  apparent: the raw file's size now. */
+void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out);
+const char *digest_state_name(enum digest_state s);

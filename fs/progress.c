@@ -1,0 +1,362 @@
+/* fs/progress.c: the copy pass's frontier, throughput samples, and the
+ * --progress bar and "N/100" lines.  The definition is in progress.h.
+ *
+ * THREAD MODEL
+ * FUSE worker threads call progress_truncate/write/zero/close; the status
+ * calls progress_get() from whichever thread opens it; one progress
+ * thread samples every PROGRESS_TICK_MS and draws.  pg->lock protects
+ * the pass and the ring of samples; it is taken after (never around)
+ * pool_get_stats() and fs->lock, and never held while writing to stderr
+ * or the progress fd.
+ *
+ * 100% only after the last reply: progress_get() reads the frontier
+ * first and the pool's counters after, in one consistent snapshot of the
+ * pool, so a write counted in the frontier is counted as written too:
+ * the mixed snapshot can only undercount.
+ */
+#include "fs/progress.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs/fs.h"
+
+#define NSAMPLES 64               /* 16 s of samples at 250 ms */
+#define BAR_WIDTH 24
+
+struct sample {
+    double t;                     /* CLOCK_MONOTONIC seconds */
+    uint64_t acked, done;
+};
+
+struct progress {
+    struct fs *fs;
+    struct progress_config cfg;
+    pthread_t thread;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;          /* stopping */
+    bool stopping;
+    uint64_t frontier;            /* of this pass */
+    uint64_t truncated;           /* last non-zero truncate size, or 0 */
+    uint64_t closed;              /* size at close, 0 after a change */
+    struct sample ring[NSAMPLES];
+    unsigned nsamples, next;
+
+    int last_line;                /* last percent written to cfg.fd */
+    size_t bar_len;               /* last bar's width, to clear it */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+const char *progress_total_name(enum progress_total t)
+{
+    static const char *names[] = {
+        [PROGRESS_TOTAL_EXPECTED] = "expected-size",
+        [PROGRESS_TOTAL_CLOSE] = "close",
+        [PROGRESS_TOTAL_TRUNCATE] = "truncate",
+        [PROGRESS_TOTAL_EXPORT] = "export-size",
+    };
+    return names[t];
+}
+
+/* ---- events from ops.c ----------------------------------------------- */
+
+void progress_truncate(struct progress *pg, uint64_t size)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    if (size == 0)                /* a new pass */
+        pg->frontier = 0;
+    pg->truncated = size;
+    pg->closed = 0;
+    pthread_mutex_unlock(&pg->lock);
+}
+
+static void advance(struct progress *pg, uint64_t end)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    if (end > pg->frontier)
+        pg->frontier = end;
+    pg->closed = 0;
+    pthread_mutex_unlock(&pg->lock);
+}
+
+void progress_write(struct progress *pg, uint64_t off, uint64_t len)
+{
+    advance(pg, off + len);
+}
+
+void progress_zero(struct progress *pg, uint64_t off, uint64_t len)
+{
+    advance(pg, off + len);
+}
+
+/* After the drain: the bytes up to the file's size are all passed. */
+void progress_close(struct progress *pg, uint64_t apparent)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    if (apparent > pg->frontier)
+        pg->frontier = apparent;
+    pg->closed = apparent;
+    pthread_mutex_unlock(&pg->lock);
+}
+
+/* ---- the numbers ----------------------------------------------------- */
+
+/* Rate of a sample field over the last secs (locked). */
+static double rate_locked(const struct progress *pg, double secs, bool done)
+{
+    if (pg->nsamples < 2)
+        return 0;
+    const struct sample *last = &pg->ring[(pg->next + NSAMPLES - 1) % NSAMPLES];
+    const struct sample *first = last;
+    for (unsigned i = 2; i <= pg->nsamples; i++) {
+        const struct sample *s = &pg->ring[(pg->next + NSAMPLES - i) % NSAMPLES];
+        if (last->t - s->t > secs + 1e-3)
+            break;
+        first = s;
+    }
+    double dt = last->t - first->t;
+    if (dt <= 0)
+        return 0;
+    uint64_t a = done ? first->done : first->acked;
+    uint64_t b = done ? last->done : last->acked;
+    return b >= a ? (double) (b - a) / dt : 0;
+}
+
+static void total_locked(const struct progress *pg, uint64_t export_size,
+                         struct progress_info *out)
+{
+    if (pg->cfg.expected_size) {
+        out->total = pg->cfg.expected_size;
+        out->total_from = PROGRESS_TOTAL_EXPECTED;
+    } else if (pg->closed) {
+        out->total = pg->closed;
+        out->total_from = PROGRESS_TOTAL_CLOSE;
+    } else if (pg->truncated) {
+        out->total = pg->truncated;
+        out->total_from = PROGRESS_TOTAL_TRUNCATE;
+    } else {
+        out->total = export_size;
+        out->total_from = PROGRESS_TOTAL_EXPORT;
+    }
+}
+
+void progress_get(struct progress *pg, struct progress_info *out)
+{
+    struct pool_stats s;
+
+    memset(out, 0, sizeof *out);
+    out->eta_s = -1;
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    out->frontier = pg->frontier;         /* first: see THREAD MODEL */
+    total_locked(pg, pg->fs->export_size, out);
+    pthread_mutex_unlock(&pg->lock);
+    pool_get_stats(pg->fs->pool, &s);
+
+    out->unacknowledged = s.bytes_written > s.bytes_acked
+                              ? s.bytes_written - s.bytes_acked : 0;
+    uint64_t reach = out->frontier < out->total ? out->frontier : out->total;
+    out->done = reach > out->unacknowledged ? reach - out->unacknowledged : 0;
+    out->settled = out->unacknowledged == 0 && s.in_flight == 0 &&
+                   s.pending_zero == 0 && s.bufs_in_use == 0;
+    out->percent = out->total ? 100.0 * (double) out->done /
+                                    (double) out->total : 100.0;
+    if (!(out->settled && out->done == out->total) && out->percent > 99.9)
+        out->percent = 99.9;
+
+    pthread_mutex_lock(&pg->lock);
+    out->rate_1s = rate_locked(pg, 1, false);
+    out->rate_5s = rate_locked(pg, 5, false);
+    out->rate_10s = rate_locked(pg, 10, false);
+    out->done_rate = rate_locked(pg, 5, true);
+    pthread_mutex_unlock(&pg->lock);
+    out->eta_s = out->done_rate > 0
+                     ? (double) (out->total - out->done) / out->done_rate
+                     : (out->done == out->total ? 0 : -1);
+}
+
+static void sample(struct progress *pg, const struct progress_info *pi)
+{
+    struct pool_stats s;
+
+    pool_get_stats(pg->fs->pool, &s);
+    pthread_mutex_lock(&pg->lock);
+    pg->ring[pg->next] = (struct sample) {
+        .t = now_s(), .acked = s.bytes_acked, .done = pi->done,
+    };
+    pg->next = (pg->next + 1) % NSAMPLES;
+    if (pg->nsamples < NSAMPLES)
+        pg->nsamples++;
+    pthread_mutex_unlock(&pg->lock);
+}
+
+/* ---- drawing --------------------------------------------------------- */
+
+static void human(char *buf, size_t n, double v)
+{
+    static const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    unsigned u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+static void write_all(int fd, const char *s, size_t len)
+{
+    while (len > 0) {
+        ssize_t r = write(fd, s, len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return;               /* nobody reading: drop the line */
+        s += r;
+        len -= (size_t) r;
+    }
+}
+
+/* "N/100\n" whenever the whole percent changes (nbdcopy --progress=FD). */
+static void draw_line(struct progress *pg, const struct progress_info *pi)
+{
+    int pct = (int) floor(pi->percent);
+    if (pct >= 100 && !(pi->settled && pi->done == pi->total))
+        pct = 99;
+    if (pct == pg->last_line)
+        return;
+    pg->last_line = pct;
+    char line[16];
+    int n = snprintf(line, sizeof line, "%d/100\n", pct);
+    write_all(pg->cfg.fd, line, (size_t) n);
+}
+
+static void draw_bar(struct progress *pg, const struct progress_info *pi,
+                     bool final)
+{
+    char done[32], total[32], rate[32], eta[32] = "ETA --:--", bar[BAR_WIDTH + 1];
+    int fill = (int) (pi->percent / 100 * BAR_WIDTH);
+
+    for (int i = 0; i < BAR_WIDTH; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[BAR_WIDTH] = '\0';
+    human(done, sizeof done, (double) pi->done);
+    human(total, sizeof total, (double) pi->total);
+    human(rate, sizeof rate, pi->rate_5s);
+    if (pi->eta_s >= 0 && pi->eta_s < 360000)
+        snprintf(eta, sizeof eta, "ETA %d:%02d:%02d", (int) pi->eta_s / 3600,
+                 (int) pi->eta_s / 60 % 60, (int) pi->eta_s % 60);
+    char line[200];
+    int n = snprintf(line, sizeof line, "\r[%5.1f%%] [%s] %s / %s%s  %s/s  %s",
+                     pi->percent, bar, done, total,
+                     pi->total_from == PROGRESS_TOTAL_EXPORT ? " (export)" : "",
+                     rate, eta);
+    size_t len = (size_t) n < sizeof line ? (size_t) n : sizeof line - 1;
+    size_t width = len;
+    while (len < pg->bar_len && len + 1 < sizeof line)
+        line[len++] = ' ';        /* clear what the last bar left */
+    pg->bar_len = width;
+    if (final && len + 1 < sizeof line)
+        line[len++] = '\n';
+    write_all(STDERR_FILENO, line, len);
+}
+
+static void tick(struct progress *pg, bool final)
+{
+    struct progress_info pi;
+
+    progress_get(pg, &pi);
+    sample(pg, &pi);
+    if (pg->cfg.fd >= 0)
+        draw_line(pg, &pi);
+    if (pg->cfg.bar)
+        draw_bar(pg, &pi, final);
+}
+
+static void *progress_thread(void *arg)
+{
+    struct progress *pg = arg;
+    struct timespec next;
+
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    pthread_mutex_lock(&pg->lock);
+    while (!pg->stopping) {
+        pthread_mutex_unlock(&pg->lock);
+        tick(pg, false);
+        next.tv_nsec += PROGRESS_TICK_MS * 1000000L;
+        if (next.tv_nsec >= 1000000000L) {
+            next.tv_sec++;
+            next.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&pg->lock);
+        while (!pg->stopping &&
+               pthread_cond_timedwait(&pg->cond, &pg->lock, &next) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return NULL;
+}
+
+/* ---- life ------------------------------------------------------------ */
+
+int progress_create(struct fs *fs, const struct progress_config *cfg,
+                    struct progress **out)
+{
+    struct progress *pg = calloc(1, sizeof *pg);
+    pthread_condattr_t ca;
+
+    if (!pg)
+        return -ENOMEM;
+    pg->fs = fs;
+    pg->cfg = *cfg;
+    pg->last_line = -1;
+    pthread_mutex_init(&pg->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pg->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    int r = pthread_create(&pg->thread, NULL, progress_thread, pg);
+    if (r) {
+        pthread_mutex_destroy(&pg->lock);
+        pthread_cond_destroy(&pg->cond);
+        free(pg);
+        return -r;
+    }
+    *out = pg;
+    return 0;
+}
+
+void progress_destroy(struct progress *pg)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    pg->stopping = true;
+    pthread_cond_signal(&pg->cond);
+    pthread_mutex_unlock(&pg->lock);
+    pthread_join(pg->thread, NULL);
+    tick(pg, true);
+    pthread_mutex_destroy(&pg->lock);
+    pthread_cond_destroy(&pg->cond);
+    free(pg);
+}

@@ -1,0 +1,65 @@
+/* fs/progress.h: how far the copy has got, counted in acknowledged bytes.
+ *
+ * The progress tracks the copy pass through the raw file (its frontier:
+ * the furthest byte written, punched or passed), samples the pool every
+ * PROGRESS_TICK_MS for the throughput shown in the status, and, when
+ * asked, draws a bar on stderr or writes "N/100" lines to a file
+ * descriptor, like nbdcopy --progress.
+ *
+ * Definition (docs/nbdferry.1, PROGRESS):
+ *   done  = min(frontier, total) - (bytes written - bytes acknowledged)
+ *   total = --expected-size, else the size the last close() left, else
+ *           the size set by a truncate to a non-zero size, else the
+ *           export size
+ * Holes the copy tool skipped count as done once the frontier passes
+ * them.  100% needs done == total and the pool settled: every written
+ * byte acknowledged, nothing in flight, no zeroing pending.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PROGRESS_TICK_MS 250
+
+struct fs;
+struct progress;
+
+struct progress_config {
+    bool bar;                 /* --progress: draw on stderr */
+    int fd;                   /* --progress=FD: "N/100" lines, or -1 */
+    uint64_t expected_size;   /* --expected-size, or 0 */
+};
+
+enum progress_total {
+    PROGRESS_TOTAL_EXPECTED,  /* --expected-size */
+    PROGRESS_TOTAL_CLOSE,     /* the file's size at the pass's close() */
+    PROGRESS_TOTAL_TRUNCATE,  /* a truncate to a non-zero size */
+    PROGRESS_TOTAL_EXPORT,    /* nothing better known */
+};
+
+struct progress_info {
+    uint64_t frontier, done, total;
+    enum progress_total total_from;
+    uint64_t unacknowledged;  /* written, not yet acknowledged */
+    bool settled;             /* see above */
+    double percent;           /* 0..100; below 100 unless settled */
+    double rate_1s, rate_5s, rate_10s;  /* acknowledged bytes per second */
+    double done_rate;         /* done bytes per second, last 5 s */
+    double eta_s;             /* < 0: unknown */
+};
+
+/* Starts the sampling thread; fs->pool must exist. */
+int  progress_create(struct fs *fs, const struct progress_config *cfg,
+                     struct progress **out);
+/* Draws the final state (after the final flush) and stops the thread. */
+void progress_destroy(struct progress *pg);
+
+/* Events of the raw file, from ops.c after the pool accepted them.  All
+ * accept pg == NULL. */
+void progress_truncate(struct progress *pg, uint64_t size);
+void progress_write(struct progress *pg, uint64_t off, uint64_t len);
+void progress_zero(struct progress *pg, uint64_t off, uint64_t len);
+void progress_close(struct progress *pg, uint64_t apparent);
+
+void progress_get(struct progress *pg, struct progress_info *out);
+const char *progress_total_name(enum progress_total t);

@@ -1,0 +1,196 @@
+"""--progress: counted in acknowledged bytes, 100% only after the last reply.
+
+--progress=FD writes "N/100" lines like nbdcopy; the test reads them with
+timestamps.  With the server paused, a writer that has handed every byte to
+the daemon sees no progress at all (nothing is acknowledged), its close()
+blocks, and no 100% line appears until the server resumes; the 100% line
+arrives only after the resume.  Sparse copies reach 100% too (holes count
+once the copy passes them and their zeroing is acknowledged).  Every case
+checks the bytes that landed."""
+
+import json
+import os
+import re
+import threading
+import time
+
+import pytest
+
+from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, PauseControl,
+                      assert_content, daemon_cmd, fill_random,
+                      make_sparse_image, random_file, run, timeout)
+
+pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
+                                reason="needs /dev/fuse and nbdkit")
+
+EXPORT = 64 * MiB
+LINE = re.compile(r"^(\d+)/100$")
+
+
+class Lines:
+    """Reads "N/100" lines from a pipe in a thread, with arrival times."""
+
+    def __init__(self, rfd):
+        self.f = os.fdopen(rfd, "r")
+        self.got = []                   # (monotonic time, percent)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        for line in self.f:
+            mo = LINE.match(line.strip())
+            assert mo, f"bad progress line {line!r}"
+            self.got.append((time.monotonic(), int(mo.group(1))))
+
+    def percents(self):
+        return [p for _, p in self.got]
+
+    def first_time(self, pct):
+        return next((t for t, p in self.got if p >= pct), None)
+
+    def wait_for(self, pct, secs):
+        deadline = time.monotonic() + timeout(secs)
+        while self.first_time(pct) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.first_time(pct)
+
+    def join(self):
+        self.t.join(timeout(10))
+        assert not self.t.is_alive(), "progress fd not closed at exit"
+
+
+def progress_mount(mount, target, *opts):
+    r, w = os.pipe()
+    try:
+        m = mount(target, f"--progress={w}", *opts, pass_fds=(w,))
+    finally:
+        os.close(w)
+    return m, Lines(r)
+
+
+def status(m):
+    return json.loads((m.mp / ".nbdferry-status").read_bytes())
+
+
+def assert_monotonic(ps):
+    assert ps == sorted(ps), f"progress went backwards: {ps}"
+
+
+def test_progress_100_only_after_last_reply(server, mount, shm, shortdir):
+    size = 16 * MiB
+    ctl = shortdir / "pause.ctl"
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(EXPORT)
+    srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
+    m, lines = progress_mount(mount, srv, "--expected-size", str(size))
+    pause = PauseControl(ctl)
+    data = os.urandom(size)
+    box = {}
+
+    pause.pause()
+    resumed = None
+    try:
+        fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+        for i in range(0, size, MiB):          # the pool takes it all
+            assert os.pwrite(fd, data[i:i + MiB], i) == MiB
+
+        def closer():
+            os.close(fd)
+            box["closed"] = time.monotonic()
+        t = threading.Thread(target=closer, daemon=True)
+        t.start()
+        time.sleep(timeout(1.5))
+        assert "closed" not in box, "close() returned with the server paused"
+        # Everything was issued, nothing acknowledged: no progress shown.
+        assert lines.percents() and max(lines.percents()) == 0, lines.got
+        st = status(m)
+        assert st["bytes_written"] == size and st["bytes_acknowledged"] == 0
+        assert st["progress"]["done"] == 0 and not st["progress"]["settled"]
+        resumed = time.monotonic()
+        pause.resume()
+        t.join(timeout(60))
+    finally:
+        if resumed is None:
+            pause.resume()
+    assert "closed" in box, "close() did not return after resume"
+    t100 = lines.wait_for(100, 10)
+    assert t100 is not None, f"no 100% line: {lines.got}"
+    assert t100 > resumed, "100% reported while the server was paused"
+    assert_monotonic(lines.percents())
+    assert status(m)["progress"]["settled"]
+    assert_content(data, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="paused copy")
+    m.unmount()
+    lines.join()
+    assert lines.percents()[-1] == 100
+
+
+def test_progress_slow_copy_lines(server, mount, shm):
+    """A copy against a slow server: lines climb, the last is 100, and no
+    100 line arrives before the writer calls close()."""
+    srv = server("memory", f"size={EXPORT}", "wdelay=60ms", filters=["delay"])
+    m, lines = progress_mount(mount, srv, "-C", "1", "--depth", "1",
+                              "--pool-size", "4M", "--request-size", "1M")
+    data = os.urandom(20 * MiB)
+    with open(m.file, "wb", buffering=0) as f:
+        f.truncate(len(data))                   # like qemu-img: size first
+        for i in range(0, len(data), MiB):
+            f.write(data[i:i + MiB])
+        t_close = time.monotonic()
+    t100 = lines.wait_for(100, 10)
+    assert t100 is not None and t100 >= t_close, lines.got
+    ps = lines.percents()
+    assert_monotonic(ps)
+    assert len(set(ps)) >= 4, f"too few steps for a slow copy: {ps}"
+    st = status(m)
+    assert st["progress"]["total_from"] in ("truncate", "close")
+    assert st["progress"]["done"] == st["progress"]["total"] == len(data)
+    assert_content(data, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=len(data), what="slow copy")
+    m.unmount()
+    lines.join()
+    assert ps[-1] == 100
+
+
+def test_progress_sparse_copy_reaches_100(server, mount, shm):
+    """cp --sparse=always never writes the holes; they count once passed
+    (and zeroed: the export is full of old data)."""
+    srv = server("memory", f"size={EXPORT}", "wdelay=10ms", filters=["delay"])
+    fill_random(srv.uri, EXPORT)
+    m, lines = progress_mount(mount, srv)
+    img = make_sparse_image(shm / "src.img", 40 * MiB + 777, runs=6, seed=5)
+    run(["cp", "--sparse=always", img.path, m.file], check=True)
+    assert lines.wait_for(100, 10) is not None, lines.got
+    p = status(m)["progress"]
+    assert p["settled"] and p["done"] == p["total"] == img.size, p
+    assert p["total_from"] == "close"
+    assert_monotonic(lines.percents())
+    assert_content(img.path, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=img.size, what="sparse cp")
+    m.unmount()
+    lines.join()
+
+
+def test_progress_bar_on_stderr(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}", "wdelay=5ms", filters=["delay"])
+    m = mount(srv, "--progress")
+    src = random_file(shm / "src.img", 12 * MiB)
+    run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "status=none"],
+        check=True)
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=12 * MiB)
+    m.unmount()
+    err = m.stderr_path.read_bytes().decode()   # keep the \r
+    assert "\r[" in err, err
+    last = err.rstrip("\n").split("\r")[-1]
+    assert last.startswith("[100.0%]") and "12.0 MiB / 12.0 MiB" in last, last
+
+
+def test_progress_bar_needs_foreground(server, shortdir):
+    srv = server("memory", f"size={EXPORT}")
+    mp = shortdir / "mnt"
+    mp.mkdir()
+    cmd = [c for c in daemon_cmd("--progress", mp, srv.uri)]
+    r = run(cmd)
+    assert r.returncode == 1 and "--progress=FD" in r.stderr, r.stderr
