@@ -145,11 +145,12 @@ def preset(name, size=None, runs=None):
     """The experiments of a named preset; size/runs override the defaults."""
     if name == "quick":
         s = size or 128 * MiB
-        exps = [Experiment("first", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2],
-                           runs=1)]
+        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
+                           [0, 2], runs=1)]
     elif name == "first":
         s = size or GiB
-        exps = [Experiment("first", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2])]
+        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
+                           [0, 2])]
     elif name == "full":
         exps = full_preset(size)
     else:
@@ -165,7 +166,7 @@ def full_preset(size=None):
     sweep = size or 256 * MiB
     return [
         # Issue 2 item 7: the headline cells, 1 GiB over a Unix socket.
-        Experiment("first", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
+        Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
         # Issue 6: every arm across latencies over TCP.  256 MiB keeps the
         # serial arms (one request in flight) under ~30 s a run at 10 ms.
         Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],

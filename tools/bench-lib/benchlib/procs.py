@@ -94,6 +94,14 @@ def proc_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def system_busy_seconds():
+    """CPU seconds all CPUs have spent not idle since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)       # idle + iowait
+    return (sum(v[:8]) - idle) / CLK_TCK            # guest is inside user
+
+
 def wait_for_file(path, p, timeout, what):
     """Wait until 'path' is non-empty; fail early if p exits."""
     end = time.monotonic() + timeout

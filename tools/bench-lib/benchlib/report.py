@@ -75,9 +75,13 @@ def machine(nbdferry):
     except OSError:
         pass
     ferry = _first_line([nbdferry, "--version"]) if nbdferry else "not built"
-    rev = _first_line(["git", "-C", os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-        "rev-parse", "--short", "HEAD"])
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    rev = _first_line(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
+    dirty = _lines(["git", "-C", repo, "status", "--porcelain", "--",
+                    "fs", "transport", "common"])
+    if dirty:
+        rev += f"; {len(dirty)} uncommitted file(s) in fs/ transport/ common/"
     return [
         ("CPU", f"{os.cpu_count()} x {model}"),
         ("memory", mem),
@@ -116,8 +120,13 @@ def cell_summary(runs):
         return statistics.median(v) if v else None
 
     for k in ("seconds", "cpu_client", "cpu_daemon", "cpu_server",
-              "umount_seconds"):
+              "umount_seconds", "foreign_cpu"):
         s[k] = med(k)
+    for k in ("writer_wait_s", "nothing_in_flight_s", "in_flight_peak"):
+        v = [r["daemon_status"][k] for r in ok
+             if k in r.get("daemon_status", {})]
+        if v:
+            s[k] = statistics.median(v)
     for op in ("write", "zero", "trim", "flush"):
         ops = [r["stats"].get(op, {}).get("ops", 0) for r in ok if r["stats"]]
         byt = [r["stats"].get(op, {}).get("bytes", 0) for r in ok if r["stats"]]
@@ -186,7 +195,10 @@ def method(meta):
         "read back from the server (`nbdcopy URI -`, or the backing file "
         "of the file plugin), must equal the source's.  CPU seconds: client "
         "and daemon from wait4() rusage, server from /proc/PID/stat before "
-        "the read-back.  NBD requests are counted by nbdkit's stats filter.",
+        "the read-back; 'rest of machine' is every CPU second the machine "
+        "spent busy during the copy minus those of client, daemon and server "
+        "(other users, kernel threads): the noise gauge.  NBD requests are "
+        "counted by nbdkit's stats filter.",
         "",
         f"Delay: {meta['delay_note']}",
         "",
@@ -283,9 +295,12 @@ def detail_table(exp, g, source, server, lats, arms):
     out = ["<details><summary>Details: seconds, CPU, NBD requests "
            "(medians)</summary>", "",
            "| delay | arm | runs ok | s | CPU s client / daemon / server "
-           "| unmount s | NBD writes | mean write KiB | zeroes | flushes |",
+           "/ rest of machine "
+           "| unmount s | NBD writes | mean write KiB | zeroes | flushes "
+           "| daemon: writers waiting s / nothing in flight s / peak in "
+           "flight |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-           "| ---: |"]
+           "| ---: | ---: |"]
     for l in lats:
         for a in arms:
             runs = g.get((exp["name"], source, server, l, a))
@@ -293,26 +308,37 @@ def detail_table(exp, g, source, server, lats, arms):
                 continue
             s = cell_summary(runs)
             cpu = " / ".join(fmt(s.get(k), ".2f") for k in
-                             ("cpu_client", "cpu_daemon", "cpu_server"))
+                             ("cpu_client", "cpu_daemon", "cpu_server",
+                              "foreign_cpu"))
             out.append(
                 f"| {lat_label(l)} | {s['label']} | {s['ok']}/{s['n']} | "
                 f"{fmt(s.get('seconds'), '.2f')} | {cpu} | "
                 f"{fmt(s.get('umount_seconds'), '.2f')} | "
                 f"{fmt(s.get('write_ops'), '.0f')} | {mean_kib(s, 'write')} | "
                 f"{fmt(s.get('zero_ops'), '.0f')} | "
-                f"{fmt(s.get('flush_ops'), '.0f')} |")
+                f"{fmt(s.get('flush_ops'), '.0f')} | {daemon_cols(s)} |")
     return out + ["", "</details>", ""]
+
+
+def daemon_cols(s):
+    if "writer_wait_s" not in s:
+        return "–"
+    return (f"{fmt(s.get('writer_wait_s'), '.2f')} / "
+            f"{fmt(s.get('nothing_in_flight_s'), '.2f')} / "
+            f"{fmt(s.get('in_flight_peak'), '.0f')}")
 
 
 def raw_runs(results):
     out = ["<details><summary>Every run, in the order run</summary>", "",
            "| # | experiment | source | server | delay | arm | run | MiB/s "
-           "| s | verified |",
-           "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+           "| s | CPU s burnt meanwhile by the rest of the machine | verified |",
+           "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: "
+           "| --- |"]
     for i, r in enumerate(results, 1):
         out.append(f"| {i} | {r['exp']} | {r['source']} | {r['server']} | "
                    f"{lat_label(r['latency'])} | {r['label']} | {r['run']} | "
                    f"{fmt(r['mibs'], '.1f')} | {fmt(r['seconds'], '.2f')} | "
+                   f"{fmt(r.get('foreign_cpu'), '.2f')} | "
                    f"{'yes' if r['verified'] else 'NO: ' + r['error']} |")
     return out + ["", "</details>", ""]
 
@@ -346,6 +372,8 @@ def write(path, text, title="# Benchmarks\n\n"):
         head = old[:old.index(BEGIN)]
         tail = old[old.index(END) + len(END):].lstrip("\n")
         new = head + text + ("\n" + tail if tail else "")
+    elif old.strip():
+        new = old.rstrip("\n") + "\n\n" + text       # keep others' text
     else:
         new = title + text
     tmp = path + ".tmp"

@@ -11,6 +11,7 @@ whole life, unmount included); server from /proc/PID/stat after the copy and
 before the verification read-back.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -122,6 +123,21 @@ def start_daemon(env, arm, mnt, uri, d):
     return p, argv
 
 
+STATUS_FILES = {"nbdferry": ".nbdferry-status"}
+
+
+def read_status(mnt, arm):
+    """The daemon's own status (JSON) after the copy, if it has one."""
+    name = STATUS_FILES.get(arm.daemon)
+    if not name:
+        return {}
+    try:
+        with open(os.path.join(mnt, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def verify(uri, backing):
     """sha256 of the whole export, read back from the server itself."""
     if backing:
@@ -164,15 +180,27 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         argv = [a.format(**subst) for a in arm.client]
         res["argv"] = argv
         clog = os.path.join(d, "client.log")
+        busy0 = procs.system_busy_seconds()
+        srv0 = procs.proc_cpu_seconds(server.pid) or 0
+        dmn0 = procs.proc_cpu_seconds(daemon.pid) if daemon else 0
         t0 = time.monotonic()
         client = procs.spawn(argv, log=clog)
         rc, ru = procs.wait4(client, env.timeout)
         res["seconds"] = time.monotonic() - t0
+        busy = procs.system_busy_seconds() - busy0
+        ours = (procs.cpu_seconds(ru) or 0) + \
+            ((procs.proc_cpu_seconds(server.pid) or 0) - srv0) + \
+            (((procs.proc_cpu_seconds(daemon.pid) or 0) - (dmn0 or 0))
+             if daemon else 0)
+        # Noise: CPU that other processes on the machine burnt meanwhile.
+        res["foreign_cpu"] = max(0.0, busy - ours)
+        res["ncpu"] = os.cpu_count()
         res["mibs"] = src.size / (1 << 20) / res["seconds"]
         res["cpu_client"] = procs.cpu_seconds(ru)
         if rc != 0:
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
         if daemon:
+            res["daemon_status"] = read_status(mnt, arm)
             t1 = time.monotonic()
             urc, uerr = procs.unmount(mnt)
             if urc != 0:
