@@ -273,6 +273,142 @@ def server(shortdir):
         srv.stop()
 
 
+# A RAM disk whose writes and zeroes each sleep a random time (0..maxdelay
+# microseconds) before they apply, with many requests served in parallel:
+# requests in flight together complete in random order.  A daemon that lets
+# two overlapping requests be in flight at once loses the newer bytes here,
+# where the fixed delay filter would usually keep them in order.
+JITTER_PLUGIN_C = r"""
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static int64_t size = 64 << 20;
+static long maxdelay = 20000;                     /* microseconds */
+static char *disk;
+static const char *init;                          /* initial contents */
+static __thread unsigned seed;
+
+static int j_config(const char *key, const char *value)
+{
+  if (strcmp(key, "size") == 0) {
+    size = nbdkit_parse_size(value);
+    return size < 0 ? -1 : 0;
+  }
+  if (strcmp(key, "maxdelay") == 0) {
+    maxdelay = atol(value);
+    return 0;
+  }
+  if (strcmp(key, "init") == 0) {
+    init = value;
+    return 0;
+  }
+  nbdkit_error("unknown parameter %s", key);
+  return -1;
+}
+
+static int j_get_ready(void)
+{
+  disk = calloc(1, size);
+  if (disk == NULL)
+    return -1;
+  if (init) {
+    FILE *f = fopen(init, "rb");
+    if (f == NULL) {
+      nbdkit_error("%s: %m", init);
+      return -1;
+    }
+    size_t n = fread(disk, 1, size, f);
+    (void) n;
+    fclose(f);
+  }
+  return 0;
+}
+
+static void *j_open(int readonly) { return NBDKIT_HANDLE_NOT_NEEDED; }
+static int64_t j_get_size(void *h) { return size; }
+static int j_yes(void *h) { return 1; }
+
+static void jitter(void)
+{
+  if (seed == 0)
+    seed = (unsigned) (uintptr_t) pthread_self() ^ (unsigned) time(NULL);
+  long us = maxdelay > 0 ? rand_r(&seed) % (maxdelay + 1) : 0;
+  struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+  nanosleep(&ts, NULL);
+}
+
+static int j_pread(void *h, void *buf, uint32_t n, uint64_t off,
+                   uint32_t flags)
+{
+  memcpy(buf, disk + off, n);
+  return 0;
+}
+
+static int j_pwrite(void *h, const void *buf, uint32_t n, uint64_t off,
+                    uint32_t flags)
+{
+  jitter();
+  memcpy(disk + off, buf, n);
+  return 0;
+}
+
+static int j_zero(void *h, uint32_t n, uint64_t off, uint32_t flags)
+{
+  jitter();
+  memset(disk + off, 0, n);
+  return 0;
+}
+
+static int j_flush(void *h, uint32_t flags) { return 0; }
+
+static struct nbdkit_plugin plugin = {
+  .name = "jitter",
+  .config = j_config,
+  .get_ready = j_get_ready,
+  .open = j_open,
+  .get_size = j_get_size,
+  .can_write = j_yes,
+  .can_flush = j_yes,
+  .can_trim = j_yes,
+  .can_zero = j_yes,
+  .can_multi_conn = j_yes,
+  .pread = j_pread,
+  .pwrite = j_pwrite,
+  .zero = j_zero,
+  .trim = j_zero,
+  .flush = j_flush,
+};
+NBDKIT_REGISTER_PLUGIN(plugin)
+"""
+
+
+@pytest.fixture
+def jitter_server(server, shortdir):
+    """Factory: jitter_server(size, maxdelay_us=20000, *args, **kw) starts
+    the random-delay RAM disk above (nbdkit cc plugin; skips if it cannot
+    be compiled).  Extra args/kw go to server(); "init=PATH" loads the
+    initial contents from a file."""
+    def start(size, maxdelay_us=20000, *args, **kw):
+        if not Path("/usr/include/nbdkit-plugin.h").exists() or \
+                subprocess.run(["nbdkit", "cc", "--dump-plugin"],
+                               capture_output=True).returncode != 0:
+            pytest.skip("needs nbdkit's cc plugin and nbdkit-plugin-dev")
+        src = shortdir / "jitter.c"
+        src.write_text(JITTER_PLUGIN_C)
+        return server("cc", src, f"size={size}", f"maxdelay={maxdelay_us}",
+                      *args, **kw)
+    return start
+
+
 # ----------------------------------------------------------------- mounts
 
 def mounted_paths():

@@ -16,11 +16,19 @@ from conftest import (MiB, assert_content, fill_random, make_sparse_image,
 EXPORT = 64 * MiB
 
 
-@pytest.fixture
-def target(server, mount):
-    """A 64 MiB memory export full of random bytes, mounted."""
-    srv = server("memory", f"size={EXPORT}")
-    old = fill_random(srv.uri, EXPORT)
+@pytest.fixture(params=["memory", "jitter"])
+def target(request, server, jitter_server, mount, shm):
+    """A 64 MiB export full of random bytes, mounted: nbdkit memory, or the
+    random-delay RAM disk (writes complete late and out of order, so a
+    buffer reused before its reply or a misordered request shows)."""
+    if request.param == "memory":
+        srv = server("memory", f"size={EXPORT}")
+        old = fill_random(srv.uri, EXPORT)
+    else:
+        disk = random_file(shm / "disk.img", EXPORT)
+        old = disk.read_bytes()
+        srv = jitter_server(EXPORT, 5000, f"init={disk}")
+        disk.unlink()
     m = mount(srv)
     return srv, m, old
 

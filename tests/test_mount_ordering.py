@@ -18,13 +18,14 @@ workloads are designed so the final content is deterministic:
 The daemon runs with a high depth and a small request size to maximise the
 number of requests in flight; the reference is a bytearray replay."""
 
+import ctypes
 import multiprocessing
 import os
 import random
 
 import pytest
 
-from conftest import MiB, assert_content, fill_random
+from conftest import MiB, assert_content, random_file
 
 EXPORT = 32 * MiB
 STRIPE = 256 * 1024
@@ -100,9 +101,10 @@ def run_children(targets):
 
 
 @pytest.mark.parametrize("conns", ["1", "4"])
-def test_ordering_four_writers(server, mount, conns):
-    srv = server("memory", f"size={EXPORT}")
-    old = fill_random(srv.uri, EXPORT)
+def test_ordering_four_writers(jitter_server, mount, shm, conns):
+    disk = random_file(shm / "disk.img", EXPORT)
+    old = disk.read_bytes()
+    srv = jitter_server(EXPORT, 20000, f"init={disk}")
     m = mount(srv, "-C", conns, *STRESS)
     rng = random.Random(1234)
     split = 24 * MiB
@@ -132,9 +134,10 @@ def rotating_writer(path, rounds, me, barrier):
     os.close(fd)
 
 
-def test_ordering_rotating_owners(server, mount):
-    srv = server("memory", f"size={EXPORT}")
-    old = fill_random(srv.uri, EXPORT)
+def test_ordering_rotating_owners(jitter_server, mount, shm):
+    disk = random_file(shm / "disk.img", EXPORT)
+    old = disk.read_bytes()
+    srv = jitter_server(EXPORT, 20000, f"init={disk}")
     m = mount(srv, "-C", "2", *STRESS)
     rng = random.Random(99)
     nblocks, nprocs = 16 * MiB // STRIPE, 4
@@ -163,3 +166,127 @@ def test_ordering_rotating_owners(server, mount):
                   for p in range(nprocs)])
     assert_content(bytes(ref), EXPORT, mount_file=m.file, uri=srv.uri,
                    what="rotating owners")
+
+
+# ------------------------------------------- writes versus zeroing
+
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                            ctypes.c_int64]
+
+
+def fallocate(fd, mode, off, n):
+    if _libc.fallocate(fd, mode, off, n) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"fallocate(mode={mode:#x}, {n}@{off}): "
+                      f"{os.strerror(e)}")
+
+
+REORDER = ["jitter", "slow-write", "slow-zero"]
+
+
+@pytest.fixture(params=REORDER)
+def reorder_disk(request, server, jitter_server, shm):
+    """An export of random bytes whose requests tend to complete out of
+    order: random delays on every write and zero (jitter), or slow writes
+    with fast zeroes, or the reverse.  Returns (server, old bytes)."""
+    disk = random_file(shm / "disk.img", EXPORT)
+    if request.param == "jitter":
+        return jitter_server(EXPORT, 20000, f"init={disk}"), \
+            bytearray(disk.read_bytes())
+    slow = ["delay-write=40ms"] if request.param == "slow-write" else \
+        ["delay-zero=40ms", "delay-trim=40ms"]
+    srv = server("file", disk, *slow, filters=["delay"])
+    return srv, bytearray(disk.read_bytes())
+
+
+def test_ordering_writes_punches_and_zero_ranges(reorder_disk, mount):
+    """A write followed at once by a punch-hole or zero-range over the same
+    bytes (and the reverse) must end as the last operation says."""
+    srv, ref = reorder_disk
+    m = mount(srv, *STRESS)
+    rng = random.Random(4321)
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        for _ in range(150):
+            n = rng.choice([1, 511, 4096, 65536 + 3, rng.randint(1, 3 * MiB)])
+            off = rng.randint(0, 8 * MiB - n)          # a small area: overlap
+            op = rng.random()
+            if op < 0.5:
+                data = rng.randbytes(n)
+                assert os.pwrite(fd, data, off) == n
+                ref[off:off + n] = data
+            else:
+                mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE \
+                    if op < 0.75 else FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE
+                fallocate(fd, mode, off, n)
+                ref[off:off + n] = bytes(n)
+        # Pending data then a punch over part of it, then a write inside
+        # the punched range: data, zeros, data, zeros, data.
+        base = 12 * MiB + 11
+        first = rng.randbytes(4 * MiB)
+        os.pwrite(fd, first, base)
+        ref[base:base + 4 * MiB] = first
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  base + MiB, 2 * MiB)
+        ref[base + MiB:base + 3 * MiB] = bytes(2 * MiB)
+        mid = rng.randbytes(4099)
+        os.pwrite(fd, mid, base + 2 * MiB)
+        ref[base + 2 * MiB:base + 2 * MiB + 4099] = mid
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert_content(bytes(ref), EXPORT, mount_file=m.file, uri=srv.uri,
+                   what="writes, punches and zero ranges")
+
+
+def test_ordering_truncate_over_pending_writes(reorder_disk, mount):
+    """ftruncate below data still in flight: the cut-off bytes must read as
+    zero on the disk afterwards (the pending write must not land after the
+    zeroing); writes past the new size extend the file again."""
+    srv, ref = reorder_disk
+    m = mount(srv, *STRESS)
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        data = os.urandom(8 * MiB)
+        assert os.pwrite(fd, data, 0) == len(data)
+        ref[:len(data)] = data
+        os.ftruncate(fd, 4 * MiB + 1)                  # cut pending data
+        ref[4 * MiB + 1:] = bytes(EXPORT - 4 * MiB - 1)
+        assert os.fstat(fd).st_size == 4 * MiB + 1
+        tail_off = 6 * MiB + 5
+        tail = os.urandom(100003)
+        assert os.pwrite(fd, tail, tail_off) == len(tail)
+        ref[tail_off:tail_off + len(tail)] = tail
+        size = tail_off + len(tail)
+        assert os.fstat(fd).st_size == size
+    finally:
+        os.close(fd)
+    assert_content(bytes(ref[:size]), EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="truncate over pending writes")
+
+
+def test_ordering_otrunc_reopen_while_pending(reorder_disk, mount):
+    """Open with O_TRUNC while another handle's writes are in flight; the
+    old handle's writes (made before) must not reappear after the
+    truncation."""
+    srv, ref = reorder_disk
+    m = mount(srv, *STRESS)
+    a = os.open(m.file, os.O_RDWR)
+    try:
+        old = os.urandom(6 * MiB)
+        assert os.pwrite(a, old, MiB) == len(old)
+        b = os.open(m.file, os.O_RDWR | os.O_TRUNC)
+        try:
+            assert os.fstat(b).st_size == 0
+            new = os.urandom(2 * MiB + 1)
+            assert os.pwrite(b, new, 0) == len(new)
+        finally:
+            os.close(b)
+    finally:
+        os.close(a)
+    assert_content(new, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=len(new), what="O_TRUNC over pending writes")
