@@ -8,6 +8,7 @@ Every case also checks the bytes that landed."""
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, assert_content, errno,
-                      fill_random, oserror_errno, random_file, run,
-                      sha256_bytes, timeout)
+from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, assert_content,
+                      daemon_cmd, errno, fill_random, oserror_errno,
+                      random_file, run, sha256_bytes, timeout)
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")
@@ -209,3 +210,14 @@ def test_status_tool(server, mount, shm):
     assert r.returncode == 1 and "nbdferry-status:" in r.stderr
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=3 * MiB)
+
+
+def test_man_page_lists_every_option():
+    """docs/nbdferry.1 documents every option that --help lists."""
+    page = (Path(__file__).resolve().parent.parent / "docs" /
+            "nbdferry.1").read_text().replace("\\-", "-")
+    r = run(daemon_cmd("--help"), check=True)
+    opts = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[A-Za-z])\b", r.stdout))
+    assert "--progress" in opts and "--no-digest" in opts
+    missing = sorted(o for o in opts if o not in page)
+    assert not missing, f"docs/nbdferry.1 lacks {missing}"
