@@ -6,8 +6,8 @@
  * collected, a bitmap, a run of block data).  Skipped ranges (forward jumps,
  * holes) are fed through the same steps with buf == NULL meaning zeros.
  *
- * Memory: footer copy, header, the needed BAT entries, a file-order copy of
- * the used ones, one block bitmap, a 512-byte ring holding the last 512
+ * Memory: footer copy, header, the needed BAT entries, the used entries'
+ * indices in file order, one block bitmap, a 512-byte ring holding the last 512
  * bytes of the file (the trailing footer; for a fixed disk also the
  * held-back tail), and a small ring of recent gaps.  Block data is never
  * buffered.
@@ -42,8 +42,8 @@ struct vhd_stream {
     struct vhd_header h;
     struct vhd_layout l;
     uint8_t *bat;                       /* owned; 4 * l.nblocks raw, then host order */
-    struct vhd_extent *sorted;          /* owned; used entries in file order */
-    uint32_t nused, next;               /* next: index into sorted */
+    uint32_t *order;                    /* owned; used BAT indices in file order */
+    uint32_t nused, next;               /* next: index into order */
     uint8_t *bitmap;                    /* owned; l.bitmap_bytes */
     bool began;
     enum vhd_kind kind;
@@ -103,7 +103,7 @@ void vhd_stream_free(struct vhd_stream *s)
     if (!s)
         return;
     free(s->bat);
-    free(s->sorted);
+    free(s->order);
     free(s->bitmap);
     free(s);
 }
@@ -317,7 +317,8 @@ static int64_t step_header(struct vhd_stream *s, const uint8_t *buf,
     return n;
 }
 
-static int bat_extents_check(struct vhd_stream *s)
+static int bat_extents_check(struct vhd_stream *s,
+                             const struct vhd_extent *sorted)
 {
     struct vhd_err e = { "" };
     struct vhd_extent meta[11];
@@ -327,9 +328,25 @@ static int bat_extents_check(struct vhd_stream *s)
                                       "dynamic header" };
     meta[n++] = (struct vhd_extent) { s->l.bat_off, s->l.bat_bytes, 0, "BAT" };
     n += vhd_locator_extents(&s->h, meta + n);
-    int r = vhd_extents_check(meta, n, s->sorted, s->nused,
+    int r = vhd_extents_check(meta, n, sorted, s->nused,
                               s->l.bitmap_bytes, &e);
     return r < 0 ? sfail_err(s, r, &e, "") : 0;
+}
+
+/* Keep only the block indices (4 bytes per used entry, not 32). */
+static int keep_order(struct vhd_stream *s, const struct vhd_extent *sorted)
+{
+    s->order = malloc(((size_t) s->nused + 1) * sizeof *s->order);
+    if (!s->order)
+        return sfail(s, -ENOMEM, "out of memory for %u blocks", s->nused);
+    for (uint32_t k = 0; k < s->nused; k++)
+        s->order[k] = sorted[k].block;
+    return 0;
+}
+
+static uint64_t block_off(const struct vhd_stream *s, uint32_t k)
+{
+    return (uint64_t) ((uint32_t *) s->bat)[s->order[k]] * VHD_SECTOR;
 }
 
 static int bat_done(struct vhd_stream *s)
@@ -341,10 +358,15 @@ static int bat_done(struct vhd_stream *s)
         memcpy(&v, s->bat + 4ull * i, 4);
         bat[i] = be32toh(v);
     }
-    int r = vhd_bat_sort_check(&s->l, bat, &s->sorted, &s->nused, &e);
+    struct vhd_extent *sorted;
+    int r = vhd_bat_sort_check(&s->l, bat, &sorted, &s->nused, &e);
     if (r < 0)
         return sfail_err(s, r, &e, "");
-    if ((r = bat_extents_check(s)) < 0)
+    r = bat_extents_check(s, sorted);
+    if (r == 0)
+        r = keep_order(s, sorted);
+    free(sorted);
+    if (r < 0)
         return r;
     s->state = ST_BODY;
     s->next = 0;
@@ -396,16 +418,16 @@ static int emit_block_data(struct vhd_stream *s, uint32_t bi, uint64_t in_off,
 static int64_t step_block(struct vhd_stream *s, const uint8_t *buf,
                           uint64_t len)
 {
-    const struct vhd_extent *b = &s->sorted[s->next];
-    uint64_t bm_end = b->off + s->l.bitmap_bytes;
+    uint64_t start = block_off(s, s->next);
+    uint64_t bm_end = start + s->l.bitmap_bytes;
     uint64_t data_end = bm_end + s->l.block_size;
     if (s->pos < bm_end) {
         bool done;
-        return collect(s, b->off, s->l.bitmap_bytes, s->bitmap, buf, len,
+        return collect(s, start, s->l.bitmap_bytes, s->bitmap, buf, len,
                        &done);
     }
     uint64_t n = data_end - s->pos < len ? data_end - s->pos : len;
-    int r = emit_block_data(s, b->block, s->pos - bm_end, buf, n);
+    int r = emit_block_data(s, s->order[s->next], s->pos - bm_end, buf, n);
     if (r < 0)
         return r;
     if (s->pos + n == data_end)
@@ -561,18 +583,18 @@ static int finish_fixed(struct vhd_stream *s)
 
 static int finish_dynamic(struct vhd_stream *s)
 {
-    if (s->next < s->nused) {
-        const struct vhd_extent *b = &s->sorted[s->next];
+    if (s->next < s->nused)
         return sfail(s, -EINVAL, "file ended at %llu before block %u (file "
                      "offset %llu) was complete: %u of %u blocks received",
-                     (unsigned long long) s->pos, b->block,
-                     (unsigned long long) b->off, s->next, s->nused);
-    }
+                     (unsigned long long) s->pos, s->order[s->next],
+                     (unsigned long long) block_off(s, s->next), s->next,
+                     s->nused);
     uint64_t body_end = s->l.meta_end;
     if (s->nused) {
-        const struct vhd_extent *b = &s->sorted[s->nused - 1];
-        if (b->off + b->len > body_end)
-            body_end = b->off + b->len;
+        uint64_t end = block_off(s, s->nused - 1) + s->l.bitmap_bytes +
+                       s->l.block_size;
+        if (end > body_end)
+            body_end = end;
     }
     if (s->pos < body_end + 512)
         return sfail(s, -EINVAL, "file ended at %llu without a trailing "
