@@ -41,6 +41,7 @@
 #define DEFAULT_REQUEST_SIZE (2u << 20)
 #define DEFAULT_POOL_SIZE (64u << 20)
 #define DEFAULT_IDLE_MS 10
+#define DEFAULT_RETRY_TIMEOUT 60
 #define MAX_REQUEST_SIZE (32u << 20)  /* some servers drop the connection
                                        * beyond this */
 
@@ -118,6 +119,9 @@ static void usage(void)
 "                         lines written to file descriptor FD\n"
 "      --expected-size SIZE  the source's size, for percent and ETA\n"
 "                         (default: the size the copy tool truncates to)\n"
+"      --retry-timeout S  when a connection fails, reconnect and resend\n"
+"                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
+"                         at once; default %u)\n"
 "  -o FUSE-OPTION         FUSE mount option (allow_other, ...); repeatable\n"
 "  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
 "  -r, --readonly         read-only mount\n"
@@ -127,7 +131,8 @@ static void usage(void)
 "      --help             this text\n"
 "\n"
 "SIZE takes a K, M or G suffix (powers of 1024).\n",
-        DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS);
+        DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS,
+        DEFAULT_RETRY_TIMEOUT);
 }
 
 /* ---- option values --------------------------------------------------- */
@@ -189,7 +194,7 @@ static void add_fuse_opt(struct options *o, const char *opt)
 enum {
     OPT_HELP = 256, OPT_DEPTH, OPT_REQUEST_SIZE, OPT_POOL_SIZE, OPT_IDLE_MS,
     OPT_WRITE_THROUGH, OPT_NO_NODELAY, OPT_DEST_ZERO, OPT_NO_EXTENTS,
-    OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD,
+    OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD, OPT_RETRY_TIMEOUT,
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
 };
 
@@ -206,6 +211,7 @@ static const struct option long_options[] = {
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
+    { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
     { "pidfile", required_argument, NULL, 'P' },
     { "readonly", no_argument, NULL, 'r' },
     { "read-only", no_argument, NULL, 'r' },
@@ -333,6 +339,7 @@ static void parse_args(struct options *o, int argc, char **argv)
 
     o->nbd.connections = DEFAULT_CONNECTIONS;
     o->nbd.nodelay = true;
+    o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
@@ -365,6 +372,10 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
         case OPT_DEST_ZERO: o->destination_is_zero = true; break;
         case OPT_NO_EXTENTS: o->no_extents = true; break;
+        case OPT_RETRY_TIMEOUT:
+            o->nbd.retry_timeout_s =
+                parse_uint("--retry-timeout", optarg, 0, 86400);
+            break;
         case OPT_NO_DIGEST: o->no_digest = true; break;
         case OPT_PROGRESS:
             if (!optarg) {

@@ -421,7 +421,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     }
     int r = pool_flush(fs->pool);
     int err = pool_error_take(fs->pool, &fh->err_seq);
-    fuse_reply_err(req, err ? err : -r);
+    fuse_reply_err(req, err ? err : r < 0 ? EIO : 0);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino,

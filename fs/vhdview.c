@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "fs/digest.h"
 #include "vhd/vhd.h"
 
 struct vhdview {
@@ -229,6 +230,8 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
         v->writer = fh;
         v->err = 0;
         v->file_size = 0;
+        /* The raw file's inline digest cannot follow a VHD's bytes. */
+        digest_foreign(fs->digest, "the VHD view");
     }
     pthread_mutex_unlock(&v->lock);
     return r;

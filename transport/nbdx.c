@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -54,15 +55,32 @@ struct nbdx_conn {
     atomic_uint outstanding;              /* queued + on the wire */
     struct nbdx_op *done_head, *done_tail;/* I/O thread only */
     bool dead;                            /* I/O thread only */
+
+    /* Reconnection (I/O thread only).  Ops that failed because the
+     * connection died wait in retry_* and are sent again, in the same
+     * order, on the new connection; their done() has not run, so the
+     * pool still owns their buffers and keeps overlapping ops back. */
+    struct nbdx_op *retry_head, *retry_tail;
+    uint64_t lost_at_ns;                  /* 0: not reconnecting */
+    unsigned attempts;
+    bool gave_up;                         /* past the deadline: fail all */
 };
 
 struct nbdx {
+    struct nbdx_config cfg;               /* for reconnecting */
     struct nbdx_info info;
     unsigned nconns;
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
     atomic_uint_fast64_t ops[5], bytes[5], errors;
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
 
 static const char *kind_name[] = { "read", "write", "zero", "flush",
                                    "block-status" };
@@ -126,7 +144,8 @@ static bool tune_socket(int fd, bool nodelay)
     return true;
 }
 
-static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg)
+static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
+                        bool quiet)
 {
     char name[32], what[256];
 
@@ -142,8 +161,12 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg)
     nbd_add_meta_context(c->h, LIBNBD_CONTEXT_BASE_ALLOCATION);
     if (connect_handle(c->h, cfg) == -1) {
         int err = nbd_get_errno();
-        log_err("cannot connect to %s: %s", describe(cfg, what, sizeof what),
-                nbd_get_error());
+        if (quiet)
+            log_info("reconnect to %s: %s", describe(cfg, what, sizeof what),
+                     nbd_get_error());
+        else
+            log_err("cannot connect to %s: %s",
+                    describe(cfg, what, sizeof what), nbd_get_error());
         return err ? -err : -ECONNREFUSED;
     }
     return 0;
@@ -241,7 +264,7 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     op->completed = false;
     op->err = 0;
     if (c->dead) {
-        op->err = ENOTCONN;
+        op->err = ENOTCONN;               /* run_done() may queue a retry */
         push_done(c, op);
         return;
     }
@@ -254,6 +277,30 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     }
 }
 
+static bool can_reconnect(const struct nbdx_conn *c)
+{
+    const struct nbdx_config *cfg = &c->x->cfg;
+    return cfg->retry_timeout_s > 0 && !c->gave_up &&
+           (cfg->mode == NBDX_URI || cfg->mode == NBDX_UNIX ||
+            cfg->mode == NBDX_TCP);
+}
+
+static bool connection_error(int err)
+{
+    return err == ENOTCONN || err == ECONNRESET || err == EPIPE ||
+           err == ESHUTDOWN || err == ECONNABORTED;
+}
+
+static void push_retry(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    op->next = NULL;
+    if (c->retry_tail)
+        c->retry_tail->next = op;
+    else
+        c->retry_head = op;
+    c->retry_tail = op;
+}
+
 static void run_done(struct nbdx_conn *c)
 {
     struct nbdx_op *op;
@@ -262,6 +309,11 @@ static void run_done(struct nbdx_conn *c)
         c->done_head = op->next;
         if (!c->done_head)
             c->done_tail = NULL;
+        if (op->err && (c->dead || connection_error(op->err)) &&
+            can_reconnect(c)) {
+            push_retry(c, op);            /* sent again after reconnecting */
+            continue;
+        }
         atomic_fetch_add(&c->x->ops[op->kind], 1);
         atomic_fetch_add(&c->x->bytes[op->kind], op->len);
         if (op->err)
@@ -286,8 +338,94 @@ static void check_dead(struct nbdx_conn *c)
     if (c->dead || !(nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))
         return;
     c->dead = true;
-    log_err("connection %u to the server was lost: %s", c->index,
-            nbd_get_error() ? nbd_get_error() : "closed");
+    const char *why = nbd_get_error() ? nbd_get_error() : "closed";
+    if (can_reconnect(c)) {
+        log_warn("connection %u to the server was lost (%s): reconnecting "
+                 "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
+        c->lost_at_ns = now_ns();
+        c->attempts = 0;
+    } else
+        log_err("connection %u to the server was lost: %s%s", c->index, why,
+                c->x->cfg.retry_timeout_s == 0 ? ""
+                : "; this mode (command, socket activation, --fd) cannot "
+                  "reconnect");
+}
+
+/* Fail every op waiting for a reconnection. */
+static void give_up(struct nbdx_conn *c)
+{
+    struct nbdx_op *op = c->retry_head;
+
+    log_err("connection %u: could not reconnect within %u s; failing the "
+            "requests that were not acknowledged", c->index,
+            c->x->cfg.retry_timeout_s);
+    c->gave_up = true;
+    c->retry_head = c->retry_tail = NULL;
+    while (op) {
+        struct nbdx_op *next = op->next;
+        if (!op->err)
+            op->err = ENOTCONN;
+        push_done(c, op);
+        op = next;
+    }
+}
+
+/* Try once to replace the dead handle.  Returns true on success. */
+static bool try_reconnect(struct nbdx_conn *c)
+{
+    struct nbd_handle *old = c->h;
+
+    c->h = NULL;
+    if (conn_connect(c, &c->x->cfg, true) < 0) {
+        if (c->h)
+            nbd_close(c->h);
+        c->h = old;
+        return false;
+    }
+    if ((uint64_t) nbd_get_size(c->h) != c->x->info.size) {
+        log_err("connection %u: the export changed size after reconnecting",
+                c->index);
+        nbd_close(c->h);
+        c->h = old;
+        c->gave_up = true;
+        return false;
+    }
+    tune_socket(nbd_aio_get_fd(c->h), c->x->cfg.nodelay);
+    nbd_close(old);
+    c->dead = false;
+    c->lost_at_ns = 0;
+    log_warn("connection %u: reconnected after %u attempt(s); resending "
+             "the unacknowledged requests", c->index, c->attempts);
+    struct nbdx_op *op = c->retry_head;
+    c->retry_head = c->retry_tail = NULL;
+    while (op) {
+        struct nbdx_op *next = op->next;
+        issue(c, op);
+        op = next;
+    }
+    return true;
+}
+
+/* Backoff: 50 ms doubling to 2 s, until the deadline. */
+static void reconnect_step(struct nbdx_conn *c)
+{
+    uint64_t deadline = c->lost_at_ns +
+                        (uint64_t) c->x->cfg.retry_timeout_s * 1000000000u;
+    if (try_reconnect(c) || c->gave_up) {
+        if (c->gave_up)
+            give_up(c);
+        return;
+    }
+    c->attempts++;
+    if (now_ns() >= deadline) {
+        give_up(c);
+        return;
+    }
+    uint64_t wait_ms = 50u << (c->attempts < 6 ? c->attempts : 6);
+    if (wait_ms > 2000)
+        wait_ms = 2000;
+    struct pollfd p = { .fd = c->efd, .events = POLLIN };
+    poll(&p, 1, (int) wait_ms);           /* an eventfd kick ends it early */
 }
 
 static void wait_for_io(struct nbdx_conn *c)
@@ -341,6 +479,11 @@ static void *conn_thread(void *arg)
         run_done(c);
         if (stopping && atomic_load(&c->outstanding) == 0)
             break;
+        if (c->dead && c->retry_head && !c->gave_up) {
+            reconnect_step(c);
+            run_done(c);
+            continue;
+        }
         wait_for_io(c);
         run_done(c);
     }
@@ -361,7 +504,7 @@ static int conn_init(struct nbdx *x, unsigned i, const struct nbdx_config *cfg)
         log_err("eventfd: %m");
         return -errno;
     }
-    int r = conn_connect(c, cfg);
+    int r = conn_connect(c, cfg, false);
     if (r < 0)
         return r;
     if (i > 0)
@@ -396,6 +539,7 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
 
     if (!x)
         return -ENOMEM;
+    x->cfg = *cfg;
     x->conns = calloc(want, sizeof *x->conns);
     if (!x->conns) {
         free(x);

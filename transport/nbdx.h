@@ -31,6 +31,8 @@ struct nbdx_config {
     bool readonly;
     bool nodelay;             /* TCP_NODELAY on TCP sockets (default on) */
     bool debug;               /* libnbd debug messages */
+    unsigned retry_timeout_s; /* reconnect and resend for this long when a
+                               * connection dies (URI, unix, tcp); 0: fail */
 };
 
 /* What the server told us at handshake. */

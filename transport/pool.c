@@ -169,8 +169,9 @@ static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
         p->failures[p->nfailures++] = (struct pool_failure){
             .seq = p->err_seq, .off = off, .len = len, .err = err,
             .kind = kind };
-    if (err == ENOTCONN || err == ESHUTDOWN)
-        p->lost = true;
+    if (err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
+        err == EPIPE || err == ECONNABORTED)
+        p->lost = true;               /* reconnecting failed: latch it */
     log_err("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s",
             what[kind], len, off, strerror(err));
 }
@@ -183,14 +184,23 @@ uint64_t pool_error_seq(struct pool *p)
     return s;
 }
 
+/* What a copy tool is told: a lost connection is an I/O error on the
+ * file, not "transport endpoint is not connected" (which reads as if the
+ * mount were gone). */
+static int tool_errno(int err)
+{
+    return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
+           err == EPIPE || err == ECONNABORTED ? EIO : err;
+}
+
 static int error_since_locked(struct pool *p, uint64_t seq)
 {
     if (p->err_seq <= seq)
         return 0;
     for (unsigned i = 0; i < p->nfailures; i++)
         if (p->failures[i].seq > seq)
-            return p->failures[i].err;
-    return p->last_err;               /* past the recorded ones */
+            return tool_errno(p->failures[i].err);
+    return tool_errno(p->last_err);   /* past the recorded ones */
 }
 
 int pool_error_peek(struct pool *p, uint64_t seq)
@@ -570,6 +580,10 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
         if (r < 0)
             return r;
         done += (size_t) r;
+        /* Counted piece by piece: the next piece may wait for a buffer
+         * (dropping the lock) while this one is acknowledged, and
+         * acknowledged must never exceed written. */
+        p->st.bytes_written += (uint64_t) r;
     }
     return 0;
 }
@@ -601,6 +615,7 @@ static ssize_t write_split_locked(struct pool *p, uint64_t off,
         if (zlen) {
             if (p->lost)
                 return -EIO;
+            p->st.bytes_written += zlen;
             zero_locked(p, off + payload_end, zlen, true);
         }
         pos = payload_end + zlen;
@@ -617,8 +632,6 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
         r = absorb_all_locked(p, off, buf, len);
     else
         r = write_split_locked(p, off, buf, len);
-    if (r == 0)
-        p->st.bytes_written += len;
     dispatch_locked(p);
     if (p->cfg.write_through)
         wait_seq_locked(p, p->next_seq);
