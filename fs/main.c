@@ -122,7 +122,15 @@ static void usage(void)
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
-"  -o FUSE-OPTION         FUSE mount option (allow_other, ...); repeatable\n"
+"      --tls=require|allow|off  TLS (default: as the URI says; nbds://\n"
+"                         requires it); require refuses a server\n"
+"                         that cannot do TLS\n"
+"      --tls-psk-file FILE  TLS pre-shared keys (psktool format)\n"
+"      --tls-username USER  the PSK or X.509 user name\n"
+"      --tls-certificates DIR  X.509 certificates (ca-cert.pem, ...)\n"
+"      --tls-verify-peer  check the server's X.509 certificate\n"
+"  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
+"                         owner unless -o allow_other; repeatable\n"
 "  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
 "  -r, --readonly         read-only mount\n"
 "  -f, --foreground       stay in the foreground\n"
@@ -195,6 +203,8 @@ enum {
     OPT_HELP = 256, OPT_DEPTH, OPT_REQUEST_SIZE, OPT_POOL_SIZE, OPT_IDLE_MS,
     OPT_WRITE_THROUGH, OPT_NO_NODELAY, OPT_DEST_ZERO, OPT_NO_EXTENTS,
     OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD, OPT_RETRY_TIMEOUT,
+    OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
+    OPT_TLS_VERIFY_PEER,
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
 };
 
@@ -212,6 +222,11 @@ static const struct option long_options[] = {
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
+    { "tls", required_argument, NULL, OPT_TLS },
+    { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
+    { "tls-username", required_argument, NULL, OPT_TLS_USERNAME },
+    { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
+    { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "pidfile", required_argument, NULL, 'P' },
     { "readonly", no_argument, NULL, 'r' },
     { "read-only", no_argument, NULL, 'r' },
@@ -340,6 +355,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->nbd.connections = DEFAULT_CONNECTIONS;
     o->nbd.nodelay = true;
     o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
+    o->nbd.tls = -1;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
@@ -372,6 +388,30 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
         case OPT_DEST_ZERO: o->destination_is_zero = true; break;
         case OPT_NO_EXTENTS: o->no_extents = true; break;
+        case OPT_TLS:
+            if (strcmp(optarg, "require") == 0 || strcmp(optarg, "on") == 0)
+                o->nbd.tls = 2;           /* LIBNBD_TLS_REQUIRE */
+            else if (strcmp(optarg, "allow") == 0)
+                o->nbd.tls = 1;
+            else if (strcmp(optarg, "off") == 0)
+                o->nbd.tls = 0;
+            else
+                usage_error("--tls: '%s' is not require, allow or off",
+                            optarg);
+            break;
+        case OPT_TLS_PSK_FILE:
+            if (access(optarg, R_OK) == -1)
+                usage_error("--tls-psk-file %s: %s", optarg, strerror(errno));
+            o->nbd.tls_psk_file = optarg;
+            break;
+        case OPT_TLS_USERNAME: o->nbd.tls_username = optarg; break;
+        case OPT_TLS_CERTIFICATES:
+            if (access(optarg, R_OK | X_OK) == -1)
+                usage_error("--tls-certificates %s: %s", optarg,
+                            strerror(errno));
+            o->nbd.tls_certificates = optarg;
+            break;
+        case OPT_TLS_VERIFY_PEER: o->nbd.tls_verify_peer = true; break;
         case OPT_RETRY_TIMEOUT:
             o->nbd.retry_timeout_s =
                 parse_uint("--retry-timeout", optarg, 0, 86400);

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -87,12 +88,46 @@ static const char *kind_name[] = { "read", "write", "zero", "flush",
 
 /* ---- connecting ------------------------------------------------------ */
 
+/* The URI without secrets: a password in the authority and the values
+ * of query parameters that could hold one are replaced by "***". */
+static const char *redact_uri(const char *uri, char *buf, size_t len)
+{
+    const char *scheme_end = strstr(uri, "://");
+    const char *auth = scheme_end ? scheme_end + 3 : uri;
+    const char *at = strchr(auth, '@');
+    const char *slash = strchr(auth, '/');
+    const char *colon = strchr(auth, ':');
+    size_t n = 0;
+
+    if (at && (!slash || at < slash) && colon && colon < at)
+        n = (size_t) snprintf(buf, len, "%.*s:***%s",
+                              (int) (colon - uri), uri, at);
+    else
+        n = (size_t) snprintf(buf, len, "%s", uri);
+    if (n >= len)
+        return buf;
+    /* Query values of keys that name secrets. */
+    for (char *q = strchr(buf, '?'); q && *q; q = strpbrk(q + 1, "&;")) {
+        char *key = q + 1, *eq = strchr(key, '='), *end = strpbrk(key, "&;");
+        if (!eq || (end && eq > end))
+            continue;
+        if (strncasecmp(key, "password", 8) == 0 ||
+            strncasecmp(key, "tls-psk", 7) == 0 ||
+            strncasecmp(key, "secret", 6) == 0) {
+            size_t tail = end ? strlen(end) : 0;
+            memmove(eq + 4, end ? end : eq + 1 + strlen(eq + 1), tail + 1);
+            memcpy(eq + 1, "***", 3);
+        }
+    }
+    return buf;
+}
+
 static const char *describe(const struct nbdx_config *cfg, char *buf,
                             size_t len)
 {
     switch (cfg->mode) {
     case NBDX_URI:
-        return cfg->uri;
+        return redact_uri(cfg->uri, buf, len);
     case NBDX_SOCKET_ACTIVATION:
     case NBDX_COMMAND:
         snprintf(buf, len, "command '%s'", cfg->argv[0]);
@@ -114,6 +149,9 @@ static int connect_handle(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
     switch (cfg->mode) {
     case NBDX_URI:
+        /* The user typed this URI: its tls-psk-file and tls-certificates
+         * may name local files. */
+        nbd_set_uri_allow_local_file(h, true);
         return nbd_connect_uri(h, cfg->uri);
     case NBDX_SOCKET_ACTIVATION:
         return nbd_connect_systemd_socket_activation(h, cfg->argv);
@@ -144,6 +182,22 @@ static bool tune_socket(int fd, bool nodelay)
     return true;
 }
 
+static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
+{
+    if (cfg->tls >= 0 && nbd_set_tls(h, cfg->tls) == -1)
+        return -1;
+    if (cfg->tls_psk_file && nbd_set_tls_psk_file(h, cfg->tls_psk_file) == -1)
+        return -1;
+    if (cfg->tls_username && nbd_set_tls_username(h, cfg->tls_username) == -1)
+        return -1;
+    if (cfg->tls_certificates &&
+        nbd_set_tls_certificates(h, cfg->tls_certificates) == -1)
+        return -1;
+    if (cfg->tls_verify_peer && nbd_set_tls_verify_peer(h, true) == -1)
+        return -1;
+    return 0;
+}
+
 static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
                         bool quiet)
 {
@@ -159,6 +213,10 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
     if (cfg->debug)
         nbd_set_debug(c->h, true);
     nbd_add_meta_context(c->h, LIBNBD_CONTEXT_BASE_ALLOCATION);
+    if (set_tls(c->h, cfg) == -1) {
+        log_err("TLS settings: %s", nbd_get_error());
+        return -EINVAL;
+    }
     if (connect_handle(c->h, cfg) == -1) {
         int err = nbd_get_errno();
         if (quiet)

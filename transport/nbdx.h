@@ -31,6 +31,10 @@ struct nbdx_config {
     bool readonly;
     bool nodelay;             /* TCP_NODELAY on TCP sockets (default on) */
     bool debug;               /* libnbd debug messages */
+    int tls;                  /* -1: as the URI says (nbds:// requires
+                               * it); else LIBNBD_TLS_DISABLE/ALLOW/REQUIRE */
+    const char *tls_psk_file, *tls_username, *tls_certificates;
+    bool tls_verify_peer;
     unsigned retry_timeout_s; /* reconnect and resend for this long when a
                                * connection dies (URI, unix, tcp); 0: fail */
 };
