@@ -376,6 +376,19 @@ static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len,
                             ? p->known_zero.v[i].start : end;
         if (stop - pos > max)
             stop = pos + max;
+        /* Extend the last queued zero request if this one continues it
+         * (a tool writing zeros chunk by chunk): fewer, larger requests.
+         * Safe: nothing is queued after it, and dispatch checks overlaps
+         * with the range as it is when it is sent. */
+        struct pool_req *t = p->queue.tail;
+        if (t && t->kind == REQ_ZERO && t->state == REQ_QUEUED &&
+            t->from_tool == from_tool && t->off + t->len == pos &&
+            t->len + (stop - pos) <= max) {
+            t->len += stop - pos;
+            extmap_add(&p->known_zero, pos, stop);
+            pos = stop;
+            continue;
+        }
         while (p->nzero_reqs >= MAX_ZERO_REQS) {
             dispatch_locked(p);
             pthread_cond_wait(&p->cond, &p->lock);
@@ -591,10 +604,41 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
 /* Split the write into payload and aligned all-zero runs of at least
  * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
  * disk is known to read as zero already. */
+/* A zero chunk can straddle two writes: tools that write zeros from an
+ * unaligned offset (cp --sparse=never writes a hole's zeros starting where
+ * the data ended) leave the chunk's first part at the end of a filling
+ * buffer and its rest at the start of the next write.  If both parts are
+ * zero, trim the buffer back to the chunk boundary, so the whole chunk
+ * goes as write-zeroes.  Returns the bytes of the write taken (0: no). */
+static size_t take_straddling_zeros(struct pool *p, uint64_t cur,
+                                    const char *data, size_t len)
+{
+    uint64_t lo = cur & ~(uint64_t) (ZERO_CHUNK - 1);
+    uint64_t hi = lo + ZERO_CHUNK;
+
+    if (cur == lo || hi - cur > len || !is_zero(data, hi - cur))
+        return 0;
+    struct pool_req *b = p->filling.head;
+    while (b && b->off + b->len != cur)
+        b = b->next;
+    if (!b || b->off > lo || !is_zero(b->data + (lo - b->off), cur - lo))
+        return 0;
+    b->len = lo - b->off;
+    if (b->len == 0) {                    /* nothing left in it */
+        list_remove(&p->filling, b);
+        p->free_bufs[p->nfree++] = b->data;
+        free(b);
+        pthread_cond_broadcast(&p->cond);
+    }
+    p->st.bytes_written += hi - cur;
+    zero_locked(p, lo, ZERO_CHUNK, true);
+    return (size_t) (hi - cur);
+}
+
 static ssize_t write_split_locked(struct pool *p, uint64_t off,
                                   const char *data, size_t len)
 {
-    size_t pos = 0;
+    size_t pos = take_straddling_zeros(p, off, data, len);
 
     while (pos < len) {
         uint64_t a = (off + pos + ZERO_CHUNK - 1) & ~(uint64_t) (ZERO_CHUNK - 1);
