@@ -25,7 +25,7 @@ endforeach()
 # The inspector's pytest (only tests/test_vhd_tool*.py), so that
 # `ctest -R vhd` covers it; the catch-all pytest test runs it too.
 add_test(NAME vhd-tool-pytest
-         COMMAND /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider
+         COMMAND /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider --noconftest
                  ${VHD_TEST_DIR}/../test_vhd_tool.py
          WORKING_DIRECTORY ${VHD_TEST_DIR}/..)
 set_tests_properties(vhd-tool-pytest PROPERTIES
