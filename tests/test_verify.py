@@ -6,7 +6,8 @@ the offsets the test corrupted.  Helpers live here (tests/conftest.py belongs
 to the mount tests); servers are always terminated, also when a test fails.
 
 Run: /usr/bin/python3 -m pytest tests/test_verify.py
-Binary: $NBDFERRY_BUILD/nbdferry-verify (default /work/main/build).
+Binary: $NBDFERRY_VERIFY, else $NBDFERRY_BUILD/tools/nbdferry-verify
+(NBDFERRY_BUILD defaults to /work/main/build).
 """
 
 import hashlib
@@ -25,7 +26,11 @@ from types import SimpleNamespace
 import pytest
 
 BUILD = Path(os.environ.get("NBDFERRY_BUILD", "/work/main/build"))
-VERIFY = BUILD / "nbdferry-verify"
+# $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
+# the tool alone).
+VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or next(
+    (p for p in (BUILD / "tools" / "nbdferry-verify", BUILD / "nbdferry-verify")
+     if p.exists()), BUILD / "tools" / "nbdferry-verify"))
 MiB = 1 << 20
 
 pytestmark = pytest.mark.skipif(
