@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "fs/cli.h"
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
@@ -62,7 +63,8 @@ struct options {
     uint64_t expected_size;
 };
 
-#define DIGEST_QUEUE_LIMIT (64u << 20)  /* bytes waiting for the hash */
+#define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
+                                         * of the daemon's memory bound */
 
 static const char *program = "nbdferry";
 
@@ -147,40 +149,23 @@ static void usage(void)
 
 static uint64_t parse_size(const char *opt, const char *s)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    uint64_t mul = 1;
+    char msg[CLI_MSG_MAX];
+    uint64_t v;
 
-    if (errno || end == s || !isdigit((unsigned char) s[0]))
-        usage_error("%s: '%s' is not a size", opt, s);
-    switch (toupper((unsigned char) *end)) {
-    case 'K': mul = 1ull << 10; end++; break;
-    case 'M': mul = 1ull << 20; end++; break;
-    case 'G': mul = 1ull << 30; end++; break;
-    case 'T': mul = 1ull << 40; end++; break;
-    }
-    if (*end == 'i' || *end == 'B')
-        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end != '\0')
-        usage_error("%s: '%s' is not a size", opt, s);
-    if (v > UINT64_MAX / mul)
-        usage_error("%s: '%s' is too large", opt, s);
-    return v * mul;
+    if (cli_parse_size(opt, s, &v, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
+    return v;
 }
 
 static unsigned parse_uint(const char *opt, const char *s, unsigned min,
                            unsigned max)
 {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
+    char msg[CLI_MSG_MAX];
+    unsigned v;
 
-    if (errno || end == s || *end || !isdigit((unsigned char) s[0]))
-        usage_error("%s: '%s' is not a number", opt, s);
-    if (v < min || v > max)
-        usage_error("%s: %s is out of range (%u to %u)", opt, s, min, max);
-    return (unsigned) v;
+    if (cli_parse_uint(opt, s, min, max, &v, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
+    return v;
 }
 
 static void add_fuse_opt(struct options *o, const char *opt)
@@ -244,108 +229,28 @@ static const struct option long_options[] = {
 
 static void set_mode(struct options *o, enum nbdx_mode m)
 {
-    if (o->mode_set && o->nbd.mode != m)
-        usage_error("only one of --command, --socket-activation, --unix, "
-                    "--tcp and --fd may be given");
-    o->nbd.mode = m;
-    o->mode_set = true;
-}
+    char msg[CLI_MSG_MAX];
 
-static bool mode_flag(struct options *o, const char *arg)
-{
-    static const struct { const char *name; enum nbdx_mode mode; } flags[] = {
-        { "--command", NBDX_COMMAND },
-        { "--socket-activation", NBDX_SOCKET_ACTIVATION },
-        { "--unix", NBDX_UNIX },
-        { "--tcp", NBDX_TCP },
-        { "--fd", NBDX_FD },
-    };
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-        if (strcmp(arg, flags[i].name) == 0) {
-            set_mode(o, flags[i].mode);
-            return true;
-        }
-    return false;
+    if (cli_set_mode(&o->nbd, &o->mode_set, m, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
 }
 
 static void parse_server(struct options *o, int argc, char **argv)
 {
-    if (!o->mode_set && argc > 0 && mode_flag(o, argv[0])) {
-        argc--;
-        argv++;
-    }
-    if (!o->mode_set && argc > 0 && strcmp(argv[0], "[") == 0) {
-        if (argc < 3 || strcmp(argv[argc - 1], "]") != 0)
-            usage_error("'[ CMD ARGS ]' needs a command and a closing ']'");
-        argv[argc - 1] = NULL;
-        set_mode(o, NBDX_SOCKET_ACTIVATION);
-        o->nbd.argv = argv + 1;
-        return;
-    }
-    if (!o->mode_set)
-        set_mode(o, NBDX_URI);
-    switch (o->nbd.mode) {
-    case NBDX_URI:
-        if (argc != 1)
-            usage_error(argc ? "too many arguments after the URI"
-                             : "missing the server: URI, [ CMD ], --unix, "
-                               "--tcp, --command or --fd");
-        o->nbd.uri = argv[0];
-        break;
-    case NBDX_SOCKET_ACTIVATION:
-    case NBDX_COMMAND:
-        if (argc < 1)
-            usage_error("missing the server command");
-        o->nbd.argv = argv;
-        break;
-    case NBDX_UNIX:
-        if (argc != 1)
-            usage_error("--unix takes one socket path");
-        o->nbd.path = argv[0];
-        break;
-    case NBDX_TCP:
-        if (argc != 2)
-            usage_error("--tcp takes a host and a port");
-        o->nbd.host = argv[0];
-        o->nbd.port = argv[1];
-        break;
-    case NBDX_FD:
-        if (argc != 1)
-            usage_error("--fd takes one file descriptor number");
-        o->nbd.fd = (int) parse_uint("--fd", argv[0], 0, INT_MAX);
-        if (fcntl(o->nbd.fd, F_GETFD) == -1)
-            usage_error("--fd %d: not an open file descriptor", o->nbd.fd);
-        break;
-    }
+    char msg[CLI_MSG_MAX];
+
+    if (cli_parse_server(&o->nbd, &o->mode_set, argc, argv, msg,
+                         sizeof msg) < 0)
+        usage_error("%s", msg);
 }
 
-/* MOUNTPOINT or MOUNTPOINT/FILENAME (when MOUNTPOINT/FILENAME is not itself
- * a directory). */
 static void parse_mountpoint(struct options *o, const char *arg)
 {
-    struct stat st;
-    char *copy;
+    char msg[CLI_MSG_MAX];
 
-    if (stat(arg, &st) == 0 && S_ISDIR(st.st_mode)) {
-        o->mountpoint = strdup(arg);
-        o->filename = strdup("nbd");
-        return;
-    }
-    copy = strdup(arg);
-    char *slash = copy ? strrchr(copy, '/') : NULL;
-    if (!slash || slash[1] == '\0')
-        usage_error("mountpoint %s: %s", arg,
-                    errno == ENOENT ? "no such directory" : "not a directory");
-    *slash = '\0';
-    o->filename = strdup(slash + 1);
-    o->mountpoint = strdup(copy[0] ? copy : "/");
-    free(copy);
-    if (stat(o->mountpoint, &st) == -1 || !S_ISDIR(st.st_mode))
-        usage_error("mountpoint %s: no such directory", o->mountpoint);
-    if (strcmp(o->filename, ".") == 0 || strcmp(o->filename, "..") == 0 ||
-        strcmp(o->filename, FS_STATUS_NAME) == 0 ||
-        strlen(o->filename) > 200)
-        usage_error("'%s' cannot be the file name", o->filename);
+    if (cli_parse_mountpoint(arg, FS_STATUS_NAME, &o->mountpoint,
+                             &o->filename, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
 }
 
 static void parse_args(struct options *o, int argc, char **argv)
@@ -362,7 +267,8 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->pool_size = DEFAULT_POOL_SIZE;
     o->idle_ms = DEFAULT_IDLE_MS;
 
-    while ((c = getopt_long(argc, argv, "+C:o:P:rfvV", long_options,
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:C:o:P:rfvV", long_options,
                             NULL)) != -1) {
         switch (c) {
         case 'C':
@@ -447,9 +353,14 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_UNIX: set_mode(o, NBDX_UNIX); break;
         case OPT_TCP: set_mode(o, NBDX_TCP); break;
         case OPT_FD: set_mode(o, NBDX_FD); break;
+        case ':':
+            usage_error("option '%s' needs a value", argv[optind - 1]);
         default:
-            fprintf(stderr, "%s: see %s --help\n", program, program);
-            exit(EXIT_FAILURE);
+            /* opterr is 0: one line, ours. */
+            if (optopt && optopt < 256)
+                usage_error("invalid option -- '%c'", optopt);
+            usage_error("unrecognized or incomplete option '%s'",
+                        argv[optind - 1]);
         }
     }
     if (optind >= argc)
