@@ -99,12 +99,12 @@ static const struct option long_options[] = {
     { NULL, 0, NULL, 0 },
 };
 
-/* ---- option parsing: every failure is one line and exit 2 ---- */
+/* ---- option parsing: every failure is one line, then exit 2 ---- */
 
-static _Noreturn void die_usage(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
+static int usage_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-static _Noreturn void die_usage(const char *fmt, ...)
+/* Logs "MESSAGE (see --help)"; returns -EINVAL for the caller to pass up. */
+static int usage_err(const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -113,7 +113,7 @@ static _Noreturn void die_usage(const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     verify_err("%s (see --help)", msg);
-    exit(VERIFY_EXIT_ERROR);
+    return -EINVAL;
 }
 
 /* "123", "4K", "2M", "1G", "1T" (also "KiB" etc.): powers of 1024. */
@@ -142,66 +142,88 @@ static int parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
-static uint64_t size_arg(const char *opt, const char *arg, uint64_t min,
-                         uint64_t max)
+static int size_arg(const char *opt, uint64_t min, uint64_t max, uint64_t *out)
 {
-    uint64_t v;
-
-    if (parse_size(arg, &v) < 0 || v < min || v > max)
-        die_usage("%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")", opt, arg,
-                  min, max);
-    return v;
+    if (parse_size(optarg, out) < 0 || *out < min || *out > max)
+        return usage_err("%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")", opt,
+                         optarg, min, max);
+    return 0;
 }
 
-static const EVP_MD *digest_arg(const char *name)
+/* Same, for the narrower fields. */
+#define SIZE_ARG(opt, min, max, field) ({                    \
+        uint64_t v_;                                         \
+        int r_ = size_arg(opt, min, max, &v_);               \
+        if (r_ == 0)                                         \
+            (field) = v_;                                    \
+        r_; })
+
+static int digest_arg(struct options *o)
 {
     static const char *const names[] = { "md5", "sha1", "sha256", "sha512" };
 
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(name, names[i]) == 0)
-            return EVP_get_digestbyname(name);
-    die_usage("--digest: unknown algorithm '%s' (md5, sha1, sha256, sha512)",
-              name);
+        if (strcmp(optarg, names[i]) == 0) {
+            o->algorithm = names[i];
+            o->md = EVP_get_digestbyname(names[i]);
+            if (!o->md)
+                return usage_err("--digest: '%s' is not available in this "
+                                 "OpenSSL", optarg);
+            return 0;
+        }
+    return usage_err("--digest: unknown algorithm '%s' (md5, sha1, sha256, "
+                     "sha512)", optarg);
 }
 
-static _Noreturn void bad_option(int c, char **argv)
+static int block_size_arg(struct options *o)
+{
+    int r = SIZE_ARG("--block-size", 4096, 1ull << 30, o->block_size);
+
+    if (r == 0 && o->block_size % 4096)
+        r = usage_err("--block-size: '%s' is not a multiple of 4096", optarg);
+    return r;
+}
+
+static int bad_option(int c, char **argv)
 {
     if (c == ':')
-        die_usage("option '%s' needs a value", argv[optind - 1]);
+        return usage_err("option '%s' needs a value", argv[optind - 1]);
     if (optopt)
-        die_usage("bad option '-%c'", optopt);
-    die_usage("bad option '%s'", argv[optind - 1]);
+        return usage_err("bad option '-%c'", optopt);
+    return usage_err("bad option '%s'", argv[optind - 1]);
 }
 
-static void parse_one(struct options *o, int c, char **argv)
+/* 0, -EINVAL (logged), or PARSE_DONE: --help or --version was printed. */
+#define PARSE_DONE 1
+
+static int parse_one(struct options *o, int c, char **argv)
 {
     switch (c) {
-    case 'd': o->algorithm = optarg; o->md = digest_arg(optarg); break;
-    case 's': o->size = size_arg("--size", optarg, 0, INT64_MAX);
-              o->have_size = true; break;
-    case 'z': o->zero_tail = true; break;
-    case 'b': o->block_size = size_arg("--block-size", optarg, 4096, 1ull << 30);
-              if (o->block_size % 4096)
-                  die_usage("--block-size: '%s' is not a multiple of 4096", optarg);
-              break;
-    case 'm': o->max_ranges = size_arg("--max-ranges", optarg, 0, 1u << 30); break;
-    case 'j': o->json = true; break;
-    case 'q': o->quiet = true; break;
-    case OPT_RAW: o->raw = true; break;
-    case OPT_NO_EXTENTS: o->src.use_extents = false; break;
-    case 'r': o->src.requests = size_arg("--requests", optarg, 1, 1024); break;
-    case 'R': o->src.request_size = size_arg("--request-size", optarg, 4096,
-                                             32u << 20); break;
-    case 'C': o->src.connections = size_arg("--connections", optarg, 1, 16); break;
-    case 'h': fputs(usage_text, stdout); exit(0);
-    case 'V': printf("nbdferry-verify %s\n", PACKAGE_VERSION); exit(0);
-    default: bad_option(c, argv);
+    case 'd': return digest_arg(o);
+    case 's': o->have_size = true;
+              return SIZE_ARG("--size", 0, INT64_MAX, o->size);
+    case 'z': o->zero_tail = true; return 0;
+    case 'b': return block_size_arg(o);
+    case 'm': return SIZE_ARG("--max-ranges", 0, 1u << 30, o->max_ranges);
+    case 'j': o->json = true; return 0;
+    case 'q': o->quiet = true; return 0;
+    case OPT_RAW: o->raw = true; return 0;
+    case OPT_NO_EXTENTS: o->src.use_extents = false; return 0;
+    case 'r': return SIZE_ARG("--requests", 1, 1024, o->src.requests);
+    case 'R': return SIZE_ARG("--request-size", 4096, 32u << 20,
+                              o->src.request_size);
+    case 'C': return SIZE_ARG("--connections", 1, 16, o->src.connections);
+    case 'h': fputs(usage_text, stdout); return PARSE_DONE;
+    case 'V': printf("nbdferry-verify %s\n", PACKAGE_VERSION); return PARSE_DONE;
+    default: return bad_option(c, argv);
     }
 }
 
+/* Returns the number of operands (1 or 2), 0 after --help or --version,
+ * or -EINVAL (logged). */
 static int parse_options(struct options *o, int argc, char **argv)
 {
-    int c;
+    int c, r;
 
     *o = (struct options) {
         .algorithm = "sha256", .md = EVP_sha256(), .block_size = 1u << 20,
@@ -212,15 +234,14 @@ static int parse_options(struct options *o, int argc, char **argv)
     opterr = 0;                         /* our own one-line messages */
     while ((c = getopt_long(argc, argv, ":d:s:zb:m:jqr:R:C:hV", long_options,
                             NULL)) != -1)
-        parse_one(o, c, argv);
+        if ((r = parse_one(o, c, argv)) != 0)
+            return r == PARSE_DONE ? 0 : r;
     if (o->have_size && o->zero_tail)
-        die_usage("%s", "--size and --zero-tail cannot be combined");
-    if (argc - optind < 1 || argc - optind > 2)
-        die_usage("%s", argc - optind < 1 ? "missing operand"
-                                          : "too many operands");
-    if (!o->md)
-        die_usage("--digest: '%s' is not available in this OpenSSL",
-                  o->algorithm);
+        return usage_err("--size and --zero-tail cannot be combined");
+    if (argc - optind < 1)
+        return usage_err("missing operand");
+    if (argc - optind > 2)
+        return usage_err("too many operands");
     return argc - optind;
 }
 
@@ -396,6 +417,9 @@ int main(int argc, char **argv)
     double t0 = now();
     int r = VERIFY_EXIT_ERROR;
 
+    if (nops <= 0)
+        return nops == 0 ? (fflush(stdout) == EOF ? VERIFY_EXIT_ERROR : 0)
+                         : VERIFY_EXIT_ERROR;
     if (nops == 1) {
         if (source_open(argv[optind], &o.src, !o.raw, &sd[0].s) == 0)
             r = digest_one(&o, &sd[0], t0);
@@ -405,8 +429,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < 2; i++) {
         source_close(sd[i].s);
-        if (sd[i].k.md)
-            sink_free(&sd[i].k);
+        sink_free(&sd[i].k);            /* fine on a zeroed sink */
     }
     return r;
 }
