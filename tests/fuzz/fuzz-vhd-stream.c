@@ -2,7 +2,9 @@
  *
  * Input: 4 control bytes, then a VHD file.  The control bytes seed how the
  * file is cut into writes (1 byte to 64 KiB), which all-zero pieces become
- * forward jumps, forward holes or jumps re-punched backwards.  Oracles:
+ * forward jumps, forward holes or jumps re-punched backwards; with bit 31
+ * set, footer and header checksums are recomputed first (fuzz-vhd-fixup.h)
+ * so mutations reach the deeper rules.  Oracles:
  *   - begin() exactly once, before any data/zero;
  *   - nothing emitted outside [0, virtual size) (fixed: before the held-back
  *     tail);
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "vhd/vhd.h"
+#include "fuzz-vhd-fixup.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -168,7 +171,8 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *disk,
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static uint8_t *disk, *ref;
+    static uint8_t *disk, *ref, *copy;
+    static size_t copy_cap;
     if (!disk) {
         disk = malloc(DISK_CAP);
         ref = malloc(DISK_CAP);
@@ -181,6 +185,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(&seed, data, 4);
     const uint8_t *f = data + 4;
     size_t len = size - 4;
+    if (seed & 0x80000000u) {
+        if (len > copy_cap) {
+            free(copy);
+            copy = malloc(len);
+            copy_cap = copy ? len : 0;
+            if (!copy)
+                return 0;
+        }
+        memcpy(copy, f, len);
+        fixup_vhd(copy, len);
+        f = copy;
+    }
 
     struct sink_state st = { .file_len = len, .disk = disk };
     struct vhd_stream *s;

@@ -180,7 +180,8 @@ def main():
     parse, stream = root / "fuzz-vhd-parse", root / "fuzz-vhd-stream"
     parse.mkdir(parents=True, exist_ok=True)
     stream.mkdir(parents=True, exist_ok=True)
-    prefixes = [b"\x01\x10\x00\x07", b"\xff\x03\x02\x01"]
+    # little-endian seed; the second has bit 31 set: fix checksums first
+    prefixes = [b"\x01\x10\x00\x07", b"\x01\x03\x02\x81"]
     for name, data in seeds().items():
         (parse / name).write_bytes(data)
         for i, p in enumerate(prefixes):
