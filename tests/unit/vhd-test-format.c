@@ -645,6 +645,21 @@ static void test_stream_rules(void)
                   "fixed without footer");
     end_stream(s, &d);
     free(m.f);
+    /* every truncation of a dynamic file is refused, by finish at the latest */
+    static const size_t cuts[] = { 1, 511, 512, 513, 1000, 1536, 2047, 2048,
+                                   2560, 4096, 1 << 20 };
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < sizeof cuts / sizeof cuts[0] + 3; i++) {
+            size_t cut = i < sizeof cuts / sizeof cuts[0] ? cuts[i]
+                         : qemu_len - 1 - 511 * (i - sizeof cuts / sizeof cuts[0]);
+            const uint8_t *src = pass ? tapdiff_file : qemu_file;
+            s = new_stream(&d);
+            r = vhd_stream_feed(s, 0, src, cut);
+            if (r == 0)
+                r = vhd_stream_finish(s);
+            CHECK(r == -EINVAL && vhd_stream_error(s)[0]);
+            end_stream(s, &d);
+        }
     /* a raw file shorter than a sector */
     s = new_stream(&d);
     CHECK(vhd_stream_feed(s, 0, fixed_file, 100) == 0);
