@@ -668,6 +668,95 @@ static void test_stream_rules(void)
     end_stream(s, &d);
 }
 
+/* ---- bitmap semantics: a clear bit wins over the bytes in the file ----- */
+
+/* Clear the bitmap bit of the first non-zero data sector of m's first
+ * allocated block; return that sector's virtual byte offset. */
+static uint64_t clear_first_data_bit(struct mut *m)
+{
+    struct vhd_image *img;
+    struct vhd_err e;
+    CHECK(vt_image_parse(m->f, m->len, &img, &e) == 0);
+    uint32_t bs = vhd_image_block_size(img), bm = vhd_image_bitmap_bytes(img);
+    for (uint32_t b = 0; b < vhd_image_blocks(img); b++) {
+        uint64_t off = vhd_image_block_offset(img, b);
+        if (off == VHD_NO_BLOCK)
+            continue;
+        for (uint32_t j = 0; j < bs / 512; j++) {
+            uint8_t *bits = m->f + off;
+            if (!vhd_bitmap_test(bits, j) ||
+                vt_all_zero(m->f + off + bm + 512ull * j, 512))
+                continue;
+            bits[j / 8] &= ~(0x80 >> (j % 8));
+            vhd_image_free(img);
+            return (uint64_t) b * bs + 512ull * j;
+        }
+    }
+    abort();
+}
+
+static void decode_both(const struct mut *m, const uint8_t *base, size_t cap,
+                        uint8_t *via_stream, uint8_t *via_image)
+{
+    struct vt_disk d = { .cap = cap, .buf = via_stream };
+    if (base)
+        memcpy(via_stream, base, cap);
+    struct vhd_stream *s;
+    CHECK(vhd_stream_new(&vt_disk_sink, &d, &s) == 0);
+    for (size_t off = 0; off < m->len; off += 4097)
+        CHECK(vhd_stream_feed(s, off, m->f + off,
+                              m->len - off < 4097 ? m->len - off : 4097) == 0);
+    CHECK(vhd_stream_finish(s) == 0);
+    vhd_stream_free(s);
+    struct vhd_image *img;
+    struct vhd_err e;
+    CHECK(vt_image_parse(m->f, m->len, &img, &e) == 0);
+    if (base)
+        memcpy(via_image, base, cap);
+    else
+        memset(via_image, 0x77, cap);
+    vt_image_decode(img, m->f, via_image);
+    vhd_image_free(img);
+}
+
+static void test_bitmap_semantics(void)
+{
+    /* dynamic: the cleared sector reads zero although the file holds data
+     * there (qemu 7.2 would return the stale bytes) */
+    struct mut m = copy_of(qemu_file, qemu_len);
+    uint64_t v = clear_first_data_bit(&m);
+    size_t cap = 10514432;
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    CHECK(a && b);
+    decode_both(&m, NULL, cap, a, b);
+    CHECK(vt_all_zero(a + v, 512) && vt_all_zero(b + v, 512));
+    CHECK(memcmp(a, b, cap) == 0);
+    printf("dynamic: cleared bit at %llu reads zero\n", (unsigned long long) v);
+    free(m.f);
+    free(a);
+    free(b);
+
+    /* differencing: the cleared sector keeps the parent's bytes */
+    uint8_t *parent;
+    size_t plen;
+    vt_load_fixture("tap-dyn-64m.raw", &parent, &plen);
+    m = copy_of(tapdiff_file, tapdiff_len);
+    v = clear_first_data_bit(&m);
+    a = malloc(plen);
+    b = malloc(plen);
+    CHECK(a && b);
+    decode_both(&m, parent, plen, a, b);
+    CHECK(memcmp(a + v, parent + v, 512) == 0);
+    CHECK(memcmp(tapdiff_file, m.f, 512) == 0);
+    CHECK(memcmp(a, b, plen) == 0);
+    printf("differencing: cleared bit at %llu keeps the parent\n",
+           (unsigned long long) v);
+    free(m.f);
+    free(a);
+    free(b);
+    free(parent);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -684,6 +773,7 @@ int main(void)
     test_file_rules();
     test_images();
     test_stream_rules();
+    test_bitmap_semantics();
     printf("ok\n");
     return 0;
 }
