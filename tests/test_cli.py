@@ -355,6 +355,23 @@ def test_option_sizes_with_suffixes(server, mount, shm):
     assert line.split()[0] == "nbdferrytest", f"-o fsname ignored: {line}"
 
 
+def test_option_request_size_above_limit_is_clamped(server, mount, shm):
+    """--request-size beyond 32M is clamped (not refused, not sent)."""
+    srv = server("memory", f"size={EXPORT}", log=True)
+    m = mount(srv, "--request-size", "64M", "--pool-size", "128M")
+    src = random_file(shm / "src.img", 40 * MiB)
+    r = subprocess.run(["dd", f"if={src}", f"of={m.file}", "bs=4M",
+                        "conv=notrunc,fsync", "status=none"],
+                       capture_output=True, text=True, timeout=timeout(120))
+    assert r.returncode == 0, r.stderr
+    assert_content(src, EXPORT, uri=srv.uri, what="--request-size 64M")
+    counts = [int(c, 16) for c in re.findall(
+        r" Write id=\d+ offset=0x[0-9a-f]+ count=0x([0-9a-f]+)",
+        Path(srv.log).read_text())]
+    assert counts and max(counts) <= 32 * MiB, \
+        f"largest NBD write {max(counts or [0])} bytes"
+
+
 def test_background_mode(cli, server):
     """Without -f the command returns once the mount is ready; fusermount3
     -u ends the daemon."""

@@ -121,3 +121,16 @@ def test_write_past_export_size_is_enospc(target):
     assert_content(old, EXPORT, mount_file=m.file, uri=srv.uri,
                    what="after refused writes")
 
+
+
+def test_cp_source_larger_than_export(target, shm):
+    """cp of a source larger than the export fails (ENOSPC) and says so;
+    the part that fit is intact."""
+    srv, m, _ = target
+    src = random_file(shm / "big.img", EXPORT + MiB + 5)
+    r = run(["cp", src, m.file])
+    assert r.returncode != 0, "cp of a too-large source exited 0"
+    assert "No space left on device" in r.stderr, r.stderr
+    with open(src, "rb") as f:
+        head = f.read(EXPORT)
+    assert_content(head, EXPORT, uri=srv.uri, what="the part that fit")

@@ -236,3 +236,31 @@ def test_fault_server_killed_mid_copy(server, mount, shm, tool):
     m.checked = True
     assert rc != 0, ("daemon exited 0 after losing writes to a dead server"
                      f"\n{tail(m.stderr_path)}")
+
+
+def test_fault_sigterm_with_failing_pending_writes(server, mount, shortdir):
+    """Writes accepted (write-back) but failing at the server while the
+    daemon drains on SIGTERM, never reported to any close or fsync: that
+    is lost data, so the daemon must exit non-zero and say so."""
+    flag = shortdir / "inject"
+    srv = server("memory", f"size={EXPORT}", "wdelay=200ms",
+                 "error-pwrite=EIO", "error-pwrite-rate=100%",
+                 f"error-pwrite-file={flag}", filters=["delay", "error"])
+    m = mount(srv, "--pool-size", "32M", expect_rc=None, expect_errors=True)
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        touch(flag)
+        for i in range(4):
+            try:
+                os.pwrite(fd, os.urandom(MiB), i * MiB)
+            except OSError:
+                break
+        rc = m.terminate(check=False)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    assert rc != 0, ("daemon exited 0 although writes it had accepted "
+                     "failed while draining")
+    assert daemon_logged_failure(m), m.stderr

@@ -22,6 +22,7 @@ import ctypes
 import multiprocessing
 import os
 import random
+import time
 
 import pytest
 
@@ -290,3 +291,35 @@ def test_ordering_otrunc_reopen_while_pending(reorder_disk, mount):
         os.close(a)
     assert_content(new, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=len(new), what="O_TRUNC over pending writes")
+
+
+def test_ordering_rewrite_after_idle_send(jitter_server, mount, shm):
+    """A block rewritten after a pause long enough for the daemon to have
+    sent the first version (idle timer, or the writer moving elsewhere)
+    while that request is still in flight at a slow, reordering server."""
+    disk = random_file(shm / "disk.img", EXPORT)
+    ref = bytearray(disk.read_bytes())
+    srv = jitter_server(EXPORT, 30000, f"init={disk}")
+    m = mount(srv, *STRESS)
+    rng = random.Random(77)
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        for i in range(60):
+            off = rng.randrange(0, 4 * MiB)
+            n = rng.choice([1, 4096, 65536, 300001])
+            n = min(n, EXPORT - off)
+            for _ in range(3):
+                data = rng.randbytes(n)
+                assert os.pwrite(fd, data, off) == n
+                ref[off:off + n] = data
+                if rng.random() < 0.5:             # move elsewhere
+                    o2 = rng.randrange(16 * MiB, EXPORT - 4096)
+                    d2 = rng.randbytes(4096)
+                    os.pwrite(fd, d2, o2)
+                    ref[o2:o2 + 4096] = d2
+                else:                              # or go idle
+                    time.sleep(rng.choice([0.005, 0.015, 0.03]))
+    finally:
+        os.close(fd)
+    assert_content(bytes(ref), EXPORT, mount_file=m.file, uri=srv.uri,
+                   what="rewrites after idle sends")
