@@ -125,6 +125,21 @@ ALL_ARMS = [FERRY_CP, FERRY_DD, FERRY_STOCK, FERRY_NODELAY, FERRY_PIPE,
             FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W]
 FIRST_ARMS = [FERRY_CP, FUSE_CP, NBDCOPY]
 
+
+
+def ferry_tuned(depth=None, rsize=None, pool=None, conns=None):
+    """nbdferry + cp with some defaults overridden (the tuning preset)."""
+    opts, bits = [], []
+    for flag, v in (("--depth", depth), ("--request-size", rsize),
+                    ("--pool-size", pool), ("--connections", conns)):
+        if v is not None:
+            opts += [flag, str(v)]
+            bits.append(f"{flag.lstrip('-')} {v}")
+    name = "ferry-" + "-".join(b.replace(" ", "") for b in bits)
+    return Arm(name, "nbdferry " + ", ".join(bits), CP, "nbdferry",
+               tuple(opts), needs=tuple(opts[::2]), family="nbdferry")
+
+
 # ---- servers ------------------------------------------------------------
 
 MEM_UNIX = Server("memory/unix", "memory", "unix")
@@ -153,6 +168,8 @@ def preset(name, size=None, runs=None):
                            [0, 2])]
     elif name == "full":
         exps = full_preset(size)
+    elif name == "tuning":
+        exps = tuning_preset(size)
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -163,12 +180,12 @@ def preset(name, size=None, runs=None):
 
 def full_preset(size=None):
     s = size or GiB
-    sweep = size or 256 * MiB
+    sweep = size or 512 * MiB
     return [
         # Issue 2 item 7: the headline cells, 1 GiB over a Unix socket.
         Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
-        # Issue 6: every arm across latencies over TCP.  256 MiB keeps the
-        # serial arms (one request in flight) under ~30 s a run at 10 ms.
+        # Issue 6: every arm across latencies over TCP.  512 MiB keeps the
+        # serial arms (one request in flight) under ~50 s a run at 10 ms.
         Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],
                    [0, 0.2, 2, 10],
                    note="throughput is size-independent once requests "
@@ -185,3 +202,22 @@ def full_preset(size=None):
         Experiment("servers", [FERRY_CP, NBDCOPY],
                    [dense(s)], [FILE_UNIX, FILE_TCP, MEM_TCP_10G], [0.2]),
     ]
+
+
+def tuning_preset(size=None):
+    """Issue 6 item 4: nbdferry's depth, request size, pool size and
+    connections, one at a time around the defaults, over TCP.  The pool is
+    raised to 256M where it would otherwise cap depth x request size."""
+    s = size or 512 * MiB
+    big = "256M"
+    arms = ([ferry_tuned(depth=d, pool=big) for d in (1, 2, 4, 8, 16, 32)] +
+            [ferry_tuned(rsize=r, pool=big) for r in ("256K", "1M", "8M")] +
+            [ferry_tuned(pool=p) for p in ("16M", "64M")] +
+            [ferry_tuned(conns=c, pool=big) for c in (1, 2)] +
+            [NBDCOPY])
+    return [Experiment("tuning", arms, [dense(s)], [MEM_TCP], [0.2, 2, 10],
+                       note="defaults: depth 8 per connection, request size "
+                            "2M, pool 64M, 4 connections (nbdkit memory "
+                            "offers multi-conn); each arm changes one of "
+                            "them (with a 256M pool unless the pool is what "
+                            "varies).")]

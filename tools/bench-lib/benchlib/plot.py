@@ -13,6 +13,9 @@ STYLES = {"nbdferry": "-", "stock": "--", "nbdfuse": ":", "nbdcopy": "-.",
           "qemu": (0, (3, 1, 1, 1, 1, 1))}
 
 
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
 def slug(*parts):
     return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
 
@@ -38,12 +41,12 @@ def plots(results, arms_by_name, directory, prefix="bench"):
             continue
         pos = [l for l in lats if l > 0]
         zero_x = (min(pos) / 4) if pos else 1
-        fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+        fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
         arms = []
         for k in keys:
             if k[4] not in arms:
                 arms.append(k[4])
-        for a in arms:
+        for i, a in enumerate(arms):
             xs, ys, lo, hi = [], [], [], []
             label = a
             for l in lats:
@@ -61,7 +64,8 @@ def plots(results, arms_by_name, directory, prefix="bench"):
             if not xs:
                 continue
             fam = arms_by_name[a].family if a in arms_by_name else ""
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker=MARKERS[i % len(MARKERS)],
+                        color=plt.cm.tab10(i % 10), capsize=3,
                         linestyle=STYLES.get(fam, "-"), label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -76,7 +80,7 @@ def plots(results, arms_by_name, directory, prefix="bench"):
         ax.set_ylabel("MiB/s (median, bars: min–max)")
         ax.set_title(f"{exp}: {src} onto nbdkit {srv}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small", loc="lower left")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
         fig.tight_layout()
         path = os.path.join(directory, f"{prefix}-{slug(exp, src, srv)}.png")
         fig.savefig(path)

@@ -11,8 +11,17 @@ import statistics
 import subprocess
 import time
 
-BEGIN = "<!-- BEGIN tools/bench output (regenerated; edit outside) -->"
-END = "<!-- END tools/bench output -->"
+OLD_BEGIN = "<!-- BEGIN tools/bench output (regenerated; edit outside) -->"
+OLD_END = "<!-- END tools/bench output -->"
+
+
+def begin(preset):
+    return (f"<!-- BEGIN tools/bench output, preset {preset} (regenerated; "
+            f"edit outside) -->")
+
+
+def end(preset):
+    return f"<!-- END tools/bench output, preset {preset} -->"
 
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
           "TiB": 1 << 40, "PiB": 1 << 50, "EiB": 1 << 60}
@@ -107,6 +116,24 @@ def group(results):
     return g
 
 
+# Daemon status fields shown in the details table: (JSON path, header, format).
+# Dotted paths reach into nested objects; absent fields show as a dash.
+DAEMON_KEYS = [
+    ("writer_wait_s", "writers waiting s", ".2f"),
+    ("nothing_in_flight_s", "nothing in flight s", ".2f"),
+    ("in_flight_peak", "peak in flight", ".0f"),
+]
+
+
+def status_value(r, path):
+    v = r.get("daemon_status") or {}
+    for part in path.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v if isinstance(v, (int, float)) else None
+
+
 def cell_summary(runs):
     ok = [r for r in runs if r["ok"]]
     s = dict(n=len(runs), ok=len(ok), label=runs[0]["label"])
@@ -122,9 +149,9 @@ def cell_summary(runs):
     for k in ("seconds", "cpu_client", "cpu_daemon", "cpu_server",
               "umount_seconds", "foreign_cpu"):
         s[k] = med(k)
-    for k in ("writer_wait_s", "nothing_in_flight_s", "in_flight_peak"):
-        v = [r["daemon_status"][k] for r in ok
-             if k in r.get("daemon_status", {})]
+    for k, _, _ in DAEMON_KEYS:
+        v = [status_value(r, k) for r in ok]
+        v = [x for x in v if x is not None]
         if v:
             s[k] = statistics.median(v)
     for op in ("write", "zero", "trim", "flush"):
@@ -155,7 +182,9 @@ def mean_kib(s, op):
 
 def markdown(results, meta):
     g = group(results)
-    out = [BEGIN, "", f"## Results of {meta['date']}", ""]
+    preset = meta.get("preset", "first")
+    out = [begin(preset), "",
+           f"## Results: preset {preset}, {meta['date']}", ""]
     out += [f"Command (from the repository root):", "",
             f"    {meta['command']}", ""]
     out += ["| machine | |", "| --- | --- |"]
@@ -178,7 +207,7 @@ def markdown(results, meta):
                 f"(logs: {r['dir']})" for r in bad]
         out += [""]
     out += raw_runs(results)
-    out += [END]
+    out += [end(preset)]
     return "\n".join(out) + "\n"
 
 
@@ -276,17 +305,32 @@ def ratio(g, exp, source, server, lat, a, b):
     return sa["med"] / sb["med"]
 
 
+def paired_ratio(g, exp, source, server, lat, a, b):
+    """Median over k of (a's run k) / (b's run k): runs k of two arms ran
+    minutes apart at most, so this cancels slow drift in the machine's load."""
+    ra = {r["run"]: r for r in g.get((exp, source, server, lat, a), [])
+          if r["ok"]}
+    rb = {r["run"]: r for r in g.get((exp, source, server, lat, b), [])
+          if r["ok"]}
+    v = [ra[k]["mibs"] / rb[k]["mibs"] for k in ra if k in rb]
+    return statistics.median(v) if v else None
+
+
 def ratio_table(exp, g, source, server, lats):
     rows = []
     for name, a, b in RATIOS:
         vals = [ratio(g, exp["name"], source, server, l, a, b) for l in lats]
+        pair = [paired_ratio(g, exp["name"], source, server, l, a, b)
+                for l in lats]
         if any(v is not None for v in vals):
             rows.append(f"| {name} | " + " | ".join(
-                fmt(v, ".2f") + ("x" if v is not None else "")
-                for v in vals) + " |")
+                "–" if v is None else f"**{v:.2f}x** ({p:.2f}x)"
+                for v, p in zip(vals, pair)) + " |")
     if not rows:
         return []
-    return (["Ratios of medians:", "",
+    return (["Ratios: of the medians, **bold**; in brackets the median of "
+             "per-run ratios (run k of one arm over run k of the other, "
+             "which ran close in time).", "",
              "| ratio | " + " | ".join(lat_label(l) for l in lats) + " |",
              "| --- |" + " ---: |" * len(lats)] + rows + [""])
 
@@ -297,8 +341,7 @@ def detail_table(exp, g, source, server, lats, arms):
            "| delay | arm | runs ok | s | CPU s client / daemon / server "
            "/ rest of machine "
            "| unmount s | NBD writes | mean write KiB | zeroes | flushes "
-           "| daemon: writers waiting s / nothing in flight s / peak in "
-           "flight |",
+           "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) + " |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
            "| ---: | ---: |"]
     for l in lats:
@@ -321,11 +364,9 @@ def detail_table(exp, g, source, server, lats, arms):
 
 
 def daemon_cols(s):
-    if "writer_wait_s" not in s:
+    if not any(k in s for k, _, _ in DAEMON_KEYS):
         return "–"
-    return (f"{fmt(s.get('writer_wait_s'), '.2f')} / "
-            f"{fmt(s.get('nothing_in_flight_s'), '.2f')} / "
-            f"{fmt(s.get('in_flight_peak'), '.0f')}")
+    return " / ".join(fmt(s.get(k), f) for k, _, f in DAEMON_KEYS)
 
 
 def raw_runs(results):
@@ -362,15 +403,21 @@ def summary_text(results, meta):
     return "\n".join(out) + "\n"
 
 
-def write(path, text, title="# Benchmarks\n\n"):
-    """Replace the generated block of 'path', keeping text around it."""
+def write(path, text, preset, title="# Benchmarks\n\n"):
+    """Replace this preset's generated block of 'path' (or the old unnamed
+    one), keeping all other text; append if there is none."""
     old = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-    if BEGIN in old and END in old:
-        head = old[:old.index(BEGIN)]
-        tail = old[old.index(END) + len(END):].lstrip("\n")
+    for b, e in ((begin(preset), end(preset)), (OLD_BEGIN, OLD_END)):
+        if b in old and e in old:
+            break
+    else:
+        b = e = None
+    if b:
+        head = old[:old.index(b)]
+        tail = old[old.index(e) + len(e):].lstrip("\n")
         new = head + text + ("\n" + tail if tail else "")
     elif old.strip():
         new = old.rstrip("\n") + "\n\n" + text       # keep others' text
