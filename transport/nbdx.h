@@ -105,6 +105,12 @@ struct nbdx_stats {
 };
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
 
+/* The URI without secrets, for messages: a password in the authority and
+ * the values of query parameters whose keys start with "password",
+ * "tls-psk" or "secret" become "***".  Writes into buf (len bytes) and
+ * returns buf. */
+const char *nbdx_redact_uri(const char *uri, char *buf, size_t len);
+
 /* Stop the I/O threads once their queues are empty, disconnect cleanly
  * and free.  Ops still queued complete with ESHUTDOWN. */
 void nbdx_close(struct nbdx *x);
