@@ -1,0 +1,514 @@
+"""Helpers for the reliability tests (faults, reconnect, TLS, security,
+stress): a restartable nbdkit, a connection-dropping proxy, a copy judge
+that tallies every fault case, and small /proc readers.
+
+The judge is the heart of it: after every copy made under a fault, the
+bytes on the server are compared with the source.  A copy tool that exits
+0 while the server's bytes differ is *silent corruption*: the test fails
+and the tally counts it.  The tally of the session is written to
+tests/.fault-summary (one JSON object) and printed by tools/test-sanitizers
+and .ci/run.
+"""
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (MiB, SCALE, nonempty, run, sha256_file, sha256_nbd,
+                      tail, timeout, wait_for)
+
+SUMMARY = Path(__file__).resolve().parent / ".fault-summary"
+
+
+# ------------------------------------------------------------------ tally
+
+class Tally:
+    """Outcomes of copies made under faults, for the whole session.
+
+    loud:   the copy tool exited non-zero (the failure was reported)
+    match:  the tool exited 0 and the server holds the source's bytes
+    silent: the tool exited 0 but the bytes differ (must stay 0)
+    Loud failures whose bytes happen to match anyway are counted in
+    loud_but_intact too (informational)."""
+
+    def __init__(self):
+        self.cases = {}
+        self.counts = {"loud": 0, "match": 0, "silent": 0,
+                       "loud_but_intact": 0}
+
+    def record(self, case, outcome, intact=None):
+        self.counts[outcome] += 1
+        if outcome == "loud" and intact:
+            self.counts["loud_but_intact"] += 1
+        c = self.cases.setdefault(case, {"loud": 0, "match": 0, "silent": 0})
+        c[outcome] += 1
+        self.save()
+
+    def save(self):
+        data = {"copies": sum(self.counts[k] for k in ("loud", "match",
+                                                        "silent")),
+                "cases": len(self.cases), **self.counts,
+                "build": os.environ.get("NBDFERRY_BUILD", ""),
+                "by_case": self.cases}
+        with contextlib.suppress(OSError):
+            SUMMARY.write_text(json.dumps(data, indent=1, sort_keys=True)
+                               + "\n")
+
+    def line(self):
+        c = self.counts
+        return (f"fault tally: {len(self.cases)} cases, "
+                f"{c['loud'] + c['match'] + c['silent']} copies: "
+                f"{c['loud']} failed loudly ({c['loud_but_intact']} of them "
+                f"with intact bytes anyway), {c['match']} succeeded with "
+                f"matching digests, {c['silent']} silent corruption")
+
+
+_TALLY = Tally()
+
+
+@atexit.register
+def _print_tally():
+    if _TALLY.cases:
+        print("\n" + _TALLY.line())
+
+
+@pytest.fixture(scope="session")
+def tally():
+    yield _TALLY
+    _TALLY.save()
+
+
+def judge(tally, case, rc, src, server_sha, mount_sha=None, stderr=""):
+    """Record one copy's outcome.  src: path of the source (or its sha256
+    hex); server_sha: sha256 of the same number of bytes read from the
+    server (or the backing file).  Fails the test on silent corruption."""
+    want = src if isinstance(src, str) and len(src) == 64 else \
+        sha256_file(src)
+    intact = server_sha == want and (mount_sha is None or mount_sha == want)
+    if rc != 0:
+        tally.record(case, "loud", intact)
+        return "loud"
+    if intact:
+        tally.record(case, "match")
+        return "match"
+    tally.record(case, "silent")
+    pytest.fail(f"{case}: SILENT CORRUPTION: the copy tool exited 0 but "
+                f"the server's sha256 {server_sha} (mount {mount_sha}) is "
+                f"not the source's {want}\n{stderr}")
+
+
+def sha256_prefix(path, n):
+    """sha256 of the first n bytes of a file (the backing file of a file
+    plugin server: what the server really holds)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = n
+        while left:
+            b = f.read(min(4 * MiB, left))
+            if not b:
+                break
+            h.update(b)
+            left -= len(b)
+    return h.hexdigest()
+
+
+def sha256_mount(path, n):
+    try:
+        return sha256_prefix(path, n)
+    except OSError as e:
+        return f"unreadable: {e}"
+
+
+# -------------------------------------------------------------- processes
+
+def written_bytes(pid):
+    """Bytes a process has written so far (/proc/PID/io wchar)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return int(next(l for l in f if l.startswith("wchar")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def read_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return int(next(l for l in f if l.startswith("rchar")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def children(pid):
+    """Direct children of a process (all threads)."""
+    out = []
+    for t in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (t / "children").read_text().split()]
+    return out
+
+
+def wait_progress(proc, pid_fn, nbytes, secs=60):
+    """Wait until a running copy has moved nbytes (per pid_fn: written or
+    read bytes); fails if it finished first."""
+    deadline = time.monotonic() + secs * SCALE
+    while pid_fn(proc.pid) < nbytes:
+        if proc.poll() is not None:
+            pytest.fail(f"the copy finished (rc {proc.returncode}) before "
+                        f"{nbytes} bytes moved: make the server slower")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the copy did not reach {nbytes} bytes")
+        time.sleep(0.02)
+
+
+class Copy:
+    """A copy tool running in the background, stderr to a file."""
+
+    def __init__(self, cmd, errpath):
+        self.cmd = [str(c) for c in cmd]
+        self.errpath = Path(errpath)
+        with open(self.errpath, "wb") as e:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=e)
+        self.pid = self.proc.pid
+
+    def poll(self):
+        return self.proc.poll()
+
+    @property
+    def returncode(self):
+        return self.proc.returncode
+
+    def wait(self, secs=120):
+        try:
+            return self.proc.wait(timeout(secs))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            pytest.fail(f"{' '.join(self.cmd)}: hung for {timeout(secs):.0f}s"
+                        f"\n{self.stderr}")
+
+    @property
+    def stderr(self):
+        return self.errpath.read_text(errors="replace")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def bg():
+    """Factory: bg(cmd, errpath) -> Copy; killed at teardown if running."""
+    started = []
+
+    def start(cmd, errpath):
+        c = Copy(cmd, errpath)
+        started.append(c)
+        return c
+    yield start
+    for c in started:
+        c.kill()
+
+
+# -------------------------------------------------- a restartable nbdkit
+
+class Kit:
+    """An nbdkit that can be killed and started again on the same socket
+    or port (conftest's server fixture picks a new socket per start)."""
+
+    def __init__(self, d, name, args, tcp=False, extra=()):
+        self.dir = Path(d)
+        self.name = name
+        self.args = [str(a) for a in args]
+        self.extra = [str(a) for a in extra]
+        self.sock = self.dir / f"{name}.sock"
+        self.pidfile = self.dir / f"{name}.pid"
+        self.port = None
+        if tcp:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            self.uri = f"nbd://127.0.0.1:{self.port}/"
+            self.target = ["--tcp", "127.0.0.1", str(self.port)]
+        else:
+            self.uri = f"nbd+unix:///?socket={self.sock}"
+            self.target = ["--unix", str(self.sock)]
+        self.proc = None
+        self.starts = 0
+
+    def start(self):
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("already running")
+        # A kill -9'ed nbdkit leaves its socket and pidfile behind.
+        for p in (self.sock, self.pidfile):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        self.starts += 1
+        self.stderr = self.dir / f"{self.name}.{self.starts}.err"
+        cmd = ["nbdkit", "--exit-with-parent", "-f", "-P", str(self.pidfile)]
+        if self.port:
+            cmd += ["-i", "127.0.0.1", "-p", str(self.port)]
+        else:
+            cmd += ["-U", str(self.sock)]
+        cmd += self.extra + self.args
+        self.cmd = cmd
+        with open(self.stderr, "wb") as e:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=e, stderr=e)
+        wait_for(nonempty(self.pidfile), self.proc, "nbdkit", 30,
+                 log=self.stderr)
+        return self
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def kit(shortdir):
+    """Factory: kit(name, args, tcp=False, extra=()) -> started Kit."""
+    kits = []
+
+    def start(name, args, tcp=False, extra=()):
+        k = Kit(shortdir, name, args, tcp=tcp, extra=extra)
+        kits.append(k)
+        return k.start()
+    yield start
+    for k in kits:
+        k.stop()
+
+
+# ------------------------------------------------ a connection-dropping proxy
+
+class DropProxy:
+    """Unix-socket proxy in front of an NBD server that cuts each
+    connection (shutdown both ways, close) once `limit` bytes have passed
+    in the direction `direction` ("up": client to server, i.e. requests and
+    write payloads; "down": replies and read payloads), usually in the
+    middle of a request.  After `drops` connections have been cut it
+    forwards without limits, so a daemon that reconnects always finishes.
+    New connections are always accepted: the server stays up, only
+    connections die."""
+
+    def __init__(self, path, target_sock, limit, direction="up", drops=4):
+        self.path = str(path)
+        self.target = str(target_sock)
+        self.limit = limit
+        self.direction = direction
+        self.drops_left = drops
+        self.dropped = 0
+        self.accepted = 0
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.socks = []
+        self.ls = socket.socket(socket.AF_UNIX)
+        self.ls.bind(self.path)
+        self.ls.listen(64)
+        self.t = threading.Thread(target=self._accept, daemon=True)
+        self.t.start()
+
+    def _accept(self):
+        while not self.stopping:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.target)
+            except OSError:
+                c.close()
+                continue
+            with self.lock:
+                self.accepted += 1
+                limited = self.drops_left > 0
+                if limited:
+                    self.drops_left -= 1
+                self.socks += [c, s]
+            st = {"n": 0, "cut": False}
+            for src, dst, d in ((c, s, "up"), (s, c, "down")):
+                threading.Thread(target=self._pump,
+                                 args=(src, dst, limited and
+                                       d == self.direction, st, c, s),
+                                 daemon=True).start()
+
+    def _pump(self, src, dst, counted, st, c, s):
+        try:
+            while True:
+                b = src.recv(256 * 1024)
+                if not b:
+                    break
+                if counted:
+                    room = self.limit - st["n"]
+                    if len(b) >= room:
+                        dst.sendall(b[:max(room, 0)])
+                        st["n"] = self.limit
+                        with self.lock:
+                            if not st["cut"]:
+                                st["cut"] = True
+                                self.dropped += 1
+                        break
+                    st["n"] += len(b)
+                dst.sendall(b)
+        except OSError:
+            pass
+        for x in (c, s):
+            with contextlib.suppress(OSError):
+                x.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self.ls.close()
+        for x in self.socks:
+            with contextlib.suppress(OSError):
+                x.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+@pytest.fixture
+def drop_proxy(shortdir):
+    """Factory: drop_proxy(target_sock, limit, direction="up", drops=4)."""
+    made = []
+
+    def start(target_sock, limit, direction="up", drops=4):
+        p = DropProxy(shortdir / f"proxy{len(made)}.sock", target_sock,
+                      limit, direction, drops)
+        made.append(p)
+        return p
+    yield start
+    for p in made:
+        p.close()
+
+
+# ------------------------------------------------------------- the daemon
+
+def status_json(m):
+    """The mount's live status (MP/.nbdferry-status) as a dict, or None."""
+    try:
+        return json.loads((Path(m.mp) / ".nbdferry-status").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def lost_ranges(text):
+    """(kind, length, offset) of every 'KIND of N bytes at offset X
+    failed' line in the daemon's log."""
+    import re
+    return [(k, int(n), int(o)) for k, n, o in re.findall(
+        r"(write|zero|flush|read) of (\d+) bytes at offset (\d+) failed",
+        text)]
+
+
+def is_sanitized(binary):
+    """True if the binary links a sanitizer runtime (no valgrind then)."""
+    r = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+    return any(s in r.stdout for s in ("libasan", "libtsan", "libubsan"))
+
+
+__all__ = [n for n in dir() if not n.startswith("_")]
+
+
+# ------------------------------------------- a disk whose flush can fail
+
+# nbdkit 1.32's error filter cannot fail NBD flush.  This file-backed
+# plugin (built by nbdkit's cc plugin) does: while the file named by
+# flag= exists, each flush fails with EIO with probability
+# flush-error-rate (0..100 percent).  Writes go to the backing file with
+# pwrite, so a flush failure loses nothing here: it only tests that the
+# failure is reported.
+FLUSHFAIL_PLUGIN_C = r"""
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static const char *file, *flag;
+static int rate = 100, fd = -1;
+static __thread unsigned seed;
+
+static int f_config(const char *key, const char *value)
+{
+  if (strcmp(key, "file") == 0) file = value;
+  else if (strcmp(key, "flag") == 0) flag = value;
+  else if (strcmp(key, "flush-error-rate") == 0) rate = atoi(value);
+  else { nbdkit_error("unknown parameter %s", key); return -1; }
+  return 0;
+}
+static int f_get_ready(void)
+{
+  fd = open(file, O_RDWR);
+  if (fd == -1) { nbdkit_error("%s: %m", file); return -1; }
+  return 0;
+}
+static void *f_open(int ro) { return NBDKIT_HANDLE_NOT_NEEDED; }
+static int64_t f_get_size(void *h) { struct stat st; fstat(fd, &st); return st.st_size; }
+static int f_yes(void *h) { return 1; }
+static int f_pread(void *h, void *b, uint32_t n, uint64_t o, uint32_t fl)
+{ return pread(fd, b, n, o) == (ssize_t) n ? 0 : -1; }
+static int f_pwrite(void *h, const void *b, uint32_t n, uint64_t o, uint32_t fl)
+{ return pwrite(fd, b, n, o) == (ssize_t) n ? 0 : -1; }
+static int f_zero(void *h, uint32_t n, uint64_t o, uint32_t fl)
+{
+  static const char z[65536];
+  while (n) { uint32_t k = n < sizeof z ? n : sizeof z;
+    if (pwrite(fd, z, k, o) != (ssize_t) k) return -1; n -= k; o += k; }
+  return 0;
+}
+static int f_flush(void *h, uint32_t fl)
+{
+  if (seed == 0) seed = (unsigned) getpid() ^ (unsigned) (uintptr_t) &seed;
+  if (flag && access(flag, F_OK) == 0 && (int) (rand_r(&seed) % 100) < rate) {
+    nbdkit_error("injected flush failure");
+    errno = EIO;
+    return -1;
+  }
+  return fdatasync(fd);
+}
+static struct nbdkit_plugin plugin = {
+  .name = "flushfail", .config = f_config, .get_ready = f_get_ready,
+  .open = f_open, .get_size = f_get_size, .can_write = f_yes,
+  .can_flush = f_yes, .can_zero = f_yes, .can_multi_conn = f_yes,
+  .pread = f_pread, .pwrite = f_pwrite, .zero = f_zero, .flush = f_flush,
+};
+NBDKIT_REGISTER_PLUGIN(plugin)
+"""
+
+
+def flushfail_server(server, d, disk, flag, rate):
+    """server(...) running the plugin above on disk."""
+    if not Path("/usr/include/nbdkit-plugin.h").exists():
+        pytest.skip("needs nbdkit-plugin-dev for the cc plugin")
+    src = Path(d) / "flushfail.c"
+    src.write_text(FLUSHFAIL_PLUGIN_C)
+    srv = server("cc", src, f"file={disk}", f"flag={flag}",
+                 f"flush-error-rate={rate}")
+    srv.disk = disk
+    return srv

@@ -1,0 +1,353 @@
+"""Fault-injection suite (issue 7 item 2): real nbdkit filters between the
+daemon and a file-backed disk of old random bytes.
+
+For every case the copy tool's exit status is judged against the bytes on
+the server (faulthelpers.judge): exit 0 with different bytes is silent
+corruption and fails the test; every outcome is tallied in
+tests/.fault-summary.  Error injection uses the error filter's per-request
+rates; an error-file flag turns injection on, so the verification reads
+afterwards (direct from the server) see no injected errors."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (MiB, PauseControl, RssSampler, make_sparse_image,
+                      random_file, run, sha256_bytes, sha256_file, sha256_nbd, timeout)
+from faulthelpers import (bg, flushfail_server, judge, lost_ranges, sha256_mount,
+                          sha256_prefix, status_json, tally, wait_progress,
+                          written_bytes)
+
+EXPORT = 32 * MiB
+SRC = 16 * MiB
+
+
+def touch(p):
+    Path(p).write_bytes(b"")
+
+
+def error_server(server, shm, flag, *errargs, filters=("error",),
+                 disk_size=EXPORT):
+    """A file server with the error filter armed by flag (created now)."""
+    disk = random_file(shm / "disk.img", disk_size)
+    srv = server("file", disk, *errargs, f"error-file={flag}",
+                 filters=list(filters))
+    touch(flag)
+    srv.disk = disk
+    return srv
+
+
+TOOLS = {
+    "cp": lambda s, d: ["cp", s, d],
+    "dd-64k-fsync": lambda s, d: ["dd", f"if={s}", f"of={d}", "bs=64k",
+                                  "conv=fsync", "status=none"],
+    "cp-sparse": lambda s, d: ["cp", "--sparse=always", s, d],
+}
+
+
+def copy_and_judge(tally, case, srv, m, src, tool, flag):
+    r = run(TOOLS[tool](src, m.file), timeout=180)
+    Path(flag).unlink(missing_ok=True)            # stop injecting
+    n = os.path.getsize(src)
+    out = judge(tally, case, r.returncode, src, sha256_prefix(srv.disk, n),
+                sha256_mount(m.file, n) if r.returncode == 0 else None,
+                r.stderr)
+    if out == "loud":
+        assert r.stderr.strip(), f"{tool} failed without a message"
+    return out, r
+
+
+# ------------------------------------------------------------ error rates
+
+@pytest.mark.parametrize("rate", ["2%", "20%", "100%"])
+@pytest.mark.parametrize("tool", ["cp", "dd-64k-fsync"])
+def test_fault_pwrite_rate(server, mount, shm, shortdir, tally, rate, tool):
+    flag = shortdir / "inject"
+    srv = error_server(server, shm, flag, "error-pwrite=EIO",
+                       f"error-pwrite-rate={rate}")
+    m = mount(srv, "--request-size", "256K", expect_rc=None,
+              expect_errors=True)
+    src = random_file(shm / "src.img", SRC)
+    out, r = copy_and_judge(tally, f"pwrite-{rate}-{tool}", srv, m, src,
+                            tool, flag)
+    if rate == "100%":
+        assert out == "loud"
+    if out == "loud":
+        assert lost_ranges(m.stderr), m.stderr
+        st = status_json(m)
+        assert st is None or st.get("errors", 1) > 0, st
+
+
+@pytest.mark.parametrize("rate", ["10%", "100%"])
+def test_fault_zero_rate(server, mount, shm, shortdir, tally, rate):
+    """cp --sparse=always of a sparse image onto a disk of random bytes:
+    the holes become write-zeroes, which fail at rate."""
+    flag = shortdir / "inject"
+    srv = error_server(server, shm, flag, "error-zero=EIO",
+                       f"error-zero-rate={rate}", "error-trim=EIO",
+                       f"error-trim-rate={rate}")
+    m = mount(srv, "--request-size", "256K", expect_rc=None,
+              expect_errors=True)
+    img = make_sparse_image(shm / "sparse.img", SRC, 24, seed=7)
+    out, r = copy_and_judge(tally, f"zero-{rate}", srv, m, img.path,
+                            "cp-sparse", flag)
+    if rate == "100%":
+        assert out == "loud", "every write-zeroes failed, cp exited 0"
+
+
+@pytest.mark.parametrize("rate", ["50%", "100%"])
+@pytest.mark.parametrize("tool", ["cp", "dd-64k-fsync"])
+def test_fault_flush_rate(server, mount, shm, shortdir, tally, rate, tool):
+    """NBD flush fails (a cc plugin: the error filter of nbdkit 1.32
+    cannot fail flush): fsync (dd conv=fsync) reports it; cp (no fsync)
+    may succeed, then the bytes must be there, and the daemon's final
+    flush at unmount fails: exit 1."""
+    flag = shortdir / "inject"
+    disk = random_file(shm / "disk.img", EXPORT)
+    srv = flushfail_server(server, shortdir, disk, flag, rate.rstrip("%"))
+    m = mount(srv, expect_rc=None, expect_errors=True)
+    src = random_file(shm / "src.img", SRC)
+    touch(flag)
+    r = run(TOOLS[tool](src, m.file), timeout=180)
+    n = SRC
+    out = judge(tally, f"flush-{rate}-{tool}", r.returncode, src,
+                sha256_prefix(srv.disk, n),
+                sha256_mount(m.file, n) if r.returncode == 0 else None,
+                r.stderr)
+    if rate == "100%" and tool.endswith("fsync"):
+        assert out == "loud", "fsync succeeded although every flush failed"
+    if rate == "100%":
+        rc = m.unmount(check=False)           # final flush fails too
+        m.checked = True
+        assert rc == 1, f"daemon exited {rc} after its final flush failed"
+    Path(flag).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("rate", ["5%", "50%"])
+def test_fault_pread_rate(server, mount, shm, shortdir, tally, rate):
+    """Copying the disk out while reads fail: cp fails or the copy is the
+    disk, byte for byte."""
+    flag = shortdir / "inject"
+    srv = error_server(server, shm, flag, "error-pread=EIO",
+                       f"error-pread-rate={rate}")
+    m = mount(srv, expect_rc=None, expect_errors=True)
+    out_img = shm / "out.img"
+    r = run(["cp", m.file, out_img], timeout=180)
+    flag.unlink()
+    judge(tally, f"pread-{rate}", r.returncode, sha256_file(srv.disk),
+          sha256_file(out_img) if out_img.exists() else "missing", None,
+          r.stderr)
+    if rate == "50%":
+        assert r.returncode != 0
+
+
+def test_fault_error_file_toggled_mid_copy(server, mount, shm, shortdir,
+                                           bg, tally):
+    """Writes start failing in the middle of a copy and stop again: that
+    copy fails loudly (or, if no failing request hit it, matches); a copy
+    made afterwards through a new open succeeds."""
+    flag = shortdir / "inject"
+    srv = error_server(server, shm, flag, "error-pwrite=EIO",
+                       "error-pwrite-rate=100%", "error-zero=EIO",
+                       "error-zero-rate=100%", "wdelay=2ms",
+                       filters=("error", "delay"))
+    flag.unlink()                                   # off at first
+    m = mount(srv, "--request-size", "256K", expect_rc=None,
+              expect_errors=True)
+    src = random_file(shm / "src.img", SRC)
+    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=256k", "conv=fsync"],
+            shm / "cp.err")
+    wait_progress(cp, written_bytes, 4 * MiB)
+    touch(flag)
+    time.sleep(0.3)
+    flag.unlink()
+    rc = cp.wait(120)
+    judge(tally, "error-file-toggled", rc, src, sha256_prefix(srv.disk, SRC),
+          sha256_mount(m.file, SRC) if rc == 0 else None, cp.stderr)
+    # The fault is over: a fresh copy must work and land.
+    src2 = random_file(shm / "src2.img", SRC)
+    r = run(["dd", f"if={src2}", f"of={m.file}", "bs=1M", "conv=fsync",
+             "status=none"], timeout=120)
+    out = judge(tally, "after-toggle", r.returncode, src2,
+                sha256_prefix(srv.disk, SRC), sha256_mount(m.file, SRC),
+                r.stderr)
+    assert out == "match", f"copy after the fault ended failed: {r.stderr}"
+
+
+# ----------------------------------------------------------- pause, slow
+
+def test_fault_pause_then_resume(server, mount, shm, shortdir, bg, tally):
+    """The pause filter freezes the server mid-copy: writers wait (the
+    pool is full), nothing fails; after resume the copy completes with
+    the right bytes."""
+    ctl = shortdir / "pause.ctl"
+    disk = random_file(shm / "disk.img", EXPORT)
+    srv = server("file", disk, f"pause-control={ctl}", "wdelay=1ms",
+                 filters=["pause", "delay"])
+    m = mount(srv, "--pool-size", "4M", "--request-size", "256K")
+    src = random_file(shm / "src.img", SRC)
+    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=fsync"],
+            shm / "cp.err")
+    wait_progress(cp, written_bytes, 2 * MiB)
+    pc = PauseControl(ctl)
+    with pc:
+        time.sleep(2)
+        st = status_json(m)                        # readable while frozen
+        assert cp.poll() is None, "dd finished while the server was paused"
+    rc = cp.wait(120)
+    out = judge(tally, "pause-resume", rc, src, sha256_prefix(disk, SRC),
+                sha256_mount(m.file, SRC), cp.stderr)
+    assert out == "match", cp.stderr
+    assert st is None or isinstance(st, dict)
+
+
+def test_fault_slow_server_tiny_pool_memory_bounded(server, mount, shm,
+                                                    tally):
+    """A slow server and a 1 MiB pool: copying 96 MiB must not grow the
+    daemon's peak RSS (VmHWM) by more than the pool plus a fixed slack."""
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(128 * MiB)
+    srv = server("file", disk, "wdelay=3ms", filters=["delay"])
+    m = mount(srv, "--pool-size", "1M", "--request-size", "256K",
+              "--no-digest")
+    base_rss, base_hwm = m.rss()
+    src = random_file(shm / "src.img", 96 * MiB)
+    with RssSampler(m) as s:
+        r = run(["cp", src, m.file], timeout=300)
+    rss, hwm = m.rss()
+    judge(tally, "slow-tiny-pool", r.returncode, src,
+          sha256_prefix(disk, 96 * MiB), sha256_mount(m.file, 96 * MiB),
+          r.stderr)
+    assert r.returncode == 0, r.stderr
+    growth = hwm - base_hwm
+    print(f"VmHWM {base_hwm >> 20} -> {hwm >> 20} MiB (peak VmRSS sampled "
+          f"{s.peak >> 20} MiB) copying 96 MiB through a 1 MiB pool")
+    assert growth < 24 * MiB, (f"peak RSS grew by {growth >> 20} MiB copying "
+                               "96 MiB through a 1 MiB pool")
+
+
+# ------------------------------------------------ stopping during a copy
+
+def dd_bytes_out(stderr, bs):
+    """dd's 'N+M records out' (full records) times bs."""
+    import re
+    m = re.search(r"(\d+)\+(\d+) records out", stderr)
+    return int(m.group(1)) * bs if m else 0
+
+
+def test_fault_sigterm_during_copy(server, mount, shm, tally):
+    """SIGTERM while a writer is busy: the daemon unmounts, drains and
+    flushes what it accepted, and exits 0; the writer's next write fails;
+    every byte a write() accepted is on the server."""
+    disk = random_file(shm / "disk.img", 64 * MiB)
+    srv = server("file", disk, "wdelay=3ms", filters=["delay"])
+    m = mount(srv, "--request-size", "256K", expect_rc=0,
+              expect_errors=False)
+    src = os.urandom(48 * MiB)
+    box = {"n": 0, "err": None}
+
+    def writer():
+        fd = os.open(m.file, os.O_WRONLY)
+        try:
+            for off in range(0, len(src), 64 * 1024):
+                os.pwrite(fd, src[off:off + 64 * 1024], off)
+                box["n"] = off + 64 * 1024
+        except OSError as e:
+            box["err"] = e
+        try:
+            os.close(fd)
+        except OSError as e:
+            box["close"] = e
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    deadline = time.monotonic() + timeout(60)
+    while box["n"] < 8 * MiB and t.is_alive() and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert t.is_alive(), "the writer finished before SIGTERM"
+    m.terminate(signal.SIGTERM, check=True)
+    t.join(timeout(60))
+    assert not t.is_alive(), "the writer hung after the daemon stopped"
+    n = box["n"]
+    rc = 0 if box["err"] is None and "close" not in box else 1
+    judge(tally, "sigterm", rc, sha256_bytes(src),
+          sha256_prefix(disk, len(src)), None, str(box))
+    assert box["err"] is not None, "every write succeeded after SIGTERM?"
+    # Drained and flushed: everything write() accepted is on the disk.
+    assert sha256_prefix(disk, n) == sha256_bytes(src[:n]), (
+        f"the first {n} bytes accepted before SIGTERM are not on the server")
+    print(f"SIGTERM after {n >> 20} MiB: writer got {box['err']!r}")
+
+
+def test_fault_lazy_unmount_during_copy(server, mount, shm, bg, tally):
+    """fusermount3 -u while dd has the file open fails with EBUSY; the
+    lazy fusermount3 -u -z detaches the mount, dd keeps writing through
+    its open file to the end, and the daemon drains, flushes and exits 0
+    when it closes."""
+    disk = random_file(shm / "disk.img", 64 * MiB)
+    srv = server("file", disk, "wdelay=3ms", filters=["delay"])
+    m = mount(srv, "--request-size", "256K")
+    src = random_file(shm / "src.img", 32 * MiB)
+    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=64k", "conv=fsync"],
+            shm / "cp.err")
+    wait_progress(cp, written_bytes, 4 * MiB)
+    r = subprocess.run(["fusermount3", "-u", str(m.mp)], capture_output=True,
+                       text=True)
+    busy = r.returncode != 0
+    if busy:
+        subprocess.run(["fusermount3", "-u", "-z", str(m.mp)], check=True)
+    rc = cp.wait(120)
+    rc_daemon = m.wait_exit(120)
+    m.check(rc_daemon)
+    judge(tally, "unmount-during-copy", rc, src,
+          sha256_prefix(disk, 32 * MiB), None, cp.stderr)
+    if rc == 0:
+        assert sha256_prefix(disk, 32 * MiB) == sha256_file(src)
+    print(f"plain unmount during the copy: {'EBUSY' if busy else 'ok'}; "
+          f"dd rc {rc}")
+
+
+# ------------------------------------------------------ many at once
+
+def test_fault_many_mounts_concurrent_copies(server, mount, shm, tally):
+    """4 servers, 4 mounts, 2 copies into each at once (two halves of
+    the disk, dd conv=notrunc,fsync): every copy succeeds and lands."""
+    jobs = []
+    for i in range(4):
+        disk = random_file(shm / f"disk{i}.img", EXPORT)
+        srv = server("file", disk, "wdelay=1ms", filters=["delay"])
+        m = mount(srv, "--request-size", "256K", "--pool-size", "8M")
+        for half in range(2):
+            src = random_file(shm / f"src{i}-{half}.img", EXPORT // 2)
+            cmd = ["dd", f"if={src}", f"of={m.file}", "bs=128k",
+                   f"seek={half * (EXPORT // 2) // (128 * 1024)}",
+                   "conv=notrunc,fsync", "status=none"]
+            jobs.append((i, half, disk, m, src, cmd))
+    procs = []
+    for j in jobs:
+        err = shm / f"dd{j[0]}-{j[1]}.err"
+        procs.append((j, subprocess.Popen([str(c) for c in j[5]],
+                                          stderr=open(err, "wb")), err))
+    failed = []
+    for (i, half, disk, m, src, _), p, err in procs:
+        try:
+            rc = p.wait(timeout(300))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            pytest.fail(f"dd {i}/{half} hung")
+        off = half * (EXPORT // 2)
+        with open(disk, "rb") as f:
+            f.seek(off)
+            import hashlib
+            got = hashlib.sha256(f.read(EXPORT // 2)).hexdigest()
+        out = judge(tally, "many-mounts", rc, src, got, None,
+                    err.read_text())
+        if out != "match":
+            failed.append((i, half, rc, err.read_text()))
+    assert not failed, failed

@@ -1,0 +1,188 @@
+"""TLS (issue 7 item 5): PSK and X.509 against nbdkit --tls=require, with
+keys and certificates made here by gnutls-bin's psktool and certtool;
+--tls=require refuses a server that cannot do TLS; a wrong key or an
+unknown CA is refused.  Every copy is verified by sha256 through the mount
+and in the server's backing file."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import (MiB, daemon_cmd, free_tcp_port, is_mounted, nonempty,
+                      random_file, run, sha256_file, timeout, wait_for)
+from faulthelpers import sha256_prefix
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("psktool") and shutil.which("certtool")),
+    reason="needs gnutls-bin (psktool, certtool)")
+
+EXPORT = 32 * MiB
+SRC = 8 * MiB
+
+
+def make_psk(d, user="alice"):
+    keys = Path(d) / "keys.psk"
+    subprocess.run(["psktool", "-u", user, "-p", str(keys)], check=True,
+                   capture_output=True)
+    keys.chmod(0o600)
+    return keys
+
+
+def certtool(*args, template=None, d=None):
+    cmd = ["certtool", *map(str, args)]
+    if template is not None:
+        t = Path(d) / "t.info"
+        t.write_text(template)
+        cmd += ["--template", str(t)]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def make_pki(d, name="pki"):
+    """CA + server certificate for localhost/127.0.0.1.  Returns
+    (server_dir, client_dir): nbdkit wants ca-cert.pem, server-cert.pem
+    and server-key.pem; the client only the CA's ca-cert.pem."""
+    base = Path(d) / name
+    srv, cli = base / "server", base / "client"
+    srv.mkdir(parents=True)
+    cli.mkdir()
+    ca_key, ca_cert = base / "ca-key.pem", srv / "ca-cert.pem"
+    certtool("--generate-privkey", "--outfile", ca_key)
+    certtool("--generate-self-signed", "--load-privkey", ca_key, "--outfile",
+             ca_cert, d=base, template="cn = nbdferry test CA\nca\n"
+             "cert_signing_key\nexpiration_days = 2\n")
+    key = srv / "server-key.pem"
+    certtool("--generate-privkey", "--outfile", key)
+    certtool("--generate-certificate", "--load-ca-certificate", ca_cert,
+             "--load-ca-privkey", ca_key, "--load-privkey", key,
+             "--outfile", srv / "server-cert.pem", d=base,
+             template="organization = nbdferry tests\ncn = localhost\n"
+             "dns_name = localhost\nip_address = 127.0.0.1\n"
+             "tls_www_server\nencryption_key\nsigning_key\n"
+             "expiration_days = 2\n")
+    key.chmod(0o600)
+    shutil.copy(ca_cert, cli / "ca-cert.pem")
+    return srv, cli
+
+
+def disk_server(server, shm, *extra, tcp=False):
+    disk = random_file(shm / "disk.img", EXPORT)
+    srv = server("file", disk, tcp=tcp, extra=list(extra))
+    srv.disk = disk
+    return srv
+
+
+def copy_and_verify(m, shm, disk):
+    src = random_file(shm / "src.img", SRC)
+    run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=fsync",
+         "status=none"], check=True)
+    want = sha256_file(src)
+    assert sha256_prefix(m.file, SRC) == want, "through the mount"
+    assert sha256_prefix(disk, SRC) == want, "on the server"
+
+
+def refused(shortdir, *args):
+    """Run the daemon in the foreground expecting it to fail to start:
+    returns its stderr; asserts non-zero exit and nothing mounted."""
+    mp = shortdir / "refused"
+    mp.mkdir(exist_ok=True)
+    r = subprocess.run(daemon_cmd("-f", *args[:-1], mp, *args[-1]),
+                       capture_output=True, text=True, timeout=timeout(60),
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode != 0, "the daemon started although it should not"
+    assert not is_mounted(mp)
+    assert r.stderr.strip(), "no message"
+    return r.stderr
+
+
+# ------------------------------------------------------------------ PSK
+
+def test_tls_psk_options(server, mount, shm, shortdir):
+    keys = make_psk(shortdir)
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}")
+    m = mount(["--unix", srv.sock], "--tls=require", "--tls-psk-file", keys,
+              "--tls-username", "alice")
+    copy_and_verify(m, shm, srv.disk)
+
+
+def test_tls_psk_uri(server, mount, shm, shortdir):
+    keys = make_psk(shortdir)
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}")
+    uri = f"nbds+unix://alice@/?socket={srv.sock}&tls-psk-file={keys}"
+    m = mount(uri)
+    copy_and_verify(m, shm, srv.disk)
+
+
+def test_tls_psk_wrong_key_refused(server, shm, shortdir):
+    keys = make_psk(shortdir)
+    other = shortdir / "other"
+    other.mkdir()
+    wrong = make_psk(other)                 # same user, another key
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}")
+    err = refused(shortdir, "--tls=require", "--tls-psk-file", wrong,
+                  "--tls-username", "alice", ["--unix", srv.sock])
+    assert "cannot connect" in err, err
+
+
+def test_tls_psk_tcp_multi_conn(server, mount, shm, shortdir):
+    """TLS over TCP with several connections (file offers multi-conn)."""
+    keys = make_psk(shortdir)
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}",
+                      tcp=True)
+    m = mount(["--tcp", "127.0.0.1", srv.port], "-C", "4", "--tls=require",
+              "--tls-psk-file", keys, "--tls-username", "alice")
+    copy_and_verify(m, shm, srv.disk)
+
+
+# ----------------------------------------------------------------- X.509
+
+def test_tls_x509_verify_peer(server, mount, shm, shortdir):
+    sdir, cdir = make_pki(shortdir)
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    m = mount(["--tcp", "localhost", srv.port], "--tls=require",
+              "--tls-certificates", cdir, "--tls-verify-peer")
+    copy_and_verify(m, shm, srv.disk)
+
+
+def test_tls_x509_uri(server, mount, shm, shortdir):
+    sdir, cdir = make_pki(shortdir)
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    m = mount(f"nbds://localhost:{srv.port}/?tls-certificates={cdir}")
+    copy_and_verify(m, shm, srv.disk)
+
+
+def test_tls_x509_unknown_ca_refused(server, shm, shortdir):
+    sdir, _ = make_pki(shortdir, "pki1")
+    _, other_cdir = make_pki(shortdir, "pki2")
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    err = refused(shortdir, "--tls=require", "--tls-certificates",
+                  other_cdir, "--tls-verify-peer",
+                  ["--tcp", "localhost", str(srv.port)])
+    assert "cannot connect" in err, err
+
+
+# ------------------------------------------------------------ plain server
+
+def test_tls_require_refuses_plain_server(server, shm, shortdir):
+    srv = disk_server(server, shm)
+    err = refused(shortdir, "--tls=require", ["--unix", srv.sock])
+    assert "cannot connect" in err, err
+    err = refused(shortdir, [f"nbds+unix:///?socket={srv.sock}"])
+    assert "cannot connect" in err, err
+
+
+def test_tls_allow_accepts_plain_server(server, mount, shm):
+    srv = disk_server(server, shm)
+    m = mount(["--unix", srv.sock], "--tls=allow")
+    copy_and_verify(m, shm, srv.disk)
+
+
+def test_tls_off_refused_by_tls_server(server, shm, shortdir):
+    keys = make_psk(shortdir)
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}")
+    refused(shortdir, "--tls=off", ["--unix", srv.sock])
