@@ -241,7 +241,9 @@ def test_mode_uri(server, mount):
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri, EXPORT)
     m = mount(srv)
-    assert os.path.getsize(m.file) == EXPORT
+    st = os.stat(m.file)
+    assert st.st_size == EXPORT
+    assert st.st_blksize == MiB, f"st_blksize {st.st_blksize} (issue 2: 1 MiB)"
     write_and_verify(m.file, uri=srv.uri)
 
 

@@ -162,3 +162,32 @@ def test_read_after_write_while_server_paused(server, mount, shm, shortdir):
                         f"flight differs at byte {roff + bad}")
     assert_content(bytes(ref), EXPORT, mount_file=m.file, uri=srv.uri,
                    what="after resume and close")
+
+
+@pytest.mark.parametrize("conns", ["1", "4"])
+def test_read_after_write_random_on_reordering_server(jitter_server, mount,
+                                                      shm, conns):
+    """Many writes then immediate reads of overlapping ranges, while writes
+    complete late and out of order across connections: every read returns
+    what the writes made before it say."""
+    disk = random_file(shm / "disk.img", EXPORT)
+    ref = bytearray(disk.read_bytes())
+    srv = jitter_server(EXPORT, 20000, f"init={disk}")
+    m = mount(srv, "-C", conns, "--depth", "32", "--request-size", "128K")
+    rng = random.Random(int(conns))
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        for i in range(120):
+            n = rng.choice([1, 777, 4096, 65536, 200001, MiB + 3])
+            off = rng.randrange(0, 6 * MiB - n)
+            data = rng.randbytes(n)
+            assert os.pwrite(fd, data, off) == n
+            ref[off:off + n] = data
+            roff = max(0, off + rng.randint(-70000, 70000))
+            rn = rng.randint(1, 400000)
+            check_read(m.file, ref, roff, min(rn, EXPORT - roff),
+                       f"read after write {i}")
+    finally:
+        os.close(fd)
+    assert_content(bytes(ref), EXPORT, mount_file=m.file, uri=srv.uri,
+                   what="random read-after-write")
