@@ -40,6 +40,7 @@ struct vhdview {
     struct vhd_stream *stream;    /* the ingest in progress, or NULL */
     struct fs_fh *writer;         /* the handle that owns it */
     int err;                      /* its sticky error (positive errno) */
+    bool logged;                  /* the sink already logged the error */
     uint64_t file_size;           /* high-water mark of the VHD written */
     uint8_t uuid[16];             /* of the synthesized VHD, per mount */
     uint32_t timestamp;
@@ -158,6 +159,7 @@ static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
         log_err("%s.vhd: the VHD's disk is %" PRIu64 " bytes, larger than "
                 "the export (%" PRIu64 "): nothing written", fs->filename,
                 size, fs->export_size);
+        fs->vhd->logged = true;
         return -ENOSPC;
     }
     log_info("%s.vhd: receiving a %s VHD, disk size %" PRIu64, fs->filename,
@@ -168,12 +170,25 @@ static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
     return fs_raw_replace(fs, size);
 }
 
+/* A fixed VHD's size is known only at its end: its data can run past
+ * the export.  (Dynamic ones were checked at begin.) */
+static int past_export(struct fs *fs, uint64_t off, uint64_t len)
+{
+    if (off <= fs->export_size && len <= fs->export_size - off)
+        return 0;
+    log_err("%s.vhd: the VHD's disk is larger than the export (%" PRIu64
+            " bytes): data at offset %" PRIu64 " does not fit", fs->filename,
+            fs->export_size, off);
+    fs->vhd->logged = true;
+    return -ENOSPC;
+}
+
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
 {
     struct fs *fs = opaque;
 
-    if (off > fs->export_size || len > fs->export_size - off)
-        return -EINVAL;                       /* the decoder promised not */
+    if (past_export(fs, off, len) < 0)
+        return -ENOSPC;
     ssize_t r = pool_write(fs->pool, off, buf, len);
     if (r < 0)
         return (int) r;
@@ -185,8 +200,8 @@ static int sink_zero(void *opaque, uint64_t off, uint64_t len)
 {
     struct fs *fs = opaque;
 
-    if (off > fs->export_size || len > fs->export_size - off)
-        return -EINVAL;
+    if (past_export(fs, off, len) < 0)
+        return -ENOSPC;
     pool_zero(fs->pool, off, len);
     fs_raw_extend(fs, off + len);
     return 0;
@@ -203,6 +218,8 @@ static int fail_locked(struct fs *fs, struct vhdview *v, int r)
 {
     if (!v->err) {
         v->err = -r;
+        if (v->logged)                        /* the sink said it */
+            return r;
         log_err("%s.vhd: %s", fs->filename,
                 vhd_stream_error(v->stream)[0] ? vhd_stream_error(v->stream)
                                                : strerror(-r));
@@ -229,6 +246,7 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
     if (r == 0) {
         v->writer = fh;
         v->err = 0;
+        v->logged = false;
         v->file_size = 0;
         /* The raw file's inline digest cannot follow a VHD's bytes. */
         digest_foreign(fs->digest, "the VHD view");

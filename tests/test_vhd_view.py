@@ -618,11 +618,6 @@ def test_bad_cookie_in_copy_fails(victim, shm):
     sectors_are(read_nbd(srv.uri), [bytes(data), None, old], "bad cookie")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 4 wants the disk untouched, but a first sector without the "
-    "conectix cookie is taken as fixed-VHD data and replaces the disk "
-    "before the trailing footer shows the mistake (vhd/stream.c "
-    "decide_kind)"))
 @pytest.mark.parametrize("fix_checksum", [False, True])
 def test_bad_cookie_in_copy_leaves_disk_untouched(victim, shm, fix_checksum):
     srv, m, old, data = victim

@@ -215,11 +215,30 @@ static uint64_t collect(struct vhd_stream *s, uint64_t start, uint64_t size,
 
 /* ---- step: the first sector -------------------------------------------------------- */
 
+/* A fixed VHD starts with disk data, which any byte may begin.  But a
+ * first sector whose fields after the cookie are those of a dynamic or
+ * differencing footer (features with the reserved bit, version 1.0, data
+ * offset 512, disk type 3 or 4) is a footer copy with a damaged cookie:
+ * taking it for disk data would replace the disk with the file's bytes. */
+static bool looks_like_footer(const uint8_t *sec)
+{
+    const struct vhd_footer_disk *d = (const void *) sec;
+    uint32_t features = be32toh(d->features), version = be32toh(d->version);
+    uint64_t data_off = be64toh(d->data_offset);
+    uint32_t type = be32toh(d->disk_type);
+    return (features & ~1u) == 2 && version == 0x00010000 &&
+           data_off == 512 && (type == VHD_DYNAMIC || type == VHD_DIFF);
+}
+
 static int decide_kind(struct vhd_stream *s)
 {
     struct vhd_err e = { "" };
     bool cookie = memcmp(s->copy, VHD_COOKIE_FOOTER, 8) == 0 ||
                   memcmp(s->copy, VHD_COOKIE_POISON, 8) == 0;
+    if (!cookie && looks_like_footer(s->copy))
+        return sfail(s, -EINVAL, "footer copy at offset 0: bad cookie "
+                     "(the rest of the sector is a dynamic or differencing "
+                     "VHD footer)");
     if (!cookie) {
         s->state = ST_FIXED;
         return begin(s, VHD_FIXED, 0);
