@@ -344,6 +344,43 @@ def test_option_connections_multi_conn(server, mount, shm):
     assert n >= 4, f"-C 4 opened {n} connection(s)"
 
 
+def test_option_connections_without_multi_conn(server, mount, shm):
+    """-C 4 against a server that does not offer multi-conn: one
+    connection only (a flush on one connection would not cover writes on
+    the others), and the data lands."""
+    srv = server("memory", f"size={EXPORT}", "multi-conn-mode=disable",
+                 filters=["multi-conn"], log=True)
+    m = mount(srv, "-C", "4")
+    src = random_file(shm / "src.img", 16 * MiB)
+    with open(src, "rb") as f, open(m.file, "r+b") as g:
+        g.write(f.read())
+        g.flush()
+        os.fsync(g.fileno())
+    assert_content(src, EXPORT, uri=srv.uri, what="-C 4, no multi-conn")
+    n = srv.connections() - 1                  # minus our own check above
+    assert n == 1, f"{n} connections to a server without multi-conn"
+
+
+@pytest.mark.parametrize("opts", [
+    ("--depth", "1"),
+    ("--depth", "1", "-C", "1", "--request-size", "4K"),
+    ("--pool-size", "2M", "--request-size", "2M"),
+    ("--pool-size", "64K", "--request-size", "1M", "--depth", "64"),
+], ids=["depth1", "depth1-4k", "pool-one-buffer", "pool-below-request"])
+def test_option_extreme_settings(server, mount, shm, opts):
+    """Edge settings (one request in flight, tiny requests, a pool of one
+    buffer or smaller than a request) still work and carry data exactly."""
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv, *opts)
+    src = random_file(shm / "src.img", 8 * MiB + 1)
+    r = subprocess.run(["cp", str(src), str(m.file)], capture_output=True,
+                       text=True, timeout=timeout(120))
+    assert r.returncode == 0, r.stderr
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=8 * MiB + 1, what=" ".join(opts))
+
+
 def test_option_sizes_with_suffixes(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
     m = mount(srv, "--depth", "4", "--request-size", "1M",

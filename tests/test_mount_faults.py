@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from conftest import (MiB, assert_content, daemon_has_option, fill_random, random_file, read_nbd, run,
-                      tail, timeout)
+from conftest import (MiB, assert_content, daemon_has_option, fill_random,
+                      make_sparse_image, random_file, read_nbd, run, tail,
+                      timeout)
 
 EXPORT = 64 * MiB
 SRC = 16 * MiB
@@ -264,3 +265,23 @@ def test_fault_sigterm_with_failing_pending_writes(server, mount, shortdir):
     assert rc != 0, ("daemon exited 0 although writes it had accepted "
                      "failed while draining")
     assert daemon_logged_failure(m), m.stderr
+
+
+@pytest.mark.parametrize("tool", ["cp-sparse", "dd-1M", "dd-fsync"])
+def test_fault_zeroing_fails(server, mount, shm, tool):
+    """Write-zeroes (for holes, O_TRUNC and the tail beyond the new size)
+    fail at the server while payload writes succeed.  The old random bytes
+    then survive where zeros belong, so the tool must not exit 0 unless
+    the daemon zeroed some other way and the server is right."""
+    srv = server("memory", f"size={EXPORT}", "error-zero=EIO",
+                 "error-zero-rate=100%", "error-trim=EIO",
+                 "error-trim-rate=100%", filters=["error"])
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv, expect_rc=None, expect_errors=True)
+    img = make_sparse_image(shm / "src.img", 40 * MiB + 512, runs=8, seed=11)
+    r = run(TOOLS[tool](img.path, m.file))
+    if r.returncode == 0:
+        assert_content(img.path, EXPORT, uri=srv.uri,
+                       what=f"{tool} exited 0 although zeroing failed")
+    else:
+        assert "Input/output error" in r.stderr, r.stderr
