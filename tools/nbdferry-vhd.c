@@ -7,14 +7,13 @@
  *   nbdferry-vhd export RAW -o OUT
  *
  * Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.
- * The library never does I/O; this file does all of it (pread, pwrite).
+ * The library never does I/O; this file and tools/vhdfile.c (the chain
+ * reader shared with nbdferry-verify) do all of it (pread, pwrite).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <libgen.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +24,11 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "tools/vhdfile.h"
 #include "vhd/vhd.h"
 
 #define EXIT_INVALID 1
 #define EXIT_USAGE   2
-#define CHAIN_MAX    32
 #define CHUNK        (2u << 20)
 
 static const char *prog = "nbdferry-vhd";
@@ -46,22 +45,6 @@ static void msg(const char *fmt, ...)
 }
 
 /* ---- I/O helpers ------------------------------------------------------------ */
-
-static int pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n = pread(fd, p, len, off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            return -EIO;                /* file shrank under us */
-        p += n; off += n; len -= n;
-    }
-    return 0;
-}
 
 static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 {
@@ -123,276 +106,8 @@ static int pwrite_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
     return 0;
 }
 
-/* ---- one chain member --------------------------------------------------------- */
-
-struct member {
-    char *path;                         /* owned */
-    int fd;
-    dev_t dev;
-    ino_t ino;
-    uint64_t file_size;
-    struct vhd_image *img;              /* owned; NULL: raw parent */
-    uint64_t size;                      /* virtual size */
-    struct member *parent;              /* owned */
-    uint32_t bm_block;                  /* cached bitmap */
-    uint8_t *bm;                        /* owned */
-};
-
-static void member_free(struct member *m)
-{
-    while (m) {
-        struct member *p = m->parent;
-        if (m->fd >= 0)
-            close(m->fd);
-        vhd_image_free(m->img);
-        free(m->bm);
-        free(m->path);
-        free(m);
-        m = p;
-    }
-}
-
-/* Parse the VHD at m->fd.  Returns 0, -EINVAL (invalid: err set) or
- * another -errno (I/O). */
-static int member_parse(struct member *m, struct vhd_err *err)
-{
-    uint8_t foot[512];
-    if (m->file_size < 512) {
-        snprintf(err->msg, sizeof err->msg, "file of %" PRIu64 " bytes is "
-                 "shorter than a VHD footer", m->file_size);
-        return -EINVAL;
-    }
-    int r = pread_full(m->fd, foot, 512, m->file_size - 512);
-    if (r < 0)
-        return r;
-    if ((r = vhd_image_new(foot, m->file_size, &m->img, err)) < 0)
-        return r == -EFBIG ? -EINVAL : r;
-    uint64_t off;
-    size_t len;
-    while ((r = vhd_image_next(m->img, &off, &len)) > 0) {
-        uint8_t *buf = malloc(len ? len : 1);
-        if (!buf)
-            return -ENOMEM;
-        r = pread_full(m->fd, buf, len, off);
-        if (r == 0)
-            r = vhd_image_supply(m->img, buf, err);
-        free(buf);
-        if (r < 0)
-            return r == -EFBIG ? -EINVAL : r;
-    }
-    m->size = vhd_image_size(m->img);
-    m->bm_block = UINT32_MAX;
-    m->bm = malloc(vhd_image_bitmap_bytes(m->img) ? vhd_image_bitmap_bytes(m->img) : 1);
-    return m->bm ? 0 : -ENOMEM;
-}
-
-static int member_open(const char *path, bool raw_ok, struct member **out,
-                       struct vhd_err *err)
-{
-    struct member *m = calloc(1, sizeof *m);
-    if (!m)
-        return -ENOMEM;
-    m->fd = open(path, O_RDONLY | O_CLOEXEC);
-    m->path = strdup(path);
-    struct stat st;
-    if (m->fd < 0 || !m->path || fstat(m->fd, &st) < 0) {
-        int r = -errno;
-        snprintf(err->msg, sizeof err->msg, "%s: %s", path, strerror(errno));
-        member_free(m);
-        return r ? r : -ENOMEM;
-    }
-    m->dev = st.st_dev;
-    m->ino = st.st_ino;
-    m->file_size = st.st_size;
-    int r = member_parse(m, err);
-    if (r == -EINVAL && raw_ok) {       /* blktap: raw parent */
-        vhd_image_free(m->img);
-        m->img = NULL;
-        m->size = m->file_size;
-        r = 0;
-    }
-    if (r < 0) {
-        if (r != -EINVAL)
-            snprintf(err->msg, sizeof err->msg, "%s: %s", path, strerror(-r));
-        member_free(m);
-        return r;
-    }
-    *out = m;
-    return 0;
-}
-
-/* ---- parent resolution ---------------------------------------------------------- */
-
-/* Candidate parent paths from the locators (MacX, W2ru, W2ku) and the
- * unicode name, in that order.  Returns the count; each is malloc'ed. */
-static int parent_candidates(const struct member *m, char *cand[10])
-{
-    static const uint32_t order[] = { VHD_PLAT_MACX, VHD_PLAT_W2RU, VHD_PLAT_W2KU };
-    const struct vhd_header *h = vhd_image_header(m->img);
-    char path[4096];
-    int n = 0;
-    for (size_t o = 0; o < 3; o++)
-        for (int i = 0; i < 8; i++) {
-            size_t len;
-            const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
-            if (h->loc[i].code != order[o] || !p)
-                continue;
-            if (vhd_locator_path(&h->loc[i], p, len, path, sizeof path, NULL) > 0)
-                cand[n++] = strdup(path);
-        }
-    if (vhd_parent_name(h, path, sizeof path) > 0)
-        cand[n++] = strdup(path);
-    return n;
-}
-
-/* Locator strings are untrusted: resolve a relative path against the
- * child's directory and accept it only if it stays inside that directory. */
-static char *resolve_inside(const char *child, const char *rel)
-{
-    if (!rel || rel[0] == '/' || (rel[0] && rel[1] == ':'))
-        return NULL;                    /* absolute (POSIX or Windows drive) */
-    char *c = strdup(child);
-    char dir[PATH_MAX], joined[PATH_MAX * 2], real[PATH_MAX];
-    if (!c || !realpath(dirname(c), dir)) {
-        free(c);
-        return NULL;
-    }
-    free(c);
-    snprintf(joined, sizeof joined, "%s/%s", dir, rel);
-    if (!realpath(joined, real))
-        return NULL;
-    size_t dl = strlen(dir);
-    if (strncmp(real, dir, dl) != 0 || (real[dl] != '/' && strcmp(dir, "/")))
-        return NULL;
-    return strdup(real);
-}
-
-static char *find_parent(const struct member *m, struct vhd_err *err)
-{
-    char *cand[10] = { 0 }, *found = NULL;
-    int n = parent_candidates(m, cand);
-    size_t used = 0;
-    err->msg[0] = 0;
-    for (int i = 0; i < n; i++) {
-        if (!found)
-            found = resolve_inside(m->path, cand[i]);
-        if (!found && cand[i])
-            used += snprintf(err->msg + used, used < sizeof err->msg ?
-                             sizeof err->msg - used : 0, "%s\"%s\"",
-                             used ? ", " : "", cand[i]);
-        free(cand[i]);
-    }
-    if (!found && n == 0)
-        snprintf(err->msg, sizeof err->msg, "no parent locator or name");
-    return found;
-}
-
-static bool in_chain(const struct member *top, const struct member *m)
-{
-    for (; top; top = top->parent)
-        if (top->dev == m->dev && top->ino == m->ino)
-            return true;
-    return false;
-}
-
-/* Open the parents of *top.  explicit_parent applies to top itself.
- * Returns 0, EXIT_INVALID or EXIT_USAGE. */
-static int open_chain(struct member *top, const char *explicit_parent)
-{
-    struct member *m = top;
-    struct vhd_err err = { "" };
-    for (int depth = 1; m->img && vhd_image_kind(m->img) == VHD_DIFF; depth++) {
-        if (depth > CHAIN_MAX) {
-            msg("%s: differencing chain deeper than %d", top->path, CHAIN_MAX);
-            return EXIT_INVALID;
-        }
-        char *path = m == top && explicit_parent ? strdup(explicit_parent)
-                                                 : find_parent(m, &err);
-        if (!path) {
-            msg("%s: cannot find the parent (tried %s); use --parent",
-                m->path, err.msg);
-            return EXIT_USAGE;
-        }
-        const struct vhd_header *h = vhd_image_header(m->img);
-        bool raw_ok = true;
-        for (int i = 0; i < 16; i++)
-            raw_ok &= h->parent_uuid[i] == 0;
-        struct member *p;
-        int r = member_open(path, raw_ok, &p, &err);
-        free(path);
-        if (r < 0) {
-            msg("parent of %s: %s", m->path, err.msg);
-            return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
-        }
-        if (in_chain(top, p)) {
-            msg("%s: differencing chain loops back to %s", top->path, p->path);
-            member_free(p);
-            return EXIT_INVALID;
-        }
-        m->parent = p;
-        if (p->img && vhd_image_check_parent(m->img, p->img, &err) < 0) {
-            msg("%s: parent %s: %s", m->path, p->path, err.msg);
-            return EXIT_INVALID;
-        }
-        m = p;
-    }
-    return 0;
-}
-
-/* ---- random-access decode of a chain ------------------------------------------- */
-
-static int chain_read(struct member *m, uint64_t off, uint8_t *buf, size_t len);
-
-static int read_parent(struct member *m, uint64_t off, uint8_t *buf, size_t len)
-{
-    struct member *p = m->parent;
-    if (!p)
-        return -ENOENT;
-    size_t in = off < p->size ? (p->size - off < len ? p->size - off : len) : 0;
-    memset(buf + in, 0, len - in);      /* a child may be larger than its parent */
-    return in ? chain_read(p, off, buf, in) : 0;
-}
-
-static int load_bitmap(struct member *m, uint64_t off, const struct vhd_place *pl)
-{
-    uint32_t block = off / vhd_image_block_size(m->img);
-    if (m->bm_block == block)
-        return 0;
-    int r = pread_full(m->fd, m->bm, pl->len, pl->file_off);
-    m->bm_block = r == 0 ? block : UINT32_MAX;
-    return r;
-}
-
-static int chain_read(struct member *m, uint64_t off, uint8_t *buf, size_t len)
-{
-    if (!m->img)                        /* raw parent */
-        return pread_full(m->fd, buf, len, off);
-    while (len) {
-        struct vhd_place pl;
-        int r = vhd_image_lookup(m->img, off, NULL, &pl);
-        if (r == 0 && pl.src == VHD_SRC_BITMAP) {
-            if ((r = load_bitmap(m, off, &pl)) < 0)
-                return r;
-            r = vhd_image_lookup(m->img, off, m->bm, &pl);
-        }
-        if (r < 0)
-            return r;
-        size_t n = pl.len < len ? pl.len : len;
-        if (pl.src == VHD_SRC_FILE)
-            r = pread_full(m->fd, buf, n, pl.file_off);
-        else if (pl.src == VHD_SRC_ZERO)
-            memset(buf, 0, n);
-        else
-            r = read_parent(m, off, buf, n);
-        if (r < 0)
-            return r;
-        off += n; buf += n; len -= n;
-    }
-    return 0;
-}
-
 /* Decode the whole chain to out_fd (sparse if it is a regular file). */
-static int decode_to(struct member *top, int out_fd, bool sparse)
+static int decode_to(struct vhdfile *top, int out_fd, bool sparse)
 {
     uint8_t *buf = malloc(CHUNK);
     if (!buf)
@@ -402,7 +117,7 @@ static int decode_to(struct member *top, int out_fd, bool sparse)
         r = -errno;
     for (uint64_t off = 0; r == 0 && off < top->size; off += CHUNK) {
         size_t n = top->size - off < CHUNK ? top->size - off : CHUNK;
-        r = chain_read(top, off, buf, n);
+        r = vhdfile_read(top, off, buf, n);
         if (r == 0)
             r = sparse ? pwrite_sparse(out_fd, buf, n, off)
                        : write_full(out_fd, buf, n);
@@ -483,7 +198,7 @@ static int feed_file(struct vhd_stream *s, int fd, uint64_t size)
         }
         for (pos = d; r == 0 && pos < (uint64_t) h; ) {
             size_t n = (uint64_t) h - pos < (128 << 10) ? h - pos : 128 << 10;
-            r = pread_full(fd, buf, n, pos);
+            r = vhdfile_pread(fd, buf, n, pos);
             if (r == 0 && vhd_stream_feed(s, pos, buf, n) < 0)
                 r = -EINVAL;
             pos += n;
@@ -496,7 +211,7 @@ static int feed_file(struct vhd_stream *s, int fd, uint64_t size)
     return r;
 }
 
-static int stream_to(struct member *top, int out_fd, const char *out_path)
+static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
 {
     struct out o = { out_fd, 0, false };
     if (vhd_image_kind(top->img) == VHD_DIFF) {
@@ -531,10 +246,10 @@ static int stream_to(struct member *top, int out_fd, const char *out_path)
 
 /* ---- commands ---------------------------------------------------------------------- */
 
-static int open_top(const char *path, struct member **m)
+static int open_top(const char *path, struct vhdfile **m)
 {
-    struct vhd_err err = { "" };
-    int r = member_open(path, false, m, &err);
+    struct vhdfile_err err = { "" };
+    int r = vhdfile_open(path, false, m, &err);
     if (r == 0)
         return 0;
     if (r == -EINVAL)
@@ -622,7 +337,7 @@ static const char *plat_name(uint32_t c)
     return "?";
 }
 
-static void info_header(const struct member *m)
+static void info_header(const struct vhdfile *m)
 {
     const struct vhd_header *h = vhd_image_header(m->img);
     uint64_t batmap;
@@ -662,7 +377,7 @@ static void info_header(const struct member *m)
 
 static int cmd_info(const char *path)
 {
-    struct member *m;
+    struct vhdfile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
@@ -673,7 +388,7 @@ static int cmd_info(const char *path)
     info_footer(vhd_image_footer(m->img));
     if (vhd_image_header(m->img))
         info_header(m);
-    member_free(m);
+    vhdfile_free(m);
     return 0;
 }
 
@@ -684,7 +399,7 @@ static void warn_cb(void *opaque, const char *w)
 
 static int cmd_check(const char *path)
 {
-    struct member *m;
+    struct vhdfile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
@@ -696,17 +411,17 @@ static int cmd_check(const char *path)
         printf(", %u of %u blocks allocated", vhd_image_allocated(m->img),
                vhd_image_blocks(m->img));
     printf(")\n");
-    member_free(m);
+    vhdfile_free(m);
     return 0;
 }
 
-static int map_block(struct member *m, uint32_t i)
+static int map_block(struct vhdfile *m, uint32_t i)
 {
     uint64_t off = vhd_image_block_offset(m->img, i);
     uint32_t bs = vhd_image_block_size(m->img), spb = bs / 512, set = 0;
     if (off == VHD_NO_BLOCK)
         return 0;
-    int r = pread_full(m->fd, m->bm, vhd_image_bitmap_bytes(m->img), off);
+    int r = vhdfile_pread(m->fd, m->bm, vhd_image_bitmap_bytes(m->img), off);
     if (r < 0)
         return r;
     m->bm_block = UINT32_MAX;
@@ -719,13 +434,13 @@ static int map_block(struct member *m, uint32_t i)
 
 static int cmd_map(const char *path)
 {
-    struct member *m;
+    struct vhdfile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
     if (vhd_image_kind(m->img) == VHD_FIXED) {
         printf("fixed: virtual [0, %" PRIu64 ") at file offset 0\n", m->size);
-        member_free(m);
+        vhdfile_free(m);
         return 0;
     }
     printf("%8s %16s %16s %s\n", "block", "virtual", "file", "sectors");
@@ -733,31 +448,33 @@ static int cmd_map(const char *path)
         r = map_block(m, i);
     if (r < 0)
         msg("%s: %s", path, strerror(-r));
-    member_free(m);
+    vhdfile_free(m);
     return r < 0 ? EXIT_USAGE : 0;
 }
 
 static int cmd_cat(const char *path, const char *out, const char *parent,
                    bool stream)
 {
-    struct member *m;
+    struct vhdfile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
     if (stream && !out) {
         msg("cat --stream needs -o OUT (blocks arrive out of order)");
-        member_free(m);
+        vhdfile_free(m);
         return EXIT_USAGE;
     }
-    if ((r = open_chain(m, parent)) != 0) {
-        member_free(m);
-        return r;
+    struct vhdfile_err err = { "" };
+    if ((r = vhdfile_open_chain(m, &parent, parent ? 1 : 0, &err)) < 0) {
+        msg("%s", err.msg);
+        vhdfile_free(m);
+        return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
     }
     int fd = out ? open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
                  : STDOUT_FILENO;
     if (fd < 0) {
         msg("%s: %s", out, strerror(errno));
-        member_free(m);
+        vhdfile_free(m);
         return EXIT_USAGE;
     }
     struct stat st;
@@ -774,7 +491,7 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
         msg("%s: %s", out, strerror(errno));
         r = EXIT_USAGE;
     }
-    member_free(m);
+    vhdfile_free(m);
     return r;
 }
 
@@ -782,7 +499,7 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
 
 static int raw_read(void *opaque, uint64_t off, void *buf, size_t len)
 {
-    return pread_full(*(int *) opaque, buf, len, off);
+    return vhdfile_pread(*(int *) opaque, buf, len, off);
 }
 
 static int mark_allocated(struct vhd_synth *sy, int fd, uint64_t size)
