@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -605,7 +606,9 @@ def test_verify_multi_conn(tmp_path, kits):
 
 # ---------------------------------------------------------------- VHD
 
-def test_verify_vhd_source_is_refused_until_decoding_exists(tmp_path, kits):
+def test_verify_vhd_malformed_footer_is_refused_with_raw_hint(tmp_path, kits):
+    """Random bytes that end in a "conectix" cookie: routed to the VHD
+    decoder, refused (the footer is garbage), and --raw hashes the file."""
     img = bytearray(random.Random(13).randbytes(MiB))
     img[-512:-504] = b"conectix"                  # a fixed VHD's footer
     src = tmp_path / "disk.vhd"
@@ -615,3 +618,217 @@ def test_verify_vhd_source_is_refused_until_decoding_exists(tmp_path, kits):
     assert "VHD" in line and "--raw" in line
     rc, rep = verify_json("--raw", src, kit.uri)  # the container as bytes
     assert rc == 0 and rep["source"]["digest"] == digest(bytes(img))
+
+
+# VHD fixtures made by other tools (tests/fixtures/vhd/README.md): each
+# decodes to its .raw; the verifier must hash the VHD as that raw disk.
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vhd"
+VHD_SHA = {
+    "qemu-dyn-10m.raw": "9ee0e52708d59b1a9b24edeef15e05bdb672eefca5d8282530ac7828d96d0558",
+    "tap-diff-64m.raw": "5078c01df7148d118cd10b25b2e686eb05f336b684ebc84a4dc18df35a709c14",
+    "tap-dyn-64m.raw": "fde1cce37ce5c6cc62462a9647f5b0ab8351afb97f46614020f304efca20700e",
+    "tap-fixed-8m.raw": "136994e4eb8fe10f014ecdde33b3d85b8b09c21dda2d072f433bce9fc6e5c687",
+    "vhdtool-raw-100m3s.raw": "e7869e441d63678750ce6e55f9a0a5af2d1564f4891f861cff4f92e0b8932f9e",
+}
+VHD_STANDALONE = ["tap-fixed-8m", "tap-dyn-64m", "qemu-dyn-10m",
+                  "vhdtool-raw-100m3s"]
+needs_qemu = pytest.mark.skipif(
+    not (shutil.which("qemu-img") and shutil.which("qemu-io")),
+    reason="needs qemu-img and qemu-io")
+
+
+def vhd_fixture(name, dest_dir):
+    """Decompress tests/fixtures/vhd/NAME.xz into dest_dir."""
+    out = Path(dest_dir) / name
+    with open(out, "wb") as f:
+        subprocess.run(["xz", "-dc", FIXTURES / f"{name}.xz"], stdout=f,
+                       check=True)
+    return out
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def xor_bytes(path, offset, n=1, mask=0xFF):
+    with open(path, "r+b") as f:
+        b = bytes(x ^ mask for x in os.pread(f.fileno(), n, offset))
+        os.pwrite(f.fileno(), b, offset)
+
+
+def assert_vhd_match(rep, raw_sha, size):
+    assert rep["result"] == "match"
+    assert rep["source"]["kind"] == "vhd"
+    assert rep["source"]["size"] == size
+    assert rep["source"]["digest"] == raw_sha
+    assert rep["destination"]["digest"] == raw_sha
+
+
+@pytest.mark.parametrize("name", VHD_STANDALONE)
+def test_verify_vhd_fixture_matches_its_raw_export(tmp_path, kits, name):
+    vhd = vhd_fixture(f"{name}.vhd", tmp_path)
+    raw = vhd_fixture(f"{name}.raw", tmp_path)
+    want = VHD_SHA[f"{name}.raw"]
+    assert sha256_file(raw) == want, "fixture corrupt"
+    size = os.path.getsize(raw)
+    kit = kits.memory_with(raw)
+    rc, rep = verify_json(vhd, kit.uri)
+    assert rc == 0, rep
+    assert_vhd_match(rep, want, size)
+    src = rep["source"]
+    assert src["bytes_read"] + src["bytes_zero"] == size
+    if name != "tap-fixed-8m":
+        # unallocated blocks and clear bitmap bits are never read; what is
+        # read is at most the allocated blocks
+        assert src["bytes_zero"] > 0
+        assert src["bytes_read"] <= os.path.getsize(vhd)
+    # digest mode, and --no-extents (holes read through the read path)
+    p = verify(vhd)
+    assert p.returncode == 0 and p.stdout == f"{want}  {vhd}\n", p.stderr
+    rc, rep = verify_json("--no-extents", vhd, kit.uri)
+    assert rc == 0 and rep["source"]["digest"] == want
+    assert rep["source"]["bytes_read"] == size
+
+
+def diff_chain(tmp_path, parent_dir=None):
+    """tap-diff-64m.vhd in tmp_path/c, its parent tap-dyn-64m.vhd in
+    parent_dir (default: beside it, where its locators point)."""
+    cdir = tmp_path / "c"
+    cdir.mkdir()
+    child = vhd_fixture("tap-diff-64m.vhd", cdir)
+    pdir = parent_dir or cdir
+    pdir.mkdir(exist_ok=True)
+    parent = vhd_fixture("tap-dyn-64m.vhd", pdir)
+    raw = vhd_fixture("tap-diff-64m.raw", tmp_path)
+    return SimpleNamespace(child=child, parent=parent, raw=raw,
+                           sha=VHD_SHA["tap-diff-64m.raw"],
+                           size=os.path.getsize(raw))
+
+
+def test_verify_vhd_differencing_parent_through_locator(tmp_path, kits):
+    c = diff_chain(tmp_path)
+    kit = kits.memory_with(c.raw)
+    rc, rep = verify_json(c.child, kit.uri)
+    assert rc == 0, rep
+    assert_vhd_match(rep, c.sha, c.size)
+    assert rep["source"]["bytes_zero"] > 0          # holes in both levels
+    rc, rep = verify_json("--no-extents", c.child, kit.uri)
+    assert rc == 0 and rep["source"]["digest"] == c.sha
+
+
+def test_verify_vhd_differencing_explicit_parent(tmp_path, kits):
+    c = diff_chain(tmp_path, parent_dir=tmp_path / "elsewhere")
+    kit = kits.memory_with(c.raw)
+    line = assert_one_error_line(verify(c.child, kit.uri))
+    assert "cannot find the parent" in line and "--parent" in line
+    rc, rep = verify_json("--parent", c.parent, c.child, kit.uri)
+    assert rc == 0, rep
+    assert_vhd_match(rep, c.sha, c.size)
+    # the vhd-tool delta of the same change, applied over the same parent
+    delta = vhd_fixture("vhdtool-delta-64m.vhd", tmp_path)
+    rc, rep = verify_json("--parent", c.parent, delta, kit.uri)
+    assert rc == 0 and rep["source"]["digest"] == c.sha
+
+
+def test_verify_vhd_differencing_parent_mistakes(tmp_path, kits):
+    c = diff_chain(tmp_path)
+    kit = kits.memory_with(c.raw)
+    other = vhd_fixture("qemu-dyn-10m.vhd", tmp_path)
+    line = assert_one_error_line(verify("--parent", other, c.child, kit.uri))
+    assert "unique id" in line                      # not the child's parent
+    line = assert_one_error_line(verify("--parent", c.parent, "--parent",
+                                        other, c.child, kit.uri))
+    assert "2 --parent" in line                     # the chain has 1 level
+    line = assert_one_error_line(verify("--parent", c.parent, c.raw, kit.uri))
+    assert "not a VHD" in line
+    assert_one_error_line(verify("--raw", "--parent", c.parent, c.child,
+                                 kit.uri))
+
+
+def test_verify_vhd_flipped_byte_in_export_is_located(tmp_path, kits):
+    vhd = vhd_fixture("tap-dyn-64m.vhd", tmp_path)
+    raw = vhd_fixture("tap-dyn-64m.raw", tmp_path)
+    data = raw.read_bytes()
+    # one byte of written data, one byte in an unallocated block (a hole
+    # of the VHD, never read on the source side)
+    written = next(i for i, b in enumerate(data[8 * MiB:], 8 * MiB) if b) + 100
+    hole = 50 * MiB + 777                      # block 25: not allocated
+    assert data[hole] == 0 and any(data[written:written + 1])
+    for off in (written, hole):
+        xor_bytes(raw, off, mask=0x10)
+        kit = kits.memory_with(raw)
+        rc, rep = verify_json(vhd, kit.uri)
+        assert rc == 1 and rep["result"] == "mismatch"
+        assert rep["source"]["digest"] == VHD_SHA["tap-dyn-64m.raw"]
+        assert json_ranges(rep) == [(off // MiB * MiB, MiB)]
+        assert rep["mismatch_bytes"] == MiB
+        p = verify(vhd, kit.uri)
+        assert p.returncode == 1
+        assert f"offset {off // MiB * MiB} length {MiB}" in p.stdout
+        xor_bytes(raw, off, mask=0x10)
+
+
+def test_verify_vhd_export_larger_than_virtual_size(tmp_path, kits):
+    vhd = vhd_fixture("qemu-dyn-10m.vhd", tmp_path)
+    raw = vhd_fixture("qemu-dyn-10m.raw", tmp_path)
+    size = os.path.getsize(raw)
+    kit = kits.memory_with(raw, size=size + 3 * MiB)
+    rc, rep = verify_json(vhd, kit.uri)
+    assert rc == 1 and "sizes differ" in rep["size_problem"]
+    assert str(size) in rep["size_problem"]          # current_size compared
+    rc, rep = verify_json("--zero-tail", vhd, kit.uri)
+    assert rc == 0 and rep["compared_bytes"] == size
+    assert rep["destination"]["digest"] == VHD_SHA["qemu-dyn-10m.raw"]
+    rc, rep = verify_json("--size", "5M", vhd, kit.uri)
+    assert rc == 0 and rep["source"]["digest"] == digest(raw.read_bytes()[:5 * MiB])
+
+
+@needs_qemu
+@pytest.mark.parametrize("subformat", ["dynamic", "fixed"])
+def test_verify_vhd_made_by_qemu(tmp_path, kits, subformat):
+    vhd = tmp_path / "q.vhd"
+    subprocess.run(["qemu-img", "create", "-f", "vpc", "-o",
+                    f"subformat={subformat}", str(vhd), "64M"],
+                   check=True, capture_output=True)
+    subprocess.run(["qemu-io", "-f", "vpc", "-c", "write -P 0x5a 3M 1M",
+                    str(vhd)], check=True, capture_output=True)
+    ref = tmp_path / "q.raw"
+    subprocess.run(["qemu-img", "convert", "-f", "vpc", "-O", "raw", str(vhd),
+                    str(ref)], check=True, capture_output=True)
+    data = ref.read_bytes()
+    assert data[3 * MiB:4 * MiB] == b"\x5a" * MiB
+    kit = kits.memory_with(ref)
+    rc, rep = verify_json(vhd, kit.uri)
+    assert rc == 0, rep
+    assert_vhd_match(rep, digest(data), len(data))
+    if subformat == "dynamic":
+        # only the one allocated 2 MiB block is read (qemu sets all of its
+        # bitmap bits); the other 31 blocks are known zero
+        assert rep["source"]["bytes_read"] == 2 * MiB
+        assert rep["source"]["bytes_zero"] == len(data) - 2 * MiB
+
+
+@pytest.mark.parametrize("name,where", [
+    ("tap-fixed-8m.vhd", "footer"),
+    ("tap-dyn-64m.vhd", "footer"),
+    ("tap-dyn-64m.vhd", "header"),
+])
+def test_verify_vhd_malformed_is_one_line_exit_2(tmp_path, kits, name, where):
+    vhd = vhd_fixture(name, tmp_path)
+    size = os.path.getsize(vhd)
+    if where == "footer":
+        xor_bytes(vhd, size - 512 + 64, 4)          # trailing footer checksum
+    else:
+        head = struct.unpack_from(">Q", vhd.read_bytes(), 16)[0]
+        xor_bytes(vhd, head + 36, 4)                # dynamic header checksum
+    kit = kits.start("memory", "size=64M")
+    line = assert_one_error_line(verify(vhd, kit.uri))
+    assert "invalid VHD" in line and "checksum" in line, line
+    assert str(vhd) in line
+    assert_one_error_line(verify(vhd))              # digest mode too
+    rc, rep = verify_json("--raw", vhd)             # the container as bytes
+    assert rc == 0 and rep["digest"] == sha256_file(vhd)

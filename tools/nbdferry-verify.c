@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "tools/verify/verify.h"
+#include "tools/vhdfile.h"
 
 struct options {
     const char *algorithm;
@@ -33,6 +34,7 @@ struct options {
     bool quiet;
     uint64_t block_size;
     size_t max_ranges;
+    const char *parents[VHDFILE_CHAIN_MAX];  /* --parent, borrowed from argv */
     struct source_options src;
 };
 
@@ -55,6 +57,13 @@ static const char usage_text[] =
 "anything else is a file or a block device.  Holes (SEEK_HOLE, NBD block\n"
 "status) are hashed as zeros without being read.\n"
 "\n"
+"A SOURCE file with a VHD footer (cookie \"conectix\") is decoded: fixed,\n"
+"dynamic and differencing VHDs are hashed as their virtual disk (the\n"
+"footer's current size), unallocated blocks and sectors as zeros without\n"
+"reading.  A differencing VHD's parents are found through its locators,\n"
+"inside its own directory, or given with --parent.  A malformed VHD is an\n"
+"error naming the broken rule.\n"
+"\n"
 "Without --size or --zero-tail the sizes must be equal: if they differ the\n"
 "result is a mismatch and no data is read.\n"
 "\n"
@@ -68,6 +77,9 @@ static const char usage_text[] =
 "  -j, --json              print a JSON report instead of text\n"
 "  -q, --quiet             print nothing; only the exit status\n"
 "      --raw               hash a VHD SOURCE file as it is, not decoded\n"
+"      --parent=FILE       parent of a differencing VHD SOURCE; repeat for\n"
+"                          the parent's parent and so on (levels not given\n"
+"                          are found through the locators)\n"
 "      --no-extents        read holes too (no SEEK_HOLE, no block status)\n"
 "  -r, --requests=N        NBD reads in flight per side (default 32)\n"
 "  -R, --request-size=N    bytes per read request (default 2M)\n"
@@ -79,7 +91,7 @@ static const char usage_text[] =
 "Sizes take a K, M, G or T suffix (powers of 1024).\n"
 "Exit status: 0 match, 1 mismatch, 2 error.\n";
 
-enum { OPT_RAW = 256, OPT_NO_EXTENTS };
+enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT };
 
 static const struct option long_options[] = {
     { "digest",       required_argument, NULL, 'd' },
@@ -90,6 +102,7 @@ static const struct option long_options[] = {
     { "json",         no_argument,       NULL, 'j' },
     { "quiet",        no_argument,       NULL, 'q' },
     { "raw",          no_argument,       NULL, OPT_RAW },
+    { "parent",       required_argument, NULL, OPT_PARENT },
     { "no-extents",   no_argument,       NULL, OPT_NO_EXTENTS },
     { "requests",     required_argument, NULL, 'r' },
     { "request-size", required_argument, NULL, 'R' },
@@ -184,6 +197,17 @@ static int block_size_arg(struct options *o)
     return r;
 }
 
+static int parent_arg(struct options *o)
+{
+    size_t n = o->src.vhd_nparents;
+
+    if (n == VHDFILE_CHAIN_MAX)
+        return usage_err("--parent: more than %d levels", VHDFILE_CHAIN_MAX);
+    o->parents[n] = optarg;
+    o->src.vhd_nparents = n + 1;
+    return 0;
+}
+
 static int bad_option(int c, char **argv)
 {
     if (c == ':')
@@ -208,6 +232,7 @@ static int parse_one(struct options *o, int c, char **argv)
     case 'j': o->json = true; return 0;
     case 'q': o->quiet = true; return 0;
     case OPT_RAW: o->raw = true; return 0;
+    case OPT_PARENT: return parent_arg(o);
     case OPT_NO_EXTENTS: o->src.use_extents = false; return 0;
     case 'r': return SIZE_ARG("--requests", 1, 1024, o->src.requests);
     case 'R': return SIZE_ARG("--request-size", 4096, 32u << 20,
@@ -238,6 +263,9 @@ static int parse_options(struct options *o, int argc, char **argv)
             return r == PARSE_DONE ? 0 : r;
     if (o->have_size && o->zero_tail)
         return usage_err("--size and --zero-tail cannot be combined");
+    if (o->raw && o->src.vhd_nparents)
+        return usage_err("--parent and --raw cannot be combined");
+    o->src.vhd_parents = o->parents;
     if (argc - optind < 1)
         return usage_err("missing operand");
     if (argc - optind > 2)

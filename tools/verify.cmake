@@ -9,8 +9,8 @@ add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/verify/source.c
   ${CMAKE_CURRENT_LIST_DIR}/verify/source-file.c
   ${CMAKE_CURRENT_LIST_DIR}/verify/source-nbd.c
-  ${CMAKE_CURRENT_LIST_DIR}/verify/source-vhd.c)
-# TODO(vhd): add the vhd library here once source-vhd.c decodes VHDs.
+  ${CMAKE_CURRENT_LIST_DIR}/verify/source-vhd.c
+  ${CMAKE_CURRENT_LIST_DIR}/vhdfile.c)
 target_link_libraries(nbdferry-verify PRIVATE
-  PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
+  vhd PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
 install(TARGETS nbdferry-verify DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -45,10 +45,21 @@ static int open_path(const char *path, const struct source_options *opt,
 int source_open(const char *operand, const struct source_options *opt,
                 bool probe_vhd, struct verify_source **out)
 {
+    int r;
+
     *out = NULL;
     if (strstr(operand, "://"))
-        return src_nbd_open(operand, opt, out);
-    return open_path(operand, opt, probe_vhd, out);
+        r = src_nbd_open(operand, opt, out);
+    else
+        r = open_path(operand, opt, probe_vhd, out);
+    if (r == 0 && probe_vhd && opt->vhd_nparents &&
+        strcmp((*out)->ops->kind, "vhd") != 0) {
+        verify_err("%s: --parent given, but this is not a VHD", operand);
+        source_close(*out);
+        *out = NULL;
+        r = -EINVAL;
+    }
+    return r;
 }
 
 void source_close(struct verify_source *s)

@@ -82,6 +82,8 @@ struct source_options {
     unsigned requests;                   /* NBD reads in flight per side */
     unsigned connections;                /* NBD connections, if multi-conn */
     bool use_extents;                    /* SEEK_DATA/HOLE, block status */
+    const char *const *vhd_parents;      /* --parent: level i's parent */
+    size_t vhd_nparents;                 /* only for a VHD SOURCE */
 };
 
 struct verify_source;
@@ -110,7 +112,8 @@ struct verify_source {
 
 /* Opens an operand: an NBD URI if it contains "://", else a path.  When
  * probe_vhd is set, a file that looks like a VHD is opened through the VHD
- * reader.  Logs the reason on failure. */
+ * reader, and opt->vhd_parents given for anything else is an error.  Logs
+ * the reason on failure. */
 int  source_open(const char *operand, const struct source_options *opt,
                  bool probe_vhd, struct verify_source **out);
 int  source_run(struct verify_source *s, struct sink *k);
@@ -120,7 +123,8 @@ void source_close(struct verify_source *s);   /* NULL is fine */
 int src_file_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
-/* source-vhd.c */
+/* source-vhd.c: fixed, dynamic and differencing VHDs (tools/vhdfile.c),
+ * decoded to the virtual disk; holes known zero without reading. */
 /* 1 if fd looks like a VHD ("conectix" cookie in the first sector or the
  * last one), 0 if not, -errno if it cannot be read. */
 int src_vhd_probe(int fd, uint64_t size);
