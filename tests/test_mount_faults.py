@@ -189,12 +189,15 @@ def written_bytes(pid):
 def test_fault_server_killed_mid_copy(server, mount, shm, tool):
     """kill -9 the server while a slow dd is copying: dd exits non-zero in
     bounded time, reads error out, the daemon exits when unmounted."""
-    srv = server("memory", "size=256M", "wdelay=50ms", filters=["delay"])
+    # Slow enough (2 requests of 2 MiB per 0.5 s) that dd is certainly
+    # still copying, blocked on the full pool, when the server dies.
+    srv = server("memory", "size=256M", "wdelay=500ms", filters=["delay"])
     # A daemon that reconnects after a connection failure would wait for
     # the dead server; keep that wait short where it can be configured.
     opts = ["--retry-timeout", "2"] if daemon_has_option("--retry-timeout") \
         else []
-    m = mount(srv, *opts, expect_rc=None, expect_errors=True)
+    m = mount(srv, "-C", "1", "--depth", "2", "--request-size", "2M",
+              "--pool-size", "16M", *opts, expect_rc=None, expect_errors=True)
     src = random_file(shm / "src.img", 128 * MiB)
     cmd = [str(c) for c in TOOLS[tool](src, m.file)]
     with open(shm / "dd.err", "wb") as err:
