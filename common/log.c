@@ -20,6 +20,8 @@ void log_set_syslog(bool on)
 }
 
 static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
 {
     char msg[1024];
 

@@ -32,6 +32,7 @@ struct fs {
     uint64_t export_size;
     const char *filename;
     bool readonly;
+    bool allow_other;         /* -o allow_other: the directory is 0755 */
     uid_t uid;
     gid_t gid;
     struct timespec started;
@@ -40,6 +41,7 @@ struct fs {
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
                                * is pending or known zero on the disk */
     struct timespec mtime;
+    struct fs_fh *open_files; /* every handle between open and release */
 
     /* Set before the mount, freed after it; each has its own lock. */
     struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
@@ -53,6 +55,7 @@ struct fs_fh {
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;
     struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
+    struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
@@ -62,6 +65,10 @@ extern const struct fuse_lowlevel_ops fs_ops;
  * the apparent size to cover end. */
 int  fs_raw_replace(struct fs *fs, uint64_t size);
 void fs_raw_extend(struct fs *fs, uint64_t end);
+
+/* Free the handles still open when the session ends (the kernel sends no
+ * release for them after SIGTERM or a lazy unmount). */
+void fs_close_all(struct fs *fs);
 
 /* fs/status.c: the status document, JSON, malloc'd. */
 char *fs_status_json(struct fs *fs, size_t *len);

@@ -493,6 +493,20 @@ static int open_pool(struct fs *fs, const struct options *o)
     return r;
 }
 
+/* Is name one of the comma-separated options in opts? */
+static bool has_fuse_opt(const char *opts, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = opts; p; p = strchr(p, ',')) {
+        if (*p == ',')
+            p++;
+        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0' ||
+                                         p[n] == '='))
+            return true;
+    }
+    return false;
+}
+
 static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
 {
     struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
@@ -508,6 +522,16 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
     if (o->fuse_opts) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, o->fuse_opts);
+    }
+    /* With allow_other, other users reach the files: let the kernel
+     * enforce their modes (0600), or anyone could read and write the
+     * disk. */
+    fs->allow_other = o->fuse_opts && has_fuse_opt(o->fuse_opts,
+                                                   "allow_other");
+    if (fs->allow_other &&
+        !has_fuse_opt(o->fuse_opts, "default_permissions")) {
+        fuse_opt_add_arg(&args, "-o");
+        fuse_opt_add_arg(&args, "default_permissions");
     }
     se = fuse_session_new(&args, &fs_ops, sizeof fs_ops, fs);
     fuse_opt_free_args(&args);
@@ -604,7 +628,7 @@ int main(int argc, char **argv)
         daemonize_early();
 
     if (nbdx_open(&o.nbd, &fs.x) < 0)
-        return EXIT_FAILURE;
+        goto out_nbd;
     const struct nbdx_info *info = nbdx_info(fs.x);
     fs.export_size = info->size;
     fs.apparent_size = info->size;
@@ -653,6 +677,7 @@ out_pool:
     stop_watchers(&fs);
     pool_destroy(fs.pool);
 out_nbd:
+    fs_close_all(&fs);
     vhdview_fini(&fs);
     free(fs.vhd_name);
     nbdx_close(fs.x);

@@ -50,7 +50,7 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
     st->st_blksize = FS_BLKSIZE;
     switch (ino) {
     case FS_INO_ROOT:
-        st->st_mode = S_IFDIR | 0700;
+        st->st_mode = S_IFDIR | (fs->allow_other ? 0755 : 0700);
         st->st_nlink = 2;
         break;
     case FS_INO_RAW: {
@@ -368,6 +368,12 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    pthread_mutex_lock(&fs->lock);
+    fh->next = fs->open_files;
+    if (fh->next)
+        fh->next->prev = fh;
+    fs->open_files = fh;
+    pthread_mutex_unlock(&fs->lock);
     fi->fh = (uintptr_t) fh;
     fi->direct_io = 1;        /* our semantics, not the page cache's */
     fi->keep_cache = 0;
@@ -424,6 +430,31 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     fuse_reply_err(req, err ? err : r < 0 ? EIO : 0);
 }
 
+static void forget_fh(struct fs *fs, struct fs_fh *fh)
+{
+    pthread_mutex_lock(&fs->lock);
+    if (fh->prev)
+        fh->prev->next = fh->next;
+    else
+        fs->open_files = fh->next;
+    if (fh->next)
+        fh->next->prev = fh->prev;
+    pthread_mutex_unlock(&fs->lock);
+}
+
+void fs_close_all(struct fs *fs)
+{
+    struct fs_fh *fh;
+
+    while ((fh = fs->open_files) != NULL) {
+        if (fh->ino == FS_INO_VHD && fs->vhd)
+            vhdview_release(fs, fh);
+        forget_fh(fs, fh);
+        free(fh->snapshot);
+        free(fh);
+    }
+}
+
 static void op_release(fuse_req_t req, fuse_ino_t ino,
                        struct fuse_file_info *fi)
 {
@@ -431,6 +462,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
 
     if (ino == FS_INO_VHD)
         vhdview_release(fs_of(req), fh);
+    forget_fh(fs_of(req), fh);
     free(fh->snapshot);
     free(fh);
     fuse_reply_err(req, 0);

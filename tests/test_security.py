@@ -58,9 +58,7 @@ def visible(m):
 @pytest.mark.skipif(not shutil.which("psktool"), reason="needs psktool")
 @pytest.mark.parametrize("verbosity", [
     0, 1,
-    pytest.param(2, marks=pytest.mark.xfail(
-        strict=True, reason="daemon bug: with -v -v libnbd's debug log "
-        "prints nbd_connect_uri's URI verbatim (secret query values)"))])
+    2])
 def test_security_psk_never_shown(server, mount, shm, shortdir, verbosity):
     """PSK in a file named by the URI: the key never appears; the file's
     path (a URI query value of a tls-psk* key) is redacted in logs and
@@ -98,9 +96,7 @@ def sha256_file_bytes(b):
 
 @pytest.mark.parametrize("verbosity", [
     0, 1,
-    pytest.param(2, marks=pytest.mark.xfail(
-        strict=True, reason="daemon bug: with -v -v libnbd's debug log "
-        "prints nbd_connect_uri's URI verbatim (password)"))])
+    2])
 @pytest.mark.parametrize("uri", [
     "nbd+unix://alice:S3cretPw@/?socket={sock}",
     "nbd://alice:S3cretPw@127.0.0.1:1/",
@@ -141,10 +137,6 @@ def test_security_private_by_default(server, mount, shortdir):
     assert r.returncode != 0, "status readable by another user"
 
 
-@pytest.mark.xfail(strict=True, reason="daemon bug: -o allow_other without "
-                   "default_permissions lets every user read and write the "
-                   "0600 file (the daemon checks no uid); fix: add "
-                   "default_permissions with allow_other")
 def test_security_allow_other_respects_file_mode(server, mount, shortdir):
     """-o allow_other lets other users into the mount, but the file is
     0600: they still get EACCES on it."""

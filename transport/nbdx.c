@@ -164,6 +164,25 @@ static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
     return 0;
 }
 
+/* libnbd's debug messages, with the URI's secrets redacted: libnbd
+ * prints the URI it was given verbatim. */
+static int debug_message(void *user_data, const char *context,
+                         const char *msg)
+{
+    const struct nbdx_config *cfg = user_data;
+    const char *at = cfg->uri ? strstr(msg, cfg->uri) : NULL;
+
+    if (!at) {
+        log_debug("libnbd: %s: %s", context, msg);
+        return 0;
+    }
+    char red[512];
+    nbdx_redact_uri(cfg->uri, red, sizeof red);
+    log_debug("libnbd: %s: %.*s%s%s", context, (int) (at - msg), msg, red,
+              at + strlen(cfg->uri));
+    return 0;
+}
+
 static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
                         bool quiet)
 {
@@ -177,7 +196,12 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
     snprintf(name, sizeof name, "nbdferry-%u", c->index);
     nbd_set_handle_name(c->h, name);
     if (cfg->debug)
+    {
+        nbd_set_debug_callback(c->h, (nbd_debug_callback){
+                                         .callback = debug_message,
+                                         .user_data = (void *) cfg });
         nbd_set_debug(c->h, true);
+    }
     nbd_add_meta_context(c->h, LIBNBD_CONTEXT_BASE_ALLOCATION);
     if (set_tls(c->h, cfg) == -1) {
         log_err("TLS settings: %s", nbd_get_error());
