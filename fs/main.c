@@ -253,6 +253,29 @@ static void parse_mountpoint(struct options *o, const char *arg)
         usage_error("%s", msg);
 }
 
+/* mount.fuse3 (fstab: "nbdferry#URI /mnt fuse3 ..." or "URI /mnt
+ * fuse.nbdferry ...") runs "nbdferry URI MOUNTPOINT -o OPTIONS": the
+ * source first, options last.  Recognised when the first argument is a
+ * URI and the second an existing directory. */
+static bool fstab_form(struct options *o, int argc, char **argv)
+{
+    struct stat st;
+
+    if (argc < 2 || !strstr(argv[0], "://") || stat(argv[1], &st) == -1 ||
+        !S_ISDIR(st.st_mode) || o->mode_set)
+        return false;
+    for (int i = 2; i < argc; i += 2) {
+        if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)
+            usage_error("unexpected '%s' after the mountpoint", argv[i]);
+        add_fuse_opt(o, argv[i + 1]);
+    }
+    parse_mountpoint(o, argv[1]);
+    char *uri[] = { argv[0], NULL };
+    parse_server(o, 1, uri);
+    o->nbd.debug = log_verbosity >= 2;
+    return true;
+}
+
 static void parse_args(struct options *o, int argc, char **argv)
 {
     int c;
@@ -368,6 +391,8 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->progress_bar && !o->foreground)
         usage_error("--progress draws on stderr, which a daemon closes: "
                     "add -f, or use --progress=FD");
+    if (fstab_form(o, argc - optind, argv + optind))
+        return;
     parse_mountpoint(o, argv[optind]);
     parse_server(o, argc - optind - 1, argv + optind + 1);
     o->nbd.debug = log_verbosity >= 2;
