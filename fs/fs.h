@@ -22,11 +22,13 @@ enum fs_ino {
 #define FS_STATUS_NAME ".nbdferry-status"
 
 struct vhdview;
+struct tcpinfo_sampler;
 struct vhd_synth;
 
 struct fs {
     struct nbdx *x;
     struct vhdview *vhd;      /* fs/vhdview.c */
+    struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
     char *vhd_name;           /* FILENAME.vhd */
     struct pool *pool;
     uint64_t export_size;

@@ -35,6 +35,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "transport/tcpinfo.h"
 #include "config.h"
 
 #define DEFAULT_CONNECTIONS 4
@@ -598,6 +599,10 @@ static int start_watchers(struct fs *fs, const struct options *o)
     int r = o->no_digest ? 0 : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
+    /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */
+    if (r == 0 && nbdx_info(fs->x)->tcp)
+        r = tcpinfo_start(nbdx_conn_fd, fs->x, nbdx_connections(fs->x), 10,
+                          &fs->tcp);
     if (r < 0)
         log_err("cannot start the digest and progress threads: %s",
                 strerror(-r));
@@ -610,6 +615,15 @@ static void stop_watchers(struct fs *fs)
 
     progress_destroy(fs->progress);
     fs->progress = NULL;
+    if (fs->tcp) {
+        struct tcpinfo_stats t;
+        tcpinfo_get(fs->tcp, &t);
+        log_info("tcp: %" PRIu64 " samples, %" PRIu64 " with sub-MSS data "
+                 "unsent behind unacknowledged segments", t.samples,
+                 t.nagle_stalls);
+        tcpinfo_stop(fs->tcp);
+        fs->tcp = NULL;
+    }
     digest_get(fs->digest, fs->apparent_size, &di);
     if (di.state == DIGEST_COMPLETE)
         log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);

@@ -7,6 +7,7 @@
  * tools/nbdferry-status reads this; docs/nbdferry.1 documents each key.
  */
 #include "fs/fs.h"
+#include "transport/tcpinfo.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -130,6 +131,27 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
     fputs("}\n", f);
 }
 
+/* Stall diagnostics of TCP connections (transport/tcpinfo.h): samples
+ * where less than one MSS waits unsent behind unacknowledged segments are
+ * the Nagle/delayed-ACK signature. */
+static void put_tcp(FILE *f, struct fs *fs)
+{
+    struct tcpinfo_stats t;
+
+    if (!fs->tcp) {
+        fputs("  \"tcp\": null,\n", f);
+        return;
+    }
+    tcpinfo_get(fs->tcp, &t);
+    fprintf(f, "  \"tcp\": {\"sample_interval_ms\": %u, \"samples\": %" PRIu64
+               ", \"nagle_stall_samples\": %" PRIu64
+               ", \"unsent_samples\": %" PRIu64 ", \"rtt_us\": %u"
+               ", \"rttvar_us\": %u, \"unacked_segments\": %u"
+               ", \"notsent_bytes\": %u, \"mss\": %u},\n",
+            t.interval_ms, t.samples, t.nagle_stalls, t.unsent_samples,
+            t.rtt_us, t.rttvar_us, t.unacked, t.notsent_bytes, t.mss);
+}
+
 char *fs_status_json(struct fs *fs, size_t *len)
 {
     struct pool_stats s;
@@ -170,6 +192,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
+    put_tcp(f, fs);
     put_requests(f, &s, &n);
     fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors);
     put_failures(f, &s);

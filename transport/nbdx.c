@@ -54,6 +54,8 @@ struct nbdx_conn {
     bool stopping;
 
     atomic_uint outstanding;              /* queued + on the wire */
+    atomic_int fd;                        /* the socket, -1 while dead;
+                                           * for the TCP_INFO sampler */
     struct nbdx_op *done_head, *done_tail;/* I/O thread only */
     bool dead;                            /* I/O thread only */
 
@@ -386,6 +388,7 @@ static void check_dead(struct nbdx_conn *c)
     if (c->dead || !(nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))
         return;
     c->dead = true;
+    atomic_store(&c->fd, -1);
     const char *why = nbd_get_error() ? nbd_get_error() : "closed";
     if (can_reconnect(c)) {
         log_warn("connection %u to the server was lost (%s): reconnecting "
@@ -439,6 +442,7 @@ static bool try_reconnect(struct nbdx_conn *c)
         return false;
     }
     tune_socket(nbd_aio_get_fd(c->h), c->x->cfg.nodelay);
+    atomic_store(&c->fd, nbd_aio_get_fd(c->h));
     nbd_close(old);
     c->dead = false;
     c->lost_at_ns = 0;
@@ -557,6 +561,7 @@ static int conn_init(struct nbdx *x, unsigned i, const struct nbdx_config *cfg)
         return r;
     if (i > 0)
         tune_socket(nbd_aio_get_fd(c->h), cfg->nodelay);
+    atomic_store(&c->fd, nbd_aio_get_fd(c->h));
     return 0;
 }
 
@@ -593,8 +598,10 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
         free(x);
         return -ENOMEM;
     }
-    for (unsigned i = 0; i < want; i++)
+    for (unsigned i = 0; i < want; i++) {
         x->conns[i].efd = -1;
+        atomic_init(&x->conns[i].fd, -1);
+    }
     x->nconns = 1;
     r = conn_init(x, 0, cfg);
     if (r < 0)
@@ -692,6 +699,14 @@ int nbdx_run(struct nbdx *x, struct nbdx_op *op)
     pthread_mutex_destroy(&w.lock);
     pthread_cond_destroy(&w.cond);
     return w.err ? -w.err : 0;
+}
+
+unsigned nbdx_connections(const struct nbdx *x) { return x->nconns; }
+
+int nbdx_conn_fd(void *opaque, unsigned i)
+{
+    struct nbdx *x = opaque;
+    return i < x->nconns ? atomic_load(&x->conns[i].fd) : -1;
 }
 
 unsigned nbdx_in_flight(const struct nbdx *x)

@@ -94,6 +94,11 @@ void nbdx_submit(struct nbdx *x, struct nbdx_op *op);
 /* Submit op and wait for it.  Returns 0 or -errno. */
 int nbdx_run(struct nbdx *x, struct nbdx_op *op);
 
+/* Connections opened, and connection i's socket now (-1 while it is
+ * reconnecting); opaque is the struct nbdx.  For transport/tcpinfo.h. */
+unsigned nbdx_connections(const struct nbdx *x);
+int nbdx_conn_fd(void *opaque, unsigned i);
+
 /* Requests queued or on the wire, all connections. */
 unsigned nbdx_in_flight(const struct nbdx *x);
 

@@ -1,0 +1,133 @@
+/* transport/tcpinfo.c: TCP_INFO sampling (see tcpinfo.h).
+ *
+ * THREAD MODEL
+ * One sampler thread; getsockopt(TCP_INFO) only reads kernel state, so it
+ * does not disturb the I/O thread that owns the socket.  s->lock protects
+ * the counters; tcpinfo_get() copies them.
+ */
+#include "transport/tcpinfo.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>  /* struct tcp_info with tcpi_notsent_bytes (glibc's lacks it) */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+struct tcpinfo_sampler {
+    int (*fd_of)(void *opaque, unsigned i);
+    void *opaque;
+    unsigned n;
+    unsigned interval_ms;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stopping;
+    struct tcpinfo_stats st;
+};
+
+static void sample_once(struct tcpinfo_sampler *s)
+{
+    uint32_t unacked = 0, notsent = 0;
+
+    for (unsigned i = 0; i < s->n; i++) {
+        struct tcp_info ti;
+        socklen_t len = sizeof ti;
+        int fd = s->fd_of(s->opaque, i);
+        memset(&ti, 0, sizeof ti);
+        if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == -1)
+            continue;
+        pthread_mutex_lock(&s->lock);
+        s->st.samples++;
+        if (ti.tcpi_notsent_bytes > 0)
+            s->st.unsent_samples++;
+        if (ti.tcpi_notsent_bytes > 0 && ti.tcpi_notsent_bytes < ti.tcpi_snd_mss &&
+            ti.tcpi_unacked > 0)
+            s->st.nagle_stalls++;
+        s->st.rtt_us = ti.tcpi_rtt;
+        s->st.rttvar_us = ti.tcpi_rttvar;
+        s->st.mss = ti.tcpi_snd_mss;
+        pthread_mutex_unlock(&s->lock);
+        unacked += ti.tcpi_unacked;
+        notsent += ti.tcpi_notsent_bytes;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->st.unacked = unacked;
+    s->st.notsent_bytes = notsent;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void *sampler(void *arg)
+{
+    struct tcpinfo_sampler *s = arg;
+
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        pthread_mutex_unlock(&s->lock);
+        sample_once(s);
+        pthread_mutex_lock(&s->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long) s->interval_ms * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        if (!s->stopping)
+            pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+int tcpinfo_start(int (*fd_of)(void *opaque, unsigned i), void *opaque,
+                  unsigned n, unsigned interval_ms,
+                  struct tcpinfo_sampler **out)
+{
+    struct tcpinfo_sampler *s = calloc(1, sizeof *s);
+    pthread_condattr_t ca;
+
+    if (!s)
+        return -ENOMEM;
+    s->fd_of = fd_of;
+    s->opaque = opaque;
+    s->n = n;
+    s->interval_ms = interval_ms ? interval_ms : 10;
+    s->st.interval_ms = s->interval_ms;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    int r = pthread_create(&s->thread, NULL, sampler, s);
+    if (r != 0) {
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->cond);
+        free(s);
+        return -r;
+    }
+    *out = s;
+    return 0;
+}
+
+void tcpinfo_get(struct tcpinfo_sampler *s, struct tcpinfo_stats *out)
+{
+    pthread_mutex_lock(&s->lock);
+    *out = s->st;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void tcpinfo_stop(struct tcpinfo_sampler *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+}
