@@ -122,6 +122,8 @@ DAEMON_KEYS = [
     ("writer_wait_s", "writers waiting s", ".2f"),
     ("nothing_in_flight_s", "nothing in flight s", ".2f"),
     ("in_flight_peak", "peak in flight", ".0f"),
+    ("tcp.nagle_stall_samples", "TCP Nagle-stall samples", ".0f"),
+    ("tcp.samples", "TCP samples", ".0f"),
 ]
 
 
