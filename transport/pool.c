@@ -112,6 +112,8 @@ struct pool {
     int last_err;
 
     struct pool_stats st;
+    uint64_t changes;             /* write and zero requests completed */
+    uint64_t flushed_changes;     /* ... as of the last good flush */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
 };
 
@@ -338,6 +340,7 @@ static void req_done(struct nbdx_op *op, int err)
         if (r->from_tool)
             p->st.bytes_acked += r->len;
     }
+    p->changes++;
     release_req_locked(p, r);
     dispatch_locked(p);
     pthread_cond_broadcast(&p->cond);
@@ -781,13 +784,24 @@ int pool_flush(struct pool *p)
     pool_drain(p);
     if (!nbdx_info(p->x)->can_flush)
         return 0;
+    /* Nothing written since the last flush: nothing to make durable (and
+     * an unmount after the server went away need not wait to reconnect). */
+    pthread_mutex_lock(&p->lock);
+    uint64_t changes = p->changes;
+    bool clean = changes == p->flushed_changes;
+    pthread_mutex_unlock(&p->lock);
+    if (clean)
+        return 0;
     struct nbdx_op op = { .kind = NBDX_OP_FLUSH };
     int r = nbdx_run(p->x, &op);
     pthread_mutex_lock(&p->lock);
     if (r < 0)
         record_failure_locked(p, POOL_FLUSH, 0, 0, -r);
-    else
+    else {
         p->st.requests[POOL_FLUSH]++;
+        if (p->flushed_changes < changes)
+            p->flushed_changes = changes;
+    }
     pthread_mutex_unlock(&p->lock);
     return r;
 }
