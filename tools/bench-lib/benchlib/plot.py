@@ -9,8 +9,8 @@ import re
 
 from .report import cell_summary, group
 
-STYLES = {"nbdferry": "-", "stock": "--", "nbdfuse": ":", "nbdcopy": "-.",
-          "qemu": (0, (3, 1, 1, 1, 1, 1))}
+STYLES = {"nbdferry": "-", "digest": "-", "stock": "--", "nbdfuse": ":",
+          "nbdcopy": "-.", "qemu": (0, (3, 1, 1, 1, 1, 1))}
 
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]

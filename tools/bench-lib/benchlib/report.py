@@ -143,6 +143,8 @@ def cell_summary(runs):
         return s
     mibs = [r["mibs"] for r in ok]
     s.update(min=min(mibs), med=statistics.median(mibs), max=max(mibs))
+    secs = [r["seconds"] for r in ok]
+    s.update(s_min=min(secs), s_max=max(secs))
 
     def med(key):
         v = [r[key] for r in ok if r.get(key) is not None]
@@ -195,6 +197,11 @@ def markdown(results, meta):
             f"{meta['load_after']} |",
             f"| wall time of the whole run | {meta['wall']:.0f} s |", ""]
     out += method(meta)
+    srcs = [(n, v) for n, v in (meta.get("sources") or {}).items() if v]
+    if srcs:
+        out += ["Sources:", ""]
+        out += [f"- {n}: {v}" for n, v in srcs]
+        out += [""]
     if meta.get("skipped"):
         out += ["Skipped arms:", ""]
         out += [f"- {a}: {why}" for a, why in meta["skipped"]]
@@ -229,7 +236,13 @@ def method(meta):
         "the read-back; 'rest of machine' is every CPU second the machine "
         "spent busy during the copy minus those of client, daemon and server "
         "(other users, kernel threads): the noise gauge.  NBD requests are "
-        "counted by nbdkit's stats filter.",
+        "counted by nbdkit's stats filter.  cp is `cp --sparse=always`.",
+        "",
+        "Like for like: nbdcopy, qemu-img and nbdfuse hash nothing, so every "
+        "nbdferry arm compared with them runs with `--no-digest`; the arm "
+        "'nbdferry + cp (inline sha256)' runs the daemon's defaults, which "
+        "compute a sha256 of the copy as it passes, and shows what that "
+        "costs.",
         "",
         f"Delay: {meta['delay_note']}",
         "",
@@ -252,7 +265,8 @@ def experiment_tables(exp, g, meta):
         for k in keys:
             if k[1:3] == (source, server) and k[4] not in arms:
                 arms.append(k[4])
-        out += [f"#### {source} onto {server}: MiB/s, median (min–max) "
+        unit = "seconds" if exp.get("time_ratios") else "MiB/s"
+        out += [f"#### {source} onto {server}: {unit}, median (min–max) "
                 f"of {exp['runs']} run(s)", ""]
         out += ["| arm | " + " | ".join(lat_label(l) for l in lats) + " |",
                 "| --- |" + " ---: |" * len(lats)]
@@ -266,7 +280,7 @@ def experiment_tables(exp, g, meta):
                     continue
                 s = cell_summary(runs)
                 label = s["label"]
-                row.append(fmt_cell(s))
+                row.append(fmt_cell(s, exp.get("time_ratios")))
             out += [f"| {label} | " + " | ".join(row) + " |"]
         out += [""]
         out += ratio_table(exp, g, source, server, lats)
@@ -274,26 +288,58 @@ def experiment_tables(exp, g, meta):
     return out
 
 
-def fmt_cell(s):
+def fmt_cell(s, seconds=False):
     if "med" not in s:
         return f"failed ({s['ok']}/{s['n']})"
-    txt = f"**{s['med']:.0f}** ({s['min']:.0f}–{s['max']:.0f})"
+    if seconds:
+        txt = (f"**{s['seconds']:.2f}** ({s['s_min']:.2f}–"
+               f"{s['s_max']:.2f})")
+    else:
+        txt = f"**{s['med']:.0f}** ({s['min']:.0f}–{s['max']:.0f})"
     if s["ok"] < s["n"]:
         txt += f" {s['ok']}/{s['n']} ok"
     return txt
 
 
+# Throughput ratios: (label, arm a, arm b) -> MiB/s of a over MiB/s of b.
+# nbdferry arms run with --no-digest unless the label says sha256.
 RATIOS = [
-    ("nbdferry+cp / nbdcopy", "ferry-cp", "nbdcopy"),
-    ("nbdferry+cp / nbdfuse+cp", "ferry-cp", "fuse-cp"),
-    ("nbdferry+cp / qemu-img -W", "ferry-cp", "qemu-img-W"),
-    ("nbdferry pipelined+nodelay / stock (published: 7.39x)",
-     "ferry-cp", "ferry-stock"),
-    ("nbdferry pipelined, Nagle on / stock (published: 7.41x)",
-     "ferry-pipe", "ferry-stock"),
-    ("nbdferry TCP_NODELAY only / stock (published: 4.26x)",
-     "ferry-nodelay", "ferry-stock"),
+    ("nbdferry+cp --no-digest / nbdcopy (neither hashes)", "ferry-cp",
+     "nbdcopy"),
+    ("nbdferry+cp inline sha256 / nbdcopy", "ferry-cp-digest", "nbdcopy"),
+    ("nbdferry+cp inline sha256 / --no-digest (the digest's cost)",
+     "ferry-cp-digest", "ferry-cp"),
+    ("nbdferry+cp --no-digest / nbdfuse+cp", "ferry-cp", "fuse-cp"),
+    ("nbdferry+cp --no-digest / qemu-img -W", "ferry-cp", "qemu-img-W"),
+    ("nbdferry pipelined+nodelay / stock, both --no-digest (published: "
+     "7.39x)", "ferry-cp", "ferry-stock"),
+    ("nbdferry pipelined, Nagle on / stock, both --no-digest (published: "
+     "7.41x)", "ferry-pipe", "ferry-stock"),
+    ("nbdferry TCP_NODELAY only / stock, both --no-digest (published: "
+     "4.26x)", "ferry-nodelay", "ferry-stock"),
 ]
+
+# Time ratios, for experiments whose tables are in seconds (sparse):
+# (label, arm a, arm b) -> seconds of a over seconds of b.
+TIME_RATIOS = [
+    ("time of nbdferry+cp --sparse=always --no-digest / nbdcopy "
+     "(issue 3 target: ≤ 1.25x)", "ferry-cp", "nbdcopy"),
+    ("time of nbdferry+cp --sparse=always, inline sha256 / nbdcopy",
+     "ferry-cp-digest", "nbdcopy"),
+    ("time of nbdferry+cp --no-digest / qemu-img convert -n -W",
+     "ferry-cp", "qemu-img-W"),
+    ("time of nbdferry+cp --no-digest / qemu-img convert -n",
+     "ferry-cp", "qemu-img"),
+    ("time of nbdcopy / qemu-img convert -n -W", "nbdcopy", "qemu-img-W"),
+]
+
+
+def ratio_set(exp):
+    """[(label, a, b, inverse)]: inverse means a ratio of times, computed as
+    MiB/s of b over MiB/s of a (every arm copies the same image)."""
+    if exp.get("time_ratios"):
+        return [(n, a, b, True) for n, a, b in TIME_RATIOS]
+    return [(n, a, b, False) for n, a, b in RATIOS]
 
 
 def ratio(g, exp, source, server, lat, a, b):
@@ -320,7 +366,9 @@ def paired_ratio(g, exp, source, server, lat, a, b):
 
 def ratio_table(exp, g, source, server, lats):
     rows = []
-    for name, a, b in RATIOS:
+    for name, a, b, inverse in ratio_set(exp):
+        if inverse:
+            a, b = b, a
         vals = [ratio(g, exp["name"], source, server, l, a, b) for l in lats]
         pair = [paired_ratio(g, exp["name"], source, server, l, a, b)
                 for l in lats]
@@ -342,10 +390,11 @@ def detail_table(exp, g, source, server, lats, arms):
            "(medians)</summary>", "",
            "| delay | arm | runs ok | s | CPU s client / daemon / server "
            "/ rest of machine "
-           "| unmount s | NBD writes | mean write KiB | zeroes | flushes "
+           "| unmount s | NBD writes | mean write KiB | written MiB "
+           "| zeroes | zeroed MiB | trims | flushes "
            "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) + " |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-           "| ---: | ---: |"]
+           "| ---: | ---: | ---: | ---: | ---: |"]
     for l in lats:
         for a in arms:
             runs = g.get((exp["name"], source, server, l, a))
@@ -360,9 +409,15 @@ def detail_table(exp, g, source, server, lats, arms):
                 f"{fmt(s.get('seconds'), '.2f')} | {cpu} | "
                 f"{fmt(s.get('umount_seconds'), '.2f')} | "
                 f"{fmt(s.get('write_ops'), '.0f')} | {mean_kib(s, 'write')} | "
-                f"{fmt(s.get('zero_ops'), '.0f')} | "
+                f"{mib(s, 'write')} | {fmt(s.get('zero_ops'), '.0f')} | "
+                f"{mib(s, 'zero')} | {fmt(s.get('trim_ops'), '.0f')} | "
                 f"{fmt(s.get('flush_ops'), '.0f')} | {daemon_cols(s)} |")
     return out + ["", "</details>", ""]
+
+
+def mib(s, op):
+    b = s.get(op + "_bytes")
+    return "–" if b is None else f"{b / (1 << 20):.0f}"
 
 
 def daemon_cols(s):
@@ -396,8 +451,11 @@ def summary_text(results, meta):
                    f"{s['label']:48} " +
                    (f"{s['med']:8.1f} MiB/s ({s['min']:.1f}-{s['max']:.1f})"
                     if "med" in s else f"failed {s['n'] - s['ok']}/{s['n']}"))
+    exps = {e["name"]: e for e in meta.get("experiments", [])}
     for exp, src, srv, lat in dict.fromkeys(k[:4] for k in g):
-        for name, a, b in RATIOS:
+        for name, a, b, inverse in ratio_set(exps.get(exp, {})):
+            if inverse:
+                a, b = b, a
             v = ratio(g, exp, src, srv, lat, a, b)
             if v is not None:
                 out.append(f"{exp:14} {src:16} {srv:20} {lat_label(lat):9} "

@@ -5,6 +5,8 @@ dense     pseudo-random bytes (fixed seed: the same image every time; no
           /dev/urandom and 5x faster to make)
 sparse25  the same, in 1 MiB extents covering 25% of the image chosen at
           random; the rest are holes (cp --sparse=always sees them)
+sparse10  the same, in 2 MiB runs covering 10% of the image chosen at
+          random (issue 3 item 5: a 4 GiB image onto a zero export)
 fsimage   an ext4 filesystem built by mke2fs -d from a system tree (the
           largest of FS_TREES that fills at most half of it): a real mix of
           data, metadata and free space
@@ -27,6 +29,7 @@ def make(src, directory):
     if not os.path.exists(path):
         tmp = path + ".part"
         note = {"dense": make_dense, "sparse25": make_sparse25,
+                "sparse10": make_sparse10,
                 "fsimage": make_fsimage}[src.kind](tmp, src.size)
         os.rename(tmp, path)
         if note:
@@ -53,6 +56,20 @@ def make_sparse25(path, size):
             f.seek(b * MiB)
             f.write(rng.randbytes(MiB))
         f.truncate(size)
+
+
+def make_sparse10(path, size):
+    rng = random.Random(20240603)
+    run = 2 * MiB
+    runs = size // run
+    data = sorted(rng.sample(range(runs), max(1, round(runs / 10))))
+    with open(path, "wb") as f:
+        for b in data:
+            f.seek(b * run)
+            f.write(rng.randbytes(run))
+        f.truncate(size)
+    return (f"{len(data)} runs of 2 MiB ({len(data) * 2} MiB of data) at "
+            f"random places among {runs}, the rest holes")
 
 
 FS_TREES = ["/usr/lib/python3", "/usr/share", "/usr/lib/gcc", "/usr/include",
