@@ -711,6 +711,12 @@ out_unmount:
     fuse_remove_signal_handlers(se);
     fuse_session_destroy(se);
 out_pool:
+    /* libfuse's handlers are gone: a SIGTERM now would kill the final
+     * drain and flush and lose acknowledged-to-the-kernel writes.  The
+     * mount is already down; ignore it (SIGKILL still works). */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
     stop_watchers(&fs);
