@@ -158,6 +158,7 @@ def cell_summary(runs):
         v = [x for x in v if x is not None]
         if v:
             s[k] = statistics.median(v)
+    s["digest"] = digest_summary(ok)
     for op in ("write", "zero", "trim", "flush"):
         ops = [r["stats"].get(op, {}).get("ops", 0) for r in ok if r["stats"]]
         byt = [r["stats"].get(op, {}).get("bytes", 0) for r in ok if r["stats"]]
@@ -165,6 +166,34 @@ def cell_summary(runs):
             s[op + "_ops"] = statistics.median(ops)
             s[op + "_bytes"] = statistics.median(byt)
     return s
+
+
+def digest_state(r):
+    """The inline digest's final state: settled by the runner, or (older
+    runs) as the status showed it when the copy ended."""
+    if r.get("digest_state"):
+        return r["digest_state"]
+    dg = (r.get("daemon_status") or {}).get("digest")
+    return dg.get("state") if isinstance(dg, dict) else None
+
+
+def digest_summary(runs):
+    """'complete 3/3, = source, +0.4 s' etc.; '' when no run hashed."""
+    states = [digest_state(r) for r in runs]
+    states = [x for x in states if x and x != "disabled"]
+    if not states:
+        return ""
+    parts = [f"{st} {states.count(st)}/{len(runs)}"
+             for st in dict.fromkeys(states)]
+    match = [r.get("digest_match") for r in runs
+             if r.get("digest_match") is not None]
+    if match:
+        parts.append("= source" if all(match) else "DIFFERS from source")
+    lag = [r["digest_lag_s"] for r in runs
+           if r.get("digest_state") == "complete" and "digest_lag_s" in r]
+    if lag:
+        parts.append(f"ready {statistics.median(lag):.2f} s after the copy")
+    return ", ".join(parts)
 
 
 def fmt(v, spec=".0f", none="–"):
@@ -392,9 +421,10 @@ def detail_table(exp, g, source, server, lats, arms):
            "/ rest of machine "
            "| unmount s | NBD writes | mean write KiB | written MiB "
            "| zeroes | zeroed MiB | trims | flushes "
-           "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) + " |",
+           "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) +
+           " | inline sha256 |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-           "| ---: | ---: | ---: | ---: | ---: |"]
+           "| ---: | ---: | ---: | ---: | ---: | --- |"]
     for l in lats:
         for a in arms:
             runs = g.get((exp["name"], source, server, l, a))
@@ -411,7 +441,8 @@ def detail_table(exp, g, source, server, lats, arms):
                 f"{fmt(s.get('write_ops'), '.0f')} | {mean_kib(s, 'write')} | "
                 f"{mib(s, 'write')} | {fmt(s.get('zero_ops'), '.0f')} | "
                 f"{mib(s, 'zero')} | {fmt(s.get('trim_ops'), '.0f')} | "
-                f"{fmt(s.get('flush_ops'), '.0f')} | {daemon_cols(s)} |")
+                f"{fmt(s.get('flush_ops'), '.0f')} | {daemon_cols(s)} | "
+                f"{s.get('digest') or '–'} |")
     return out + ["", "</details>", ""]
 
 

@@ -138,6 +138,27 @@ def read_status(mnt, arm):
         return {}
 
 
+def settle_digest(mnt, arm, src_sha, res, limit=120.0):
+    """After the timed copy: wait while nbdferry's inline digest is still
+    hashing, then record its state, how long after the copy it was ready,
+    and whether it equals the source's sha256.  A complete digest that
+    differs fails the run; an abandoned one is reported, not failed."""
+    dg = (res.get("daemon_status") or {}).get("digest")
+    if not isinstance(dg, dict) or dg.get("state") in (None, "disabled"):
+        return
+    t0 = time.monotonic()
+    while dg.get("state") == "computing" and time.monotonic() - t0 < limit:
+        time.sleep(0.02)
+        dg = read_status(mnt, arm).get("digest") or dg
+    res["digest_state"] = dg.get("state")
+    res["digest_lag_s"] = time.monotonic() - t0
+    if dg.get("value"):
+        res["digest_match"] = dg["value"] == src_sha
+        if not res["digest_match"]:
+            raise RunError(f"inline digest {dg['value'][:16]}... differs "
+                           f"from the source's {src_sha[:16]}...")
+
+
 def verify(uri, backing):
     """sha256 of the whole export, read back from the server itself."""
     if backing:
@@ -201,6 +222,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)
+            settle_digest(mnt, arm, src_sha, res)
             t1 = time.monotonic()
             urc, uerr = procs.unmount(mnt)
             if urc != 0:
