@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,17 @@
 #include <unistd.h>
 
 #include "tools/vhdfile.h"
+
+/* One line into err, cut to fit (messages quote paths of any length). */
+static void errf(struct vhdfile_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void errf(struct vhdfile_err *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
 
 #define PARENT_CANDIDATES 9             /* 8 locators + the unicode name */
 
@@ -90,7 +102,7 @@ static int parse(struct vhdfile *m, struct vhd_err *e)
 static int open_fail(struct vhdfile *m, int r, const char *path,
                      struct vhdfile_err *err)
 {
-    snprintf(err->msg, sizeof err->msg, "%s: %s", path, strerror(-r));
+    errf(err, "%s: %s", path, strerror(-r));
     vhdfile_free(m);
     return r;
 }
@@ -121,7 +133,7 @@ int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
         r = 0;
     }
     if (r == -EINVAL) {
-        snprintf(err->msg, sizeof err->msg, "%s", e.msg);
+        errf(err, "%s", e.msg);
         vhdfile_free(m);
         return r;
     }
@@ -235,18 +247,18 @@ static int attach_parent(struct vhdfile *top, struct vhdfile *m, char *path,
     int r = vhdfile_open(path, raw_ok, &p, &e);
     free(path);
     if (r < 0) {
-        snprintf(err->msg, sizeof err->msg, "parent of %s: %s", m->path, e.msg);
+        errf(err, "parent of %s: %s", m->path, e.msg);
         return r;
     }
     if (in_chain(top, p)) {
-        snprintf(err->msg, sizeof err->msg, "%s: differencing chain loops "
+        errf(err, "%s: differencing chain loops "
                  "back to %s", top->path, p->path);
         vhdfile_free(p);
         return -EINVAL;
     }
     m->parent = p;
     if (p->img && vhd_image_check_parent(m->img, p->img, &ve) < 0) {
-        snprintf(err->msg, sizeof err->msg, "%s: parent %s: %s", m->path,
+        errf(err, "%s: parent %s: %s", m->path,
                  p->path, ve.msg);
         return -EINVAL;
     }
@@ -261,7 +273,7 @@ int vhdfile_open_chain(struct vhdfile *top, const char *const *parents,
     for (size_t level = 0; m->img && vhd_image_kind(m->img) == VHD_DIFF;
          level++) {
         if (level >= VHDFILE_CHAIN_MAX) {
-            snprintf(err->msg, sizeof err->msg, "%s: differencing chain "
+            errf(err, "%s: differencing chain "
                      "deeper than %d", top->path, VHDFILE_CHAIN_MAX);
             return -EINVAL;
         }
@@ -271,7 +283,7 @@ int vhdfile_open_chain(struct vhdfile *top, const char *const *parents,
         if (!path && level < nparents)
             return -ENOMEM;
         if (!path) {
-            snprintf(err->msg, sizeof err->msg, "%s: cannot find the parent "
+            errf(err, "%s: cannot find the parent "
                      "(tried %s); use --parent", m->path, tried);
             return -ENOENT;
         }
