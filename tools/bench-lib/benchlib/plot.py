@@ -20,8 +20,10 @@ def slug(*parts):
     return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
 
 
-def plots(results, arms_by_name, directory, prefix="bench"):
-    """Write one PNG per experiment block with 2+ latencies; return paths."""
+def plots(results, arms_by_name, directory, preset=""):
+    """Write one PNG per experiment block with 2+ latencies; return paths.
+    Files are named bench-PRESET-EXPERIMENT-SOURCE-SERVER.png, so presets
+    that share an experiment (first and full: headline) keep their own."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,7 +84,10 @@ def plots(results, arms_by_name, directory, prefix="bench"):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
         fig.tight_layout()
-        path = os.path.join(directory, f"{prefix}-{slug(exp, src, srv)}.png")
+        name = slug(exp, src, srv)
+        if preset and not name.startswith(slug(preset) + "-"):
+            name = f"{slug(preset)}-{name}"
+        path = os.path.join(directory, f"bench-{name}.png")
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
