@@ -48,6 +48,7 @@ def plots(results, arms_by_name, directory, preset=""):
         for k in keys:
             if k[4] not in arms:
                 arms.append(k[4])
+        cmap = plt.cm.tab10 if len(arms) <= 10 else plt.cm.tab20
         for i, a in enumerate(arms):
             xs, ys, lo, hi = [], [], [], []
             label = a
@@ -67,7 +68,7 @@ def plots(results, arms_by_name, directory, preset=""):
                 continue
             fam = arms_by_name[a].family if a in arms_by_name else ""
             ax.errorbar(xs, ys, yerr=[lo, hi], marker=MARKERS[i % len(MARKERS)],
-                        color=plt.cm.tab10(i % 10), capsize=3,
+                        color=cmap(i % cmap.N), capsize=3,
                         linestyle=STYLES.get(fam, "-"), label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
