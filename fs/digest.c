@@ -8,8 +8,11 @@
  * up to the size at close) is a length.  One digest thread hashes the
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
- * lock is held while hashing.  Writers never wait for the thread: when the
- * queued payload would exceed queue_limit the digest is abandoned.
+ * lock is held while hashing.  When the queued payload would exceed
+ * queue_limit, a writer waits for the thread (d->space) — memory stays
+ * bounded and a busy machine still gets its digest, at the hash's speed —
+ * but for at most WAIT_MAX_S: past that (hashing a huge hole, say) the
+ * digest is abandoned rather than the copy held up.
  *
  * THE PASS
  * A pass starts at a truncate to 0 (O_TRUNC).  pos is where the pass has
@@ -42,6 +45,7 @@
 
 #define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
 #define ZERO_BUF (1u << 20)
+#define WAIT_MAX_S 10             /* a writer waits this long for room */
 
 struct item {
     struct item *next;
@@ -52,6 +56,7 @@ struct item {
 struct digest {
     pthread_mutex_t lock;
     pthread_cond_t cond;          /* work queued, or stopping */
+    pthread_cond_t space;         /* the thread took a data item */
     pthread_t thread;
     bool stopping;
 
@@ -146,13 +151,40 @@ static void push_zero_locked(struct digest *d, uint64_t len)
     d->pos += len;
 }
 
+/* Wait until len more payload bytes fit in the queue.  False if the
+ * digest ended meanwhile (abandoned after WAIT_MAX_S, or the pass moved:
+ * another writer got in). */
+static bool wait_for_room_locked(struct digest *d, size_t len)
+{
+    uint64_t gen = d->gen, pos = d->pos;
+    struct timespec deadline;
+
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += WAIT_MAX_S;
+    while (d->queued > 0 && d->queued + len > d->limit &&
+           d->state == DIGEST_COMPUTING && !d->stopping) {
+        if (pthread_cond_timedwait(&d->space, &d->lock, &deadline) ==
+            ETIMEDOUT) {
+            fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
+                        "for %d s (%zu bytes waiting)", WAIT_MAX_S,
+                        d->queued);
+            return false;
+        }
+    }
+    if (d->state != DIGEST_COMPUTING || d->stopping)
+        return false;
+    if (d->gen != gen || d->pos != pos) {
+        fail_locked(d, DIGEST_NOT_FORWARD, "concurrent writes while waiting "
+                    "for the hash");
+        return false;
+    }
+    return true;
+}
+
 static void push_data_locked(struct digest *d, const void *buf, size_t len)
 {
-    if (d->queued + len > d->limit) {
-        fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
-                    "(%zu bytes waiting)", d->queued);
+    if (d->queued + len > d->limit && !wait_for_room_locked(d, len))
         return;
-    }
     struct item *it = calloc(1, sizeof *it);
     char *copy = malloc(len ? len : 1);
     if (!it || !copy) {
@@ -189,7 +221,10 @@ static bool take_locked(struct digest *d, struct item *out)
     d->head = it->next;
     if (!d->head)
         d->tail = NULL;
-    d->queued -= it->data ? it->len : 0;
+    if (it->data) {
+        d->queued -= it->len;
+        pthread_cond_broadcast(&d->space);
+    }
     free(it);
     return true;
 }
@@ -415,10 +450,12 @@ int digest_create(size_t queue_limit, struct digest **out)
     d->state = DIGEST_IDLE;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
+    pthread_cond_init(&d->space, NULL);
     int r = pthread_create(&d->thread, NULL, digest_thread, d);
     if (r) {
         pthread_mutex_destroy(&d->lock);
         pthread_cond_destroy(&d->cond);
+        pthread_cond_destroy(&d->space);
         free(d);
         return -r;
     }
@@ -433,10 +470,12 @@ void digest_destroy(struct digest *d)
     pthread_mutex_lock(&d->lock);
     d->stopping = true;
     pthread_cond_signal(&d->cond);
+    pthread_cond_broadcast(&d->space);
     pthread_mutex_unlock(&d->lock);
     pthread_join(d->thread, NULL);
     free_queue_locked(d);
     pthread_mutex_destroy(&d->lock);
     pthread_cond_destroy(&d->cond);
+    pthread_cond_destroy(&d->space);
     free(d);
 }
