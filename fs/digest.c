@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/signals.h"
 
 #define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
 #define ZERO_BUF (1u << 20)
@@ -259,6 +260,7 @@ static bool snapshot_hex(EVP_MD_CTX *ctx, char hex[65])
 
 static void *digest_thread(void *arg)
 {
+    block_stop_signals();
     struct digest *d = arg;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     uint64_t ctx_gen = UINT64_MAX;

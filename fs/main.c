@@ -666,18 +666,6 @@ int main(int argc, char **argv)
     if (!o.foreground)
         daemonize_early();
 
-    /* Our threads (NBD I/O, idle, digest, progress, TCP sampler) must not
-     * take SIGTERM/SIGINT/SIGHUP: libfuse's handler only marks the session
-     * as exiting, and its main loop notices only if the signal interrupts
-     * the main thread (libfuse's workers block these signals themselves).
-     * Block them while our threads are created; unblock before serve(). */
-    sigset_t stop_signals, old_mask;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGHUP);
-    sigaddset(&stop_signals, SIGQUIT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
 
     if (nbdx_open(&o.nbd, &fs.x) < 0)
         goto out_nbd;
@@ -716,7 +704,6 @@ int main(int argc, char **argv)
         }
     }
     detach();
-    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     serve(se);
     status = EXIT_SUCCESS;
 

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "fs/fs.h"
+#include "common/signals.h"
 
 #define NSAMPLES 64               /* 16 s of samples at 250 ms */
 #define BAR_WIDTH 24
@@ -295,6 +296,7 @@ static void tick(struct progress *pg, bool final)
 
 static void *progress_thread(void *arg)
 {
+    block_stop_signals();
     struct progress *pg = arg;
     struct timespec next;
 

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/signals.h"
 
 struct nbdx_conn {
     struct nbdx *x;
@@ -517,6 +518,7 @@ static void wait_for_io(struct nbdx_conn *c)
 
 static void *conn_thread(void *arg)
 {
+    block_stop_signals();
     struct nbdx_conn *c = arg;
 
     for (;;) {

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/signals.h"
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 
@@ -865,6 +866,7 @@ uint64_t pool_allocated(struct pool *p, uint64_t size)
 
 static void *idle_thread(void *arg)
 {
+    block_stop_signals();
     struct pool *p = arg;
     uint64_t idle_ns = (uint64_t) p->cfg.idle_ms * 1000000u;
 

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include "common/signals.h"
 
 struct tcpinfo_sampler {
     int (*fd_of)(void *opaque, unsigned i);
@@ -62,6 +63,7 @@ static void sample_once(struct tcpinfo_sampler *s)
 
 static void *sampler(void *arg)
 {
+    block_stop_signals();
     struct tcpinfo_sampler *s = arg;
 
     pthread_mutex_lock(&s->lock);
