@@ -53,6 +53,7 @@ struct fs {
 /* One open file. */
 struct fs_fh {
     enum fs_ino ino;
+    bool writer;              /* opened for writing */
     uint64_t err_seq;         /* last pool error this handle was told of */
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;

@@ -342,6 +342,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         return;
     }
     fh->ino = (enum fs_ino) ino;
+    fh->writer = writing;
     fh->err_seq = pool_error_seq(fs->pool);
     if (ino == FS_INO_VHD) {
         int r = vhdview_open(fs, fh, fi->flags);
@@ -408,10 +409,13 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         return;
     }
     pool_drain(fs->pool);
-    /* The pass covers the file up to its size (cp's final ftruncate). */
-    uint64_t size = apparent_size(fs);
-    digest_close(fs->digest, size);
-    progress_close(fs->progress, size);
+    /* The pass covers the file up to its size (cp's final ftruncate).  A
+     * reader closing (sha256sum during a copy) ends nobody's pass. */
+    if (fh->writer) {
+        uint64_t size = apparent_size(fs);
+        digest_close(fs->digest, size);
+        progress_close(fs->progress, size);
+    }
     fuse_reply_err(req, pool_error_take(fs->pool, &fh->err_seq));
 }
 
