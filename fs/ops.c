@@ -124,13 +124,6 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
     reply_attr(req, ino);
 }
 
-static void touch(struct fs *fs)
-{
-    pthread_mutex_lock(&fs->lock);
-    clock_gettime(CLOCK_REALTIME, &fs->mtime);
-    pthread_mutex_unlock(&fs->lock);
-}
-
 /* Set the raw file's size.  Every byte beyond the new size must read as
  * zero: the bytes [size, old size) become pending zero, done lazily at
  * the next drain (close, fsync, unmount) for the parts not written again
@@ -151,12 +144,15 @@ static int truncate_to(struct fs *fs, uint64_t size)
     return 0;
 }
 
-/* Grow the apparent size to cover end (writes, fallocate). */
+/* The disk changed up to end: grow the apparent size to cover it (0:
+ * keep the size) and stamp the time, in one lock round (the write path
+ * runs once per FUSE request). */
 static void extend_to(struct fs *fs, uint64_t end)
 {
     pthread_mutex_lock(&fs->lock);
     if (end > fs->apparent_size)
         fs->apparent_size = end;
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -577,7 +573,6 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     extend_to(fs, (uint64_t) off + size);
     digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
     progress_write(fs->progress, (uint64_t) off, size);
-    touch(fs);
     fuse_reply_write(req, size);
 }
 
@@ -618,13 +613,11 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
         end = fs->export_size;    /* keep-size: nothing exists past it */
     if (kind != 0 && start < end)
         pool_zero(fs->pool, start, end - start);   /* write-zeroes */
-    if (!keep_size)
-        extend_to(fs, end);
+    extend_to(fs, keep_size ? 0 : end);
     if (kind != 0 && start < end) {
         digest_zero(fs->digest, start, end - start, apparent_size(fs));
         progress_zero(fs->progress, start, end - start);
     }
-    touch(fs);
     fuse_reply_err(req, 0);
 }
 
