@@ -903,7 +903,11 @@ static void *idle_thread(void *arg)
 
 /* ---- setup ----------------------------------------------------------- */
 
+/* One block status request of the scan.  op comes first: nbdx_run()
+ * takes op->opaque for its own wait, so the extent callback finds the
+ * scan from the op itself. */
 struct scan {
+    struct nbdx_op op;
     struct pool *p;
     uint64_t end;                 /* end of the last extent seen */
 };
@@ -911,29 +915,11 @@ struct scan {
 static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
                         uint32_t flags)
 {
-    struct scan *s = op->opaque;
+    struct scan *s = (struct scan *) op;
 
     if (flags & LIBNBD_STATE_ZERO)
         extmap_add(&s->p->known_zero, off, off + len);
     s->end = off + len;
-}
-
-struct scan_wait {
-    struct scan s;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool done;
-    int err;
-};
-
-static void scan_done(struct nbdx_op *op, int err)
-{
-    struct scan_wait *w = op->opaque;
-    pthread_mutex_lock(&w->lock);
-    w->done = true;
-    w->err = err;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
 }
 
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
@@ -946,23 +932,16 @@ static void scan_extents(struct pool *p)
         uint64_t len = p->size - pos;
         if (len > (1ull << 31))
             len = 1ull << 31;
-        struct scan_wait w = { .s = { .p = p, .end = pos },
-                               .lock = PTHREAD_MUTEX_INITIALIZER,
-                               .cond = PTHREAD_COND_INITIALIZER };
-        struct nbdx_op op = { .kind = NBDX_OP_BLOCK_STATUS, .off = pos,
-                              .len = len, .extent = scan_extent,
-                              .done = scan_done, .opaque = &w };
-        nbdx_submit(p->x, &op);
-        pthread_mutex_lock(&w.lock);
-        while (!w.done)
-            pthread_cond_wait(&w.cond, &w.lock);
-        pthread_mutex_unlock(&w.lock);
-        if (w.err || w.s.end <= pos) {
+        struct scan s = { .op = { .kind = NBDX_OP_BLOCK_STATUS, .off = pos,
+                                  .len = len, .extent = scan_extent },
+                          .p = p, .end = pos };
+        int r = nbdx_run(p->x, &s.op);
+        if (r < 0 || s.end <= pos) {
             log_info("block status stopped at %" PRIu64 ": %s", pos,
-                     w.err ? strerror(w.err) : "no progress");
+                     r < 0 ? strerror(-r) : "no progress");
             break;
         }
-        pos = w.s.end;
+        pos = s.end;
         if (now_ns() - t0 > 10ull * 1000000000u) {
             log_info("block status scan stopped at %" PRIu64 " after 10s",
                      pos);
