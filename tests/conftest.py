@@ -7,7 +7,7 @@ test fails: servers are terminated, mounts are unmounted (lazily if busy) and
 the daemon killed if it does not exit.
 
 Environment:
-  NBDFERRY_BUILD          build tree (default /work/main/build); the daemon is
+  NBDFERRY_BUILD          build tree (default: build/ beside tests/); the daemon is
                           $NBDFERRY_BUILD/fs/nbdferry
   NBDFERRY_BIN            explicit path to the daemon (overrides the above)
   NBDFERRY_WRAPPER        command prepended to every daemon invocation, e.g.
@@ -43,7 +43,8 @@ try:                                   # python3-libnbd (Debian package)
 except ImportError:                    # fall back to nbdcopy through a pipe
     libnbd = None
 
-BUILD = Path(os.environ.get("NBDFERRY_BUILD", "/work/main/build"))
+BUILD = Path(os.environ.get("NBDFERRY_BUILD",
+                           Path(__file__).resolve().parent.parent / "build"))
 NBDFERRY = Path(os.environ.get("NBDFERRY_BIN") or BUILD / "fs" / "nbdferry")
 WRAPPER = shlex.split(os.environ.get("NBDFERRY_WRAPPER", ""))
 SCALE = float(os.environ.get("NBDFERRY_TIMEOUT_SCALE") or (10 if WRAPPER else 1))

@@ -7,7 +7,7 @@ to the mount tests); servers are always terminated, also when a test fails.
 
 Run: /usr/bin/python3 -m pytest tests/test_verify.py
 Binary: $NBDFERRY_VERIFY, else $NBDFERRY_BUILD/tools/nbdferry-verify
-(NBDFERRY_BUILD defaults to /work/main/build).
+(NBDFERRY_BUILD defaults to build/ beside tests/).
 """
 
 import hashlib
@@ -26,7 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-BUILD = Path(os.environ.get("NBDFERRY_BUILD", "/work/main/build"))
+BUILD = Path(os.environ.get("NBDFERRY_BUILD",
+                           Path(__file__).resolve().parent.parent / "build"))
 # $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
 # the tool alone).
 VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or next(

@@ -7,7 +7,7 @@ is run both through the random-access path and with --stream (the decoder
 the nbd.vhd view uses).  Malformed files must be refused by `check` with
 exit status 1 and a message naming the broken rule.
 
-Environment: NBDFERRY_BUILD (default /work/main/build) holds
+Environment: NBDFERRY_BUILD (default: build/ beside tests/) holds
 tools/nbdferry-vhd.  Helpers live here on purpose (conftest.py belongs to
 the mount tests).
 """
@@ -24,7 +24,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "vhd"
-BUILD = Path(os.environ.get("NBDFERRY_BUILD", "/work/main/build"))
+BUILD = Path(os.environ.get("NBDFERRY_BUILD",
+                           Path(__file__).resolve().parent.parent / "build"))
 TOOL = BUILD / "tools" / "nbdferry-vhd"
 MiB = 1 << 20
 GiB = 1 << 30
