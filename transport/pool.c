@@ -2,13 +2,14 @@
  *
  * THREAD MODEL
  * FUSE worker threads call pool_write/zero/read/drain/flush.  nbdx I/O
- * threads call req_done() when a reply arrives.  One idle thread seals
- * buffers nobody has written to for idle_ms.  Everything below is
- * protected by pool->lock; pool->cond is broadcast whenever a request
- * completes or a buffer frees.  nbdx_submit() is called with pool->lock
- * held (it only queues: nbdx's conn->lock is a leaf).  No lock is held
- * across a network wait: pool_read() and pool_flush() drop it around
- * nbdx_run().
+ * threads call req_done() when a reply arrives (during the block status
+ * scan at mount, scan_extent() and scan_done(), which take pool->lock).
+ * One idle thread seals buffers nobody has written to for idle_ms.
+ * Everything below is protected by pool->lock; pool->cond is broadcast
+ * whenever a request completes or a buffer frees.  nbdx_submit() is
+ * called with pool->lock held (it only queues: nbdx's conn->lock is a
+ * leaf).  No lock is held across a network wait: pool_read() and
+ * pool_flush() drop it around nbdx_run().
  *
  * REQUESTS
  * A request (struct pool_req) is a write buffer or a zero range.  A write
@@ -53,8 +54,16 @@
 
 #define MAX_FILLING 4             /* buffers open for coalescing at once */
 #define MAX_ZERO_REQS 256         /* zero requests queued at once */
+/* Request lengths.  A server that advertises no maximum block size may
+ * refuse, or worse, silently mishandle, anything over 32 MiB: the NBD
+ * protocol tells clients to assume that limit (nbd-server 3.24 answers a
+ * 256 MiB write-zeroes with success after zeroing its first 64 MiB).  So
+ * without an advertised maximum no request of any kind exceeds 32 MiB;
+ * with one, none exceeds it.  The caps below apply on top. */
+#define DEFAULT_MAX_LEN (32u << 20)
 #define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
 #define READ_MAX_LEN (32u << 20)  /* largest read request */
+#define SCAN_MAX_LEN (1u << 31)   /* largest block status request */
 #define MAX_FAILURES 1024
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
                                    * alignment become write-zeroes */
@@ -88,6 +97,7 @@ struct pool {
     uint64_t size;
     bool can_zero, fast_zero;
     unsigned max_in_flight;
+    uint64_t max_len;             /* longest request the server takes */
 
     pthread_mutex_t lock;
     pthread_cond_t cond;          /* a request completed, a buffer freed */
@@ -128,6 +138,12 @@ static uint64_t now_ns(void)
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 {
     return a < b + blen && b < a + alen;
+}
+
+/* The longest request of a kind whose own cap is cap. */
+static uint64_t max_request(const struct pool *p, uint64_t cap)
+{
+    return p->max_len < cap ? p->max_len : cap;
 }
 
 /* ---- lists ----------------------------------------------------------- */
@@ -363,7 +379,8 @@ static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len,
                               bool from_tool)
 {
     uint64_t end = off + len, pos = off;
-    uint64_t max = p->can_zero ? ZERO_MAX_LEN : p->cfg.request_size;
+    uint64_t max = p->can_zero ? max_request(p, ZERO_MAX_LEN)
+                               : p->cfg.request_size;
 
     while (pos < end) {
         size_t i = extmap_find(&p->known_zero, pos);
@@ -712,11 +729,8 @@ static void overlay_pending_locked(struct pool *p, uint64_t off, char *buf,
 
 static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
 {
-    size_t max = READ_MAX_LEN;
-    const struct nbdx_info *info = nbdx_info(p->x);
+    size_t max = (size_t) max_request(p, READ_MAX_LEN);
 
-    if (info->block_max && info->block_max < max)
-        max = info->block_max;
     while (len > 0) {
         size_t n = len < max ? len : max;
         struct nbdx_op op = { .kind = NBDX_OP_READ, .off = off, .len = n,
@@ -903,13 +917,21 @@ static void *idle_thread(void *arg)
 
 /* ---- setup ----------------------------------------------------------- */
 
-/* One block status request of the scan.  op comes first: nbdx_run()
- * takes op->opaque for its own wait, so the extent callback finds the
- * scan from the op itself. */
+/* The scan at mount: block status requests for consecutive windows of
+ * at most max_request(p, SCAN_MAX_LEN) bytes, SCAN_DEPTH of them in
+ * flight (a 1 TiB disk is 32768 windows of 32 MiB: one at a time, each
+ * round trip would count).  op comes first: the callbacks find the slot
+ * from the op itself.  Extent callbacks run on I/O threads, several at
+ * once, so they take pool->lock; nothing else uses the pool yet. */
+#define SCAN_DEPTH 32
+#define SCAN_BUDGET_NS (10ull * 1000000000u)
+
 struct scan {
     struct nbdx_op op;
     struct pool *p;
     uint64_t end;                 /* end of the last extent seen */
+    bool busy;                    /* submitted, done() not run yet */
+    int err;
 };
 
 static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
@@ -917,40 +939,95 @@ static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
 {
     struct scan *s = (struct scan *) op;
 
+    pthread_mutex_lock(&s->p->lock);
     if (flags & LIBNBD_STATE_ZERO)
         extmap_add(&s->p->known_zero, off, off + len);
     s->end = off + len;
+    pthread_mutex_unlock(&s->p->lock);
+}
+
+static void scan_done(struct nbdx_op *op, int err)
+{
+    struct scan *s = (struct scan *) op;
+
+    pthread_mutex_lock(&s->p->lock);
+    s->err = err;
+    s->busy = false;
+    pthread_cond_broadcast(&s->p->cond);
+    pthread_mutex_unlock(&s->p->lock);
+}
+
+static void scan_submit_locked(struct pool *p, struct scan *s, uint64_t off,
+                               uint64_t len)
+{
+    *s = (struct scan){ .op = { .kind = NBDX_OP_BLOCK_STATUS, .off = off,
+                                .len = len, .extent = scan_extent,
+                                .done = scan_done },
+                        .p = p, .end = off, .busy = true };
+    nbdx_submit(p->x, &s->op);
+}
+
+/* A slot's reply is in.  Returns false if the scan must stop (the known
+ * zeroes gathered so far stay: they are true, the rest is just not
+ * known).  A reply that covers only part of its window is asked again
+ * for the rest. */
+static bool scan_reply_locked(struct pool *p, struct scan *s)
+{
+    uint64_t wend = s->op.off + s->op.len;
+
+    s->op.len = 0;                    /* slot free */
+    if (s->err || s->end <= s->op.off) {
+        log_info("block status stopped at %" PRIu64 ": %s", s->op.off,
+                 s->err ? strerror(s->err) : "no progress");
+        return false;
+    }
+    if (s->end < wend)
+        scan_submit_locked(p, s, s->end, wend - s->end);
+    return true;
 }
 
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
- * mount exists, so nothing else touches known_zero yet. */
+ * mount exists and before the idle thread starts. */
 static void scan_extents(struct pool *p)
 {
-    uint64_t pos = 0, t0 = now_ns();
+    struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
+    uint64_t pos = 0, t0 = now_ns(), win = max_request(p, SCAN_MAX_LEN);
+    bool stop = false;
 
-    while (pos < p->size) {
-        uint64_t len = p->size - pos;
-        if (len > (1ull << 31))
-            len = 1ull << 31;
-        struct scan s = { .op = { .kind = NBDX_OP_BLOCK_STATUS, .off = pos,
-                                  .len = len, .extent = scan_extent },
-                          .p = p, .end = pos };
-        int r = nbdx_run(p->x, &s.op);
-        if (r < 0 || s.end <= pos) {
-            log_info("block status stopped at %" PRIu64 ": %s", pos,
-                     r < 0 ? strerror(-r) : "no progress");
-            break;
-        }
-        pos = s.end;
-        if (now_ns() - t0 > 10ull * 1000000000u) {
+    if (!slots)
+        return;                       /* nothing known: correct, slower */
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        unsigned busy = 0;
+        if (!stop && now_ns() - t0 > SCAN_BUDGET_NS) {
             log_info("block status scan stopped at %" PRIu64 " after 10s",
                      pos);
-            break;
+            stop = true;
         }
+        for (unsigned i = 0; i < SCAN_DEPTH; i++) {
+            struct scan *s = &slots[i];
+            if (!s->busy && s->op.len) {
+                if (stop)
+                    s->op.len = 0;    /* what it found is recorded */
+                else if (!scan_reply_locked(p, s))
+                    stop = true;
+            }
+            if (!s->busy && !stop && pos < p->size) {
+                uint64_t len = p->size - pos < win ? p->size - pos : win;
+                scan_submit_locked(p, s, pos, len);
+                pos += len;
+            }
+            busy += s->busy;
+        }
+        if (busy == 0)
+            break;
+        pthread_cond_wait(&p->cond, &p->lock);
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
     log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
              extmap_covered(&p->known_zero, 0, p->size), p->size);
+    pthread_mutex_unlock(&p->lock);
+    free(slots);
 }
 
 int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
@@ -967,6 +1044,10 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     p->can_zero = info->can_zero;
     p->fast_zero = info->can_fast_zero;
     p->max_in_flight = cfg->depth * info->connections;
+    p->max_len = info->block_max ? info->block_max : DEFAULT_MAX_LEN;
+    if (info->block_min > 1 && p->max_len >= info->block_min)
+        /* keep split points aligned */
+        p->max_len -= p->max_len % info->block_min;
     p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
     if (p->nbufs < 2)
         p->nbufs = 2;
