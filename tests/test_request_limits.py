@@ -17,7 +17,6 @@ through, hence the log check).
 """
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,10 +25,6 @@ import pytest
 from conftest import (BUILD, MiB, assert_content, make_sparse_image,
                       random_file, run, sha256_bytes, sha256_file, timeout)
 from copyhelpers import describe, log_mark, nbd_requests, traffic
-
-pytestmark = pytest.mark.skipif(
-    not (os.path.exists("/dev/fuse") and shutil.which("nbdkit")),
-    reason="needs /dev/fuse and nbdkit")
 
 VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or
               BUILD / "tools" / "nbdferry-verify")
