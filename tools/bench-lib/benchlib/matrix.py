@@ -48,7 +48,9 @@ class Source:
 @dataclass(frozen=True)
 class Server:
     name: str
-    plugin: str                # "memory" | "file" (backing file on tmpfs)
+    plugin: str                # nbdkit "memory" | "file" (backing file on
+                               # tmpfs), or another server on a raw file on
+                               # tmpfs: "qemu-nbd" | "nbd-server"
     transport: str             # "unix" | "tcp" (127.0.0.1)
     filters: tuple = ()        # extra (filter, (key=value, ...)) pairs
     note: str = ""
@@ -170,7 +172,19 @@ MEM_TCP_10G = Server("memory/tcp rate=10G", "memory", "tcp",
                      filters=(("rate", ("rate=10G",)),),
                      note="nbdkit rate filter at 10 Gbit/s")
 
-ALL_SERVERS = [MEM_UNIX, MEM_TCP, FILE_UNIX, FILE_TCP, MEM_TCP_10G]
+# The servers Debian ships besides nbdkit (docs/servers.md): over TCP,
+# like nbd-server, which has no Unix socket.
+QEMU_NBD_TCP = Server("qemu-nbd-raw/tcp", "qemu-nbd", "tcp",
+                      note="qemu-nbd --shared=8 --cache=writeback, raw file "
+                           "on tmpfs")
+NBD_SERVER_TCP = Server("nbd-server/tcp", "nbd-server", "tcp",
+                        note="nbd-server 3.24, flush = true, file on tmpfs; "
+                             "no block status, no block sizes")
+
+ALL_SERVERS = [MEM_UNIX, MEM_TCP, FILE_UNIX, FILE_TCP, MEM_TCP_10G,
+               QEMU_NBD_TCP, NBD_SERVER_TCP]
+# Binaries a server needs besides nbdkit's.
+SERVER_BINARIES = {"qemu-nbd": "qemu-nbd", "nbd-server": "nbd-server"}
 
 # ---- presets ------------------------------------------------------------
 
@@ -181,7 +195,10 @@ def preset(name, size=None, runs=None):
         s = size or 128 * MiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
                            [0, 2], runs=1),
-                sparse_experiment(size or 256 * MiB, [0], runs=1)]
+                sparse_experiment(size or 256 * MiB, [0], runs=1),
+                every_server_experiment(s, runs=1)]
+    elif name == "servers":
+        exps = [every_server_experiment(size or 512 * MiB)]
     elif name == "first":
         s = size or GiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
@@ -225,7 +242,23 @@ def full_preset(size=None):
                    [dense(s)], [FILE_UNIX, FILE_TCP, MEM_TCP_10G], [0.2]),
         # Issue 3 item 5.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
+        every_server_experiment(size or 512 * MiB),
     ]
+
+
+def every_server_experiment(size, runs=3):
+    """Each NBD server Debian ships, side by side, over TCP with no added
+    delay: nbdferry + cp, nbdcopy and qemu-img convert -W."""
+    return Experiment(
+        "every server", [FERRY_CP, NBDCOPY, QEMU_W], [dense(size)],
+        [FILE_TCP, QEMU_NBD_TCP, NBD_SERVER_TCP], [0], runs=runs,
+        note="The same dense image onto a fresh raw file on tmpfs served "
+             "by nbdkit (file plugin), qemu-nbd and nbd-server 3.24, all "
+             "over TCP on 127.0.0.1 (nbd-server has no Unix socket).  "
+             "nbd-server offers no block status and no block sizes: "
+             "nbdferry keeps every request at or under 32 MiB there.  "
+             "Request counts come from nbdkit's stats filter, so only the "
+             "nbdkit rows have them.")
 
 
 def sparse_experiment(size, latencies, runs=3):

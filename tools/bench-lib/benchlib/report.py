@@ -100,6 +100,8 @@ def machine(nbdferry):
         ("libnbd", libnbd),
         ("nbdfuse", _first_line(["nbdfuse", "--version"])),
         ("qemu-img", _first_line(["qemu-img", "--version"])),
+        ("qemu-nbd", _first_line(["qemu-nbd", "--version"])),
+        ("nbd-server", _first_line(["nbd-server", "-V"])),
         ("coreutils cp", _first_line(["cp", "--version"])),
         ("nbdferry", f"{ferry} (git {rev})"),
     ]
