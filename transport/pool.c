@@ -1045,8 +1045,8 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     p->fast_zero = info->can_fast_zero;
     p->max_in_flight = cfg->depth * info->connections;
     p->max_len = info->block_max ? info->block_max : DEFAULT_MAX_LEN;
+    /* Long ranges split into multiples of the minimum block size. */
     if (info->block_min > 1 && p->max_len >= info->block_min)
-        /* keep split points aligned */
         p->max_len -= p->max_len % info->block_min;
     p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
     if (p->nbufs < 2)
