@@ -11,6 +11,8 @@ same for its reads and block status.
 Checked on nbdkit's request log, every request: a copy with holes and a
 tail far longer than the limit onto a random-filled disk, a punched hole,
 reads through the mount, the block status scan at mount, and a verify run.
+The scan keeps many requests in flight to stay cheap on large disks; a
+server answering each with a short reply must still be asked for the rest.
 The advertised case uses the blocksize-policy filter, which also fails
 oversized reads and writes with EINVAL (it lets zeroes and block status
 through, hence the log check).
@@ -24,7 +26,7 @@ import pytest
 
 from conftest import (BUILD, MiB, assert_content, make_sparse_image,
                       random_file, run, sha256_bytes, sha256_file, timeout)
-from copyhelpers import describe, log_mark, nbd_requests, traffic
+from copyhelpers import describe, log_mark, nbd_requests, status, traffic
 
 VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or
               BUILD / "tools" / "nbdferry-verify")
@@ -104,3 +106,87 @@ def test_no_request_exceeds_the_limit(server, mount, shm, advertised):
     big = oversized(srv, limit, mark)
     assert not big, (f"verify: {len(big)} requests over {limit} bytes, "
                      f"first: {big[0].op} {big[0].count}@{big[0].offset}")
+
+
+# A 64 MiB RAM disk of zeros whose block status answers one extent of at
+# most 1 MiB per request, whatever length was asked for: even MiBs "hole,
+# zero", odd MiBs data (the bytes are zero either way; only the claim
+# matters here).  Real servers answer short too (qemu-nbd caps the extents
+# in one reply).  The scan must ask again for the rest of each window.
+SHORT_EXTENTS_PLUGIN_C = r"""
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+#define SIZE (64 << 20)
+#define MIB (1 << 20)
+
+static char disk[SIZE];
+
+static void *s_open(int readonly) { return NBDKIT_HANDLE_NOT_NEEDED; }
+static int64_t s_get_size(void *h) { return SIZE; }
+static int s_yes(void *h) { return 1; }
+
+static int s_pread(void *h, void *buf, uint32_t n, uint64_t off,
+                   uint32_t flags)
+{
+  memcpy(buf, disk + off, n);
+  return 0;
+}
+
+static int s_pwrite(void *h, const void *buf, uint32_t n, uint64_t off,
+                    uint32_t flags)
+{
+  memcpy(disk + off, buf, n);
+  return 0;
+}
+
+static int s_extents(void *h, uint32_t n, uint64_t off, uint32_t flags,
+                     struct nbdkit_extents *e)
+{
+  uint64_t end = (off / MIB + 1) * MIB;
+  uint32_t type = (off / MIB) % 2 ? 0 : NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO;
+  return nbdkit_add_extent(e, off, end - off, type);
+}
+
+static int s_flush(void *h, uint32_t flags) { return 0; }
+
+static struct nbdkit_plugin plugin = {
+  .name = "shortextents",
+  .open = s_open,
+  .get_size = s_get_size,
+  .can_write = s_yes,
+  .can_flush = s_yes,
+  .can_multi_conn = s_yes,
+  .can_extents = s_yes,
+  .pread = s_pread,
+  .pwrite = s_pwrite,
+  .extents = s_extents,
+  .flush = s_flush,
+};
+NBDKIT_REGISTER_PLUGIN(plugin)
+"""
+
+
+def test_scan_asks_again_after_a_short_block_status_reply(server, mount,
+                                                          shortdir):
+    """The scan at mount asks for 32 MiB windows, many in flight; a reply
+    that covers only part of its window is followed by a request for the
+    rest, so every extent the server reports is learnt."""
+    src = shortdir / "shortext.c"
+    src.write_text(SHORT_EXTENTS_PLUGIN_C)
+    srv = server("cc", src, log=True)
+    m = mount(srv, "--no-digest")
+    st = status(m)
+    assert st["known_zero_bytes"] == 32 * MiB, st
+    with open(m.file, "rb") as f:
+        fd = f.fileno()
+        assert os.lseek(fd, 0, os.SEEK_DATA) == MiB
+        assert os.lseek(fd, MiB, os.SEEK_HOLE) == 2 * MiB
+        assert os.lseek(fd, 62 * MiB, os.SEEK_DATA) == 63 * MiB
+    m.unmount()
+    ext = [r for r in nbd_requests(srv) if r.op == "Extents"]
+    assert len(ext) >= 64, f"{len(ext)} block status requests"
+    assert all(r.count <= DEFAULT_LIMIT for r in ext)
