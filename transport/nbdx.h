@@ -34,9 +34,15 @@ struct nbdx_config {
     int tls;                  /* -1: as the URI says (nbds:// requires
                                * it); else LIBNBD_TLS_DISABLE/ALLOW/REQUIRE */
     const char *tls_psk_file, *tls_username, *tls_certificates;
-    bool tls_verify_peer;
+    bool tls_verify_peer;     /* accepted; verifying is the default */
+    bool tls_insecure;        /* X.509 without verifying the server: the
+                               * explicit, logged opt-out */
     unsigned retry_timeout_s; /* reconnect and resend for this long when a
                                * connection dies (URI, unix, tcp); 0: fail */
+    unsigned request_timeout_s; /* no reply progress for this long with
+                                 * requests outstanding (or a handshake
+                                 * this slow) counts as a lost
+                                 * connection; 0: wait forever */
 };
 
 /* What the server told us at handshake. */
