@@ -140,6 +140,24 @@ def test_stall_close_and_unmount_on_paused_server(kit, mount, shm, tally):
         assert re.search(r"request\(s\) failed during this mount", text), text
 
 
+def test_stall_unmount_after_clean_copy_on_paused_server(kit, mount, shm,
+                                                        tally):
+    """Everything written was flushed, then the server pauses: unmount
+    completes (the polite disconnect does not wait forever for the server
+    to close) and the daemon exits 0 without a warning: nothing was
+    lost."""
+    k = slow_kit(kit, shm)
+    m = mount(k.target, "--request-timeout", "2")
+    data = os.urandom(8 * MiB)
+    with open(m.file, "r+b") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    with Paused(k):
+        assert m.unmount(check=True) == 0
+    want = sha256_file(_write(shm / "d", data))
+    judge(tally, "paused-after-fsync", 0, want, sha256_prefix(k.disk, len(data)))
+
+
 # ------------------------------------------------------------ ESHUTDOWN
 
 def eshutdown_kit(kit, shm, flag):

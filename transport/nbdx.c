@@ -46,9 +46,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -102,6 +105,12 @@ struct nbdx {
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
     atomic_uint_fast64_t ops[5], bytes[5], errors;
+    atomic_bool lost;                     /* a connection gave up on the
+                                           * server: all of them fail now */
+    char *ca_dir;                         /* private: ca-cert.pem -> the
+                                           * system CA bundle; or NULL */
+    int dumpable;                         /* before a key was loaded; -1:
+                                           * no key, not changed */
 };
 
 #define NS_PER_S 1000000000u
@@ -230,6 +239,223 @@ static bool tune_socket(int fd, const struct nbdx_config *cfg)
     return true;
 }
 
+/* ---- TLS: verified or refused ---------------------------------------- */
+
+/* Where distributions keep the system's CA bundle. */
+static const char *const system_ca_bundles[] = {
+    "/etc/ssl/certs/ca-certificates.crt",   /* Debian, Ubuntu, Alpine */
+    "/etc/pki/tls/certs/ca-bundle.crt",     /* Fedora, RHEL */
+    "/etc/ssl/ca-bundle.pem",               /* openSUSE */
+    "/etc/ssl/cert.pem",
+};
+
+/* The TLS mode libnbd will use: nbds:// URIs require it whatever
+ * nbd_set_tls() said (nbd_connect_uri sets it). */
+static int effective_tls(const struct nbdx_config *cfg)
+{
+    if (cfg->mode == NBDX_URI && nbdx_uri_is_tls(cfg->uri))
+        return LIBNBD_TLS_REQUIRE;
+    return cfg->tls >= 0 ? cfg->tls : LIBNBD_TLS_DISABLE;
+}
+
+static bool dir_has(const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int) sizeof p &&
+           access(p, R_OK) == 0;
+}
+
+/* The certificate directory libnbd will use: the URI's, the option's, or
+ * libnbd's own default (for root /etc/pki/libnbd, else ~/.pki/libnbd and
+ * ~/.config/pki/libnbd), the first holding ca-cert.pem.  NULL if none. */
+static const char *certificate_dir(const struct nbdx_config *cfg, char *buf,
+                                   size_t len)
+{
+    const char *home = getenv("HOME");
+
+    if (cfg->mode == NBDX_URI &&
+        nbdx_uri_query(cfg->uri, "tls-certificates", buf, len))
+        return buf;
+    if (cfg->tls_certificates)
+        return cfg->tls_certificates;
+    if (geteuid() == 0) {
+        snprintf(buf, len, "/etc/pki/libnbd");
+        return dir_has(buf, "ca-cert.pem") ? buf : NULL;
+    }
+    if (!home)
+        return NULL;
+    snprintf(buf, len, "%s/.pki/libnbd", home);
+    if (dir_has(buf, "ca-cert.pem"))
+        return buf;
+    snprintf(buf, len, "%s/.config/pki/libnbd", home);
+    return dir_has(buf, "ca-cert.pem") ? buf : NULL;
+}
+
+/* libnbd 1.14 verifies the server's chain and host name only when it
+ * found ca-cert.pem in a certificate directory; without one it loads the
+ * system trust and checks nothing.  So give it one: a private directory
+ * (mkdtemp, 0700) whose ca-cert.pem links to the system bundle. */
+static int make_system_ca_dir(struct nbdx *x)
+{
+    const char *bundle = NULL, *tmp = getenv("TMPDIR");
+    char link[PATH_MAX];
+
+    for (size_t i = 0; i < sizeof system_ca_bundles /
+                           sizeof system_ca_bundles[0] && !bundle; i++)
+        if (access(system_ca_bundles[i], R_OK) == 0)
+            bundle = system_ca_bundles[i];
+    if (!bundle)
+        return -ENOENT;
+    if (!tmp || tmp[0] != '/')
+        tmp = "/tmp";
+    if (asprintf(&x->ca_dir, "%s/nbdferry-ca-XXXXXX", tmp) == -1) {
+        x->ca_dir = NULL;
+        return -ENOMEM;
+    }
+    if (!mkdtemp(x->ca_dir)) {
+        int err = errno;
+        log_err("TLS: mkdtemp %s: %m", x->ca_dir);
+        free(x->ca_dir);
+        x->ca_dir = NULL;
+        return -err;
+    }
+    snprintf(link, sizeof link, "%s/ca-cert.pem", x->ca_dir);
+    if (symlink(bundle, link) == -1) {
+        int err = errno;
+        log_err("TLS: symlink %s: %m", link);
+        rmdir(x->ca_dir);
+        free(x->ca_dir);
+        x->ca_dir = NULL;
+        return -err;
+    }
+    log_info("TLS: verifying the server against the system CA bundle %s",
+             bundle);
+    return 0;
+}
+
+static void remove_ca_dir(struct nbdx *x)
+{
+    char link[PATH_MAX];
+
+    if (!x->ca_dir)
+        return;
+    snprintf(link, sizeof link, "%s/ca-cert.pem", x->ca_dir);
+    unlink(link);
+    rmdir(x->ca_dir);
+    free(x->ca_dir);
+    x->ca_dir = NULL;
+}
+
+static bool has_host_name(const struct nbdx_config *cfg)
+{
+    return cfg->mode == NBDX_TCP ||
+           (cfg->mode == NBDX_URI && nbdx_uri_is_tcp(cfg->uri));
+}
+
+/* X.509: the server's chain and host name are verified, or we refuse to
+ * connect.  The only way around it is --tls-insecure, logged. */
+static int x509_policy(struct nbdx *x, int tls)
+{
+    struct nbdx_config *cfg = &x->cfg;
+    char buf[PATH_MAX];
+
+    if (cfg->tls_insecure) {
+        log_warn("--tls-insecure: the server's X.509 certificate is NOT "
+                 "verified; anyone on the network path can read and change "
+                 "the disk");
+        return 0;
+    }
+    if (!has_host_name(cfg)) {
+        if (tls == LIBNBD_TLS_ALLOW) {
+            /* Unverifiable TLS is no better than the plaintext that
+             * --tls=allow accepts anyway. */
+            log_info("TLS off: without a host name (Unix socket, --fd, "
+                     "command) X.509 could not be verified");
+            cfg->tls = LIBNBD_TLS_DISABLE;
+            return 0;
+        }
+        log_err("X.509 TLS cannot be verified without the server's host "
+                "name, which a Unix socket, --fd or a command does not "
+                "give: connect with nbds://HOST:PORT/ or --tcp, use a "
+                "pre-shared key (--tls-psk-file), or accept an unverified "
+                "server with --tls-insecure");
+        return -EINVAL;
+    }
+    const char *dir = certificate_dir(cfg, buf, sizeof buf);
+    if (dir) {
+        if (!dir_has(dir, "ca-cert.pem")) {
+            log_err("TLS: %s/ca-cert.pem: %s: the CA certificate that "
+                    "verifies the server must be there", dir,
+                    strerror(errno));
+            return -EINVAL;
+        }
+        log_info("TLS: verifying the server against %s/ca-cert.pem", dir);
+        return 0;
+    }
+    int r = make_system_ca_dir(x);
+    if (r == -ENOENT)
+        log_err("TLS: no CA to verify the server's certificate with: give "
+                "--tls-certificates DIR (holding DIR/ca-cert.pem) or "
+                "tls-certificates=DIR in the URI, or install the system CA "
+                "bundle (ca-certificates)");
+    if (r < 0)
+        return r;
+    cfg->tls_certificates = x->ca_dir;
+    return 0;
+}
+
+/* A key file must be the owner's alone, as ssh insists for its keys. */
+static int psk_policy(const char *file)
+{
+    struct stat st;
+
+    if (stat(file, &st) == -1) {
+        int err = errno;
+        log_err("TLS key file %s: %s", file, strerror(err));
+        return -err;
+    }
+    if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+        log_err("TLS key file %s is open to group or others (mode %04o): "
+                "run chmod 600 %s", file, (unsigned) (st.st_mode & 07777),
+                file);
+        return -EPERM;
+    }
+    return 0;
+}
+
+/* While a key is loaded (a PSK, or an X.509 client key), a core dump
+ * would carry it: the process is made non-dumpable (which also keeps
+ * other users' ptrace and /proc/PID/mem out) until nbdx_close(). */
+static void hold_keys(struct nbdx *x)
+{
+    x->dumpable = prctl(PR_GET_DUMPABLE);
+    if (prctl(PR_SET_DUMPABLE, 0) == -1)
+        log_warn("prctl(PR_SET_DUMPABLE): %m");
+    else
+        log_info("TLS key loaded: core dumps are off until it is released");
+}
+
+static int tls_policy(struct nbdx *x)
+{
+    const struct nbdx_config *cfg = &x->cfg;
+    int tls = effective_tls(cfg);
+    char psk[PATH_MAX], buf[PATH_MAX];
+    const char *psk_file = cfg->tls_psk_file;
+
+    if (tls == LIBNBD_TLS_DISABLE)
+        return 0;
+    if (cfg->mode == NBDX_URI &&
+        nbdx_uri_query(cfg->uri, "tls-psk-file", psk, sizeof psk))
+        psk_file = psk;
+    int r = psk_file ? psk_policy(psk_file) : x509_policy(x, tls);
+    if (r < 0)
+        return r;
+    const char *dir = psk_file ? NULL : certificate_dir(cfg, buf, sizeof buf);
+    if (psk_file || (dir && dir_has(dir, "client-key.pem")))
+        hold_keys(x);
+    return 0;
+}
+
 static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
     if (cfg->tls >= 0 && nbd_set_tls(h, cfg->tls) == -1)
@@ -241,7 +467,7 @@ static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
     if (cfg->tls_certificates &&
         nbd_set_tls_certificates(h, cfg->tls_certificates) == -1)
         return -1;
-    if (cfg->tls_verify_peer && nbd_set_tls_verify_peer(h, true) == -1)
+    if (nbd_set_tls_verify_peer(h, !cfg->tls_insecure) == -1)
         return -1;
     return 0;
 }
@@ -431,6 +657,7 @@ static bool can_reconnect(const struct nbdx_conn *c)
 {
     const struct nbdx_config *cfg = &c->x->cfg;
     return cfg->retry_timeout_s > 0 && !c->gave_up &&
+           !atomic_load(&c->x->lost) &&
            (cfg->mode == NBDX_URI || cfg->mode == NBDX_UNIX ||
             cfg->mode == NBDX_TCP);
 }
@@ -561,15 +788,25 @@ static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
     return q;
 }
 
-/* Fail every op waiting for a reconnection. */
+static void kick(struct nbdx_conn *c);
+
+/* Fail every op waiting for a reconnection, and tell the other
+ * connections: one server, so when one connection cannot reach it within
+ * the deadline, the others fail at once too instead of each running its
+ * own timeout and deadline, one after the other. */
 static void give_up(struct nbdx_conn *c)
 {
     struct nbdx_op *op = c->retry_head;
 
-    log_err("connection %u: could not reconnect within %u s; failing the "
-            "requests that were not acknowledged", c->index,
-            c->x->cfg.retry_timeout_s);
+    if (!atomic_load(&c->x->lost))
+        log_err("connection %u: could not reconnect within %u s; failing "
+                "the requests that were not acknowledged", c->index,
+                c->x->cfg.retry_timeout_s);
     c->gave_up = true;
+    if (!atomic_exchange(&c->x->lost, true))
+        for (unsigned i = 0; i < c->x->nconns; i++)
+            if (&c->x->conns[i] != c)
+                kick(&c->x->conns[i]);
     c->retry_head = c->retry_tail = NULL;
     while (op) {
         struct nbdx_op *next = op->next;
@@ -760,6 +997,11 @@ static void *conn_thread(void *arg)
         check_dead(c);
         run_done(c);
         drop_if_drained(c);
+        if (atomic_load(&c->x->lost) && !c->gave_up) {
+            if (!c->dead)
+                abort_conn(c);            /* fail what is on the wire */
+            give_up(c);
+        }
         run_done(c);
         if (stopping && atomic_load(&c->outstanding) == 0)
             break;
@@ -827,10 +1069,18 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
     if (!x)
         return -ENOMEM;
     x->cfg = *cfg;
+    x->dumpable = -1;
     x->conns = calloc(want, sizeof *x->conns);
     if (!x->conns) {
         free(x);
         return -ENOMEM;
+    }
+    cfg = &x->cfg;                        /* as the TLS policy left it */
+    r = tls_policy(x);
+    if (r < 0) {
+        x->nconns = 0;
+        nbdx_close(x);
+        return r;
     }
     for (unsigned i = 0; i < want; i++) {
         x->conns[i].efd = -1;
@@ -960,6 +1210,29 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
     out->errors = atomic_load(&x->errors);
 }
 
+/* A polite NBD_CMD_DISC, then wait for the server to close until due.
+ * Everything was acknowledged (and flushed) before: this is courtesy, so
+ * the wait is short.  nbd_shutdown() would wait forever on a paused
+ * server and hang the daemon's exit after a clean unmount. */
+#define DISCONNECT_WAIT_S 5
+
+static void disconnect(struct nbd_handle *h, uint64_t due)
+{
+    if (nbd_aio_disconnect(h, 0) == -1)
+        return;
+    while (nbd_aio_is_closed(h) != 1 && nbd_aio_is_dead(h) != 1) {
+        uint64_t now = now_ns();
+        if (now >= due) {
+            log_info("the server did not close the connection within %u s "
+                     "of the disconnect request", DISCONNECT_WAIT_S);
+            return;
+        }
+        if (nbd_poll(h, (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS)) ==
+            -1)
+            return;
+    }
+}
+
 void nbdx_close(struct nbdx *x)
 {
     if (!x)
@@ -974,17 +1247,21 @@ void nbdx_close(struct nbdx *x)
         kick(c);
         pthread_join(c->thread, NULL);
     }
+    uint64_t due = now_ns() + (uint64_t) DISCONNECT_WAIT_S * NS_PER_S;
     for (unsigned i = 0; i < x->nconns; i++) {
         struct nbdx_conn *c = &x->conns[i];
         if (c->h) {
             if (!c->dead && nbd_aio_is_ready(c->h) == 1)
-                nbd_shutdown(c->h, 0);
+                disconnect(c->h, due);
             nbd_close(c->h);
         }
         if (c->efd >= 0)
             close(c->efd);
         pthread_mutex_destroy(&c->lock);
     }
+    remove_ca_dir(x);
+    if (x->dumpable >= 0)                 /* every key is released now */
+        prctl(PR_SET_DUMPABLE, x->dumpable);
     free(x->conns);
     free(x);
 }

@@ -122,6 +122,14 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
  * returns buf. */
 const char *nbdx_redact_uri(const char *uri, char *buf, size_t len);
 
+/* nbds://, nbds+unix:// ...: the URI asks for TLS. */
+bool nbdx_uri_is_tls(const char *uri);
+/* nbd:// or nbds://: a TCP server with a host name. */
+bool nbdx_uri_is_tcp(const char *uri);
+/* The percent-decoded value of query parameter key, into val (len
+ * bytes).  False if absent or too long. */
+bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
+
 /* Stop the I/O threads once their queues are empty, disconnect cleanly
  * and free.  Ops still queued complete with ESHUTDOWN. */
 void nbdx_close(struct nbdx *x);
