@@ -404,20 +404,25 @@ static int x509_policy(struct nbdx *x, int tls)
     return 0;
 }
 
-/* A key file must be the owner's alone, as ssh insists for its keys. */
-static int psk_policy(const char *file)
+/* A key file must be the owner's alone, as ssh insists for its keys.
+ * from_uri: the path came from the URI, whose tls-psk-file value every
+ * message redacts, so this one does not name it either.  A file that
+ * cannot be stat'ed is left to libnbd's connect to report. */
+static int psk_policy(const char *file, bool from_uri)
 {
     struct stat st;
 
-    if (stat(file, &st) == -1) {
-        int err = errno;
-        log_err("TLS key file %s: %s", file, strerror(err));
-        return -err;
-    }
+    if (stat(file, &st) == -1)
+        return 0;
     if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-        log_err("TLS key file %s is open to group or others (mode %04o): "
-                "run chmod 600 %s", file, (unsigned) (st.st_mode & 07777),
-                file);
+        if (from_uri)
+            log_err("the URI's tls-psk-file is open to group or others "
+                    "(mode %04o): run chmod 600 on it",
+                    (unsigned) (st.st_mode & 07777));
+        else
+            log_err("TLS key file %s is open to group or others (mode "
+                    "%04o): run chmod 600 %s", file,
+                    (unsigned) (st.st_mode & 07777), file);
         return -EPERM;
     }
     return 0;
@@ -444,10 +449,11 @@ static int tls_policy(struct nbdx *x)
 
     if (tls == LIBNBD_TLS_DISABLE)
         return 0;
-    if (cfg->mode == NBDX_URI &&
-        nbdx_uri_query(cfg->uri, "tls-psk-file", psk, sizeof psk))
+    bool from_uri = cfg->mode == NBDX_URI &&
+                    nbdx_uri_query(cfg->uri, "tls-psk-file", psk, sizeof psk);
+    if (from_uri)
         psk_file = psk;
-    int r = psk_file ? psk_policy(psk_file) : x509_policy(x, tls);
+    int r = psk_file ? psk_policy(psk_file, from_uri) : x509_policy(x, tls);
     if (r < 0)
         return r;
     const char *dir = psk_file ? NULL : certificate_dir(cfg, buf, sizeof buf);
