@@ -696,7 +696,10 @@ static void check_dead(struct nbdx_conn *c)
                  "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
         if (!c->outage_ns)
             c->outage_ns = now_ns();
-    } else
+    } else if (atomic_load(&c->x->lost) || c->gave_up)
+        log_info("connection %u closed: the server was given up on",
+                 c->index);
+    else
         log_err("connection %u to the server was lost: %s%s", c->index, why,
                 c->x->cfg.retry_timeout_s == 0 ? ""
                 : "; this mode (command, socket activation, --fd) cannot "
