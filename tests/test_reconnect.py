@@ -1,4 +1,4 @@
-"""Reconnect and resend (issue 7 item 1).
+"""Reconnect and resend.
 
 A connection that dies (server killed and restarted, connection cut in the
 middle of a request) keeps its unanswered requests; the daemon reconnects
