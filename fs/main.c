@@ -44,6 +44,11 @@
 #define DEFAULT_POOL_SIZE (64u << 20)
 #define DEFAULT_IDLE_MS 10
 #define DEFAULT_RETRY_TIMEOUT 60
+#define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
+                                       * can take seconds; 30 s rides out
+                                       * that and short stalls, and a dead
+                                       * server is noticed in half a
+                                       * minute */
 #define MAX_REQUEST_SIZE (32u << 20)  /* some servers drop the connection
                                        * beyond this */
 
@@ -125,13 +130,19 @@ static void usage(void)
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
+"      --request-timeout S  no reply for S seconds with requests outstanding\n"
+"                         (or a handshake that slow) counts as a lost\n"
+"                         connection (0: wait forever; default %u)\n"
 "      --tls=require|allow|off  TLS (default: as the URI says; nbds://\n"
 "                         requires it); require refuses a server\n"
 "                         that cannot do TLS\n"
 "      --tls-psk-file FILE  TLS pre-shared keys (psktool format)\n"
 "      --tls-username USER  the PSK or X.509 user name\n"
 "      --tls-certificates DIR  X.509 certificates (ca-cert.pem, ...)\n"
-"      --tls-verify-peer  check the server's X.509 certificate\n"
+"      --tls-verify-peer  check the server's X.509 certificate and host\n"
+"                         name (always done, unless --tls-insecure)\n"
+"      --tls-insecure     X.509 TLS without checking the server: INSECURE,\n"
+"                         anyone on the path can read and change the disk\n"
 "  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
 "                         owner unless -o allow_other; repeatable\n"
 "  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
@@ -143,7 +154,7 @@ static void usage(void)
 "\n"
 "SIZE takes a K, M or G suffix (powers of 1024).\n",
         DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS,
-        DEFAULT_RETRY_TIMEOUT);
+        DEFAULT_RETRY_TIMEOUT, DEFAULT_REQUEST_TIMEOUT);
 }
 
 /* ---- option values --------------------------------------------------- */
@@ -192,6 +203,7 @@ enum {
     OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
     OPT_TLS_VERIFY_PEER,
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
+    OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE,
 };
 
 static const struct option long_options[] = {
@@ -208,6 +220,8 @@ static const struct option long_options[] = {
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
+    { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
+    { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
     { "tls", required_argument, NULL, OPT_TLS },
     { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
     { "tls-username", required_argument, NULL, OPT_TLS_USERNAME },
@@ -284,6 +298,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->nbd.connections = DEFAULT_CONNECTIONS;
     o->nbd.nodelay = true;
     o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
+    o->nbd.request_timeout_s = DEFAULT_REQUEST_TIMEOUT;
     o->nbd.tls = -1;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
@@ -346,6 +361,11 @@ static void parse_args(struct options *o, int argc, char **argv)
             o->nbd.retry_timeout_s =
                 parse_uint("--retry-timeout", optarg, 0, 86400);
             break;
+        case OPT_REQUEST_TIMEOUT:
+            o->nbd.request_timeout_s =
+                parse_uint("--request-timeout", optarg, 0, 86400);
+            break;
+        case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
         case OPT_NO_DIGEST: o->no_digest = true; break;
         case OPT_PROGRESS:
             if (!optarg) {
