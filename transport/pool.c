@@ -56,6 +56,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 
+#define HUGE_PAGE (2u << 20)      /* x86-64 and arm64 (4K pages) THP size */
 #define MAX_FILLING 4             /* buffers open for coalescing at once */
 #define MAX_ZERO_REQS 256         /* zero requests queued at once */
 #define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
@@ -532,8 +534,14 @@ static char *get_buffer_locked(struct pool *p)
         return p->free_bufs[--p->nfree];
     if (p->nallocated < p->nbufs) {
         void *b;
-        if (posix_memalign(&b, 4096, p->cfg.request_size) != 0)
+        size_t align = p->cfg.request_size % HUGE_PAGE == 0 ? HUGE_PAGE
+                                                             : 4096;
+        if (posix_memalign(&b, align, p->cfg.request_size) != 0)
             return NULL;
+        /* Huge pages: one fault per buffer instead of 512, and fewer
+         * TLB misses in the copies.  Advice only: failure is harmless. */
+        if (align == HUGE_PAGE)
+            madvise(b, p->cfg.request_size, MADV_HUGEPAGE);
         p->nallocated++;
         return b;
     }
