@@ -746,6 +746,7 @@ static struct pool_req *find_tail(struct pool *p, uint64_t off)
 {
     for (struct pool_req *r = p->filling.head; r; r = r->next)
         if (!r->busy && r->off + r->len == off &&
+            off >= r->off + r->held_end &&
             off < r->off + p->cfg.request_size)
             return r;
     return NULL;

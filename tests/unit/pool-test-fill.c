@@ -258,6 +258,34 @@ static void test_zero_chunks_become_write_zeroes(void)
     pool_test_nbdx_free(x);
 }
 
+/* A buffer trimmed below its held bytes (a zero chunk straddling two
+ * writes goes as write-zeroes) takes no new write over them: the holder
+ * still reads them. */
+static void test_no_write_over_held_bytes(void)
+{
+    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct pool *p = make_pool(x, 256 * K, 512 * K);
+    struct pool_fill f1, f2;
+    unsigned char *src = malloc(96 * K), zeros[32 * K] = { 0 };
+
+    fill_pattern(src, 0, 64 * K, 1);
+    memset(src + 64 * K, 0, 32 * K);              /* a chunk's first half */
+    assert(fill_from(p, 0, src, 96 * K, true, &f1) == 96 * K);
+    assert(f1.nhold == 1);
+    assert(pool_write(p, 96 * K, zeros, 32 * K) == 32 * K);  /* its rest */
+    assert(fill(p, 64 * K, 32 * K, 2, false, &f2) == 32 * K);
+    assert(memcmp(f1.hold[0].mem, src, 96 * K) == 0);
+    pool_drain(p);
+    const unsigned char *d = pool_test_disk(x);
+    assert(has_pattern(d, 0, 64 * K, 1));
+    assert(has_pattern(d + 64 * K, 64 * K, 32 * K, 2));
+    assert(all_zero(d + 96 * K, 32 * K));
+    pool_hold_release(f1.hold[0].ref);
+    free(src);
+    pool_destroy(p);
+    pool_test_nbdx_free(x);
+}
+
 /* Many writers, a slow transport and a slow "digest" that checks every
  * held byte before releasing it: a buffer reused early shows up as a
  * held byte that changed. */
@@ -369,6 +397,7 @@ int main(void)
     test_failed_fill_is_undone();
     test_not_sent_before_commit();
     test_zero_chunks_become_write_zeroes();
+    test_no_write_over_held_bytes();
     test_holds_under_load();
     printf("pool-test-fill: ok\n");
     return 0;
