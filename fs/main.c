@@ -606,6 +606,13 @@ static int serve(struct fuse_session *se)
     return r;
 }
 
+/* The digest's queue holds pool buffers: leave half the pool to writes. */
+static size_t digest_limit(const struct options *o)
+{
+    return o->pool_size / 2 < DIGEST_QUEUE_LIMIT ? (size_t) (o->pool_size / 2)
+                                                 : DIGEST_QUEUE_LIMIT;
+}
+
 /* The inline digest and the progress thread: they start once the pool
  * exists and stop after the final flush, so the last progress line
  * comes after the last reply. */
@@ -616,7 +623,7 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .fd = o->progress_fd,
         .expected_size = o->expected_size,
     };
-    int r = o->no_digest ? 0 : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+    int r = o->no_digest ? 0 : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */

@@ -530,6 +530,29 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     free(buf);
 }
 
+/* A raw write's size: -errno to fail it, shorter at the end of the
+ * export. */
+static ssize_t raw_write_size(struct fs *fs, struct fs_fh *fh, size_t size,
+                              off_t off)
+{
+    if (off < 0 || (uint64_t) off >= fs->export_size) {
+        if (size == 0)
+            return 0;
+        log_notice("write of %zu bytes at offset %jd is past the end of the "
+                   "export (%" PRIu64 " bytes)", size, (intmax_t) off,
+                   fs->export_size);
+        return -ENOSPC;
+    }
+    /* A write that fails later is reported at close or fsync; once one
+     * has failed, later writes through this handle fail at once. */
+    int err = pool_error_peek(fs->pool, fh->err_seq);
+    if (err)
+        return -err;
+    if (size > fs->export_size - (uint64_t) off)
+        size = (size_t) (fs->export_size - (uint64_t) off);  /* short */
+    return (ssize_t) size;
+}
+
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
                      size_t size, off_t off, struct fuse_file_info *fi)
 {
@@ -545,26 +568,15 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
             fuse_reply_write(req, (size_t) n);
         return;
     }
-    if (off < 0 || (uint64_t) off >= fs->export_size) {
-        if (size == 0) {
+    ssize_t n = raw_write_size(fs, fh, size, off);
+    if (n <= 0) {
+        if (n < 0)
+            fuse_reply_err(req, (int) -n);
+        else
             fuse_reply_write(req, 0);
-            return;
-        }
-        log_notice("write of %zu bytes at offset %jd is past the end of the "
-                   "export (%" PRIu64 " bytes)", size, (intmax_t) off,
-                   fs->export_size);
-        fuse_reply_err(req, ENOSPC);
         return;
     }
-    /* A write that fails later is reported at close or fsync; once one
-     * has failed, later writes through this handle fail at once. */
-    int err = pool_error_peek(fs->pool, fh->err_seq);
-    if (err) {
-        fuse_reply_err(req, err);
-        return;
-    }
-    if (size > fs->export_size - (uint64_t) off)
-        size = (size_t) (fs->export_size - (uint64_t) off);  /* short */
+    size = (size_t) n;
     ssize_t r = pool_write(fs->pool, (uint64_t) off, buf, size);
     if (r < 0) {
         fuse_reply_err(req, (int) -r);
@@ -574,6 +586,111 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
     progress_write(fs->progress, (uint64_t) off, size);
     fuse_reply_write(req, size);
+}
+
+/* ---- writes into reserved pool buffers -------------------------------
+ * write_buf gets the payload where libfuse read it (memory; a pipe fd if
+ * splicing were on) and fuse_buf_copy() moves it straight into the pool
+ * buffers reserved for it: the only copy the daemon makes in user space.
+ * The inline digest then hashes those pool buffers in place (holds)
+ * instead of a copy of its own. */
+
+/* Move size bytes of src into the reserved segments.  0 or -errno. */
+static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
+{
+    union {                       /* a bufvec of POOL_FILL_SEGS buffers */
+        struct fuse_bufvec v;
+        char room[sizeof(struct fuse_bufvec) +
+                  (POOL_FILL_SEGS - 1) * sizeof(struct fuse_buf)];
+    } dst = { .v = { .count = f->nseg } };
+    size_t done = 0;
+
+    for (unsigned i = 0; i < f->nseg; i++)
+        dst.v.buf[i] = (struct fuse_buf) { .size = f->seg[i].len,
+                                           .mem = f->seg[i].mem };
+    /* fuse_buf_copy() stops at a short read; it advances both vectors,
+     * so calling it again goes on where it stopped. */
+    while (done < f->len) {
+        ssize_t n = fuse_buf_copy(&dst.v, src, 0);
+        if (n < 0)
+            return (int) n;
+        if (n == 0)
+            return -EIO;
+        done += (size_t) n;
+    }
+    return 0;
+}
+
+/* The digest reads each pool buffer in place until it lets go. */
+static void digest_holds(struct fs *fs, const struct pool_fill *f)
+{
+    for (unsigned i = 0; i < f->nhold; i++)
+        digest_write_held(fs->digest, f->hold[i].off, f->hold[i].mem,
+                          f->hold[i].len, pool_hold_release, f->hold[i].ref);
+}
+
+/* Copy the payload into memory and take op_write()'s path (the VHD view,
+ * write-through mode, writes spanning many buffers). */
+static void write_buf_copied(fuse_req_t req, fuse_ino_t ino,
+                             struct fuse_bufvec *bufv, off_t off,
+                             struct fuse_file_info *fi)
+{
+    size_t size = fuse_buf_size(bufv);
+
+    if (bufv->count == 1 && !(bufv->buf[0].flags & FUSE_BUF_IS_FD)) {
+        op_write(req, ino, (const char *) bufv->buf[0].mem + bufv->off, size,
+                 off, fi);
+        return;
+    }
+    struct fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
+    dst.buf[0].mem = malloc(size ? size : 1);
+    if (!dst.buf[0].mem) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    ssize_t n = fuse_buf_copy(&dst, bufv, 0);
+    if (n < 0 || (size_t) n != size)
+        fuse_reply_err(req, n < 0 ? (int) -n : EIO);
+    else
+        op_write(req, ino, dst.buf[0].mem, size, off, fi);
+    free(dst.buf[0].mem);
+}
+
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
+                         struct fuse_bufvec *bufv, off_t off,
+                         struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct pool_fill f;
+
+    if (ino != FS_INO_RAW) {
+        write_buf_copied(req, ino, bufv, off, fi);
+        return;
+    }
+    ssize_t size = raw_write_size(fs, fh_of(fi), fuse_buf_size(bufv), off);
+    if (size <= 0) {
+        if (size < 0)
+            fuse_reply_err(req, (int) -size);
+        else
+            fuse_reply_write(req, 0);
+        return;
+    }
+    int r = pool_fill_begin(fs->pool, (uint64_t) off, (size_t) size, &f);
+    if (r == -EAGAIN) {
+        write_buf_copied(req, ino, bufv, off, fi);
+        return;
+    }
+    if (r == 0)
+        r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
+                                   fs->digest != NULL);
+    if (r < 0) {
+        fuse_reply_err(req, -r);
+        return;
+    }
+    extend_to(fs, (uint64_t) off + (uint64_t) size);
+    digest_holds(fs, &f);
+    progress_write(fs->progress, (uint64_t) off, (size_t) size);
+    fuse_reply_write(req, (size_t) size);
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
@@ -669,6 +786,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * decoder needs file order. */
     conn->want &= ~FUSE_CAP_ASYNC_DIO;
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  /* we are the write-back */
+    /* No splice (libfuse asks for SPLICE_READ by default once write_buf
+     * exists).  Our writes are direct I/O, and the kernel copies
+     * direct-I/O pages into the pipe ("can't control lifetime of pipe
+     * buffers"): splicing trades read()'s copy for the kernel's copy
+     * into the pipe plus a pipe read, measured no cheaper.  It also
+     * needs a pipe of a whole request (1 MiB + header), more than
+     * pipe-max-size allows without CAP_SYS_RESOURCE, so it would run
+     * only for some users: one path, the tested one.  SPLICE_MOVE only
+     * moves pages of replies; SPLICE_WRITE is for reads. */
+    conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
 }
 
 const struct fuse_lowlevel_ops fs_ops = {
@@ -688,6 +815,7 @@ const struct fuse_lowlevel_ops fs_ops = {
     .open = op_open,
     .read = op_read,
     .write = op_write,
+    .write_buf = op_write_buf,
     .flush = op_flush,
     .fsync = op_fsync,
     .release = op_release,

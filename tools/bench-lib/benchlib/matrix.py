@@ -6,6 +6,7 @@ and the report iterate over whatever these lists hold.
 Command templates are tuples of strings formatted with:
   {src}   the source image path        {file}  the file inside the mount
   {uri}   the NBD URI of the server    {mnt}   the mountpoint
+  {verify} the nbdferry-verify binary
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ class Arm:
     daemon_opts: tuple = ()    # extra daemon options, before MOUNTPOINT
     needs: tuple = ()          # daemon options that must appear in --help
     family: str = ""           # plot colour group
+    verified: str = ""         # a verified copy: the time runs until the
+                               # copy's sha256 is known and checked.
+                               # "inline": nbdferry's inline digest;
+                               # "stdout": the client prints it (sha256sum)
 
     @property
     def mounted(self):
@@ -137,8 +142,26 @@ QEMU_W = Arm("qemu-img-W", "qemu-img convert -n -W",
              ("qemu-img", "convert", "-n", "-W", "-f", "raw", "-O", "raw",
               "{src}", "{uri}"), family="qemu")
 
+# Verified copies: what a user who wants proof that the bytes landed pays,
+# the copy plus a sha256 of the destination.  nbdferry's inline digest is
+# ready shortly after cp exits; the others read the export back.
+VERIFIED_FERRY = Arm("verified-ferry", "nbdferry + cp, inline sha256 "
+                     "(until ready)", CP, "nbdferry", family="digest",
+                     verified="inline")
+VERIFIED_SUM = Arm("verified-nbdcopy-sum", "nbdcopy, then nbdcopy URI - into "
+                   "sha256sum", ("sh", "-c", 'nbdcopy "$1" "$2" && '
+                                 'nbdcopy "$2" - | sha256sum', "sh", "{src}",
+                                 "{uri}"), family="nbdcopy", verified="stdout")
+VERIFIED_VERIFY = Arm("verified-nbdcopy-verify", "nbdcopy, then "
+                      "nbdferry-verify URI",
+                      ("sh", "-c", 'nbdcopy "$1" "$2" && "$3" "$2"', "sh",
+                       "{src}", "{uri}", "{verify}"), family="verify",
+                      verified="stdout")
+VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_SUM, VERIFIED_VERIFY]
+
 ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_DD, FERRY_STOCK, FERRY_NODELAY,
-            FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W]
+            FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
+            *VERIFIED_ARMS]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
 # Issue 3 item 5: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
@@ -195,6 +218,7 @@ def preset(name, size=None, runs=None):
         s = size or 128 * MiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
                            [0, 2], runs=1),
+                verified_experiment(s, runs=1),
                 sparse_experiment(size or 256 * MiB, [0], runs=1),
                 every_server_experiment(s, runs=1)]
     elif name == "servers":
@@ -202,7 +226,8 @@ def preset(name, size=None, runs=None):
     elif name == "first":
         s = size or GiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
-                           [0, 2])]
+                           [0, 2]),
+                verified_experiment(s)]
     elif name == "full":
         exps = full_preset(size)
     elif name == "tuning":
@@ -223,6 +248,7 @@ def full_preset(size=None):
     return [
         # Issue 2 item 7: the headline cells, 1 GiB over a Unix socket.
         Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
+        verified_experiment(s),
         # Issue 6: every arm across latencies over TCP.  512 MiB keeps the
         # serial arms (one request in flight) under ~50 s a run at 10 ms.
         Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],
@@ -259,6 +285,20 @@ def every_server_experiment(size, runs=3):
              "nbdferry keeps every request at or under 32 MiB there.  "
              "Request counts come from nbdkit's stats filter, so only the "
              "nbdkit rows have them.")
+
+
+def verified_experiment(size, runs=3):
+    return Experiment(
+        "verified copy", VERIFIED_ARMS, [dense(size)], [MEM_UNIX], [0],
+        runs=runs,
+        note="Copy, then know the destination's sha256: MiB/s = image size "
+             "/ time from starting the copy until the digest is known and "
+             "equals the source's (a run whose digest differs fails).  "
+             "nbdferry: cp exits, then its inline sha256 is read from the "
+             "status file once complete.  nbdcopy: the export is read back "
+             "and hashed, by `nbdcopy URI - | sha256sum` or by "
+             "nbdferry-verify (pipelined, hole-aware).  The source's own "
+             "sha256 is not timed in any arm.")
 
 
 def sparse_experiment(size, latencies, runs=3):

@@ -13,6 +13,7 @@ before the verification read-back.
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,6 +35,7 @@ class Env:
     workdir: str
     nbdferry: str              # path to the nbdferry binary ("" if missing)
     usdelay: str               # path to nbdkit-usdelay-filter.so ("" if none)
+    verify: str = ""           # path to nbdferry-verify ("" if missing)
     ferry_opts: list = field(default_factory=list)
     stats: bool = True
     usdelay_all: bool = False  # use usdelay for whole-ms delays too
@@ -254,6 +256,30 @@ def settle_digest(mnt, arm, src_sha, res, limit=120.0):
                            f"from the source's {src_sha[:16]}...")
 
 
+def check_printed_digest(clog, src_sha, res):
+    """A verified-copy client printed the export's sha256: it must be the
+    source's."""
+    with open(clog, errors="replace") as f:
+        found = re.findall(r"\b[0-9a-f]{64}\b", f.read())
+    if not found:
+        raise RunError(f"no sha256 in the client's output: {log_tail(clog)}")
+    res["digest_state"] = "complete"
+    res["digest_match"] = found[-1] == src_sha
+    if not res["digest_match"]:
+        raise RunError(f"printed sha256 {found[-1][:16]}... differs from the "
+                       f"source's {src_sha[:16]}...")
+
+
+def count_digest_time(res, size):
+    """A verified copy through nbdferry ends when the inline digest is
+    complete (and equal, which settle_digest() checked)."""
+    if res.get("digest_state") != "complete" or not res.get("digest_match"):
+        raise RunError(f"inline digest not complete: "
+                       f"{res.get('digest_state')}")
+    res["seconds"] += res["digest_lag_s"]
+    res["mibs"] = size / (1 << 20) / res["seconds"]
+
+
 def verify(uri, backing):
     """sha256 of the whole export, read back from the server itself."""
     if backing:
@@ -286,7 +312,8 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
     mnt = None
     try:
         server, uri, backing = start_server(env, srv, lat, src.size, d)
-        subst = dict(src=src_path, uri=uri, mnt="", file="")
+        subst = dict(src=src_path, uri=uri, mnt="", file="",
+                     verify=env.verify)
         if arm.mounted:
             mnt = os.path.join(d, "mnt")
             os.mkdir(mnt)
@@ -315,9 +342,13 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         res["cpu_client"] = procs.cpu_seconds(ru)
         if rc != 0:
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
+        if arm.verified == "stdout":
+            check_printed_digest(clog, src_sha, res)
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)
             settle_digest(mnt, arm, src_sha, res)
+            if arm.verified == "inline":
+                count_digest_time(res, src.size)
             t1 = time.monotonic()
             urc, uerr = procs.unmount(mnt)
             if urc != 0:
