@@ -663,6 +663,7 @@ int main(int argc, char **argv)
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     parse_args(&o, argc, argv);
+    log_set_context(o.mountpoint);    /* syslog lines name the mount */
     if (!o.foreground)
         daemonize_early();
 
@@ -729,6 +730,7 @@ out_nbd:
     nbdx_close(fs.x);
     if (o.pidfile && status == EXIT_SUCCESS)
         unlink(o.pidfile);
+    log_flush();
     free(o.mountpoint);
     free(o.filename);
     free(o.fuse_opts);

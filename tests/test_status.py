@@ -28,7 +28,8 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
 # Item 3 of the issue: what the status must hold.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",
-        "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "failures",
+        "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "warnings",
+        "failures",
         "throughput", "connections", "digest", "progress"]
 
 
@@ -159,8 +160,11 @@ def test_status_lists_failed_ranges(server, mount, shortdir):
     st = status(m)
     check_invariants(st)
     assert st["errors"] >= 1 and st["failures"], st
-    for f in st["failures"]:
+    nbd = [f for f in st["failures"] if f["kind"] not in ("error", "warning")]
+    assert nbd, st["failures"]
+    for f in nbd:
         assert f["kind"] == "write" and f["errno"] > 0
+        assert f["message"] == os.strerror(f["errno"])
         assert 8 * MiB <= f["offset"] < 10 * MiB, f
         assert f["offset"] + f["length"] <= 10 * MiB, f
     assert st["bytes_acknowledged"] < st["bytes_written"]
@@ -221,3 +225,31 @@ def test_man_page_lists_every_option():
     assert "--progress" in opts and "--no-digest" in opts
     missing = sorted(o for o in opts if o not in page)
     assert not missing, f"docs/nbdferry.1 lacks {missing}"
+
+
+def test_status_tool_names_the_unreadable_mountpoint(server, mount):
+    """Another user's mount (no allow_other): the tool names the
+    mountpoint and says why, not a file beside it."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    os.chmod(m.mp.parent, 0o755)
+    r = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", TOOL, m.mp])
+    assert r.returncode == 1, r
+    assert r.stderr.startswith(f"nbdferry-status: {m.mp}: Permission denied"), \
+        r.stderr
+    assert "allow_other" in r.stderr, r.stderr
+
+
+def test_status_tool_on_a_dead_mount(server, mount):
+    """kill -9 leaves a dead mount: the tool says so and how to clear it."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, expect_rc=None, expect_errors=True)
+    m.proc.kill()
+    m.proc.wait(10)
+    r = run(["/usr/bin/python3", TOOL, m.mp])
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        f"nbdferry-status: {m.mp}: Transport endpoint is not connected"), \
+        r.stderr
+    assert "fusermount3 -u" in r.stderr, r.stderr
