@@ -227,6 +227,27 @@ def test_man_page_lists_every_option():
     assert not missing, f"docs/nbdferry.1 lacks {missing}"
 
 
+def test_status_shows_daemon_errors(server, mount, shm):
+    """A refusal the daemon logs (a non-VHD written into nbd.vhd) is in the
+    status (errors, failures with the message) and in nbdferry-status."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, expect_errors=True)
+    st = status(m)
+    assert st["errors"] == 0 and st["warnings"] == 0 and st["failures"] == []
+    junk = random_file(shm / "junk.bin", MiB)
+    for _ in range(3):
+        assert run(["cp", junk, m.mp / "nbd.vhd"]).returncode != 0
+    st = status(m)
+    assert st["errors"] == 3, st
+    (f,) = st["failures"]                   # one entry, repeated 3 times
+    assert f["kind"] == "error" and f["repeated"] == 3, f
+    assert "not a dynamic or differencing VHD" in f["message"], f
+    assert f["time"] <= f["last_time"] <= time.time() + 1, f
+    out = run(["/usr/bin/python3", TOOL, m.mp], check=True).stdout
+    assert "errors      3" in out, out
+    assert "error (x3): nbd.vhd: not a dynamic or differencing VHD" in out, out
+
+
 def test_status_tool_names_the_unreadable_mountpoint(server, mount):
     """Another user's mount (no allow_other): the tool names the
     mountpoint and says why, not a file beside it."""

@@ -271,8 +271,7 @@ static int take_fixed(struct vhd_stream *s)
 {
     if (!s->accept_fixed)
         return sfail(s, -EMEDIUMTYPE, "not a dynamic or differencing VHD: "
-                     "its first sector is %s; nothing was written (a fixed "
-                     "VHD is taken only when fixed VHDs are enabled)",
+                     "its first sector is %s; nothing was written",
                      guess_content(s->copy));
     s->state = ST_FIXED;
     return begin(s, VHD_FIXED, 0);
