@@ -631,6 +631,7 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .bar = o->progress_bar,
         .fd = o->progress_fd,
         .expected_size = o->expected_size,
+        .mountpoint = o->mountpoint,
     };
     int r = o->no_digest ? 0 : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
     if (r == 0)
