@@ -27,5 +27,6 @@ foreach(t fuzz-vhd-parse fuzz-vhd-stream fuzz-vhd-synth fuzz-vhd-locator)
            COMMAND ${t} -max_total_time=${VHD_FUZZ_TIME} -timeout=10
                    -rss_limit_mb=256 -print_final_stats=1
                    ${work} ${VHD_FUZZ_DIR}/corpus/${t})
-  set_tests_properties(vhd-${t} PROPERTIES TIMEOUT 600)
+  set_tests_properties(vhd-${t} PROPERTIES TIMEOUT 600
+                        ENVIRONMENT "ASAN_OPTIONS=quarantine_size_mb=16")
 endforeach()
