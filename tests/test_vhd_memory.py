@@ -52,6 +52,7 @@ def test_many_opens_share_one_description(server, mount):
     finally:
         for f in files:
             f.close()
+    print(f"300 opens: VmHWM {hwm >> 20} MiB")
     assert hwm < BOUND, f"VmHWM {hwm >> 20} MiB with 300 opens of nbd.vhd"
     # the description follows the disk: a write changes the view's size
     with open(m.file, "r+b") as f:
@@ -103,6 +104,7 @@ def test_huge_bat_costs_what_it_needs(server, mount):
     finally:
         e = oserror_errno(os.close, fd)
     assert e == errno.EINVAL, f"close of a VHD without its blocks: {e}"
+    print(f"8M-entry BAT: VmHWM {hwm >> 20} MiB")
     assert hwm < BOUND, f"VmHWM {hwm >> 20} MiB for a 32 MiB BAT"
     assert "file ended" in m.stderr, m.stderr
     # the VHD was valid up to its blocks: the disk was replaced (zeros)
