@@ -1,4 +1,4 @@
-/* fs/vhdview.c: FILENAME.vhd, the disk seen as a VHD (mission §4).
+/* fs/vhdview.c: FILENAME.vhd, the disk seen as a VHD.
  *
  * Writing: a copy tool writes a VHD file in file order (cp, dd, cat).  Each
  * write feeds vhd/'s forward-only stream decoder, whose sink places the

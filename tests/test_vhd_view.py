@@ -1,5 +1,5 @@
 """MOUNTPOINT/nbd.vhd: VHDs written into the mount land on the export, and
-reading it exports the disk as a dynamic VHD (mission §4, issue 4).
+reading it exports the disk as a dynamic VHD.
 
 Every landing starts from an export pre-filled with random bytes (so a
 stale byte shows) and checks sha256 of the disk read through the mount AND
@@ -552,7 +552,7 @@ def test_vhd_larger_than_export_enospc(server, mount, shm):
     errs = vhd_errors(m)
     assert errs and "larger than the export" in errs[0], m.stderr
     assert_untouched(srv, m, old)
-    # one line per failure (mission: "fails with a clear error")
+    # one line per failure: a clear error, said once
     assert len(errs) == 1, "more than one log line for one failure:\n" + \
         "\n".join(errs)
 
