@@ -35,6 +35,7 @@ struct fs {
     const char *filename;
     bool readonly;
     bool allow_other;         /* -o allow_other: the directory is 0755 */
+    bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
     uid_t uid;
     gid_t gid;
     struct timespec started;

@@ -67,6 +67,7 @@ struct options {
     bool no_digest, progress_bar;
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
+    bool vhd_fixed;           /* --vhd-fixed, -o vhd_fixed */
 };
 
 #define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
@@ -126,7 +127,11 @@ static void usage(void)
 "                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
 "                         lines written to file descriptor FD\n"
 "      --expected-size SIZE  the source's size, for percent and ETA\n"
-"                         (default: the size the copy tool truncates to)\n"
+"                         (default: the writer's input file, if it can be\n"
+"                         seen; else the size the copy tool truncates to)\n"
+"      --vhd-fixed        FILENAME.vhd also takes fixed VHDs (-o vhd_fixed);\n"
+"                         without it, anything that does not begin like a\n"
+"                         dynamic or differencing VHD is refused\n"
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
@@ -180,8 +185,35 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
     return v;
 }
 
-static void add_fuse_opt(struct options *o, const char *opt)
+/* Take nbdferry's own options (vhd_fixed, for fstab lines) out of a
+ * comma-separated -o list, in place. */
+static void take_own_opts(struct options *o, char *opts)
 {
+    char *out = opts;
+
+    for (char *p = opts, *end; p; p = end) {
+        end = strchr(p, ',');
+        if (end)
+            *end++ = '\0';
+        if (strcmp(p, "vhd_fixed") == 0) {
+            o->vhd_fixed = true;
+            continue;
+        }
+        if (out != opts)
+            *out++ = ',';
+        memmove(out, p, strlen(p) + 1);
+        out += strlen(out);
+    }
+    *out = '\0';
+}
+
+static void add_fuse_opt(struct options *o, const char *arg)
+{
+    char opt[strlen(arg) + 1];
+
+    take_own_opts(o, strcpy(opt, arg));
+    if (!opt[0])
+        return;
     size_t n = o->fuse_opts ? strlen(o->fuse_opts) : 0;
     char *s = realloc(o->fuse_opts, n + strlen(opt) + 2);
     if (!s) {
@@ -202,7 +234,7 @@ enum {
     OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD, OPT_RETRY_TIMEOUT,
     OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
     OPT_TLS_VERIFY_PEER,
-    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
+    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE,
 };
 
@@ -219,6 +251,7 @@ static const struct option long_options[] = {
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
+    { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
     { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
@@ -379,6 +412,9 @@ static void parse_args(struct options *o, int argc, char **argv)
             break;
         case OPT_EXPECTED_SIZE:
             o->expected_size = parse_size("--expected-size", optarg);
+            break;
+        case OPT_VHD_FIXED:
+            o->vhd_fixed = true;
             break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
@@ -622,6 +658,7 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .bar = o->progress_bar,
         .fd = o->progress_fd,
         .expected_size = o->expected_size,
+        .mountpoint = o->mountpoint,
     };
     int r = o->no_digest ? 0 : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
@@ -690,6 +727,7 @@ int main(int argc, char **argv)
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     parse_args(&o, argc, argv);
+    log_set_context(o.mountpoint);    /* syslog lines name the mount */
     if (!o.foreground)
         daemonize_early();
 
@@ -701,6 +739,7 @@ int main(int argc, char **argv)
     fs.apparent_size = info->size;
     fs.readonly = info->readonly;
     fs.filename = o.filename;
+    fs.vhd_fixed = o.vhd_fixed;
     if (asprintf(&fs.vhd_name, "%s.vhd", o.filename) == -1 ||
         vhdview_init(&fs) < 0) {
         log_err("out of memory");
@@ -756,6 +795,7 @@ out_nbd:
     nbdx_close(fs.x);
     if (o.pidfile && status == EXIT_SUCCESS)
         unlink(o.pidfile);
+    log_flush();
     free(o.mountpoint);
     free(o.filename);
     free(o.fuse_opts);

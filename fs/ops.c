@@ -365,6 +365,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    /* The writer's input file, if visible, is the progress's total. */
+    if (writing && (ino == FS_INO_RAW || ino == FS_INO_VHD))
+        progress_writer(fs->progress, fuse_req_ctx(req)->pid);
     pthread_mutex_lock(&fs->lock);
     fh->next = fs->open_files;
     if (fh->next)
