@@ -480,8 +480,20 @@ static void read_status(fuse_req_t req, struct fs_fh *fh, size_t size,
         fuse_reply_buf(req, NULL, 0);
         return;
     }
+    /* Reply from a copy: the kernel completes the read inside writev(), so
+     * the reader may close and op_release() free the snapshot before
+     * fuse_reply_buf() returns (ASan checks the iovec after the call). */
     size_t n = fh->snapshot_len - (size_t) off;
-    fuse_reply_buf(req, fh->snapshot + off, n < size ? n : size);
+    if (n > size)
+        n = size;
+    char *copy = malloc(n);
+    if (!copy) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    memcpy(copy, fh->snapshot + off, n);
+    fuse_reply_buf(req, copy, n);
+    free(copy);
 }
 
 static void read_vhd(fuse_req_t req, struct fs_fh *fh, size_t size, off_t off)
