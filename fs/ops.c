@@ -1,5 +1,6 @@
 /* fs/ops.c: FUSE low-level handlers.  Each turns a kernel request into
- * pool calls and replies; file semantics are mission.md §3.
+ * pool calls and replies; file semantics are
+ * the raw file's contract in docs/design.md.
  *
  * THREAD MODEL
  * libfuse's worker threads (fuse_session_loop_mt) call these handlers

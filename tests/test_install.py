@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-status"]
 # Programs with a --version option (nbdferry-status, a script, has none).
 VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
-# The pages issue 5 asks for; every docs/*.1 is checked as well.
+# The tools' own pages; every docs/*.1 is checked as well.
 PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
 
 pytestmark = pytest.mark.skipif(

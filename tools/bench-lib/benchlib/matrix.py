@@ -105,7 +105,8 @@ def human(n):
 
 # ---- arms ---------------------------------------------------------------
 
-# nbdferry arms reproducing mission.md section 1.  'needs' lists options the
+# nbdferry arms reproducing the published XCP-ng measurements (stock,
+# TCP_NODELAY, pipelined, both).  'needs' lists options the
 # daemon must offer; arms whose options are missing are skipped with a note.
 # Every nbdferry arm compared with nbdcopy, qemu-img or nbdfuse runs with
 # --no-digest: none of those hashes what it copies.  One arm keeps the
@@ -163,7 +164,7 @@ ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_DD, FERRY_STOCK, FERRY_NODELAY,
             FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
             *VERIFIED_ARMS]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
-# Issue 3 item 5: a sparse image onto an export that reads as zero.  nbdfuse
+# The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
 SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, NBDCOPY, QEMU_W, QEMU]
 
@@ -246,10 +247,10 @@ def full_preset(size=None):
     s = size or GiB
     sweep = size or 512 * MiB
     return [
-        # Issue 2 item 7: the headline cells, 1 GiB over a Unix socket.
+        # The headline cells, 1 GiB over a Unix socket.
         Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
         verified_experiment(s),
-        # Issue 6: every arm across latencies over TCP.  512 MiB keeps the
+        # Every arm across latencies over TCP.  512 MiB keeps the
         # serial arms (one request in flight) under ~50 s a run at 10 ms.
         Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],
                    [0, 0.2, 2, 10],
@@ -266,7 +267,7 @@ def full_preset(size=None):
         # Other servers at the published 0.2 ms.
         Experiment("servers", [FERRY_CP, NBDCOPY],
                    [dense(s)], [FILE_UNIX, FILE_TCP, MEM_TCP_10G], [0.2]),
-        # Issue 3 item 5.
+        # The sparse case.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
         every_server_experiment(size or 512 * MiB),
     ]
@@ -302,23 +303,23 @@ def verified_experiment(size, runs=3):
 
 
 def sparse_experiment(size, latencies, runs=3):
-    """Issue 3 item 5: an image with 10% data in scattered 2 MiB runs onto an
+    """The sparse case: an image with 10% data in scattered 2 MiB runs onto an
     export of the same size that reads as zero (nbdkit memory)."""
     return Experiment(
         "sparse", SPARSE_ARMS, [sparse10(size)], [MEM_UNIX], latencies,
         runs=runs, time_ratios=True,
-        note="Issue 3 item 5: the source holds 10% data in 2 MiB runs at "
+        note="The source holds 10% data in 2 MiB runs at "
              "random places, the rest holes; the export is a fresh nbdkit "
              "memory disk, which reads as zero.  cp is `cp --sparse=always`; "
              "nbdcopy and qemu-img read the source's holes with SEEK_DATA "
              "and send them as zero requests.  Times in seconds (lower is "
-             "better); issue 3's target: nbdferry + cp takes at most 1.25x "
+             "better); target: nbdferry + cp takes at most 1.25x "
              "the time of nbdcopy.  The NBD request columns show what the "
              "holes cost on the wire: written MiB should be the data alone.")
 
 
 def tuning_preset(size=None):
-    """Issue 6 item 4: nbdferry's depth, request size, pool size and
+    """Tuning: nbdferry's depth, request size, pool size and
     connections, one at a time around the defaults, over TCP.  The pool is
     raised to 256M where it would otherwise cap depth x request size."""
     s = size or 512 * MiB

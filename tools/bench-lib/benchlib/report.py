@@ -359,7 +359,7 @@ RATIOS = [
 # (label, arm a, arm b) -> seconds of a over seconds of b.
 TIME_RATIOS = [
     ("time of nbdferry+cp --sparse=always --no-digest / nbdcopy "
-     "(issue 3 target: ≤ 1.25x)", "ferry-cp", "nbdcopy"),
+     "(target: ≤ 1.25x)", "ferry-cp", "nbdcopy"),
     ("time of nbdferry+cp --sparse=always, inline sha256 / nbdcopy",
      "ferry-cp-digest", "nbdcopy"),
     ("time of nbdferry+cp --no-digest / qemu-img convert -n -W",

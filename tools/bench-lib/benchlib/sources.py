@@ -6,7 +6,7 @@ dense     pseudo-random bytes (fixed seed: the same image every time; no
 sparse25  the same, in 1 MiB extents covering 25% of the image chosen at
           random; the rest are holes (cp --sparse=always sees them)
 sparse10  the same, in 2 MiB runs covering 10% of the image chosen at
-          random (issue 3 item 5: a 4 GiB image onto a zero export)
+          random (the sparse case: a 4 GiB image onto a zero export)
 fsimage   an ext4 filesystem built by mke2fs -d from a system tree (the
           largest of FS_TREES that fills at most half of it): a real mix of
           data, metadata and free space
