@@ -371,11 +371,8 @@ static int name_mode(const char *arg, const char *reserved_name,
         return fail(EINVAL, msg, msglen, "'%s' cannot be the file name", fn);
     char *dir = slash == arg ? strdup("/")
                 : strndup(arg, (size_t) (slash - arg));
-    out->filename = strdup(fn);
-    if (!dir || !out->filename) {
-        free(dir);
+    if (!dir)
         return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    }
     int r = 0;
     if (stat(dir, &st) == -1)
         r = errno == ENOTCONN ? dead_mount(dir, msg, msglen)
