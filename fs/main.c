@@ -77,6 +77,11 @@ struct options {
 
 static const char *program = "nbdferry";
 
+/* mount(8) helpers exit as mount does: 32 is "mount failure".  Set for
+ * the fstab form; a plain command line fails with 1. */
+#define MOUNT_EX_FAIL 32
+static int failure_status = EXIT_FAILURE;
+
 static void usage_error(const char *fmt, ...)
     __attribute__((format(printf, 1, 2), noreturn));
 static void usage_error(const char *fmt, ...)
@@ -303,7 +308,7 @@ static void parse_mountpoint(struct options *o, const char *arg)
     if (cli_parse_mountpoint(arg, FS_STATUS_NAME, o->fo.nonempty, &o->mp,
                              msg, sizeof msg) < 0) {
         fprintf(stderr, "%s: %s\n", program, msg);
-        exit(EXIT_FAILURE);
+        exit(failure_status);
     }
 }
 
@@ -375,6 +380,7 @@ static bool fstab_form(struct options *o, int argc, char **argv)
             usage_error("unexpected '%s' after the mountpoint", argv[i]);
         add_fuse_opt(o, argv[i + 1]);
     }
+    failure_status = MOUNT_EX_FAIL;
     parse_mountpoint(o, argv[1]);
     char *uri[] = { argv[0], NULL };
     parse_server(o, 1, uri);
@@ -532,8 +538,10 @@ static void daemonize_early(void)
         close(p[1]);
         if (read(p[0], &status, 1) != 1) {
             int ws;
-            waitpid(pid, &ws, 0);
             status = 1;
+            if (waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) &&
+                WEXITSTATUS(ws) != 0)
+                status = (unsigned char) WEXITSTATUS(ws);
         }
         _exit(status);
     }
@@ -758,6 +766,7 @@ int main(int argc, char **argv)
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     parse_args(&o, argc, argv);
+    status = failure_status;
     if (o.pidfile) {
         int r = pidfile_prepare(o.pidfile, &o.pf);
         if (r < 0)
