@@ -292,10 +292,11 @@ static void parse_server(struct options *o, int argc, char **argv)
     }
     if (cli_parse_server(&o->nbd, &o->mode_set, argc, argv, msg,
                          sizeof msg) < 0) {
-        /* An option after the URI: say where options go. */
-        if (o->nbd.mode == NBDX_URI && argc > 1 && argv[1][0] == '-')
-            usage_error("'%s' after the URI: options go before the "
-                        "mountpoint", argv[1]);
+        /* An option after the mountpoint: say where options go. */
+        for (int i = 0; o->nbd.mode == NBDX_URI && i < argc; i++)
+            if (argv[i][0] == '-' && argv[i][1])
+                usage_error("'%s' after the mountpoint: options go before "
+                            "it", argv[i]);
         usage_error("%s", msg);
     }
 }
