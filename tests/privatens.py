@@ -5,8 +5,9 @@ Tests of wrong or hazardous mountpoints (a non-empty directory, /etc,
 nbdferry commands inside `unshare -m sh -c 'mount --make-rprivate / &&
 ...'`: whatever a regression mounts there is invisible to the rest of the
 machine and disappears with the namespace.  The script also runs in its
-own pid namespace: when it ends, every process it left (a daemon that
-mounted where it should not, and would hang there) is killed with it.
+own pid namespace: when it ends, or times out, every process it left (a
+daemon that mounted where it should not, and hangs there on its own
+mount) is killed with it.
 
 The script gets these shell helpers:
   $NBDFERRY ...        the daemon command (with NBDFERRY_WRAPPER)
@@ -57,7 +58,7 @@ def run_private(script, cwd, env=None, secs=60):
             script)
     try:
         return subprocess.run(["unshare", "-m", "-p", "-f", "--mount-proc",
-                               "sh", "-c", full], cwd=cwd,
+                               "--kill-child", "sh", "-c", full], cwd=cwd,
                               env=env, capture_output=True, text=True,
                               timeout=timeout(secs))
     except subprocess.TimeoutExpired as e:
