@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/digest.h"
 #include "fs/pidfile.h"
@@ -317,17 +318,14 @@ static void parse_mountpoint(struct options *o, const char *arg)
  * the same tables getopt uses. */
 static void __attribute__((noreturn)) list_long_options(void)
 {
-    for (const struct option *lo = long_options; lo->name; lo++)
-        printf("--%s\n", lo->name);
+    optlist_long(long_options);
     printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
     exit(EXIT_SUCCESS);
 }
 
 static void __attribute__((noreturn)) list_short_options(void)
 {
-    for (const char *p = SHORT_OPTIONS; *p; p++)
-        if (isalpha((unsigned char) *p))
-            printf("-%c\n", *p);
+    optlist_short(SHORT_OPTIONS);
     exit(EXIT_SUCCESS);
 }
 
