@@ -210,8 +210,10 @@ static bool is_system_dir(const char *resolved)
     for (size_t i = 0; i < sizeof system_dirs / sizeof system_dirs[0]; i++)
         if (same_dir(resolved, system_dirs[i]))
             return true;
+    /* The user's home and temporary directories, wherever they are. */
     struct passwd *pw = getpwuid(getuid());
     return same_dir(resolved, getenv("HOME")) ||
+           same_dir(resolved, getenv("TMPDIR")) ||
            (pw && same_dir(resolved, pw->pw_dir));
 }
 

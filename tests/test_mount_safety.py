@@ -102,20 +102,24 @@ SYSTEM_CASES = {
     "dotdot-to-etc": ("DIR/../../../../../../../etc/nosuch", (), "/etc"),
     "symlink-to-etc": ("DIR/link/nosuch", (), "/etc"),
     "home": ("HOME", ("-o", "nonempty"), "HOME"),
+    "tmpdir-env": ("TMPD", ("-o", "nonempty"), "TMPD"),
 }
 
 
 @pytest.mark.parametrize("case", list(SYSTEM_CASES))
 def test_system_directory_refused(shortdir, case):
     target, opts, named = SYSTEM_CASES[case]
-    home = shortdir / "home"
+    home, tmpd = shortdir / "home", shortdir / "tmpd"
     home.mkdir()                        # empty: refused all the same
+    tmpd.mkdir()
     (shortdir / "link").symlink_to("/etc")
-    target = target.replace("DIR", str(shortdir)).replace("HOME", str(home))
-    named = named.replace("HOME", str(home))
-    env = dict(os.environ, HOME=str(home))
+    names = {"DIR": str(shortdir), "HOME": str(home), "TMPD": str(tmpd)}
+    for k, v in names.items():
+        target = target.replace(k, v)
+        named = named.replace(k, v)
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(tmpd))
     rc, lines, mounted = refused(shortdir, target, *opts, env=env,
-                                 extra_mounts=[home])
+                                 extra_mounts=[home, tmpd])
     assert rc != 0
     line = assert_one_line(lines, "system directory")
     assert f" {named}:" in line, line
