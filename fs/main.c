@@ -371,8 +371,11 @@ static bool fstab_form(struct options *o, int argc, char **argv)
 {
     struct stat st;
 
-    if (argc < 2 || !strstr(argv[0], "://") || stat(argv[1], &st) == -1 ||
-        !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)) || o->mode_set)
+    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set)
+        return false;
+    /* A dead mount (ENOTCONN) is the fstab form too, to be named. */
+    if (stat(argv[1], &st) == -1 ? errno != ENOTCONN
+        : !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)))
         return false;
     for (int i = 2; i < argc; i += 2) {
         if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)

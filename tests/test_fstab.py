@@ -333,3 +333,32 @@ def test_fstab_mount_t_exit_status(prefix, shortdir):
     assert "rc=32" in out, r.stdout + r.stderr
     assert "cannot connect" in r.stderr
     assert not any(l.startswith("mounted ") for l in out)
+
+
+def test_fstab_dead_mount_named(server, prefix, shortdir):
+    """After the daemon of an fstab mount is killed, mounting the line
+    again names the dead mount (exit 32) instead of mounting anything."""
+    from privatens import run_private
+    from shlex import quote as q
+    srv = server("memory", EXPORT)
+    mp = shortdir / "mnt"
+    mp.mkdir()
+    fstab = shortdir / "fstab"
+    fstab.write_text(f"{fstab_source(prefix, srv.uri)} {mp} fuse3 "
+                     "rw,_netdev 0 0\n")
+    script = f"""
+mount -T {q(str(fstab))} {q(str(mp))} || exit 9
+pid=$(pgrep -x nbdferry)
+kill -9 $pid
+wait_gone $pid
+""" + fstab_script(fstab, mp) + f"""
+awk -v p={q(str(mp))} '$5 == p' /proc/self/mountinfo | wc -l | sed 's/^/mounts=/'
+fusermount3 -u {q(str(mp))} && echo cleared
+unmount_all {q(str(mp))}
+"""
+    r = run_private(script, shortdir)
+    out = r.stdout.splitlines()
+    assert "rc=32" in out, r.stdout + r.stderr
+    assert f"{mp} is a dead nbdferry mount: run fusermount3 -u {mp}" in \
+        r.stderr, r.stderr
+    assert "mounts=1" in out and "cleared" in out, r.stdout
