@@ -36,6 +36,8 @@ struct fs {
     bool readonly;
     bool allow_other;         /* -o allow_other: the directory is 0755 */
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
+    bool file_mode;           /* the disk is the mount's root (fs/modes.c) */
+    bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     uid_t uid;
     gid_t gid;
     struct timespec started;
@@ -63,6 +65,10 @@ struct fs_fh {
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* fs/modes.c: fs_ops with file mode and block-device semantics layered
+ * on (each a no-op unless its flag in struct fs is set). */
+void fs_mode_ops(struct fuse_lowlevel_ops *out);
 
 /* The raw file's size, for fs/vhdview.c: replace the disk's content by a
  * disk of size bytes (everything reads as zero until written), or grow

@@ -7,7 +7,11 @@
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT
+ *   nbdferry [OPTIONS] FILE ...            (file mode: the disk over FILE)
  *
+ * The mountpoint is checked and resolved while parsing, before anything
+ * forks, connects or mounts (fs/cli.c).
  * Start-up order: parse, fork (unless -f; before any thread exists), connect,
  * create the pool, mount, write the pidfile, tell the waiting parent.  Any
  * failure before that point prints one line and exits non-zero with
@@ -31,12 +35,16 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/digest.h"
+#include "fs/pidfile.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
+
+#include <libnbd.h>
 
 #define DEFAULT_CONNECTIONS 4
 #define DEFAULT_DEPTH 8
@@ -59,21 +67,26 @@ struct options {
     uint64_t request_size, pool_size;
     unsigned idle_ms;
     bool write_through, destination_is_zero, no_extents;
-    char *fuse_opts;
+    struct cli_fuse_opts fo;  /* -o: ours taken out, the rest libfuse's */
     const char *pidfile;
-    bool foreground;
-    char *mountpoint;
-    char *filename;
+    struct pidfile *pf;       /* its directory, opened before daemonising */
+    bool foreground, single_thread, fuse_debug;
+    char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI */
+    struct cli_mountpoint mp;
     bool no_digest, progress_bar;
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
-    bool vhd_fixed;           /* --vhd-fixed, -o vhd_fixed */
 };
 
 #define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
                                          * of the daemon's memory bound */
 
 static const char *program = "nbdferry";
+
+/* mount(8) helpers exit as mount does: 32 is "mount failure".  Set for
+ * the fstab form; a plain command line fails with 1. */
+#define MOUNT_EX_FAIL 32
+static int failure_status = EXIT_FAILURE;
 
 static void usage_error(const char *fmt, ...)
     __attribute__((format(printf, 1, 2), noreturn));
@@ -101,11 +114,26 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
+"  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
+"  nbdferry --help | --fuse-help | --version | --long-options |\n"
+"           --short-options\n"
 "\n"
-"The export appears as MOUNTPOINT/FILENAME (default: nbd).  Copy a disk\n"
-"image into it with cp, dd, rsync --inplace or qemu-img; unmount with\n"
-"fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with systemd\n"
-"socket activation; --command runs one on stdin/stdout.\n"
+"The export appears as MOUNTPOINT/FILENAME (default: nbd), or over FILE\n"
+"when FILE is an existing regular file (file mode, as nbdfuse).  Copy a\n"
+"disk image into it with cp, dd, rsync --inplace or qemu-img; unmount\n"
+"with fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with\n"
+"systemd socket activation (also: --socket-activation CMD ARGS);\n"
+"--command runs one on stdin/stdout.  Options go before MOUNTPOINT.\n"
+"\n"
+"The mountpoint must be an empty directory of yours: a directory that\n"
+"holds files is refused unless -o nonempty; a system directory (/, /etc,\n"
+"/tmp, /usr, /var, $HOME, $TMPDIR, ...) and a FUSE mount always; a dead\n"
+"mount is named with the fusermount3 -u that clears it.\n"
+"\n"
+"Without -f the command returns once the mount is ready and the daemon\n"
+"runs on (nbdfuse stays in the foreground: use -f to wait on the process,\n"
+"or -P FILE to find it).\n"
 "\n"
 "Options:\n"
 "  -C, --connections N    NBD connections if the server offers multi-conn\n"
@@ -148,16 +176,31 @@ static void usage(void)
 "                         name (always done, unless --tls-insecure)\n"
 "      --tls-insecure     X.509 TLS without checking the server: INSECURE,\n"
 "                         anyone on the path can read and change the disk\n"
+"      --block-device     nbdfuse's block-device semantics: O_TRUNC and\n"
+"                         truncate leave the disk and its size alone (to\n"
+"                         patch sectors in place); also -o block_device.\n"
+"                         Default: file semantics, right for copying a\n"
+"                         whole image in\n"
 "  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
-"                         owner unless -o allow_other; repeatable\n"
-"  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
-"  -r, --readonly         read-only mount\n"
+"                         owner unless -o allow_other; repeatable.  Taken\n"
+"                         by nbdferry: nonempty (mount over a directory\n"
+"                         that holds files), uid=N, gid=N (the files'\n"
+"                         owner), block_device, kernel_cache (accepted and\n"
+"                         ignored: every file is direct I/O, the kernel\n"
+"                         caches nothing); see --fuse-help for the rest\n"
+"  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
+"                         mount is ready; removed at exit\n"
+"  -r, --readonly, --read-only  read-only mount\n"
 "  -f, --foreground       stay in the foreground\n"
+"  -s                     single-threaded FUSE loop\n"
+"  -d                     debug: -f, -v -v and FUSE's debug output\n"
 "  -v, --verbose          more messages (twice: libnbd debug too)\n"
-"  -V, --version          print the version and exit\n"
+"  -V, --version          print the versions and exit\n"
 "      --help             this text\n"
+"      --fuse-help        the FUSE options -o accepts\n"
+"      --long-options, --short-options  list the options (for completion)\n"
 "\n"
-"SIZE takes a K, M or G suffix (powers of 1024).\n",
+"SIZE takes a K, M, G or T suffix (powers of 1024).\n",
         DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS,
         DEFAULT_RETRY_TIMEOUT, DEFAULT_REQUEST_TIMEOUT);
 }
@@ -185,45 +228,12 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
     return v;
 }
 
-/* Take nbdferry's own options (vhd_fixed, for fstab lines) out of a
- * comma-separated -o list, in place. */
-static void take_own_opts(struct options *o, char *opts)
+static void add_fuse_opt(struct options *o, const char *opt)
 {
-    char *out = opts;
+    char msg[CLI_MSG_MAX];
 
-    for (char *p = opts, *end; p; p = end) {
-        end = strchr(p, ',');
-        if (end)
-            *end++ = '\0';
-        if (strcmp(p, "vhd_fixed") == 0) {
-            o->vhd_fixed = true;
-            continue;
-        }
-        if (out != opts)
-            *out++ = ',';
-        memmove(out, p, strlen(p) + 1);
-        out += strlen(out);
-    }
-    *out = '\0';
-}
-
-static void add_fuse_opt(struct options *o, const char *arg)
-{
-    char opt[strlen(arg) + 1];
-
-    take_own_opts(o, strcpy(opt, arg));
-    if (!opt[0])
-        return;
-    size_t n = o->fuse_opts ? strlen(o->fuse_opts) : 0;
-    char *s = realloc(o->fuse_opts, n + strlen(opt) + 2);
-    if (!s) {
-        perror(program);
-        exit(EXIT_FAILURE);
-    }
-    if (n)
-        s[n++] = ',';
-    strcpy(s + n, opt);
-    o->fuse_opts = s;
+    if (cli_add_fuse_opts(&o->fo, opt, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
 }
 
 /* ---- command line ---------------------------------------------------- */
@@ -236,7 +246,10 @@ enum {
     OPT_TLS_VERIFY_PEER,
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE,
+    OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
 };
+
+#define SHORT_OPTIONS "+:C:o:P:rfvVds"
 
 static const struct option long_options[] = {
     { "connections", required_argument, NULL, 'C' },
@@ -261,6 +274,11 @@ static const struct option long_options[] = {
     { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
     { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "pidfile", required_argument, NULL, 'P' },
+    { "pid-file", required_argument, NULL, 'P' },
+    { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
+    { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
+    { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
+    { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
     { "readonly", no_argument, NULL, 'r' },
     { "read-only", no_argument, NULL, 'r' },
     { "foreground", no_argument, NULL, 'f' },
@@ -287,18 +305,82 @@ static void parse_server(struct options *o, int argc, char **argv)
 {
     char msg[CLI_MSG_MAX];
 
+    if (!o->mode_set && argc > 0 && strcmp(argv[0], "--vsock") == 0) {
+        if (cli_vsock_uri(argc, argv, &o->vsock_uri, msg, sizeof msg) < 0)
+            usage_error("%s", msg);
+        argc = 1;
+        argv = &o->vsock_uri;
+    }
     if (cli_parse_server(&o->nbd, &o->mode_set, argc, argv, msg,
-                         sizeof msg) < 0)
+                         sizeof msg) < 0) {
+        /* An option after the mountpoint: say where options go. */
+        for (int i = 0; o->nbd.mode == NBDX_URI && i < argc; i++)
+            if (argv[i][0] == '-' && argv[i][1])
+                usage_error("'%s' after the mountpoint: options go before "
+                            "it", argv[i]);
         usage_error("%s", msg);
+    }
 }
 
+/* Checks happen here, before anything forks, connects or mounts. */
 static void parse_mountpoint(struct options *o, const char *arg)
 {
     char msg[CLI_MSG_MAX];
 
-    if (cli_parse_mountpoint(arg, FS_STATUS_NAME, &o->mountpoint,
-                             &o->filename, msg, sizeof msg) < 0)
-        usage_error("%s", msg);
+    if (cli_parse_mountpoint(arg, FS_STATUS_NAME, o->fo.nonempty, &o->mp,
+                             msg, sizeof msg) < 0) {
+        fprintf(stderr, "%s: %s\n", program, msg);
+        exit(failure_status);
+    }
+}
+
+/* --long-options, --short-options: for the bash completion script, from
+ * the same tables getopt uses. */
+static void __attribute__((noreturn)) list_long_options(void)
+{
+    optlist_long(long_options);
+    printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) list_short_options(void)
+{
+    optlist_short(SHORT_OPTIONS);
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) fuse_help(void)
+{
+    printf("FUSE options for -o (libfuse %s), besides nbdferry's own\n"
+           "(nonempty, uid=N, gid=N, block_device, kernel_cache):\n",
+           fuse_pkgversion());
+    fflush(stdout);
+    fuse_lowlevel_help();
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) version(void)
+{
+    struct nbd_handle *h = nbd_create();
+
+    printf("%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+    if (h)
+        printf("libnbd %s\n", nbd_get_version(h));
+    printf("libfuse %s\n", fuse_pkgversion());
+    nbd_close(h);
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn))
+unknown_option(int optopt_, const char *arg)
+{
+    if (optopt_ && optopt_ < 256)
+        usage_error("invalid option -- '%c'", optopt_);
+    const char *hint = cli_suggest_option(arg, long_options);
+    if (hint)
+        usage_error("unrecognized option '%s' (did you mean --%s?)", arg,
+                    hint);
+    usage_error("unrecognized or incomplete option '%s'", arg);
 }
 
 /* mount.fuse3 (fstab: "nbdferry#URI /mnt fuse3 ..." or "URI /mnt
@@ -309,14 +391,18 @@ static bool fstab_form(struct options *o, int argc, char **argv)
 {
     struct stat st;
 
-    if (argc < 2 || !strstr(argv[0], "://") || stat(argv[1], &st) == -1 ||
-        !S_ISDIR(st.st_mode) || o->mode_set)
+    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set)
+        return false;
+    /* A dead mount (ENOTCONN) is the fstab form too, to be named. */
+    if (stat(argv[1], &st) == -1 ? errno != ENOTCONN
+        : !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)))
         return false;
     for (int i = 2; i < argc; i += 2) {
         if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)
             usage_error("unexpected '%s' after the mountpoint", argv[i]);
         add_fuse_opt(o, argv[i + 1]);
     }
+    failure_status = MOUNT_EX_FAIL;
     parse_mountpoint(o, argv[1]);
     char *uri[] = { argv[0], NULL };
     parse_server(o, 1, uri);
@@ -340,7 +426,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->idle_ms = DEFAULT_IDLE_MS;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:C:o:P:rfvV", long_options,
+    while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
                             NULL)) != -1) {
         switch (c) {
         case 'C':
@@ -414,17 +500,23 @@ static void parse_args(struct options *o, int argc, char **argv)
             o->expected_size = parse_size("--expected-size", optarg);
             break;
         case OPT_VHD_FIXED:
-            o->vhd_fixed = true;
+            o->fo.vhd_fixed = true;
             break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
         case 'r': o->nbd.readonly = true; break;
         case 'f': o->foreground = true; break;
         case 'v': log_verbosity++; break;
-        case 'V':
-            printf("%s %s (libfuse %s)\n", PACKAGE_NAME, PACKAGE_VERSION,
-                   fuse_pkgversion());
-            exit(EXIT_SUCCESS);
+        case 's': o->single_thread = true; break;
+        case 'd':
+            o->foreground = o->fuse_debug = true;
+            log_verbosity += 2;
+            break;
+        case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
+        case 'V': version();
+        case OPT_FUSE_HELP: fuse_help();
+        case OPT_LONG_OPTIONS: list_long_options();
+        case OPT_SHORT_OPTIONS: list_short_options();
         case OPT_HELP:
             usage();
             exit(EXIT_SUCCESS);
@@ -437,10 +529,7 @@ static void parse_args(struct options *o, int argc, char **argv)
             usage_error("option '%s' needs a value", argv[optind - 1]);
         default:
             /* opterr is 0: one line, ours. */
-            if (optopt && optopt < 256)
-                usage_error("invalid option -- '%c'", optopt);
-            usage_error("unrecognized or incomplete option '%s'",
-                        argv[optind - 1]);
+            unknown_option(optopt, argv[optind - 1]);
         }
     }
     if (optind >= argc)
@@ -480,8 +569,10 @@ static void daemonize_early(void)
         close(p[1]);
         if (read(p[0], &status, 1) != 1) {
             int ws;
-            waitpid(pid, &ws, 0);
             status = 1;
+            if (waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) &&
+                WEXITSTATUS(ws) != 0)
+                status = (unsigned char) WEXITSTATUS(ws);
         }
         _exit(status);
     }
@@ -513,25 +604,6 @@ static void detach(void)
     if (chdir("/") == -1) {
         /* harmless */
     }
-}
-
-static int write_pidfile(const char *path)
-{
-    char tmp[PATH_MAX];
-    FILE *f;
-
-    if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, getpid()) >= (int) sizeof tmp)
-        return -ENAMETOOLONG;
-    f = fopen(tmp, "w");
-    if (!f)
-        return -errno;
-    fprintf(f, "%d\n", getpid());
-    if (fclose(f) != 0 || rename(tmp, path) == -1) {
-        int err = errno;
-        unlink(tmp);
-        return -err;
-    }
-    return 0;
 }
 
 /* ---- setup ----------------------------------------------------------- */
@@ -601,29 +673,33 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "ro");
     }
-    if (o->fuse_opts) {
+    if (o->fo.pass) {
         fuse_opt_add_arg(&args, "-o");
-        fuse_opt_add_arg(&args, o->fuse_opts);
+        fuse_opt_add_arg(&args, o->fo.pass);
     }
+    if (o->fuse_debug)
+        fuse_opt_add_arg(&args, "-d");
     /* With allow_other, other users reach the files: let the kernel
      * enforce their modes (0600), or anyone could read and write the
      * disk. */
-    fs->allow_other = o->fuse_opts && has_fuse_opt(o->fuse_opts,
-                                                   "allow_other");
+    fs->allow_other = o->fo.pass && has_fuse_opt(o->fo.pass,
+                                                 "allow_other");
     if (fs->allow_other &&
-        !has_fuse_opt(o->fuse_opts, "default_permissions")) {
+        !has_fuse_opt(o->fo.pass, "default_permissions")) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "default_permissions");
     }
-    se = fuse_session_new(&args, &fs_ops, sizeof fs_ops, fs);
+    static struct fuse_lowlevel_ops ops;
+    fs_mode_ops(&ops);
+    se = fuse_session_new(&args, &ops, sizeof ops, fs);
     fuse_opt_free_args(&args);
     if (!se) {
         log_err("cannot start FUSE (bad -o option?)");
         return NULL;
     }
     if (fuse_set_signal_handlers(se) == -1 ||
-        fuse_session_mount(se, o->mountpoint) == -1) {
-        log_err("cannot mount on %s", o->mountpoint);
+        fuse_session_mount(se, o->mp.mountpoint) == -1) {
+        log_err("cannot mount on %s", o->mp.mountpoint);
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
         return NULL;
@@ -631,8 +707,10 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
     return se;
 }
 
-static int serve(struct fuse_session *se)
+static int serve(struct fuse_session *se, bool single_thread)
 {
+    if (single_thread)
+        return fuse_session_loop(se);
     struct fuse_loop_config *lc = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(lc, 0);
     fuse_loop_cfg_set_max_threads(lc, 16);
@@ -658,7 +736,7 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .bar = o->progress_bar,
         .fd = o->progress_fd,
         .expected_size = o->expected_size,
-        .mountpoint = o->mountpoint,
+        .mountpoint = o->mp.mountpoint,
     };
     int r = o->no_digest ? 0 : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
@@ -727,7 +805,13 @@ int main(int argc, char **argv)
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     parse_args(&o, argc, argv);
-    log_set_context(o.mountpoint);    /* syslog lines name the mount */
+    status = failure_status;
+    if (o.pidfile) {
+        int r = pidfile_prepare(o.pidfile, &o.pf);
+        if (r < 0)
+            usage_error("--pidfile %s: %s", o.pidfile, strerror(-r));
+    }
+    log_set_context(o.mp.mountpoint);    /* syslog lines name the mount */
     if (!o.foreground)
         daemonize_early();
 
@@ -738,15 +822,20 @@ int main(int argc, char **argv)
     fs.export_size = info->size;
     fs.apparent_size = info->size;
     fs.readonly = info->readonly;
-    fs.filename = o.filename;
-    fs.vhd_fixed = o.vhd_fixed;
-    if (asprintf(&fs.vhd_name, "%s.vhd", o.filename) == -1 ||
+    fs.filename = o.mp.filename;
+    fs.file_mode = o.mp.file_mode;
+    fs.block_device = o.fo.block_device;
+    fs.vhd_fixed = o.fo.vhd_fixed;
+    if (asprintf(&fs.vhd_name, "%s.vhd", o.mp.filename) == -1 ||
         vhdview_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
-    fs.uid = getuid();
-    fs.gid = getgid();
+    fs.uid = o.fo.set_uid ? (uid_t) o.fo.uid : getuid();
+    fs.gid = o.fo.set_gid ? (gid_t) o.fo.gid : getgid();
+    if (o.fo.kernel_cache)
+        log_info("-o kernel_cache: ignored, every file is direct I/O (the "
+                 "write-back pool must see each write)");
     clock_gettime(CLOCK_REALTIME, &fs.started);
     fs.mtime = fs.started;
     pthread_mutex_init(&fs.lock, NULL);
@@ -762,15 +851,15 @@ int main(int argc, char **argv)
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
-    if (o.pidfile) {
-        int r = write_pidfile(o.pidfile);
+    if (o.pf) {
+        int r = pidfile_write(o.pf);
         if (r < 0) {
             log_err("pidfile %s: %s", o.pidfile, strerror(-r));
             goto out_unmount;
         }
     }
     detach();
-    serve(se);
+    serve(se, o.single_thread);
     status = EXIT_SUCCESS;
 
 out_unmount:
@@ -793,11 +882,10 @@ out_nbd:
     vhdview_fini(&fs);
     free(fs.vhd_name);
     nbdx_close(fs.x);
-    if (o.pidfile && status == EXIT_SUCCESS)
-        unlink(o.pidfile);
+    pidfile_remove(o.pf);     /* only if it still holds our pid */
+    cli_mountpoint_free(&o.mp);
+    cli_fuse_opts_free(&o.fo);
+    free(o.vsock_uri);
     log_flush();
-    free(o.mountpoint);
-    free(o.filename);
-    free(o.fuse_opts);
     return status;
 }

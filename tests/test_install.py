@@ -58,7 +58,8 @@ def test_install_nothing_but_programs_and_pages(prefix):
     files = {str(p.relative_to(prefix)) for p in prefix.rglob("*")
              if p.is_file()}
     expected = {f"bin/{n}" for n in PROGRAMS} | {
-        f"share/man/man1/{p.name}" for p in (SRC / "docs").glob("*.1")}
+        f"share/man/man1/{p.name}" for p in (SRC / "docs").glob("*.1")} | {
+        f"share/bash-completion/completions/{n}" for n in VERSIONED}
     assert files == expected
 
 

@@ -52,6 +52,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -497,6 +498,27 @@ static int debug_message(void *user_data, const char *context,
     return 0;
 }
 
+/* The server command we started ([ CMD ], --command) failed to answer:
+ * when it has exited, its status says more than libnbd's recv error.
+ * At the first connect the daemon's only child is that server; reaping
+ * it here leaves libnbd's own waitpid() an ECHILD, which it ignores.
+ * -1 if no child exits within a second. */
+static int server_exit_status(const struct nbdx_config *cfg)
+{
+    if (cfg->mode != NBDX_COMMAND && cfg->mode != NBDX_SOCKET_ACTIVATION)
+        return -1;
+    for (int i = 0; i < 100; i++) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (pid == -1)
+            return -1;
+        usleep(10000);
+    }
+    return -1;
+}
+
 /* Connect c->h within timeout_ms (-1: no limit).  quiet: a reconnection
  * attempt, logged at info level. */
 static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
@@ -538,10 +560,13 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
         return -ETIMEDOUT;
     }
     if (r == -1) {
-        int err = nbd_get_errno();
+        int err = nbd_get_errno(), st;
         if (quiet)
             log_info("reconnect to %s: %s", describe(cfg, what, sizeof what),
                      nbd_get_error());
+        else if ((st = server_exit_status(cfg)) >= 0)
+            log_err("cannot connect to %s: the server command exited with "
+                    "status %d", describe(cfg, what, sizeof what), st);
         else
             log_err("cannot connect to %s: %s",
                     describe(cfg, what, sizeof what), nbd_get_error());
