@@ -35,6 +35,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "fs/vmdkview.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
 
@@ -675,7 +676,9 @@ int main(int argc, char **argv)
     fs.readonly = info->readonly;
     fs.filename = o.filename;
     if (asprintf(&fs.vhd_name, "%s.vhd", o.filename) == -1 ||
-        vhdview_init(&fs) < 0) {
+        vhdview_init(&fs) < 0 ||
+        asprintf(&fs.vmdk_name, "%s.vmdk", o.filename) == -1 ||
+        vmdkview_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
@@ -726,6 +729,8 @@ out_nbd:
     fs_close_all(&fs);
     vhdview_fini(&fs);
     free(fs.vhd_name);
+    vmdkview_fini(&fs);
+    free(fs.vmdk_name);
     nbdx_close(fs.x);
     if (o.pidfile && status == EXIT_SUCCESS)
         unlink(o.pidfile);

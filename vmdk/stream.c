@@ -265,10 +265,6 @@ static int desc_done(struct vmdk_stream *s)
     int r = vmdk_desc_parse(s->descbuf, s->desc_len, &s->h, &s->desc, &e);
     if (r < 0)
         return fail(s, r, "%s", e.msg);
-    /* streamOptimized: header and descriptor are all there is to check up
-     * front. */
-    if (s->h.flags & VMDK_FLAG_MARKERS)
-        return begin(s);
     return 0;
 }
 
@@ -503,6 +499,12 @@ static int grain_marker(struct vmdk_stream *s, uint64_t lba, uint32_t size)
 static int marker_head(struct vmdk_stream *s)
 {
     struct vmdk_marker_disk m;
+
+    /* streamOptimized: header and descriptor are all there is to check up
+     * front; waiting for the first marker also leaves the disk alone when
+     * the file ends inside the overhead. */
+    if (!s->began && begin(s) < 0)
+        return s->err;
     memcpy(&m, s->sect, VMDK_GRAIN_MARKER_SIZE);
     uint32_t size = le32toh(m.size);
     if (size)

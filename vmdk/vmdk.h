@@ -157,8 +157,9 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
  * aborts decoding and is returned from that call (sticky):
  *
  * begin(kind, capacity): exactly once, before any data().  capacity is the
- *   disk's size in bytes (header capacity * 512).  streamOptimized: once
- *   the header and descriptor have been validated.  monolithicSparse: once
+ *   disk's size in bytes (header capacity * 512).  streamOptimized: at
+ *   the first marker, once the header and descriptor have been validated
+ *   and the overhead has passed.  monolithicSparse: once
  *   the header, descriptor, grain directory and every grain table have
  *   arrived and the grain map has been checked (in range, no overlaps).
  *   Either way a malformed file is refused before anything reaches the

@@ -1,0 +1,350 @@
+/* fs/vmdkview.c: FILENAME.vmdk, the disk seen as a VMDK.
+ *
+ * Writing: a copy tool writes a streamOptimized or monolithicSparse VMDK
+ * in file order (cp, dd, cat, tar -xO of an OVA).  Each write feeds
+ * vmdk/'s forward-only stream decoder, whose sink places the decoded
+ * bytes on the disk through the pool.  Opening with O_TRUNC does not touch
+ * the disk: only the decoder's begin(), called once the header and
+ * descriptor (and for monolithicSparse the grain map) have been validated,
+ * replaces the disk's content by a disk of the VMDK's capacity (lazy
+ * zeroing: grains the VMDK does not carry read as zero, and write-zeroes
+ * go only where nothing was written).  Decoded bytes that are all zero
+ * are not sent: the disk already reads as zero there.  close() finishes
+ * the stream: a VMDK that ended early fails there with EINVAL.
+ *
+ * Reading: at open, the allocation of the disk (from the zero maps) is
+ * frozen into a synthesizer that produces a streamOptimized VMDK of
+ * stored deflate blocks (size known at open; see docs/vmdk-format.md);
+ * grain data is read through the pool.
+ *
+ * THREAD MODEL
+ * view->lock serializes everything about the ingest (the decoder is not
+ * thread-safe and its input must stay in order).  It is held across
+ * pool_write() (which may wait for a buffer: the writer is throttled, as
+ * on the raw file) but never across fuse_reply_*().  The kernel sends a
+ * writer's requests in order because async direct I/O is off (fs/ops.c).
+ * view->read_lock serializes reads of synthesizers (each caches a grain);
+ * it is taken without view->lock held.
+ */
+#include "fs/vmdkview.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "fs/digest.h"
+#include "vmdk/vmdk.h"
+
+struct vmdkview {
+    pthread_mutex_t lock;
+    pthread_mutex_t read_lock;
+    struct vmdk_stream *stream;   /* the ingest in progress, or NULL */
+    struct fs_fh *writer;         /* the handle that owns it */
+    int err;                      /* its sticky error (positive errno) */
+    bool logged;                  /* the sink already logged the error */
+    uint64_t file_size;           /* high-water mark of the VMDK written */
+    uint64_t skipped_zero;        /* decoded zero bytes not sent */
+    uint32_t cid;                 /* of the synthesized VMDK, per mount */
+};
+
+static const struct vmdk_sink sink;
+
+int vmdkview_init(struct fs *fs)
+{
+    struct vmdkview *v = calloc(1, sizeof *v);
+    struct timespec ts;
+
+    if (!v)
+        return -ENOMEM;
+    pthread_mutex_init(&v->lock, NULL);
+    pthread_mutex_init(&v->read_lock, NULL);
+    /* A per-mount content id: re-reads of the view agree within a mount. */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = ((uint64_t) ts.tv_sec * 1000000007u) ^
+                    (uint64_t) ts.tv_nsec ^ fs->export_size;
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    v->cid = (uint32_t) (seed >> 32);
+    if (v->cid == 0xffffffffu)
+        v->cid = 1;                   /* "no parent" in a descriptor */
+    fs->vmdk = v;
+    return 0;
+}
+
+void vmdkview_fini(struct fs *fs)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    if (!v)
+        return;
+    vmdk_stream_free(v->stream);
+    pthread_mutex_destroy(&v->lock);
+    pthread_mutex_destroy(&v->read_lock);
+    free(v);
+    fs->vmdk = NULL;
+}
+
+/* ---- the synthesized (read) side -------------------------------------- */
+
+/* Freeze the disk's allocation into a synthesizer. */
+static int build_synth(struct fs *fs, struct vmdk_synth **out)
+{
+    struct vmdk_err e = { "" };
+    struct vmdk_synth *s;
+    uint64_t size = fs->export_size, pos = 0;
+
+    int r = vmdk_synth_new(size, fs->vmdk->cid, fs->vmdk_name, &s, &e);
+    if (r < 0) {
+        log_notice("%s: %s", fs->vmdk_name, e.msg);
+        return r;
+    }
+    while (pos < size && r == 0) {
+        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
+        if (d < 0)
+            break;                            /* -ENXIO: no more data */
+        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
+        if (h <= d)
+            h = (int64_t) size;
+        r = vmdk_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
+        pos = (uint64_t) h;
+    }
+    if (r == 0)
+        r = vmdk_synth_seal(s);
+    if (r < 0) {
+        vmdk_synth_free(s);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+uint64_t vmdkview_size(struct fs *fs)
+{
+    struct vmdkview *v = fs->vmdk;
+    struct vmdk_synth *s;
+
+    pthread_mutex_lock(&v->lock);
+    bool ingesting = v->stream != NULL;
+    uint64_t written = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    if (ingesting)
+        return written;
+    if (build_synth(fs, &s) < 0)
+        return 0;
+    uint64_t n = vmdk_synth_file_size(s);
+    vmdk_synth_free(s);
+    return n;
+}
+
+static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    struct fs *fs = opaque;
+    return pool_read(fs->pool, off, buf, len);
+}
+
+ssize_t vmdkview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
+                      uint64_t off)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    if (!fh->vmdk_synth)
+        return -EBADF;
+    pthread_mutex_lock(&v->read_lock);
+    int64_t n = vmdk_synth_read(fh->vmdk_synth, off, buf, size, read_disk, fs);
+    pthread_mutex_unlock(&v->read_lock);
+    return (ssize_t) n;
+}
+
+/* ---- the ingest (write) side ------------------------------------------ */
+
+static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
+{
+    struct fs *fs = opaque;
+
+    if (capacity > fs->export_size) {
+        log_err("%s: the VMDK's disk is %" PRIu64 " bytes, larger than the "
+                "export (%" PRIu64 "): nothing written", fs->vmdk_name,
+                capacity, fs->export_size);
+        fs->vmdk->logged = true;
+        return -ENOSPC;
+    }
+    log_info("%s: receiving a %s VMDK, disk size %" PRIu64, fs->vmdk_name,
+             kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
+                                           : "monolithicSparse", capacity);
+    /* The VMDK's disk replaces the export's content. */
+    return fs_raw_replace(fs, capacity);
+}
+
+static bool all_zero(const void *p, size_t n)
+{
+    const char *c = p;
+    return n == 0 || (c[0] == 0 && memcmp(c, c + 1, n - 1) == 0);
+}
+
+static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
+{
+    struct fs *fs = opaque;
+
+    if (all_zero(buf, len)) {         /* reads as zero since begin() */
+        fs->vmdk->skipped_zero += len;
+        return 0;
+    }
+    ssize_t r = pool_write(fs->pool, off, buf, len);
+    return r < 0 ? (int) r : 0;
+}
+
+static const struct vmdk_sink sink = {
+    .begin = sink_begin,
+    .data = sink_data,
+};
+
+/* Log the decoder's error once and latch it. */
+static int fail_locked(struct fs *fs, struct vmdkview *v, int r)
+{
+    if (!v->err) {
+        v->err = -r;
+        if (v->logged)                        /* the sink said it */
+            return r;
+        log_err("%s: %s", fs->vmdk_name,
+                vmdk_stream_error(v->stream)[0] ? vmdk_stream_error(v->stream)
+                                                : strerror(-r));
+    }
+    return -v->err;
+}
+
+int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags)
+{
+    struct vmdkview *v = fs->vmdk;
+    bool writing = (flags & O_ACCMODE) != O_RDONLY;
+
+    if (!writing)
+        return build_synth(fs, &fh->vmdk_synth);
+    pthread_mutex_lock(&v->lock);
+    if (v->stream && v->writer) {
+        pthread_mutex_unlock(&v->lock);
+        log_notice("%s: a VMDK is already being written", fs->vmdk_name);
+        return -EBUSY;
+    }
+    vmdk_stream_free(v->stream);
+    v->stream = NULL;
+    int r = vmdk_stream_new(&sink, fs, &v->stream);
+    if (r == 0) {
+        v->writer = fh;
+        v->err = 0;
+        v->logged = false;
+        v->file_size = 0;
+        v->skipped_zero = 0;
+        /* The raw file's inline digest cannot follow a VMDK's bytes. */
+        digest_foreign(fs->digest, "the VMDK view");
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                       size_t size, uint64_t off)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer != fh || !v->stream)
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vmdk_stream_feed(v->stream, off, buf, size)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + size > v->file_size)
+        v->file_size = off + size;
+    pthread_mutex_unlock(&v->lock);
+    return r < 0 ? r : (ssize_t) size;
+}
+
+/* Punch-hole, zero-range and truncate-extend on the VMDK file: zeros of
+ * the file.  A truncate that shrinks cannot be decoded. */
+int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (!v->stream || (fh && v->writer != fh))
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vmdk_stream_hole(v->stream, off, len)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + len > v->file_size)
+        v->file_size = off + len;
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+int vmdkview_truncate(struct fs *fs, uint64_t size)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    pthread_mutex_lock(&v->lock);
+    bool active = v->stream != NULL;
+    uint64_t cur = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    if (!active)
+        return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
+    if (size < cur) {
+        log_err("%s: cannot shrink a VMDK being written (%" PRIu64 " < %"
+                PRIu64 ")", fs->vmdk_name, size, cur);
+        return -EINVAL;
+    }
+    return size > cur ? vmdkview_hole(fs, NULL, cur, size - cur) : 0;
+}
+
+/* close(): finish the stream.  Returns the decoder's error. */
+int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r = 0;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh && v->stream && !v->err &&
+        vmdk_stream_position(v->stream) == 0) {
+        /* Nothing written yet: a close of a duplicate (dd does
+         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
+    } else if (v->writer == fh && v->stream) {
+        if (v->err)
+            r = -v->err;
+        else if ((r = vmdk_stream_finish(v->stream)) < 0)
+            r = fail_locked(fs, v, r);
+        else {
+            struct vmdk_stream_stats st;
+            vmdk_stream_stats(v->stream, &st);
+            log_info("%s: VMDK received, %" PRIu64 " bytes, %" PRIu64
+                     " grains (%" PRIu64 " zero bytes not sent)",
+                     fs->vmdk_name, v->file_size, st.grains, v->skipped_zero);
+        }
+        vmdk_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+void vmdkview_release(struct fs *fs, struct fs_fh *fh)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh) {
+        /* Closed without a flush reaching us (cannot normally happen). */
+        vmdk_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    vmdk_synth_free(fh->vmdk_synth);
+    fh->vmdk_synth = NULL;
+}
