@@ -14,7 +14,7 @@
  *            (GRAIN: collect size bytes, inflate, place at its LBA; PAD to
  *            the next sector), size == 0 a metadata sector (META: GT/GD
  *            payloads skipped, FOOTER checked, EOS ends the stream).
- *   END      after the end-of-stream marker: bytes are dropped.
+ *   END      after the end-of-stream marker: only zeros may follow.
  *
  * Input may be "zeros" (buf == NULL) for gaps and holes; they are never
  * materialized except into the small collection buffers.
@@ -378,7 +378,8 @@ static int pre_done(struct vmdk_stream *s)
     }
     if (!s->gd_done || s->gt_cur < s->ngtlocs)
         return fail(s, -EINVAL, "grain directory or tables incomplete");
-    qsort(s->grains, s->nalloc, sizeof *s->grains, cmp_grain);
+    if (s->nalloc)
+        qsort(s->grains, s->nalloc, sizeof *s->grains, cmp_grain);
     for (uint64_t i = 1; i < s->nalloc; i++)
         if ((uint64_t) s->grains[i].sector * VMDK_SECTOR <
             (uint64_t) s->grains[i - 1].sector * VMDK_SECTOR + s->grain_bytes)
@@ -542,11 +543,17 @@ static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
         return fail(s, -EINVAL, "grain for LBA %" PRIu64 " (marker at byte %"
                     PRIu64 "): deflate data corrupt or longer than the grain",
                     s->glba, s->gat);
-    bool last = s->glba + s->h.grain_size >= s->h.capacity;
-    if ((uint64_t) n != s->grain_bytes && (!last || n == 0))
+    /* Only the disk's last grain may be short, and only by less than a
+     * sector past the capacity's end (VMDKstream compresses what remains
+     * of a source file whose size is not a multiple of 512). */
+    uint64_t need = s->grain_bytes;
+    if (s->glba + s->h.grain_size >= s->h.capacity)
+        need = (s->h.capacity - s->glba) * VMDK_SECTOR - (VMDK_SECTOR - 1);
+    if ((uint64_t) n < need)
         return fail(s, -EINVAL, "grain for LBA %" PRIu64 " (marker at byte %"
                     PRIu64 ") inflates to %" PRId64 " bytes, not %" PRIu64,
-                    s->glba, s->gat, n, s->grain_bytes);
+                    s->glba, s->gat, n, need == s->grain_bytes
+                    ? s->grain_bytes : need + VMDK_SECTOR - 1);
     s->stats.grains++;
     s->stats.compressed_bytes += s->cneed;
     return emit(s, s->glba * VMDK_SECTOR, s->gbuf, (uint64_t) n);
@@ -671,6 +678,22 @@ static int64_t step_skip(struct vmdk_stream *s, uint64_t len)
     return (int64_t) min64(len, s->skip_end - s->pos);
 }
 
+/* After the end-of-stream marker only zeros may follow (qemu-img pads its
+ * files): anything else means a zero sector was taken for the EOS marker
+ * in the middle of the grains, and the grains after it would be lost. */
+static int64_t step_end(struct vmdk_stream *s, const uint8_t *buf,
+                        uint64_t len)
+{
+    if (buf && !vmdk_all_zero(buf, (size_t) len)) {
+        const uint8_t *p = buf;
+        while (!*p)
+            p++;
+        return fail(s, -EINVAL, "data at byte %" PRIu64 " after the "
+                    "end-of-stream marker", s->pos + (uint64_t) (p - buf));
+    }
+    return (int64_t) len;
+}
+
 /* ---- driving ------------------------------------------------------------------ */
 
 static int64_t step(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
@@ -684,7 +707,7 @@ static int64_t step(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
     case ST_SKIP:   return step_skip(s, len);
     case ST_META:
     case ST_FOOTER: return step_sector(s, buf, len);
-    case ST_END:    return (int64_t) len;
+    case ST_END:    return step_end(s, buf, len);
     }
     return fail(s, -EINVAL, "internal: bad state");
 }

@@ -171,7 +171,10 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
  *
  * streamOptimized: grains may come in any LBA order; GT/GD markers are
  *   skipped (the markers' LBAs are the map); the footer is checked against
- *   the header; the stream ends with an end-of-stream marker.
+ *   the header; the stream ends with an end-of-stream marker, after which
+ *   only zeros may follow (qemu-img pads its files).  Only the disk's last
+ *   grain may inflate to less than a grain, and by less than a sector
+ *   short of the capacity.
  * monolithicSparse: grains may be stored in any file order, all after the
  *   overhead; each grain's file offset is mapped back to its LBA through
  *   the grain tables, which must lie (with the directory) in the overhead.

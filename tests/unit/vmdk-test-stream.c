@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <libdeflate.h>
+
 #include "vmdk/vmdk.h"
 
 #define CHECK(cond) do { if (!(cond)) { \
@@ -363,6 +365,26 @@ static void test_stream_surgery(const uint8_t *f, size_t len,
             memcpy(c + rec[i].off, f + rec[i].off + 1024, len - rec[i].off - 1024);
             decode_bad("no footer", c, len - 1024, "no footer", true);
         }
+    /* A zeroed grain record reads as an end-of-stream marker: the grains
+     * after it must not be silently dropped. */
+    memcpy(c, f, len);
+    memset(c + rec[3].off, 0, rec[3].len);
+    decode_bad("zeroed grain", c, len, "after the end-of-stream marker", true);
+    /* A grain that inflates short and is not the disk's last. */
+    {
+        struct libdeflate_compressor *z = libdeflate_alloc_compressor(6);
+        uint8_t *small = calloc(1, 1000);
+        memcpy(c, f, len);
+        memset(c + rec[2].off, 0, rec[2].len);
+        size_t zn = libdeflate_zlib_compress(z, small, 1000, c + rec[2].off + 12,
+                                             rec[2].len - 12);
+        uint32_t zs = (uint32_t) zn;
+        memcpy(c + rec[2].off, &rec[2].lba, 8);
+        memcpy(c + rec[2].off + 8, &zs, 4);
+        decode_bad("short grain", c, len, "inflates to 1000 bytes", true);
+        free(small);
+        libdeflate_free_compressor(z);
+    }
     /* Truncated: no end-of-stream marker; every cut fails at finish. */
     static const size_t cuts[] = { 100, 511, 513, 65536, 70000, 1 << 20 };
     for (unsigned i = 0; i < sizeof cuts / sizeof *cuts; i++)
@@ -515,6 +537,28 @@ static void test_synth(const uint8_t *raw)
            "and vmdkinfo agree\n", fsize, ng);
 }
 
+/* VMDKstream of a file whose size is not a multiple of 512: the last
+ * grain inflates to the file's remaining bytes, short of the capacity. */
+static void test_short_last_grain(void)
+{
+    uint8_t *raw = malloc(100000);
+    uint64_t x = 5;
+    for (size_t i = 0; i < 100000; i++)
+        raw[i] = (uint8_t) rnd(&x);
+    save("odd.raw", raw, 100000);
+    sh("cd %s && /usr/bin/python3 -c 'import VMDKstream; "
+       "VMDKstream.convert_to_stream(\"odd.raw\", \"odd.vmdk\")'", dir);
+    size_t len;
+    uint8_t *f = load("odd.vmdk", &len);
+    uint8_t *padded = calloc(1, 100352);
+    memcpy(padded, raw, 100000);
+    decode_ok("vmdkstream, 100000-byte source", f, len, padded, 100352,
+              VMDK_STREAM_OPTIMIZED);
+    free(padded);
+    free(f);
+    free(raw);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -538,6 +582,7 @@ int main(void)
         free(f);
     }
     test_synth(raw);
+    test_short_last_grain();
     sh("rm -rf %s", dir);
     free(raw);
     printf("vmdk-test-stream: ok\n");
