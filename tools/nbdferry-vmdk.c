@@ -152,7 +152,7 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
     return write_at(d, off, buf, len);
 }
 
-static const struct vmdk_sink sink = { d_begin, d_data };
+static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
 
 /* Stream the whole input into s.  0, or the exit status. */
 static int feed_all(struct vmdk_stream *s, int fd, const char *path)

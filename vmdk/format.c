@@ -403,3 +403,25 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
         libdeflate_zlib_decompress(z->d, in, len, out, cap, &n);
     return r == LIBDEFLATE_SUCCESS ? (int64_t) n : -EINVAL;
 }
+
+int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
+                           void *out, struct vmdk_err *err)
+{
+    uint64_t lba = g->disk_off / VMDK_SECTOR;
+    int64_t n = vmdk_inflate(z, g->cdata, g->clen, out, g->grain_bytes);
+
+    if (n < 0)
+        return vmdk_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
+                         "byte %" PRIu64 "): deflate data corrupt or longer "
+                         "than the grain", lba, g->file_off);
+    if ((uint64_t) n < g->min_len)
+        return vmdk_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
+                         "byte %" PRIu64 ") inflates to %" PRId64 " bytes, "
+                         "not %zu", lba, g->file_off, n,
+                         g->min_len == g->grain_bytes
+                         ? g->grain_bytes : g->min_len + VMDK_SECTOR - 1);
+    if (g->disk_off >= g->capacity)
+        return 0;
+    return (uint64_t) n < g->capacity - g->disk_off
+           ? n : (int64_t) (g->capacity - g->disk_off);
+}

@@ -538,25 +538,32 @@ static void skip_to(struct vmdk_stream *s, uint64_t end)
 
 static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
 {
-    int64_t n = vmdk_inflate(s->z, cdata, s->cneed, s->gbuf, s->grain_bytes);
-    if (n < 0)
-        return fail(s, -EINVAL, "grain for LBA %" PRIu64 " (marker at byte %"
-                    PRIu64 "): deflate data corrupt or longer than the grain",
-                    s->glba, s->gat);
+    struct vmdk_grain g = {
+        .disk_off = s->glba * VMDK_SECTOR, .file_off = s->gat,
+        .cdata = cdata, .clen = (size_t) s->cneed,
+        .grain_bytes = (size_t) s->grain_bytes,
+        .min_len = (size_t) s->grain_bytes, .capacity = s->capacity,
+    };
     /* Only the disk's last grain may be short, and only by less than a
      * sector past the capacity's end (VMDKstream compresses what remains
      * of a source file whose size is not a multiple of 512). */
-    uint64_t need = s->grain_bytes;
     if (s->glba + s->h.grain_size >= s->h.capacity)
-        need = (s->h.capacity - s->glba) * VMDK_SECTOR - (VMDK_SECTOR - 1);
-    if ((uint64_t) n < need)
-        return fail(s, -EINVAL, "grain for LBA %" PRIu64 " (marker at byte %"
-                    PRIu64 ") inflates to %" PRId64 " bytes, not %" PRIu64,
-                    s->glba, s->gat, n, need == s->grain_bytes
-                    ? s->grain_bytes : need + VMDK_SECTOR - 1);
+        g.min_len = (size_t) ((s->h.capacity - s->glba) * VMDK_SECTOR -
+                              (VMDK_SECTOR - 1));
     s->stats.grains++;
     s->stats.compressed_bytes += s->cneed;
-    return emit(s, s->glba * VMDK_SECTOR, s->gbuf, (uint64_t) n);
+    if (s->sink->grain) {             /* the caller inflates */
+        int r = s->sink->grain(s->opaque, &g);
+        if (r < 0)
+            return fail(s, r, "grain for LBA %" PRIu64 " (marker at byte %"
+                        PRIu64 "): %s", s->glba, s->gat, strerror(-r));
+        return 0;
+    }
+    struct vmdk_err e = { "" };
+    int64_t n = vmdk_grain_inflate(s->z, &g, s->gbuf, &e);
+    if (n < 0)
+        return fail(s, (int) n, "%s", e.msg);
+    return n ? emit(s, g.disk_off, s->gbuf, (uint64_t) n) : 0;
 }
 
 static int64_t step_grain(struct vmdk_stream *s, const uint8_t *buf,

@@ -145,6 +145,26 @@ void vmdk_inflater_free(struct vmdk_inflater *z);
 int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
                      void *out, size_t cap);
 
+/* A compressed grain of a streamOptimized file, as the decoder found it
+ * (LBA checked: aligned, inside the capacity, not seen before). */
+struct vmdk_grain {
+    uint64_t disk_off;                            /* LBA * 512 */
+    uint64_t file_off;                            /* of its marker */
+    const void *cdata;                            /* the zlib stream */
+    size_t clen;
+    size_t grain_bytes;                           /* room to inflate into */
+    size_t min_len;                               /* must inflate to >= this */
+    uint64_t capacity;                            /* place nothing past it */
+};
+
+/* Inflate g into out (g->grain_bytes bytes) and apply the grain rules:
+ * valid zlib data with a correct checksum, no longer than a grain, and at
+ * least g->min_len (a grain; only the disk's last may be shorter, by less
+ * than a sector).  Returns the bytes to place at g->disk_off (clipped to
+ * the capacity), or -EINVAL with a message in err. */
+int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
+                           void *out, struct vmdk_err *err);
+
 /* ---- forward-only stream decoder ------------------------------------------ */
 
 /* The decoder turns a VMDK file arriving in file order (cp, dd, cat, a
@@ -168,6 +188,12 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
  *   inside a grain) are NOT emitted.
  * data(disk_off, buf, len): place these bytes; buf is valid during the call
  *   only.  Never outside [0, capacity); each disk byte at most once.
+ * grain(g): optional.  If set, each streamOptimized grain is handed over
+ *   compressed instead of inflated and placed through data(), so that the
+ *   caller can inflate grains on several threads with vmdk_grain_inflate()
+ *   (grains are independent).  g->cdata is valid during the call only.  The
+ *   decoder then cannot see a grain's inflate errors: the caller must
+ *   report them (at close, for the view).
  *
  * streamOptimized: grains may come in any LBA order; GT/GD markers are
  *   skipped (the markers' LBAs are the map); the footer is checked against
@@ -182,6 +208,7 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
 struct vmdk_sink {
     int (*begin)(void *opaque, enum vmdk_kind kind, uint64_t capacity);
     int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
+    int (*grain)(void *opaque, const struct vmdk_grain *g);
 };
 struct vmdk_stream;
 

@@ -113,7 +113,7 @@ static void synth(const uint8_t *data, size_t size)
         abort();
     vmdk_synth_free(s);
 
-    static const struct vmdk_sink sk = { o_begin, o_data };
+    static const struct vmdk_sink sk = { .begin = o_begin, .data = o_data };
     struct vmdk_stream *st;
     if (vmdk_stream_new(&sk, NULL, &st) < 0)
         abort();

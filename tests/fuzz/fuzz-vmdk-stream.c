@@ -56,7 +56,7 @@ static int s_data(void *o, uint64_t off, const void *buf, size_t len)
     return 0;
 }
 
-static const struct vmdk_sink sink = { s_begin, s_data };
+static const struct vmdk_sink sink = { .begin = s_begin, .data = s_data };
 
 static uint32_t next(uint32_t *x)
 {
