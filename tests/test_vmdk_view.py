@@ -504,3 +504,19 @@ def test_export_follows_zero_maps(server, mount, tmp_path):
     out, _ = export_checks(m, srv, tmp_path, export)
     assert [lba for lba, _ in split_stream(out.read_bytes())[1]] == \
         [9 * MiB // 512]
+
+
+def test_export_size_with_fragmented_data(server, mount, tmp_path):
+    """The size stat reports (counted from the zero maps) equals the file
+    read, with extents sharing grains and crossing grain-table bounds."""
+    export = 80 * MiB
+    srv = server("memory", f"size={export}")
+    m = mount(srv)
+    spots = [100, 1000, 70000, 32 * MiB - 10, 64 * MiB - 3, 70 * MiB]
+    with open(m.file, "r+b") as f:
+        for off in spots:
+            f.seek(off)
+            f.write(b"y" * 20)
+    out, disk = export_checks(m, srv, tmp_path, export)
+    lbas = sorted({off // GRAIN for o in spots for off in (o, o + 19)})
+    assert [lba // 128 for lba, _ in split_stream(out.read_bytes())[1]] == lbas

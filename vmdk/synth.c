@@ -193,7 +193,22 @@ int vmdk_synth_seal(struct vmdk_synth *s)
 uint64_t vmdk_synth_file_size(const struct vmdk_synth *s)
 {
     assert(s->sealed);
+    assert(s->end * VMDK_SECTOR ==
+           vmdk_synth_size(s->disk_size, s->nalloc, s->ngtlist));
     return s->end * VMDK_SECTOR;
+}
+
+uint64_t vmdk_synth_size(uint64_t disk_size, uint64_t grains, uint64_t tables)
+{
+    uint64_t ngrains = vmdk_div_up(disk_size, G_BYTES);
+    if (disk_size == 0 || ngrains > VMDK_MAX_GRAINS)
+        return 0;
+    uint64_t gd_sectors = vmdk_div_up(vmdk_div_up(ngrains, GTES) * 4,
+                                      VMDK_SECTOR);
+    /* Overhead, grains, tables with markers, GD marker + GD, footer
+     * marker + footer, EOS: the layout of build_tables(). */
+    return (OVERHEAD + grains * GRAIN_SECT + tables * (1 + GT_SECT) +
+            1 + gd_sectors + 2 + 1) * VMDK_SECTOR;
 }
 
 uint64_t vmdk_synth_grains_allocated(const struct vmdk_synth *s)

@@ -291,6 +291,13 @@ int vmdk_synth_seal(struct vmdk_synth *s);
 
 /* Size of the synthesized file (sealed). */
 uint64_t vmdk_synth_file_size(const struct vmdk_synth *s);
+
+/* The same size without a synthesizer (no memory per grain): for a disk of
+ * disk_size bytes with 'grains' allocated 64 KiB grains spread over
+ * 'tables' grain tables (512 grains, 32 MiB of disk each).  0 if
+ * disk_size is 0 or past the limit. */
+uint64_t vmdk_synth_size(uint64_t disk_size, uint64_t grains, uint64_t tables);
+#define VMDK_SYNTH_TABLE_BYTES (512ull * VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR)
 uint64_t vmdk_synth_grains_allocated(const struct vmdk_synth *s);
 
 /* Fill buf with the file's bytes [off, off+len) (clipped to the file size;
