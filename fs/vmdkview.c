@@ -388,13 +388,18 @@ static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
 {
     struct fs *fs = opaque;
 
-    if (capacity > fs->export_size) {
+    /* A capacity is whole sectors: an export whose size is not a multiple
+     * of 512 takes a VMDK of itself back (place() checks the tail). */
+    if (capacity > fs->export_size &&
+        capacity - fs->export_size >= VMDK_SECTOR) {
         log_err("%s: the VMDK's disk is %" PRIu64 " bytes, larger than the "
                 "export (%" PRIu64 "): nothing written", fs->vmdk_name,
                 capacity, fs->export_size);
         fs->vmdk->logged = true;
         return -ENOSPC;
     }
+    if (capacity > fs->export_size)
+        capacity = fs->export_size;
     log_info("%s: receiving a %s VMDK, disk size %" PRIu64, fs->vmdk_name,
              kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
                                            : "monolithicSparse", capacity);
@@ -411,6 +416,15 @@ static bool all_zero(const void *p, size_t n)
 /* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
 static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
 {
+    if (off + len > fs->export_size) {
+        /* The last sector's bytes past an export that ends mid-sector
+         * (begin() allowed that): they must be zero. */
+        size_t keep = off < fs->export_size ? (size_t) (fs->export_size - off)
+                                            : 0;
+        if (!all_zero((const char *) buf + keep, len - keep))
+            return -ENOSPC;
+        len = keep;
+    }
     if (all_zero(buf, len))           /* reads as zero since begin() */
         return 0;
     ssize_t r = pool_write(fs->pool, off, buf, len);

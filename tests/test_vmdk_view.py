@@ -520,3 +520,25 @@ def test_export_size_with_fragmented_data(server, mount, tmp_path):
     out, disk = export_checks(m, srv, tmp_path, export)
     lbas = sorted({off // GRAIN for o in spots for off in (o, o + 19)})
     assert [lba // 128 for lba, _ in split_stream(out.read_bytes())[1]] == lbas
+
+
+def test_export_size_not_sector_multiple_round_trip(server, mount, tmp_path):
+    """An export that ends mid-sector: its VMDK's capacity is rounded up
+    to whole sectors, and it lands back (the rounding bytes are zero);
+    a VMDK with data in those bytes does not fit."""
+    export = 3 * MiB + 100
+    srv, old = random_export(server, export)
+    m = mount(srv)
+    out, disk = export_checks(m, srv, tmp_path, export)
+    assert disk == old
+    srv2, _ = random_export(server, export)
+    m2 = mount(srv2, expect_errors=True)
+    land(m2, out, "cp")
+    assert sha256_nbd(srv2.uri) == hashlib.sha256(old).hexdigest()
+    assert os.stat(m2.file).st_size == export
+    # A disk with non-zero bytes in the rounding: refused at that grain.
+    big = tmp_path / "big.raw"
+    big.write_bytes(old + b"z" * 412)
+    r = copy_into("cp", vmdkstream(big, tmp_path / "big.vmdk"),
+                  m2.mp / "nbd.vmdk")
+    assert r.returncode != 0 and "No space left" in r.stderr, r.stderr
