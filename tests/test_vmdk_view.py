@@ -23,8 +23,6 @@ import os
 import random
 import shutil
 import struct
-import subprocess
-import zlib
 
 import pytest
 
@@ -123,13 +121,6 @@ def land(m, vmdk, tool="cp"):
     assert r.returncode == 0, (
         f"{tool} {vmdk.name} -> nbd.vmdk exited {r.returncode}: {r.stderr}\n"
         f"daemon stderr:\n{m.stderr[-3000:]}")
-
-
-def vmdk_errors(m):
-    return [l for l in m.stderr.splitlines() if "nbd.vmdk:" in l and
-            ("error" in l.lower() or "refused" in l.lower() or
-             "ended" in l or "larger" in l or ":" in l.split("nbd.vmdk:")[1])
-            and "receiving" not in l and "received" not in l]
 
 
 def random_export(server, size):

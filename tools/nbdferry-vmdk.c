@@ -304,6 +304,103 @@ static int run_decode(const char *path, struct decode *d,
     return r;
 }
 
+static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    while (len) {
+        ssize_t n = pread(fd, buf, len, (off_t) off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        buf = (uint8_t *) buf + n, off += (uint64_t) n, len -= (size_t) n;
+    }
+    return 0;
+}
+
+/* Parse the file the way qemu reads it (grain directory and tables) and,
+ * for streamOptimized, check that every table entry points at a marker
+ * for its own LBA and that tables and markers list the same number of
+ * grains.  0, EXIT_INVALID or EXIT_USAGE. */
+static int cross_check(const char *path, uint64_t markers)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct vmdk_image *img = NULL;
+    struct vmdk_err e = { "" };
+    struct stat st;
+    uint8_t sec[VMDK_SECTOR], *buf = NULL;
+    uint64_t off, grains = 0;
+    size_t len;
+    int r = EXIT_USAGE;
+
+    if (fd < 0 || fstat(fd, &st) < 0 || pread_full(fd, sec, sizeof sec, 0))
+        goto out;
+    if ((r = vmdk_image_new(sec, (uint64_t) st.st_size, &img, &e)) == -EFBIG) {
+        printf("note: %s; tables not cross-checked\n", e.msg);
+        r = 0;
+        goto out;
+    }
+    while (r == 0 && (r = vmdk_image_next(img, &off, &len)) > 0) {
+        uint8_t *b = realloc(buf, len ? len : 1);
+        if (!b || pread_full(fd, b, len, off) < 0) {
+            free(b ? b : buf), buf = NULL;
+            r = -EIO;
+            break;
+        }
+        buf = b;
+        r = vmdk_image_supply(img, buf, &e);
+    }
+    if (r < 0) {
+        msg("%s: read as qemu does (through the tables): %s", path,
+            e.msg[0] ? e.msg : strerror(-r));
+        r = EXIT_INVALID;
+        goto out;
+    }
+    const struct vmdk_header *h = vmdk_image_header(img);
+    if (h->flags & VMDK_FLAG_MARKERS) {
+        uint64_t cap = h->capacity * VMDK_SECTOR;
+        for (uint64_t d = 0; d < cap; ) {
+            struct vmdk_place p;
+            uint8_t m[16];
+            uint64_t lba;
+            uint32_t size;
+            vmdk_image_lookup(img, d, &p);
+            if (p.src == VMDK_SRC_MARKER) {
+                grains++;
+                if (pread_full(fd, m, 12, p.file_off) < 0)
+                    lba = UINT64_MAX, size = 0;
+                else
+                    vmdk_marker_decode(m, &lba, &size);
+                if (lba != d / VMDK_SECTOR || size == 0) {
+                    msg("%s: the grain table entry for LBA %" PRIu64 " points "
+                        "at byte %" PRIu64 ", which is not its grain marker: "
+                        "qemu would read another disk", path,
+                        d / VMDK_SECTOR, p.file_off);
+                    r = EXIT_INVALID;
+                    goto out;
+                }
+            }
+            d += p.len;
+        }
+        if (grains != markers) {
+            msg("%s: the grain tables list %" PRIu64 " grains, the stream "
+                "has %" PRIu64 " grain markers", path, grains, markers);
+            r = EXIT_INVALID;
+            goto out;
+        }
+    }
+    printf("tables: agree with the %s\n", h->flags & VMDK_FLAG_MARKERS
+           ? "grain markers" : "stream decode");
+    r = 0;
+out:
+    if (r == EXIT_USAGE)
+        msg("%s: %s", path, strerror(errno));
+    vmdk_image_free(img);
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
 static int cmd_check(const char *path)
 {
     struct decode d = { .path = path, .out_fd = -1 };
@@ -322,6 +419,9 @@ static int cmd_check(const char *path)
     else
         printf(", %" PRIu64 " zero grains", st.zero_grains);
     printf("\n");
+    struct stat sb;
+    if (strcmp(path, "-") != 0 && stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+        return cross_check(path, st.grains);
     return 0;
 }
 

@@ -404,6 +404,27 @@ int64_t vmdk_inflate(struct vmdk_inflater *z, const void *in, size_t len,
     return r == LIBDEFLATE_SUCCESS ? (int64_t) n : -EINVAL;
 }
 
+void vmdk_grain_init(struct vmdk_grain *g, const struct vmdk_header *h,
+                     uint64_t lba, uint64_t file_off, const void *cdata,
+                     size_t clen)
+{
+    uint64_t grain = vmdk_header_grain_bytes(h);
+
+    g->disk_off = lba * VMDK_SECTOR;
+    g->file_off = file_off;
+    g->cdata = cdata;
+    g->clen = clen;
+    g->grain_bytes = (size_t) grain;
+    g->capacity = h->capacity * VMDK_SECTOR;
+    /* Only the disk's last grain may be short, and only by less than a
+     * sector past the capacity's end (VMDKstream compresses what remains
+     * of a source file whose size is not a multiple of 512). */
+    g->min_len = (size_t) grain;
+    if (lba + h->grain_size >= h->capacity)
+        g->min_len = (size_t) ((h->capacity - lba) * VMDK_SECTOR -
+                               (VMDK_SECTOR - 1));
+}
+
 int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
                            void *out, struct vmdk_err *err)
 {

@@ -538,18 +538,9 @@ static void skip_to(struct vmdk_stream *s, uint64_t end)
 
 static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
 {
-    struct vmdk_grain g = {
-        .disk_off = s->glba * VMDK_SECTOR, .file_off = s->gat,
-        .cdata = cdata, .clen = (size_t) s->cneed,
-        .grain_bytes = (size_t) s->grain_bytes,
-        .min_len = (size_t) s->grain_bytes, .capacity = s->capacity,
-    };
-    /* Only the disk's last grain may be short, and only by less than a
-     * sector past the capacity's end (VMDKstream compresses what remains
-     * of a source file whose size is not a multiple of 512). */
-    if (s->glba + s->h.grain_size >= s->h.capacity)
-        g.min_len = (size_t) ((s->h.capacity - s->glba) * VMDK_SECTOR -
-                              (VMDK_SECTOR - 1));
+    struct vmdk_grain g;
+
+    vmdk_grain_init(&g, &s->h, s->glba, s->gat, cdata, (size_t) s->cneed);
     s->stats.grains++;
     s->stats.compressed_bytes += s->cneed;
     if (s->sink->grain) {             /* the caller inflates */

@@ -157,6 +157,12 @@ struct vmdk_grain {
     uint64_t capacity;                            /* place nothing past it */
 };
 
+/* Fill g for the grain at lba (aligned, < capacity) of a file with header
+ * h, its marker at file_off, compressed bytes cdata/clen. */
+void vmdk_grain_init(struct vmdk_grain *g, const struct vmdk_header *h,
+                     uint64_t lba, uint64_t file_off, const void *cdata,
+                     size_t clen);
+
 /* Inflate g into out (g->grain_bytes bytes) and apply the grain rules:
  * valid zlib data with a correct checksum, no longer than a grain, and at
  * least g->min_len (a grain; only the disk's last may be shorter, by less
@@ -164,6 +170,59 @@ struct vmdk_grain {
  * the capacity), or -EINVAL with a message in err. */
 int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
                            void *out, struct vmdk_err *err);
+
+/* ---- a whole file, parsed from caller-read pieces (random access) -------- */
+
+/* Parse a VMDK file without doing I/O, as qemu reads one: through the
+ * grain directory and tables.  Typical loop:
+ *
+ *     vmdk_image_new(first_512_bytes, file_size, &img, &e);
+ *     while ((r = vmdk_image_next(img, &off, &len)) > 0) {
+ *         pread(fd, buf, len, off);
+ *         if ((r = vmdk_image_supply(img, buf, &e)) < 0) break;
+ *     }
+ *
+ * Requests, in order: the descriptor; for a header whose directory is at
+ * the end (GD_AT_END), the last 1536 bytes (footer marker, footer, EOS
+ * marker, where qemu looks); the grain directory; each grain table in
+ * directory order.  Then every grain table entry is checked: inside the
+ * file, after the overhead, and for monolithicSparse no two grains
+ * overlapping.  The stream decoder trusts a streamOptimized file's grain
+ * markers instead; comparing the two finds files where they disagree
+ * (nbdferry-vmdk check does).  Memory: 4 bytes per grain of the disk,
+ * hence a limit (-EFBIG past it; the stream decoder has none so low). */
+#define VMDK_IMAGE_MAX_GRAINS (1u << 25)          /* 2 TiB at 64 KiB grains */
+struct vmdk_image;
+
+int vmdk_image_new(const void *sector0, uint64_t file_size,
+                   struct vmdk_image **out, struct vmdk_err *err);
+/* 1 and (*off, *len): supply these bytes next; 0: parsing complete. */
+int vmdk_image_next(const struct vmdk_image *img, uint64_t *off, size_t *len);
+/* buf holds exactly the *len bytes last requested. */
+int vmdk_image_supply(struct vmdk_image *img, const void *buf,
+                      struct vmdk_err *err);
+void vmdk_image_free(struct vmdk_image *img);
+const struct vmdk_header *vmdk_image_header(const struct vmdk_image *img);
+
+enum vmdk_source {
+    VMDK_SRC_ZERO,                /* unallocated or zeroed grain */
+    VMDK_SRC_FILE,                /* raw grain data at file_off */
+    VMDK_SRC_MARKER,              /* compressed grain: its marker at file_off */
+};
+struct vmdk_place {
+    enum vmdk_source src;
+    uint64_t file_off;
+    uint64_t len;                 /* bytes from disk_off (to the grain's end
+                                   * or the capacity) */
+};
+/* Where does disk byte disk_off (< capacity) live?  -EINVAL if out of
+ * range or parsing is not complete. */
+int vmdk_image_lookup(const struct vmdk_image *img, uint64_t disk_off,
+                      struct vmdk_place *out);
+
+/* Decode a grain marker's first 12 bytes: *lba and *size (compressed
+ * bytes, 0 for a metadata marker). */
+void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
 
 /* ---- forward-only stream decoder ------------------------------------------ */
 

@@ -4,6 +4,8 @@
  * Input: a VMDK file (sector 0 a header, the rest a descriptor).  Oracles:
  *   - a header that decodes re-encodes to a header that decodes the same;
  *   - every refusal has a message;
+ *   - the random-access parser asks only for bytes inside the file and
+ *     places grains inside it;
  *   - the synthesizer, driven by the input (disk size up to 2 MiB, ranges
  *     from the input's bytes), produces a file the stream decoder accepts
  *     and that decodes to the disk (allocated ranges, zeros elsewhere).
@@ -47,6 +49,48 @@ static void parse(const uint8_t *data, size_t size)
     if (vmdk_desc_parse((const char *) data + 512, size - 512, &h, &d, &e) < 0
         && !e.msg[0])
         abort();
+}
+
+/* ---- random-access parser: requests and places stay inside the file ------ */
+
+static void image(const uint8_t *data, size_t size)
+{
+    struct vmdk_image *img;
+    struct vmdk_err e = { "" };
+    uint64_t off;
+    size_t n;
+    int r;
+
+    if (size < 512)
+        return;
+    if (vmdk_image_new(data, size, &img, &e) < 0) {
+        if (!e.msg[0])
+            abort();
+        return;
+    }
+    while ((r = vmdk_image_next(img, &off, &n)) > 0) {
+        if (off > size || n > size - off)
+            abort();                    /* asked for bytes past the end */
+        if ((r = vmdk_image_supply(img, data + off, &e)) < 0)
+            break;
+    }
+    if (r < 0 && !e.msg[0])
+        abort();
+    if (r == 0) {
+        const struct vmdk_header *h = vmdk_image_header(img);
+        uint64_t cap = h->capacity * 512, step = cap / 64 + 1;
+        for (uint64_t d = 0; d < cap; d += step) {
+            struct vmdk_place p;
+            if (vmdk_image_lookup(img, d, &p) < 0 || p.len == 0 ||
+                p.len > cap - d)
+                abort();
+            if ((p.src == VMDK_SRC_FILE && (p.file_off > size ||
+                                            p.len > size - p.file_off)) ||
+                (p.src == VMDK_SRC_MARKER && p.file_off + 12 > size))
+                abort();
+        }
+    }
+    vmdk_image_free(img);
 }
 
 /* ---- synthesizer round trip ---------------------------------------------- */
@@ -137,6 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         file = malloc(4 * SYNTH_MAX);
     }
     parse(data, size);
+    image(data, size);
     synth(data, size);
     return 0;
 }

@@ -13,7 +13,6 @@ order, a zeroed-grain entry; plus a few broken ones.
 fuzz-vmdk-parse seeds are the files; fuzz-vmdk-stream seeds carry a 4-byte
 prefix that drives how the file is cut into writes and holes.
 """
-import os
 import struct
 import sys
 import zlib

@@ -290,6 +290,90 @@ static uint8_t *dup_buf(const uint8_t *f, size_t len)
     return c;
 }
 
+/* ---- the random-access parser, independent of the stream decoder ------ */
+
+/* Parse f with the image API; decode the disk into out (capacity bytes)
+ * through lookups, inflating marker grains.  0 or -errno, e set. */
+static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
+                        uint64_t *capacity, struct vmdk_err *e)
+{
+    struct vmdk_image *img;
+    static struct vmdk_inflater *z;
+    static uint8_t gbuf[1 << 20];
+    uint64_t off;
+    size_t n;
+    int r;
+
+    if (!z)
+        CHECK(vmdk_inflater_new(&z) == 0);
+    if (len < 512 || (r = vmdk_image_new(f, len, &img, e)) < 0)
+        return len < 512 ? -EINVAL : r;
+    while ((r = vmdk_image_next(img, &off, &n)) > 0) {
+        CHECK(off + n <= len);
+        if ((r = vmdk_image_supply(img, f + off, e)) < 0)
+            break;
+    }
+    const struct vmdk_header *h = vmdk_image_header(img);
+    *capacity = h->capacity * 512;
+    for (uint64_t d = 0; r == 0 && d < *capacity; ) {
+        struct vmdk_place p;
+        CHECK(vmdk_image_lookup(img, d, &p) == 0 && p.len > 0);
+        if (p.src == VMDK_SRC_ZERO)
+            memset(out + d, 0, p.len);
+        else if (p.src == VMDK_SRC_FILE)
+            memcpy(out + d, f + p.file_off, p.len);
+        else {
+            uint64_t lba;
+            uint32_t size;
+            CHECK(p.file_off + 12 <= len);
+            vmdk_marker_decode(f + p.file_off, &lba, &size);
+            CHECK(lba * 512 == d && size > 0 && p.file_off + 12 + size <= len);
+            struct vmdk_grain g;
+            vmdk_grain_init(&g, h, lba, p.file_off, f + p.file_off + 12, size);
+            memset(gbuf, 0, g.grain_bytes);
+            int64_t k = vmdk_grain_inflate(z, &g, gbuf, e);
+            CHECK(k >= 0);
+            memcpy(out + d, gbuf, p.len);
+        }
+        d += p.len;
+    }
+    vmdk_image_free(img);
+    return r;
+}
+
+static void image_ok(const char *name, const uint8_t *f, size_t len,
+                     const uint8_t *raw, size_t raw_len)
+{
+    struct vmdk_err e = { "" };
+    uint64_t cap = 0;
+    uint8_t *out = malloc(raw_len + 65536);
+    int r = image_decode(f, len, out, &cap, &e);
+    if (r != 0) {
+        fprintf(stderr, "%s: image parse: %d %s\n", name, r, e.msg);
+        abort();
+    }
+    CHECK(cap == (raw_len + 511) / 512 * 512);
+    CHECK(memcmp(out, raw, raw_len) == 0 && zero(out + raw_len, cap - raw_len));
+    free(out);
+    printf("  %s: random-access parse agrees\n", name);
+}
+
+static void image_bad(const char *what, const uint8_t *f, size_t len,
+                      const char *needle)
+{
+    struct vmdk_err e = { "" };
+    uint64_t cap;
+    uint8_t *out = malloc(64u << 20);
+    int r = image_decode(f, len, out, &cap, &e);
+    if (r == 0 || !strstr(e.msg, needle)) {
+        fprintf(stderr, "image %s: got %d \"%s\", wanted \"%s\"\n", what, r,
+                e.msg, needle);
+        abort();
+    }
+    printf("  image refused (%s): %s\n", what, e.msg);
+    free(out);
+}
+
 /* ---- streamOptimized surgery -------------------------------------------- */
 
 struct rec { size_t off, len; uint64_t lba; bool grain; uint32_t type; };
@@ -382,6 +466,7 @@ static void test_stream_surgery(const uint8_t *f, size_t len,
             memcpy(c, f, rec[i].off);
             memcpy(c + rec[i].off, f + rec[i].off + 1024, len - rec[i].off - 1024);
             decode_bad("no footer", c, len - 1024, "no footer", true);
+            image_bad("no footer", c, len - 1024, "does not end with footer");
         }
     /* A zeroed grain record reads as an end-of-stream marker: the grains
      * after it must not be silently dropped. */
@@ -446,6 +531,7 @@ static void test_sparse_surgery(const uint8_t *f, size_t len,
     memcpy(c + gt0 * 512 + 4, &e0, 4);
     decode_ok("qemu monolithicSparse, grains swapped", c, len, raw, RAW_SIZE,
               VMDK_MONOLITHIC_SPARSE);
+    image_ok("qemu monolithicSparse, grains swapped", c, len, raw, RAW_SIZE);
 
     /* Map errors are refused before begin. */
     uint32_t v;
@@ -453,10 +539,12 @@ static void test_sparse_surgery(const uint8_t *f, size_t len,
     v = 3;
     memcpy(c + gt0 * 512 + 8, &v, 4);
     decode_bad("grain in overhead", c, len, "inside the overhead", false);
+    image_bad("grain in overhead", c, len, "inside the overhead");
     memcpy(c, f, len);
     v = e0 + 1;
     memcpy(c + gt0 * 512 + 4, &v, 4);
     decode_bad("grains overlap", c, len, "overlap in the file", false);
+    image_bad("grains overlap", c, len, "overlap");
     memcpy(c, f, len);
     v = (uint32_t) overhead + 10;
     memcpy(c + gd * 512, &v, 4);
@@ -467,6 +555,7 @@ static void test_sparse_surgery(const uint8_t *f, size_t len,
     decode_bad("gt before gd", c, len, "precedes the grain directory", false);
     /* Truncated in the grains: fails at finish, naming the missing grain. */
     decode_bad("truncated", f, len - 70000, "grains missing", true);
+    image_bad("truncated", f, len - 70000, "past the end of the file");
     decode_bad("truncated in metadata", f, 30 * 512, "inside the metadata",
                false);
     /* Backwards data. */
@@ -545,6 +634,7 @@ static void test_synth(const uint8_t *raw)
     vmdk_synth_free(sy);
     /* Our decoder, qemu-img and vmdkinfo read it back as the disk. */
     decode_ok("synthesized", file, fsize, raw, RAW_SIZE, VMDK_STREAM_OPTIMIZED);
+    image_ok("synthesized", file, fsize, raw, RAW_SIZE);
     save("synth.vmdk", file, fsize);
     sh("cd %s && qemu-img convert -q -f vmdk -O raw synth.vmdk synth.raw && "
        "truncate -s %u synth.raw && cmp synth.raw src.raw && "
@@ -593,6 +683,7 @@ int main(void)
         size_t len;
         uint8_t *f = load(fx[i].name, &len);
         decode_ok(fx[i].name, f, len, raw, RAW_SIZE, fx[i].kind);
+        image_ok(fx[i].name, f, len, raw, RAW_SIZE);
         if (i == 1)
             test_sparse_surgery(f, len, raw);
         if (i == 2)
