@@ -327,6 +327,8 @@ static uint64_t synth_size(struct fs *fs)
     uint64_t size = fs->export_size, pos = 0, grains = 0, tables = 0;
     uint64_t last_g = UINT64_MAX, last_t = UINT64_MAX;
 
+    if (vmdk_synth_size(size, 0, 0) == 0)
+        return 0;                     /* past the limit: open says why */
     while (pos < size) {
         int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
         if (d < 0)

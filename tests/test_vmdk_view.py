@@ -533,3 +533,17 @@ def test_export_size_not_sector_multiple_round_trip(server, mount, tmp_path):
     r = copy_into("cp", vmdkstream(big, tmp_path / "big.vmdk"),
                   m2.mp / "nbd.vmdk")
     assert r.returncode != 0 and "No space left" in r.stderr, r.stderr
+
+
+def test_export_over_vmdk_limit_refused(server, mount, tmp_path):
+    """A disk of more than 2^28 grains (16 TiB) is not synthesized: stat
+    says 0 bytes, opening for reading fails with EFBIG and the daemon says
+    why; the raw file is unaffected."""
+    srv = server("memory", "size=17T")   # mounting scans it: keep it small
+    m = mount(srv, expect_errors=True)
+    view = m.mp / "nbd.vmdk"
+    assert os.stat(view).st_size == 0
+    assert oserror_errno(lambda: open(view, "rb").close()) == errno.EFBIG
+    assert any("more than" in l and "grains" in l
+               for l in m.stderr.splitlines() if "nbd.vmdk:" in l), m.stderr
+    assert os.stat(m.file).st_size == 17 << 40
