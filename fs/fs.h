@@ -17,6 +17,7 @@ enum fs_ino {
     FS_INO_RAW = 2,           /* the export as a raw file ("nbd") */
     FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
     FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
+    FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
 };
 
 #define FS_STATUS_NAME ".nbdferry-status"
@@ -24,12 +25,16 @@ enum fs_ino {
 struct vhdview;
 struct tcpinfo_sampler;
 struct vhd_synth;
+struct vmdkview;
+struct vmdk_synth;
 
 struct fs {
     struct nbdx *x;
     struct vhdview *vhd;      /* fs/vhdview.c */
     struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
     char *vhd_name;           /* FILENAME.vhd */
+    struct vmdkview *vmdk;    /* fs/vmdkview.c */
+    char *vmdk_name;          /* FILENAME.vmdk */
     struct pool *pool;
     uint64_t export_size;
     const char *filename;
@@ -61,6 +66,7 @@ struct fs_fh {
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;
     struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
+    struct vmdk_synth *vmdk_synth; /* FS_INO_VMDK read: likewise */
     struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
 

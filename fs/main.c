@@ -41,6 +41,7 @@
 #include "fs/pidfile.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "fs/vmdkview.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
 
@@ -827,7 +828,9 @@ int main(int argc, char **argv)
     fs.block_device = o.fo.block_device;
     fs.vhd_fixed = o.fo.vhd_fixed;
     if (asprintf(&fs.vhd_name, "%s.vhd", o.mp.filename) == -1 ||
-        vhdview_init(&fs) < 0) {
+        vhdview_init(&fs) < 0 ||
+        asprintf(&fs.vmdk_name, "%s.vmdk", o.mp.filename) == -1 ||
+        vmdkview_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
@@ -881,6 +884,8 @@ out_nbd:
     fs_close_all(&fs);
     vhdview_fini(&fs);
     free(fs.vhd_name);
+    vmdkview_fini(&fs);
+    free(fs.vmdk_name);
     nbdx_close(fs.x);
     pidfile_remove(o.pf);     /* only if it still holds our pid */
     cli_mountpoint_free(&o.mp);

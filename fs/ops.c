@@ -25,6 +25,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "fs/vmdkview.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
                                    * buffer size, so writes arrive large */
@@ -74,6 +75,12 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
         st->st_size = (off_t) vhdview_size(fs);
         st->st_blocks = (st->st_size + 511) / 512;
         break;
+    case FS_INO_VMDK:
+        st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+        st->st_nlink = 1;
+        st->st_size = (off_t) vmdkview_size(fs);
+        st->st_blocks = (st->st_size + 511) / 512;
+        break;
     case FS_INO_STATUS:
         st->st_mode = S_IFREG | 0400;
         st->st_nlink = 1;
@@ -99,6 +106,8 @@ static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
         return FS_INO_STATUS;
     if (strcmp(name, fs->vhd_name) == 0)
         return FS_INO_VHD;
+    if (strcmp(name, fs->vmdk_name) == 0)
+        return FS_INO_VMDK;
     return 0;
 }
 
@@ -177,10 +186,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 {
     struct fs *fs = fs_of(req);
 
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         int r = !(to_set & FUSE_SET_ATTR_SIZE) ? 0
                 : fs->readonly ? -EROFS
                 : attr->st_size < 0 ? -EINVAL
+                : ino == FS_INO_VMDK
+                ? vmdkview_truncate(fs, (uint64_t) attr->st_size)
                 : vhdview_truncate(fs, (uint64_t) attr->st_size);
         if (r < 0)
             fuse_reply_err(req, -r);
@@ -253,6 +264,7 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     dirbuf_add(req, &b, "..", FS_INO_ROOT);
     dirbuf_add(req, &b, fs->filename, FS_INO_RAW);
     dirbuf_add(req, &b, fs->vhd_name, FS_INO_VHD);
+    dirbuf_add(req, &b, fs->vmdk_name, FS_INO_VMDK);
     dirbuf_add(req, &b, FS_STATUS_NAME, FS_INO_STATUS);
     if ((size_t) off < b.size) {
         size_t n = b.size - (size_t) off;
@@ -349,6 +361,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    if (ino == FS_INO_VMDK) {
+        int r = vmdkview_open(fs, fh, fi->flags);
+        if (r < 0) {
+            free(fh);
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
     if (ino == FS_INO_STATUS) {
         fh->snapshot = fs_status_json(fs, &fh->snapshot_len);
         if (!fh->snapshot) {
@@ -397,8 +417,9 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
-    if (ino == FS_INO_VHD) {
-        int r = vhdview_flush(fs, fh);
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
+        int r = ino == FS_INO_VMDK ? vmdkview_flush(fs, fh)
+                                   : vhdview_flush(fs, fh);
         pool_drain(fs->pool);
         int err = pool_error_take(fs->pool, &fh->err_seq);
         fuse_reply_err(req, r < 0 ? -r : err);
@@ -425,7 +446,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
-    if (ino != FS_INO_RAW && ino != FS_INO_VHD) {
+    if (ino != FS_INO_RAW && ino != FS_INO_VHD && ino != FS_INO_VMDK) {
         fuse_reply_err(req, 0);
         return;
     }
@@ -453,6 +474,8 @@ void fs_close_all(struct fs *fs)
     while ((fh = fs->open_files) != NULL) {
         if (fh->ino == FS_INO_VHD && fs->vhd)
             vhdview_release(fs, fh);
+        if (fh->ino == FS_INO_VMDK && fs->vmdk)
+            vmdkview_release(fs, fh);
         forget_fh(fs, fh);
         free(fh->snapshot);
         free(fh);
@@ -466,6 +489,8 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
 
     if (ino == FS_INO_VHD)
         vhdview_release(fs_of(req), fh);
+    if (ino == FS_INO_VMDK)
+        vmdkview_release(fs_of(req), fh);
     forget_fh(fs_of(req), fh);
     free(fh->snapshot);
     free(fh);
@@ -504,8 +529,11 @@ static void read_vhd(fuse_req_t req, struct fs_fh *fh, size_t size, off_t off)
         fuse_reply_err(req, off < 0 ? EINVAL : ENOMEM);
         return;
     }
-    ssize_t n = vhdview_read(fuse_req_userdata(req), fh, buf, size,
-                             (uint64_t) off);
+    ssize_t n = fh->ino == FS_INO_VMDK
+                    ? vmdkview_read(fuse_req_userdata(req), fh, buf, size,
+                                    (uint64_t) off)
+                    : vhdview_read(fuse_req_userdata(req), fh, buf, size,
+                                   (uint64_t) off);
     if (n < 0)
         fuse_reply_err(req, (int) -n);
     else
@@ -522,7 +550,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         read_status(req, fh_of(fi), size, off);
         return;
     }
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         read_vhd(req, fh_of(fi), size, off);
         return;
     }
@@ -575,9 +603,11 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         ssize_t n = off < 0 ? -EINVAL
-                            : vhdview_write(fs, fh, buf, size, (uint64_t) off);
+                    : ino == FS_INO_VMDK
+                    ? vmdkview_write(fs, fh, buf, size, (uint64_t) off)
+                    : vhdview_write(fs, fh, buf, size, (uint64_t) off);
         if (n < 0)
             fuse_reply_err(req, (int) -n);
         else
@@ -716,11 +746,13 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
     int kind = mode & ~FALLOC_FL_KEEP_SIZE;
 
-    if (ino == FS_INO_VHD && off >= 0 && len > 0 &&
+    if ((ino == FS_INO_VHD || ino == FS_INO_VMDK) && off >= 0 && len > 0 &&
         (mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
         /* cp --sparse=always punches the holes it skipped: zeros of the
-         * VHD file. */
-        int r = vhdview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len);
+         * VHD or VMDK file. */
+        int r = ino == FS_INO_VMDK
+                ? vmdkview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len)
+                : vhdview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len);
         fuse_reply_err(req, r < 0 ? -r : 0);
         return;
     }

@@ -17,11 +17,12 @@ import pytest
 from conftest import BUILD, run
 
 SRC = Path(__file__).resolve().parent.parent
-PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-status"]
+PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
+            "nbdferry-status"]
 # Programs with a --version option (nbdferry-status, a script, has none).
-VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
+VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
 # The tools' own pages; every docs/*.1 is checked as well.
-PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
+PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
 
 pytestmark = pytest.mark.skipif(
     not (BUILD / "CMakeCache.txt").exists() or shutil.which("cmake") is None,

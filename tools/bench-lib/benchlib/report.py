@@ -367,6 +367,8 @@ TIME_RATIOS = [
     ("time of nbdferry+cp --no-digest / qemu-img convert -n",
      "ferry-cp", "qemu-img"),
     ("time of nbdcopy / qemu-img convert -n -W", "nbdcopy", "qemu-img-W"),
+    ("time of nbdferry cp x.vmdk MNT/nbd.vmdk / qemu-img convert -n -f vmdk "
+     "(target: ≤ 1.0x)", "ferry-vmdk", "qemu-img-vmdk"),
 ]
 
 
