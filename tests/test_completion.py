@@ -15,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "tools/bash-completion/nbdferr
 PROGRAMS = {
     "nbdferry": NBDFERRY,
     "nbdferry-vhd": BUILD / "tools" / "nbdferry-vhd",
+    "nbdferry-vmdk": BUILD / "tools" / "nbdferry-vmdk",
     "nbdferry-verify": BUILD / "tools" / "nbdferry-verify",
 }
 

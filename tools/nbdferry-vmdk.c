@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/optlist.h"
 #include "config.h"
 #include "vmdk/vmdk.h"
 
@@ -564,15 +565,20 @@ int main(int argc, char **argv)
         { "output", required_argument, NULL, 'o' },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
+        { "long-options", no_argument, NULL, 256 },
+        { "short-options", no_argument, NULL, 257 },
         { NULL, 0, NULL, 0 },
     };
+    static const char short_opts[] = "o:hV";
     const char *out = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "o:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("%s %s\n", prog, PACKAGE_VERSION); return 0;
+        case 256: optlist_long(opts); return 0;         /* completion */
+        case 257: optlist_short(short_opts); return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
     }
