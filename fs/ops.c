@@ -650,10 +650,14 @@ static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
                   (POOL_FILL_SEGS - 1) * sizeof(struct fuse_buf)];
     } dst = { .v = { .count = f->nseg } };
     size_t done = 0;
+    /* buf[] is declared with one element and used as a flexible array:
+     * index it through a pointer (an index on the array type is out of
+     * bounds for UBSan). */
+    struct fuse_buf *b = dst.v.buf;
 
     for (unsigned i = 0; i < f->nseg; i++)
-        dst.v.buf[i] = (struct fuse_buf) { .size = f->seg[i].len,
-                                           .mem = f->seg[i].mem };
+        b[i] = (struct fuse_buf) { .size = f->seg[i].len,
+                                   .mem = f->seg[i].mem };
     /* fuse_buf_copy() stops at a short read; it advances both vectors,
      * so calling it again goes on where it stopped. */
     while (done < f->len) {
