@@ -8,8 +8,11 @@
  * q->room while the queue holds max_bytes or more (memory bound), workers
  * wait on q->work.  The producer waits on q->room in hasher_drain() too,
  * until the queue is empty and no worker is busy.  No lock is held while
- * hashing or copying.
+ * hashing or copying.  Hashed jobs go to a free list and are reused: a
+ * fresh 1 MiB malloc is an mmap, and faulting its pages in again for every
+ * job costs more system time than the copy itself.
  */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -29,7 +32,9 @@ struct hasher {
     pthread_mutex_t lock;
     pthread_cond_t work, room;
     struct job *head, *tail;             /* FIFO */
-    size_t bytes, max_bytes;             /* queued job bytes, bound */
+    struct job *free;                    /* hashed jobs, for reuse */
+    size_t job_cap;                      /* data bytes per job */
+    size_t bytes, max_bytes;             /* queued jobs * job_cap, bound */
     unsigned busy;                       /* workers hashing a job */
     int err;                             /* first failure, sticky */
     bool stop;
@@ -44,7 +49,7 @@ static struct job *take_locked(struct hasher *q)
     q->head = j->next;
     if (!q->head)
         q->tail = NULL;
-    q->bytes -= j->len;
+    q->bytes -= q->job_cap;              /* a short job holds as much */
     q->busy++;
     return j;
 }
@@ -62,8 +67,9 @@ static void *worker(void *arg)
         struct job *j = take_locked(q);
         pthread_mutex_unlock(&q->lock);
         int r = blkhash_update(q->bh, j->off, j->data, j->len);
-        free(j);
         pthread_mutex_lock(&q->lock);
+        j->next = q->free;
+        q->free = j;
         if (r < 0 && !q->err)
             q->err = r;
         q->busy--;
@@ -73,8 +79,8 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
-                  struct hasher **out)
+int hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
+                  size_t max_bytes, struct hasher **out)
 {
     struct hasher *q = calloc(1, sizeof *q + workers * sizeof(pthread_t));
 
@@ -85,6 +91,7 @@ int hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
     }
     q->bh = bh;
     q->max_bytes = max_bytes;
+    q->job_cap = job_cap;
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->work, NULL);
     pthread_cond_init(&q->room, NULL);
@@ -100,32 +107,51 @@ int hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
     return 0;
 }
 
+/* A job from the free list, or a new one; waits while the queue is full.
+ * NULL (q->err set, or out of memory: logged) if there is none. */
+static struct job *get_job(struct hasher *q)
+{
+    struct job *j = NULL;
+
+    pthread_mutex_lock(&q->lock);
+    while (q->bytes >= q->max_bytes && !q->err)
+        pthread_cond_wait(&q->room, &q->lock);
+    if (!q->err && (j = q->free) != NULL)
+        q->free = j->next;
+    bool failed = q->err != 0;
+    pthread_mutex_unlock(&q->lock);
+    if (!j && !failed && !(j = malloc(sizeof *j + q->job_cap)))
+        verify_err("out of memory");
+    return j;
+}
+
 int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
 {
-    struct job *j = malloc(sizeof *j + len);
+    struct job *j;
     int r;
 
-    if (!j) {
-        verify_err("out of memory");
-        return -ENOMEM;
+    assert(len <= q->job_cap);
+    if (!(j = get_job(q))) {
+        pthread_mutex_lock(&q->lock);
+        r = q->err ? q->err : -ENOMEM;
+        pthread_mutex_unlock(&q->lock);
+        return r;
     }
     *j = (struct job) { .off = off, .len = len };
     memcpy(j->data, p, len);
     pthread_mutex_lock(&q->lock);
-    while (q->bytes >= q->max_bytes && !q->err)
-        pthread_cond_wait(&q->room, &q->lock);
     if ((r = q->err) == 0) {
         if (q->tail)
             q->tail->next = j;
         else
             q->head = j;
         q->tail = j;
-        q->bytes += len;
+        q->bytes += q->job_cap;
         pthread_cond_signal(&q->work);
         j = NULL;
     }
     pthread_mutex_unlock(&q->lock);
-    free(j);
+    free(j);                             /* only after a failure */
     return r;
 }
 
@@ -159,6 +185,11 @@ void hasher_free(struct hasher *q)
     pthread_mutex_unlock(&q->lock);
     for (unsigned i = 0; i < q->nthreads; i++)
         pthread_join(q->threads[i], NULL);
+    while (q->free) {
+        struct job *j = q->free;
+        q->free = j->next;
+        free(j);
+    }
     pthread_cond_destroy(&q->work);
     pthread_cond_destroy(&q->room);
     pthread_mutex_destroy(&q->lock);

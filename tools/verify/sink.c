@@ -59,8 +59,8 @@ int sink_blkhash(struct sink *k, const char *digest, uint64_t block_size,
         return -ENOMEM;
     }
     /* Two jobs per worker keep every worker busy while the producer reads. */
-    return hasher_create(k->bh, workers, 2 * (size_t) workers * job_bytes(k),
-                         &k->hq);
+    return hasher_create(k->bh, workers, job_bytes(k),
+                         2 * (size_t) workers * job_bytes(k), &k->hq);
 }
 
 void sink_free(struct sink *k)

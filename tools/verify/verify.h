@@ -51,9 +51,11 @@ fp_t fp_update(fp_t acc, uint64_t off, const void *p, size_t len);
 
 /* hasher.c: blkhash_update() on worker threads, fed by one producer. */
 struct hasher;
-/* max_bytes bounds the data queued (copied) and not yet hashed. */
-int  hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
-                   struct hasher **out);
+/* Jobs hold up to job_cap bytes; at most max_bytes / job_cap jobs wait in
+ * the queue (memory: that many jobs, plus one per worker and the one being
+ * filled). */
+int  hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
+                   size_t max_bytes, struct hasher **out);
 /* Copies p[0..len) (off block-aligned) into a job; waits while the queue
  * is full.  Returns 0 or the first worker's failure (-errno). */
 int  hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len);
