@@ -558,7 +558,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     }
     /* A write that fails later is reported at close or fsync; once one
      * has failed, later writes through this handle fail at once. */
-    int err = pool_error_peek(fs->pool, fh->err_seq);
+    int err = pool_error_peek(fs->pool, &fh->err_seq);
     if (err) {
         fuse_reply_err(req, err);
         return;
