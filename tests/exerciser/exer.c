@@ -102,6 +102,7 @@ struct exer {
     unsigned char *model;          /* expected bytes of the whole export */
     uint64_t export_size;          /* bytes in model */
     uint64_t size;                 /* expected file size */
+    uint64_t hot;                  /* where the last cut or zeroing began */
     unsigned char *buf, *rbuf;     /* maxop bytes each */
     long opno;
     char history[HISTORY][DESC_LEN];
@@ -289,8 +290,13 @@ static void op_read(struct exer *e)
 {
     uint64_t n = pick_len(e);
     uint64_t off = rng_below(&e->rng, e->area + 1);
-    if (rng_chance(&e->rng, 10) && e->size > 0)   /* straddle end of file */
+    unsigned where = (unsigned) rng_below(&e->rng, 100);
+    if (where < 10 && e->size > 0)           /* straddle end of file */
         off = e->size - (e->size < n / 2 ? e->size : n / 2);
+    else if (where < 40) {   /* straddle the last truncation or zeroing */
+        uint64_t back = rng_below(&e->rng, n / 2 + 1);
+        off = e->hot - (e->hot < back ? e->hot : back);
+    }
     set_desc(e, "pread %" PRIu64 "@%" PRIu64 " (size %" PRIu64 ")", n, off,
              e->size);
     check_read(e, off, n);
@@ -308,8 +314,10 @@ static void op_truncate(struct exer *e)
     set_desc(e, "ftruncate %" PRIu64 " (from %" PRIu64 ")", s, e->size);
     if (ftruncate(e->fd, (off_t) s) != 0)
         fail_errno(e, "ftruncate", errno);
-    if (s < e->size)                     /* cut bytes read as zero later */
+    if (s < e->size) {                   /* cut bytes read as zero later */
         memset(e->model + s, 0, e->size - s);
+        e->hot = s;
+    }
     e->size = s;
 }
 
@@ -321,6 +329,7 @@ static void op_fallocate(struct exer *e, int mode, const char *name)
                   (off_t) n) != 0)
         fail_errno(e, "fallocate", errno);
     memset(e->model + off, 0, n);        /* beyond the size: zero already */
+    e->hot = off;
 }
 
 /* copy_file_range within the file, source and destination not
@@ -416,15 +425,15 @@ static void op_reopen(struct exer *e)
 static void one_op(struct exer *e)
 {
     unsigned x = (unsigned) rng_below(&e->rng, 100);
-    if (x < 34)
+    if (x < 32)
         op_write(e);
-    else if (x < 60)
+    else if (x < 58)
         op_read(e);
-    else if (x < 66)
+    else if (x < 67)
         op_truncate(e);
-    else if (x < 73)
+    else if (x < 74)
         op_fallocate(e, FALLOC_FL_PUNCH_HOLE, "PUNCH_HOLE");
-    else if (x < 80)
+    else if (x < 81)
         op_fallocate(e, FALLOC_FL_ZERO_RANGE, "ZERO_RANGE");
     else if (x < 88)
         op_copy(e);
