@@ -543,6 +543,9 @@ static int run_writer(struct exer *e)
     }
     printf("exer: seed %" PRIu64 ": %ld operations passed, final size %"
            PRIu64 "\n", e->seed, e->nops, e->size);
+    free(e->model);
+    free(e->buf);
+    free(e->rbuf);
     return 0;
 }
 
@@ -602,6 +605,7 @@ static int run_disturber(struct exer *e)
             break;
     }
     printf("exer: disturber seed %" PRIu64 ": %ld loops\n", e->seed, i);
+    free(e->rbuf);
     return 0;
 }
 
