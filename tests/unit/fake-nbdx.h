@@ -50,4 +50,4 @@ void fake_reset_sleepers(void);
 /* Allocation failure injection (link with -Wl,--wrap= for malloc,
  * calloc and posix_memalign): while set, those calls from pool.c and
  * extmap.c fail. */
-extern volatile bool fake_fail_alloc;
+extern volatile bool fake_fail_alloc;   /* set only while no other thread allocates */

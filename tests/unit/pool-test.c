@@ -255,7 +255,7 @@ struct closer {
     pthread_t t;
     struct pool *p;
     uint64_t size;
-    volatile bool stop;
+    bool stop;                    /* __atomic */
     unsigned rounds;
 };
 
@@ -265,7 +265,7 @@ static void *closer_body(void *arg)
     unsigned char buf[8192];
     uint32_t rng = 99;
 
-    while (!c->stop) {
+    while (!__atomic_load_n(&c->stop, __ATOMIC_RELAXED)) {
         rng = rng * 1103515245u + 12345u;
         uint64_t off = ((uint64_t) rng * 4096) % (c->size - sizeof buf);
         assert(pool_read(c->p, off, buf, sizeof buf) == 0);
@@ -346,7 +346,7 @@ static void model_run(uint32_t seed, size_t map_ranges, bool closer_on)
         assert(st.pending_zero_ranges <= (map_ranges ? map_ranges : POOL_ZERO_MAP_RANGES));
     }
     if (closer_on) {
-        c.stop = true;
+        __atomic_store_n(&c.stop, true, __ATOMIC_RELAXED);
         pthread_join(c.t, NULL);
     }
     pool_drain(p);
