@@ -1,16 +1,42 @@
+/* common/log.c: see log.h.
+ *
+ * THREAD MODEL
+ * Any thread logs.  'lock' protects the rate-limit table and the ring of
+ * recent errors; it is a leaf (nothing else is locked while holding it)
+ * and is released before the line is written.
+ */
 #include "common/log.h"
 
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <syslog.h>
 #include <unistd.h>
 
+#define LIMIT_SLOTS 64            /* call sites tracked; beyond: shared slot */
+
 int log_verbosity;
 static bool use_syslog;
 static const char *program = "nbdferry";
+static const char *context;
+
+struct site {
+    const char *fmt;              /* the call site's identity */
+    time_t window;                /* CLOCK_MONOTONIC start of its window */
+    unsigned printed;             /* in this window */
+    uint64_t held;                /* counted, not printed */
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct site sites[LIMIT_SLOTS];
+static struct log_entry recent[LOG_RECENT];
+static unsigned nrecent, next_recent;
+static uint64_t nerrors, nwarnings;
 
 void log_set_program(const char *name) { program = name; }
+void log_set_context(const char *c) { context = c; }
 
 void log_set_syslog(bool on)
 {
@@ -19,15 +45,13 @@ void log_set_syslog(bool on)
     use_syslog = on;
 }
 
-static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
-    __attribute__((format(printf, 3, 0)));
-static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
+static void emit(int prio, const char *tag, const char *msg)
 {
-    char msg[1024];
-
-    vsnprintf(msg, sizeof msg, fmt, ap);
     if (use_syslog) {
-        syslog(prio, "%s%s", tag, msg);
+        if (context)
+            syslog(prio, "%s: %s%s", context, tag, msg);
+        else
+            syslog(prio, "%s%s", tag, msg);
         return;
     }
     /* One write(2) per line so lines from threads never interleave. */
@@ -38,6 +62,132 @@ static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
     if (write(STDERR_FILENO, line, (size_t) n) < 0) {
         /* nowhere left to report it */
     }
+}
+
+static time_t mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec;
+}
+
+/* Remember an error or warning for the status (locked). */
+static void remember_locked(bool error, const char *msg)
+{
+    time_t now = time(NULL);
+    struct log_entry *last =
+        &recent[(next_recent + LOG_RECENT - 1) % LOG_RECENT];
+
+    if (error)
+        nerrors++;
+    else
+        nwarnings++;
+    if (nrecent && last->error == error && strcmp(last->msg, msg) == 0) {
+        last->repeated++;
+        last->last = now;
+        return;
+    }
+    struct log_entry *e = &recent[next_recent];
+    e->error = error;
+    e->first = e->last = now;
+    e->repeated = 1;
+    size_t n = strnlen(msg, sizeof e->msg - 1);
+    memcpy(e->msg, msg, n);       /* truncated: the status keeps 255 bytes */
+    e->msg[n] = '\0';
+    next_recent = (next_recent + 1) % LOG_RECENT;
+    if (nrecent < LOG_RECENT)
+        nrecent++;
+}
+
+static struct site *site_locked(const char *fmt)
+{
+    size_t h = ((uintptr_t) fmt >> 3) % LIMIT_SLOTS;
+    for (size_t i = 0; i < LIMIT_SLOTS; i++) {
+        struct site *s = &sites[(h + i) % LIMIT_SLOTS];
+        if (s->fmt == fmt || s->fmt == NULL) {
+            s->fmt = fmt;
+            return s;
+        }
+    }
+    return &sites[h];             /* full: share a slot (still limited) */
+}
+
+/* May this site print now?  *held receives the count of lines it held
+ * back in its previous window, to be reported first. */
+static bool admit_locked(const char *fmt, uint64_t *held)
+{
+    struct site *s = site_locked(fmt);
+    time_t now = mono_s();
+
+    *held = 0;
+    if (now - s->window >= LOG_WINDOW_S) {
+        *held = s->held;
+        s->held = 0;
+        s->window = now;
+        s->printed = 0;
+    }
+    if (s->printed >= LOG_BURST) {
+        s->held++;
+        return false;
+    }
+    s->printed++;
+    return true;
+}
+
+static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    uint64_t held = 0;
+    bool print = true;
+
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (prio != LOG_DEBUG) {
+        pthread_mutex_lock(&lock);
+        if (prio <= LOG_WARNING)
+            remember_locked(prio <= LOG_ERR, msg);
+        print = admit_locked(fmt, &held);
+        pthread_mutex_unlock(&lock);
+    }
+    if (held) {
+        char note[96];
+        snprintf(note, sizeof note, "%" PRIu64 " more like the next line "
+                 "were not shown (rate limit)", held);
+        emit(prio, tag, note);
+    }
+    if (print)
+        emit(prio, tag, msg);
+}
+
+void log_flush(void)
+{
+    pthread_mutex_lock(&lock);
+    uint64_t held = 0;
+    for (size_t i = 0; i < LIMIT_SLOTS; i++) {
+        held += sites[i].held;
+        sites[i].held = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (held) {
+        char note[96];
+        snprintf(note, sizeof note, "%" PRIu64 " repeated line(s) were not "
+                 "shown (rate limit)", held);
+        emit(LOG_NOTICE, "notice: ", note);
+    }
+}
+
+unsigned log_recent(struct log_entry *out, uint64_t *errors,
+                    uint64_t *warnings)
+{
+    pthread_mutex_lock(&lock);
+    unsigned n = nrecent;
+    for (unsigned i = 0; i < n; i++)
+        out[i] = recent[(next_recent + LOG_RECENT - n + i) % LOG_RECENT];
+    *errors = nerrors;
+    *warnings = nwarnings;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 #define DEFINE_LOG(name, prio, tag, level)                                    \

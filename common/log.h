@@ -1,20 +1,54 @@
 /* common/log.h: one log for the daemon and the tools.
  *
  * Messages go to stderr while it is the user's terminal (foreground, or
- * before daemonizing) and to syslog afterwards.  log_err(), log_warn() and log_notice()
- * always print; log_info() only with -v; log_debug() only with -vv.
- * Thread-safe: each message is written with one call.
+ * before daemonizing) and to syslog afterwards, prefixed with the
+ * mountpoint (log_set_context) so that the journal says which mount
+ * spoke.  log_err(), log_warn() and log_notice() always print; log_info()
+ * only with -v; log_debug() only with -vv.  Thread-safe: each message is
+ * written with one call.
+ *
+ * Flooding: each call site (format string) prints at most LOG_BURST lines
+ * per LOG_WINDOW_S seconds; the rest are counted and summed up in one line
+ * when the site next prints, or at log_flush().  Debug lines are never
+ * limited (-vv asks for every request).
+ *
+ * Errors and warnings are also kept, the last LOG_RECENT of them with a
+ * repeat count, for the status file (log_recent()).
  */
 #pragma once
 #include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define LOG_BURST 5
+#define LOG_WINDOW_S 10
+#define LOG_RECENT 8
 
 extern int log_verbosity;                /* 0 quiet, 1 -v, 2 -vv */
 
 void log_set_syslog(bool on);            /* switch to syslog after daemonizing */
 void log_set_program(const char *name);
+/* Prefix of syslog lines, e.g. the mountpoint; borrowed, must outlive
+ * the log (NULL: none). */
+void log_set_context(const char *context);
+/* Print the counts of lines still held back by the rate limit. */
+void log_flush(void);
 
 void log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+struct log_entry {
+    bool error;                          /* else a warning */
+    time_t first, last;                  /* CLOCK_REALTIME seconds */
+    uint64_t repeated;                   /* identical messages, >= 1 */
+    char msg[256];
+};
+
+/* Errors and warnings logged so far (also those the rate limit held
+ * back), and up to LOG_RECENT of the latest, oldest first, in out;
+ * returns how many. */
+unsigned log_recent(struct log_entry *out, uint64_t *errors,
+                    uint64_t *warnings);

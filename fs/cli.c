@@ -2,14 +2,21 @@
 #include "fs/cli.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 static int fail(int err, char *msg, size_t msglen, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -172,56 +179,412 @@ int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
     return 0;
 }
 
-int cli_parse_mountpoint(const char *arg, const char *reserved_name,
-                         char **mountpoint, char **filename,
-                         char *msg, size_t msglen)
+/* ---- mountpoint ------------------------------------------------------ */
+
+#define FUSE_SUPER_MAGIC 0x65735546
+
+/* Never mounted over, even with -o nonempty: hiding one of these breaks
+ * every program on the machine (fusermount3 -u itself locks a file under
+ * /etc).  Compared with the resolved mountpoint both as written and
+ * resolved (/bin is /usr/bin on merged-/usr systems). */
+static const char *const system_dirs[] = {
+    "/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib",
+    "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run", "/sbin",
+    "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
+    "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/tmp",
+};
+
+static bool same_dir(const char *resolved, const char *dir)
 {
-    struct stat st;
-    char *copy, *mp = NULL, *fn = NULL;
+    char r[PATH_MAX];
+
+    if (!dir || !dir[0])
+        return false;
+    if (strcmp(resolved, dir) == 0)
+        return true;
+    return realpath(dir, r) && strcmp(resolved, r) == 0;
+}
+
+static bool is_system_dir(const char *resolved)
+{
+    for (size_t i = 0; i < sizeof system_dirs / sizeof system_dirs[0]; i++)
+        if (same_dir(resolved, system_dirs[i]))
+            return true;
+    /* The user's home and temporary directories, wherever they are. */
+    struct passwd *pw = getpwuid(getuid());
+    return same_dir(resolved, getenv("HOME")) ||
+           same_dir(resolved, getenv("TMPDIR")) ||
+           (pw && same_dir(resolved, pw->pw_dir));
+}
+
+/* Is the resolved path the root of a FUSE mount (another nbdferry, or any
+ * FUSE filesystem)?  A mount root lives on another device than its
+ * parent. */
+static bool is_fuse_mount(const char *resolved)
+{
+    struct statfs sf;
+    struct stat st, parent;
+    char up[PATH_MAX];
+
+    if (statfs(resolved, &sf) == -1 || sf.f_type != FUSE_SUPER_MAGIC)
+        return false;
+    if (snprintf(up, sizeof up, "%s/..", resolved) >= (int) sizeof up)
+        return true;
+    return stat(resolved, &st) == -1 || stat(up, &parent) == -1 ||
+           st.st_dev != parent.st_dev;
+}
+
+/* 1 if dir holds an entry besides . and .., 0 if not, -errno. */
+static int dir_has_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
     int r = 0;
 
-    *mountpoint = *filename = NULL;
-    if (stat(arg, &st) == 0 && S_ISDIR(st.st_mode)) {
-        mp = strdup(arg);
-        fn = strdup("nbd");
-        if (!mp || !fn) {
-            r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-            goto out;
+    if (!d)
+        return -errno;
+    errno = 0;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            r = 1;
+            break;
         }
-        goto out;
+    if (!e && errno)
+        r = -errno;
+    closedir(d);
+    return r;
+}
+
+/* The directory a mount would hide: refused when it is a system
+ * directory, a FUSE mount already, or (without -o nonempty) not empty. */
+static int check_dir(const char *resolved, bool nonempty, char *msg,
+                     size_t msglen)
+{
+    if (is_system_dir(resolved))
+        return fail(EPERM, msg, msglen,
+                    "refusing to mount on %s: a system directory (its "
+                    "files would be hidden from every program); mount on "
+                    "an empty directory of your own", resolved);
+    if (is_fuse_mount(resolved))
+        return fail(EBUSY, msg, msglen,
+                    "%s is already a FUSE mount: unmount it first "
+                    "(fusermount3 -u %s) or choose another directory",
+                    resolved, resolved);
+    if (nonempty)
+        return 0;
+    int r = dir_has_entries(resolved);
+    if (r < 0)
+        return fail(-r, msg, msglen, "mountpoint %s: %s (add -o nonempty "
+                    "to mount without looking)", resolved, strerror(-r));
+    if (r > 0)
+        return fail(ENOTEMPTY, msg, msglen,
+                    "%s is not empty: mount on an empty directory, or name "
+                    "an existing file for file mode, or add -o nonempty",
+                    resolved);
+    return 0;
+}
+
+/* stat() said ENOTCONN: a FUSE mount whose daemon is gone.  Name the
+ * dead mount itself, the highest path that still answers ENOTCONN. */
+static int dead_mount(const char *arg, char *msg, size_t msglen)
+{
+    char path[PATH_MAX], up[PATH_MAX];
+    struct stat st;
+
+    char cwd[PATH_MAX] = "";
+
+    if (arg[0] != '/' && !getcwd(cwd, sizeof cwd))
+        cwd[0] = '\0';
+    if (snprintf(path, sizeof path, "%s%s%s", cwd, cwd[0] ? "/" : "", arg) >=
+        (int) sizeof path)
+        return fail(ENAMETOOLONG, msg, msglen, "mountpoint %s: %s", arg,
+                    strerror(ENAMETOOLONG));
+    for (;;) {
+        snprintf(up, sizeof up, "%s", path);
+        char *d = dirname(up);
+        if (strcmp(d, path) == 0 || stat(d, &st) == 0 || errno != ENOTCONN)
+            break;
+        memmove(path, d, strlen(d) + 1);
     }
-    copy = strdup(arg);
-    char *slash = copy ? strrchr(copy, '/') : NULL;
-    if (!slash || slash[1] == '\0') {
-        int err = errno;
-        free(copy);
-        return fail(err == ENOENT ? ENOENT : ENOTDIR, msg, msglen,
-                    "mountpoint %s: %s", arg,
-                    err == ENOENT ? "no such directory" : "not a directory");
-    }
-    *slash = '\0';
-    fn = strdup(slash + 1);
-    mp = strdup(copy[0] ? copy : "/");
-    free(copy);
-    if (!mp || !fn) {
-        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-        goto out;
-    }
-    if (stat(mp, &st) == -1 || !S_ISDIR(st.st_mode)) {
-        r = fail(ENOENT, msg, msglen, "mountpoint %s: no such directory", mp);
-        goto out;
-    }
+    return fail(ENOTCONN, msg, msglen,
+                "%s is a dead nbdferry mount: run fusermount3 -u %s",
+                path, path);
+}
+
+static int resolve(const char *path, char **out, char *msg, size_t msglen)
+{
+    *out = realpath(path, NULL);
+    if (!*out)
+        return errno == ENOTCONN ? dead_mount(path, msg, msglen)
+                                 : fail(errno, msg, msglen, "mountpoint %s: %s",
+                                        path, strerror(errno));
+    return 0;
+}
+
+/* FILE: file mode, the disk appears over that regular file. */
+static int file_mode(const char *arg, struct cli_mountpoint *out,
+                     char *msg, size_t msglen)
+{
+    int r = resolve(arg, &out->mountpoint, msg, msglen);
+
+    if (r < 0)
+        return r;
+    if (is_fuse_mount(out->mountpoint))
+        return fail(EBUSY, msg, msglen,
+                    "%s is already a FUSE mount: unmount it first "
+                    "(fusermount3 -u %s)", out->mountpoint, out->mountpoint);
+    char *base = strrchr(out->mountpoint, '/');
+    out->filename = strdup(base ? base + 1 : out->mountpoint);
+    if (!out->filename)
+        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    out->file_mode = true;
+    return 0;
+}
+
+/* DIR: the disk appears as DIR/nbd. */
+static int dir_mode(const char *arg, bool nonempty, struct cli_mountpoint *out,
+                    char *msg, size_t msglen)
+{
+    int r = resolve(arg, &out->mountpoint, msg, msglen);
+
+    if (r < 0)
+        return r;
+    out->filename = strdup("nbd");
+    if (!out->filename)
+        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    return check_dir(out->mountpoint, nonempty, msg, msglen);
+}
+
+/* DIR/FILENAME with FILENAME missing: the disk appears as DIR/FILENAME. */
+static int name_mode(const char *arg, const char *reserved_name,
+                     bool nonempty, struct cli_mountpoint *out,
+                     char *msg, size_t msglen)
+{
+    struct stat st;
+    const char *slash = strrchr(arg, '/');
+
+    if (!slash || slash[1] == '\0')
+        return fail(ENOENT, msg, msglen, "mountpoint %s: no such directory",
+                    arg);
+    const char *fn = slash + 1;
     if (strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0 ||
         (reserved_name && strcmp(fn, reserved_name) == 0) ||
         strlen(fn) > 200)
-        r = fail(EINVAL, msg, msglen, "'%s' cannot be the file name", fn);
-out:
-    if (r < 0) {
-        free(mp);
-        free(fn);
-        return r;
+        return fail(EINVAL, msg, msglen, "'%s' cannot be the file name", fn);
+    char *dir = slash == arg ? strdup("/")
+                : strndup(arg, (size_t) (slash - arg));
+    if (!dir)
+        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    int r = 0;
+    if (stat(dir, &st) == -1)
+        r = errno == ENOTCONN ? dead_mount(dir, msg, msglen)
+            : fail(errno, msg, msglen, "mountpoint %s: %s", dir,
+                   errno == ENOENT ? "no such directory" : strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        r = fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory", dir);
+    else
+        r = dir_mode(dir, nonempty, out, msg, msglen);
+    free(dir);
+    if (r == 0) {                 /* dir_mode() set the default name */
+        free(out->filename);
+        out->filename = strdup(fn);
+        if (!out->filename)
+            r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
     }
-    *mountpoint = mp;
-    *filename = fn;
+    return r;
+}
+
+int cli_parse_mountpoint(const char *arg, const char *reserved_name,
+                         bool nonempty, struct cli_mountpoint *out,
+                         char *msg, size_t msglen)
+{
+    struct stat st;
+    int r;
+
+    memset(out, 0, sizeof *out);
+    if (!arg[0])
+        r = fail(EINVAL, msg, msglen, "the mountpoint is an empty string");
+    else if (stat(arg, &st) == 0)
+        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, out, msg, msglen)
+            : S_ISREG(st.st_mode) ? file_mode(arg, out, msg, msglen)
+            : fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory "
+                   "or a regular file", arg);
+    else if (errno == ENOTCONN)
+        r = dead_mount(arg, msg, msglen);
+    else if (errno == ENOENT)
+        r = name_mode(arg, reserved_name, nonempty, out, msg, msglen);
+    else
+        r = fail(errno, msg, msglen, "mountpoint %s: %s", arg,
+                 errno == ENOTDIR ? "not a directory" : strerror(errno));
+    if (r < 0)
+        cli_mountpoint_free(out);
+    return r;
+}
+
+void cli_mountpoint_free(struct cli_mountpoint *m)
+{
+    free(m->mountpoint);
+    free(m->filename);
+    m->mountpoint = m->filename = NULL;
+    m->file_mode = false;
+}
+
+/* ---- -o options ------------------------------------------------------ */
+
+/* Append one item to the comma-separated list for libfuse. */
+static int pass_on(struct cli_fuse_opts *fo, const char *item, size_t n)
+{
+    size_t have = fo->pass ? strlen(fo->pass) : 0;
+    char *s = realloc(fo->pass, have + n + 2);
+
+    if (!s)
+        return -ENOMEM;
+    if (have)
+        s[have++] = ',';
+    memcpy(s + have, item, n);
+    s[have + n] = '\0';
+    fo->pass = s;
+    return 0;
+}
+
+static int owner_opt(const char *item, unsigned *id, bool *set,
+                     char *msg, size_t msglen)
+{
+    int r = cli_parse_uint(item[0] == 'u' ? "-o uid" : "-o gid",
+                           strchr(item, '=') + 1, 0, UINT32_MAX - 1, id, msg,
+                           msglen);
+    if (r == 0)
+        *set = true;
+    return r;
+}
+
+/* One item of -o: taken by nbdferry, or 0 to pass it on to libfuse. */
+static int own_opt(struct cli_fuse_opts *fo, const char *item, char *msg,
+                   size_t msglen, bool *taken)
+{
+    *taken = true;
+    if (strcmp(item, "nonempty") == 0)
+        fo->nonempty = true;
+    else if (strcmp(item, "kernel_cache") == 0)
+        fo->kernel_cache = true;
+    else if (strcmp(item, "block_device") == 0)
+        fo->block_device = true;
+    else if (strcmp(item, "vhd_fixed") == 0)
+        fo->vhd_fixed = true;
+    else if (strncmp(item, "uid=", 4) == 0)
+        return owner_opt(item, &fo->uid, &fo->set_uid, msg, msglen);
+    else if (strncmp(item, "gid=", 4) == 0)
+        return owner_opt(item, &fo->gid, &fo->set_gid, msg, msglen);
+    else
+        *taken = false;
+    return 0;
+}
+
+int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
+                      size_t msglen)
+{
+    char item[1024];
+
+    for (const char *p = arg; *p;) {
+        size_t n = 0;
+        /* A backslash escapes a comma (as in libfuse's fuse_opt). */
+        while (p[n] && p[n] != ',')
+            n += (p[n] == '\\' && p[n + 1]) ? 2 : 1;
+        if (n >= sizeof item)
+            return fail(EINVAL, msg, msglen, "-o: option too long");
+        memcpy(item, p, n);
+        item[n] = '\0';
+        p += n + (p[n] == ',');
+        if (n == 0)
+            continue;
+        bool taken;
+        int r = own_opt(fo, item, msg, msglen, &taken);
+        if (r < 0)
+            return r;
+        if (!taken && pass_on(fo, item, n) < 0)
+            return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    }
+    return 0;
+}
+
+void cli_fuse_opts_free(struct cli_fuse_opts *fo)
+{
+    free(fo->pass);
+    fo->pass = NULL;
+}
+
+/* ---- suggestions ----------------------------------------------------- */
+
+/* Optimal string alignment distance, capped: only small ones matter. */
+static unsigned edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned d[3][65];
+
+    if (la > 64 || lb > 64)
+        return UINT_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (unsigned) j;
+    for (size_t i = 1; i <= la; i++) {
+        unsigned *cur = d[i % 3], *prev = d[(i - 1) % 3], *pp = d[(i + 1) % 3];
+        cur[0] = (unsigned) i;
+        for (size_t j = 1; j <= lb; j++) {
+            unsigned cost = a[i - 1] != b[j - 1];
+            unsigned v = prev[j] + 1;
+            if (cur[j - 1] + 1 < v) v = cur[j - 1] + 1;
+            if (prev[j - 1] + cost < v) v = prev[j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]
+                && pp[j - 2] + 1 < v)
+                v = pp[j - 2] + 1;
+            cur[j] = v;
+        }
+    }
+    return d[la % 3][lb];
+}
+
+const char *cli_suggest_option(const char *arg, const struct option *opts)
+{
+    const char *best = NULL;
+    unsigned best_d = UINT_MAX;
+    char word[65];
+
+    if (strncmp(arg, "--", 2) != 0)
+        return NULL;
+    size_t n = strcspn(arg + 2, "=");
+    if (n == 0 || n >= sizeof word)
+        return NULL;
+    memcpy(word, arg + 2, n);
+    word[n] = '\0';
+    for (const struct option *o = opts; o->name; o++) {
+        unsigned d = edit_distance(word, o->name);
+        if (d < best_d) {
+            best_d = d;
+            best = o->name;
+        }
+    }
+    /* Close enough to be a typo, not a different word. */
+    return best && best_d <= (n < 6 ? 1u : 2u) ? best : NULL;
+}
+
+int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
+                  size_t msglen)
+{
+    unsigned cid, port;
+    int r;
+
+    *uri = NULL;
+    if (argc != 3)
+        return fail(EINVAL, msg, msglen, "--vsock takes a CID and a port");
+    r = cli_parse_uint("--vsock CID", argv[1], 0, UINT32_MAX, &cid, msg,
+                       msglen);
+    if (r == 0)
+        r = cli_parse_uint("--vsock PORT", argv[2], 0, UINT32_MAX, &port,
+                           msg, msglen);
+    if (r < 0)
+        return r;
+    if (asprintf(uri, "nbd+vsock://%u:%u/", cid, port) == -1) {
+        *uri = NULL;
+        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    }
     return 0;
 }

@@ -32,9 +32,49 @@ int cli_set_mode(struct nbdx_config *nbd, bool *mode_set, enum nbdx_mode m,
 int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
                      char **argv, char *msg, size_t msglen);
 
-/* MOUNTPOINT or MOUNTPOINT/FILENAME (when MOUNTPOINT/FILENAME is not
- * itself a directory).  On success *mountpoint and *filename are the
- * caller's to free; on error both are NULL. */
+/* "--vsock CID PORT" (argv[0] is "--vsock") as the equivalent
+ * nbd+vsock:// URI, which libnbd connects with nbd_connect_vsock().
+ * *uri is malloc'd, the caller's. */
+int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
+                  size_t msglen);
+
+/* MOUNTPOINT, MOUNTPOINT/FILENAME or FILE, resolved once (symlinks, ".."
+ * and relative paths) so that the daemon mounts exactly what was checked:
+ *   DIR (a directory): the disk is DIR/nbd;
+ *   DIR/FILENAME (FILENAME missing): the disk is DIR/FILENAME;
+ *   FILE (an existing regular file): file mode, the disk appears over it.
+ * The directory a mount would hide is refused when it is a system
+ * directory (always), already a FUSE mount, or not empty (unless
+ * nonempty); a dead FUSE mount (ENOTCONN) is named with the fusermount3
+ * command that clears it.  Reads the file system (stat, realpath,
+ * opendir, statfs), changes nothing. */
+struct cli_mountpoint {
+    char *mountpoint;         /* absolute; the caller frees */
+    char *filename;           /* the disk file's name; the caller frees */
+    bool file_mode;           /* mountpoint is the file itself */
+};
 int cli_parse_mountpoint(const char *arg, const char *reserved_name,
-                         char **mountpoint, char **filename,
+                         bool nonempty, struct cli_mountpoint *out,
                          char *msg, size_t msglen);
+void cli_mountpoint_free(struct cli_mountpoint *m);
+
+/* -o OPTIONS: the items nbdferry handles itself are taken out, the rest
+ * collected (comma-separated) for libfuse.  Repeatable; a backslash
+ * escapes a comma.  -EINVAL/-ERANGE for a bad uid=/gid= value. */
+struct cli_fuse_opts {
+    char *pass;               /* for libfuse; NULL if none; caller frees */
+    bool nonempty;            /* mount over a non-empty directory */
+    bool kernel_cache;        /* accepted; every file is direct I/O */
+    bool block_device;        /* O_TRUNC and truncate leave the disk */
+    bool vhd_fixed;           /* FILENAME.vhd also takes fixed VHDs */
+    bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
+    unsigned uid, gid;
+};
+int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
+                      size_t msglen);
+void cli_fuse_opts_free(struct cli_fuse_opts *fo);
+
+/* For an unknown "--NAME[=VALUE]", the long option it is most likely a
+ * typo of, or NULL. */
+struct option;
+const char *cli_suggest_option(const char *arg, const struct option *opts);

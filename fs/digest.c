@@ -3,9 +3,13 @@
  * THREAD MODEL
  * FUSE worker threads call digest_write/zero/truncate/close after the pool
  * accepted the operation; digest_get() runs on whichever thread opens the
- * status file.  They only check the pass and queue work: a data item is a
- * copy of the written bytes, a zero item (a gap, a punched hole, the tail
- * up to the size at close) is a length.  One digest thread hashes the
+ * status file.  They only check the pass and queue work: a data item is
+ * the written bytes where the pool holds them (digest_write_held(): the
+ * pool buffer stays unchanged and unused until the item is released, so
+ * the queue is bounded in pool buffers) or a copy (digest_write()), a
+ * zero item (a gap, a punched hole, the tail up to the size at close) is
+ * a length.  Releasing an item takes the pool's lock: lock order d->lock,
+ * then the pool's.  One digest thread hashes the
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
  * lock is held while hashing.  When the queue's memory (payload plus
@@ -55,7 +59,9 @@
 struct item {
     struct item *next;
     uint64_t len;
-    char *data;                   /* NULL: len zero bytes */
+    const char *data;             /* NULL: len zero bytes */
+    void (*release)(void *);      /* data is the writer's: give it back */
+    void *ref;                    /* ... with release(ref); else owned */
 };
 
 struct digest {
@@ -98,12 +104,20 @@ const char *digest_state_name(enum digest_state s)
 
 /* ---- queue (d->lock held) -------------------------------------------- */
 
+static void drop_data(const struct item *it)
+{
+    if (it->release)
+        it->release(it->ref);
+    else
+        free((void *) it->data);
+}
+
 static void free_queue_locked(struct digest *d)
 {
     while (d->head) {
         struct item *it = d->head;
         d->head = it->next;
-        free(it->data);
+        drop_data(it);
         free(it);
     }
     d->tail = NULL;
@@ -204,25 +218,39 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
     return true;
 }
 
-static void push_data_locked(struct digest *d, const void *buf, size_t len)
+/* Queue len bytes at buf: a copy (release NULL) or the writer's own
+ * bytes, given back with release(ref).  Every path calls release once. */
+static void push_data_locked(struct digest *d, const void *buf, size_t len,
+                             void (*release)(void *), void *ref)
 {
+    struct item *it = NULL;
+    char *copy = NULL;
+
     if (d->queued + ITEM_COST + len > d->limit &&
         !wait_for_room_locked(d, ITEM_COST + len))
-        return;
-    struct item *it = calloc(1, sizeof *it);
-    char *copy = malloc(len ? len : 1);
-    if (!it || !copy) {
+        goto drop;
+    it = calloc(1, sizeof *it);
+    if (!release)
+        copy = malloc(len ? len : 1);
+    if (!it || (!release && !copy)) {
         free(it);
         free(copy);
         fail_locked(d, DIGEST_ABANDONED, "out of memory");
-        return;
+        goto drop;
     }
-    memcpy(copy, buf, len);
-    it->data = copy;
+    if (copy)
+        memcpy(copy, buf, len);
+    it->data = copy ? copy : buf;
+    it->release = release;
+    it->ref = ref;
     it->len = len;
     d->queued += item_cost(it);
     push_locked(d, it);
     d->pos += len;
+    return;
+drop:
+    if (release)
+        release(ref);
 }
 
 /* ---- the digest thread ----------------------------------------------- */
@@ -300,7 +328,8 @@ static void *digest_thread(void *arg)
         /* Cheap (one block), so done whenever the queue may be empty. */
         if (ok)
             ok = snapshot_hex(ctx, hex);
-        free(it.data);
+        if (it.data)
+            drop_data(&it);
         ctx_gen = ok ? gen : UINT64_MAX;
 
         pthread_mutex_lock(&d->lock);
@@ -388,7 +417,22 @@ void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
         return;
     pthread_mutex_lock(&d->lock);
     if (advance_to_locked(d, off, "write"))
-        push_data_locked(d, buf, len);
+        push_data_locked(d, buf, len, NULL, NULL);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_write_held(struct digest *d, uint64_t off, const void *buf,
+                       size_t len, void (*release)(void *), void *ref)
+{
+    if (!d || len == 0) {
+        release(ref);
+        return;
+    }
+    pthread_mutex_lock(&d->lock);
+    if (advance_to_locked(d, off, "write"))
+        push_data_locked(d, buf, len, release, ref);
+    else
+        release(ref);
     pthread_mutex_unlock(&d->lock);
 }
 

@@ -47,6 +47,11 @@ void digest_destroy(struct digest *d);
 void digest_truncate(struct digest *d, uint64_t size, uint64_t old);
 /* buf[0..len) was written at off (and accepted by the pool).  Copies. */
 void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len);
+/* Like digest_write(), without the copy: the digest reads buf until it
+ * calls release(ref), exactly once (at once if it does not need the
+ * bytes).  The caller keeps buf unchanged until then (a pool hold). */
+void digest_write_held(struct digest *d, uint64_t off, const void *buf,
+                       size_t len, void (*release)(void *), void *ref);
 /* [off, off+len) now reads as zero (punch hole, zero range); apparent is
  * the file's size afterwards. */
 void digest_zero(struct digest *d, uint64_t off, uint64_t len,

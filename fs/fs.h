@@ -17,6 +17,7 @@ enum fs_ino {
     FS_INO_RAW = 2,           /* the export as a raw file ("nbd") */
     FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
     FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
+    FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
 };
 
 #define FS_STATUS_NAME ".nbdferry-status"
@@ -24,17 +25,24 @@ enum fs_ino {
 struct vhdview;
 struct tcpinfo_sampler;
 struct vhd_synth;
+struct vmdkview;
+struct vmdk_synth;
 
 struct fs {
     struct nbdx *x;
     struct vhdview *vhd;      /* fs/vhdview.c */
     struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
     char *vhd_name;           /* FILENAME.vhd */
+    struct vmdkview *vmdk;    /* fs/vmdkview.c */
+    char *vmdk_name;          /* FILENAME.vmdk */
     struct pool *pool;
     uint64_t export_size;
     const char *filename;
     bool readonly;
     bool allow_other;         /* -o allow_other: the directory is 0755 */
+    bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
+    bool file_mode;           /* the disk is the mount's root (fs/modes.c) */
+    bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     uid_t uid;
     gid_t gid;
     struct timespec started;
@@ -61,10 +69,15 @@ struct fs_fh {
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;
     struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
+    struct vmdk_synth *vmdk_synth; /* FS_INO_VMDK read: likewise */
     struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* fs/modes.c: fs_ops with file mode and block-device semantics layered
+ * on (each a no-op unless its flag in struct fs is set). */
+void fs_mode_ops(struct fuse_lowlevel_ops *out);
 
 /* The raw file's size, for fs/vhdview.c: replace the disk's content by a
  * disk of size bytes (everything reads as zero until written), or grow

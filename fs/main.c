@@ -7,7 +7,11 @@
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT
  *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT
+ *   nbdferry [OPTIONS] FILE ...            (file mode: the disk over FILE)
  *
+ * The mountpoint is checked and resolved while parsing, before anything
+ * forks, connects or mounts (fs/cli.c).
  * Start-up order: parse, fork (unless -f; before any thread exists), connect,
  * create the pool, mount, write the pidfile, tell the waiting parent.  Any
  * failure before that point prints one line and exits non-zero with
@@ -31,12 +35,17 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/digest.h"
+#include "fs/pidfile.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "fs/vmdkview.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
+
+#include <libnbd.h>
 
 #define DEFAULT_CONNECTIONS 4
 #define DEFAULT_DEPTH 8
@@ -44,6 +53,11 @@
 #define DEFAULT_POOL_SIZE (64u << 20)
 #define DEFAULT_IDLE_MS 10
 #define DEFAULT_RETRY_TIMEOUT 60
+#define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
+                                       * can take seconds; 30 s rides out
+                                       * that and short stalls, and a dead
+                                       * server is noticed in half a
+                                       * minute */
 #define MAX_REQUEST_SIZE (32u << 20)  /* some servers drop the connection
                                        * beyond this */
 
@@ -54,11 +68,12 @@ struct options {
     uint64_t request_size, pool_size;
     unsigned idle_ms;
     bool write_through, destination_is_zero, no_extents;
-    char *fuse_opts;
+    struct cli_fuse_opts fo;  /* -o: ours taken out, the rest libfuse's */
     const char *pidfile;
-    bool foreground;
-    char *mountpoint;
-    char *filename;
+    struct pidfile *pf;       /* its directory, opened before daemonising */
+    bool foreground, single_thread, fuse_debug;
+    char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI */
+    struct cli_mountpoint mp;
     bool no_digest, progress_bar;
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
@@ -68,6 +83,11 @@ struct options {
                                          * of the daemon's memory bound */
 
 static const char *program = "nbdferry";
+
+/* mount(8) helpers exit as mount does: 32 is "mount failure".  Set for
+ * the fstab form; a plain command line fails with 1. */
+#define MOUNT_EX_FAIL 32
+static int failure_status = EXIT_FAILURE;
 
 static void usage_error(const char *fmt, ...)
     __attribute__((format(printf, 1, 2), noreturn));
@@ -95,11 +115,26 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
+"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
+"  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
+"  nbdferry --help | --fuse-help | --version | --long-options |\n"
+"           --short-options\n"
 "\n"
-"The export appears as MOUNTPOINT/FILENAME (default: nbd).  Copy a disk\n"
-"image into it with cp, dd, rsync --inplace or qemu-img; unmount with\n"
-"fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with systemd\n"
-"socket activation; --command runs one on stdin/stdout.\n"
+"The export appears as MOUNTPOINT/FILENAME (default: nbd), or over FILE\n"
+"when FILE is an existing regular file (file mode, as nbdfuse).  Copy a\n"
+"disk image into it with cp, dd, rsync --inplace or qemu-img; unmount\n"
+"with fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with\n"
+"systemd socket activation (also: --socket-activation CMD ARGS);\n"
+"--command runs one on stdin/stdout.  Options go before MOUNTPOINT.\n"
+"\n"
+"The mountpoint must be an empty directory of yours: a directory that\n"
+"holds files is refused unless -o nonempty; a system directory (/, /etc,\n"
+"/tmp, /usr, /var, $HOME, $TMPDIR, ...) and a FUSE mount always; a dead\n"
+"mount is named with the fusermount3 -u that clears it.\n"
+"\n"
+"Without -f the command returns once the mount is ready and the daemon\n"
+"runs on (nbdfuse stays in the foreground: use -f to wait on the process,\n"
+"or -P FILE to find it).\n"
 "\n"
 "Options:\n"
 "  -C, --connections N    NBD connections if the server offers multi-conn\n"
@@ -121,29 +156,54 @@ static void usage(void)
 "                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
 "                         lines written to file descriptor FD\n"
 "      --expected-size SIZE  the source's size, for percent and ETA\n"
-"                         (default: the size the copy tool truncates to)\n"
+"                         (default: the writer's input file, if it can be\n"
+"                         seen; else the size the copy tool truncates to)\n"
+"      --vhd-fixed        FILENAME.vhd also takes fixed VHDs (-o vhd_fixed);\n"
+"                         without it, anything that does not begin like a\n"
+"                         dynamic or differencing VHD is refused\n"
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
+"      --request-timeout S  no reply for S seconds with requests outstanding\n"
+"                         (or a handshake that slow) counts as a lost\n"
+"                         connection (0: wait forever; default %u)\n"
 "      --tls=require|allow|off  TLS (default: as the URI says; nbds://\n"
 "                         requires it); require refuses a server\n"
 "                         that cannot do TLS\n"
 "      --tls-psk-file FILE  TLS pre-shared keys (psktool format)\n"
 "      --tls-username USER  the PSK or X.509 user name\n"
 "      --tls-certificates DIR  X.509 certificates (ca-cert.pem, ...)\n"
-"      --tls-verify-peer  check the server's X.509 certificate\n"
+"      --tls-verify-peer  check the server's X.509 certificate and host\n"
+"                         name (always done, unless --tls-insecure)\n"
+"      --tls-insecure     X.509 TLS without checking the server: INSECURE,\n"
+"                         anyone on the path can read and change the disk\n"
+"      --block-device     nbdfuse's block-device semantics: O_TRUNC and\n"
+"                         truncate leave the disk and its size alone (to\n"
+"                         patch sectors in place); also -o block_device.\n"
+"                         Default: file semantics, right for copying a\n"
+"                         whole image in\n"
 "  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
-"                         owner unless -o allow_other; repeatable\n"
-"  -P, --pidfile FILE     write the daemon's pid here once the mount is ready\n"
-"  -r, --readonly         read-only mount\n"
+"                         owner unless -o allow_other; repeatable.  Taken\n"
+"                         by nbdferry: nonempty (mount over a directory\n"
+"                         that holds files), uid=N, gid=N (the files'\n"
+"                         owner), block_device, kernel_cache (accepted and\n"
+"                         ignored: every file is direct I/O, the kernel\n"
+"                         caches nothing); see --fuse-help for the rest\n"
+"  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
+"                         mount is ready; removed at exit\n"
+"  -r, --readonly, --read-only  read-only mount\n"
 "  -f, --foreground       stay in the foreground\n"
+"  -s                     single-threaded FUSE loop\n"
+"  -d                     debug: -f, -v -v and FUSE's debug output\n"
 "  -v, --verbose          more messages (twice: libnbd debug too)\n"
-"  -V, --version          print the version and exit\n"
+"  -V, --version          print the versions and exit\n"
 "      --help             this text\n"
+"      --fuse-help        the FUSE options -o accepts\n"
+"      --long-options, --short-options  list the options (for completion)\n"
 "\n"
-"SIZE takes a K, M or G suffix (powers of 1024).\n",
+"SIZE takes a K, M, G or T suffix (powers of 1024).\n",
         DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS,
-        DEFAULT_RETRY_TIMEOUT);
+        DEFAULT_RETRY_TIMEOUT, DEFAULT_REQUEST_TIMEOUT);
 }
 
 /* ---- option values --------------------------------------------------- */
@@ -171,16 +231,10 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
 
 static void add_fuse_opt(struct options *o, const char *opt)
 {
-    size_t n = o->fuse_opts ? strlen(o->fuse_opts) : 0;
-    char *s = realloc(o->fuse_opts, n + strlen(opt) + 2);
-    if (!s) {
-        perror(program);
-        exit(EXIT_FAILURE);
-    }
-    if (n)
-        s[n++] = ',';
-    strcpy(s + n, opt);
-    o->fuse_opts = s;
+    char msg[CLI_MSG_MAX];
+
+    if (cli_add_fuse_opts(&o->fo, opt, msg, sizeof msg) < 0)
+        usage_error("%s", msg);
 }
 
 /* ---- command line ---------------------------------------------------- */
@@ -191,8 +245,12 @@ enum {
     OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD, OPT_RETRY_TIMEOUT,
     OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
     OPT_TLS_VERIFY_PEER,
-    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE,
+    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
+    OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE,
+    OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
 };
+
+#define SHORT_OPTIONS "+:C:o:P:rfvVds"
 
 static const struct option long_options[] = {
     { "connections", required_argument, NULL, 'C' },
@@ -207,13 +265,21 @@ static const struct option long_options[] = {
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
+    { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
+    { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
+    { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
     { "tls", required_argument, NULL, OPT_TLS },
     { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
     { "tls-username", required_argument, NULL, OPT_TLS_USERNAME },
     { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
     { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "pidfile", required_argument, NULL, 'P' },
+    { "pid-file", required_argument, NULL, 'P' },
+    { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
+    { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
+    { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
+    { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
     { "readonly", no_argument, NULL, 'r' },
     { "read-only", no_argument, NULL, 'r' },
     { "foreground", no_argument, NULL, 'f' },
@@ -240,18 +306,82 @@ static void parse_server(struct options *o, int argc, char **argv)
 {
     char msg[CLI_MSG_MAX];
 
+    if (!o->mode_set && argc > 0 && strcmp(argv[0], "--vsock") == 0) {
+        if (cli_vsock_uri(argc, argv, &o->vsock_uri, msg, sizeof msg) < 0)
+            usage_error("%s", msg);
+        argc = 1;
+        argv = &o->vsock_uri;
+    }
     if (cli_parse_server(&o->nbd, &o->mode_set, argc, argv, msg,
-                         sizeof msg) < 0)
+                         sizeof msg) < 0) {
+        /* An option after the mountpoint: say where options go. */
+        for (int i = 0; o->nbd.mode == NBDX_URI && i < argc; i++)
+            if (argv[i][0] == '-' && argv[i][1])
+                usage_error("'%s' after the mountpoint: options go before "
+                            "it", argv[i]);
         usage_error("%s", msg);
+    }
 }
 
+/* Checks happen here, before anything forks, connects or mounts. */
 static void parse_mountpoint(struct options *o, const char *arg)
 {
     char msg[CLI_MSG_MAX];
 
-    if (cli_parse_mountpoint(arg, FS_STATUS_NAME, &o->mountpoint,
-                             &o->filename, msg, sizeof msg) < 0)
-        usage_error("%s", msg);
+    if (cli_parse_mountpoint(arg, FS_STATUS_NAME, o->fo.nonempty, &o->mp,
+                             msg, sizeof msg) < 0) {
+        fprintf(stderr, "%s: %s\n", program, msg);
+        exit(failure_status);
+    }
+}
+
+/* --long-options, --short-options: for the bash completion script, from
+ * the same tables getopt uses. */
+static void __attribute__((noreturn)) list_long_options(void)
+{
+    optlist_long(long_options);
+    printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) list_short_options(void)
+{
+    optlist_short(SHORT_OPTIONS);
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) fuse_help(void)
+{
+    printf("FUSE options for -o (libfuse %s), besides nbdferry's own\n"
+           "(nonempty, uid=N, gid=N, block_device, kernel_cache):\n",
+           fuse_pkgversion());
+    fflush(stdout);
+    fuse_lowlevel_help();
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn)) version(void)
+{
+    struct nbd_handle *h = nbd_create();
+
+    printf("%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+    if (h)
+        printf("libnbd %s\n", nbd_get_version(h));
+    printf("libfuse %s\n", fuse_pkgversion());
+    nbd_close(h);
+    exit(EXIT_SUCCESS);
+}
+
+static void __attribute__((noreturn))
+unknown_option(int optopt_, const char *arg)
+{
+    if (optopt_ && optopt_ < 256)
+        usage_error("invalid option -- '%c'", optopt_);
+    const char *hint = cli_suggest_option(arg, long_options);
+    if (hint)
+        usage_error("unrecognized option '%s' (did you mean --%s?)", arg,
+                    hint);
+    usage_error("unrecognized or incomplete option '%s'", arg);
 }
 
 /* mount.fuse3 (fstab: "nbdferry#URI /mnt fuse3 ..." or "URI /mnt
@@ -262,14 +392,18 @@ static bool fstab_form(struct options *o, int argc, char **argv)
 {
     struct stat st;
 
-    if (argc < 2 || !strstr(argv[0], "://") || stat(argv[1], &st) == -1 ||
-        !S_ISDIR(st.st_mode) || o->mode_set)
+    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set)
+        return false;
+    /* A dead mount (ENOTCONN) is the fstab form too, to be named. */
+    if (stat(argv[1], &st) == -1 ? errno != ENOTCONN
+        : !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)))
         return false;
     for (int i = 2; i < argc; i += 2) {
         if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)
             usage_error("unexpected '%s' after the mountpoint", argv[i]);
         add_fuse_opt(o, argv[i + 1]);
     }
+    failure_status = MOUNT_EX_FAIL;
     parse_mountpoint(o, argv[1]);
     char *uri[] = { argv[0], NULL };
     parse_server(o, 1, uri);
@@ -284,6 +418,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->nbd.connections = DEFAULT_CONNECTIONS;
     o->nbd.nodelay = true;
     o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
+    o->nbd.request_timeout_s = DEFAULT_REQUEST_TIMEOUT;
     o->nbd.tls = -1;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
@@ -292,7 +427,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->idle_ms = DEFAULT_IDLE_MS;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:C:o:P:rfvV", long_options,
+    while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
                             NULL)) != -1) {
         switch (c) {
         case 'C':
@@ -346,6 +481,11 @@ static void parse_args(struct options *o, int argc, char **argv)
             o->nbd.retry_timeout_s =
                 parse_uint("--retry-timeout", optarg, 0, 86400);
             break;
+        case OPT_REQUEST_TIMEOUT:
+            o->nbd.request_timeout_s =
+                parse_uint("--request-timeout", optarg, 0, 86400);
+            break;
+        case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
         case OPT_NO_DIGEST: o->no_digest = true; break;
         case OPT_PROGRESS:
             if (!optarg) {
@@ -360,15 +500,24 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_EXPECTED_SIZE:
             o->expected_size = parse_size("--expected-size", optarg);
             break;
+        case OPT_VHD_FIXED:
+            o->fo.vhd_fixed = true;
+            break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
         case 'r': o->nbd.readonly = true; break;
         case 'f': o->foreground = true; break;
         case 'v': log_verbosity++; break;
-        case 'V':
-            printf("%s %s (libfuse %s)\n", PACKAGE_NAME, PACKAGE_VERSION,
-                   fuse_pkgversion());
-            exit(EXIT_SUCCESS);
+        case 's': o->single_thread = true; break;
+        case 'd':
+            o->foreground = o->fuse_debug = true;
+            log_verbosity += 2;
+            break;
+        case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
+        case 'V': version();
+        case OPT_FUSE_HELP: fuse_help();
+        case OPT_LONG_OPTIONS: list_long_options();
+        case OPT_SHORT_OPTIONS: list_short_options();
         case OPT_HELP:
             usage();
             exit(EXIT_SUCCESS);
@@ -381,10 +530,7 @@ static void parse_args(struct options *o, int argc, char **argv)
             usage_error("option '%s' needs a value", argv[optind - 1]);
         default:
             /* opterr is 0: one line, ours. */
-            if (optopt && optopt < 256)
-                usage_error("invalid option -- '%c'", optopt);
-            usage_error("unrecognized or incomplete option '%s'",
-                        argv[optind - 1]);
+            unknown_option(optopt, argv[optind - 1]);
         }
     }
     if (optind >= argc)
@@ -424,8 +570,10 @@ static void daemonize_early(void)
         close(p[1]);
         if (read(p[0], &status, 1) != 1) {
             int ws;
-            waitpid(pid, &ws, 0);
             status = 1;
+            if (waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) &&
+                WEXITSTATUS(ws) != 0)
+                status = (unsigned char) WEXITSTATUS(ws);
         }
         _exit(status);
     }
@@ -457,25 +605,6 @@ static void detach(void)
     if (chdir("/") == -1) {
         /* harmless */
     }
-}
-
-static int write_pidfile(const char *path)
-{
-    char tmp[PATH_MAX];
-    FILE *f;
-
-    if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, getpid()) >= (int) sizeof tmp)
-        return -ENAMETOOLONG;
-    f = fopen(tmp, "w");
-    if (!f)
-        return -errno;
-    fprintf(f, "%d\n", getpid());
-    if (fclose(f) != 0 || rename(tmp, path) == -1) {
-        int err = errno;
-        unlink(tmp);
-        return -err;
-    }
-    return 0;
 }
 
 /* ---- setup ----------------------------------------------------------- */
@@ -545,29 +674,33 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "ro");
     }
-    if (o->fuse_opts) {
+    if (o->fo.pass) {
         fuse_opt_add_arg(&args, "-o");
-        fuse_opt_add_arg(&args, o->fuse_opts);
+        fuse_opt_add_arg(&args, o->fo.pass);
     }
+    if (o->fuse_debug)
+        fuse_opt_add_arg(&args, "-d");
     /* With allow_other, other users reach the files: let the kernel
      * enforce their modes (0600), or anyone could read and write the
      * disk. */
-    fs->allow_other = o->fuse_opts && has_fuse_opt(o->fuse_opts,
-                                                   "allow_other");
+    fs->allow_other = o->fo.pass && has_fuse_opt(o->fo.pass,
+                                                 "allow_other");
     if (fs->allow_other &&
-        !has_fuse_opt(o->fuse_opts, "default_permissions")) {
+        !has_fuse_opt(o->fo.pass, "default_permissions")) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "default_permissions");
     }
-    se = fuse_session_new(&args, &fs_ops, sizeof fs_ops, fs);
+    static struct fuse_lowlevel_ops ops;
+    fs_mode_ops(&ops);
+    se = fuse_session_new(&args, &ops, sizeof ops, fs);
     fuse_opt_free_args(&args);
     if (!se) {
         log_err("cannot start FUSE (bad -o option?)");
         return NULL;
     }
     if (fuse_set_signal_handlers(se) == -1 ||
-        fuse_session_mount(se, o->mountpoint) == -1) {
-        log_err("cannot mount on %s", o->mountpoint);
+        fuse_session_mount(se, o->mp.mountpoint) == -1) {
+        log_err("cannot mount on %s", o->mp.mountpoint);
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
         return NULL;
@@ -575,8 +708,10 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
     return se;
 }
 
-static int serve(struct fuse_session *se)
+static int serve(struct fuse_session *se, bool single_thread)
 {
+    if (single_thread)
+        return fuse_session_loop(se);
     struct fuse_loop_config *lc = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(lc, 0);
     fuse_loop_cfg_set_max_threads(lc, 16);
@@ -584,6 +719,13 @@ static int serve(struct fuse_session *se)
     int r = fuse_session_loop_mt(se, lc);
     fuse_loop_cfg_destroy(lc);
     return r;
+}
+
+/* The digest's queue holds pool buffers: leave half the pool to writes. */
+static size_t digest_limit(const struct options *o)
+{
+    return o->pool_size / 2 < DIGEST_QUEUE_LIMIT ? (size_t) (o->pool_size / 2)
+                                                 : DIGEST_QUEUE_LIMIT;
 }
 
 /* The inline digest and the progress thread: they start once the pool
@@ -595,8 +737,9 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .bar = o->progress_bar,
         .fd = o->progress_fd,
         .expected_size = o->expected_size,
+        .mountpoint = o->mp.mountpoint,
     };
-    int r = o->no_digest ? 0 : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+    int r = o->no_digest ? 0 : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */
@@ -663,6 +806,13 @@ int main(int argc, char **argv)
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     parse_args(&o, argc, argv);
+    status = failure_status;
+    if (o.pidfile) {
+        int r = pidfile_prepare(o.pidfile, &o.pf);
+        if (r < 0)
+            usage_error("--pidfile %s: %s", o.pidfile, strerror(-r));
+    }
+    log_set_context(o.mp.mountpoint);    /* syslog lines name the mount */
     if (!o.foreground)
         daemonize_early();
 
@@ -673,14 +823,22 @@ int main(int argc, char **argv)
     fs.export_size = info->size;
     fs.apparent_size = info->size;
     fs.readonly = info->readonly;
-    fs.filename = o.filename;
-    if (asprintf(&fs.vhd_name, "%s.vhd", o.filename) == -1 ||
-        vhdview_init(&fs) < 0) {
+    fs.filename = o.mp.filename;
+    fs.file_mode = o.mp.file_mode;
+    fs.block_device = o.fo.block_device;
+    fs.vhd_fixed = o.fo.vhd_fixed;
+    if (asprintf(&fs.vhd_name, "%s.vhd", o.mp.filename) == -1 ||
+        vhdview_init(&fs) < 0 ||
+        asprintf(&fs.vmdk_name, "%s.vmdk", o.mp.filename) == -1 ||
+        vmdkview_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
-    fs.uid = getuid();
-    fs.gid = getgid();
+    fs.uid = o.fo.set_uid ? (uid_t) o.fo.uid : getuid();
+    fs.gid = o.fo.set_gid ? (gid_t) o.fo.gid : getgid();
+    if (o.fo.kernel_cache)
+        log_info("-o kernel_cache: ignored, every file is direct I/O (the "
+                 "write-back pool must see each write)");
     clock_gettime(CLOCK_REALTIME, &fs.started);
     fs.mtime = fs.started;
     pthread_mutex_init(&fs.lock, NULL);
@@ -696,15 +854,15 @@ int main(int argc, char **argv)
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
-    if (o.pidfile) {
-        int r = write_pidfile(o.pidfile);
+    if (o.pf) {
+        int r = pidfile_write(o.pf);
         if (r < 0) {
             log_err("pidfile %s: %s", o.pidfile, strerror(-r));
             goto out_unmount;
         }
     }
     detach();
-    serve(se);
+    serve(se, o.single_thread);
     status = EXIT_SUCCESS;
 
 out_unmount:
@@ -726,11 +884,13 @@ out_nbd:
     fs_close_all(&fs);
     vhdview_fini(&fs);
     free(fs.vhd_name);
+    vmdkview_fini(&fs);
+    free(fs.vmdk_name);
     nbdx_close(fs.x);
-    if (o.pidfile && status == EXIT_SUCCESS)
-        unlink(o.pidfile);
-    free(o.mountpoint);
-    free(o.filename);
-    free(o.fuse_opts);
+    pidfile_remove(o.pf);     /* only if it still holds our pid */
+    cli_mountpoint_free(&o.mp);
+    cli_fuse_opts_free(&o.fo);
+    free(o.vsock_uri);
+    log_flush();
     return status;
 }

@@ -1,5 +1,6 @@
 /* fs/ops.c: FUSE low-level handlers.  Each turns a kernel request into
- * pool calls and replies; file semantics are mission.md §3.
+ * pool calls and replies; file semantics are
+ * the raw file's contract in docs/design.md.
  *
  * THREAD MODEL
  * libfuse's worker threads (fuse_session_loop_mt) call these handlers
@@ -24,6 +25,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/vhdview.h"
+#include "fs/vmdkview.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
                                    * buffer size, so writes arrive large */
@@ -85,6 +87,12 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
         st->st_size = (off_t) vhdview_size(fs);
         st->st_blocks = (st->st_size + 511) / 512;
         break;
+    case FS_INO_VMDK:
+        st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+        st->st_nlink = 1;
+        st->st_size = (off_t) vmdkview_size(fs);
+        st->st_blocks = (st->st_size + 511) / 512;
+        break;
     case FS_INO_STATUS:
         st->st_mode = S_IFREG | 0400;
         st->st_nlink = 1;
@@ -110,6 +118,8 @@ static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
         return FS_INO_STATUS;
     if (strcmp(name, fs->vhd_name) == 0)
         return FS_INO_VHD;
+    if (strcmp(name, fs->vmdk_name) == 0)
+        return FS_INO_VMDK;
     return 0;
 }
 
@@ -188,10 +198,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 {
     struct fs *fs = fs_of(req);
 
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         int r = !(to_set & FUSE_SET_ATTR_SIZE) ? 0
                 : fs->readonly ? -EROFS
                 : attr->st_size < 0 ? -EINVAL
+                : ino == FS_INO_VMDK
+                ? vmdkview_truncate(fs, (uint64_t) attr->st_size)
                 : vhdview_truncate(fs, (uint64_t) attr->st_size);
         if (r < 0)
             fuse_reply_err(req, -r);
@@ -266,6 +278,7 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     dirbuf_add(req, &b, "..", FS_INO_ROOT);
     dirbuf_add(req, &b, fs->filename, FS_INO_RAW);
     dirbuf_add(req, &b, fs->vhd_name, FS_INO_VHD);
+    dirbuf_add(req, &b, fs->vmdk_name, FS_INO_VMDK);
     dirbuf_add(req, &b, FS_STATUS_NAME, FS_INO_STATUS);
     if ((size_t) off < b.size) {
         size_t n = b.size - (size_t) off;
@@ -364,6 +377,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    if (ino == FS_INO_VMDK) {
+        int r = vmdkview_open(fs, fh, fi->flags);
+        if (r < 0) {
+            free(fh);
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
     if (ino == FS_INO_STATUS) {
         fh->snapshot = fs_status_json(fs, &fh->snapshot_len);
         if (!fh->snapshot) {
@@ -383,6 +404,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    /* The writer's input file, if visible, is the progress's total. */
+    if (writing && (ino == FS_INO_RAW || ino == FS_INO_VHD))
+        progress_writer(fs->progress, fuse_req_ctx(req)->pid);
     pthread_mutex_lock(&fs->lock);
     fh->next = fs->open_files;
     if (fh->next)
@@ -418,8 +442,9 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
      * (head -c1 while cp writes) must not drain the pool nor send the
      * pending zeroes the writer's own close will send. */
     bool wrote = has_written(fh);
-    if (ino == FS_INO_VHD) {
-        int r = vhdview_flush(fs, fh);
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
+        int r = ino == FS_INO_VMDK ? vmdkview_flush(fs, fh)
+                                   : vhdview_flush(fs, fh);
         if (wrote)
             pool_drain(fs->pool);
         int err = wrote ? pool_error_take(fs->pool, &fh->err_seq) : 0;
@@ -448,7 +473,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
-    if (ino != FS_INO_RAW && ino != FS_INO_VHD) {
+    if (ino != FS_INO_RAW && ino != FS_INO_VHD && ino != FS_INO_VMDK) {
         fuse_reply_err(req, 0);
         return;
     }
@@ -476,6 +501,8 @@ void fs_close_all(struct fs *fs)
     while ((fh = fs->open_files) != NULL) {
         if (fh->ino == FS_INO_VHD && fs->vhd)
             vhdview_release(fs, fh);
+        if (fh->ino == FS_INO_VMDK && fs->vmdk)
+            vmdkview_release(fs, fh);
         forget_fh(fs, fh);
         free(fh->snapshot);
         free(fh);
@@ -489,6 +516,8 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
 
     if (ino == FS_INO_VHD)
         vhdview_release(fs_of(req), fh);
+    if (ino == FS_INO_VMDK)
+        vmdkview_release(fs_of(req), fh);
     forget_fh(fs_of(req), fh);
     free(fh->snapshot);
     free(fh);
@@ -504,8 +533,20 @@ static void read_status(fuse_req_t req, struct fs_fh *fh, size_t size,
         fuse_reply_buf(req, NULL, 0);
         return;
     }
+    /* Reply from a copy: the kernel completes the read inside writev(), so
+     * the reader may close and op_release() free the snapshot before
+     * fuse_reply_buf() returns (ASan checks the iovec after the call). */
     size_t n = fh->snapshot_len - (size_t) off;
-    fuse_reply_buf(req, fh->snapshot + off, n < size ? n : size);
+    if (n > size)
+        n = size;
+    char *copy = malloc(n);
+    if (!copy) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    memcpy(copy, fh->snapshot + off, n);
+    fuse_reply_buf(req, copy, n);
+    free(copy);
 }
 
 static void read_vhd(fuse_req_t req, struct fs_fh *fh, size_t size, off_t off)
@@ -515,8 +556,11 @@ static void read_vhd(fuse_req_t req, struct fs_fh *fh, size_t size, off_t off)
         fuse_reply_err(req, off < 0 ? EINVAL : ENOMEM);
         return;
     }
-    ssize_t n = vhdview_read(fuse_req_userdata(req), fh, buf, size,
-                             (uint64_t) off);
+    ssize_t n = fh->ino == FS_INO_VMDK
+                    ? vmdkview_read(fuse_req_userdata(req), fh, buf, size,
+                                    (uint64_t) off)
+                    : vhdview_read(fuse_req_userdata(req), fh, buf, size,
+                                   (uint64_t) off);
     if (n < 0)
         fuse_reply_err(req, (int) -n);
     else
@@ -533,7 +577,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         read_status(req, fh_of(fi), size, off);
         return;
     }
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         read_vhd(req, fh_of(fi), size, off);
         return;
     }
@@ -557,6 +601,29 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     free(buf);
 }
 
+/* A raw write's size: -errno to fail it, shorter at the end of the
+ * export. */
+static ssize_t raw_write_size(struct fs *fs, struct fs_fh *fh, size_t size,
+                              off_t off)
+{
+    if (off < 0 || (uint64_t) off >= fs->export_size) {
+        if (size == 0)
+            return 0;
+        log_notice("write of %zu bytes at offset %jd is past the end of the "
+                   "export (%" PRIu64 " bytes)", size, (intmax_t) off,
+                   fs->export_size);
+        return -ENOSPC;
+    }
+    /* A write that fails later is reported at close or fsync; once one
+     * has failed, later writes through this handle fail at once. */
+    int err = pool_error_peek(fs->pool, &fh->err_seq);
+    if (err)
+        return -err;
+    if (size > fs->export_size - (uint64_t) off)
+        size = (size_t) (fs->export_size - (uint64_t) off);  /* short */
+    return (ssize_t) size;
+}
+
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
                      size_t size, off_t off, struct fuse_file_info *fi)
 {
@@ -564,35 +631,26 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs_fh *fh = fh_of(fi);
 
     mark_wrote(fh);
-    if (ino == FS_INO_VHD) {
+    if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         ssize_t n = off < 0 ? -EINVAL
-                            : vhdview_write(fs, fh, buf, size, (uint64_t) off);
+                    : ino == FS_INO_VMDK
+                    ? vmdkview_write(fs, fh, buf, size, (uint64_t) off)
+                    : vhdview_write(fs, fh, buf, size, (uint64_t) off);
         if (n < 0)
             fuse_reply_err(req, (int) -n);
         else
             fuse_reply_write(req, (size_t) n);
         return;
     }
-    if (off < 0 || (uint64_t) off >= fs->export_size) {
-        if (size == 0) {
+    ssize_t n = raw_write_size(fs, fh, size, off);
+    if (n <= 0) {
+        if (n < 0)
+            fuse_reply_err(req, (int) -n);
+        else
             fuse_reply_write(req, 0);
-            return;
-        }
-        log_notice("write of %zu bytes at offset %jd is past the end of the "
-                   "export (%" PRIu64 " bytes)", size, (intmax_t) off,
-                   fs->export_size);
-        fuse_reply_err(req, ENOSPC);
         return;
     }
-    /* A write that fails later is reported at close or fsync; once one
-     * has failed, later writes through this handle fail at once. */
-    int err = pool_error_peek(fs->pool, &fh->err_seq);
-    if (err) {
-        fuse_reply_err(req, err);
-        return;
-    }
-    if (size > fs->export_size - (uint64_t) off)
-        size = (size_t) (fs->export_size - (uint64_t) off);  /* short */
+    size = (size_t) n;
     ssize_t r = pool_write(fs->pool, (uint64_t) off, buf, size);
     if (r < 0) {
         fuse_reply_err(req, (int) -r);
@@ -604,6 +662,112 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     fuse_reply_write(req, size);
 }
 
+/* ---- writes into reserved pool buffers -------------------------------
+ * write_buf gets the payload where libfuse read it (memory; a pipe fd if
+ * splicing were on) and fuse_buf_copy() moves it straight into the pool
+ * buffers reserved for it: the only copy the daemon makes in user space.
+ * The inline digest then hashes those pool buffers in place (holds)
+ * instead of a copy of its own. */
+
+/* Move size bytes of src into the reserved segments.  0 or -errno. */
+static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
+{
+    union {                       /* a bufvec of POOL_FILL_SEGS buffers */
+        struct fuse_bufvec v;
+        char room[sizeof(struct fuse_bufvec) +
+                  (POOL_FILL_SEGS - 1) * sizeof(struct fuse_buf)];
+    } dst = { .v = { .count = f->nseg } };
+    size_t done = 0;
+
+    for (unsigned i = 0; i < f->nseg; i++)
+        dst.v.buf[i] = (struct fuse_buf) { .size = f->seg[i].len,
+                                           .mem = f->seg[i].mem };
+    /* fuse_buf_copy() stops at a short read; it advances both vectors,
+     * so calling it again goes on where it stopped. */
+    while (done < f->len) {
+        ssize_t n = fuse_buf_copy(&dst.v, src, 0);
+        if (n < 0)
+            return (int) n;
+        if (n == 0)
+            return -EIO;
+        done += (size_t) n;
+    }
+    return 0;
+}
+
+/* The digest reads each pool buffer in place until it lets go. */
+static void digest_holds(struct fs *fs, const struct pool_fill *f)
+{
+    for (unsigned i = 0; i < f->nhold; i++)
+        digest_write_held(fs->digest, f->hold[i].off, f->hold[i].mem,
+                          f->hold[i].len, pool_hold_release, f->hold[i].ref);
+}
+
+/* Copy the payload into memory and take op_write()'s path (the VHD view,
+ * write-through mode, writes spanning many buffers). */
+static void write_buf_copied(fuse_req_t req, fuse_ino_t ino,
+                             struct fuse_bufvec *bufv, off_t off,
+                             struct fuse_file_info *fi)
+{
+    size_t size = fuse_buf_size(bufv);
+
+    if (bufv->count == 1 && !(bufv->buf[0].flags & FUSE_BUF_IS_FD)) {
+        op_write(req, ino, (const char *) bufv->buf[0].mem + bufv->off, size,
+                 off, fi);
+        return;
+    }
+    struct fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
+    dst.buf[0].mem = malloc(size ? size : 1);
+    if (!dst.buf[0].mem) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    ssize_t n = fuse_buf_copy(&dst, bufv, 0);
+    if (n < 0 || (size_t) n != size)
+        fuse_reply_err(req, n < 0 ? (int) -n : EIO);
+    else
+        op_write(req, ino, dst.buf[0].mem, size, off, fi);
+    free(dst.buf[0].mem);
+}
+
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
+                         struct fuse_bufvec *bufv, off_t off,
+                         struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct pool_fill f;
+
+    mark_wrote(fh_of(fi));
+    if (ino != FS_INO_RAW) {
+        write_buf_copied(req, ino, bufv, off, fi);
+        return;
+    }
+    ssize_t size = raw_write_size(fs, fh_of(fi), fuse_buf_size(bufv), off);
+    if (size <= 0) {
+        if (size < 0)
+            fuse_reply_err(req, (int) -size);
+        else
+            fuse_reply_write(req, 0);
+        return;
+    }
+    int r = pool_fill_begin(fs->pool, (uint64_t) off, (size_t) size, &f);
+    if (r == -EAGAIN) {
+        write_buf_copied(req, ino, bufv, off, fi);
+        return;
+    }
+    if (r == 0)
+        r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
+                                   fs->digest != NULL);
+    if (r < 0) {
+        fuse_reply_err(req, -r);
+        return;
+    }
+    extend_to(fs, (uint64_t) off + (uint64_t) size);
+    digest_holds(fs, &f);
+    progress_write(fs->progress, (uint64_t) off, (size_t) size);
+    fuse_reply_write(req, (size_t) size);
+}
+
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
                          off_t len, struct fuse_file_info *fi)
 {
@@ -613,11 +777,13 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
 
     mark_wrote(fh_of(fi));
 
-    if (ino == FS_INO_VHD && off >= 0 && len > 0 &&
+    if ((ino == FS_INO_VHD || ino == FS_INO_VMDK) && off >= 0 && len > 0 &&
         (mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
         /* cp --sparse=always punches the holes it skipped: zeros of the
-         * VHD file. */
-        int r = vhdview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len);
+         * VHD or VMDK file. */
+        int r = ino == FS_INO_VMDK
+                ? vmdkview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len)
+                : vhdview_hole(fs, fh_of(fi), (uint64_t) off, (uint64_t) len);
         fuse_reply_err(req, r < 0 ? -r : 0);
         return;
     }
@@ -704,6 +870,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * decoder needs file order. */
     conn->want &= ~FUSE_CAP_ASYNC_DIO;
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  /* we are the write-back */
+    /* No splice (libfuse asks for SPLICE_READ by default once write_buf
+     * exists).  Our writes are direct I/O, and the kernel copies
+     * direct-I/O pages into the pipe ("can't control lifetime of pipe
+     * buffers"): splicing trades read()'s copy for the kernel's copy
+     * into the pipe plus a pipe read, measured no cheaper.  It also
+     * needs a pipe of a whole request (1 MiB + header), more than
+     * pipe-max-size allows without CAP_SYS_RESOURCE, so it would run
+     * only for some users: one path, the tested one.  SPLICE_MOVE only
+     * moves pages of replies; SPLICE_WRITE is for reads. */
+    conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
 }
 
 const struct fuse_lowlevel_ops fs_ops = {
@@ -723,6 +899,7 @@ const struct fuse_lowlevel_ops fs_ops = {
     .open = op_open,
     .read = op_read,
     .write = op_write,
+    .write_buf = op_write_buf,
     .flush = op_flush,
     .fsync = op_fsync,
     .release = op_release,

@@ -16,16 +16,21 @@
  */
 #include "fs/progress.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "fs/fs.h"
 #include "common/signals.h"
 
@@ -48,6 +53,8 @@ struct progress {
     uint64_t frontier;            /* of this pass */
     uint64_t truncated;           /* last non-zero truncate size, or 0 */
     uint64_t closed;              /* size at close, 0 after a change */
+    uint64_t source;              /* the writer's input file, or 0 */
+    uint64_t vhd_len;             /* the VHD being landed, or 0 */
     struct sample ring[NSAMPLES];
     unsigned nsamples, next;
 
@@ -66,6 +73,8 @@ const char *progress_total_name(enum progress_total t)
 {
     static const char *names[] = {
         [PROGRESS_TOTAL_EXPECTED] = "expected-size",
+        [PROGRESS_TOTAL_VHD] = "vhd",
+        [PROGRESS_TOTAL_SOURCE] = "source",
         [PROGRESS_TOTAL_CLOSE] = "close",
         [PROGRESS_TOTAL_TRUNCATE] = "truncate",
         [PROGRESS_TOTAL_EXPORT] = "export-size",
@@ -80,8 +89,11 @@ void progress_truncate(struct progress *pg, uint64_t size)
     if (!pg)
         return;
     pthread_mutex_lock(&pg->lock);
-    if (size == 0)                /* a new pass */
+    if (size == 0) {              /* a new pass */
         pg->frontier = 0;
+        pg->source = 0;
+        pg->vhd_len = 0;
+    }
     pg->truncated = size;
     pg->closed = 0;
     pthread_mutex_unlock(&pg->lock);
@@ -120,6 +132,91 @@ void progress_close(struct progress *pg, uint64_t apparent)
     pthread_mutex_unlock(&pg->lock);
 }
 
+/* ---- the writer's source (as pv -d) ---------------------------------- */
+
+/* Flags of fd in pid's fdinfo, or -1. */
+static int fd_flags(pid_t pid, const char *fd)
+{
+    char path[64], line[128];
+    int flags = -1;
+
+    snprintf(path, sizeof path, "/proc/%d/fdinfo/%s", (int) pid, fd);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "flags: %o", (unsigned *) &flags) == 1)
+            break;
+    fclose(f);
+    return flags;
+}
+
+/* Is target a file on our own mount (the destination itself)? */
+static bool on_mount(const char *mountpoint, const char *target)
+{
+    size_t n = mountpoint ? strlen(mountpoint) : 0;
+    return n && strncmp(target, mountpoint, n) == 0 &&
+           (target[n] == '/' || target[n] == '\0');
+}
+
+/* Size of one of pid's fds if it is a read-only regular file elsewhere. */
+static uint64_t source_size(struct progress *pg, pid_t pid, const char *fd)
+{
+    char link[64], target[PATH_MAX];
+    struct stat st;
+
+    snprintf(link, sizeof link, "/proc/%d/fd/%s", (int) pid, fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0 || target[0] != '/')
+        return 0;                 /* pipe:[..], socket:[..], anon_inode */
+    target[n] = '\0';
+    if (on_mount(pg->cfg.mountpoint, target))
+        return 0;                 /* never stat our own files from here */
+    int flags = fd_flags(pid, fd);
+    if (flags < 0 || (flags & O_ACCMODE) != O_RDONLY)
+        return 0;
+    if (stat(link, &st) == -1 || !S_ISREG(st.st_mode))
+        return 0;
+    return (uint64_t) st.st_size;
+}
+
+void progress_writer(struct progress *pg, pid_t pid)
+{
+    char path[64];
+    uint64_t best = 0;
+
+    if (!pg || pid <= 0)
+        return;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int) pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return;                   /* gone, or another user's process */
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        uint64_t size = source_size(pg, pid, e->d_name);
+        if (size > best)
+            best = size;
+    }
+    closedir(d);
+    if (!best)
+        return;
+    log_info("progress: the writer (pid %d) reads a file of %" PRIu64
+             " bytes: the total", (int) pid, best);
+    pthread_mutex_lock(&pg->lock);
+    pg->source = best;
+    pthread_mutex_unlock(&pg->lock);
+}
+
+void progress_vhd_length(struct progress *pg, uint64_t len)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    pg->vhd_len = len;
+    pthread_mutex_unlock(&pg->lock);
+}
+
 /* ---- the numbers ----------------------------------------------------- */
 
 /* Rate of a sample field over the last secs (locked). */
@@ -149,6 +246,12 @@ static void total_locked(const struct progress *pg, uint64_t export_size,
     if (pg->cfg.expected_size) {
         out->total = pg->cfg.expected_size;
         out->total_from = PROGRESS_TOTAL_EXPECTED;
+    } else if (pg->vhd_len) {
+        out->total = pg->vhd_len;
+        out->total_from = PROGRESS_TOTAL_VHD;
+    } else if (pg->source) {
+        out->total = pg->source;
+        out->total_from = PROGRESS_TOTAL_SOURCE;
     } else if (pg->closed) {
         out->total = pg->closed;
         out->total_from = PROGRESS_TOTAL_CLOSE;
@@ -270,7 +373,8 @@ static void draw_bar(struct progress *pg, const struct progress_info *pi,
     char line[200];
     int n = snprintf(line, sizeof line, "\r[%5.1f%%] [%s] %s / %s%s  %s/s  %s",
                      pi->percent, bar, done, total,
-                     pi->total_from == PROGRESS_TOTAL_EXPORT ? " (export)" : "",
+                     pi->total_from == PROGRESS_TOTAL_EXPORT
+                         ? " (whole export, ETA at most)" : "",
                      rate, eta);
     size_t len = (size_t) n < sizeof line ? (size_t) n : sizeof line - 1;
     size_t width = len;

@@ -8,9 +8,13 @@
  *
  * Definition (docs/nbdferry.1, PROGRESS):
  *   done  = min(frontier, total) - (bytes written - bytes acknowledged)
- *   total = --expected-size, else the size the last close() left, else
- *           the size set by a truncate to a non-zero size, else the
- *           export size
+ *   total = --expected-size, else (a VHD landing) the VHD file's length
+ *           as its metadata describes it, else the size of the regular
+ *           file the writing process reads from (seen in /proc/PID/fd at
+ *           its open, as pv -d does), else the size the last close()
+ *           left, else the size set by a truncate to a non-zero size,
+ *           else the export size (then the ETA is an upper bound)
+ * For a VHD landing the frontier counts bytes of the VHD file consumed.
  * Holes the copy tool skipped count as done once the frontier passes
  * them.  100% needs done == total and the pool settled: every written
  * byte acknowledged, nothing in flight, no zeroing pending.
@@ -18,6 +22,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define PROGRESS_TICK_MS 250
 
@@ -28,10 +33,14 @@ struct progress_config {
     bool bar;                 /* --progress: draw on stderr */
     int fd;                   /* --progress=FD: "N/100" lines, or -1 */
     uint64_t expected_size;   /* --expected-size, or 0 */
+    const char *mountpoint;   /* borrowed: the writer's files under it are
+                               * ours, not its source */
 };
 
 enum progress_total {
     PROGRESS_TOTAL_EXPECTED,  /* --expected-size */
+    PROGRESS_TOTAL_VHD,       /* the VHD file's length, from its metadata */
+    PROGRESS_TOTAL_SOURCE,    /* the writer's input file */
     PROGRESS_TOTAL_CLOSE,     /* the file's size at the pass's close() */
     PROGRESS_TOTAL_TRUNCATE,  /* a truncate to a non-zero size */
     PROGRESS_TOTAL_EXPORT,    /* nothing better known */
@@ -60,6 +69,15 @@ void progress_truncate(struct progress *pg, uint64_t size);
 void progress_write(struct progress *pg, uint64_t off, uint64_t len);
 void progress_zero(struct progress *pg, uint64_t off, uint64_t len);
 void progress_close(struct progress *pg, uint64_t apparent);
+
+/* A writer opened the file: look in /proc/pid/fd for the regular file it
+ * reads from (opened read-only, not on this mount; the largest if more
+ * than one) and take its size as the total of this pass.  Nothing found
+ * (another user's process, a pipe, rsync's separate receiver): no change.
+ * Call after the open's truncate. */
+void progress_writer(struct progress *pg, pid_t pid);
+/* A VHD landing: its file's length is known from its metadata. */
+void progress_vhd_length(struct progress *pg, uint64_t len);
 
 void progress_get(struct progress *pg, struct progress_info *out);
 const char *progress_total_name(enum progress_total t);

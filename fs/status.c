@@ -12,7 +12,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "common/log.h"
 
 #include "fs/digest.h"
 #include "fs/progress.h"
@@ -45,15 +48,35 @@ static const char *kind_name(enum pool_counter_kind k)
     return kind[k];
 }
 
-static void put_failures(FILE *f, const struct pool_stats *s)
+/* Failed NBD requests (the first ones), then the daemon's latest errors
+ * and warnings, each with its message. */
+static void put_nbd_failures(FILE *f, const struct pool_stats *s)
 {
-    fputs("  \"failures\": [", f);
-    for (unsigned i = 0; i < s->nfailures; i++)
+    for (unsigned i = 0; i < s->nfailures; i++) {
         fprintf(f, "%s\n    {\"kind\": \"%s\", \"offset\": %" PRIu64
-                   ", \"length\": %" PRIu64 ", \"errno\": %d}",
+                   ", \"length\": %" PRIu64 ", \"errno\": %d, \"message\": ",
                 i ? "," : "", kind_name(s->failures[i].kind),
                 s->failures[i].off, s->failures[i].len, s->failures[i].err);
-    fputs(s->nfailures ? "\n  ],\n" : "],\n", f);
+        put_string(f, strerror(s->failures[i].err));
+        fputc('}', f);
+    }
+}
+
+static void put_failures(FILE *f, const struct pool_stats *s,
+                         const struct log_entry *e, unsigned n)
+{
+    fputs("  \"failures\": [", f);
+    put_nbd_failures(f, s);
+    for (unsigned i = 0; i < n; i++) {
+        fprintf(f, "%s\n    {\"kind\": \"%s\", \"time\": %lld, "
+                   "\"last_time\": %lld, \"repeated\": %" PRIu64
+                   ", \"message\": ",
+                i || s->nfailures ? "," : "", e[i].error ? "error" : "warning",
+                (long long) e[i].first, (long long) e[i].last, e[i].repeated);
+        put_string(f, e[i].msg);
+        fputc('}', f);
+    }
+    fputs(s->nfailures || n ? "\n  ],\n" : "],\n", f);
 }
 
 static void put_requests(FILE *f, const struct pool_stats *s,
@@ -197,8 +220,12 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
     put_tcp(f, fs);
     put_requests(f, &s, &n);
-    fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors);
-    put_failures(f, &s);
+    struct log_entry recent[LOG_RECENT];
+    uint64_t log_errors, log_warnings;
+    unsigned nrecent = log_recent(recent, &log_errors, &log_warnings);
+    fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors + log_errors);
+    fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
+    put_failures(f, &s, recent, nrecent);
     put_progress(f, fs, &s, uptime);
     put_digest(f, fs, &s, apparent);
     fprintf(f, "}\n");

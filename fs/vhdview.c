@@ -1,4 +1,4 @@
-/* fs/vhdview.c: FILENAME.vhd, the disk seen as a VHD (mission §4).
+/* fs/vhdview.c: FILENAME.vhd, the disk seen as a VHD.
  *
  * Writing: a copy tool writes a VHD file in file order (cp, dd, cat).  Each
  * write feeds vhd/'s forward-only stream decoder, whose sink places the
@@ -10,19 +10,34 @@
  * over what the disk holds.  close() finishes the stream: a VHD that
  * ended early or whose footer is wrong fails there with EINVAL.
  *
- * Reading: at open, the allocation of the disk (from the zero maps: block
- * status and everything written since) is frozen into a synthesizer that
- * produces a dynamic VHD; block data is read through the pool.
+ * Reading: the allocation of the disk (from the zero maps: block status
+ * and everything written since) is frozen into a synthesizer that
+ * produces a dynamic VHD; block data is read through the pool.  One
+ * synthesizer serves every open and stat of one disk state: it is built
+ * on first need and rebuilt only once the disk has changed (its mtime or
+ * the pool's counters moved), so memory does not grow with the number of
+ * readers.  Handles keep the one they opened (a consistent file) until
+ * they close; a replaced one is freed with its last handle.
+ *
+ * Refusal: the decoder is told the export's size and whether fixed VHDs
+ * are taken (--vhd-fixed), so that anything that does not begin like a
+ * dynamic or differencing VHD, or describes a disk larger than the
+ * export, is refused at the write that completes the first sector,
+ * before the disk is touched.
  *
  * THREAD MODEL
  * view->lock serializes everything about the ingest (the decoder is not
  * thread-safe, and its input must stay in order).  It is held across
  * pool_write() (which may wait for a buffer: the writer is throttled, as
- * on the raw file) but never across fuse_reply_*().  The kernel sends a
+ * on the raw file) but never across fuse_reply_*().  view->synth_lock
+ * protects the shared synthesizers; building one holds it (so concurrent
+ * stats wait for one build rather than making several).  Neither lock is
+ * taken while holding the other.  The kernel sends a
  * writer's requests in order because async direct I/O is off (fs/ops.c).
  */
 #include "fs/vhdview.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -33,9 +48,29 @@
 
 #include "common/log.h"
 #include "fs/digest.h"
+#include "fs/progress.h"
 #include "vhd/vhd.h"
 
+/* A synthesized VHD of one disk state, shared by the handles that opened
+ * it.  refs: open handles, plus one while it is the current one. */
+struct synth_key {
+    struct timespec mtime;
+    uint64_t written, zeroed, skipped, known_zero, pending_zero;
+};
+
+struct synth_ref {
+    struct vhd_synth *synth;      /* NULL: building failed with err */
+    int err;
+    unsigned refs;
+    struct synth_key key;
+    struct synth_ref *next;       /* retired list */
+};
+
 struct vhdview {
+    pthread_mutex_t synth_lock;
+    struct synth_ref *current;    /* the latest disk state's, or NULL */
+    struct synth_ref *retired;    /* replaced, still open somewhere */
+
     pthread_mutex_t lock;
     struct vhd_stream *stream;    /* the ingest in progress, or NULL */
     struct fs_fh *writer;         /* the handle that owns it */
@@ -47,6 +82,7 @@ struct vhdview {
 };
 
 static struct vhd_sink sink;
+static void unref_locked(struct vhdview *v, struct synth_ref *r);
 
 int vhdview_init(struct fs *fs)
 {
@@ -55,6 +91,7 @@ int vhdview_init(struct fs *fs)
     if (!v)
         return -ENOMEM;
     pthread_mutex_init(&v->lock, NULL);
+    pthread_mutex_init(&v->synth_lock, NULL);
     /* A per-mount identity: re-reads of the view agree within a mount. */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -78,7 +115,15 @@ void vhdview_fini(struct fs *fs)
     if (!v)
         return;
     vhd_stream_free(v->stream);
+    unref_locked(v, v->current);
+    while (v->retired) {          /* handles the kernel never released */
+        struct synth_ref *r = v->retired;
+        v->retired = r->next;
+        vhd_synth_free(r->synth);
+        free(r);
+    }
     pthread_mutex_destroy(&v->lock);
+    pthread_mutex_destroy(&v->synth_lock);
     free(v);
     fs->vhd = NULL;
 }
@@ -116,10 +161,118 @@ static int build_synth(struct fs *fs, struct vhd_synth **out)
     return 0;
 }
 
+/* What identifies a disk state: every change stamps the mtime (fs/ops.c)
+ * and moves the pool's counters; the block status scan moves known_zero. */
+static void disk_key(struct fs *fs, struct synth_key *k)
+{
+    struct pool_stats st;
+
+    pool_get_stats(fs->pool, &st);
+    memset(k, 0, sizeof *k);
+    pthread_mutex_lock(&fs->lock);
+    k->mtime = fs->mtime;
+    pthread_mutex_unlock(&fs->lock);
+    k->written = st.bytes_written;
+    k->zeroed = st.bytes_zeroed;
+    k->skipped = st.bytes_zero_skipped;
+    k->known_zero = st.known_zero;
+    k->pending_zero = st.pending_zero;
+}
+
+static bool same_key(const struct synth_key *a, const struct synth_key *b)
+{
+    return a->mtime.tv_sec == b->mtime.tv_sec &&
+           a->mtime.tv_nsec == b->mtime.tv_nsec && a->written == b->written &&
+           a->zeroed == b->zeroed && a->skipped == b->skipped &&
+           a->known_zero == b->known_zero &&
+           a->pending_zero == b->pending_zero;
+}
+
+static void unref_locked(struct vhdview *v, struct synth_ref *r)
+{
+    if (!r || --r->refs > 0)
+        return;
+    if (v->current == r)
+        v->current = NULL;
+    for (struct synth_ref **p = &v->retired; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    vhd_synth_free(r->synth);
+    free(r);
+}
+
+/* Retire the current synthesizer (its handles keep it) and build one for
+ * the disk as it is now. */
+static int replace_locked(struct fs *fs, struct vhdview *v,
+                          const struct synth_key *key)
+{
+    struct synth_ref *r = calloc(1, sizeof *r);
+
+    if (!r)
+        return -ENOMEM;
+    if (v->current) {
+        struct synth_ref *old = v->current;
+        if (old->refs > 1) {
+            old->next = v->retired;
+            v->retired = old;
+        }
+        unref_locked(v, old);
+        v->current = NULL;
+    }
+    r->key = *key;
+    r->refs = 1;
+    r->err = build_synth(fs, &r->synth);
+    v->current = r;
+    return 0;
+}
+
+/* The synthesizer of the disk as it is now, with a reference for the
+ * caller (unref_locked), or NULL and -errno. */
+static struct synth_ref *synth_get(struct fs *fs, int *err)
+{
+    struct vhdview *v = fs->vhd;
+    struct synth_key key;
+
+    disk_key(fs, &key);
+    pthread_mutex_lock(&v->synth_lock);
+    if (!v->current || !same_key(&v->current->key, &key))
+        *err = replace_locked(fs, v, &key);
+    else
+        *err = 0;
+    struct synth_ref *r = *err ? NULL : v->current;
+    if (r && r->err)
+        *err = r->err;
+    if (r && !r->err)
+        r->refs++;
+    else
+        r = NULL;
+    pthread_mutex_unlock(&v->synth_lock);
+    return r;
+}
+
+static void synth_put(struct fs *fs, struct vhd_synth *s)
+{
+    struct vhdview *v = fs->vhd;
+
+    if (!s)
+        return;
+    pthread_mutex_lock(&v->synth_lock);
+    struct synth_ref *r = v->current && v->current->synth == s ? v->current
+                                                               : NULL;
+    for (struct synth_ref *p = v->retired; !r && p; p = p->next)
+        if (p->synth == s)
+            r = p;
+    assert(r);
+    unref_locked(v, r);
+    pthread_mutex_unlock(&v->synth_lock);
+}
+
 uint64_t vhdview_size(struct fs *fs)
 {
     struct vhdview *v = fs->vhd;
-    struct vhd_synth *s;
+    int err;
 
     pthread_mutex_lock(&v->lock);
     bool ingesting = v->stream != NULL;
@@ -127,10 +280,11 @@ uint64_t vhdview_size(struct fs *fs)
     pthread_mutex_unlock(&v->lock);
     if (ingesting)
         return written;
-    if (build_synth(fs, &s) < 0)
+    struct synth_ref *r = synth_get(fs, &err);
+    if (!r)
         return 0;
-    uint64_t n = vhd_synth_file_size(s);
-    vhd_synth_free(s);
+    uint64_t n = vhd_synth_file_size(r->synth);
+    synth_put(fs, r->synth);
     return n;
 }
 
@@ -167,6 +321,9 @@ static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
     }
     log_info("%s.vhd: receiving a %s VHD, disk size %" PRIu64, fs->filename,
              names[kind], size);
+    /* Under view->lock (we are inside a feed): the stream is ours. */
+    progress_vhd_length(fs->progress,
+                        vhd_stream_expected_length(fs->vhd->stream));
     if (kind == VHD_DIFF)
         return 0;                             /* applied over the parent */
     /* Fixed or dynamic: the VHD's disk replaces the export's content. */
@@ -223,9 +380,11 @@ static int fail_locked(struct fs *fs, struct vhdview *v, int r)
         v->err = -r;
         if (v->logged)                        /* the sink said it */
             return r;
-        log_err("%s.vhd: %s", fs->filename,
+        log_err("%s.vhd: %s%s", fs->filename,
                 vhd_stream_error(v->stream)[0] ? vhd_stream_error(v->stream)
-                                               : strerror(-r));
+                                               : strerror(-r),
+                r == -EMEDIUMTYPE ? " (a fixed VHD needs the mount option "
+                                    "--vhd-fixed, -o vhd_fixed)" : "");
     }
     return -v->err;
 }
@@ -235,8 +394,12 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
     struct vhdview *v = fs->vhd;
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
-    if (!writing)
-        return build_synth(fs, &fh->synth);
+    if (!writing) {
+        int err;
+        struct synth_ref *r = synth_get(fs, &err);
+        fh->synth = r ? r->synth : NULL;
+        return r ? 0 : err;
+    }
     pthread_mutex_lock(&v->lock);
     if (v->stream && v->writer) {
         pthread_mutex_unlock(&v->lock);
@@ -246,6 +409,8 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
     vhd_stream_free(v->stream);
     v->stream = NULL;
     int r = vhd_stream_new(&sink, fs, &v->stream);
+    if (r == 0)
+        vhd_stream_limit(v->stream, fs->export_size, fs->vhd_fixed);
     if (r == 0) {
         v->writer = fh;
         v->err = 0;
@@ -253,6 +418,8 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
         v->file_size = 0;
         /* The raw file's inline digest cannot follow a VHD's bytes. */
         digest_foreign(fs->digest, "the VHD view");
+        /* A new pass, counted in bytes of the VHD file. */
+        progress_truncate(fs->progress, 0);
     }
     pthread_mutex_unlock(&v->lock);
     return r;
@@ -274,6 +441,8 @@ ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
     else if (off + size > v->file_size)
         v->file_size = off + size;
     pthread_mutex_unlock(&v->lock);
+    if (r >= 0)
+        progress_write(fs->progress, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
@@ -294,6 +463,8 @@ int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
     else if (off + len > v->file_size)
         v->file_size = off + len;
     pthread_mutex_unlock(&v->lock);
+    if (r >= 0)
+        progress_zero(fs->progress, off, len);
     return r;
 }
 
@@ -333,9 +504,11 @@ int vhdview_flush(struct fs *fs, struct fs_fh *fh)
             r = -v->err;
         else if ((r = vhd_stream_finish(v->stream)) < 0)
             r = fail_locked(fs, v, r);
-        else
+        else {
             log_info("%s.vhd: VHD received, %" PRIu64 " bytes", fs->filename,
                      v->file_size);
+            progress_close(fs->progress, v->file_size);
+        }
         vhd_stream_free(v->stream);
         v->stream = NULL;
         v->writer = NULL;
@@ -356,6 +529,6 @@ void vhdview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    vhd_synth_free(fh->synth);
+    synth_put(fs, fh->synth);
     fh->synth = NULL;
 }

@@ -173,9 +173,13 @@ def free_tcp_port():
 
 @pytest.fixture
 def shortdir():
-    """A short directory under /tmp (Unix socket paths are limited to 107
-    bytes, pytest's tmp_path can be longer)."""
-    d = tempfile.mkdtemp(prefix="nf-", dir="/tmp")
+    """A short directory under $TMPDIR (else /tmp, also when $TMPDIR is too
+    long: Unix socket paths are limited to 107 bytes, pytest's tmp_path can
+    be longer)."""
+    base = tempfile.gettempdir()          # $TMPDIR, else /tmp
+    if len(base) > 60:                    # leave room for socket names
+        base = "/tmp"
+    d = tempfile.mkdtemp(prefix="nf-", dir=base)
     yield Path(d)
     # Safety net: a daemon that mounted somewhere unexpected under d (the
     # directory itself, a file) must not outlive the test.

@@ -438,3 +438,67 @@ def test_sha256_file_helper_sanity(tmp_path):
     p.write_bytes(b"abc")
     import hashlib
     assert sha256_file(p, pad_to=5) == hashlib.sha256(b"abc\0\0").hexdigest()
+
+
+# ------------------------------------------- a new user's small slips
+
+@pytest.mark.parametrize("args,suggest", [
+    (["--depht", "4"], "--depth"),
+    (["--pool-sise=8M"], "--pool-size"),
+    (["--readonyl"], "--readonly"),
+    (["--conections", "2"], "--connections"),
+])
+def test_cli_misspelled_option_suggests(cli, args, suggest):
+    rc, _, err = cli.run(*args, cli.mp, "nbd://localhost/")
+    line = assert_one_clear_line(rc, err, "did you mean")
+    assert f"did you mean {suggest}?" in line, line
+    assert not is_mounted(cli.mp)
+
+
+def test_cli_unknown_option_without_a_near_name(cli):
+    rc, _, err = cli.run("--frobnicate", cli.mp, "nbd://localhost/")
+    line = assert_one_clear_line(rc, err, "frobnicate")
+    assert "did you mean" not in line
+
+
+@pytest.mark.parametrize("after", [["--depth", "4"], ["-r"], ["-o", "ro"]])
+def test_cli_option_after_the_uri_says_options_go_first(cli, server, after):
+    srv = server("memory", "size=16M")
+    rc, _, err = cli.run(cli.mp, srv.uri, *after)
+    line = assert_one_clear_line(rc, err, "options go before")
+    assert f"'{after[0]}'" in line, line
+    assert not is_mounted(cli.mp)
+
+
+@pytest.mark.parametrize("form", ["activation", "command"])
+def test_cli_server_command_exit_status(cli, form):
+    """A server command that exits before answering is reported with its
+    exit status, not with libnbd's recv error."""
+    args = (["[", "nbdkit", "nosuchplugin", "]"] if form == "activation"
+            else ["--command", "nbdkit", "-s", "nosuchplugin"])
+    rc, _, err = cli.run(cli.mp, *args)
+    line = assert_one_clear_line(rc, err, "the server command exited",
+                                 child_lines=True)
+    assert "exited with status 1" in line and "recv" not in line, line
+    assert not is_mounted(cli.mp)
+    assert not cli.pidfile.exists()
+
+
+def test_cli_help_lists_what_users_look_for(cli):
+    rc, out, _ = cli.run("--help", pidfile=False)
+    assert rc == 0
+    for want in ("--socket-activation", "--read-only", "K, M, G or T",
+                 "-o nonempty", "file mode", "--block-device",
+                 "fusermount3 -u", "Options go before MOUNTPOINT"):
+        assert want in out, f"--help does not say {want!r}"
+
+
+def test_cli_size_suffix_t(cli, server):
+    """The T suffix --help lists is accepted (and checked against the
+    option's own limit, here --pool-size's 64G)."""
+    srv = server("memory", "size=16M")
+    rc, _, err = cli.run("--pool-size", "1T", cli.mp, srv.uri)
+    assert_one_clear_line(rc, err, "--pool-size must be between")
+    rc, _, err = cli.run("--expected-size", "1Ti", "-f", "--help",
+                         pidfile=False)
+    assert rc == 0, err

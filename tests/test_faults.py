@@ -1,4 +1,4 @@
-"""Fault-injection suite (issue 7 item 2): real nbdkit filters between the
+"""Fault-injection suite: real nbdkit filters between the
 daemon and a file-backed disk of old random bytes.
 
 For every case the copy tool's exit status is judged against the bytes on

@@ -255,3 +255,110 @@ def test_fstab_bad_line_fails_and_mounts_nothing(server, fstab_mount, prefix,
     # before the mount was ready, so usually nothing reaches the reaper).
     exits = m.wait_done(30)
     assert all(rc != 0 for rc in exits.values()), exits
+
+
+# --------------------------------------- mountpoint checks from fstab
+# Mounting over a non-empty directory is hazardous: these run in a
+# private mount namespace (tests/privatens.py).
+
+def fstab_script(fstab, mp):
+    from shlex import quote as q
+    return f"""
+mount -T {q(str(fstab))} {q(str(mp))}
+echo "rc=$?"
+ls {q(str(mp))} | tr '\\n' ' ' | sed 's/^/ls=/'; echo
+"""
+
+
+@pytest.mark.parametrize("nonempty", [False, True],
+                         ids=["refused", "nonempty-option"])
+def test_fstab_nonempty_directory(server, prefix, shortdir, nonempty):
+    """A non-empty mountpoint in fstab: refused with mount's 32 and the
+    directory untouched; with `nonempty` in the options field, mounted,
+    the bytes land, and the directory's file is back after umount."""
+    from privatens import run_private
+    from shlex import quote as q
+    srv = server("memory", EXPORT)
+    mp = shortdir / "full"
+    mp.mkdir()
+    (mp / "a.txt").write_text("keep me\n")
+    data = os.urandom(3 * MiB + 1)
+    src = shortdir / "src"
+    src.write_bytes(data)
+    opts = "rw,nonempty,_netdev" if nonempty else "rw,_netdev"
+    fstab = shortdir / "fstab"
+    fstab.write_text(f"{fstab_source(prefix, srv.uri)} {mp} fuse3 {opts} "
+                     "0 0\n")
+    script = fstab_script(fstab, mp) + f"""
+mounted {q(str(mp))} && cp {q(str(src))} {q(str(mp / 'nbd'))} && echo copied
+pid=$(pgrep -x nbdferry)
+umount {q(str(mp))} 2>/dev/null && echo unmounted
+[ -n "$pid" ] && wait_gone "$pid"
+unmount_all {q(str(mp))}
+"""
+    r = run_private(script, shortdir)
+    out = r.stdout.splitlines()
+    if nonempty:
+        assert "rc=0" in out, r.stdout + r.stderr
+        assert "ls=nbd nbd.vhd " in out, r.stdout
+        assert "copied" in out and "unmounted" in out, r.stdout + r.stderr
+        assert read_nbd_prefix(srv.uri, len(data)) == data
+    else:
+        assert "rc=32" in out, r.stdout + r.stderr
+        assert "not empty" in r.stderr and "-o nonempty" in r.stderr
+        assert "ls=a.txt " in out, r.stdout
+    assert not any(l.startswith("mounted ") for l in out), r.stdout
+    assert sorted(os.listdir(mp)) == ["a.txt"]
+    assert (mp / "a.txt").read_text() == "keep me\n"
+
+
+def read_nbd_prefix(uri, n):
+    from conftest import read_nbd
+    return read_nbd(uri, 0, n)
+
+
+def test_fstab_mount_t_exit_status(prefix, shortdir):
+    """`mount -T FILE MNT` with a server nobody serves exits 32, mount's
+    "mount failure", as the guide says; nothing is mounted."""
+    from privatens import run_private
+    mp = shortdir / "mnt"
+    mp.mkdir()
+    fstab = shortdir / "fstab"
+    uri = f"nbd+unix:///?socket={shortdir}/nobody.sock"
+    fstab.write_text(f"{fstab_source(prefix, uri)} {mp} fuse3 rw,_netdev "
+                     "0 0\n")
+    r = run_private(fstab_script(fstab, mp) +
+                    f"unmount_all {mp}\n", shortdir)
+    out = r.stdout.splitlines()
+    assert "rc=32" in out, r.stdout + r.stderr
+    assert "cannot connect" in r.stderr
+    assert not any(l.startswith("mounted ") for l in out)
+
+
+def test_fstab_dead_mount_named(server, prefix, shortdir):
+    """After the daemon of an fstab mount is killed, mounting the line
+    again names the dead mount (exit 32) instead of mounting anything."""
+    from privatens import run_private
+    from shlex import quote as q
+    srv = server("memory", EXPORT)
+    mp = shortdir / "mnt"
+    mp.mkdir()
+    fstab = shortdir / "fstab"
+    fstab.write_text(f"{fstab_source(prefix, srv.uri)} {mp} fuse3 "
+                     "rw,_netdev 0 0\n")
+    script = f"""
+mount -T {q(str(fstab))} {q(str(mp))} || exit 9
+pid=$(pgrep -x nbdferry)
+kill -9 $pid
+wait_gone $pid
+""" + fstab_script(fstab, mp) + f"""
+awk -v p={q(str(mp))} '$5 == p' /proc/self/mountinfo | wc -l | sed 's/^/mounts=/'
+fusermount3 -u {q(str(mp))} && echo cleared
+unmount_all {q(str(mp))}
+"""
+    r = run_private(script, shortdir)
+    out = r.stdout.splitlines()
+    assert "rc=32" in out, r.stdout + r.stderr
+    assert f"{mp} is a dead nbdferry mount: run fusermount3 -u {mp}" in \
+        r.stderr, r.stderr
+    assert "mounts=1" in out and "cleared" in out, r.stdout

@@ -17,11 +17,12 @@ import pytest
 from conftest import BUILD, run
 
 SRC = Path(__file__).resolve().parent.parent
-PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-status"]
+PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
+            "nbdferry-status"]
 # Programs with a --version option (nbdferry-status, a script, has none).
-VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
-# The pages issue 5 asks for; every docs/*.1 is checked as well.
-PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd"]
+VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
+# The tools' own pages; every docs/*.1 is checked as well.
+PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
 
 pytestmark = pytest.mark.skipif(
     not (BUILD / "CMakeCache.txt").exists() or shutil.which("cmake") is None,
@@ -58,7 +59,8 @@ def test_install_nothing_but_programs_and_pages(prefix):
     files = {str(p.relative_to(prefix)) for p in prefix.rglob("*")
              if p.is_file()}
     expected = {f"bin/{n}" for n in PROGRAMS} | {
-        f"share/man/man1/{p.name}" for p in (SRC / "docs").glob("*.1")}
+        f"share/man/man1/{p.name}" for p in (SRC / "docs").glob("*.1")} | {
+        f"share/bash-completion/completions/{n}" for n in VERSIONED}
     assert files == expected
 
 

@@ -11,8 +11,10 @@ checks the bytes that landed."""
 import json
 import os
 import re
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,7 +166,7 @@ def test_progress_sparse_copy_reaches_100(server, mount, shm):
     assert lines.wait_for(100, 10) is not None, lines.got
     p = status(m)["progress"]
     assert p["settled"] and p["done"] == p["total"] == img.size, p
-    assert p["total_from"] == "close"
+    assert p["total_from"] == "source"          # cp's input file
     assert_monotonic(lines.percents())
     assert_content(img.path, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=img.size, what="sparse cp")
@@ -194,3 +196,85 @@ def test_progress_bar_needs_foreground(server, shortdir):
     cmd = [c for c in daemon_cmd("--progress", mp, srv.uri)]
     r = run(cmd)
     assert r.returncode == 1 and "--progress=FD" in r.stderr, r.stderr
+
+
+def sample_during(m, proc, secs=120):
+    """Status progress samples taken while proc runs (every 20 ms)."""
+    got = []
+    deadline = time.monotonic() + timeout(secs)
+    while proc.poll() is None and time.monotonic() < deadline:
+        st = status(m)
+        if st["bytes_written"] > 0:
+            got.append((st["bytes_written"], st["progress"]))
+        time.sleep(0.02)
+    return got
+
+
+def test_progress_total_is_the_source_during_cp(server, mount, shm):
+    """cp of a 512 MiB file onto a 1 GiB export: while it runs, the total
+    is the source's size (found in cp's open files), not the export's."""
+    export, size = 1024 * MiB, 512 * MiB
+    srv = server("memory", f"size={export}", "wdelay=20ms", filters=["delay"])
+    m = mount(srv, "-C", "1", "--depth", "2")
+    src = random_file(shm / "src.img", size)
+    cp = subprocess.Popen(["cp", src, m.file], stderr=subprocess.PIPE)
+    got = sample_during(m, cp)
+    assert cp.wait(timeout(120)) == 0, cp.stderr.read()
+    assert len(got) >= 3, f"too few samples during the copy: {got}"
+    for written, p in got:
+        assert p["total"] == size and p["total_from"] == "source", p
+        assert p["done"] <= written and p["percent"] < 100, p
+    st = status(m)
+    assert st["progress"]["total"] == size
+    assert_content(src, export, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="cp 512 MiB")
+
+
+def test_progress_total_from_a_pipe_is_the_export(server, mount, shm):
+    """dd reading a pipe: no source to see, so the total is the export and
+    nbdferry-status says the ETA is an upper bound."""
+    srv = server("memory", f"size={EXPORT}", "wdelay=20ms", filters=["delay"])
+    m = mount(srv, "-C", "1", "--depth", "1")
+    src = random_file(shm / "src.img", 24 * MiB)
+    sh = subprocess.Popen(["sh", "-c", f"cat '{src}' | dd of='{m.file}' "
+                           "bs=1M iflag=fullblock status=none"])
+    got = sample_during(m, sh)
+    assert sh.wait(timeout(120)) == 0
+    assert got, "no sample during the copy"
+    for _, p in got:
+        assert p["total_from"] == "export-size" and p["total"] == EXPORT, p
+    assert status(m)["progress"]["total_from"] == "close"
+    tool = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
+    sh = subprocess.Popen(["sh", "-c", f"cat '{src}' | dd of='{m.file}' "
+                           "bs=1M iflag=fullblock status=none"])
+    try:
+        deadline = time.monotonic() + timeout(60)
+        out = ""
+        while sh.poll() is None and time.monotonic() < deadline:
+            out = run(["/usr/bin/python3", tool, m.mp], check=True).stdout
+            if "whole export" in out:
+                break
+            time.sleep(0.05)
+    finally:
+        assert sh.wait(timeout(120)) == 0
+    assert "whole export" in out and "upper bound" in out, out
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=24 * MiB, what="dd from a pipe")
+
+
+def test_progress_total_of_a_vhd_landing(server, mount, shm):
+    """Writing a dynamic VHD into nbd.vhd: the total is the VHD file's
+    length (from its metadata), the frontier its bytes."""
+    from vhdhelpers import SHA, VIRTUAL, fixture
+    from conftest import sha256_nbd
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    vhd = fixture("qemu-dyn-10m.vhd", shm)
+    # through a pipe, so that only the VHD's metadata can say the length
+    run(["sh", "-c", f"cat '{vhd}' | dd of='{m.mp}/nbd.vhd' bs=64K "
+         "iflag=fullblock status=none"], check=True)
+    p = status(m)["progress"]
+    assert p["total_from"] == "vhd", p
+    assert p["total"] == p["done"] == os.path.getsize(vhd), p
+    assert sha256_nbd(srv.uri, VIRTUAL["qemu-dyn-10m"]) == \
+        SHA["qemu-dyn-10m.raw"]

@@ -1,4 +1,4 @@
-"""Security (issue 7 item 5): secrets stay out of logs, status and process
+"""Security: secrets stay out of logs, status and process
 titles; the mount is private unless -o allow_other; writes beyond the
 export, negative or overflowing offsets and absurd option values give
 clean errors.

@@ -28,7 +28,8 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
 # Item 3 of the issue: what the status must hold.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",
-        "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "failures",
+        "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "warnings",
+        "failures",
         "throughput", "connections", "digest", "progress"]
 
 
@@ -159,8 +160,11 @@ def test_status_lists_failed_ranges(server, mount, shortdir):
     st = status(m)
     check_invariants(st)
     assert st["errors"] >= 1 and st["failures"], st
-    for f in st["failures"]:
+    nbd = [f for f in st["failures"] if f["kind"] not in ("error", "warning")]
+    assert nbd, st["failures"]
+    for f in nbd:
         assert f["kind"] == "write" and f["errno"] > 0
+        assert f["message"] == os.strerror(f["errno"])
         assert 8 * MiB <= f["offset"] < 10 * MiB, f
         assert f["offset"] + f["length"] <= 10 * MiB, f
     assert st["bytes_acknowledged"] < st["bytes_written"]
@@ -221,3 +225,52 @@ def test_man_page_lists_every_option():
     assert "--progress" in opts and "--no-digest" in opts
     missing = sorted(o for o in opts if o not in page)
     assert not missing, f"docs/nbdferry.1 lacks {missing}"
+
+
+def test_status_shows_daemon_errors(server, mount, shm):
+    """A refusal the daemon logs (a non-VHD written into nbd.vhd) is in the
+    status (errors, failures with the message) and in nbdferry-status."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, expect_errors=True)
+    st = status(m)
+    assert st["errors"] == 0 and st["warnings"] == 0 and st["failures"] == []
+    junk = random_file(shm / "junk.bin", MiB)
+    for _ in range(3):
+        assert run(["cp", junk, m.mp / "nbd.vhd"]).returncode != 0
+    st = status(m)
+    assert st["errors"] == 3, st
+    (f,) = st["failures"]                   # one entry, repeated 3 times
+    assert f["kind"] == "error" and f["repeated"] == 3, f
+    assert "not a dynamic or differencing VHD" in f["message"], f
+    assert f["time"] <= f["last_time"] <= time.time() + 1, f
+    out = run(["/usr/bin/python3", TOOL, m.mp], check=True).stdout
+    assert "errors      3" in out, out
+    assert "error (x3): nbd.vhd: not a dynamic or differencing VHD" in out, out
+
+
+def test_status_tool_names_the_unreadable_mountpoint(server, mount):
+    """Another user's mount (no allow_other): the tool names the
+    mountpoint and says why, not a file beside it."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    os.chmod(m.mp.parent, 0o755)
+    r = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", TOOL, m.mp])
+    assert r.returncode == 1, r
+    assert r.stderr.startswith(f"nbdferry-status: {m.mp}: Permission denied"), \
+        r.stderr
+    assert "allow_other" in r.stderr, r.stderr
+
+
+def test_status_tool_on_a_dead_mount(server, mount):
+    """kill -9 leaves a dead mount: the tool says so and how to clear it."""
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, expect_rc=None, expect_errors=True)
+    m.proc.kill()
+    m.proc.wait(10)
+    r = run(["/usr/bin/python3", TOOL, m.mp])
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        f"nbdferry-status: {m.mp}: Transport endpoint is not connected"), \
+        r.stderr
+    assert "fusermount3 -u" in r.stderr, r.stderr

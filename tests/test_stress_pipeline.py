@@ -1,4 +1,4 @@
-"""Pipeline stress (issue 7 item 3; run against the TSan build by
+"""Pipeline stress (run against the TSan build by
 tools/test-sanitizers): many writer threads rewriting overlapping ranges
 and punching holes at once, small requests, deep pipelines, several
 connections, against a RAM disk that completes requests in random order.

@@ -1,10 +1,17 @@
-"""TLS (issue 7 item 5): PSK and X.509 against nbdkit --tls=require, with
-keys and certificates made here by gnutls-bin's psktool and certtool;
---tls=require refuses a server that cannot do TLS; a wrong key or an
-unknown CA is refused.  Every copy is verified by sha256 through the mount
-and in the server's backing file."""
+"""TLS: PSK and X.509 against nbdkit --tls=require, with keys and
+certificates made here by gnutls-bin's psktool and certtool.
+
+X.509 is verified or refused: a server whose certificate comes from a CA
+the client does not trust (none given: the system's trust store; or
+another CA's directory), or names another host, is refused; the right CA
+is accepted; --tls-insecure is the only way around it and says so.  X.509
+over a Unix socket (no host name to check) is refused.  PSK works as
+before; a key file open to group or others is refused.  --tls=require
+refuses a server that cannot do TLS.  Every copy is verified by sha256
+through the mount and in the server's backing file."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,10 +47,12 @@ def certtool(*args, template=None, d=None):
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-def make_pki(d, name="pki"):
-    """CA + server certificate for localhost/127.0.0.1.  Returns
-    (server_dir, client_dir): nbdkit wants ca-cert.pem, server-cert.pem
-    and server-key.pem; the client only the CA's ca-cert.pem."""
+def make_pki(d, name="pki", host="localhost"):
+    """CA + server certificate for host (and 127.0.0.1 when host is
+    localhost).  Returns (server_dir, client_dir): nbdkit wants
+    ca-cert.pem, server-cert.pem and server-key.pem; the client only the
+    CA's ca-cert.pem."""
+    ip = "ip_address = 127.0.0.1\n" if host == "localhost" else ""
     base = Path(d) / name
     srv, cli = base / "server", base / "client"
     srv.mkdir(parents=True)
@@ -58,8 +67,8 @@ def make_pki(d, name="pki"):
     certtool("--generate-certificate", "--load-ca-certificate", ca_cert,
              "--load-ca-privkey", ca_key, "--load-privkey", key,
              "--outfile", srv / "server-cert.pem", d=base,
-             template="organization = nbdferry tests\ncn = localhost\n"
-             "dns_name = localhost\nip_address = 127.0.0.1\n"
+             template=f"organization = nbdferry tests\ncn = {host}\n"
+             f"dns_name = {host}\n{ip}"
              "tls_www_server\nencryption_key\nsigning_key\n"
              "expiration_days = 2\n")
     key.chmod(0o600)
@@ -155,7 +164,9 @@ def test_tls_x509_uri(server, mount, shm, shortdir):
     copy_and_verify(m, shm, srv.disk)
 
 
-def test_tls_x509_unknown_ca_refused(server, shm, shortdir):
+def test_tls_x509_other_ca_refused(server, shm, shortdir):
+    """The client trusts another CA than the one that signed the
+    server's certificate."""
     sdir, _ = make_pki(shortdir, "pki1")
     _, other_cdir = make_pki(shortdir, "pki2")
     srv = disk_server(server, shm, "--tls=require",
@@ -164,16 +175,102 @@ def test_tls_x509_unknown_ca_refused(server, shm, shortdir):
                   other_cdir, "--tls-verify-peer",
                   ["--tcp", "localhost", str(srv.port)])
     assert "cannot connect" in err, err
+    err = refused(shortdir, [f"nbds://localhost:{srv.port}/"
+                             f"?tls-certificates={other_cdir}"])
+    assert "cannot connect" in err, err
+
+
+@pytest.mark.parametrize("how", ["uri", "uri-verify-flag", "tcp"])
+def test_tls_x509_unknown_ca_refused(server, shm, shortdir, how):
+    """No CA directory given: the server's CA is in no trust store the
+    client knows (the system's), so the mount is refused, with or
+    without --tls-verify-peer (libnbd alone would connect unverified)."""
+    sdir, _ = make_pki(shortdir)
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    args = {"uri": [[f"nbds://localhost:{srv.port}/"]],
+            "uri-verify-flag": ["--tls-verify-peer",
+                                [f"nbds://localhost:{srv.port}/"]],
+            "tcp": ["--tls=require",
+                    ["--tcp", "localhost", str(srv.port)]]}[how]
+    before = ca_dirs()
+    err = refused(shortdir, *args)
+    assert "cannot connect" in err, err
+    assert ca_dirs() <= before, "the private CA directory was left behind"
+
+
+def ca_dirs():
+    """The daemon's private CA directories (mkdtemp under TMPDIR)."""
+    return set(Path(os.environ.get("TMPDIR", "/tmp")).glob("nbdferry-ca-*"))
+
+
+def test_tls_x509_wrong_host_refused(server, shm, shortdir):
+    """The right CA, but the certificate names another host."""
+    sdir, cdir = make_pki(shortdir, host="otherhost.example")
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    err = refused(shortdir, "--tls=require", "--tls-certificates", cdir,
+                  ["--tcp", "localhost", str(srv.port)])
+    assert "cannot connect" in err, err
+    err = refused(shortdir, [f"nbds://127.0.0.1:{srv.port}/"
+                             f"?tls-certificates={cdir}"])
+    assert "cannot connect" in err, err
+
+
+def test_tls_x509_insecure_is_explicit_and_logged(server, mount, shm,
+                                                  shortdir):
+    """--tls-insecure connects to an unverifiable server, and the log
+    says it is insecure."""
+    sdir, _ = make_pki(shortdir, host="otherhost.example")
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    m = mount([f"nbds://localhost:{srv.port}/"], "--tls-insecure",
+              expect_errors=True)
+    copy_and_verify(m, shm, srv.disk)
+    m.unmount()
+    assert re.search(r"warning: --tls-insecure: .*NOT verified", m.stderr), \
+        m.stderr
+
+
+def test_tls_x509_unix_socket_refused(server, shm, shortdir):
+    """Over a Unix socket there is no host name to check the certificate
+    against: refused, with the ways out."""
+    sdir, cdir = make_pki(shortdir)
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}")
+    err = refused(shortdir, "--tls=require", "--tls-certificates", cdir,
+                  ["--unix", srv.sock])
+    assert "cannot be verified without the server's host name" in err, err
+    assert "--tls-insecure" in err, err
+
+
+def test_tls_x509_ca_dir_without_ca_cert_refused(server, shm, shortdir):
+    """A certificate directory without ca-cert.pem would make libnbd fall
+    back to checking nothing: refused."""
+    sdir, _ = make_pki(shortdir)
+    empty = shortdir / "empty"
+    empty.mkdir()
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    err = refused(shortdir, "--tls-certificates", empty,
+                  [f"nbds://localhost:{srv.port}/"])
+    assert "ca-cert.pem" in err, err
 
 
 # ------------------------------------------------------------ plain server
 
 def test_tls_require_refuses_plain_server(server, shm, shortdir):
     srv = disk_server(server, shm)
-    err = refused(shortdir, "--tls=require", ["--unix", srv.sock])
+    keys = make_psk(shortdir)
+    err = refused(shortdir, "--tls=require", "--tls-psk-file", keys,
+                  "--tls-username", "alice", ["--unix", srv.sock])
     assert "cannot connect" in err, err
+    err = refused(shortdir, [f"nbds+unix:///?socket={srv.sock}"
+                             f"&tls-psk-file={keys}"])
+    assert "cannot connect" in err, err
+    # X.509 over a Unix socket is refused before connecting.
     err = refused(shortdir, [f"nbds+unix:///?socket={srv.sock}"])
-    assert "cannot connect" in err, err
+    assert "host name" in err, err
 
 
 def test_tls_allow_accepts_plain_server(server, mount, shm):

@@ -1,5 +1,5 @@
-"""valgrind memcheck of a whole mount / copy / read / unmount cycle
-(issue 7 item 3): no invalid accesses, no definite leaks.  The daemon runs
+"""valgrind memcheck of a whole mount / copy / read / unmount cycle:
+no invalid accesses, no definite leaks.  The daemon runs
 under ``valgrind --leak-check=full --error-exitcode=99
 --errors-for-leak-kinds=definite`` through conftest's wrapper hook, so the
 mount fixture's teardown asserts exit status 0 (99 would mean errors or

@@ -1,5 +1,5 @@
 """MOUNTPOINT/nbd.vhd: VHDs written into the mount land on the export, and
-reading it exports the disk as a dynamic VHD (mission §4, issue 4).
+reading it exports the disk as a dynamic VHD.
 
 Every landing starts from an export pre-filled with random bytes (so a
 stale byte shows) and checks sha256 of the disk read through the mount AND
@@ -40,6 +40,11 @@ if not VHD_TOOL.exists():
     if "NBDFERRY_BUILD" in os.environ:
         raise RuntimeError(f"{VHD_TOOL} not built")
     pytest.skip(f"{VHD_TOOL} not built", allow_module_level=True)
+
+
+def fixed_opts(name):
+    """Mount options a VHD named so needs: fixed VHDs only on request."""
+    return ("--vhd-fixed",) if "fixed" in name else ()
 
 
 def roundup(n, m):
@@ -98,7 +103,7 @@ def test_fixture_lands(server, mount, shm, name, tool):
     virt = VIRTUAL[name]
     export = roundup(virt, MiB) + 3 * MiB + 512
     srv, _ = random_export(server, export)
-    m = mount(srv)
+    m = mount(srv, *fixed_opts(name))
     land(m, vhd, tool)
     # the raw file is the VHD's disk; the server holds it, then zeros
     assert_content(raw, export, mount_file=m.file, uri=srv.uri,
@@ -112,7 +117,7 @@ def test_fixture_lands_on_exact_size_export(server, mount, shm, name):
     vhd = fixture(f"{name}.vhd", shm)
     raw = fixture(f"{name}.raw", shm)
     srv, _ = random_export(server, VIRTUAL[name])
-    m = mount(srv)
+    m = mount(srv, *fixed_opts(name))
     land(m, vhd, "cp-sparse-always")
     assert sha256_nbd(srv.uri) == SHA[f"{name}.raw"]
     assert_content(raw, VIRTUAL[name], mount_file=m.file, uri=srv.uri)
@@ -252,7 +257,7 @@ def test_qemu_made(server, mount, shm, subformat, force, size, tool):
         assert cur >= size                 # CHS-rounded by qemu
     export = roundup(cur, MiB) + MiB
     srv, _ = random_export(server, export)
-    m = mount(srv)
+    m = mount(srv, *fixed_opts(subformat))
     land(m, vhd, tool)
     assert_content(ref, export, mount_file=m.file, uri=srv.uri,
                    mount_size=cur, what=f"{subformat} force_size={force}")
@@ -547,7 +552,7 @@ def test_vhd_larger_than_export_enospc(server, mount, shm):
     errs = vhd_errors(m)
     assert errs and "larger than the export" in errs[0], m.stderr
     assert_untouched(srv, m, old)
-    # one line per failure (mission: "fails with a clear error")
+    # one line per failure: a clear error, said once
     assert len(errs) == 1, "more than one log line for one failure:\n" + \
         "\n".join(errs)
 
@@ -557,7 +562,7 @@ def test_fixed_vhd_larger_than_export_fails(server, mount, shm):
     seen when the data reaches the end of the export.  Documented limit:
     the part that fit is on the disk; nothing past the export."""
     srv, old = random_export(server, 4 * MiB)
-    m = mount(srv, expect_errors=True)
+    m = mount(srv, "--vhd-fixed", expect_errors=True)
     raw = fixture("tap-fixed-8m.raw", shm).read_bytes()
     r = copy_into("cp", fixture("tap-fixed-8m.vhd", shm), m.mp / "nbd.vhd")
     assert r.returncode != 0, "a fixed VHD larger than the export landed"
@@ -606,16 +611,29 @@ def test_malformed_fails_at_close(victim, shm, case, tool):
 
 
 def test_bad_cookie_in_copy_fails(victim, shm):
-    """No "conectix" in the first sector: the stream takes the file for a
-    fixed VHD (raw data, footer last) and fails at close."""
+    """A footer copy whose cookie alone is wrong is refused at the first
+    write (it is neither a VHD nor plausibly fixed-VHD data)."""
     srv, m, old, data = victim
     data[0:8] = b"connectx"
     r = copy_into("cp", write_bad(shm, data), m.mp / "nbd.vhd")
     assert r.returncode != 0, "a VHD with a bad footer-copy cookie landed"
     errs = vhd_errors(m)
-    assert len(errs) == 1 and "footer" in errs[0], m.stderr
-    # nothing outside the export; what landed is the file's own bytes
-    sectors_are(read_nbd(srv.uri), [bytes(data), None, old], "bad cookie")
+    assert len(errs) == 1 and "bad cookie" in errs[0], m.stderr
+    assert_untouched(srv, m, old)
+
+
+def test_garbage_with_fixed_enabled_fails_at_close(server, mount, shm):
+    """With --vhd-fixed, bytes without a footer copy are taken for a fixed
+    VHD (data first, footer last) and fail at close; what landed is the
+    file's own bytes (documented in docs/vhd-view.md)."""
+    srv, old = random_export(server, 16 * MiB)
+    m = mount(srv, "--vhd-fixed", expect_errors=True)
+    data = os.urandom(3 * MiB)
+    r = copy_into("cp", write_bad(shm, data), m.mp / "nbd.vhd")
+    assert r.returncode != 0, "garbage landed as a fixed VHD"
+    errs = vhd_errors(m)
+    assert len(errs) == 1 and "not a valid footer" in errs[0], m.stderr
+    sectors_are(read_nbd(srv.uri), [data, None, old], "garbage as fixed")
 
 
 @pytest.mark.parametrize("fix_checksum", [False, True])
@@ -632,23 +650,25 @@ def test_bad_cookie_in_copy_leaves_disk_untouched(victim, shm, fix_checksum):
 
 
 def test_writes_out_of_order_second_mib_first(victim, shm):
-    """Python writes the second MiB of a VHD, then the first: EINVAL, and
-    nothing but the VHD's own bytes (or zeros) lands anywhere."""
+    """Python writes the first sector and the second MiB of a VHD, then
+    the rest of the first: EINVAL, and nothing but the VHD's own bytes (or
+    zeros) lands anywhere.  (Starting at the second MiB is refused at once:
+    the skipped first sector reads as zeros, not a VHD.)"""
     srv, m, old, _ = victim
-    vhd = fixture("tap-dyn-64m.vhd", shm).read_bytes()
+    vhd = fixture(f"{BASE}.vhd", shm).read_bytes()
     fd = os.open(m.mp / "nbd.vhd", os.O_WRONLY | os.O_TRUNC)
     try:
+        os.pwrite(fd, vhd[:4096], 0)
         os.pwrite(fd, vhd[MiB:2 * MiB], MiB)
-        e = oserror_errno(os.pwrite, fd, vhd[:MiB], 0)
+        e = oserror_errno(os.pwrite, fd, vhd[4096:MiB], 4096)
         assert e == errno.EINVAL, f"backwards write: errno {e}"
     finally:
         e = oserror_errno(os.close, fd)
     assert e == errno.EINVAL, f"close after a failed ingest: errno {e}"
     errs = vhd_errors(m)
     assert len(errs) == 1 and "goes backwards" in errs[0], m.stderr
-    got = read_nbd(srv.uri)
-    sectors_are(got[:2 * MiB], [vhd, None, old], "first 2 MiB")
-    sectors_are(got[2 * MiB:], [None, old[2 * MiB:]], "past what was written")
+    raw = fixture(f"{BASE}.raw", shm).read_bytes()
+    assert_partial_decode(srv, raw, VIRTUAL[BASE])
 
 
 def test_writes_out_of_order_dynamic(victim, shm):

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/optlist.h"
 #include "config.h"
 #include "tools/verify/verify.h"
 #include "tools/vhdfile.h"
@@ -91,7 +92,10 @@ static const char usage_text[] =
 "Sizes take a K, M, G or T suffix (powers of 1024).\n"
 "Exit status: 0 match, 1 mismatch, 2 error.\n";
 
-enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT };
+enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT, OPT_LONG_OPTIONS,
+       OPT_SHORT_OPTIONS };
+
+#define SHORT_OPTIONS ":d:s:zb:m:jqr:R:C:hV"
 
 static const struct option long_options[] = {
     { "digest",       required_argument, NULL, 'd' },
@@ -109,6 +113,8 @@ static const struct option long_options[] = {
     { "connections",  required_argument, NULL, 'C' },
     { "help",         no_argument,       NULL, 'h' },
     { "version",      no_argument,       NULL, 'V' },
+    { "long-options", no_argument,       NULL, OPT_LONG_OPTIONS },
+    { "short-options", no_argument,      NULL, OPT_SHORT_OPTIONS },
     { NULL, 0, NULL, 0 },
 };
 
@@ -240,6 +246,8 @@ static int parse_one(struct options *o, int c, char **argv)
     case 'C': return SIZE_ARG("--connections", 1, 16, o->src.connections);
     case 'h': fputs(usage_text, stdout); return PARSE_DONE;
     case 'V': printf("nbdferry-verify %s\n", PACKAGE_VERSION); return PARSE_DONE;
+    case OPT_LONG_OPTIONS: optlist_long(long_options); return PARSE_DONE;
+    case OPT_SHORT_OPTIONS: optlist_short(SHORT_OPTIONS); return PARSE_DONE;
     default: return bad_option(c, argv);
     }
 }
@@ -257,7 +265,7 @@ static int parse_options(struct options *o, int argc, char **argv)
                  .use_extents = true },
     };
     opterr = 0;                         /* our own one-line messages */
-    while ((c = getopt_long(argc, argv, ":d:s:zb:m:jqr:R:C:hV", long_options,
+    while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
                             NULL)) != -1)
         if ((r = parse_one(o, c, argv)) != 0)
             return r == PARSE_DONE ? 0 : r;

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/optlist.h"
 #include "config.h"
 #include "tools/vhdfile.h"
 #include "vhd/vhd.h"
@@ -592,19 +593,24 @@ int main(int argc, char **argv)
         { "stream", no_argument, NULL, 's' },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
+        { "long-options", no_argument, NULL, 256 },
+        { "short-options", no_argument, NULL, 257 },
         { NULL, 0, NULL, 0 },
     };
+    static const char short_opts[] = "o:p:hV";
     const char *out = NULL, *parent = NULL;
     bool stream = false;
     int c;
     /* GNU getopt permutes: options may come before or after COMMAND FILE. */
-    while ((c = getopt_long(argc, argv, "o:p:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case 'p': parent = optarg; break;
         case 's': stream = true; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("%s %s\n", prog, PACKAGE_VERSION); return 0;
+        case 256: optlist_long(opts); return 0;         /* completion */
+        case 257: optlist_short(short_opts); return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
     }

@@ -18,10 +18,23 @@
  *
  * Lock order: callers' locks (pool->lock) may be held across
  * nbdx_submit(); conn->lock is a leaf and is never held while calling out.
+ *
+ * NOTHING WAITS FOREVER
+ * A server that stops answering (paused process, partitioned network, no
+ * RST) must not hang close(), fsync() or unmount.  Three bounds:
+ * - handshakes (first connect and reconnects) are driven with a deadline
+ *   of --request-timeout (and never past the retry deadline);
+ * - a connection with requests outstanding and no traffic on its socket
+ *   for --request-timeout is aborted as if the server had dropped it
+ *   (abort_conn), so its requests wait for a reconnection like those of a
+ *   connection that died, for up to --retry-timeout, then fail;
+ * - on TCP, keepalive probes and TCP_USER_TIMEOUT let the kernel notice a
+ *   partition even on an idle connection.
  */
 #include "transport/nbdx.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <libnbd.h>
@@ -33,9 +46,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,14 +76,26 @@ struct nbdx_conn {
                                            * for the TCP_INFO sampler */
     struct nbdx_op *done_head, *done_tail;/* I/O thread only */
     bool dead;                            /* I/O thread only */
+    bool closing;                         /* I/O thread only: the server
+                                           * said ESHUTDOWN; send nothing
+                                           * more, drop the connection
+                                           * once the replies are in */
+
+    uint64_t progress_ns;                 /* I/O thread only: last time
+                                           * the socket moved bytes, or
+                                           * the connection became busy */
 
     /* Reconnection (I/O thread only).  Ops that failed because the
      * connection died wait in retry_* and are sent again, in the same
      * order, on the new connection; their done() has not run, so the
-     * pool still owns their buffers and keeps overlapping ops back. */
+     * pool still owns their buffers and keeps overlapping ops back.
+     * An outage lasts from the first loss until a request succeeds
+     * again, so a server that accepts connections but fails every
+     * request with ESHUTDOWN still meets the retry deadline. */
     struct nbdx_op *retry_head, *retry_tail;
-    uint64_t lost_at_ns;                  /* 0: not reconnecting */
-    unsigned attempts;
+    uint64_t outage_ns;                   /* 0: no outage */
+    uint64_t next_try_ns;                 /* backoff: no connect before */
+    unsigned attempts;                    /* connects in this outage */
     bool gave_up;                         /* past the deadline: fail all */
 };
 
@@ -77,7 +106,22 @@ struct nbdx {
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
     atomic_uint_fast64_t ops[5], bytes[5], errors;
+    atomic_bool lost;                     /* a connection gave up on the
+                                           * server: all of them fail now */
+    char *ca_dir;                         /* private: ca-cert.pem -> the
+                                           * system CA bundle; or NULL */
+    int dumpable;                         /* before a key was loaded; -1:
+                                           * no key, not changed */
 };
+
+#define NS_PER_S 1000000000u
+#define NS_PER_MS 1000000u
+
+/* TCP keepalive: first probe after 10 s idle, then every 5 s; 4 lost
+ * probes (30 s in all) and the kernel drops the connection. */
+#define KEEPALIVE_IDLE_S 10
+#define KEEPALIVE_INTVL_S 5
+#define KEEPALIVE_CNT 4
 
 static uint64_t now_ns(void)
 {
@@ -114,41 +158,309 @@ static const char *describe(const struct nbdx_config *cfg, char *buf,
     return "?";
 }
 
-static int connect_handle(struct nbd_handle *h, const struct nbdx_config *cfg)
+/* Start connecting; the handshake is driven by finish_connect(). */
+static int start_connect(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
     switch (cfg->mode) {
     case NBDX_URI:
         /* The user typed this URI: its tls-psk-file and tls-certificates
          * may name local files. */
         nbd_set_uri_allow_local_file(h, true);
-        return nbd_connect_uri(h, cfg->uri);
+        return nbd_aio_connect_uri(h, cfg->uri);
     case NBDX_SOCKET_ACTIVATION:
-        return nbd_connect_systemd_socket_activation(h, cfg->argv);
+        return nbd_aio_connect_systemd_socket_activation(h, cfg->argv);
     case NBDX_COMMAND:
-        return nbd_connect_command(h, cfg->argv);
+        return nbd_aio_connect_command(h, cfg->argv);
     case NBDX_UNIX:
-        return nbd_connect_unix(h, cfg->path);
+        return nbd_aio_connect_unix(h, cfg->path);
     case NBDX_TCP:
-        return nbd_connect_tcp(h, cfg->host, cfg->port);
+        return nbd_aio_connect_tcp(h, cfg->host, cfg->port);
     case NBDX_FD:
-        return nbd_connect_socket(h, cfg->fd);
+        return nbd_aio_connect_socket(h, cfg->fd);
     }
     return -1;
 }
 
-/* Set TCP_NODELAY as asked; returns true if the socket is TCP. */
-static bool tune_socket(int fd, bool nodelay)
+/* Drive the handshake until the handle is ready, for at most timeout_ms
+ * (-1: no limit): a server that accepts the connection and then says
+ * nothing (a paused process: the kernel completes the accept) must not
+ * hold a reconnection forever.  nbd_poll() is fine here: no other thread
+ * knows the handle yet.  Returns 0, -ETIMEDOUT, or -1 with the libnbd
+ * error set. */
+static int finish_connect(struct nbd_handle *h, int64_t timeout_ms)
+{
+    uint64_t due = now_ns() + (uint64_t) (timeout_ms < 0 ? 0 : timeout_ms) *
+                              NS_PER_MS;
+
+    while (nbd_aio_is_connecting(h) == 1) {
+        int wait = -1;
+        if (timeout_ms >= 0) {
+            uint64_t now = now_ns();
+            if (now >= due)
+                return -ETIMEDOUT;
+            wait = (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
+        }
+        if (nbd_poll(h, wait) == -1)
+            return -1;
+    }
+    return nbd_aio_is_ready(h) == 1 ? 0 : -1;
+}
+
+static void set_int_opt(int fd, int level, int name, int v, const char *what)
+{
+    if (setsockopt(fd, level, name, &v, sizeof v) == -1)
+        log_warn("setsockopt %s: %m", what);
+}
+
+/* TCP only: TCP_NODELAY as asked; keepalive and TCP_USER_TIMEOUT, so
+ * that a partitioned network is noticed by the kernel too (an idle
+ * connection has no request timeout running).  Returns true if the
+ * socket is TCP. */
+static bool tune_socket(int fd, const struct nbdx_config *cfg)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    int on = nodelay;
 
     if (getsockname(fd, (struct sockaddr *) &ss, &sl) == -1 ||
         (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
         return false;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) == -1)
-        log_warn("setsockopt TCP_NODELAY: %m");
+    set_int_opt(fd, IPPROTO_TCP, TCP_NODELAY, cfg->nodelay, "TCP_NODELAY");
+    set_int_opt(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPIDLE, KEEPALIVE_IDLE_S,
+                "TCP_KEEPIDLE");
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPINTVL, KEEPALIVE_INTVL_S,
+                "TCP_KEEPINTVL");
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPCNT, KEEPALIVE_CNT, "TCP_KEEPCNT");
+    /* Unacknowledged data older than the request timeout: the peer is
+     * gone. */
+    if (cfg->request_timeout_s)
+        set_int_opt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT,
+                    (int) (cfg->request_timeout_s * 1000u),
+                    "TCP_USER_TIMEOUT");
     return true;
+}
+
+/* ---- TLS: verified or refused ---------------------------------------- */
+
+/* Where distributions keep the system's CA bundle. */
+static const char *const system_ca_bundles[] = {
+    "/etc/ssl/certs/ca-certificates.crt",   /* Debian, Ubuntu, Alpine */
+    "/etc/pki/tls/certs/ca-bundle.crt",     /* Fedora, RHEL */
+    "/etc/ssl/ca-bundle.pem",               /* openSUSE */
+    "/etc/ssl/cert.pem",
+};
+
+/* The TLS mode libnbd will use: nbds:// URIs require it whatever
+ * nbd_set_tls() said (nbd_connect_uri sets it). */
+static int effective_tls(const struct nbdx_config *cfg)
+{
+    if (cfg->mode == NBDX_URI && nbdx_uri_is_tls(cfg->uri))
+        return LIBNBD_TLS_REQUIRE;
+    return cfg->tls >= 0 ? cfg->tls : LIBNBD_TLS_DISABLE;
+}
+
+static bool dir_has(const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int) sizeof p &&
+           access(p, R_OK) == 0;
+}
+
+/* The certificate directory libnbd will use: the URI's, the option's, or
+ * libnbd's own default (for root /etc/pki/libnbd, else ~/.pki/libnbd and
+ * ~/.config/pki/libnbd), the first holding ca-cert.pem.  NULL if none. */
+static const char *certificate_dir(const struct nbdx_config *cfg, char *buf,
+                                   size_t len)
+{
+    const char *home = getenv("HOME");
+
+    if (cfg->mode == NBDX_URI &&
+        nbdx_uri_query(cfg->uri, "tls-certificates", buf, len))
+        return buf;
+    if (cfg->tls_certificates)
+        return cfg->tls_certificates;
+    if (geteuid() == 0) {
+        snprintf(buf, len, "/etc/pki/libnbd");
+        return dir_has(buf, "ca-cert.pem") ? buf : NULL;
+    }
+    if (!home)
+        return NULL;
+    snprintf(buf, len, "%s/.pki/libnbd", home);
+    if (dir_has(buf, "ca-cert.pem"))
+        return buf;
+    snprintf(buf, len, "%s/.config/pki/libnbd", home);
+    return dir_has(buf, "ca-cert.pem") ? buf : NULL;
+}
+
+/* libnbd 1.14 verifies the server's chain and host name only when it
+ * found ca-cert.pem in a certificate directory; without one it loads the
+ * system trust and checks nothing.  So give it one: a private directory
+ * (mkdtemp, 0700) whose ca-cert.pem links to the system bundle. */
+static int make_system_ca_dir(struct nbdx *x)
+{
+    const char *bundle = NULL, *tmp = getenv("TMPDIR");
+    char link[PATH_MAX];
+
+    for (size_t i = 0; i < sizeof system_ca_bundles /
+                           sizeof system_ca_bundles[0] && !bundle; i++)
+        if (access(system_ca_bundles[i], R_OK) == 0)
+            bundle = system_ca_bundles[i];
+    if (!bundle)
+        return -ENOENT;
+    if (!tmp || tmp[0] != '/')
+        tmp = "/tmp";
+    if (asprintf(&x->ca_dir, "%s/nbdferry-ca-XXXXXX", tmp) == -1) {
+        x->ca_dir = NULL;
+        return -ENOMEM;
+    }
+    if (!mkdtemp(x->ca_dir)) {
+        int err = errno;
+        log_err("TLS: mkdtemp %s: %m", x->ca_dir);
+        free(x->ca_dir);
+        x->ca_dir = NULL;
+        return -err;
+    }
+    snprintf(link, sizeof link, "%s/ca-cert.pem", x->ca_dir);
+    if (symlink(bundle, link) == -1) {
+        int err = errno;
+        log_err("TLS: symlink %s: %m", link);
+        rmdir(x->ca_dir);
+        free(x->ca_dir);
+        x->ca_dir = NULL;
+        return -err;
+    }
+    log_info("TLS: verifying the server against the system CA bundle %s",
+             bundle);
+    return 0;
+}
+
+static void remove_ca_dir(struct nbdx *x)
+{
+    char link[PATH_MAX];
+
+    if (!x->ca_dir)
+        return;
+    snprintf(link, sizeof link, "%s/ca-cert.pem", x->ca_dir);
+    unlink(link);
+    rmdir(x->ca_dir);
+    free(x->ca_dir);
+    x->ca_dir = NULL;
+}
+
+static bool has_host_name(const struct nbdx_config *cfg)
+{
+    return cfg->mode == NBDX_TCP ||
+           (cfg->mode == NBDX_URI && nbdx_uri_is_tcp(cfg->uri));
+}
+
+/* X.509: the server's chain and host name are verified, or we refuse to
+ * connect.  The only way around it is --tls-insecure, logged. */
+static int x509_policy(struct nbdx *x, int tls)
+{
+    struct nbdx_config *cfg = &x->cfg;
+    char buf[PATH_MAX];
+
+    if (cfg->tls_insecure) {
+        log_warn("--tls-insecure: the server's X.509 certificate is NOT "
+                 "verified; anyone on the network path can read and change "
+                 "the disk");
+        return 0;
+    }
+    if (!has_host_name(cfg)) {
+        if (tls == LIBNBD_TLS_ALLOW) {
+            /* Unverifiable TLS is no better than the plaintext that
+             * --tls=allow accepts anyway. */
+            log_info("TLS off: without a host name (Unix socket, --fd, "
+                     "command) X.509 could not be verified");
+            cfg->tls = LIBNBD_TLS_DISABLE;
+            return 0;
+        }
+        log_err("X.509 TLS cannot be verified without the server's host "
+                "name, which a Unix socket, --fd or a command does not "
+                "give: connect with nbds://HOST:PORT/ or --tcp, use a "
+                "pre-shared key (--tls-psk-file), or accept an unverified "
+                "server with --tls-insecure");
+        return -EINVAL;
+    }
+    const char *dir = certificate_dir(cfg, buf, sizeof buf);
+    if (dir) {
+        if (!dir_has(dir, "ca-cert.pem")) {
+            log_err("TLS: %s/ca-cert.pem: %s: the CA certificate that "
+                    "verifies the server must be there", dir,
+                    strerror(errno));
+            return -EINVAL;
+        }
+        log_info("TLS: verifying the server against %s/ca-cert.pem", dir);
+        return 0;
+    }
+    int r = make_system_ca_dir(x);
+    if (r == -ENOENT)
+        log_err("TLS: no CA to verify the server's certificate with: give "
+                "--tls-certificates DIR (holding DIR/ca-cert.pem) or "
+                "tls-certificates=DIR in the URI, or install the system CA "
+                "bundle (ca-certificates)");
+    if (r < 0)
+        return r;
+    cfg->tls_certificates = x->ca_dir;
+    return 0;
+}
+
+/* A key file must be the owner's alone, as ssh insists for its keys.
+ * from_uri: the path came from the URI, whose tls-psk-file value every
+ * message redacts, so this one does not name it either.  A file that
+ * cannot be stat'ed is left to libnbd's connect to report. */
+static int psk_policy(const char *file, bool from_uri)
+{
+    struct stat st;
+
+    if (stat(file, &st) == -1)
+        return 0;
+    if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+        if (from_uri)
+            log_err("the URI's tls-psk-file is open to group or others "
+                    "(mode %04o): run chmod 600 on it",
+                    (unsigned) (st.st_mode & 07777));
+        else
+            log_err("TLS key file %s is open to group or others (mode "
+                    "%04o): run chmod 600 %s", file,
+                    (unsigned) (st.st_mode & 07777), file);
+        return -EPERM;
+    }
+    return 0;
+}
+
+/* While a key is loaded (a PSK, or an X.509 client key), a core dump
+ * would carry it: the process is made non-dumpable (which also keeps
+ * other users' ptrace and /proc/PID/mem out) until nbdx_close(). */
+static void hold_keys(struct nbdx *x)
+{
+    x->dumpable = prctl(PR_GET_DUMPABLE);
+    if (prctl(PR_SET_DUMPABLE, 0) == -1)
+        log_warn("prctl(PR_SET_DUMPABLE): %m");
+    else
+        log_info("TLS key loaded: core dumps are off until it is released");
+}
+
+static int tls_policy(struct nbdx *x)
+{
+    const struct nbdx_config *cfg = &x->cfg;
+    int tls = effective_tls(cfg);
+    char psk[PATH_MAX], buf[PATH_MAX];
+    const char *psk_file = cfg->tls_psk_file;
+
+    if (tls == LIBNBD_TLS_DISABLE)
+        return 0;
+    bool from_uri = cfg->mode == NBDX_URI &&
+                    nbdx_uri_query(cfg->uri, "tls-psk-file", psk, sizeof psk);
+    if (from_uri)
+        psk_file = psk;
+    int r = psk_file ? psk_policy(psk_file, from_uri) : x509_policy(x, tls);
+    if (r < 0)
+        return r;
+    const char *dir = psk_file ? NULL : certificate_dir(cfg, buf, sizeof buf);
+    if (psk_file || (dir && dir_has(dir, "client-key.pem")))
+        hold_keys(x);
+    return 0;
 }
 
 static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
@@ -162,7 +474,7 @@ static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
     if (cfg->tls_certificates &&
         nbd_set_tls_certificates(h, cfg->tls_certificates) == -1)
         return -1;
-    if (cfg->tls_verify_peer && nbd_set_tls_verify_peer(h, true) == -1)
+    if (nbd_set_tls_verify_peer(h, !cfg->tls_insecure) == -1)
         return -1;
     return 0;
 }
@@ -186,10 +498,34 @@ static int debug_message(void *user_data, const char *context,
     return 0;
 }
 
+/* The server command we started ([ CMD ], --command) failed to answer:
+ * when it has exited, its status says more than libnbd's recv error.
+ * At the first connect the daemon's only child is that server; reaping
+ * it here leaves libnbd's own waitpid() an ECHILD, which it ignores.
+ * -1 if no child exits within a second. */
+static int server_exit_status(const struct nbdx_config *cfg)
+{
+    if (cfg->mode != NBDX_COMMAND && cfg->mode != NBDX_SOCKET_ACTIVATION)
+        return -1;
+    for (int i = 0; i < 100; i++) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (pid == -1)
+            return -1;
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* Connect c->h within timeout_ms (-1: no limit).  quiet: a reconnection
+ * attempt, logged at info level. */
 static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
-                        bool quiet)
+                        bool quiet, int64_t timeout_ms)
 {
     char name[32], what[256];
+    int r;
 
     c->h = nbd_create();
     if (!c->h) {
@@ -210,11 +546,27 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
         log_err("TLS settings: %s", nbd_get_error());
         return -EINVAL;
     }
-    if (connect_handle(c->h, cfg) == -1) {
-        int err = nbd_get_errno();
+    r = start_connect(c->h, cfg);
+    if (r == 0)
+        r = finish_connect(c->h, timeout_ms);
+    if (r == -ETIMEDOUT) {
+        describe(cfg, what, sizeof what);
+        if (quiet)
+            log_info("reconnect to %s: no answer within %" PRId64 " ms",
+                     what, timeout_ms);
+        else
+            log_err("cannot connect to %s: no answer within %" PRId64
+                    " ms", what, timeout_ms);
+        return -ETIMEDOUT;
+    }
+    if (r == -1) {
+        int err = nbd_get_errno(), st;
         if (quiet)
             log_info("reconnect to %s: %s", describe(cfg, what, sizeof what),
                      nbd_get_error());
+        else if ((st = server_exit_status(cfg)) >= 0)
+            log_err("cannot connect to %s: the server command exited with "
+                    "status %d", describe(cfg, what, sizeof what), st);
         else
             log_err("cannot connect to %s: %s",
                     describe(cfg, what, sizeof what), nbd_get_error());
@@ -243,7 +595,7 @@ static void read_info(struct nbdx *x, struct nbd_handle *h,
     i->block_pref = v > 0 ? (uint32_t) v : 0;
     v = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
     i->block_max = v > 0 ? (uint32_t) v : 0;
-    i->tcp = tune_socket(nbd_aio_get_fd(h), cfg->nodelay);
+    i->tcp = tune_socket(nbd_aio_get_fd(h), cfg);
 }
 
 /* ---- the I/O thread -------------------------------------------------- */
@@ -314,11 +666,15 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     op->conn = c;
     op->completed = false;
     op->err = 0;
-    if (c->dead) {
+    if (c->dead || c->closing) {
         op->err = ENOTCONN;               /* run_done() may queue a retry */
         push_done(c, op);
         return;
     }
+    /* The request timeout runs from the moment the connection has
+     * something outstanding. */
+    if (nbd_aio_in_flight(c->h) <= 0)
+        c->progress_ns = now_ns();
     if (start_op(c, op) == -1 && !op->completed) {
         int err = nbd_get_errno();
         log_err("nbd %s %" PRIu64 "@%" PRIu64 ": %s", kind_name[op->kind],
@@ -332,6 +688,7 @@ static bool can_reconnect(const struct nbdx_conn *c)
 {
     const struct nbdx_config *cfg = &c->x->cfg;
     return cfg->retry_timeout_s > 0 && !c->gave_up &&
+           !atomic_load(&c->x->lost) &&
            (cfg->mode == NBDX_URI || cfg->mode == NBDX_UNIX ||
             cfg->mode == NBDX_TCP);
 }
@@ -352,6 +709,58 @@ static void push_retry(struct nbdx_conn *c, struct nbdx_op *op)
     c->retry_tail = op;
 }
 
+static void check_dead(struct nbdx_conn *c)
+{
+    if (c->dead || !(nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))
+        return;
+    c->dead = true;
+    atomic_store(&c->fd, -1);
+    const char *why = nbd_get_error() ? nbd_get_error() : "closed";
+    if (can_reconnect(c)) {
+        log_warn("connection %u to the server was lost (%s): reconnecting "
+                 "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
+        if (!c->outage_ns)
+            c->outage_ns = now_ns();
+    } else if (atomic_load(&c->x->lost) || c->gave_up)
+        log_info("connection %u closed: the server was given up on",
+                 c->index);
+    else
+        log_err("connection %u to the server was lost: %s%s", c->index, why,
+                c->x->cfg.retry_timeout_s == 0 ? ""
+                : "; this mode (command, socket activation, --fd) cannot "
+                  "reconnect");
+}
+
+/* Fail every request on the connection as if the server had dropped it:
+ * shut the socket down and let libnbd's state machine run into the
+ * closed socket, which retires every command with ENOTCONN through
+ * op_completed().  Used when the server stalls or says it is going away
+ * (ESHUTDOWN); the requests then take the reconnect path. */
+static void abort_conn(struct nbdx_conn *c)
+{
+    int fd = nbd_aio_get_fd(c->h);
+
+    if (fd >= 0)
+        shutdown(fd, SHUT_RDWR);
+    /* After shutdown() every recv() and send() returns at once. */
+    for (int i = 0; i < 16 && !nbd_aio_is_dead(c->h) &&
+                    !nbd_aio_is_closed(c->h); i++) {
+        unsigned dir = nbd_aio_get_direction(c->h);
+        if (dir & LIBNBD_AIO_DIRECTION_READ)
+            nbd_aio_notify_read(c->h);
+        else if (dir & LIBNBD_AIO_DIRECTION_WRITE)
+            nbd_aio_notify_write(c->h);
+        else
+            break;
+    }
+    check_dead(c);
+    if (!c->dead) {
+        /* Not seen in practice; do not spin on it. */
+        log_err("connection %u: could not abort the connection", c->index);
+        c->progress_ns = now_ns();
+    }
+}
+
 static void run_done(struct nbdx_conn *c)
 {
     struct nbdx_op *op;
@@ -362,8 +771,30 @@ static void run_done(struct nbdx_conn *c)
             c->done_tail = NULL;
         if (op->err && (c->dead || connection_error(op->err)) &&
             can_reconnect(c)) {
+            /* ESHUTDOWN on a live connection: the server is going away
+             * (nbdkit answers it while it shuts down).  Send nothing
+             * more on this connection and drop it once the other
+             * replies are in (drop_if_drained), so this op and the
+             * others that fail are resent after reconnecting; parking
+             * only this one would leave it waiting for a reconnection
+             * that never comes.  Not dropped at once: nbdkit 1.32
+             * aborts (connections.c: raw_send_socket assertion) when a
+             * client closes while its worker threads still send
+             * replies. */
+            if (!c->dead && !c->closing) {
+                log_warn("connection %u: the server answered %s %" PRIu64
+                         "@%" PRIu64 " with: %s; reconnecting", c->index,
+                         kind_name[op->kind], op->len, op->off,
+                         strerror(op->err));
+                c->closing = true;
+            }
             push_retry(c, op);            /* sent again after reconnecting */
             continue;
+        }
+        if (!op->err && !c->dead) {
+            c->outage_ns = 0;             /* the server works again */
+            c->attempts = 0;
+            c->next_try_ns = 0;
         }
         atomic_fetch_add(&c->x->ops[op->kind], 1);
         atomic_fetch_add(&c->x->bytes[op->kind], op->len);
@@ -372,6 +803,13 @@ static void run_done(struct nbdx_conn *c)
         atomic_fetch_sub(&c->outstanding, 1);
         op->done(op, op->err);            /* may free or resubmit op */
     }
+}
+
+/* A closing connection whose replies are all in is dropped. */
+static void drop_if_drained(struct nbdx_conn *c)
+{
+    if (c->closing && !c->dead && nbd_aio_in_flight(c->h) <= 0)
+        abort_conn(c);
 }
 
 static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
@@ -384,34 +822,25 @@ static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
     return q;
 }
 
-static void check_dead(struct nbdx_conn *c)
-{
-    if (c->dead || !(nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))
-        return;
-    c->dead = true;
-    atomic_store(&c->fd, -1);
-    const char *why = nbd_get_error() ? nbd_get_error() : "closed";
-    if (can_reconnect(c)) {
-        log_warn("connection %u to the server was lost (%s): reconnecting "
-                 "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
-        c->lost_at_ns = now_ns();
-        c->attempts = 0;
-    } else
-        log_err("connection %u to the server was lost: %s%s", c->index, why,
-                c->x->cfg.retry_timeout_s == 0 ? ""
-                : "; this mode (command, socket activation, --fd) cannot "
-                  "reconnect");
-}
+static void kick(struct nbdx_conn *c);
 
-/* Fail every op waiting for a reconnection. */
+/* Fail every op waiting for a reconnection, and tell the other
+ * connections: one server, so when one connection cannot reach it within
+ * the deadline, the others fail at once too instead of each running its
+ * own timeout and deadline, one after the other. */
 static void give_up(struct nbdx_conn *c)
 {
     struct nbdx_op *op = c->retry_head;
 
-    log_err("connection %u: could not reconnect within %u s; failing the "
-            "requests that were not acknowledged", c->index,
-            c->x->cfg.retry_timeout_s);
+    if (!atomic_load(&c->x->lost))
+        log_err("connection %u: could not reconnect within %u s; failing "
+                "the requests that were not acknowledged", c->index,
+                c->x->cfg.retry_timeout_s);
     c->gave_up = true;
+    if (!atomic_exchange(&c->x->lost, true))
+        for (unsigned i = 0; i < c->x->nconns; i++)
+            if (&c->x->conns[i] != c)
+                kick(&c->x->conns[i]);
     c->retry_head = c->retry_tail = NULL;
     while (op) {
         struct nbdx_op *next = op->next;
@@ -422,13 +851,14 @@ static void give_up(struct nbdx_conn *c)
     }
 }
 
-/* Try once to replace the dead handle.  Returns true on success. */
-static bool try_reconnect(struct nbdx_conn *c)
+/* Try once to replace the dead handle, spending at most timeout_ms on
+ * the handshake.  Returns true on success. */
+static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
 {
     struct nbd_handle *old = c->h;
 
     c->h = NULL;
-    if (conn_connect(c, &c->x->cfg, true) < 0) {
+    if (conn_connect(c, &c->x->cfg, true, timeout_ms) < 0) {
         if (c->h)
             nbd_close(c->h);
         c->h = old;
@@ -442,11 +872,11 @@ static bool try_reconnect(struct nbdx_conn *c)
         c->gave_up = true;
         return false;
     }
-    tune_socket(nbd_aio_get_fd(c->h), c->x->cfg.nodelay);
+    tune_socket(nbd_aio_get_fd(c->h), &c->x->cfg);
     atomic_store(&c->fd, nbd_aio_get_fd(c->h));
     nbd_close(old);
     c->dead = false;
-    c->lost_at_ns = 0;
+    c->closing = false;
     log_warn("connection %u: reconnected after %u attempt(s); resending "
              "the unacknowledged requests", c->index, c->attempts);
     struct nbdx_op *op = c->retry_head;
@@ -459,26 +889,87 @@ static bool try_reconnect(struct nbdx_conn *c)
     return true;
 }
 
-/* Backoff: 50 ms doubling to 2 s, until the deadline. */
+static void drain_kicks(struct nbdx_conn *c)
+{
+    uint64_t v;
+    if (read(c->efd, &v, sizeof v) < 0) { /* EAGAIN: already drained */
+    }
+}
+
+/* Sleep until t_ns.  A submitter's kick ends the sleep early, and is read
+ * so that the next poll() sleeps again: an unread eventfd stays readable
+ * and would turn every later wait into a busy loop.  Ops queued meanwhile
+ * join the retry list (issue() on a dead connection). */
+static void sleep_until(struct nbdx_conn *c, uint64_t t_ns)
+{
+    uint64_t now = now_ns();
+    if (now >= t_ns)
+        return;
+    struct pollfd p = { .fd = c->efd, .events = POLLIN };
+    int ms = (int) ((t_ns - now + NS_PER_MS - 1) / NS_PER_MS);
+    if (poll(&p, 1, ms) > 0 && (p.revents & POLLIN))
+        drain_kicks(c);
+}
+
+/* Backoff between connects: 50 ms doubling to 2 s. */
+static uint64_t backoff_ns(unsigned attempts)
+{
+    uint64_t ms = 50u << (attempts < 6 ? attempts : 6);
+    return (ms > 2000 ? 2000 : ms) * NS_PER_MS;
+}
+
+/* One step of an outage: give up past the deadline, else wait out the
+ * backoff, else try to connect once. */
 static void reconnect_step(struct nbdx_conn *c)
 {
-    uint64_t deadline = c->lost_at_ns +
-                        (uint64_t) c->x->cfg.retry_timeout_s * 1000000000u;
-    if (try_reconnect(c) || c->gave_up) {
-        if (c->gave_up)
-            give_up(c);
-        return;
-    }
-    c->attempts++;
-    if (now_ns() >= deadline) {
+    const struct nbdx_config *cfg = &c->x->cfg;
+    uint64_t now = now_ns();
+
+    if (!c->outage_ns)
+        c->outage_ns = now;
+    uint64_t deadline = c->outage_ns + (uint64_t) cfg->retry_timeout_s *
+                                       NS_PER_S;
+    if (now >= deadline) {
         give_up(c);
         return;
     }
-    uint64_t wait_ms = 50u << (c->attempts < 6 ? c->attempts : 6);
-    if (wait_ms > 2000)
-        wait_ms = 2000;
-    struct pollfd p = { .fd = c->efd, .events = POLLIN };
-    poll(&p, 1, (int) wait_ms);           /* an eventfd kick ends it early */
+    if (now < c->next_try_ns) {
+        sleep_until(c, c->next_try_ns < deadline ? c->next_try_ns : deadline);
+        return;
+    }
+    c->attempts++;
+    c->next_try_ns = now + backoff_ns(c->attempts);
+    int64_t left_ms = (int64_t) ((deadline - now) / NS_PER_MS) + 1;
+    int64_t timeout_ms = cfg->request_timeout_s ?
+                         (int64_t) cfg->request_timeout_s * 1000 : left_ms;
+    if (timeout_ms > left_ms)
+        timeout_ms = left_ms;
+    if (!try_reconnect(c, timeout_ms) && c->gave_up)
+        give_up(c);
+}
+
+/* How long poll() may sleep before the request timeout expires: -1 when
+ * it is not running (nothing outstanding, or no timeout), 0 when it has
+ * expired. */
+static int stall_wait_ms(struct nbdx_conn *c)
+{
+    unsigned s = c->x->cfg.request_timeout_s;
+
+    if (s == 0 || nbd_aio_in_flight(c->h) <= 0)
+        return -1;
+    uint64_t due = c->progress_ns + (uint64_t) s * NS_PER_S, now = now_ns();
+    if (now >= due)
+        return 0;
+    return (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
+}
+
+static void stalled(struct nbdx_conn *c)
+{
+    log_warn("connection %u: no reply from the server for %u s with %d "
+             "request(s) outstanding (--request-timeout): treating the "
+             "connection as lost", c->index, c->x->cfg.request_timeout_s,
+             nbd_aio_in_flight(c->h));
+    abort_conn(c);
 }
 
 static void wait_for_io(struct nbdx_conn *c)
@@ -486,26 +977,34 @@ static void wait_for_io(struct nbdx_conn *c)
     struct pollfd fds[2] = { { .fd = c->efd, .events = POLLIN } };
     nfds_t n = 1;
     unsigned dir = 0;
+    int timeout = -1;
 
     if (!c->dead) {
+        timeout = stall_wait_ms(c);
+        if (timeout == 0) {
+            stalled(c);
+            return;
+        }
         dir = nbd_aio_get_direction(c->h);
         fds[1].fd = nbd_aio_get_fd(c->h);
         fds[1].events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0) |
                         (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0);
         n = fds[1].fd >= 0 ? 2 : 1;
     }
-    if (poll(fds, n, -1) == -1) {
+    if (poll(fds, n, timeout) == -1) {
         if (errno != EINTR)
             log_err("poll: %m");
         return;
     }
-    if (fds[0].revents & POLLIN) {
-        uint64_t v;
-        if (read(c->efd, &v, sizeof v) < 0) { /* EAGAIN: already drained */
-        }
-    }
+    if (fds[0].revents & POLLIN)
+        drain_kicks(c);
     if (n < 2)
         return;
+    /* Bytes move on the socket: the server is alive.  A paused server
+     * stops reading (our sends block once the buffers are full) and stops
+     * replying. */
+    if (fds[1].revents)
+        c->progress_ns = now_ns();
     /* Same dispatch as libnbd's own nbd_poll(). */
     if (fds[1].revents & (POLLIN | POLLHUP))
         nbd_aio_notify_read(c->h);
@@ -530,6 +1029,13 @@ static void *conn_thread(void *arg)
             q = next;
         }
         check_dead(c);
+        run_done(c);
+        drop_if_drained(c);
+        if (atomic_load(&c->x->lost) && !c->gave_up) {
+            if (!c->dead)
+                abort_conn(c);            /* fail what is on the wire */
+            give_up(c);
+        }
         run_done(c);
         if (stopping && atomic_load(&c->outstanding) == 0)
             break;
@@ -558,11 +1064,13 @@ static int conn_init(struct nbdx *x, unsigned i, const struct nbdx_config *cfg)
         log_err("eventfd: %m");
         return -errno;
     }
-    int r = conn_connect(c, cfg, false);
+    int r = conn_connect(c, cfg, false,
+                         cfg->request_timeout_s ?
+                         (int64_t) cfg->request_timeout_s * 1000 : -1);
     if (r < 0)
         return r;
     if (i > 0)
-        tune_socket(nbd_aio_get_fd(c->h), cfg->nodelay);
+        tune_socket(nbd_aio_get_fd(c->h), cfg);
     atomic_store(&c->fd, nbd_aio_get_fd(c->h));
     return 0;
 }
@@ -595,10 +1103,18 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
     if (!x)
         return -ENOMEM;
     x->cfg = *cfg;
+    x->dumpable = -1;
     x->conns = calloc(want, sizeof *x->conns);
     if (!x->conns) {
         free(x);
         return -ENOMEM;
+    }
+    cfg = &x->cfg;                        /* as the TLS policy left it */
+    r = tls_policy(x);
+    if (r < 0) {
+        x->nconns = 0;
+        nbdx_close(x);
+        return r;
     }
     for (unsigned i = 0; i < want; i++) {
         x->conns[i].efd = -1;
@@ -728,6 +1244,29 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
     out->errors = atomic_load(&x->errors);
 }
 
+/* A polite NBD_CMD_DISC, then wait for the server to close until due.
+ * Everything was acknowledged (and flushed) before: this is courtesy, so
+ * the wait is short.  nbd_shutdown() would wait forever on a paused
+ * server and hang the daemon's exit after a clean unmount. */
+#define DISCONNECT_WAIT_S 5
+
+static void disconnect(struct nbd_handle *h, uint64_t due)
+{
+    if (nbd_aio_disconnect(h, 0) == -1)
+        return;
+    while (nbd_aio_is_closed(h) != 1 && nbd_aio_is_dead(h) != 1) {
+        uint64_t now = now_ns();
+        if (now >= due) {
+            log_info("the server did not close the connection within %u s "
+                     "of the disconnect request", DISCONNECT_WAIT_S);
+            return;
+        }
+        if (nbd_poll(h, (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS)) ==
+            -1)
+            return;
+    }
+}
+
 void nbdx_close(struct nbdx *x)
 {
     if (!x)
@@ -742,17 +1281,21 @@ void nbdx_close(struct nbdx *x)
         kick(c);
         pthread_join(c->thread, NULL);
     }
+    uint64_t due = now_ns() + (uint64_t) DISCONNECT_WAIT_S * NS_PER_S;
     for (unsigned i = 0; i < x->nconns; i++) {
         struct nbdx_conn *c = &x->conns[i];
         if (c->h) {
             if (!c->dead && nbd_aio_is_ready(c->h) == 1)
-                nbd_shutdown(c->h, 0);
+                disconnect(c->h, due);
             nbd_close(c->h);
         }
         if (c->efd >= 0)
             close(c->efd);
         pthread_mutex_destroy(&c->lock);
     }
+    remove_ca_dir(x);
+    if (x->dumpable >= 0)                 /* every key is released now */
+        prctl(PR_SET_DUMPABLE, x->dumpable);
     free(x->conns);
     free(x);
 }

@@ -34,9 +34,15 @@ struct nbdx_config {
     int tls;                  /* -1: as the URI says (nbds:// requires
                                * it); else LIBNBD_TLS_DISABLE/ALLOW/REQUIRE */
     const char *tls_psk_file, *tls_username, *tls_certificates;
-    bool tls_verify_peer;
+    bool tls_verify_peer;     /* accepted; verifying is the default */
+    bool tls_insecure;        /* X.509 without verifying the server: the
+                               * explicit, logged opt-out */
     unsigned retry_timeout_s; /* reconnect and resend for this long when a
                                * connection dies (URI, unix, tcp); 0: fail */
+    unsigned request_timeout_s; /* no reply progress for this long with
+                                 * requests outstanding (or a handshake
+                                 * this slow) counts as a lost
+                                 * connection; 0: wait forever */
 };
 
 /* What the server told us at handshake. */
@@ -115,6 +121,14 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
  * "tls-psk" or "secret" become "***".  Writes into buf (len bytes) and
  * returns buf. */
 const char *nbdx_redact_uri(const char *uri, char *buf, size_t len);
+
+/* nbds://, nbds+unix:// ...: the URI asks for TLS. */
+bool nbdx_uri_is_tls(const char *uri);
+/* nbd:// or nbds://: a TCP server with a host name. */
+bool nbdx_uri_is_tcp(const char *uri);
+/* The percent-decoded value of query parameter key, into val (len
+ * bytes).  False if absent or too long. */
+bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
 
 /* Stop the I/O threads once their queues are empty, disconnect cleanly
  * and free.  Ops still queued complete with ESHUTDOWN. */

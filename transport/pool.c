@@ -2,13 +2,14 @@
  *
  * THREAD MODEL
  * FUSE worker threads call pool_write/zero/read/drain/flush.  nbdx I/O
- * threads call req_done() when a reply arrives.  One idle thread seals
- * buffers nobody has written to for idle_ms.  Everything below is
- * protected by pool->lock; pool->cond is broadcast whenever a request
- * completes or a buffer frees.  nbdx_submit() is called with pool->lock
- * held (it only queues: nbdx's conn->lock is a leaf).  No lock is held
- * across a network wait: pool_read() and pool_flush() drop it around
- * nbdx_run().
+ * threads call req_done() when a reply arrives (during the block status
+ * scan at mount, scan_extent() and scan_done(), which take pool->lock).
+ * One idle thread seals buffers nobody has written to for idle_ms.
+ * Everything below is protected by pool->lock; pool->cond is broadcast
+ * whenever a request completes or a buffer frees.  nbdx_submit() is
+ * called with pool->lock held (it only queues: nbdx's conn->lock is a
+ * leaf).  No lock is held across a network wait: pool_read() and
+ * pool_flush() drop it around nbdx_run().
  *
  * Every wait on pool->cond lets other threads change everything: after
  * one, a function decides again from the state as it is then, never from
@@ -29,8 +30,20 @@
  *     overlaps it, so overlapping requests are never in flight together
  *     and reach the server in the order they were made.
  *  3. A request leaves the queue, and its buffer returns to the free list,
- *     only in req_done(), after the server replied.
+ *     only in req_done(), after the server replied, and once no hold is
+ *     left on it (pool_hold_release()).
  * Each is asserted where it is relied on (assert(): on in test builds).
+ *
+ * ZERO-COPY WRITES
+ * pool_fill_begin() reserves a write at the tail of FILLING buffers (or
+ * in new ones) and marks them busy; the caller fills them without the
+ * lock.  A busy buffer is never sent, trimmed or written by anyone else:
+ * a write that would land in it goes to a new buffer (sealing it first if
+ * they overlap, invariant 1), queued after it.  So a reservation is
+ * always the tail of its buffers, and undoing it is shrinking them.  The
+ * write takes effect (maps, counters, zero-chunk conversion) at commit.
+ * A hold keeps a buffer's bytes [0, held_end) unchanged: no write lands
+ * below held_end, and the buffer is not reused until released.
  *
  * ZERO MAPS
  * known_zero: ranges that will read as zero once every queued request is
@@ -53,6 +66,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>             /* SEEK_DATA */
 
@@ -61,16 +75,33 @@
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 
+#define HUGE_PAGE (2u << 20)      /* x86-64 and arm64 (4K pages) THP size */
 #define MAX_FILLING 4             /* buffers open for coalescing at once */
 #define MAX_ZERO_REQS 256         /* zero requests queued at once */
+/* Request lengths.  A server that advertises no maximum block size may
+ * refuse, or worse, silently mishandle, anything over 32 MiB: the NBD
+ * protocol tells clients to assume that limit (nbd-server 3.24 answers a
+ * 256 MiB write-zeroes with success after zeroing its first 64 MiB).  So
+ * without an advertised maximum no request of any kind exceeds 32 MiB;
+ * with one, none exceeds it.  The caps below apply on top. */
+#define DEFAULT_MAX_LEN (32u << 20)
 #define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
 #define READ_MAX_LEN (32u << 20)  /* largest read request */
+#define SCAN_MAX_LEN (1u << 31)   /* largest block status request */
 #define MAX_FAILURES 1024
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
                                    * alignment become write-zeroes */
 
-enum req_kind { REQ_WRITE, REQ_ZERO };
-enum req_state { REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT };
+enum req_kind {
+    REQ_WRITE,
+    REQ_ZERO,
+    REQ_COPY,                     /* a private copy handed out as a hold;
+                                   * never queued */
+};
+enum req_state {
+    REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT,
+    REQ_DONE,                     /* answered or dropped, kept for holds */
+};
 
 struct pool_req {
     enum req_kind kind;
@@ -83,6 +114,12 @@ struct pool_req {
                                    * ZERO via writes: the shared zero page */
     uint64_t seq;                 /* place in the queue, set when sealed */
     uint64_t touched_ns;
+    bool busy;                    /* WRITE: reserved by pool_fill_begin()
+                                   * and not committed: not sent, and no
+                                   * other write lands in it */
+    unsigned holds;               /* pool_hold_release() calls to come */
+    uint64_t held_end;            /* WRITE: data[0, held_end) is held:
+                                   * never rewritten in place */
     struct pool *p;
     struct nbdx_op op;
     struct pool_req *prev, *next; /* filling list or queue */
@@ -99,6 +136,7 @@ struct pool {
     uint64_t size;
     bool can_zero, fast_zero;
     unsigned max_in_flight;
+    uint64_t max_len;             /* longest request the server takes */
 
     pthread_mutex_t lock;
     pthread_cond_t cond;          /* a request completed, a buffer freed */
@@ -113,6 +151,7 @@ struct pool {
 
     char **free_bufs;             /* buffers not in use */
     unsigned nfree, nbufs, nallocated;
+    unsigned nheld;               /* answered buffers waiting for holds */
     char *zero_buf;               /* request_size zero bytes, read-only */
 
     struct extmap known_zero, pending_zero;
@@ -155,6 +194,12 @@ static void cond_wait_locked(struct pool *p, const char *what)
 {
     pool_test_before_wait(p, what);
     pthread_cond_wait(&p->cond, &p->lock);
+}
+
+/* The longest request of a kind whose own cap is cap. */
+static uint64_t max_request(const struct pool *p, uint64_t cap)
+{
+    return p->max_len < cap ? p->max_len : cap;
 }
 
 /* ---- lists ----------------------------------------------------------- */
@@ -296,7 +341,7 @@ static void dispatch_locked(struct pool *p)
 {
     for (struct pool_req *r = p->queue.head;
          r && p->in_flight < p->max_in_flight; r = r->next)
-        if (r->state == REQ_QUEUED && !overlaps_earlier(r))
+        if (r->state == REQ_QUEUED && !r->busy && !overlaps_earlier(r))
             send_req_locked(p, r);
 }
 
@@ -328,17 +373,32 @@ static void seal_all_locked(struct pool *p)
         seal_locked(p, p->filling.head);
 }
 
+/* Free a request that is in no list; a held buffer waits for its last
+ * pool_hold_release() (invariant 3 plus: never reused while held). */
+static void free_req_locked(struct pool *p, struct pool_req *r)
+{
+    if (r->holds > 0) {
+        r->state = REQ_DONE;
+        if (r->kind == REQ_WRITE)
+            p->nheld++;
+        return;
+    }
+    if (r->kind == REQ_WRITE)
+        p->free_bufs[p->nfree++] = r->data;
+    else if (r->kind == REQ_COPY)
+        free(r->data);
+    free(r);
+}
+
 static void release_req_locked(struct pool *p, struct pool_req *r)
 {
     assert(r->state == REQ_IN_FLIGHT && r->replied);  /* invariant 3 */
     list_remove(&p->queue, r);
-    if (r->kind == REQ_WRITE)
-        p->free_bufs[p->nfree++] = r->data;
-    else
+    if (r->kind == REQ_ZERO)
         p->nzero_reqs--;
     if (--p->in_flight == 0)
         p->idle_since_ns = now_ns();
-    free(r);
+    free_req_locked(p, r);
 }
 
 /* nbdx completion: runs on an I/O thread, outside libnbd. */
@@ -397,7 +457,8 @@ static void wait_seq_locked(struct pool *p, uint64_t seq)
 static int zero_piece_locked(struct pool *p, uint64_t *pos, uint64_t end,
                              bool from_tool)
 {
-    uint64_t max = p->can_zero ? ZERO_MAX_LEN : p->cfg.request_size;
+    uint64_t max = p->can_zero ? max_request(p, ZERO_MAX_LEN)
+                               : p->cfg.request_size;
     uint64_t start = *pos, stop = end;
     struct ext k;
 
@@ -578,6 +639,8 @@ static struct pool_req *find_filling(struct pool *p, uint64_t off)
     for (struct pool_req *r = p->filling.head; r; r = r->next) {
         if (off < r->off || off >= r->off + p->cfg.request_size)
             continue;
+        if (r->busy || off < r->off + r->held_end)
+            continue;                     /* not to be written now */
         if (off < r->off + r->len)
             return r;                     /* inside: a rewrite */
         if (off == r->off + r->len)
@@ -592,8 +655,14 @@ static char *get_buffer_locked(struct pool *p)
         return p->free_bufs[--p->nfree];
     if (p->nallocated < p->nbufs) {
         void *b;
-        if (posix_memalign(&b, 4096, p->cfg.request_size) != 0)
+        size_t align = p->cfg.request_size % HUGE_PAGE == 0 ? HUGE_PAGE
+                                                             : 4096;
+        if (posix_memalign(&b, align, p->cfg.request_size) != 0)
             return NULL;
+        /* Huge pages: one fault per buffer instead of 512, and fewer
+         * TLB misses in the copies.  Advice only: failure is harmless. */
+        if (align == HUGE_PAGE)
+            madvise(b, p->cfg.request_size, MADV_HUGEPAGE);
         p->nallocated++;
         return b;
     }
@@ -615,9 +684,10 @@ static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
         if (p->filling.head)
             seal_locked(p, p->filling.head);
         dispatch_locked(p);
-        /* Nothing queued or filling: no buffer will come back (a failed
-         * allocation with the pool empty), so waiting would be forever. */
-        if (p->queue.n == 0 && p->filling.n == 0) {
+        /* Nothing queued, filling or held: no buffer will come back (a
+         * failed allocation with the pool empty), so waiting would be
+         * forever. */
+        if (p->queue.n == 0 && p->filling.n == 0 && p->nheld == 0) {
             *err = -ENOMEM;
             return NULL;
         }
@@ -645,10 +715,9 @@ static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
 /* Give back a FILLING buffer that holds nothing. */
 static void discard_filling_locked(struct pool *p, struct pool_req *b)
 {
-    assert(b->state == REQ_FILLING && b->len == 0);
+    assert(b->state == REQ_FILLING && b->len == 0 && !b->busy);
     list_remove(&p->filling, b);
-    p->free_bufs[p->nfree++] = b->data;
-    free(b);
+    free_req_locked(p, b);
     pthread_cond_broadcast(&p->cond);
 }
 
@@ -759,7 +828,7 @@ static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
     if (cur == lo || hi - cur > len || !is_zero(data, hi - cur))
         return 0;
     struct pool_req *b = p->filling.head;
-    while (b && b->off + b->len != cur)
+    while (b && (b->busy || b->off + b->len != cur))
         b = b->next;
     if (!b || b->off > lo || !is_zero(b->data + (lo - b->off), cur - lo))
         return 0;
@@ -824,6 +893,253 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
     return r < 0 ? r : (ssize_t) len;
 }
 
+/* ---- zero-copy writes ------------------------------------------------ */
+
+/* A FILLING buffer that a write at off would extend at its tail. */
+static struct pool_req *find_tail(struct pool *p, uint64_t off)
+{
+    for (struct pool_req *r = p->filling.head; r; r = r->next)
+        if (!r->busy && r->off + r->len == off &&
+            off >= r->off + r->held_end &&
+            off < r->off + p->cfg.request_size)
+            return r;
+    return NULL;
+}
+
+/* Undo a reservation, last segment first.  Each segment was the tail of
+ * its buffer and nothing landed after it (the buffer was busy), so giving
+ * it back is shrinking the buffer; one left empty was new: it goes. */
+static void unreserve_locked(struct pool *p, struct pool_fill *f)
+{
+    while (f->nseg > 0) {
+        struct pool_seg *s = &f->seg[--f->nseg];
+        struct pool_req *r = s->req;
+        assert(r->busy);
+        assert(r->data + r->len == (char *) s->mem + s->len);
+        r->busy = false;
+        r->len -= s->len;
+        if (r->len == 0) {
+            assert(r->holds == 0);
+            list_remove(r->state == REQ_FILLING ? &p->filling : &p->queue, r);
+            free_req_locked(p, r);
+        }
+    }
+    pthread_cond_broadcast(&p->cond);
+}
+
+/* One pass at reserving f->off, f->len.  1: waited for a buffer (nothing
+ * is reserved; try again), 0 or -errno.  The reserved range leaves
+ * pending_zero here, under the lock, not at commit: a drain while the
+ * caller fills it unlocked would otherwise queue a zero over it after
+ * its (sealed, busy) buffer, and the zero would win over this write,
+ * which is newer than the truncate. */
+static int reserve_locked(struct pool *p, struct pool_fill *f)
+{
+    size_t done = 0;
+    int perr = 0;
+
+    f->nseg = 0;
+    if (pending_room_locked(p, &perr))
+        return perr ? perr : 1;           /* waited: decide again */
+    while (done < f->len) {
+        uint64_t off = f->off + done;
+        struct pool_req *b = find_tail(p, off);
+        int err = 0;
+
+        if (!b && f->nseg == POOL_FILL_SEGS) {
+            unreserve_locked(p, f);
+            return -EAGAIN;
+        }
+        if (!b) {
+            seal_overlapping_locked(p, off, f->len - done, NULL);
+            if (f->nseg > 0 && p->nfree == 0 && p->nallocated == p->nbufs) {
+                unreserve_locked(p, f);   /* never wait holding buffers */
+                return -EAGAIN;
+            }
+            b = new_filling_locked(p, off, &err);
+            if (!b) {
+                unreserve_locked(p, f);
+                return err ? err : 1;
+            }
+        }
+        size_t room = b->off + p->cfg.request_size - off;
+        size_t n = f->len - done < room ? f->len - done : room;
+        err = extmap_remove(&p->pending_zero, off, off + n);
+        if (err < 0) {
+            if (b->len == 0 && !b->busy)
+                discard_filling_locked(p, b);
+            unreserve_locked(p, f);
+            return err;
+        }
+        f->seg[f->nseg++] = (struct pool_seg) {
+            .mem = b->data + (off - b->off), .len = n, .req = b };
+        b->busy = true;
+        b->len += n;
+        b->touched_ns = now_ns();
+        seal_overlapping_locked(p, off, n, b);
+        if (b->len == p->cfg.request_size)
+            seal_locked(p, b);            /* sent once committed */
+        done += n;
+    }
+    return 0;
+}
+
+int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
+                    struct pool_fill *f)
+{
+    int r;
+
+    f->off = off;
+    f->len = len;
+    f->nseg = f->nhold = 0;
+    if (p->cfg.write_through || len == 0)
+        return -EAGAIN;
+    pthread_mutex_lock(&p->lock);
+    do
+        r = p->lost ? -EIO : reserve_locked(p, f);
+    while (r == 1);
+    dispatch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+/* Is [off, off+len) of the filled write all zero? */
+static bool fill_is_zero(const struct pool_fill *f, uint64_t off, size_t len)
+{
+    uint64_t pos = f->off;
+
+    for (unsigned i = 0; i < f->nseg && len > 0; pos += f->seg[i++].len) {
+        if (off >= pos + f->seg[i].len)
+            continue;
+        size_t n = pos + f->seg[i].len - off < len
+                       ? (size_t) (pos + f->seg[i].len - off) : len;
+        if (!is_zero((const char *) f->seg[i].mem + (off - pos), n))
+            return false;
+        off += n;
+        len -= n;
+    }
+    return true;
+}
+
+/* Would pool_write() have turned part of this write into write-zeroes?
+ * Whole aligned zero chunks, or a chunk straddling the start of the
+ * write whose first part is zero in the buffer before it (see
+ * take_straddling_zeros()). */
+static bool fill_has_zeros(struct pool *p, const struct pool_fill *f)
+{
+    uint64_t end = f->off + f->len;
+    uint64_t lo = f->off & ~(uint64_t) (ZERO_CHUNK - 1);
+
+    for (uint64_t z = lo == f->off ? lo : lo + ZERO_CHUNK;
+         z + ZERO_CHUNK <= end; z += ZERO_CHUNK)
+        if (fill_is_zero(f, z, ZERO_CHUNK))
+            return true;
+    if (lo == f->off || lo + ZERO_CHUNK > end)
+        return false;
+    const struct pool_req *b = f->seg[0].req;
+    return b->off <= lo && is_zero(b->data + (lo - b->off), f->off - lo) &&
+           fill_is_zero(f, f->off, lo + ZERO_CHUNK - f->off);
+}
+
+static void add_hold_locked(struct pool_fill *f, struct pool_req *r,
+                            uint64_t off, const void *mem, size_t len)
+{
+    r->holds++;
+    f->hold[f->nhold++] = (struct pool_hold) {
+        .off = off, .mem = mem, .len = len, .ref = r };
+}
+
+/* The write is in place: account for it as absorb_locked() does. */
+static void commit_in_place_locked(struct pool *p, struct pool_fill *f,
+                                   bool hold)
+{
+    uint64_t off = f->off;
+
+    for (unsigned i = 0; i < f->nseg; off += f->seg[i++].len) {
+        struct pool_req *r = f->seg[i].req;
+        size_t n = f->seg[i].len;
+        assert(r->busy);
+        r->busy = false;
+        r->touched_ns = now_ns();
+        /* pending_zero: left at reservation. */
+        extmap_remove(&p->known_zero, off, off + n);  /* lossy: cannot fail */
+        p->st.bytes_written += n;
+        if (hold) {
+            uint64_t end = off + n - r->off;
+            if (end > r->held_end)
+                r->held_end = end;
+            add_hold_locked(f, r, off, f->seg[i].mem, n);
+        }
+    }
+    f->nseg = 0;
+}
+
+/* The write holds zero chunks: take it back out and write it the way
+ * pool_write() does, from a private copy (the hold, if wanted). */
+static ssize_t commit_by_copy_locked(struct pool *p, struct pool_fill *f,
+                                     bool hold)
+{
+    struct pool_req *c = calloc(1, sizeof *c);
+    char *copy = malloc(f->len);
+    size_t pos = 0;
+
+    if (!c || !copy) {
+        free(c);
+        free(copy);
+        unreserve_locked(p, f);
+        return -ENOMEM;
+    }
+    for (unsigned i = 0; i < f->nseg; pos += f->seg[i++].len)
+        memcpy(copy + pos, f->seg[i].mem, f->seg[i].len);
+    unreserve_locked(p, f);
+    ssize_t r = write_split_locked(p, f->off, copy, f->len);
+    c->kind = REQ_COPY;
+    c->state = REQ_DONE;
+    c->p = p;
+    c->data = copy;
+    if (r == 0 && hold)
+        add_hold_locked(f, c, f->off, copy, f->len);
+    free_req_locked(p, c);
+    return r;
+}
+
+ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
+                         bool hold)
+{
+    ssize_t r = 0;
+
+    f->nhold = 0;
+    pthread_mutex_lock(&p->lock);
+    if (err == 0 && p->lost)
+        err = -EIO;
+    if (err < 0) {
+        unreserve_locked(p, f);
+        r = err;
+    } else if (fill_has_zeros(p, f))
+        r = commit_by_copy_locked(p, f, hold);
+    else
+        commit_in_place_locked(p, f, hold);
+    dispatch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+    return r < 0 ? r : (ssize_t) f->len;
+}
+
+void pool_hold_release(void *ref)
+{
+    struct pool_req *r = ref;
+    struct pool *p = r->p;
+
+    pthread_mutex_lock(&p->lock);
+    assert(r->holds > 0);
+    if (--r->holds == 0 && r->state == REQ_DONE) {
+        if (r->kind == REQ_WRITE)
+            p->nheld--;
+        free_req_locked(p, r);
+        pthread_cond_broadcast(&p->cond);     /* a buffer is free */
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
 /* ---- reading --------------------------------------------------------- */
 
 static bool queue_overlaps(struct pool *p, uint64_t off, uint64_t len)
@@ -872,11 +1188,8 @@ static void overlay_snapshot(const struct zero_snapshot *s, uint64_t off,
 
 static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
 {
-    size_t max = READ_MAX_LEN;
-    const struct nbdx_info *info = nbdx_info(p->x);
+    size_t max = (size_t) max_request(p, READ_MAX_LEN);
 
-    if (info->block_max && info->block_max < max)
-        max = info->block_max;
     while (len > 0) {
         size_t n = len < max ? len : max;
         struct nbdx_op op = { .kind = NBDX_OP_READ, .off = off, .len = n,
@@ -1071,13 +1384,21 @@ static void *idle_thread(void *arg)
 
 /* ---- setup ----------------------------------------------------------- */
 
-/* One block status request of the scan.  op comes first: nbdx_run()
- * takes op->opaque for its own wait, so the extent callback finds the
- * scan from the op itself. */
+/* The scan at mount: block status requests for consecutive windows of
+ * at most max_request(p, SCAN_MAX_LEN) bytes, SCAN_DEPTH of them in
+ * flight (a 1 TiB disk is 32768 windows of 32 MiB: one at a time, each
+ * round trip would count).  op comes first: the callbacks find the slot
+ * from the op itself.  Extent callbacks run on I/O threads, several at
+ * once, so they take pool->lock; nothing else uses the pool yet. */
+#define SCAN_DEPTH 32
+#define SCAN_BUDGET_NS (10ull * 1000000000u)
+
 struct scan {
     struct nbdx_op op;
     struct pool *p;
     uint64_t end;                 /* end of the last extent seen */
+    bool busy;                    /* submitted, done() not run yet */
+    int err;
 };
 
 static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
@@ -1085,40 +1406,95 @@ static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
 {
     struct scan *s = (struct scan *) op;
 
+    pthread_mutex_lock(&s->p->lock);
     if (flags & LIBNBD_STATE_ZERO)
         extmap_add(&s->p->known_zero, off, off + len);
     s->end = off + len;
+    pthread_mutex_unlock(&s->p->lock);
+}
+
+static void scan_done(struct nbdx_op *op, int err)
+{
+    struct scan *s = (struct scan *) op;
+
+    pthread_mutex_lock(&s->p->lock);
+    s->err = err;
+    s->busy = false;
+    pthread_cond_broadcast(&s->p->cond);
+    pthread_mutex_unlock(&s->p->lock);
+}
+
+static void scan_submit_locked(struct pool *p, struct scan *s, uint64_t off,
+                               uint64_t len)
+{
+    *s = (struct scan){ .op = { .kind = NBDX_OP_BLOCK_STATUS, .off = off,
+                                .len = len, .extent = scan_extent,
+                                .done = scan_done },
+                        .p = p, .end = off, .busy = true };
+    nbdx_submit(p->x, &s->op);
+}
+
+/* A slot's reply is in.  Returns false if the scan must stop (the known
+ * zeroes gathered so far stay: they are true, the rest is just not
+ * known).  A reply that covers only part of its window is asked again
+ * for the rest. */
+static bool scan_reply_locked(struct pool *p, struct scan *s)
+{
+    uint64_t wend = s->op.off + s->op.len;
+
+    s->op.len = 0;                    /* slot free */
+    if (s->err || s->end <= s->op.off) {
+        log_info("block status stopped at %" PRIu64 ": %s", s->op.off,
+                 s->err ? strerror(s->err) : "no progress");
+        return false;
+    }
+    if (s->end < wend)
+        scan_submit_locked(p, s, s->end, wend - s->end);
+    return true;
 }
 
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
- * mount exists, so nothing else touches known_zero yet. */
+ * mount exists and before the idle thread starts. */
 static void scan_extents(struct pool *p)
 {
-    uint64_t pos = 0, t0 = now_ns();
+    struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
+    uint64_t pos = 0, t0 = now_ns(), win = max_request(p, SCAN_MAX_LEN);
+    bool stop = false;
 
-    while (pos < p->size) {
-        uint64_t len = p->size - pos;
-        if (len > (1ull << 31))
-            len = 1ull << 31;
-        struct scan s = { .op = { .kind = NBDX_OP_BLOCK_STATUS, .off = pos,
-                                  .len = len, .extent = scan_extent },
-                          .p = p, .end = pos };
-        int r = nbdx_run(p->x, &s.op);
-        if (r < 0 || s.end <= pos) {
-            log_info("block status stopped at %" PRIu64 ": %s", pos,
-                     r < 0 ? strerror(-r) : "no progress");
-            break;
-        }
-        pos = s.end;
-        if (now_ns() - t0 > 10ull * 1000000000u) {
+    if (!slots)
+        return;                       /* nothing known: correct, slower */
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        unsigned busy = 0;
+        if (!stop && now_ns() - t0 > SCAN_BUDGET_NS) {
             log_info("block status scan stopped at %" PRIu64 " after 10s",
                      pos);
-            break;
+            stop = true;
         }
+        for (unsigned i = 0; i < SCAN_DEPTH; i++) {
+            struct scan *s = &slots[i];
+            if (!s->busy && s->op.len) {
+                if (stop)
+                    s->op.len = 0;    /* what it found is recorded */
+                else if (!scan_reply_locked(p, s))
+                    stop = true;
+            }
+            if (!s->busy && !stop && pos < p->size) {
+                uint64_t len = p->size - pos < win ? p->size - pos : win;
+                scan_submit_locked(p, s, pos, len);
+                pos += len;
+            }
+            busy += s->busy;
+        }
+        if (busy == 0)
+            break;
+        cond_wait_locked(p, "scan");
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
     log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
              extmap_covered(&p->known_zero, 0, p->size), p->size);
+    pthread_mutex_unlock(&p->lock);
+    free(slots);
 }
 
 int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
@@ -1135,6 +1511,10 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     p->can_zero = info->can_zero;
     p->fast_zero = info->can_fast_zero;
     p->max_in_flight = cfg->depth * info->connections;
+    p->max_len = info->block_max ? info->block_max : DEFAULT_MAX_LEN;
+    /* Long ranges split into multiples of the minimum block size. */
+    if (info->block_min > 1 && p->max_len >= info->block_min)
+        p->max_len -= p->max_len % info->block_min;
     p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
     if (p->nbufs < 2)
         p->nbufs = 2;

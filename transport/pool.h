@@ -80,6 +80,64 @@ void pool_destroy(struct pool *p);
  * the connection is lost.  May wait for a free buffer. */
 ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len);
 
+/* ---- zero-copy writes ------------------------------------------------
+ * pool_write() without its copy: pool_fill_begin() reserves [off,
+ * off+len) at the tail of FILLING buffers and says where the bytes go;
+ * the caller fills seg[] in order, without the pool's lock (from the FUSE
+ * pipe, say), then pool_fill_commit() does the rest of what pool_write()
+ * does: all-zero chunks still become write-zeroes, the write is ordered
+ * where it was reserved.  Between the two calls the reserved buffers are
+ * not sent and no other write lands in them: a write overlapping them
+ * goes to a new buffer, queued after them.
+ *
+ * Holds: pool_fill_commit(..., hold = true) keeps the committed bytes
+ * readable and unchanged (hold[].mem) until each hold[].ref is given to
+ * pool_hold_release(): the buffer goes back to the free list only once it
+ * is both acknowledged by the server and released.  Held buffers count
+ * against pool_size, so a slow reader of them makes writers wait for
+ * buffers, never copies. */
+#define POOL_FILL_SEGS 4
+
+struct pool_hold {
+    uint64_t off;             /* disk offset of mem[0] */
+    const void *mem;
+    size_t len;
+    void *ref;                /* for pool_hold_release() */
+};
+
+struct pool_fill {
+    uint64_t off;
+    size_t len;
+    unsigned nseg;
+    struct pool_seg {
+        void *mem;            /* put seg[i].len bytes here */
+        size_t len;
+        void *req;            /* the pool's */
+    } seg[POOL_FILL_SEGS];
+    unsigned nhold;           /* set by pool_fill_commit() */
+    struct pool_hold hold[POOL_FILL_SEGS];
+};
+
+/* Reserve room for len bytes at off.  0: f->seg[] says where to put them;
+ * pool_fill_commit() must follow.  -EAGAIN: this write cannot be reserved
+ * (write-through mode, or it spans more than POOL_FILL_SEGS buffers): use
+ * pool_write().  -EIO once the connection is lost.  May wait for a free
+ * buffer (holding no reservation while it waits). */
+int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
+                    struct pool_fill *f);
+
+/* err: 0 if every reserved byte was filled, else the -errno of the fill;
+ * the reservation is then undone and err returned.  Returns len or
+ * -errno.  With hold, on success f->hold[0..nhold) covers the write, in
+ * order (one hold per buffer; a private copy if the write was split
+ * around zero chunks). */
+ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
+                         bool hold);
+
+/* Give back one hold from pool_fill_commit().  Any thread; takes the
+ * pool's lock. */
+void pool_hold_release(void *ref);
+
 /* Make [off, off+len) read as zero, ordered after earlier writes.  Sent
  * as write-zeroes (never trim), skipped where the disk is known zero.
  * -ENOMEM if it could not be queued. */

@@ -78,3 +78,72 @@ const char *nbdx_redact_uri(const char *uri, char *buf, size_t len)
     }
     return buf;
 }
+
+/* ---- scheme and query ------------------------------------------------ */
+
+static size_t scheme_len(const char *uri)
+{
+    const char *e = strstr(uri, "://");
+    return e ? (size_t) (e - uri) : 0;
+}
+
+bool nbdx_uri_is_tls(const char *uri)
+{
+    return scheme_len(uri) >= 4 && strncasecmp(uri, "nbds", 4) == 0;
+}
+
+bool nbdx_uri_is_tcp(const char *uri)
+{
+    size_t n = scheme_len(uri);
+    return (n == 3 && strncasecmp(uri, "nbd", 3) == 0) ||
+           (n == 4 && strncasecmp(uri, "nbds", 4) == 0);
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = tolower(c);
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Copy a percent-encoded value (k bytes) into val, decoded.  False if it
+ * does not fit. */
+static bool decode(const char *s, size_t k, char *val, size_t len)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < k; i++) {
+        int c = (unsigned char) s[i];
+        if (c == '%' && i + 2 < k && hexval(s[i + 1]) >= 0 &&
+            hexval(s[i + 2]) >= 0) {
+            c = hexval(s[i + 1]) * 16 + hexval(s[i + 2]);
+            i += 2;
+        }
+        if (n + 1 >= len)
+            return false;
+        val[n++] = (char) c;
+    }
+    val[n] = '\0';
+    return true;
+}
+
+bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len)
+{
+    const char *q = strchr(uri, '?');
+    size_t klen = strlen(key);
+
+    if (!q || len == 0)
+        return false;
+    for (const char *p = q + 1; *p;) {
+        size_t plen = strcspn(p, "&;#");
+        if (plen > klen && strncmp(p, key, klen) == 0 && p[klen] == '=')
+            return decode(p + klen + 1, plen - klen - 1, val, len);
+        p += plen;
+        if (*p == '#')
+            break;
+        if (*p)
+            p++;
+    }
+    return false;
+}

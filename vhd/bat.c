@@ -112,7 +112,8 @@ int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
     if (!all)
         return vhd_errf(err, -ENOMEM, "out of memory checking extents");
     memcpy(all, meta, nmeta * sizeof *all);
-    memcpy(all + nmeta, blocks, (size_t) nblocks * sizeof *all);
+    if (nblocks)
+        memcpy(all + nmeta, blocks, (size_t) nblocks * sizeof *all);
     qsort(all, n, sizeof *all, extent_cmp);
     int r = 0;
     for (size_t k = 1; k < n && r == 0; k++)
@@ -128,4 +129,105 @@ int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
         }
     free(all);
     return r;
+}
+
+/* ---- the compact form: 4 bytes per used entry ---------------------------- */
+
+static int by_bat_offset(const void *a, const void *b, void *bat)
+{
+    uint32_t x = ((const uint32_t *) bat)[*(const uint32_t *) a];
+    uint32_t y = ((const uint32_t *) bat)[*(const uint32_t *) b];
+    if (x != y)
+        return x < y ? -1 : 1;
+    return *(const uint32_t *) a < *(const uint32_t *) b ? -1 : 1;
+}
+
+static uint64_t order_off(const uint32_t *bat, const uint32_t *order,
+                          uint32_t k)
+{
+    return (uint64_t) bat[order[k]] * VHD_SECTOR;
+}
+
+/* The first used block (in file order) that ends after off. */
+static uint32_t first_ending_after(const uint32_t *bat, const uint32_t *order,
+                                   uint32_t n, uint64_t blen, uint64_t off)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (order_off(bat, order, mid) + blen <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int order_check_meta(const struct vhd_layout *l, const uint32_t *bat,
+                            const uint32_t *order, uint32_t n,
+                            const struct vhd_extent *meta, size_t nmeta,
+                            struct vhd_err *err)
+{
+    uint64_t blen = (uint64_t) l->bitmap_bytes + l->block_size;
+    int r = vhd_extents_check(meta, nmeta, NULL, 0, l->bitmap_bytes, err);
+    for (size_t i = 0; i < nmeta && r == 0; i++) {
+        uint32_t k = first_ending_after(bat, order, n, blen, meta[i].off);
+        if (k < n && meta[i].len &&
+            order_off(bat, order, k) < meta[i].off + meta[i].len)
+            r = vhd_errf(err, -EINVAL, "block %u [%llu, +%llu) overlaps %s "
+                         "at %llu", order[k],
+                         (unsigned long long) order_off(bat, order, k),
+                         (unsigned long long) blen, meta[i].what,
+                         (unsigned long long) meta[i].off);
+    }
+    return r;
+}
+
+static int order_check_blocks(const struct vhd_layout *l, const uint32_t *bat,
+                              const uint32_t *order, uint32_t n,
+                              struct vhd_err *err)
+{
+    uint64_t blen = (uint64_t) l->bitmap_bytes + l->block_size;
+    if (n && order_off(bat, order, 0) < l->meta_end)
+        return vhd_errf(err, -EINVAL,
+                        "BAT entry %u (block at file offset %llu) clobbers "
+                        "the metadata (footer copy, header, BAT) ending at %llu",
+                        order[0], (unsigned long long) order_off(bat, order, 0),
+                        (unsigned long long) l->meta_end);
+    for (uint32_t k = 1; k < n; k++)
+        if (order_off(bat, order, k - 1) + blen > order_off(bat, order, k))
+            return vhd_errf(err, -EINVAL,
+                            "BAT entries %u and %u overlap (blocks at file "
+                            "offsets %llu and %llu, each %llu bytes)",
+                            order[k - 1], order[k],
+                            (unsigned long long) order_off(bat, order, k - 1),
+                            (unsigned long long) order_off(bat, order, k),
+                            (unsigned long long) blen);
+    return 0;
+}
+
+int vhd_bat_order(const struct vhd_layout *l, const uint32_t *bat,
+                  const struct vhd_extent *meta, size_t nmeta,
+                  uint32_t **order, uint32_t *nused, struct vhd_err *err)
+{
+    uint32_t n = 0, k = 0;
+    for (uint32_t i = 0; i < l->nblocks; i++)
+        n += bat[i] != VHD_BAT_UNUSED;
+    uint32_t *o = malloc(((size_t) n + 1) * sizeof *o);
+    if (!o)
+        return vhd_errf(err, -ENOMEM, "out of memory for %u blocks", n);
+    for (uint32_t i = 0; i < l->nblocks; i++)
+        if (bat[i] != VHD_BAT_UNUSED)
+            o[k++] = i;
+    qsort_r(o, n, sizeof *o, by_bat_offset, (void *) bat);
+    int r = order_check_blocks(l, bat, o, n, err);
+    if (r == 0)
+        r = order_check_meta(l, bat, o, n, meta, nmeta, err);
+    if (r < 0) {
+        free(o);
+        return r;
+    }
+    *order = o;
+    *nused = n;
+    return 0;
 }

@@ -48,6 +48,9 @@ struct vhd_stream {
     bool began;
     enum vhd_kind kind;
     uint64_t vsize;
+    uint64_t max_size;                  /* vhd_stream_limit() */
+    bool accept_fixed;
+    uint64_t expected_len;              /* file length, once the BAT is in */
     struct gap gaps[GAP_RING];
     unsigned ngaps, gap_last;
 };
@@ -94,8 +97,22 @@ int vhd_stream_new(const struct vhd_sink *sink, void *opaque,
     s->sink = sink;
     s->opaque = opaque;
     s->state = ST_FOOTER;
+    s->max_size = VHD_MAX_SIZE;
+    s->accept_fixed = true;
     *out = s;
     return 0;
+}
+
+void vhd_stream_limit(struct vhd_stream *s, uint64_t max_size,
+                      bool accept_fixed)
+{
+    s->max_size = max_size < VHD_MAX_SIZE ? max_size : VHD_MAX_SIZE;
+    s->accept_fixed = accept_fixed;
+}
+
+uint64_t vhd_stream_expected_length(const struct vhd_stream *s)
+{
+    return s->expected_len;
 }
 
 void vhd_stream_free(struct vhd_stream *s)
@@ -230,6 +247,36 @@ static bool looks_like_footer(const uint8_t *sec)
            data_off == 512 && (type == VHD_DYNAMIC || type == VHD_DIFF);
 }
 
+/* What a first sector that is no footer copy probably is, for the
+ * refusal's message. */
+static const char *guess_content(const uint8_t *sec)
+{
+    if (memcmp(sec, "QFI\xfb", 4) == 0)
+        return "a qcow2 image";
+    if (memcmp(sec, "vhdxfile", 8) == 0)
+        return "a VHDX image";
+    if (memcmp(sec, "KDMV", 4) == 0 || memcmp(sec, "# Disk DescriptorFile", 21) == 0)
+        return "a VMDK image";
+    if (sec[510] == 0x55 && sec[511] == 0xAA)
+        return "a raw disk (it starts with a boot sector)";
+    if (vhd_all_zero(sec, 512))
+        return "zeros: a raw disk image, or a fixed VHD";
+    return "not a VHD footer copy: a raw disk image, a fixed VHD or "
+           "another format";
+}
+
+/* No dynamic or differencing footer copy at 0: a fixed VHD, if the caller
+ * takes those, whose identity is known only at its last sector. */
+static int take_fixed(struct vhd_stream *s)
+{
+    if (!s->accept_fixed)
+        return sfail(s, -EMEDIUMTYPE, "not a dynamic or differencing VHD: "
+                     "its first sector is %s; nothing was written",
+                     guess_content(s->copy));
+    s->state = ST_FIXED;
+    return begin(s, VHD_FIXED, 0);
+}
+
 static int decide_kind(struct vhd_stream *s)
 {
     struct vhd_err e = { "" };
@@ -239,18 +286,19 @@ static int decide_kind(struct vhd_stream *s)
         return sfail(s, -EINVAL, "footer copy at offset 0: bad cookie "
                      "(the rest of the sector is a dynamic or differencing "
                      "VHD footer)");
-    if (!cookie) {
-        s->state = ST_FIXED;
-        return begin(s, VHD_FIXED, 0);
-    }
+    if (!cookie)
+        return take_fixed(s);
     int r = vhd_footer_decode(s->copy, &s->f, &e);
     if (r < 0)
         return sfail_err(s, r, &e, "footer copy at offset 0: ");
-    if (s->f.disk_type == VHD_FIXED) {
-        /* A fixed VHD has no copy: this is disk data that looks like one. */
-        s->state = ST_FIXED;
-        return begin(s, VHD_FIXED, 0);
-    }
+    if (s->f.disk_type == VHD_FIXED)
+        return take_fixed(s);   /* no copy: disk data that looks like one */
+    /* Before anything is allocated for the BAT. */
+    if (s->f.current_size > s->max_size)
+        return sfail(s, -ENOSPC, "the VHD's disk is %llu bytes, larger than "
+                     "the export (%llu bytes): nothing was written",
+                     (unsigned long long) s->f.current_size,
+                     (unsigned long long) s->max_size);
     s->state = ST_HEADER;
     return 0;
 }
@@ -290,6 +338,10 @@ static int64_t step_fixed(struct vhd_stream *s, const uint8_t *buf,
     if (emit_end > VHD_MAX_SIZE)
         return sfail(s, -EFBIG, "fixed VHD holds more than the 2040 GiB "
                      "limit (%llu bytes)", (unsigned long long) VHD_MAX_SIZE);
+    if (emit_end > s->max_size)
+        return sfail(s, -ENOSPC, "fixed VHD: its data runs past the end "
+                     "of the export (%llu bytes)",
+                     (unsigned long long) s->max_size);
     uint64_t ring_end = emit_end < pos ? emit_end : pos;
     int r = emit_ring(s, pos - 512, ring_end);
     if (r == 0 && emit_end > pos)
@@ -336,31 +388,15 @@ static int64_t step_header(struct vhd_stream *s, const uint8_t *buf,
     return n;
 }
 
-static int bat_extents_check(struct vhd_stream *s,
-                             const struct vhd_extent *sorted)
+/* Metadata extents that blocks must not overlap. */
+static size_t meta_extents(const struct vhd_stream *s, struct vhd_extent *m)
 {
-    struct vhd_err e = { "" };
-    struct vhd_extent meta[11];
     size_t n = 0;
-    meta[n++] = (struct vhd_extent) { 0, VHD_FOOTER_SIZE, 0, "footer copy" };
-    meta[n++] = (struct vhd_extent) { s->l.header_off, VHD_HEADER_SIZE, 0,
-                                      "dynamic header" };
-    meta[n++] = (struct vhd_extent) { s->l.bat_off, s->l.bat_bytes, 0, "BAT" };
-    n += vhd_locator_extents(&s->h, meta + n);
-    int r = vhd_extents_check(meta, n, sorted, s->nused,
-                              s->l.bitmap_bytes, &e);
-    return r < 0 ? sfail_err(s, r, &e, "") : 0;
-}
-
-/* Keep only the block indices (4 bytes per used entry, not 32). */
-static int keep_order(struct vhd_stream *s, const struct vhd_extent *sorted)
-{
-    s->order = malloc(((size_t) s->nused + 1) * sizeof *s->order);
-    if (!s->order)
-        return sfail(s, -ENOMEM, "out of memory for %u blocks", s->nused);
-    for (uint32_t k = 0; k < s->nused; k++)
-        s->order[k] = sorted[k].block;
-    return 0;
+    m[n++] = (struct vhd_extent) { 0, VHD_FOOTER_SIZE, 0, "footer copy" };
+    m[n++] = (struct vhd_extent) { s->l.header_off, VHD_HEADER_SIZE, 0,
+                                   "dynamic header" };
+    m[n++] = (struct vhd_extent) { s->l.bat_off, s->l.bat_bytes, 0, "BAT" };
+    return n + vhd_locator_extents(&s->h, m + n);
 }
 
 static uint64_t block_off(const struct vhd_stream *s, uint32_t k)
@@ -368,27 +404,40 @@ static uint64_t block_off(const struct vhd_stream *s, uint32_t k)
     return (uint64_t) ((uint32_t *) s->bat)[s->order[k]] * VHD_SECTOR;
 }
 
+/* The file's length once the BAT says where the last block ends. */
+static uint64_t file_length(const struct vhd_stream *s)
+{
+    uint64_t end = s->l.meta_end;
+    for (size_t i = 0; i < 8; i++)
+        if (s->h.loc[i].code != VHD_PLAT_NONE &&
+            s->h.loc[i].data_offset + s->h.loc[i].space_bytes > end)
+            end = s->h.loc[i].data_offset + s->h.loc[i].space_bytes;
+    if (s->nused) {
+        uint64_t b = block_off(s, s->nused - 1) + s->l.bitmap_bytes +
+                     s->l.block_size;
+        if (b > end)
+            end = b;
+    }
+    return end + VHD_FOOTER_SIZE;
+}
+
 static int bat_done(struct vhd_stream *s)
 {
     struct vhd_err e = { "" };
+    struct vhd_extent meta[11];
     uint32_t *bat = (uint32_t *) s->bat;
     for (uint32_t i = 0; i < s->l.nblocks; i++) {
         uint32_t v;
         memcpy(&v, s->bat + 4ull * i, 4);
         bat[i] = be32toh(v);
     }
-    struct vhd_extent *sorted;
-    int r = vhd_bat_sort_check(&s->l, bat, &sorted, &s->nused, &e);
+    int r = vhd_bat_order(&s->l, bat, meta, meta_extents(s, meta), &s->order,
+                          &s->nused, &e);
     if (r < 0)
         return sfail_err(s, r, &e, "");
-    r = bat_extents_check(s, sorted);
-    if (r == 0)
-        r = keep_order(s, sorted);
-    free(sorted);
-    if (r < 0)
-        return r;
     s->state = ST_BODY;
     s->next = 0;
+    s->expected_len = file_length(s);
     return begin(s, s->f.disk_type, s->f.current_size);
 }
 

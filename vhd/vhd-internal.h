@@ -149,6 +149,13 @@ int vhd_bat_sort_check(const struct vhd_layout *l, const uint32_t *bat,
 int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
                       const struct vhd_extent *blocks, uint32_t nblocks,
                       uint32_t bitmap_bytes, struct vhd_err *err);
+/* The same checks in the stream decoder's memory budget (4 bytes per used
+ * entry, no extent copies): *order (caller frees) receives the used BAT
+ * indices in file order; meta (footer copy, header, BAT, locators) must
+ * overlap neither each other nor any block. */
+int vhd_bat_order(const struct vhd_layout *l, const uint32_t *bat,
+                  const struct vhd_extent *meta, size_t nmeta,
+                  uint32_t **order, uint32_t *nused, struct vhd_err *err);
 /* Locator extents of h that occupy file space (code != 0). */
 size_t vhd_locator_extents(const struct vhd_header *h, struct vhd_extent *out);
 

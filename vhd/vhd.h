@@ -291,6 +291,16 @@ struct vhd_stream;
 int vhd_stream_new(const struct vhd_sink *sink, void *opaque,
                    struct vhd_stream **out);
 
+/* Refuse at the first sector what cannot land, before any allocation or
+ * callback: a dynamic or differencing VHD whose disk is larger than
+ * max_size (-ENOSPC), fixed data running past it (-ENOSPC), and, when
+ * accept_fixed is false, anything whose first sector is not a dynamic or
+ * differencing footer copy (-EMEDIUMTYPE: garbage, a raw disk, another
+ * image format, or a fixed VHD, whose footer comes only at the end).
+ * Defaults: VHD_MAX_SIZE, fixed accepted.  Call before the first feed. */
+void vhd_stream_limit(struct vhd_stream *s, uint64_t max_size,
+                      bool accept_fixed);
+
 /* Bytes [file_off, file_off+len) of the VHD file.  file_off beyond the
  * decode position: the skipped bytes are zeros of the VHD file (cp --sparse,
  * dd conv=sparse).  file_off before it: -EINVAL ("goes backwards"), unless
@@ -324,6 +334,11 @@ uint64_t vhd_stream_position(const struct vhd_stream *s);
  * size known after finish). */
 enum vhd_kind vhd_stream_kind(const struct vhd_stream *s);
 uint64_t vhd_stream_virtual_size(const struct vhd_stream *s);
+
+/* The VHD file's length as its metadata describes it (dynamic and
+ * differencing, once the BAT has arrived: the end of the last block or
+ * metadata plus the footer); 0 while unknown (always for fixed). */
+uint64_t vhd_stream_expected_length(const struct vhd_stream *s);
 
 void vhd_stream_free(struct vhd_stream *s);
 

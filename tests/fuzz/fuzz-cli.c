@@ -1,10 +1,13 @@
 /* tests/fuzz/fuzz-cli.c: libFuzzer target for the daemon's command-line
- * helpers (fs/cli.c): sizes, numbers, the server arguments and the
- * mountpoint.  Input: NUL-separated arguments; the first byte picks what
- * is exercised.  Checks, besides ASan/UBSan/LeakSanitizer: every error
- * comes with a one-line message, and successful parses are consistent
- * (sizes are the number times the suffix, modes match their arguments,
- * the file name is a usable name). */
+ * helpers (fs/cli.c): sizes, numbers, the server arguments, the
+ * mountpoint (resolved and checked), -o lists, the fstab form (URI
+ * MOUNTPOINT -o OPTS) and --vsock.  Input: NUL-separated arguments; the
+ * first byte picks what is exercised.  Checks, besides
+ * ASan/UBSan/LeakSanitizer: every error comes with a one-line message,
+ * and successful parses are consistent (sizes are the number times the
+ * suffix, modes match their arguments, the file name is a usable name,
+ * the mountpoint is absolute and never a system directory, nbdferry's
+ * own -o items never reach libfuse). */
 #include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
@@ -76,26 +79,97 @@ static void server(char **argv, int argc)
     }
 }
 
-static void mountpoint(const char *arg)
+/* The mountpoint, resolved and checked; sel picks -o nonempty. */
+static void mountpoint(const char *arg, bool nonempty)
 {
     char msg[CLI_MSG_MAX];
-    char *mp, *fn;
+    struct cli_mountpoint m;
     struct stat st;
 
-    int r = cli_parse_mountpoint(arg, ".nbdferry-status", &mp, &fn, msg,
+    int r = cli_parse_mountpoint(arg, ".nbdferry-status", nonempty, &m, msg,
                                  sizeof msg);
     check_msg(r, msg);
     if (r < 0) {
-        if (mp || fn)
+        if (m.mountpoint || m.filename)
             abort();
         return;
     }
-    if (!mp || !fn || !fn[0] || strchr(fn, '/') || strlen(fn) > 200 ||
-        strcmp(fn, ".nbdferry-status") == 0 ||
-        stat(mp, &st) == -1 || !S_ISDIR(st.st_mode))
+    if (!m.mountpoint || m.mountpoint[0] != '/' || !m.filename ||
+        !m.filename[0] || strchr(m.filename, '/') ||
+        strlen(m.filename) > 255 ||
+        strcmp(m.filename, ".nbdferry-status") == 0 ||
+        stat(m.mountpoint, &st) == -1 ||
+        (m.file_mode ? !S_ISREG(st.st_mode) : !S_ISDIR(st.st_mode)))
         abort();
-    free(mp);
-    free(fn);
+    /* Never a system directory, whatever the spelling. */
+    if (!m.file_mode && (strcmp(m.mountpoint, "/") == 0 ||
+                         strcmp(m.mountpoint, "/etc") == 0 ||
+                         strcmp(m.mountpoint, "/tmp") == 0))
+        abort();
+    cli_mountpoint_free(&m);
+}
+
+/* -o lists, as from the command line or an fstab options field: what
+ * nbdferry takes never reaches libfuse, the rest arrives unchanged. */
+static void fuse_opts(char **argv, int argc)
+{
+    char msg[CLI_MSG_MAX];
+    struct cli_fuse_opts fo;
+
+    memset(&fo, 0, sizeof fo);
+    for (int i = 0; i < argc; i++) {
+        int r = cli_add_fuse_opts(&fo, argv[i], msg, sizeof msg);
+        check_msg(r, msg);
+        if (r < 0)
+            break;
+    }
+    for (const char *p = fo.pass; p && *p;) {
+        size_t n = 0;
+        while (p[n] && p[n] != ',')
+            n += (p[n] == '\\' && p[n + 1]) ? 2 : 1;
+        if (n == 0 ||
+            (n == 8 && strncmp(p, "nonempty", 8) == 0) ||
+            (n == 12 && strncmp(p, "kernel_cache", 12) == 0) ||
+            (n == 12 && strncmp(p, "block_device", 12) == 0) ||
+            strncmp(p, "uid=", 4) == 0 || strncmp(p, "gid=", 4) == 0)
+            abort();                      /* ours, or an empty item */
+        p += n + (p[n] == ',');
+    }
+    cli_fuse_opts_free(&fo);
+}
+
+/* The fstab form, as mount.fuse3 runs it: URI MOUNTPOINT -o OPTS ...;
+ * options first, then the mountpoint with -o nonempty as they said. */
+static void fstab(char **argv, int argc)
+{
+    char msg[CLI_MSG_MAX];
+    struct cli_fuse_opts fo;
+
+    if (argc < 2)
+        return;
+    memset(&fo, 0, sizeof fo);
+    for (int i = 2; i + 1 < argc; i += 2)
+        if (strcmp(argv[i], "-o") == 0 &&
+            cli_add_fuse_opts(&fo, argv[i + 1], msg, sizeof msg) < 0) {
+            check_msg(-1, msg);
+            cli_fuse_opts_free(&fo);
+            return;
+        }
+    mountpoint(argv[1], fo.nonempty);
+    char *uri[] = { argv[0], NULL };
+    server(uri, 1);
+    cli_fuse_opts_free(&fo);
+}
+
+static void vsock(char **argv, int argc)
+{
+    char msg[CLI_MSG_MAX], *uri;
+    int r = cli_vsock_uri(argc, argv, &uri, msg, sizeof msg);
+
+    check_msg(r, msg);
+    if (r == 0 && strncmp(uri, "nbd+vsock://", 12) != 0)
+        abort();
+    free(r == 0 ? uri : NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -116,10 +190,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         argv[argc++] = p;
     argv[argc] = NULL;
 
-    switch (sel % 3) {
+    switch (sel % 6) {
     case 0: sizes(argv, argc); break;
     case 1: server(argv, argc); break;
-    case 2: if (argc) mountpoint(argv[0]); break;
+    case 2: if (argc) mountpoint(argv[0], sel & 0x80); break;
+    case 3: fuse_opts(argv, argc); break;
+    case 4: fstab(argv, argc); break;
+    case 5: vsock(argv, argc); break;
     }
     free(copy);
     return 0;

@@ -185,7 +185,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(&seed, data, 4);
     const uint8_t *f = data + 4;
     size_t len = size - 4;
-    if (seed & 0x80000000u) {
+    if ((seed & 0x80000000u) && len) {  /* memcpy(NULL, .., 0) is UB */
         if (len > copy_cap) {
             free(copy);
             copy = malloc(len);

@@ -23,3 +23,17 @@ target_link_options(pool-test PRIVATE -Wl,--wrap=malloc -Wl,--wrap=calloc
                     -Wl,--wrap=realloc -Wl,--wrap=posix_memalign)
 add_test(NAME pool COMMAND pool-test)
 set_tests_properties(pool PROPERTIES TIMEOUT 900)
+
+# The zero-copy fill path over its own scripted transport,
+# pool-test-nbdx.c.
+
+add_executable(pool-test-fill
+  ${POOL_TEST_DIR}/pool-test-fill.c
+  ${POOL_TEST_DIR}/pool-test-nbdx.c
+  ${CMAKE_SOURCE_DIR}/transport/pool.c
+  ${CMAKE_SOURCE_DIR}/transport/extmap.c)
+target_include_directories(pool-test-fill PRIVATE ${POOL_TEST_DIR})
+target_link_libraries(pool-test-fill PRIVATE common PkgConfig::DEPS
+                      Threads::Threads)
+add_test(NAME pool-fill COMMAND pool-test-fill)
+set_tests_properties(pool-fill PROPERTIES TIMEOUT 300)

@@ -184,6 +184,41 @@ static const struct fixture fixtures[] = {
     { "qemu-dyn-10m.vhd", NULL, "qemu-dyn-10m.raw" },
 };
 
+/* Limits refuse at the first sector, before begin() (dynamic and
+ * differencing) or before any byte past the limit (fixed). */
+static int feed_limited(const uint8_t *file, size_t len, struct vt_disk *d,
+                        uint64_t max, bool fixed_ok)
+{
+    struct vhd_stream *s;
+    CHECK(vhd_stream_new(&vt_disk_sink, d, &s) == 0);
+    vhd_stream_limit(s, max, fixed_ok);
+    d->began = false;
+    d->high = 0;
+    int r = vhd_stream_feed(s, 0, file, len);
+    if (r == 0)
+        r = vhd_stream_finish(s);
+    CHECK(r == 0 || vhd_stream_error(s)[0]);
+    vhd_stream_free(s);
+    return r;
+}
+
+static void test_limits(const uint8_t *file, size_t len, struct vt_disk *d,
+                        const char *label)
+{
+    bool fixed = strstr(label, "fixed") != NULL;
+    int r = feed_limited(file, len, d, VHD_MAX_SIZE, false);
+    CHECK(fixed ? r == -EMEDIUMTYPE && !d->began : r == 0);
+    r = feed_limited(file, len, d, 1024, true);
+    CHECK(r == -ENOSPC && d->high <= 1024);
+    CHECK(fixed || !d->began);
+    uint8_t junk[4096];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t) (i * 131 + 7);
+    CHECK(feed_limited(junk, sizeof junk, d, VHD_MAX_SIZE, false) ==
+          -EMEDIUMTYPE && !d->began);
+    printf("%-24s limits: refused before begin\n", label);
+}
+
 static void test_fixture(const struct fixture *fx)
 {
     uint8_t *file, *want, *base = NULL;
@@ -196,6 +231,8 @@ static void test_fixture(const struct fixture *fx)
     struct vt_disk d = { .cap = wlen };
     d.buf = malloc(d.cap);
     CHECK(d.buf);
+
+    test_limits(file, len, &d, fx->vhd);
 
     static const size_t pieces[] = { 1, 512, 4080, 4097, 131072, 1 << 20 };
     for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++)

@@ -39,8 +39,11 @@
 /* Zero entries are hashed in pieces of this size so that replies keep
  * being collected and new reads submitted between pieces. */
 #define ZERO_PIECE     (8u << 20)
-/* Bytes asked per block status request (the protocol's count is 32 bits). */
+/* Bytes asked per block status request: the server's maximum block size,
+ * or 32 MiB where it advertises none (the protocol's default limit; some
+ * servers mishandle longer requests), but no more than this. */
 #define BS_SPAN        (1ull << 30)
+#define DEFAULT_MAX    (32u << 20)
 
 struct nbd_src {
     struct verify_source s;             /* first: the ops see this */
@@ -48,6 +51,7 @@ struct nbd_src {
     unsigned nconn;
     bool block_status;                  /* base:allocation negotiated */
     size_t request_size;                /* clamped to the server maximum */
+    uint64_t bs_span;                   /* block status request length */
 };
 
 enum ent_state { ENT_READING, ENT_DONE };
@@ -154,7 +158,7 @@ static int bs_done(void *user_data, int *error)
 static uint64_t lookahead(const struct pipe *p)
 {
     uint64_t window = (uint64_t) p->nbufs * p->ns->request_size * 4;
-    return window > BS_SPAN / 2 ? window : BS_SPAN / 2;
+    return window > p->ns->bs_span / 2 ? window : p->ns->bs_span / 2;
 }
 
 static int request_extents(struct pipe *p)
@@ -165,7 +169,9 @@ static int request_extents(struct pipe *p)
     if (!p->use_bs || p->bs_inflight || p->ext_end >= p->k->end ||
         p->ext_end - p->sched >= lookahead(p))
         return 0;
-    count = p->k->end - p->ext_end < BS_SPAN ? p->k->end - p->ext_end : BS_SPAN;
+    count = p->k->end - p->ext_end;
+    if (count > p->ns->bs_span)
+        count = p->ns->bs_span;
     p->bs_off = p->ext_end;
     if (nbd_aio_block_status(h, count, p->ext_end,
                              (nbd_extent_callback) { .callback = extent_cb,
@@ -506,6 +512,9 @@ static int negotiate(struct nbd_src *ns, const struct source_options *opt)
     ns->request_size = opt->request_size;
     if (max > 0 && (uint64_t) max < ns->request_size)
         ns->request_size = (size_t) max;
+    ns->bs_span = max > 0 ? (uint64_t) max : DEFAULT_MAX;
+    if (ns->bs_span > BS_SPAN)
+        ns->bs_span = BS_SPAN;
     ns->block_status = opt->use_extents &&
         nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
     return 0;

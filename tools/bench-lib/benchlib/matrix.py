@@ -6,6 +6,7 @@ and the report iterate over whatever these lists hold.
 Command templates are tuples of strings formatted with:
   {src}   the source image path        {file}  the file inside the mount
   {uri}   the NBD URI of the server    {mnt}   the mountpoint
+  {verify} the nbdferry-verify binary
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ class Arm:
     daemon_opts: tuple = ()    # extra daemon options, before MOUNTPOINT
     needs: tuple = ()          # daemon options that must appear in --help
     family: str = ""           # plot colour group
+    verified: str = ""         # a verified copy: the time runs until the
+                               # copy's sha256 is known and checked.
+                               # "inline": nbdferry's inline digest;
+                               # "stdout": the client prints it (sha256sum)
 
     @property
     def mounted(self):
@@ -37,7 +42,7 @@ class Arm:
 @dataclass(frozen=True)
 class Source:
     name: str
-    kind: str                  # "dense" | "sparse25" | "sparse10" | "fsimage"
+    kind: str                  # "dense" | "sparse25" | "sparse10" | "fsimage" | "vmdk25"
     size: int
 
     @property
@@ -48,7 +53,9 @@ class Source:
 @dataclass(frozen=True)
 class Server:
     name: str
-    plugin: str                # "memory" | "file" (backing file on tmpfs)
+    plugin: str                # nbdkit "memory" | "file" (backing file on
+                               # tmpfs), or another server on a raw file on
+                               # tmpfs: "qemu-nbd" | "nbd-server"
     transport: str             # "unix" | "tcp" (127.0.0.1)
     filters: tuple = ()        # extra (filter, (key=value, ...)) pairs
     note: str = ""
@@ -90,6 +97,12 @@ def fsimage(size):
     return Source(f"ext4-image-{human(size)}", "fsimage", size)
 
 
+def vmdk25(size):
+    """A streamOptimized VMDK of a disk of size bytes, 25% data (the
+    source path is the .vmdk; the export must end up holding the disk)."""
+    return Source(f"vmdk-25%-data-{human(size)}", "vmdk25", size)
+
+
 def human(n):
     if n % GiB == 0:
         return f"{n // GiB}G"
@@ -98,7 +111,8 @@ def human(n):
 
 # ---- arms ---------------------------------------------------------------
 
-# nbdferry arms reproducing mission.md section 1.  'needs' lists options the
+# nbdferry arms reproducing the published XCP-ng measurements (stock,
+# TCP_NODELAY, pipelined, both).  'needs' lists options the
 # daemon must offer; arms whose options are missing are skipped with a note.
 # Every nbdferry arm compared with nbdcopy, qemu-img or nbdfuse runs with
 # --no-digest: none of those hashes what it copies.  One arm keeps the
@@ -135,10 +149,37 @@ QEMU_W = Arm("qemu-img-W", "qemu-img convert -n -W",
              ("qemu-img", "convert", "-n", "-W", "-f", "raw", "-O", "raw",
               "{src}", "{uri}"), family="qemu")
 
+# Verified copies: what a user who wants proof that the bytes landed pays,
+# the copy plus a sha256 of the destination.  nbdferry's inline digest is
+# ready shortly after cp exits; the others read the export back.
+VERIFIED_FERRY = Arm("verified-ferry", "nbdferry + cp, inline sha256 "
+                     "(until ready)", CP, "nbdferry", family="digest",
+                     verified="inline")
+VERIFIED_SUM = Arm("verified-nbdcopy-sum", "nbdcopy, then nbdcopy URI - into "
+                   "sha256sum", ("sh", "-c", 'nbdcopy "$1" "$2" && '
+                                 'nbdcopy "$2" - | sha256sum', "sh", "{src}",
+                                 "{uri}"), family="nbdcopy", verified="stdout")
+VERIFIED_VERIFY = Arm("verified-nbdcopy-verify", "nbdcopy, then "
+                      "nbdferry-verify URI",
+                      ("sh", "-c", 'nbdcopy "$1" "$2" && "$3" "$2"', "sh",
+                       "{src}", "{uri}", "{verify}"), family="verify",
+                      verified="stdout")
+VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_SUM, VERIFIED_VERIFY]
+
+# VMDK ingest: the VMDK file copied into the mount's nbd.vmdk view against
+# qemu-img decoding the same file into the export over NBD.
+FERRY_VMDK = Arm("ferry-vmdk", "nbdferry + cp x.vmdk MNT/nbd.vmdk "
+                 "(--no-digest)", ("cp", "{src}", "{mnt}/nbd.vmdk"),
+                 "nbdferry", ND, needs=ND, family="nbdferry")
+QEMU_VMDK = Arm("qemu-img-vmdk", "qemu-img convert -n -f vmdk -O raw",
+                ("qemu-img", "convert", "-n", "-f", "vmdk", "-O", "raw",
+                 "{src}", "{uri}"), family="qemu")
+
 ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_DD, FERRY_STOCK, FERRY_NODELAY,
-            FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W]
+            FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
+            *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
-# Issue 3 item 5: a sparse image onto an export that reads as zero.  nbdfuse
+# The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
 SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, NBDCOPY, QEMU_W, QEMU]
 
@@ -170,7 +211,19 @@ MEM_TCP_10G = Server("memory/tcp rate=10G", "memory", "tcp",
                      filters=(("rate", ("rate=10G",)),),
                      note="nbdkit rate filter at 10 Gbit/s")
 
-ALL_SERVERS = [MEM_UNIX, MEM_TCP, FILE_UNIX, FILE_TCP, MEM_TCP_10G]
+# The servers Debian ships besides nbdkit (docs/servers.md): over TCP,
+# like nbd-server, which has no Unix socket.
+QEMU_NBD_TCP = Server("qemu-nbd-raw/tcp", "qemu-nbd", "tcp",
+                      note="qemu-nbd --shared=8 --cache=writeback, raw file "
+                           "on tmpfs")
+NBD_SERVER_TCP = Server("nbd-server/tcp", "nbd-server", "tcp",
+                        note="nbd-server 3.24, flush = true, file on tmpfs; "
+                             "no block status, no block sizes")
+
+ALL_SERVERS = [MEM_UNIX, MEM_TCP, FILE_UNIX, FILE_TCP, MEM_TCP_10G,
+               QEMU_NBD_TCP, NBD_SERVER_TCP]
+# Binaries a server needs besides nbdkit's.
+SERVER_BINARIES = {"qemu-nbd": "qemu-nbd", "nbd-server": "nbd-server"}
 
 # ---- presets ------------------------------------------------------------
 
@@ -181,17 +234,24 @@ def preset(name, size=None, runs=None):
         s = size or 128 * MiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
                            [0, 2], runs=1),
-                sparse_experiment(size or 256 * MiB, [0], runs=1)]
+                verified_experiment(s, runs=1),
+                sparse_experiment(size or 256 * MiB, [0], runs=1),
+                every_server_experiment(s, runs=1)]
+    elif name == "servers":
+        exps = [every_server_experiment(size or 512 * MiB)]
     elif name == "first":
         s = size or GiB
         exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
-                           [0, 2])]
+                           [0, 2]),
+                verified_experiment(s)]
     elif name == "full":
         exps = full_preset(size)
     elif name == "tuning":
         exps = tuning_preset(size)
     elif name == "sparse":
         exps = [sparse_experiment(size or 4 * GiB, [0, 2])]
+    elif name == "vmdk":
+        exps = [vmdk_experiment(size or GiB)]
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -204,9 +264,10 @@ def full_preset(size=None):
     s = size or GiB
     sweep = size or 512 * MiB
     return [
-        # Issue 2 item 7: the headline cells, 1 GiB over a Unix socket.
+        # The headline cells, 1 GiB over a Unix socket.
         Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
-        # Issue 6: every arm across latencies over TCP.  512 MiB keeps the
+        verified_experiment(s),
+        # Every arm across latencies over TCP.  512 MiB keeps the
         # serial arms (one request in flight) under ~50 s a run at 10 ms.
         Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],
                    [0, 0.2, 2, 10],
@@ -223,29 +284,74 @@ def full_preset(size=None):
         # Other servers at the published 0.2 ms.
         Experiment("servers", [FERRY_CP, NBDCOPY],
                    [dense(s)], [FILE_UNIX, FILE_TCP, MEM_TCP_10G], [0.2]),
-        # Issue 3 item 5.
+        # The sparse case.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
+        every_server_experiment(size or 512 * MiB),
     ]
 
 
+def every_server_experiment(size, runs=3):
+    """Each NBD server Debian ships, side by side, over TCP with no added
+    delay: nbdferry + cp, nbdcopy and qemu-img convert -W."""
+    return Experiment(
+        "every server", [FERRY_CP, NBDCOPY, QEMU_W], [dense(size)],
+        [FILE_TCP, QEMU_NBD_TCP, NBD_SERVER_TCP], [0], runs=runs,
+        note="The same dense image onto a fresh raw file on tmpfs served "
+             "by nbdkit (file plugin), qemu-nbd and nbd-server 3.24, all "
+             "over TCP on 127.0.0.1 (nbd-server has no Unix socket).  "
+             "nbd-server offers no block status and no block sizes: "
+             "nbdferry keeps every request at or under 32 MiB there.  "
+             "Request counts come from nbdkit's stats filter, so only the "
+             "nbdkit rows have them.")
+
+
+def verified_experiment(size, runs=3):
+    return Experiment(
+        "verified copy", VERIFIED_ARMS, [dense(size)], [MEM_UNIX], [0],
+        runs=runs,
+        note="Copy, then know the destination's sha256: MiB/s = image size "
+             "/ time from starting the copy until the digest is known and "
+             "equals the source's (a run whose digest differs fails).  "
+             "nbdferry: cp exits, then its inline sha256 is read from the "
+             "status file once complete.  nbdcopy: the export is read back "
+             "and hashed, by `nbdcopy URI - | sha256sum` or by "
+             "nbdferry-verify (pipelined, hole-aware).  The source's own "
+             "sha256 is not timed in any arm.")
+
+
 def sparse_experiment(size, latencies, runs=3):
-    """Issue 3 item 5: an image with 10% data in scattered 2 MiB runs onto an
+    """The sparse case: an image with 10% data in scattered 2 MiB runs onto an
     export of the same size that reads as zero (nbdkit memory)."""
     return Experiment(
         "sparse", SPARSE_ARMS, [sparse10(size)], [MEM_UNIX], latencies,
         runs=runs, time_ratios=True,
-        note="Issue 3 item 5: the source holds 10% data in 2 MiB runs at "
+        note="The source holds 10% data in 2 MiB runs at "
              "random places, the rest holes; the export is a fresh nbdkit "
              "memory disk, which reads as zero.  cp is `cp --sparse=always`; "
              "nbdcopy and qemu-img read the source's holes with SEEK_DATA "
              "and send them as zero requests.  Times in seconds (lower is "
-             "better); issue 3's target: nbdferry + cp takes at most 1.25x "
+             "better); target: nbdferry + cp takes at most 1.25x "
              "the time of nbdcopy.  The NBD request columns show what the "
              "holes cost on the wire: written MiB should be the data alone.")
 
 
+def vmdk_experiment(size, runs=3):
+    """Ingesting a streamOptimized VMDK (what an OVA holds)."""
+    return Experiment(
+        "vmdk", [FERRY_VMDK, QEMU_VMDK], [vmdk25(size)], [MEM_UNIX], [0],
+        runs=runs, time_ratios=True,
+        note="The source is a streamOptimized VMDK made by qemu-img from a "
+             "disk with 25% data in 1 MiB extents at random places (half "
+             "text-like, half random bytes, so deflate gets about 1.3:1), the "
+             "rest zero.  nbdferry: `cp x.vmdk MNT/nbd.vmdk` (decoded in the "
+             "daemon, grains inflated with libdeflate); qemu-img: `convert -n "
+             "-f vmdk -O raw x.vmdk URI`.  Both must leave the export holding "
+             "the disk (sha256 of the whole export).  Times in seconds (lower "
+             "is better); the target is nbdferry at most 1.0x qemu-img.")
+
+
 def tuning_preset(size=None):
-    """Issue 6 item 4: nbdferry's depth, request size, pool size and
+    """Tuning: nbdferry's depth, request size, pool size and
     connections, one at a time around the defaults, over TCP.  The pool is
     raised to 256M where it would otherwise cap depth x request size."""
     s = size or 512 * MiB

@@ -79,19 +79,68 @@ def kill(p, sig=signal.SIGTERM, grace=5.0):
         return wait4(p, grace)[1]
 
 
+class Daemon:
+    """A server that forks into the background (nbd-server): known by the
+    pid in its pidfile, stopped by that pid only.  Looks enough like a
+    Popen for proc_cpu_seconds() and kill()."""
+
+    def __init__(self, pid, name):
+        self.pid = pid
+        self.args = [name]
+        self.returncode = None
+        _live[pid] = name
+
+    def alive(self):
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+
+def stop_daemon(d, grace=5.0):
+    """SIGTERM, then SIGKILL after grace seconds; d is not our child, so
+    poll /proc instead of waiting."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(d.pid, sig)
+        except ProcessLookupError:
+            break
+        end = time.monotonic() + grace
+        while d.alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        if not d.alive():
+            break
+    d.returncode = 0
+    _live.pop(d.pid, None)
+
+
 def cpu_seconds(ru):
     return ru.ru_utime + ru.ru_stime if ru else None
 
 
 def proc_cpu_seconds(pid):
-    """utime+stime of a live process from /proc/PID/stat (all threads)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
+    """utime+stime of a live process from /proc/PID/stat (all threads),
+    plus its children: the reaped ones (cutime+cstime) and the live ones
+    (a forking server such as nbd-server serves each client in a child)."""
+    def stat(p):
+        with open(f"/proc/{p}/stat") as f:
             s = f.read()
+        return s[s.rfind(")") + 2:].split()
+    try:
+        fields = stat(pid)
     except OSError:
         return None
-    fields = s[s.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    total = sum(int(x) for x in fields[11:15])
+    for d in os.listdir("/proc"):
+        if d.isdigit() and d != str(pid):
+            try:
+                f = stat(d)
+            except OSError:
+                continue
+            if f[1] == str(pid):
+                total += int(f[11]) + int(f[12])
+    return total / CLK_TCK
 
 
 def system_busy_seconds():

@@ -100,6 +100,8 @@ def machine(nbdferry):
         ("libnbd", libnbd),
         ("nbdfuse", _first_line(["nbdfuse", "--version"])),
         ("qemu-img", _first_line(["qemu-img", "--version"])),
+        ("qemu-nbd", _first_line(["qemu-nbd", "--version"])),
+        ("nbd-server", _first_line(["nbd-server", "-V"])),
         ("coreutils cp", _first_line(["cp", "--version"])),
         ("nbdferry", f"{ferry} (git {rev})"),
     ]
@@ -313,6 +315,7 @@ def experiment_tables(exp, g, meta):
             out += [f"| {label} | " + " | ".join(row) + " |"]
         out += [""]
         out += ratio_table(exp, g, source, server, lats)
+        out += cpu_table(exp, g, source, server, lats, arms)
         out += detail_table(exp, g, source, server, lats, arms)
     return out
 
@@ -339,6 +342,10 @@ RATIOS = [
     ("nbdferry+cp inline sha256 / --no-digest (the digest's cost)",
      "ferry-cp-digest", "ferry-cp"),
     ("nbdferry+cp --no-digest / nbdfuse+cp", "ferry-cp", "fuse-cp"),
+    ("verified copy: nbdferry+cp inline sha256 / nbdcopy then read-back "
+     "sha256sum", "verified-ferry", "verified-nbdcopy-sum"),
+    ("verified copy: nbdferry+cp inline sha256 / nbdcopy then "
+     "nbdferry-verify", "verified-ferry", "verified-nbdcopy-verify"),
     ("nbdferry+cp --no-digest / qemu-img -W", "ferry-cp", "qemu-img-W"),
     ("nbdferry pipelined+nodelay / stock, both --no-digest (published: "
      "7.39x)", "ferry-cp", "ferry-stock"),
@@ -352,7 +359,7 @@ RATIOS = [
 # (label, arm a, arm b) -> seconds of a over seconds of b.
 TIME_RATIOS = [
     ("time of nbdferry+cp --sparse=always --no-digest / nbdcopy "
-     "(issue 3 target: ≤ 1.25x)", "ferry-cp", "nbdcopy"),
+     "(target: ≤ 1.25x)", "ferry-cp", "nbdcopy"),
     ("time of nbdferry+cp --sparse=always, inline sha256 / nbdcopy",
      "ferry-cp-digest", "nbdcopy"),
     ("time of nbdferry+cp --no-digest / qemu-img convert -n -W",
@@ -360,6 +367,8 @@ TIME_RATIOS = [
     ("time of nbdferry+cp --no-digest / qemu-img convert -n",
      "ferry-cp", "qemu-img"),
     ("time of nbdcopy / qemu-img convert -n -W", "nbdcopy", "qemu-img-W"),
+    ("time of nbdferry cp x.vmdk MNT/nbd.vmdk / qemu-img convert -n -f vmdk "
+     "(target: ≤ 1.0x)", "ferry-vmdk", "qemu-img-vmdk"),
 ]
 
 
@@ -411,6 +420,39 @@ def ratio_table(exp, g, source, server, lats):
              "per-run ratios (run k of one arm over run k of the other, "
              "which ran close in time).", "",
              "| ratio | " + " | ".join(lat_label(l) for l in lats) + " |",
+             "| --- |" + " ---: |" * len(lats)] + rows + [""])
+
+
+def cpu_per_gib(runs):
+    """'client / daemon / server (total)' in CPU seconds per GiB copied,
+    medians over the runs that succeeded; total is their sum."""
+    ok = [r for r in runs if r["ok"]]
+    if not ok:
+        return "–"
+    gib = ok[0]["size"] / (1 << 30)
+    s = cell_summary(runs)
+    parts = [s.get(k) for k in ("cpu_client", "cpu_daemon", "cpu_server")]
+    total = sum(p for p in parts if p is not None)
+    return (" / ".join(fmt(None if p is None else p / gib, ".2f")
+                       for p in parts) + f" (**{total / gib:.2f}**)")
+
+
+def cpu_table(exp, g, source, server, lats, arms):
+    rows = []
+    for a in arms:
+        cells, label = [], a
+        for l in lats:
+            runs = g.get((exp["name"], source, server, l, a))
+            if runs:
+                label = runs[0]["label"]
+            cells.append(cpu_per_gib(runs) if runs else "")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return (["CPU seconds per GiB copied, median of the runs: client / "
+             "daemon / server (**sum**).  The client is cp, dd, nbdcopy or "
+             "qemu-img (with their children: a verified copy's read-back "
+             "and hash); the daemon's covers its whole life (mount, copy, "
+             "inline hash, unmount); the server is nbdkit.", "",
+             "| arm | " + " | ".join(lat_label(l) for l in lats) + " |",
              "| --- |" + " ---: |" * len(lats)] + rows + [""])
 
 

@@ -13,6 +13,7 @@ before the verification read-back.
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,6 +35,7 @@ class Env:
     workdir: str
     nbdferry: str              # path to the nbdferry binary ("" if missing)
     usdelay: str               # path to nbdkit-usdelay-filter.so ("" if none)
+    verify: str = ""           # path to nbdferry-verify ("" if missing)
     ferry_opts: list = field(default_factory=list)
     stats: bool = True
     usdelay_all: bool = False  # use usdelay for whole-ms delays too
@@ -67,7 +69,12 @@ def free_port():
 
 
 def start_server(env, srv, lat, size, d):
-    """Start nbdkit for one run; returns (Popen, uri, backing file or None)."""
+    """Start the server for one run; returns (Popen or procs.Daemon, uri,
+    backing file or None)."""
+    if srv.plugin in OTHER_SERVERS:
+        if lat:
+            raise RunError(f"{srv.name}: per-request delays need nbdkit")
+        return OTHER_SERVERS[srv.plugin](srv, size, d)
     pidfile = os.path.join(d, "nbdkit.pid")
     argv = ["nbdkit", "--exit-with-parent", "-P", pidfile]
     if srv.transport == "unix":
@@ -103,6 +110,96 @@ def start_server(env, srv, lat, size, d):
     p = procs.spawn(argv, log=os.path.join(d, "nbdkit.log"))
     procs.wait_for_file(pidfile, p, 30, "nbdkit")
     return p, uri, backing
+
+
+def sparse_file(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def endpoint(srv, d):
+    """(qemu-nbd style listen args, URI) for the server's transport."""
+    if srv.transport == "unix":
+        sock = os.path.join(d, "nbd.sock")
+        return ["-k", sock], f"nbd+unix:///?socket={sock}", sock
+    port = free_port()
+    return (["-b", "127.0.0.1", "-p", str(port)], f"nbd://127.0.0.1:{port}/",
+            port)
+
+
+def start_qemu_nbd(srv, size, d):
+    """qemu-nbd on a raw file on tmpfs, in the foreground; --shared=8 so
+    that it offers multi-conn as nbdkit does, --persistent so that the
+    verification can connect after the copy."""
+    backing = sparse_file(os.path.join(d, "backing.img"), size)
+    listen, uri, where = endpoint(srv, d)
+    pidfile = os.path.join(d, "qemu-nbd.pid")
+    p = procs.spawn(["qemu-nbd", "--persistent", "--shared=8", "-f", "raw",
+                     "--cache=writeback", "--discard=unmap", *listen,
+                     "--pid-file", pidfile, backing],
+                    log=os.path.join(d, "qemu-nbd.log"))
+    procs.wait_for_file(pidfile, p, 30, "qemu-nbd")
+    wait_listening(where, p, "qemu-nbd")
+    return p, uri, backing
+
+
+def start_nbd_server(srv, size, d):
+    """nbd-server 3.24 with a config file in the run's directory, on TCP.
+    It forks into the background (in the foreground it serves a single
+    connection), so it is tracked by its pidfile.  flush = true, as
+    docs/servers.md recommends for migrations."""
+    if srv.transport != "tcp":
+        raise RunError("nbd-server: TCP only")
+    backing = sparse_file(os.path.join(d, "backing.img"), size)
+    port = free_port()
+    cfg = os.path.join(d, "nbd-server.conf")
+    with open(cfg, "w") as f:
+        f.write(f"[generic]\n    port = {port}\n    allowlist = false\n"
+                f"[disk]\n    exportname = {backing}\n    flush = true\n")
+    pidfile = os.path.join(d, "nbd-server.pid")
+    r = subprocess.run(["nbd-server", "-C", cfg, "-p", pidfile],
+                       stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+        raise RunError(f"nbd-server exited {r.returncode}: "
+                       f"{r.stderr.strip()[-300:]}")
+    end = time.monotonic() + 30
+    while not (os.path.exists(pidfile) and os.path.getsize(pidfile)):
+        if time.monotonic() > end:
+            raise RunError("nbd-server wrote no pidfile")
+        time.sleep(0.01)
+    with open(pidfile) as f:
+        p = procs.Daemon(int(f.read().split()[0]), "nbd-server")
+    wait_listening(port, p, "nbd-server")
+    return p, f"nbd://127.0.0.1:{port}/disk", backing
+
+
+def wait_listening(where, p, what, timeout=30):
+    """Until a TCP port or a Unix socket accepts connections."""
+    end = time.monotonic() + timeout
+    while True:
+        fam = socket.AF_UNIX if isinstance(where, str) else socket.AF_INET
+        addr = where if isinstance(where, str) else ("127.0.0.1", where)
+        with socket.socket(fam) as s:
+            if s.connect_ex(addr) == 0:
+                return
+        alive = p.alive() if isinstance(p, procs.Daemon) else \
+            p.poll() is None
+        if not alive or time.monotonic() > end:
+            raise RunError(f"{what} does not accept connections")
+        time.sleep(0.02)
+
+
+# Servers other than nbdkit: Server.plugin -> start function.
+OTHER_SERVERS = {"qemu-nbd": start_qemu_nbd, "nbd-server": start_nbd_server}
+
+
+def stop_server(server):
+    if isinstance(server, procs.Daemon):
+        procs.stop_daemon(server, grace=10)
+    else:
+        procs.kill(server, grace=10)
 
 
 def start_daemon(env, arm, mnt, uri, d):
@@ -159,6 +256,30 @@ def settle_digest(mnt, arm, src_sha, res, limit=120.0):
                            f"from the source's {src_sha[:16]}...")
 
 
+def check_printed_digest(clog, src_sha, res):
+    """A verified-copy client printed the export's sha256: it must be the
+    source's."""
+    with open(clog, errors="replace") as f:
+        found = re.findall(r"\b[0-9a-f]{64}\b", f.read())
+    if not found:
+        raise RunError(f"no sha256 in the client's output: {log_tail(clog)}")
+    res["digest_state"] = "complete"
+    res["digest_match"] = found[-1] == src_sha
+    if not res["digest_match"]:
+        raise RunError(f"printed sha256 {found[-1][:16]}... differs from the "
+                       f"source's {src_sha[:16]}...")
+
+
+def count_digest_time(res, size):
+    """A verified copy through nbdferry ends when the inline digest is
+    complete (and equal, which settle_digest() checked)."""
+    if res.get("digest_state") != "complete" or not res.get("digest_match"):
+        raise RunError(f"inline digest not complete: "
+                       f"{res.get('digest_state')}")
+    res["seconds"] += res["digest_lag_s"]
+    res["mibs"] = size / (1 << 20) / res["seconds"]
+
+
 def verify(uri, backing):
     """sha256 of the whole export, read back from the server itself."""
     if backing:
@@ -191,7 +312,8 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
     mnt = None
     try:
         server, uri, backing = start_server(env, srv, lat, src.size, d)
-        subst = dict(src=src_path, uri=uri, mnt="", file="")
+        subst = dict(src=src_path, uri=uri, mnt="", file="",
+                     verify=env.verify)
         if arm.mounted:
             mnt = os.path.join(d, "mnt")
             os.mkdir(mnt)
@@ -220,9 +342,13 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         res["cpu_client"] = procs.cpu_seconds(ru)
         if rc != 0:
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
+        if arm.verified == "stdout":
+            check_printed_digest(clog, src_sha, res)
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)
             settle_digest(mnt, arm, src_sha, res)
+            if arm.verified == "inline":
+                count_digest_time(res, src.size)
             t1 = time.monotonic()
             urc, uerr = procs.unmount(mnt)
             if urc != 0:
@@ -251,7 +377,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         if daemon is not None and daemon.returncode is None:
             procs.kill(daemon, grace=10)
         if server is not None:
-            procs.kill(server, grace=10)
+            stop_server(server)
             res["stats"] = parse_stats(os.path.join(d, "stats.txt"))
     if res["ok"] and not env.keep:
         shutil.rmtree(d, ignore_errors=True)

@@ -6,10 +6,14 @@ dense     pseudo-random bytes (fixed seed: the same image every time; no
 sparse25  the same, in 1 MiB extents covering 25% of the image chosen at
           random; the rest are holes (cp --sparse=always sees them)
 sparse10  the same, in 2 MiB runs covering 10% of the image chosen at
-          random (issue 3 item 5: a 4 GiB image onto a zero export)
+          random (the sparse case: a 4 GiB image onto a zero export)
 fsimage   an ext4 filesystem built by mke2fs -d from a system tree (the
           largest of FS_TREES that fills at most half of it): a real mix of
           data, metadata and free space
+vmdk25    a streamOptimized VMDK (qemu-img) of a disk with 25% data in 1 MiB
+          extents, half compressible text-like bytes and half random; the
+          sha256 is the disk's (the .raw beside it), which the export must
+          hold after the copy
 """
 
 import hashlib
@@ -24,17 +28,45 @@ NOTES = {}          # source name -> how it was made (for the report)
 
 
 def make(src, directory):
-    """Create src in directory unless present; return (path, sha256 hex)."""
-    path = os.path.join(directory, src.name + ".img")
+    """Create src in directory unless present; return (path, sha256 hex of
+    what the export must hold afterwards)."""
+    ext = ".vmdk" if src.kind == "vmdk25" else ".img"
+    path = os.path.join(directory, src.name + ext)
     if not os.path.exists(path):
         tmp = path + ".part"
         note = {"dense": make_dense, "sparse25": make_sparse25,
-                "sparse10": make_sparse10,
-                "fsimage": make_fsimage}[src.kind](tmp, src.size)
+                "sparse10": make_sparse10, "fsimage": make_fsimage,
+                "vmdk25": make_vmdk25}[src.kind](tmp, src.size)
         os.rename(tmp, path)
         if note:
             NOTES[src.name] = note
+    if src.kind == "vmdk25":
+        return path, sha256_file(path + ".raw")
     return path, sha256_file(path)
+
+
+def make_vmdk25(path, size):
+    """path ends in .part; the disk goes to the final name + .raw."""
+    raw = path[:-len(".part")] + ".raw"
+    rng = random.Random(20240604)
+    words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz")
+                   for _ in range(rng.randint(2, 9))) for _ in range(5000)]
+    text = b" ".join(rng.choice(words) for _ in range(700000))[:4 * MiB]
+    blocks = size // MiB
+    with open(raw, "wb") as f:
+        for b in sorted(rng.sample(range(blocks), blocks // 4)):
+            f.seek(b * MiB)
+            if b % 2:
+                f.write(rng.randbytes(MiB))
+            else:
+                at = (b * 7919) % (len(text) - MiB)
+                f.write(text[at:at + MiB])
+        f.truncate(size)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk",
+                    "-o", "subformat=streamOptimized", raw, path], check=True)
+    return (f"streamOptimized VMDK of {os.path.getsize(path) >> 20} MiB "
+            f"made by qemu-img from a {size >> 20} MiB disk with "
+            f"{blocks // 4} MiB of data")
 
 
 def make_dense(path, size):

@@ -1,0 +1,611 @@
+/* fs/vmdkview.c: FILENAME.vmdk, the disk seen as a VMDK.
+ *
+ * Writing: a copy tool writes a streamOptimized or monolithicSparse VMDK
+ * in file order (cp, dd, cat, tar -xO of an OVA).  Each write feeds
+ * vmdk/'s forward-only stream decoder, whose sink places the decoded
+ * bytes on the disk through the pool.  Opening with O_TRUNC does not touch
+ * the disk: only the decoder's begin(), called once the header and
+ * descriptor (and for monolithicSparse the grain map) have been validated,
+ * replaces the disk's content by a disk of the VMDK's capacity (lazy
+ * zeroing: grains the VMDK does not carry read as zero, and write-zeroes
+ * go only where nothing was written).  Decoded bytes that are all zero
+ * are not sent: the disk already reads as zero there.  close() finishes
+ * the stream: a VMDK that ended early fails there with EINVAL.
+ *
+ * Compressed grains are independent: the decoder hands each one over
+ * (sink.grain) and inflater threads, helped by the writing thread,
+ * inflate and place them, so inflating uses several cores.  Every grain
+ * queued by a write is placed before that write is answered: no job
+ * outlives a FUSE request, and a damaged grain fails the write that
+ * completed it (and every later one, and close()).
+ *
+ * Reading: at open, the allocation of the disk (from the zero maps) is
+ * frozen into a synthesizer that produces a streamOptimized VMDK of
+ * stored deflate blocks (size known at open; see docs/vmdk-format.md);
+ * grain data is read through the pool.
+ *
+ * THREAD MODEL
+ * view->lock serializes everything about the ingest (the decoder is not
+ * thread-safe and its input must stay in order).  It is held across
+ * pool_write() (which may wait for a buffer: the writer is throttled, as
+ * on the raw file) but never across fuse_reply_*().  The kernel sends a
+ * writer's requests in order because async direct I/O is off (fs/ops.c).
+ * view->read_lock serializes reads of synthesizers (each caches a grain);
+ * it is taken without view->lock held.  Inflater threads take jobs from
+ * view->q under q.lock (a leaf: held only to move jobs and counters, never
+ * across inflate or pool_write()).  The writing FUSE thread, holding
+ * view->lock, runs queued jobs itself when the queue is full or must
+ * drain, then waits on q.cond for the jobs inflaters still run.
+ * Inflaters never take view->lock, so that wait cannot deadlock.
+ */
+#include "fs/vmdkview.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "fs/digest.h"
+#include "vmdk/vmdk.h"
+
+#define QMAX 8                    /* compressed grains waiting (bounded memory) */
+#define INFLATERS_MAX 4
+
+struct job {
+    struct vmdk_grain g;          /* g.cdata points at data */
+    uint8_t *data;                /* owned copy of the compressed grain */
+};
+
+struct inflaters {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;          /* broadcast on every change below */
+    struct job jobs[QMAX];        /* ring */
+    unsigned head, count;         /* jobs queued */
+    unsigned busy;                /* jobs being inflated */
+    int err;                      /* first inflate/place error (negative) */
+    bool quit;
+    unsigned nthreads;
+    pthread_t threads[INFLATERS_MAX];
+};
+
+struct vmdkview {
+    pthread_mutex_t lock;
+    pthread_mutex_t read_lock;
+    struct vmdk_stream *stream;   /* the ingest in progress, or NULL */
+    struct fs_fh *writer;         /* the handle that owns it */
+    int err;                      /* its sticky error (positive errno) */
+    bool logged;                  /* the sink already logged the error */
+    uint64_t file_size;           /* high-water mark of the VMDK written */
+    uint32_t cid;                 /* of the synthesized VMDK, per mount */
+    struct fs *fs;
+    struct inflaters q;
+    struct vmdk_inflater *z;      /* the writer's own, under lock */
+    uint8_t *zout;                /* its output, a maximal grain */
+};
+
+static const struct vmdk_sink sink;
+
+/* ---- inflater threads ------------------------------------------------ */
+
+static int place(struct fs *fs, uint64_t off, const void *buf, size_t len);
+
+static void run_job(struct vmdkview *v, struct job *j,
+                    struct vmdk_inflater *z, uint8_t *out)
+{
+    struct vmdk_err e = { "" };
+    int64_t n = vmdk_grain_inflate(z, &j->g, out, &e);
+    int r = n < 0 ? (int) n : place(v->fs, j->g.disk_off, out, (size_t) n);
+
+    free(j->data);
+    pthread_mutex_lock(&v->q.lock);
+    if (r < 0 && !v->q.err) {
+        v->q.err = r;
+        log_err("%s: %s", v->fs->vmdk_name, e.msg[0] ? e.msg : strerror(-r));
+    }
+    v->q.busy--;
+    pthread_cond_broadcast(&v->q.cond);
+    pthread_mutex_unlock(&v->q.lock);
+}
+
+/* Take the oldest job: the caller then runs it without q.lock. */
+static struct job pop_locked(struct vmdkview *v)
+{
+    assert(v->q.count > 0);
+    struct job j = v->q.jobs[v->q.head];
+    v->q.head = (v->q.head + 1) % QMAX;
+    v->q.count--;
+    v->q.busy++;
+    pthread_cond_broadcast(&v->q.cond);
+    return j;
+}
+
+/* The writer runs a queued job itself (q.lock held on entry and exit). */
+static void help_locked(struct vmdkview *v)
+{
+    struct job j = pop_locked(v);
+    pthread_mutex_unlock(&v->q.lock);
+    run_job(v, &j, v->z, v->zout);
+    pthread_mutex_lock(&v->q.lock);
+}
+
+static void *inflater(void *opaque)
+{
+    struct vmdkview *v = opaque;
+    struct vmdk_inflater *z = NULL;
+    uint8_t *out = malloc(VMDK_GRAIN_MAX_SECTORS * VMDK_SECTOR);
+
+    if (vmdk_inflater_new(&z) < 0 || !out)
+        abort();                      /* startup only; cannot recover */
+    pthread_mutex_lock(&v->q.lock);
+    for (;;) {
+        while (!v->q.count && !v->q.quit)
+            pthread_cond_wait(&v->q.cond, &v->q.lock);
+        if (!v->q.count)
+            break;                    /* quit, and nothing left */
+        struct job j = pop_locked(v);
+        pthread_mutex_unlock(&v->q.lock);
+        run_job(v, &j, z, out);
+        pthread_mutex_lock(&v->q.lock);
+    }
+    pthread_mutex_unlock(&v->q.lock);
+    vmdk_inflater_free(z);
+    free(out);
+    return NULL;
+}
+
+static int start_inflaters(struct vmdkview *v)
+{
+    /* One core is the writer's, which inflates too. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN) - 1;
+    unsigned n = cpus < 1 ? 1 : cpus > INFLATERS_MAX ? INFLATERS_MAX
+                                                      : (unsigned) cpus;
+
+    if (vmdk_inflater_new(&v->z) < 0 ||
+        !(v->zout = malloc(VMDK_GRAIN_MAX_SECTORS * VMDK_SECTOR)))
+        return -ENOMEM;
+    for (unsigned i = 0; i < n; i++) {
+        int r = pthread_create(&v->q.threads[i], NULL, inflater, v);
+        if (r)
+            return -r;
+        v->q.nthreads++;
+    }
+    return 0;
+}
+
+static void stop_inflaters(struct vmdkview *v)
+{
+    pthread_mutex_lock(&v->q.lock);
+    v->q.quit = true;
+    pthread_cond_broadcast(&v->q.cond);
+    pthread_mutex_unlock(&v->q.lock);
+    for (unsigned i = 0; i < v->q.nthreads; i++)
+        pthread_join(v->q.threads[i], NULL);
+    v->q.nthreads = 0;
+}
+
+/* The writer, under view->lock: place every queued grain (helping), and
+ * return the first error of the ingest (already logged); clear it for
+ * the next ingest if asked. */
+static int drain_inflaters(struct vmdkview *v, bool clear)
+{
+    pthread_mutex_lock(&v->q.lock);
+    while (v->q.count)
+        help_locked(v);
+    while (v->q.busy)
+        pthread_cond_wait(&v->q.cond, &v->q.lock);
+    int r = v->q.err;
+    if (clear)
+        v->q.err = 0;
+    pthread_mutex_unlock(&v->q.lock);
+    return r;
+}
+
+/* sink.grain, on the FUSE thread under view->lock: queue a copy. */
+static int sink_grain(void *opaque, const struct vmdk_grain *g)
+{
+    struct fs *fs = opaque;
+    struct vmdkview *v = fs->vmdk;
+    uint8_t *copy = malloc(g->clen ? g->clen : 1);
+
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, g->cdata, g->clen);
+    pthread_mutex_lock(&v->q.lock);
+    while (v->q.count == QMAX && !v->q.err)
+        help_locked(v);
+    int r = v->q.err;
+    if (r == 0) {
+        struct job *j = &v->q.jobs[(v->q.head + v->q.count) % QMAX];
+        j->g = *g;
+        j->g.cdata = copy;
+        j->data = copy;
+        v->q.count++;
+        pthread_cond_broadcast(&v->q.cond);
+    }
+    pthread_mutex_unlock(&v->q.lock);
+    if (r < 0) {
+        free(copy);
+        v->logged = true;             /* the inflater said it */
+    }
+    return r;
+}
+
+int vmdkview_init(struct fs *fs)
+{
+    struct vmdkview *v = calloc(1, sizeof *v);
+    struct timespec ts;
+
+    if (!v)
+        return -ENOMEM;
+    pthread_mutex_init(&v->lock, NULL);
+    pthread_mutex_init(&v->read_lock, NULL);
+    pthread_mutex_init(&v->q.lock, NULL);
+    pthread_cond_init(&v->q.cond, NULL);
+    v->fs = fs;
+    /* A per-mount content id: re-reads of the view agree within a mount. */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = ((uint64_t) ts.tv_sec * 1000000007u) ^
+                    (uint64_t) ts.tv_nsec ^ fs->export_size;
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    v->cid = (uint32_t) (seed >> 32);
+    if (v->cid == 0xffffffffu)
+        v->cid = 1;                   /* "no parent" in a descriptor */
+    fs->vmdk = v;
+    int r = start_inflaters(v);
+    if (r < 0) {
+        log_err("%s: cannot start inflater threads: %s", fs->vmdk_name,
+                strerror(-r));
+        vmdkview_fini(fs);
+        return r;
+    }
+    return 0;
+}
+
+void vmdkview_fini(struct fs *fs)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    if (!v)
+        return;
+    stop_inflaters(v);                /* nothing is queued between requests */
+    vmdk_inflater_free(v->z);
+    free(v->zout);
+    vmdk_stream_free(v->stream);
+    pthread_mutex_destroy(&v->lock);
+    pthread_mutex_destroy(&v->read_lock);
+    pthread_mutex_destroy(&v->q.lock);
+    pthread_cond_destroy(&v->q.cond);
+    free(v);
+    fs->vmdk = NULL;
+}
+
+/* ---- the synthesized (read) side -------------------------------------- */
+
+/* Freeze the disk's allocation into a synthesizer. */
+static int build_synth(struct fs *fs, struct vmdk_synth **out)
+{
+    struct vmdk_err e = { "" };
+    struct vmdk_synth *s;
+    uint64_t size = fs->export_size, pos = 0;
+
+    int r = vmdk_synth_new(size, fs->vmdk->cid, fs->vmdk_name, &s, &e);
+    if (r < 0) {
+        log_notice("%s: %s", fs->vmdk_name, e.msg);
+        return r;
+    }
+    while (pos < size && r == 0) {
+        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
+        if (d < 0)
+            break;                            /* -ENXIO: no more data */
+        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
+        if (h <= d)
+            h = (int64_t) size;
+        r = vmdk_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
+        pos = (uint64_t) h;
+    }
+    if (r == 0)
+        r = vmdk_synth_seal(s);
+    if (r < 0) {
+        vmdk_synth_free(s);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+/* The synthesized file's size from the zero maps, counting grains and
+ * tables without a synthesizer (getattr is frequent; a synthesizer holds
+ * 4 bytes per allocated grain). */
+static uint64_t synth_size(struct fs *fs)
+{
+    const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
+    uint64_t size = fs->export_size, pos = 0, grains = 0, tables = 0;
+    uint64_t last_g = UINT64_MAX, last_t = UINT64_MAX;
+
+    if (vmdk_synth_size(size, 0, 0) == 0)
+        return 0;                     /* past the limit: open says why */
+    while (pos < size) {
+        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
+        if (d < 0)
+            break;
+        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
+        if (h <= d)
+            h = (int64_t) size;
+        /* Grains [first, last] and their tables, less the ones the
+         * previous extent already counted. */
+        uint64_t first = (uint64_t) d / G, last = ((uint64_t) h - 1) / G;
+        uint64_t per = VMDK_SYNTH_TABLE_BYTES / G;
+        if (first == last_g)
+            first++;
+        if (first <= last) {
+            grains += last - first + 1;
+            uint64_t tfirst = first / per, tlast = last / per;
+            tables += tlast - tfirst + 1 - (tfirst == last_t);
+            last_g = last;
+            last_t = tlast;
+        }
+        pos = (uint64_t) h;
+    }
+    return vmdk_synth_size(size, grains, tables);
+}
+
+uint64_t vmdkview_size(struct fs *fs)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    pthread_mutex_lock(&v->lock);
+    bool ingesting = v->stream != NULL;
+    uint64_t written = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    return ingesting ? written : synth_size(fs);
+}
+
+static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    struct fs *fs = opaque;
+    return pool_read(fs->pool, off, buf, len);
+}
+
+ssize_t vmdkview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
+                      uint64_t off)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    if (!fh->vmdk_synth)
+        return -EBADF;
+    pthread_mutex_lock(&v->read_lock);
+    int64_t n = vmdk_synth_read(fh->vmdk_synth, off, buf, size, read_disk, fs);
+    pthread_mutex_unlock(&v->read_lock);
+    return (ssize_t) n;
+}
+
+/* ---- the ingest (write) side ------------------------------------------ */
+
+static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
+{
+    struct fs *fs = opaque;
+
+    /* A capacity is whole sectors: an export whose size is not a multiple
+     * of 512 takes a VMDK of itself back (place() checks the tail). */
+    if (capacity > fs->export_size &&
+        capacity - fs->export_size >= VMDK_SECTOR) {
+        log_err("%s: the VMDK's disk is %" PRIu64 " bytes, larger than the "
+                "export (%" PRIu64 "): nothing written", fs->vmdk_name,
+                capacity, fs->export_size);
+        fs->vmdk->logged = true;
+        return -ENOSPC;
+    }
+    if (capacity > fs->export_size)
+        capacity = fs->export_size;
+    log_info("%s: receiving a %s VMDK, disk size %" PRIu64, fs->vmdk_name,
+             kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
+                                           : "monolithicSparse", capacity);
+    /* The VMDK's disk replaces the export's content. */
+    return fs_raw_replace(fs, capacity);
+}
+
+static bool all_zero(const void *p, size_t n)
+{
+    const char *c = p;
+    return n == 0 || (c[0] == 0 && memcmp(c, c + 1, n - 1) == 0);
+}
+
+/* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
+static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
+{
+    if (off + len > fs->export_size) {
+        /* The last sector's bytes past an export that ends mid-sector
+         * (begin() allowed that): they must be zero. */
+        size_t keep = off < fs->export_size ? (size_t) (fs->export_size - off)
+                                            : 0;
+        if (!all_zero((const char *) buf + keep, len - keep))
+            return -ENOSPC;
+        len = keep;
+    }
+    if (all_zero(buf, len))           /* reads as zero since begin() */
+        return 0;
+    ssize_t r = pool_write(fs->pool, off, buf, len);
+    return r < 0 ? (int) r : 0;
+}
+
+static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
+{
+    return place(opaque, off, buf, len);
+}
+
+static const struct vmdk_sink sink = {
+    .begin = sink_begin,
+    .data = sink_data,
+    .grain = sink_grain,
+};
+
+/* Log the decoder's error once and latch it. */
+static int fail_locked(struct fs *fs, struct vmdkview *v, int r)
+{
+    if (!v->err) {
+        v->err = -r;
+        if (v->logged)                        /* the sink said it */
+            return r;
+        log_err("%s: %s", fs->vmdk_name,
+                vmdk_stream_error(v->stream)[0] ? vmdk_stream_error(v->stream)
+                                                : strerror(-r));
+    }
+    return -v->err;
+}
+
+int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags)
+{
+    struct vmdkview *v = fs->vmdk;
+    bool writing = (flags & O_ACCMODE) != O_RDONLY;
+
+    if (!writing)
+        return build_synth(fs, &fh->vmdk_synth);
+    pthread_mutex_lock(&v->lock);
+    if (v->stream && v->writer) {
+        pthread_mutex_unlock(&v->lock);
+        log_notice("%s: a VMDK is already being written", fs->vmdk_name);
+        return -EBUSY;
+    }
+    vmdk_stream_free(v->stream);
+    v->stream = NULL;
+    drain_inflaters(v, true);
+    int r = vmdk_stream_new(&sink, fs, &v->stream);
+    if (r == 0) {
+        v->writer = fh;
+        v->err = 0;
+        v->logged = false;
+        v->file_size = 0;
+        /* The raw file's inline digest cannot follow a VMDK's bytes. */
+        digest_foreign(fs->digest, "the VMDK view");
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+/* End of a write request: its grains are placed before it is answered.
+ * An inflater's error fails this request and latches for the ingest. */
+static int settle_locked(struct vmdkview *v, int r)
+{
+    int qerr = drain_inflaters(v, false);
+    if (qerr && !v->err) {
+        v->err = -qerr;
+        v->logged = true;             /* the inflater said it */
+    }
+    return r < 0 ? r : v->err ? -v->err : r;
+}
+
+ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                       size_t size, uint64_t off)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer != fh || !v->stream)
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vmdk_stream_feed(v->stream, off, buf, size)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + size > v->file_size)
+        v->file_size = off + size;
+    if (v->writer == fh && v->stream)
+        r = settle_locked(v, r);
+    pthread_mutex_unlock(&v->lock);
+    return r < 0 ? r : (ssize_t) size;
+}
+
+/* Punch-hole, zero-range and truncate-extend on the VMDK file: zeros of
+ * the file.  A truncate that shrinks cannot be decoded. */
+int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r;
+
+    pthread_mutex_lock(&v->lock);
+    if (!v->stream || (fh && v->writer != fh))
+        r = -EBADF;
+    else if (v->err)
+        r = -v->err;
+    else if ((r = vmdk_stream_hole(v->stream, off, len)) < 0)
+        r = fail_locked(fs, v, r);
+    else if (off + len > v->file_size)
+        v->file_size = off + len;
+    if (v->stream)
+        r = settle_locked(v, r);
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+int vmdkview_truncate(struct fs *fs, uint64_t size)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    pthread_mutex_lock(&v->lock);
+    bool active = v->stream != NULL;
+    uint64_t cur = v->file_size;
+    pthread_mutex_unlock(&v->lock);
+    if (!active)
+        return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
+    if (size < cur) {
+        log_err("%s: cannot shrink a VMDK being written (%" PRIu64 " < %"
+                PRIu64 ")", fs->vmdk_name, size, cur);
+        return -EINVAL;
+    }
+    return size > cur ? vmdkview_hole(fs, NULL, cur, size - cur) : 0;
+}
+
+/* close(): finish the stream.  Returns the decoder's error. */
+int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
+{
+    struct vmdkview *v = fs->vmdk;
+    int r = 0;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh && v->stream && !v->err &&
+        vmdk_stream_position(v->stream) == 0) {
+        /* Nothing written yet: a close of a duplicate (dd does
+         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
+    } else if (v->writer == fh && v->stream) {
+        int qerr = drain_inflaters(v, true);   /* logged by the inflater */
+        if (v->err)
+            r = -v->err;
+        else if (qerr)
+            r = qerr;
+        else if ((r = vmdk_stream_finish(v->stream)) < 0)
+            r = fail_locked(fs, v, r);
+        else {
+            struct vmdk_stream_stats st;
+            vmdk_stream_stats(v->stream, &st);
+            log_info("%s: VMDK received, %" PRIu64 " bytes, %" PRIu64
+                     " grains", fs->vmdk_name, v->file_size, st.grains);
+        }
+        vmdk_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+void vmdkview_release(struct fs *fs, struct fs_fh *fh)
+{
+    struct vmdkview *v = fs->vmdk;
+
+    pthread_mutex_lock(&v->lock);
+    if (v->writer == fh) {
+        /* Closed without a flush reaching us (cannot normally happen). */
+        drain_inflaters(v, true);
+        vmdk_stream_free(v->stream);
+        v->stream = NULL;
+        v->writer = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+    vmdk_synth_free(fh->vmdk_synth);
+    fh->vmdk_synth = NULL;
+}

@@ -1,0 +1,358 @@
+"""Every NBD server a user has: the interop matrix.
+
+Servers: nbdkit (memory, file), qemu-nbd (raw and qcow2 images),
+nbd-server 3.24 (Debian's; TCP, no structured replies so no block status,
+no block sizes, no flush by default), and nbdkit filters that take a
+capability away or constrain it: no write-zeroes, no fast zero (absent,
+failing with ENOTSUP, or advertised and ignored), no multi-conn, no block
+status, a small advertised maximum block size (blocksize-policy, which
+fails larger reads and writes), and the blocksize filter's minimum block
+size with a 1 MiB maximum.
+
+Copy tools: `cp --sparse=always`, `dd conv=sparse`, `rsync --inplace`,
+each onto a disk pre-filled with random bytes.  The image has data runs, a
+38 MiB hole and ends 88 MiB before the end of the disk, so a zeroing of
+the hole or the tail sent as one request would be longer than the 32 MiB
+the protocol lets a silent server assume (and than the 64 MiB nbd-server
+3.24 really zeroes of a longer write-zeroes, answering success).
+
+Every cell checks the file through the mount and then sha256 of the whole
+disk, read from the server's backing file (nbdkit file, qemu-nbd raw,
+nbd-server) or from the server itself (nbdkit memory, qemu-nbd qcow2),
+against the image followed by zeros.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import (BUILD, MiB, assert_content, describe_mismatch, file_reader,
+                      fill_random, free_tcp_port, make_sparse_image,
+                      nbd_reader, padded, run, sha256_file, sha256_nbd,
+                      timeout, wait_for)
+
+EXPORT = 160 * MiB
+IMAGE = 72 * MiB + 12345
+RUNS = [(0, 5 * MiB + 7), (9 * MiB, 3 * MiB), (50 * MiB + 4097, 2 * MiB),
+        (IMAGE - 4097, 4097)]
+
+TOOLS = {
+    "cp": lambda src, dst: ["cp", "--sparse=always", src, dst],
+    "dd": lambda src, dst: ["dd", f"if={src}", f"of={dst}", "bs=1M",
+                            "conv=sparse", "status=none"],
+    "rsync": lambda src, dst: ["rsync", "--inplace", src, dst],
+}
+
+
+def need(*tools):
+    """A missing tool fails the test: the matrix must run everywhere CI
+    runs (tools/install-deps installs them)."""
+    gone = [t for t in tools if shutil.which(t) is None]
+    if gone:
+        pytest.fail("not installed: " + ", ".join(gone) +
+                    " (run tools/install-deps)")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    d = Path("/dev/shm") if os.path.isdir("/dev/shm") else \
+        tmp_path_factory.mktemp("img")
+    path = d / f"nbdferry-interop-{os.getpid()}.img"
+    img = make_sparse_image(path, IMAGE, RUNS, seed=15)
+    yield img
+    path.unlink(missing_ok=True)
+
+
+def random_disk(path, size, seed=0):
+    """A dense backing file of random bytes (a disk with old data)."""
+    r = subprocess.run(
+        ["nbdcopy", "--", "[", "nbdkit", "--exit-with-parent", "-r",
+         "random", f"size={size}", f"seed={seed}", "]", str(path)],
+        capture_output=True, text=True, timeout=timeout(120))
+    assert r.returncode == 0, f"nbdcopy random -> {path}: {r.stderr}"
+    return path
+
+
+# ------------------------------------------------------------------ servers
+
+class Daemon:
+    """A server that forks into the background (nbd-server): known by its
+    pidfile, ended by that pid only."""
+
+    def __init__(self, pidfile):
+        self.pidfile = pidfile
+
+    def pid(self):
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self):
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def stop(self):
+        pid = self.pid()
+        if pid is None or not self.alive():
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            os.kill(pid, signal.SIGKILL)
+
+
+def tcp_ready(port):
+    def ok():
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    return ok
+
+
+@pytest.fixture
+def servers(server, shortdir, shm):
+    """Factory: servers(kind) starts one server of the matrix with a
+    random-filled disk and returns SimpleNamespace(uri, check) where
+    check(expected) compares the whole disk with the expected bytes."""
+    stops = []
+
+    def nbdkit(plugin_args, filters=(), params=()):
+        return server(*plugin_args, *params, filters=filters)
+
+    def start(kind):
+        disk = shm / "disk.img"
+        if kind == "nbdkit-memory":
+            srv = nbdkit(("memory", f"size={EXPORT}"))
+            fill_random(srv.uri, EXPORT)
+            return SimpleNamespace(uri=srv.uri, backing=None, read_uri=True)
+        if kind.startswith("nbdkit-"):
+            filters, params = NBDKIT_FILTERS[kind]
+            random_disk(disk, EXPORT)
+            srv = nbdkit(("file", disk), filters, params)
+            return SimpleNamespace(uri=srv.uri, backing=disk, read_uri=False)
+        if kind.startswith("qemu-nbd-"):
+            need("qemu-nbd", "qemu-img")
+            fmt = kind.split("-")[-1]
+            random_disk(disk, EXPORT)
+            if fmt == "qcow2":
+                q = shm / "disk.qcow2"
+                run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2",
+                     disk, q], check=True)
+                disk.unlink()
+                disk = q
+            sock, pidf = shortdir / "q.sock", shortdir / "q.pid"
+            errf = open(shortdir / "q.err", "wb")
+            p = subprocess.Popen(
+                ["qemu-nbd", "--persistent", "--shared=8", "-f", fmt,
+                 "--cache=writeback", "--discard=unmap", "-k", str(sock),
+                 "--pid-file", str(pidf), str(disk)],
+                stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
+            stops.append(lambda: (p.terminate(), p.wait(10), errf.close()))
+            wait_for(lambda: pidf.exists() and sock.exists(), p, "qemu-nbd",
+                     timeout=30)
+            return SimpleNamespace(uri=f"nbd+unix:///?socket={sock}",
+                                   backing=disk if fmt == "raw" else None,
+                                   read_uri=fmt != "raw")
+        if kind == "nbd-server":
+            need("nbd-server")
+            random_disk(disk, EXPORT)
+            port = free_tcp_port()
+            cfg, pidf = shortdir / "nbd-server.conf", shortdir / "nbds.pid"
+            # Defaults otherwise: no flush, no trim, no block sizes.
+            cfg.write_text(f"[generic]\n    port = {port}\n"
+                           f"    allowlist = false\n"
+                           f"[disk]\n    exportname = {disk}\n")
+            d = Daemon(pidf)
+            stops.append(d.stop)
+            r = run(["nbd-server", "-C", cfg, "-p", pidf], check=False)
+            assert r.returncode == 0, f"nbd-server: {r.stderr}"
+            wait_for(tcp_ready(port), None, "nbd-server", timeout=30)
+            return SimpleNamespace(uri=f"nbd://127.0.0.1:{port}/disk",
+                                   backing=disk, read_uri=False)
+        raise ValueError(kind)
+
+    yield start
+    for s in reversed(stops):
+        s()
+
+
+# nbdkit file plugin with filters: (filters, parameters).
+NBDKIT_FILTERS = {
+    "nbdkit-file": ((), ()),
+    "nbdkit-nozero": (("nozero",), ("zeromode=none",)),
+    "nbdkit-fastzero-none": (("nozero",),
+                             ("zeromode=plugin", "fastzeromode=none")),
+    "nbdkit-fastzero-slow": (("nozero",),
+                             ("zeromode=plugin", "fastzeromode=slow")),
+    "nbdkit-fastzero-ignore": (("nozero",),
+                               ("zeromode=plugin", "fastzeromode=ignore")),
+    "nbdkit-no-multi-conn": (("multi-conn",), ("multi-conn-mode=disable",)),
+    "nbdkit-noextents": (("noextents",), ()),
+    "nbdkit-max-1M": (("blocksize-policy",),
+                      ("blocksize-maximum=1M", "blocksize-error-policy=error")),
+    "nbdkit-blocksize-4k-1M": (("blocksize",),
+                               ("minblock=4k", "maxdata=1M", "maxlen=1M")),
+}
+
+SERVERS = (["nbdkit-memory"] + list(NBDKIT_FILTERS) +
+           ["qemu-nbd-raw", "qemu-nbd-qcow2", "nbd-server"])
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+@pytest.mark.parametrize("kind", SERVERS)
+def test_interop_copy_onto_dirty_disk(servers, mount, image, kind, tool):
+    need(TOOLS[tool]("", "")[0], "nbdcopy")
+    t = servers(kind)
+    m = mount(t.uri)
+    r = run(TOOLS[tool](str(image.path), m.file), timeout=timeout(120))
+    assert r.returncode == 0, f"{tool} exited {r.returncode}: {r.stderr}"
+    assert_content(image.path, EXPORT, mount_file=m.file,
+                   mount_size=IMAGE, what=f"{tool} onto {kind}, mount")
+    m.unmount()
+    want = sha256_file(image.path, pad_to=EXPORT)
+    if t.read_uri:
+        got, actual = sha256_nbd(t.uri, EXPORT), nbd_reader(t.uri)
+    else:
+        got, actual = sha256_file(t.backing), file_reader(t.backing)
+    assert got == want, (
+        f"{tool} onto {kind}: the disk's sha256 {got[:16]} differs from "
+        f"the image's {want[:16]}:\n" + describe_mismatch(
+            padded(file_reader(image.path), IMAGE), actual, EXPORT))
+
+
+# ---------------------------------------------------- a server that lies
+
+# A RAM disk that acknowledges every write-zeroes but zeroes only the
+# first half of any request of 1 MiB or more: the kind of silent loss
+# nbd-server 3.24 shows for requests over 64 MiB.  No extents callback:
+# nbdkit reports everything as data, as nbd-server (which has no block
+# status) effectively does.
+LIAR_PLUGIN_C = r"""
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static int64_t size;
+static char *disk;
+
+static int l_config(const char *key, const char *value)
+{
+  if (strcmp(key, "size") == 0) {
+    size = nbdkit_parse_size(value);
+    return size < 0 ? -1 : 0;
+  }
+  nbdkit_error("unknown parameter %s", key);
+  return -1;
+}
+
+static int l_get_ready(void)
+{
+  disk = calloc(1, size);
+  return disk ? 0 : -1;
+}
+
+static void *l_open(int readonly) { return NBDKIT_HANDLE_NOT_NEEDED; }
+static int64_t l_get_size(void *h) { return size; }
+static int l_yes(void *h) { return 1; }
+
+static int l_pread(void *h, void *buf, uint32_t n, uint64_t off,
+                   uint32_t flags)
+{
+  memcpy(buf, disk + off, n);
+  return 0;
+}
+
+static int l_pwrite(void *h, const void *buf, uint32_t n, uint64_t off,
+                    uint32_t flags)
+{
+  memcpy(disk + off, buf, n);
+  return 0;
+}
+
+static int l_zero(void *h, uint32_t n, uint64_t off, uint32_t flags)
+{
+  memset(disk + off, 0, n >= (1u << 20) ? n / 2 : n);
+  return 0;                             /* success, whatever happened */
+}
+
+static int l_flush(void *h, uint32_t flags) { return 0; }
+
+static struct nbdkit_plugin plugin = {
+  .name = "liar",
+  .config = l_config,
+  .get_ready = l_get_ready,
+  .open = l_open,
+  .get_size = l_get_size,
+  .can_write = l_yes,
+  .can_flush = l_yes,
+  .can_zero = l_yes,
+  .can_multi_conn = l_yes,
+  .pread = l_pread,
+  .pwrite = l_pwrite,
+  .zero = l_zero,
+  .flush = l_flush,
+};
+NBDKIT_REGISTER_PLUGIN(plugin)
+"""
+
+
+def test_readback_catches_a_server_that_drops_zeroes(server, mount, shm,
+                                                      shortdir):
+    """What read-back verification is for (docs/servers.md): a server
+    that acknowledges a zeroing it did not do.  The copy succeeds and
+    the mount reads back what was meant (it knows those ranges are zero
+    and does not ask the server), so neither can see the loss; reading the
+    disk back from the server, as nbdferry-verify does, catches it and
+    names the ranges."""
+    need("cc")
+    src = shortdir / "liar.c"
+    src.write_text(LIAR_PLUGIN_C)
+    size, isize = 64 * MiB, 40 * MiB + 4097
+    srv = server("cc", src, f"size={size}")
+    fill_random(srv.uri, size)
+    img = make_sparse_image(shm / "src.img", isize,
+                            [(0, 2 * MiB), (20 * MiB, MiB),
+                             (isize - 4097, 4097)], seed=3)
+    m = mount(srv, "--no-digest")
+    r = run(["cp", "--sparse=always", img.path, m.file], timeout=timeout(60))
+    assert r.returncode == 0, f"cp: {r.stderr}"
+    assert_content(img.path, size, mount_file=m.file, mount_size=isize,
+                   what="through the mount")
+    m.unmount()
+
+    verify = BUILD / "tools" / "nbdferry-verify"
+    if not verify.exists():
+        pytest.fail(f"{verify} not built")
+    v = run([verify, "--json", "--zero-tail", img.path, srv.uri],
+            timeout=timeout(60))
+    assert v.returncode == 1, \
+        f"read-back found no difference:\n{v.stdout}{v.stderr}"
+    rep = json.loads(v.stdout)
+    # The stale bytes are in the holes and the tail, nowhere else.
+    holes = [(2 * MiB, 20 * MiB), (21 * MiB, isize - 4097)]
+    assert rep["mismatch_ranges"], rep
+    for rg in rep["mismatch_ranges"]:
+        off, n = rg["offset"], rg["length"]
+        assert any(a <= off and off + n <= b for a, b in holes), (rg, holes)
+    assert rep["tail_nonzero_offset"] is not None, rep

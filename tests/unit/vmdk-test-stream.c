@@ -1,0 +1,699 @@
+/* tests/unit/vmdk-test-stream.c: the stream decoder and the synthesizer
+ * against VMDKs made here by two independent writers, qemu-img
+ * (streamOptimized, monolithicSparse) and python3-vmdkstream, and read
+ * back by qemu-img and vmdkinfo.
+ *
+ * The source disk has data grains, all-zero grains, a partly zero grain and
+ * a size that is not a multiple of the grain.  Each file is decoded with
+ * several cuttings into writes (1 byte to 1 MiB, zero runs sent as gaps,
+ * holes and backwards re-punches) and must give back the source byte for
+ * byte.  Damaged files must fail with a message, before begin() where the
+ * rule can be checked there.  A missing tool is a failure, not a skip. */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <libdeflate.h>
+
+#include "vmdk/vmdk.h"
+
+#define CHECK(cond) do { if (!(cond)) { \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+    abort(); } } while (0)
+
+static char dir[64];
+
+/* ---- files and tools ------------------------------------------------------- */
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "command failed: %s\n", cmd);
+        abort();
+    }
+}
+
+static uint8_t *load(const char *name, size_t *len)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    CHECK(f);
+    struct stat st;
+    CHECK(fstat(fileno(f), &st) == 0);
+    uint8_t *b = malloc((size_t) st.st_size + 1);
+    CHECK(b && fread(b, 1, (size_t) st.st_size, f) == (size_t) st.st_size);
+    fclose(f);
+    *len = (size_t) st.st_size;
+    return b;
+}
+
+static void save(const char *name, const void *buf, size_t len)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0);
+}
+
+static uint64_t rnd(uint64_t *x)
+{
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return *x * 2685821657736338717ull;
+}
+
+/* 5 MiB + 12800 bytes: grains of random data, all-zero grains, a grain
+ * half zero, and a short last grain. */
+#define RAW_SIZE ((5u << 20) + 12800u)
+static uint8_t *make_raw(void)
+{
+    uint8_t *raw = calloc(1, RAW_SIZE);
+    uint64_t x = 42;
+    for (size_t g = 0; g * 65536 < RAW_SIZE; g++) {
+        if (g % 5 == 2 || g == 7 || g == 8)
+            continue;                               /* zero grains */
+        size_t end = (g + 1) * 65536 < RAW_SIZE ? (g + 1) * 65536 : RAW_SIZE;
+        size_t start = g * 65536 + (g == 11 ? 32768 : 0);
+        for (size_t i = start; i < end; i += 8) {
+            uint64_t v = rnd(&x);
+            memcpy(raw + i, &v, end - i < 8 ? end - i : 8);
+        }
+    }
+    save("src.raw", raw, RAW_SIZE);
+    return raw;
+}
+
+static void make_fixtures(void)
+{
+    sh("cd %s && qemu-img convert -q -f raw -O vmdk -o subformat=streamOptimized"
+       " src.raw qemu-stream.vmdk", dir);
+    sh("cd %s && qemu-img convert -q -f raw -O vmdk -o subformat=monolithicSparse"
+       " src.raw qemu-sparse.vmdk", dir);
+    sh("cd %s && /usr/bin/python3 -c 'import VMDKstream; "
+       "VMDKstream.convert_to_stream(\"src.raw\", \"vmdkstream.vmdk\")'", dir);
+    /* The independent reader agrees they are VMDKs of the right size.
+     * (libvmdk refuses VMDKstream's descriptor: it is headed "# Disk
+     * Descriptor File", not "# Disk DescriptorFile"; qemu-img reads it.) */
+    sh("cd %s && vmdkinfo qemu-stream.vmdk | grep -q 'Stream optimized' && "
+       "vmdkinfo qemu-sparse.vmdk | grep -q 'Media size.*(5255680 bytes)' && "
+       "! vmdkinfo vmdkstream.vmdk >/dev/null 2>&1 && "
+       "qemu-img convert -q -f vmdk -O raw vmdkstream.vmdk vs.raw && "
+       "cmp vs.raw src.raw", dir);
+}
+
+/* ---- a disk the decoder writes into ------------------------------------ */
+
+struct disk {
+    uint8_t *buf;
+    uint64_t cap;
+    bool began;
+    enum vmdk_kind kind;
+    uint64_t capacity;
+    uint64_t calls, bytes;
+    uint8_t *written;                               /* a byte per disk byte */
+    int fail_after;                                 /* >0: data() -EIO then */
+};
+
+static int d_begin(void *o, enum vmdk_kind kind, uint64_t capacity)
+{
+    struct disk *d = o;
+    CHECK(!d->began);
+    CHECK(capacity <= d->cap);
+    d->began = true;
+    d->kind = kind;
+    d->capacity = capacity;
+    memset(d->buf, 0, capacity);                    /* "replace the disk" */
+    return 0;
+}
+
+static int d_data(void *o, uint64_t off, const void *buf, size_t len)
+{
+    struct disk *d = o;
+    CHECK(d->began && len > 0 && off + len <= d->capacity);
+    for (size_t i = 0; i < len; i++)
+        CHECK(!d->written[off + i]++);              /* each byte once */
+    if (d->fail_after && ++d->calls == (uint64_t) d->fail_after)
+        return -EIO;
+    memcpy(d->buf + off, buf, len);
+    d->bytes += len;
+    return 0;
+}
+
+static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
+
+/* The same through the grain() hook, as the view uses it (inflated here,
+ * synchronously, with the library's rules). */
+static int d_grain(void *o, const struct vmdk_grain *g)
+{
+    static struct vmdk_inflater *z;
+    static uint8_t out[1 << 20];
+    struct vmdk_err e;
+    if (!z)
+        CHECK(vmdk_inflater_new(&z) == 0);
+    CHECK(g->grain_bytes <= sizeof out && g->disk_off < g->capacity);
+    int64_t n = vmdk_grain_inflate(z, g, out, &e);
+    if (n < 0)
+        return (int) n;
+    return d_data(o, g->disk_off, out, (size_t) n);
+}
+static const struct vmdk_sink sink_g = { .begin = d_begin, .data = d_data,
+                                         .grain = d_grain };
+
+static void disk_init(struct disk *d, uint64_t cap)
+{
+    memset(d, 0, sizeof *d);
+    d->cap = cap;
+    d->buf = malloc(cap);
+    d->written = calloc(1, cap);
+    memset(d->buf, 0xA5, cap);                      /* stale content */
+}
+
+static void disk_free(struct disk *d)
+{
+    free(d->buf);
+    free(d->written);
+}
+
+static bool zero(const uint8_t *p, size_t n)
+{
+    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* Feed f[0, len) cut by seed: piece sizes 1..maxp; all-zero pieces become
+ * forward gaps, holes, or gaps re-punched backwards.  Returns the first
+ * error or finish()'s result. */
+static int decode(struct vmdk_stream *s, const uint8_t *f, size_t len,
+                  uint64_t seed, size_t maxp)
+{
+    uint64_t x = seed | 1;
+    size_t off = 0, gap_at = 0, gap_len = 0;
+    int r = 0;
+    while (off < len && r == 0) {
+        size_t n = seed == 0 ? len : 1 + rnd(&x) % maxp;
+        if (n > len - off)
+            n = len - off;
+        unsigned how = (unsigned) (rnd(&x) % 4);
+        if (seed && zero(f + off, n) && how) {
+            if (how == 1)
+                r = vmdk_stream_hole(s, off, n);
+            if (!gap_len)
+                gap_at = off;
+            gap_len = off + n - gap_at;
+        } else {
+            r = vmdk_stream_feed(s, off, f + off, n);
+            if (r == 0 && gap_len && how == 3)
+                r = vmdk_stream_hole(s, gap_at, gap_len);
+            gap_len = 0;
+        }
+        off += n;
+    }
+    if (r == 0 && vmdk_stream_position(s) < len)    /* trailing gap */
+        r = vmdk_stream_hole(s, vmdk_stream_position(s),
+                             len - vmdk_stream_position(s));
+    return r ? r : vmdk_stream_finish(s);
+}
+
+/* Decode a whole file; expect success and the raw disk back. */
+static void decode_ok(const char *name, const uint8_t *f, size_t len,
+                      const uint8_t *raw, size_t raw_len, enum vmdk_kind kind)
+{
+    static const size_t maxp[] = { 0, 1 << 20, 4096, 70000, 131072, 7 };
+    for (unsigned i = 0; i < sizeof maxp / sizeof *maxp; i++) {
+        if (maxp[i] == 7 && len > (8u << 20))
+            continue;                               /* 1-byte pieces: small only */
+        struct disk d;
+        struct vmdk_stream *s;
+        disk_init(&d, raw_len + 65536);
+        CHECK(vmdk_stream_new(i % 2 ? &sink_g : &sink, &d, &s) == 0);
+        int r = decode(s, f, len, i, maxp[i]);
+        if (r != 0) {
+            fprintf(stderr, "%s cut %u: %d %s\n", name, i, r,
+                    vmdk_stream_error(s));
+            abort();
+        }
+        CHECK(d.kind == kind && vmdk_stream_kind(s) == kind);
+        CHECK(d.capacity == (raw_len + 511) / 512 * 512);
+        CHECK(memcmp(d.buf, raw, raw_len) == 0);
+        CHECK(zero(d.buf + raw_len, d.capacity - raw_len));
+        struct vmdk_stream_stats st;
+        vmdk_stream_stats(s, &st);
+        if (kind == VMDK_STREAM_OPTIMIZED)
+            CHECK(st.eos && st.grains > 0);
+        vmdk_stream_free(s);
+        disk_free(&d);
+    }
+    printf("  %s: decoded with %zu cuttings\n", name, sizeof maxp / sizeof *maxp);
+}
+
+/* Decode; expect failure with a message containing needle; began says
+ * whether the disk may have been touched. */
+static void decode_bad(const char *what, const uint8_t *f, size_t len,
+                       const char *needle, bool may_begin)
+{
+    struct disk d;
+    struct vmdk_stream *s;
+    disk_init(&d, 64u << 20);
+    CHECK(vmdk_stream_new(&sink, &d, &s) == 0);
+    int r = decode(s, f, len, 7, 65536);
+    if (r == 0 || !strstr(vmdk_stream_error(s), needle) ||
+        (d.began && !may_begin)) {
+        fprintf(stderr, "%s: got %d \"%s\" began=%d, wanted \"%s\"\n", what, r,
+                vmdk_stream_error(s), d.began, needle);
+        abort();
+    }
+    CHECK(vmdk_stream_finish(s) == r);              /* sticky */
+    CHECK(vmdk_stream_feed(s, len, "x", 1) == r);
+    printf("  refused (%s): %s\n", what, vmdk_stream_error(s));
+    vmdk_stream_free(s);
+    disk_free(&d);
+}
+
+static uint8_t *dup_buf(const uint8_t *f, size_t len)
+{
+    uint8_t *c = malloc(len);
+    memcpy(c, f, len);
+    return c;
+}
+
+/* ---- the random-access parser, independent of the stream decoder ------ */
+
+/* Parse f with the image API; decode the disk into out (capacity bytes)
+ * through lookups, inflating marker grains.  0 or -errno, e set. */
+static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
+                        uint64_t *capacity, struct vmdk_err *e)
+{
+    struct vmdk_image *img;
+    static struct vmdk_inflater *z;
+    static uint8_t gbuf[1 << 20];
+    uint64_t off;
+    size_t n;
+    int r;
+
+    if (!z)
+        CHECK(vmdk_inflater_new(&z) == 0);
+    if (len < 512 || (r = vmdk_image_new(f, len, &img, e)) < 0)
+        return len < 512 ? -EINVAL : r;
+    while ((r = vmdk_image_next(img, &off, &n)) > 0) {
+        CHECK(off + n <= len);
+        if ((r = vmdk_image_supply(img, f + off, e)) < 0)
+            break;
+    }
+    const struct vmdk_header *h = vmdk_image_header(img);
+    *capacity = h->capacity * 512;
+    for (uint64_t d = 0; r == 0 && d < *capacity; ) {
+        struct vmdk_place p;
+        CHECK(vmdk_image_lookup(img, d, &p) == 0 && p.len > 0);
+        if (p.src == VMDK_SRC_ZERO)
+            memset(out + d, 0, p.len);
+        else if (p.src == VMDK_SRC_FILE)
+            memcpy(out + d, f + p.file_off, p.len);
+        else {
+            uint64_t lba;
+            uint32_t size;
+            CHECK(p.file_off + 12 <= len);
+            vmdk_marker_decode(f + p.file_off, &lba, &size);
+            CHECK(lba * 512 == d && size > 0 && p.file_off + 12 + size <= len);
+            struct vmdk_grain g;
+            vmdk_grain_init(&g, h, lba, p.file_off, f + p.file_off + 12, size);
+            memset(gbuf, 0, g.grain_bytes);
+            int64_t k = vmdk_grain_inflate(z, &g, gbuf, e);
+            CHECK(k >= 0);
+            memcpy(out + d, gbuf, p.len);
+        }
+        d += p.len;
+    }
+    vmdk_image_free(img);
+    return r;
+}
+
+static void image_ok(const char *name, const uint8_t *f, size_t len,
+                     const uint8_t *raw, size_t raw_len)
+{
+    struct vmdk_err e = { "" };
+    uint64_t cap = 0;
+    uint8_t *out = malloc(raw_len + 65536);
+    int r = image_decode(f, len, out, &cap, &e);
+    if (r != 0) {
+        fprintf(stderr, "%s: image parse: %d %s\n", name, r, e.msg);
+        abort();
+    }
+    CHECK(cap == (raw_len + 511) / 512 * 512);
+    CHECK(memcmp(out, raw, raw_len) == 0 && zero(out + raw_len, cap - raw_len));
+    free(out);
+    printf("  %s: random-access parse agrees\n", name);
+}
+
+static void image_bad(const char *what, const uint8_t *f, size_t len,
+                      const char *needle)
+{
+    struct vmdk_err e = { "" };
+    uint64_t cap;
+    uint8_t *out = malloc(64u << 20);
+    int r = image_decode(f, len, out, &cap, &e);
+    if (r == 0 || !strstr(e.msg, needle)) {
+        fprintf(stderr, "image %s: got %d \"%s\", wanted \"%s\"\n", what, r,
+                e.msg, needle);
+        abort();
+    }
+    printf("  image refused (%s): %s\n", what, e.msg);
+    free(out);
+}
+
+/* ---- streamOptimized surgery -------------------------------------------- */
+
+struct rec { size_t off, len; uint64_t lba; bool grain; uint32_t type; };
+
+/* Split a streamOptimized file into marker records from the overhead on. */
+static size_t records(const uint8_t *f, size_t len, struct rec *out, size_t max)
+{
+    uint64_t overhead;
+    memcpy(&overhead, f + 0x40, 8);
+    size_t pos = overhead * 512, n = 0;
+    while (pos + 512 <= len && n < max) {
+        uint64_t lba;
+        uint32_t size, type;
+        memcpy(&lba, f + pos, 8);
+        memcpy(&size, f + pos + 8, 4);
+        memcpy(&type, f + pos + 12, 4);
+        struct rec r = { pos, 0, lba, size != 0, type };
+        r.len = size ? (12 + size + 511) / 512 * 512 : 512 + lba * 512;
+        out[n++] = r;
+        pos += r.len;
+        if (!size && type == 0)
+            break;
+    }
+    return n;
+}
+
+static void test_stream_surgery(const uint8_t *f, size_t len,
+                                const uint8_t *raw)
+{
+    struct rec rec[512];
+    size_t n = records(f, len, rec, 512), ngr = 0;
+    while (ngr < n && rec[ngr].grain)
+        ngr++;
+    CHECK(ngr > 10 && ngr < n);
+    size_t start = rec[0].off;
+
+    /* Grains in reverse LBA order: still the same disk. */
+    uint8_t *c = dup_buf(f, len);
+    size_t at = start;
+    for (size_t i = ngr; i-- > 0; ) {
+        memcpy(c + at, f + rec[i].off, rec[i].len);
+        at += rec[i].len;
+    }
+    decode_ok("vmdkstream, grains reversed", c, len, raw, RAW_SIZE,
+              VMDK_STREAM_OPTIMIZED);
+
+    /* A damaged deflate stream fails at that grain (after begin). */
+    memcpy(c, f, len);
+    c[rec[3].off + 40] ^= 0x55;
+    decode_bad("corrupt deflate", c, len, "deflate data corrupt", true);
+    /* Adler-32 trailer wrong. */
+    memcpy(c, f, len);
+    uint32_t size;
+    memcpy(&size, f + rec[4].off + 8, 4);
+    c[rec[4].off + 12 + size - 1] ^= 1;
+    decode_bad("adler32", c, len, "corrupt", true);
+    /* LBA not on a grain boundary, past the capacity, twice. */
+    uint64_t lba;
+    memcpy(c, f, len);
+    lba = rec[2].lba + 1;
+    memcpy(c + rec[2].off, &lba, 8);
+    decode_bad("unaligned lba", c, len, "not at a grain boundary", true);
+    memcpy(c, f, len);
+    lba = 1ull << 40;
+    memcpy(c + rec[2].off, &lba, 8);
+    decode_bad("lba past capacity", c, len, "past the capacity", true);
+    memcpy(c, f, len);
+    memcpy(c + rec[2].off, &rec[1].lba, 8);
+    decode_bad("lba twice", c, len, "appears twice", true);
+    /* Compressed size absurd. */
+    memcpy(c, f, len);
+    size = 1u << 30;
+    memcpy(c + rec[2].off + 8, &size, 4);
+    decode_bad("huge grain", c, len, "compressed bytes", true);
+    /* Unknown marker type. */
+    memcpy(c, f, len);
+    uint32_t t = 9;
+    memcpy(c + rec[ngr].off + 12, &t, 4);
+    decode_bad("marker type", c, len, "unknown marker type 9", true);
+    /* Footer that does not match the header. */
+    for (size_t i = ngr; i < n; i++)
+        if (!rec[i].grain && rec[i].type == VMDK_MARKER_FOOTER) {
+            memcpy(c, f, len);
+            c[rec[i].off + 512 + 12] ^= 1;          /* capacity */
+            decode_bad("footer", c, len, "does not match the header", true);
+            memcpy(c, f, len);
+            memset(c + rec[i].off + 512 + 56, 0xff, 8);   /* gd_offset */
+            decode_bad("footer gd", c, len, "GD_AT_END", true);
+            /* Footer removed: the header defers the GD to it. */
+            memcpy(c, f, rec[i].off);
+            memcpy(c + rec[i].off, f + rec[i].off + 1024, len - rec[i].off - 1024);
+            decode_bad("no footer", c, len - 1024, "no footer", true);
+            image_bad("no footer", c, len - 1024, "does not end with footer");
+        }
+    /* A zeroed grain record reads as an end-of-stream marker: the grains
+     * after it must not be silently dropped. */
+    memcpy(c, f, len);
+    memset(c + rec[3].off, 0, rec[3].len);
+    decode_bad("zeroed grain", c, len, "after the end-of-stream marker", true);
+    /* A grain that inflates short and is not the disk's last. */
+    {
+        struct libdeflate_compressor *z = libdeflate_alloc_compressor(6);
+        uint8_t *small = calloc(1, 1000);
+        memcpy(c, f, len);
+        memset(c + rec[2].off, 0, rec[2].len);
+        size_t zn = libdeflate_zlib_compress(z, small, 1000, c + rec[2].off + 12,
+                                             rec[2].len - 12);
+        uint32_t zs = (uint32_t) zn;
+        memcpy(c + rec[2].off, &rec[2].lba, 8);
+        memcpy(c + rec[2].off + 8, &zs, 4);
+        decode_bad("short grain", c, len, "inflates to 1000 bytes", true);
+        free(small);
+        libdeflate_free_compressor(z);
+    }
+    /* Truncated: no end-of-stream marker; every cut fails at finish. */
+    static const size_t cuts[] = { 100, 511, 513, 65536, 70000, 1 << 20 };
+    for (unsigned i = 0; i < sizeof cuts / sizeof *cuts; i++)
+        decode_bad("truncated", f, cuts[i], cuts[i] < 65536 ? "ended" :
+                   "end-of-stream", cuts[i] >= 65536);
+    decode_bad("truncated at eos", f, len - 512, "end-of-stream", true);
+    /* Header damage: refused before begin. */
+    memcpy(c, f, len);
+    c[0] = 'X';
+    decode_bad("magic", c, len, "magic", false);
+    memcpy(c, f, len);
+    c[75] = '\n';                                   /* "\n \r\n" -> text mode */
+    decode_bad("newline", c, len, "newline", false);
+    memcpy(c, f, len);
+    uint8_t *ct = memmem(c + 512, 1024, "createType=\"streamOptimized\"", 28);
+    CHECK(ct);
+    memcpy(ct, "createType=\"vmfs\"           ", 28);
+    decode_bad("descriptor", c, len, "createType", false);
+    free(c);
+}
+
+/* ---- monolithicSparse surgery ----------------------------------------------- */
+
+static void test_sparse_surgery(const uint8_t *f, size_t len,
+                                const uint8_t *raw)
+{
+    uint64_t gd, overhead;
+    uint32_t gt0, e0, e1;
+    memcpy(&gd, f + 0x38, 8);
+    memcpy(&overhead, f + 0x40, 8);
+    memcpy(&gt0, f + gd * 512, 4);
+    memcpy(&e0, f + gt0 * 512, 4);
+    memcpy(&e1, f + gt0 * 512 + 4, 4);
+    CHECK(e0 >= overhead && e1 > e0);
+
+    /* Grains in another file order (swap the first two and their GTEs). */
+    uint8_t *c = dup_buf(f, len);
+    memcpy(c + (size_t) e0 * 512, f + (size_t) e1 * 512, 65536);
+    memcpy(c + (size_t) e1 * 512, f + (size_t) e0 * 512, 65536);
+    memcpy(c + gt0 * 512, &e1, 4);
+    memcpy(c + gt0 * 512 + 4, &e0, 4);
+    decode_ok("qemu monolithicSparse, grains swapped", c, len, raw, RAW_SIZE,
+              VMDK_MONOLITHIC_SPARSE);
+    image_ok("qemu monolithicSparse, grains swapped", c, len, raw, RAW_SIZE);
+
+    /* Map errors are refused before begin. */
+    uint32_t v;
+    memcpy(c, f, len);
+    v = 3;
+    memcpy(c + gt0 * 512 + 8, &v, 4);
+    decode_bad("grain in overhead", c, len, "inside the overhead", false);
+    image_bad("grain in overhead", c, len, "inside the overhead");
+    memcpy(c, f, len);
+    v = e0 + 1;
+    memcpy(c + gt0 * 512 + 4, &v, 4);
+    decode_bad("grains overlap", c, len, "overlap in the file", false);
+    image_bad("grains overlap", c, len, "overlap");
+    memcpy(c, f, len);
+    v = (uint32_t) overhead + 10;
+    memcpy(c + gd * 512, &v, 4);
+    decode_bad("gt outside overhead", c, len, "not inside the overhead", false);
+    memcpy(c, f, len);
+    v = 2;
+    memcpy(c + gd * 512, &v, 4);
+    decode_bad("gt before gd", c, len, "precedes the grain directory", false);
+    /* Truncated in the grains: fails at finish, naming the missing grain. */
+    decode_bad("truncated", f, len - 70000, "grains missing", true);
+    image_bad("truncated", f, len - 70000, "past the end of the file");
+    decode_bad("truncated in metadata", f, 30 * 512, "inside the metadata",
+               false);
+    /* Backwards data. */
+    struct disk d;
+    struct vmdk_stream *s;
+    disk_init(&d, 64u << 20);
+    CHECK(vmdk_stream_new(&sink, &d, &s) == 0);
+    CHECK(vmdk_stream_feed(s, 0, f, 200000) == 0);
+    CHECK(vmdk_stream_feed(s, 100000, f + 100000, 512) == -EINVAL);
+    CHECK(strstr(vmdk_stream_error(s), "goes backwards"));
+    vmdk_stream_free(s);
+    disk_free(&d);
+    /* A sink error stops the stream and is returned as is. */
+    disk_init(&d, 64u << 20);
+    d.fail_after = 3;
+    CHECK(vmdk_stream_new(&sink, &d, &s) == 0);
+    CHECK(decode(s, f, len, 0, 0) == -EIO);
+    CHECK(strstr(vmdk_stream_error(s), "placing"));
+    vmdk_stream_free(s);
+    disk_free(&d);
+    free(c);
+}
+
+/* ---- synthesizer ------------------------------------------------------------ */
+
+static const uint8_t *synth_disk;
+static int read_disk(void *o, uint64_t off, void *buf, size_t len)
+{
+    uint64_t size = *(uint64_t *) o;
+    CHECK(off + len <= size);
+    memcpy(buf, synth_disk + off, len);
+    return 0;
+}
+
+static void test_synth(const uint8_t *raw)
+{
+    uint64_t size = RAW_SIZE;
+    struct vmdk_synth *sy;
+    struct vmdk_err e;
+    CHECK(vmdk_synth_new(0, 1, "x", &sy, &e) == -EINVAL);
+    CHECK(vmdk_synth_new(1ull << 50, 1, "x", &sy, &e) == -EFBIG);
+    CHECK(vmdk_synth_new(size, 0x12345678, "nbd.vmdk", &sy, &e) == 0);
+    /* Allocate where the raw disk has data, as the view does from the
+     * zero maps (whole grains here, with one partial range). */
+    for (uint64_t g = 0; g * 65536 < size; g++) {
+        uint64_t end = (g + 1) * 65536 < size ? (g + 1) * 65536 : size;
+        if (!zero(raw + g * 65536, end - g * 65536))
+            CHECK(vmdk_synth_allocate(sy, g * 65536 + 100, 10) == 0);
+    }
+    CHECK(vmdk_synth_allocate(sy, size - 1, 1) == 0);   /* same grain: no-op */
+    CHECK(vmdk_synth_allocate(sy, 0, 1) == -EINVAL);    /* must increase */
+    CHECK(vmdk_synth_allocate(sy, size, 1) == -EINVAL);
+    CHECK(vmdk_synth_seal(sy) == 0);
+    CHECK(vmdk_synth_allocate(sy, 0, 1) == -EINVAL);
+    uint64_t fsize = vmdk_synth_file_size(sy);
+    uint64_t ng = vmdk_synth_grains_allocated(sy);
+    CHECK(fsize == (128 + ng * 129 + 5 + 2 + 3) * 512ull);
+    uint8_t *file = malloc(fsize);
+    synth_disk = raw;
+    uint64_t x = 9;
+    for (uint64_t off = 0; off < fsize; ) {
+        size_t n = 1 + rnd(&x) % 200000;
+        int64_t r = vmdk_synth_read(sy, off, file + off, n, read_disk, &size);
+        CHECK(r > 0 && (uint64_t) r == (n < fsize - off ? n : fsize - off));
+        off += (uint64_t) r;
+    }
+    CHECK(vmdk_synth_read(sy, fsize, file, 10, read_disk, &size) == 0);
+    /* Random re-reads agree with the sequential read. */
+    uint8_t piece[3000];
+    for (int i = 0; i < 200; i++) {
+        uint64_t off = rnd(&x) % fsize;
+        int64_t r = vmdk_synth_read(sy, off, piece, sizeof piece, read_disk,
+                                    &size);
+        CHECK(r > 0 && memcmp(piece, file + off, (size_t) r) == 0);
+    }
+    vmdk_synth_free(sy);
+    /* Our decoder, qemu-img and vmdkinfo read it back as the disk. */
+    decode_ok("synthesized", file, fsize, raw, RAW_SIZE, VMDK_STREAM_OPTIMIZED);
+    image_ok("synthesized", file, fsize, raw, RAW_SIZE);
+    save("synth.vmdk", file, fsize);
+    sh("cd %s && qemu-img convert -q -f vmdk -O raw synth.vmdk synth.raw && "
+       "truncate -s %u synth.raw && cmp synth.raw src.raw && "
+       "qemu-img check -q -f vmdk synth.vmdk && "
+       "vmdkinfo synth.vmdk | grep -q 'Stream optimized'", dir, RAW_SIZE);
+    free(file);
+    printf("  synthesized: %" PRIu64 " bytes, %" PRIu64 " grains; qemu-img "
+           "and vmdkinfo agree\n", fsize, ng);
+}
+
+/* VMDKstream of a file whose size is not a multiple of 512: the last
+ * grain inflates to the file's remaining bytes, short of the capacity. */
+static void test_short_last_grain(void)
+{
+    uint8_t *raw = malloc(100000);
+    uint64_t x = 5;
+    for (size_t i = 0; i < 100000; i++)
+        raw[i] = (uint8_t) rnd(&x);
+    save("odd.raw", raw, 100000);
+    sh("cd %s && /usr/bin/python3 -c 'import VMDKstream; "
+       "VMDKstream.convert_to_stream(\"odd.raw\", \"odd.vmdk\")'", dir);
+    size_t len;
+    uint8_t *f = load("odd.vmdk", &len);
+    uint8_t *padded = calloc(1, 100352);
+    memcpy(padded, raw, 100000);
+    decode_ok("vmdkstream, 100000-byte source", f, len, padded, 100352,
+              VMDK_STREAM_OPTIMIZED);
+    free(padded);
+    free(f);
+    free(raw);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    snprintf(dir, sizeof dir, "/tmp/vmdk-test-XXXXXX");
+    CHECK(mkdtemp(dir));
+    uint8_t *raw = make_raw();
+    make_fixtures();
+    static const struct { const char *name; enum vmdk_kind kind; } fx[] = {
+        { "qemu-stream.vmdk", VMDK_STREAM_OPTIMIZED },
+        { "qemu-sparse.vmdk", VMDK_MONOLITHIC_SPARSE },
+        { "vmdkstream.vmdk", VMDK_STREAM_OPTIMIZED },
+    };
+    for (unsigned i = 0; i < 3; i++) {
+        size_t len;
+        uint8_t *f = load(fx[i].name, &len);
+        decode_ok(fx[i].name, f, len, raw, RAW_SIZE, fx[i].kind);
+        image_ok(fx[i].name, f, len, raw, RAW_SIZE);
+        if (i == 1)
+            test_sparse_surgery(f, len, raw);
+        if (i == 2)
+            test_stream_surgery(f, len, raw);
+        free(f);
+    }
+    test_synth(raw);
+    test_short_last_grain();
+    sh("rm -rf %s", dir);
+    free(raw);
+    printf("vmdk-test-stream: ok\n");
+    return 0;
+}

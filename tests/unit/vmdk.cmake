@@ -1,0 +1,14 @@
+# VMDK library unit tests (included from tests/CMakeLists.txt).  Fixtures
+# are made at test time by qemu-img and python3-vmdkstream.
+set(VMDK_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+foreach(t format stream)
+  add_executable(vmdk-test-${t} ${VMDK_TEST_DIR}/vmdk-test-${t}.c)
+  target_link_libraries(vmdk-test-${t} PRIVATE vmdk OpenSSL::Crypto)
+  add_test(NAME vmdk-${t} COMMAND vmdk-test-${t})
+  set_tests_properties(vmdk-${t} PROPERTIES TIMEOUT 600)
+endforeach()
+
+if(FUZZ)
+  include(${VMDK_TEST_DIR}/../fuzz/vmdk-fuzz.cmake)
+endif()
