@@ -192,6 +192,37 @@ static void test_read_races_materialize(void)
     printf("ok read_races_materialize\n");
 }
 
+/* A zero-copy write is reserved after a truncate and filled without the
+ * lock; a drain (a close) in that window turns the pending zeroes into
+ * zero requests.  They must not cover the reserved range: the write is
+ * newer than the truncate. */
+static void test_drain_during_fill(void)
+{
+    struct nbdx *x = fake_open(64 * MiB, true, 0);
+    struct pool *p = make_pool(x, 64 * KiB, 1 * MiB, 4, 0);
+    unsigned char got[64 * KiB];
+    struct pool_fill f;
+
+    fake_reset_sleepers();
+    assert(pool_zero_lazy(p, 0, 32 * MiB) == 0);    /* O_TRUNC */
+    assert(pool_fill_begin(p, 0, 64 * KiB, &f) == 0);
+    struct job a = { .kind = JOB_DRAIN, .p = p };   /* another close */
+    start(&a);
+    fake_set_auto(x, FAKE_FIFO, 1);
+    fake_wait_sleeper("drain", 1);                  /* it waits for us */
+    for (unsigned i = 0; i < f.nseg; i++)
+        memset(f.seg[i].mem, 0x77, f.seg[i].len);
+    assert(pool_fill_commit(p, &f, 0, false) == 64 * KiB);
+    join(&a);
+    pool_drain(p);
+    assert(all(fake_disk(x), 64 * KiB, 0x77));
+    assert(pool_read(p, 0, got, sizeof got) == 0 && all(got, sizeof got, 0x77));
+    assert(all(fake_disk(x) + 64 * KiB, 32 * MiB - 64 * KiB, 0));
+    pool_destroy(p);
+    fake_close(x);
+    printf("ok drain_during_fill\n");
+}
+
 /* ---- allocation failures ------------------------------------------------- */
 
 /* No buffer can be allocated and none is in use: an error, not a wait
@@ -308,7 +339,15 @@ static void model_run(uint32_t seed, size_t map_ranges, bool closer_on)
                 buf[k] = (unsigned char) (rnd() | 1);
             if (len >= 128 * KiB)                 /* a zero run inside */
                 memset(buf + 64 * KiB, 0, 64 * KiB);
-            assert(pool_write(p, off, buf, len) == (ssize_t) len);
+            struct pool_fill f;
+            if (rnd() % 2 && pool_fill_begin(p, off, len, &f) == 0) {
+                size_t pos = 0;                   /* zero-copy path */
+                for (unsigned k = 0; k < f.nseg; pos += f.seg[k++].len)
+                    memcpy(f.seg[k].mem, buf + pos, f.seg[k].len);
+                assert(pos == len);
+                assert(pool_fill_commit(p, &f, 0, false) == (ssize_t) len);
+            } else
+                assert(pool_write(p, off, buf, len) == (ssize_t) len);
             memcpy(model + off, buf, len);
             break;
         }
@@ -374,6 +413,7 @@ int main(int argc, char **argv)
         { "zero_waits_write_lands", test_zero_waits_write_lands },
         { "materialize_waits_write_lands", test_materialize_waits_write_lands },
         { "read_races_materialize", test_read_races_materialize },
+        { "drain_during_fill", test_drain_during_fill },
         { "alloc_fail_empty_pool", test_alloc_fail_empty_pool },
         { "alloc_fail_pending_split", test_alloc_fail_pending_split },
     };
