@@ -12,11 +12,13 @@
  * then the pool's.  One digest thread hashes the
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
- * lock is held while hashing.  When the queued payload would exceed
- * queue_limit, a writer waits for the thread (d->space) — memory stays
- * bounded and a busy machine still gets its digest, at the hash's speed —
- * but for at most WAIT_MAX_S: past that (hashing a huge hole, say) the
- * digest is abandoned rather than the copy held up.
+ * lock is held while hashing.  When the queue's memory (payload plus
+ * ITEM_COST for each item, zero items included: a million one-byte
+ * writes at a stride are a million gap items) would exceed queue_limit,
+ * a writer waits for the thread (d->space) — memory stays bounded and a
+ * busy machine still gets its digest, at the hash's speed — but for at
+ * most WAIT_MAX_S (CLOCK_MONOTONIC): past that (hashing a huge hole, say)
+ * the digest is abandoned rather than the copy held up.
  *
  * THE PASS
  * A pass starts at a truncate to 0 (O_TRUNC).  pos is where the pass has
@@ -51,6 +53,8 @@
 #define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
 #define ZERO_BUF (1u << 20)
 #define WAIT_MAX_S 10             /* a writer waits this long for room */
+#define ITEM_COST 64              /* bookkeeping of one queued item: the
+                                   * item and the copy's malloc headers */
 
 struct item {
     struct item *next;
@@ -75,7 +79,7 @@ struct digest {
     char reason[120];
 
     struct item *head, *tail;
-    size_t queued, limit;         /* payload bytes */
+    size_t queued, limit;         /* payload + ITEM_COST per item */
 
     uint64_t hashed;              /* of this gen, by the thread */
     uint64_t hex_len, hex_gen;    /* what hex covers */
@@ -153,33 +157,51 @@ static void push_locked(struct digest *d, struct item *it)
     pthread_cond_signal(&d->cond);
 }
 
+static size_t item_cost(const struct item *it)
+{
+    return ITEM_COST + (it->data ? it->len : 0);
+}
+
+static bool wait_for_room_locked(struct digest *d, size_t len);
+
 /* Queue len zero bytes (len may be 0: it starts the thread's context). */
 static void push_zero_locked(struct digest *d, uint64_t len)
 {
+    if (d->queued + ITEM_COST > d->limit &&
+        !wait_for_room_locked(d, ITEM_COST))
+        return;
     struct item *it = calloc(1, sizeof *it);
     if (!it) {
         fail_locked(d, DIGEST_ABANDONED, "out of memory");
         return;
     }
     it->len = len;
+    d->queued += item_cost(it);
     push_locked(d, it);
     d->pos += len;
 }
 
-/* Wait until len more payload bytes fit in the queue.  False if the
- * digest ended meanwhile (abandoned after WAIT_MAX_S, or the pass moved:
+static bool no_room_locked(const struct digest *d, size_t cost)
+{
+    return d->queued > 0 && d->queued + cost > d->limit &&
+           d->state == DIGEST_COMPUTING && !d->stopping;
+}
+
+/* Wait until cost more bytes fit in the queue.  False if the digest
+ * ended meanwhile (abandoned after WAIT_MAX_S, or the pass moved:
  * another writer got in). */
-static bool wait_for_room_locked(struct digest *d, size_t len)
+static bool wait_for_room_locked(struct digest *d, size_t cost)
 {
     uint64_t gen = d->gen, pos = d->pos;
     struct timespec deadline;
 
-    clock_gettime(CLOCK_REALTIME, &deadline);
+    clock_gettime(CLOCK_MONOTONIC, &deadline);    /* d->space's clock */
     deadline.tv_sec += WAIT_MAX_S;
-    while (d->queued > 0 && d->queued + len > d->limit &&
-           d->state == DIGEST_COMPUTING && !d->stopping) {
+    while (no_room_locked(d, cost)) {
+        /* A wakeup can race the deadline: only a queue still full at
+         * the deadline abandons the digest. */
         if (pthread_cond_timedwait(&d->space, &d->lock, &deadline) ==
-            ETIMEDOUT) {
+                ETIMEDOUT && no_room_locked(d, cost)) {
             fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
                         "for %d s (%zu bytes waiting)", WAIT_MAX_S,
                         d->queued);
@@ -204,7 +226,8 @@ static void push_data_locked(struct digest *d, const void *buf, size_t len,
     struct item *it = NULL;
     char *copy = NULL;
 
-    if (d->queued + len > d->limit && !wait_for_room_locked(d, len))
+    if (d->queued + ITEM_COST + len > d->limit &&
+        !wait_for_room_locked(d, ITEM_COST + len))
         goto drop;
     it = calloc(1, sizeof *it);
     if (!release)
@@ -221,7 +244,7 @@ static void push_data_locked(struct digest *d, const void *buf, size_t len,
     it->release = release;
     it->ref = ref;
     it->len = len;
-    d->queued += len;
+    d->queued += item_cost(it);
     push_locked(d, it);
     d->pos += len;
     return;
@@ -250,10 +273,8 @@ static bool take_locked(struct digest *d, struct item *out)
     d->head = it->next;
     if (!d->head)
         d->tail = NULL;
-    if (it->data) {
-        d->queued -= it->len;
-        pthread_cond_broadcast(&d->space);
-    }
+    d->queued -= item_cost(it);
+    pthread_cond_broadcast(&d->space);
     free(it);
     return true;
 }
@@ -496,7 +517,11 @@ int digest_create(size_t queue_limit, struct digest **out)
     d->state = DIGEST_IDLE;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
-    pthread_cond_init(&d->space, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->space, &ca);
+    pthread_condattr_destroy(&ca);
     int r = pthread_create(&d->thread, NULL, digest_thread, d);
     if (r) {
         pthread_mutex_destroy(&d->lock);

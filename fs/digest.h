@@ -30,7 +30,8 @@ struct digest_info {
     const char *algorithm;    /* "sha256" */
     uint64_t covered;         /* bytes hashed so far, from offset 0 */
     uint64_t position;        /* bytes accepted (hashed or queued) */
-    uint64_t queued;          /* payload bytes waiting for the thread */
+    uint64_t queued;          /* bytes waiting for the thread: payload
+                               * and each item's bookkeeping */
     char hex[65];             /* "" unless state == DIGEST_COMPLETE */
     char reason[120];         /* NOT_FORWARD, ABANDONED, INCOMPLETE: why */
 };

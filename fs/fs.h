@@ -62,6 +62,9 @@ struct fs {
 struct fs_fh {
     enum fs_ino ino;
     bool writer;              /* opened for writing */
+    bool wrote;               /* changed the file (write, truncate, zero):
+                               * only then does its close drain the pool.
+                               * Set and read with __atomic builtins. */
     uint64_t err_seq;         /* last pool error this handle was told of */
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;

@@ -32,6 +32,18 @@
 
 static struct fs *fs_of(fuse_req_t req) { return fuse_req_userdata(req); }
 
+/* fh->wrote: several worker threads may use one handle at once. */
+static void mark_wrote(struct fs_fh *fh)
+{
+    if (fh)
+        __atomic_store_n(&fh->wrote, true, __ATOMIC_RELAXED);
+}
+
+static bool has_written(struct fs_fh *fh)
+{
+    return __atomic_load_n(&fh->wrote, __ATOMIC_RELAXED);
+}
+
 static uint64_t apparent_size(struct fs *fs)
 {
     pthread_mutex_lock(&fs->lock);
@@ -213,6 +225,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
             return;
         }
         int r = truncate_to(fs, (uint64_t) attr->st_size);
+        if (fi)
+            mark_wrote((struct fs_fh *) (uintptr_t) fi->fh);
         if (r < 0) {
             if (r == -EFBIG)
                 log_notice("truncate to %jd bytes refused: the export holds "
@@ -332,6 +346,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 /* ---- open and close -------------------------------------------------- */
 
+static void forget_fh(struct fs *fs, struct fs_fh *fh);
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct fs *fs = fs_of(req);
@@ -377,6 +393,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    if (writing && (fi->flags & O_TRUNC))
+        fh->wrote = true;
     /* libfuse enables atomic O_TRUNC: the kernel sends no setattr. */
     if (ino == FS_INO_RAW && writing && (fi->flags & O_TRUNC)) {
         int r = truncate_to(fs, 0);
@@ -399,7 +417,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->direct_io = 1;        /* our semantics, not the page cache's */
     fi->keep_cache = 0;
     fi->nonseekable = 0;
-    if (fuse_reply_open(req, fi) == -ENOENT) {  /* interrupted */
+    if (fuse_reply_open(req, fi) != 0) {    /* interrupted: no release */
+        if (ino == FS_INO_VHD)
+            vhdview_release(fs, fh);
+        forget_fh(fs, fh);
         free(fh->snapshot);
         free(fh);
     }
@@ -417,11 +438,16 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
+    /* A handle that changed nothing has nothing to wait for: its close
+     * (head -c1 while cp writes) must not drain the pool nor send the
+     * pending zeroes the writer's own close will send. */
+    bool wrote = has_written(fh);
     if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         int r = ino == FS_INO_VMDK ? vmdkview_flush(fs, fh)
                                    : vhdview_flush(fs, fh);
-        pool_drain(fs->pool);
-        int err = pool_error_take(fs->pool, &fh->err_seq);
+        if (wrote)
+            pool_drain(fs->pool);
+        int err = wrote ? pool_error_take(fs->pool, &fh->err_seq) : 0;
         fuse_reply_err(req, r < 0 ? -r : err);
         return;
     }
@@ -429,7 +455,8 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fuse_reply_err(req, 0);
         return;
     }
-    pool_drain(fs->pool);
+    if (wrote)
+        pool_drain(fs->pool);
     /* The pass covers the file up to its size (cp's final ftruncate).  A
      * reader closing (sha256sum during a copy) ends nobody's pass. */
     if (fh->writer) {
@@ -437,7 +464,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         digest_close(fs->digest, size);
         progress_close(fs->progress, size);
     }
-    fuse_reply_err(req, pool_error_take(fs->pool, &fh->err_seq));
+    fuse_reply_err(req, wrote ? pool_error_take(fs->pool, &fh->err_seq) : 0);
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
@@ -589,7 +616,7 @@ static ssize_t raw_write_size(struct fs *fs, struct fs_fh *fh, size_t size,
     }
     /* A write that fails later is reported at close or fsync; once one
      * has failed, later writes through this handle fail at once. */
-    int err = pool_error_peek(fs->pool, fh->err_seq);
+    int err = pool_error_peek(fs->pool, &fh->err_seq);
     if (err)
         return -err;
     if (size > fs->export_size - (uint64_t) off)
@@ -603,6 +630,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs *fs = fs_of(req);
     struct fs_fh *fh = fh_of(fi);
 
+    mark_wrote(fh);
     if (ino == FS_INO_VHD || ino == FS_INO_VMDK) {
         ssize_t n = off < 0 ? -EINVAL
                     : ino == FS_INO_VMDK
@@ -713,6 +741,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     struct fs *fs = fs_of(req);
     struct pool_fill f;
 
+    mark_wrote(fh_of(fi));
     if (ino != FS_INO_RAW) {
         write_buf_copied(req, ino, bufv, off, fi);
         return;
@@ -750,6 +779,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
     int kind = mode & ~FALLOC_FL_KEEP_SIZE;
 
+    mark_wrote(fh_of(fi));
+
     if ((ino == FS_INO_VHD || ino == FS_INO_VMDK) && off >= 0 && len > 0 &&
         (mode & ~FALLOC_FL_KEEP_SIZE) != 0) {
         /* cp --sparse=always punches the holes it skipped: zeros of the
@@ -780,8 +811,13 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     }
     if (end > fs->export_size)
         end = fs->export_size;    /* keep-size: nothing exists past it */
-    if (kind != 0 && start < end)
-        pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+    if (kind != 0 && start < end) {
+        int r = pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+        if (r < 0) {
+            fuse_reply_err(req, -r);
+            return;
+        }
+    }
     extend_to(fs, keep_size ? 0 : end);
     if (kind != 0 && start < end) {
         digest_zero(fs->digest, start, end - start, apparent_size(fs));

@@ -209,6 +209,9 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"bytes_read\": %" PRIu64 ",\n", s.bytes_read);
     fprintf(f, "  \"pending_zero_bytes\": %" PRIu64 ",\n", s.pending_zero);
     fprintf(f, "  \"known_zero_bytes\": %" PRIu64 ",\n", s.known_zero);
+    fprintf(f, "  \"pending_zero_ranges\": %" PRIu64 ",\n",
+            s.pending_zero_ranges);
+    fprintf(f, "  \"known_zero_ranges\": %" PRIu64 ",\n", s.known_zero_ranges);
     fprintf(f, "  \"in_flight\": %u,\n", s.in_flight);
     fprintf(f, "  \"in_flight_peak\": %u,\n", s.in_flight_peak);
     fprintf(f, "  \"pool_buffers_in_use\": %u,\n", s.bufs_in_use);

@@ -153,7 +153,10 @@ static int build_synth(struct fs *fs, struct vhd_synth **out)
         vhd_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
         pos = (uint64_t) h;
     }
-    vhd_synth_seal(s);
+    if ((r = vhd_synth_seal(s)) < 0) {       /* -ENOMEM */
+        vhd_synth_free(s);
+        return r;
+    }
     *out = s;
     return 0;
 }

@@ -11,6 +11,10 @@
  * leaf).  No lock is held across a network wait: pool_read() and
  * pool_flush() drop it around nbdx_run().
  *
+ * Every wait on pool->cond lets other threads change everything: after
+ * one, a function decides again from the state as it is then, never from
+ * what it read before (ranges chosen, map lookups, buffers found).
+ *
  * REQUESTS
  * A request (struct pool_req) is a write buffer or a zero range.  A write
  * buffer starts FILLING: writes that land inside it or extend it are
@@ -28,6 +32,7 @@
  *  3. A request leaves the queue, and its buffer returns to the free list,
  *     only in req_done(), after the server replied, and once no hold is
  *     left on it (pool_hold_release()).
+ * Each is asserted where it is relied on (assert(): on in test builds).
  *
  * ZERO-COPY WRITES
  * pool_fill_begin() reserves a write at the tail of FILLING buffers (or
@@ -46,7 +51,11 @@
  * their range when they are absorbed).  pending_zero: ranges that must
  * read as zero but have not been zeroed yet (truncate); disjoint from
  * known_zero; turned into zero requests at the next drain.  Reads overlay
- * pending_zero, so they already read as zero.
+ * pending_zero, so they already read as zero.  Both are bounded
+ * (cfg.zero_map_ranges ranges, O(log n) updates): known_zero forgets
+ * ranges past its bound (costing a read or a zeroing, never skipping
+ * one); pending_zero is turned into zero requests early, oldest range
+ * first, when it nears its bound.
  */
 #include "transport/pool.h"
 
@@ -59,7 +68,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
+#include <unistd.h>             /* SEEK_DATA */
 
 #include "common/log.h"
 #include "common/signals.h"
@@ -99,6 +108,7 @@ struct pool_req {
     enum req_state state;
     bool from_tool;               /* ZERO: an all-zero run the copy tool
                                    * wrote; counts as acknowledged data */
+    bool replied;                 /* the server answered (invariant 3) */
     uint64_t off, len;            /* the range; a FILLING buffer grows */
     char *data;                   /* WRITE: owned buffer of request_size;
                                    * ZERO via writes: the shared zero page */
@@ -145,6 +155,7 @@ struct pool {
     char *zero_buf;               /* request_size zero bytes, read-only */
 
     struct extmap known_zero, pending_zero;
+    size_t map_max;               /* bound of each zero map, ranges */
 
     bool lost;                    /* connection lost: refuse new writes */
     uint64_t err_seq;
@@ -168,6 +179,21 @@ static uint64_t now_ns(void)
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 {
     return a < b + blen && b < a + alen;
+}
+
+/* Every wait on pool->cond goes through here.  Unit tests get a hook
+ * that runs just before the thread sleeps (they build with
+ * POOL_TEST_HOOKS), to change the world at exactly that point. */
+#ifdef POOL_TEST_HOOKS
+void pool_test_before_wait(struct pool *p, const char *what);
+#else
+#define pool_test_before_wait(p, what) ((void) 0)
+#endif
+
+static void cond_wait_locked(struct pool *p, const char *what)
+{
+    pool_test_before_wait(p, what);
+    pthread_cond_wait(&p->cond, &p->lock);
 }
 
 /* The longest request of a kind whose own cap is cap. */
@@ -252,10 +278,10 @@ static int error_since_locked(struct pool *p, uint64_t seq)
     return tool_errno(p->last_err);   /* past the recorded ones */
 }
 
-int pool_error_peek(struct pool *p, uint64_t seq)
+int pool_error_peek(struct pool *p, const uint64_t *seq)
 {
     pthread_mutex_lock(&p->lock);
-    int err = error_since_locked(p, seq);
+    int err = error_since_locked(p, *seq);
     pthread_mutex_unlock(&p->lock);
     return err;
 }
@@ -284,6 +310,9 @@ static bool overlaps_earlier(const struct pool_req *r)
 static void send_req_locked(struct pool *p, struct pool_req *r)
 {
     struct nbdx_op *op = &r->op;
+
+    assert(r->state == REQ_QUEUED && r->len > 0);
+    assert(!overlaps_earlier(r));                     /* invariant 2 */
 
     memset(op, 0, sizeof *op);
     op->off = r->off;
@@ -363,6 +392,7 @@ static void free_req_locked(struct pool *p, struct pool_req *r)
 
 static void release_req_locked(struct pool *p, struct pool_req *r)
 {
+    assert(r->state == REQ_IN_FLIGHT && r->replied);  /* invariant 3 */
     list_remove(&p->queue, r);
     if (r->kind == REQ_ZERO)
         p->nzero_reqs--;
@@ -403,6 +433,7 @@ static void req_done(struct nbdx_op *op, int err)
             p->st.bytes_acked += r->len;
     }
     p->changes++;
+    r->replied = true;
     release_req_locked(p, r);
     dispatch_locked(p);
     pthread_cond_broadcast(&p->cond);
@@ -413,117 +444,190 @@ static void req_done(struct nbdx_op *op, int err)
 static void wait_seq_locked(struct pool *p, uint64_t seq)
 {
     while (p->queue.head && p->queue.head->seq < seq)
-        pthread_cond_wait(&p->cond, &p->lock);
+        cond_wait_locked(p, "drain");
 }
 
 /* ---- zeroing --------------------------------------------------------- */
 
-/* Queue zero requests for [off, off+len) minus known_zero.  May wait for
- * the number of queued zero requests to drop. */
-static void queue_zero_locked(struct pool *p, uint64_t off, uint64_t len,
-                              bool from_tool)
+/* One step of zeroing [*pos, end): skip the known-zero range *pos is in,
+ * or queue one zero request for the piece up to the next known-zero
+ * range (or extend the last queued one).  Never sleeps, so it decides
+ * from the state as it is: -EAGAIN when no zero request may be queued
+ * now (the caller waits, then calls again), -ENOMEM. */
+static int zero_piece_locked(struct pool *p, uint64_t *pos, uint64_t end,
+                             bool from_tool)
 {
-    uint64_t end = off + len, pos = off;
     uint64_t max = p->can_zero ? max_request(p, ZERO_MAX_LEN)
                                : p->cfg.request_size;
+    uint64_t start = *pos, stop = end;
+    struct ext k;
 
-    while (pos < end) {
-        size_t i = extmap_find(&p->known_zero, pos);
-        if (i < p->known_zero.n && p->known_zero.v[i].start <= pos) {
-            uint64_t skip = p->known_zero.v[i].end < end
-                                ? p->known_zero.v[i].end : end;
-            p->st.bytes_zero_skipped += skip - pos;
+    if (extmap_next(&p->known_zero, start, &k) && k.start < end) {
+        if (k.start <= start) {
+            uint64_t skip = k.end < end ? k.end : end;
+            p->st.bytes_zero_skipped += skip - start;
             if (from_tool)            /* nothing to wait for */
-                p->st.bytes_acked += skip - pos;
-            pos = skip;
-            continue;
+                p->st.bytes_acked += skip - start;
+            *pos = skip;
+            return 0;
         }
-        uint64_t stop = i < p->known_zero.n && p->known_zero.v[i].start < end
-                            ? p->known_zero.v[i].start : end;
-        if (stop - pos > max)
-            stop = pos + max;
-        /* Extend the last queued zero request if this one continues it
-         * (a tool writing zeros chunk by chunk): fewer, larger requests.
-         * Safe: nothing is queued after it, and dispatch checks overlaps
-         * with the range as it is when it is sent. */
-        struct pool_req *t = p->queue.tail;
-        if (t && t->kind == REQ_ZERO && t->state == REQ_QUEUED &&
-            t->from_tool == from_tool && t->off + t->len == pos &&
-            t->len + (stop - pos) <= max) {
-            t->len += stop - pos;
-            extmap_add(&p->known_zero, pos, stop);
-            pos = stop;
-            continue;
-        }
-        while (p->nzero_reqs >= MAX_ZERO_REQS) {
-            dispatch_locked(p);
-            pthread_cond_wait(&p->cond, &p->lock);
-        }
+        stop = k.start;
+    }
+    if (stop - start > max)
+        stop = start + max;
+    /* Writes buffered in the range are older than this zero (a write made
+     * later removes its range from pending_zero and known_zero): they go
+     * first (invariant 1 for zeroes). */
+    seal_overlapping_locked(p, start, stop - start, NULL);
+    /* Extend the last queued zero request if this one continues it
+     * (a tool writing zeros chunk by chunk): fewer, larger requests.
+     * Safe: nothing is queued after it, and dispatch checks overlaps
+     * with the range as it is when it is sent. */
+    struct pool_req *t = p->queue.tail;
+    if (t && t->kind == REQ_ZERO && t->state == REQ_QUEUED &&
+        t->from_tool == from_tool && t->off + t->len == start &&
+        t->len + (stop - start) <= max) {
+        t->len += stop - start;
+    } else {
+        if (p->nzero_reqs >= MAX_ZERO_REQS)
+            return -EAGAIN;
         struct pool_req *r = calloc(1, sizeof *r);
-        if (!r) {
-            record_failure_locked(p, POOL_ZERO, pos, stop - pos, ENOMEM);
-            return;
-        }
+        if (!r)
+            return -ENOMEM;
         r->kind = REQ_ZERO;
         r->from_tool = from_tool;
         r->p = p;
-        r->off = pos;
-        r->len = stop - pos;
+        r->off = start;
+        r->len = stop - start;
         r->data = p->zero_buf;
         p->nzero_reqs++;
         seal_locked(p, r);
-        extmap_add(&p->known_zero, pos, stop);
-        pos = stop;
     }
+    extmap_add(&p->known_zero, start, stop);      /* lossy: cannot fail */
+    *pos = stop;
+    return 0;
 }
 
-static void zero_locked(struct pool *p, uint64_t off, uint64_t len,
-                        bool from_tool)
+static void wait_zero_slot_locked(struct pool *p)
 {
-    seal_overlapping_locked(p, off, len, NULL);
-    extmap_remove(&p->pending_zero, off, off + len);
-    queue_zero_locked(p, off, len, from_tool);
+    dispatch_locked(p);
+    cond_wait_locked(p, "zero-slot");
+}
+
+/* Turn pending zeroes into zero requests, oldest (lowest) range first,
+ * until at most down_to ranges are left.  A range leaves pending_zero
+ * in the same locked step that queues its zero request, so a write made
+ * while this waits for a zero slot still removes its range from what is
+ * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending). */
+static int materialize_locked(struct pool *p, size_t down_to)
+{
+    struct ext e;
+
+    while (extmap_count(&p->pending_zero) > down_to &&
+           extmap_next(&p->pending_zero, 0, &e)) {
+        uint64_t pos = e.start;
+        int r = zero_piece_locked(p, &pos, e.end, false);
+        if (r == -EAGAIN) {
+            wait_zero_slot_locked(p);
+            continue;
+        }
+        if (r < 0) {
+            record_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, -r);
+            return r;
+        }
+        /* A prefix of a range: never splits, cannot fail. */
+        r = extmap_remove(&p->pending_zero, e.start, pos);
+        assert(r == 0);
+    }
+    return 0;
+}
+
+/* Before an update that may split one pending range: keep pending_zero
+ * below its bound by zeroing half of it now.  True if that happened (it
+ * may have waited: the caller decides again). */
+static bool pending_room_locked(struct pool *p, int *err)
+{
+    if (extmap_count(&p->pending_zero) + 2 <= p->map_max)
+        return false;
+    *err = materialize_locked(p, p->map_max / 2);
+    return true;
+}
+
+/* Make [off, off+len) read as zero, ordered after every write made
+ * before.  May wait for zero slots.  -ENOMEM. */
+static int zero_locked(struct pool *p, uint64_t off, uint64_t len,
+                       bool from_tool)
+{
+    uint64_t pos = off, end = off + len;
+    int r = 0;
+
+    while (pending_room_locked(p, &r))
+        if (r < 0)
+            return r;
+    r = extmap_remove(&p->pending_zero, off, end);
+    if (r < 0)
+        return r;
+    while (pos < end) {
+        r = zero_piece_locked(p, &pos, end, from_tool);
+        if (r == -EAGAIN)
+            wait_zero_slot_locked(p);
+        else if (r < 0) {
+            record_failure_locked(p, POOL_ZERO, pos, end - pos, -r);
+            return r;
+        }
+    }
+    return 0;
 }
 
 int pool_zero(struct pool *p, uint64_t off, uint64_t len)
 {
     pthread_mutex_lock(&p->lock);
-    zero_locked(p, off, len, false);
+    int r = zero_locked(p, off, len, false);
     dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+/* Add the parts of [off, end) not known zero to pending_zero, keeping
+ * the two maps disjoint.  When that would take too many ranges (known
+ * zero is fragmented there), forget known zero in the range and make it
+ * all pending: more zeroing at the drain, never less. */
+static int add_pending_locked(struct pool *p, uint64_t off, uint64_t end)
+{
+    size_t k = extmap_count_in(&p->known_zero, off, end);
+
+    if (extmap_count(&p->pending_zero) + k + 2 > p->map_max) {
+        extmap_remove(&p->known_zero, off, end);  /* lossy: cannot fail */
+        return extmap_add(&p->pending_zero, off, end);
+    }
+    uint64_t pos = off;
+    struct ext z;
+    while (pos < end) {
+        uint64_t stop = end;
+        if (extmap_next(&p->known_zero, pos, &z) && z.start < end)
+            stop = z.start > pos ? z.start : pos;
+        int r = extmap_add(&p->pending_zero, pos, stop);
+        if (r < 0)
+            return r;
+        if (stop == end)
+            break;
+        pos = z.end < end ? z.end : end;
+    }
     return 0;
 }
 
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
 {
-    uint64_t end = off + len, pos = off;
     int r = 0;
 
     pthread_mutex_lock(&p->lock);
-    /* Keep pending_zero disjoint from known_zero: add only the gaps. */
-    for (size_t i = extmap_find(&p->known_zero, pos); pos < end && r == 0;
-         i++) {
-        uint64_t stop = end;
-        if (i < p->known_zero.n && p->known_zero.v[i].start < end)
-            stop = p->known_zero.v[i].start > pos ? p->known_zero.v[i].start
-                                                   : pos;
-        if (stop > pos)
-            r = extmap_add(&p->pending_zero, pos, stop);
-        if (i >= p->known_zero.n || p->known_zero.v[i].start >= end)
-            break;
-        pos = p->known_zero.v[i].end;
-    }
+    while (r == 0 && pending_room_locked(p, &r))
+        ;
+    if (r == 0)
+        r = add_pending_locked(p, off, off + len);
+    dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
     return r;
-}
-
-static void materialize_pending_locked(struct pool *p)
-{
-    while (p->pending_zero.n > 0) {
-        struct ext e = p->pending_zero.v[0];
-        extmap_remove(&p->pending_zero, e.start, e.end);
-        queue_zero_locked(p, e.start, e.end - e.start, false);
-    }
 }
 
 /* ---- writing --------------------------------------------------------- */
@@ -580,13 +684,15 @@ static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
         if (p->filling.head)
             seal_locked(p, p->filling.head);
         dispatch_locked(p);
-        if (p->nfree == 0 && p->nallocated == p->nbufs &&
-            p->queue.n == 0 && p->filling.n == 0 && p->nheld == 0) {
+        /* Nothing queued, filling or held: no buffer will come back (a
+         * failed allocation with the pool empty), so waiting would be
+         * forever. */
+        if (p->queue.n == 0 && p->filling.n == 0 && p->nheld == 0) {
             *err = -ENOMEM;
             return NULL;
         }
         uint64_t t0 = now_ns();
-        pthread_cond_wait(&p->cond, &p->lock);
+        cond_wait_locked(p, "buffer");
         p->st.wait_ns += now_ns() - t0;
         return NULL;
     }
@@ -606,14 +712,34 @@ static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
     return r;
 }
 
+/* Give back a FILLING buffer that holds nothing. */
+static void discard_filling_locked(struct pool *p, struct pool_req *b)
+{
+    assert(b->state == REQ_FILLING && b->len == 0 && !b->busy);
+    list_remove(&p->filling, b);
+    free_req_locked(p, b);
+    pthread_cond_broadcast(&p->cond);
+}
+
+static __attribute__((unused)) bool
+filling_overlaps_other(const struct pool *p, const struct pool_req *b)
+{
+    for (const struct pool_req *r = p->filling.head; r; r = r->next)
+        if (r != b && overlaps(r->off, r->len, b->off, b->len))
+            return true;
+    return false;
+}
+
 /* Copy as much of the write as fits into one buffer.  Returns bytes
  * taken (0: waited, try again) or -errno. */
 static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
                              size_t len)
 {
-    struct pool_req *b = p->cfg.write_through ? NULL : find_filling(p, off);
     int err = 0;
+    if (pending_room_locked(p, &err))
+        return err;                       /* 0: decide again */
 
+    struct pool_req *b = p->cfg.write_through ? NULL : find_filling(p, off);
     if (!b) {
         seal_overlapping_locked(p, off, len, NULL);
         b = new_filling_locked(p, off, &err);
@@ -622,12 +748,21 @@ static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
     }
     size_t room = b->off + p->cfg.request_size - off;
     size_t n = len < room ? len : room;
+    /* Out of pending_zero before the bytes land: a write left in it
+     * would be zeroed at the next drain. */
+    err = extmap_remove(&p->pending_zero, off, off + n);
+    if (err < 0) {
+        if (b->len == 0)
+            discard_filling_locked(p, b);
+        return err;
+    }
+    assert(b->state == REQ_FILLING);      /* never a buffer on the wire */
     memcpy(b->data + (off - b->off), data, n);
     if (off + n > b->off + b->len)
         b->len = off + n - b->off;
     seal_overlapping_locked(p, off, n, b);
-    extmap_remove(&p->pending_zero, off, off + n);
-    extmap_remove(&p->known_zero, off, off + n);
+    assert(!filling_overlaps_other(p, b));            /* invariant 1 */
+    extmap_remove(&p->known_zero, off, off + n);  /* lossy: cannot fail */
     b->touched_ns = now_ns();
     if (b->len == p->cfg.request_size || p->cfg.write_through)
         seal_locked(p, b);
@@ -684,8 +819,8 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
  * buffer and its rest at the start of the next write.  If both parts are
  * zero, trim the buffer back to the chunk boundary, so the whole chunk
  * goes as write-zeroes.  Returns the bytes of the write taken (0: no). */
-static size_t take_straddling_zeros(struct pool *p, uint64_t cur,
-                                    const char *data, size_t len)
+static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
+                                     const char *data, size_t len)
 {
     uint64_t lo = cur & ~(uint64_t) (ZERO_CHUNK - 1);
     uint64_t hi = lo + ZERO_CHUNK;
@@ -698,20 +833,20 @@ static size_t take_straddling_zeros(struct pool *p, uint64_t cur,
     if (!b || b->off > lo || !is_zero(b->data + (lo - b->off), cur - lo))
         return 0;
     b->len = lo - b->off;
-    if (b->len == 0) {                    /* nothing left in it */
-        list_remove(&p->filling, b);
-        free_req_locked(p, b);
-        pthread_cond_broadcast(&p->cond);
-    }
+    if (b->len == 0)                      /* nothing left in it */
+        discard_filling_locked(p, b);
     p->st.bytes_written += hi - cur;
-    zero_locked(p, lo, ZERO_CHUNK, true);
-    return (size_t) (hi - cur);
+    int r = zero_locked(p, lo, ZERO_CHUNK, true);
+    return r < 0 ? r : (ssize_t) (hi - cur);
 }
 
 static ssize_t write_split_locked(struct pool *p, uint64_t off,
                                   const char *data, size_t len)
 {
-    size_t pos = take_straddling_zeros(p, off, data, len);
+    ssize_t taken = take_straddling_zeros(p, off, data, len);
+    if (taken < 0)
+        return taken;
+    size_t pos = (size_t) taken;
 
     while (pos < len) {
         uint64_t a = (off + pos + ZERO_CHUNK - 1) & ~(uint64_t) (ZERO_CHUNK - 1);
@@ -733,7 +868,9 @@ static ssize_t write_split_locked(struct pool *p, uint64_t off,
             if (p->lost)
                 return -EIO;
             p->st.bytes_written += zlen;
-            zero_locked(p, off + payload_end, zlen, true);
+            r = zero_locked(p, off + payload_end, zlen, true);
+            if (r < 0)
+                return r;
         }
         pos = payload_end + zlen;
     }
@@ -791,12 +928,19 @@ static void unreserve_locked(struct pool *p, struct pool_fill *f)
 }
 
 /* One pass at reserving f->off, f->len.  1: waited for a buffer (nothing
- * is reserved; try again), 0 or -errno. */
+ * is reserved; try again), 0 or -errno.  The reserved range leaves
+ * pending_zero here, under the lock, not at commit: a drain while the
+ * caller fills it unlocked would otherwise queue a zero over it after
+ * its (sealed, busy) buffer, and the zero would win over this write,
+ * which is newer than the truncate. */
 static int reserve_locked(struct pool *p, struct pool_fill *f)
 {
     size_t done = 0;
+    int perr = 0;
 
     f->nseg = 0;
+    if (pending_room_locked(p, &perr))
+        return perr ? perr : 1;           /* waited: decide again */
     while (done < f->len) {
         uint64_t off = f->off + done;
         struct pool_req *b = find_tail(p, off);
@@ -820,6 +964,13 @@ static int reserve_locked(struct pool *p, struct pool_fill *f)
         }
         size_t room = b->off + p->cfg.request_size - off;
         size_t n = f->len - done < room ? f->len - done : room;
+        err = extmap_remove(&p->pending_zero, off, off + n);
+        if (err < 0) {
+            if (b->len == 0 && !b->busy)
+                discard_filling_locked(p, b);
+            unreserve_locked(p, f);
+            return err;
+        }
         f->seg[f->nseg++] = (struct pool_seg) {
             .mem = b->data + (off - b->off), .len = n, .req = b };
         b->busy = true;
@@ -910,8 +1061,8 @@ static void commit_in_place_locked(struct pool *p, struct pool_fill *f,
         assert(r->busy);
         r->busy = false;
         r->touched_ns = now_ns();
-        extmap_remove(&p->pending_zero, off, off + n);
-        extmap_remove(&p->known_zero, off, off + n);
+        /* pending_zero: left at reservation. */
+        extmap_remove(&p->known_zero, off, off + n);  /* lossy: cannot fail */
         p->st.bytes_written += n;
         if (hold) {
             uint64_t end = off + n - r->off;
@@ -999,17 +1150,40 @@ static bool queue_overlaps(struct pool *p, uint64_t off, uint64_t len)
     return false;
 }
 
-/* Zero the parts of buf that pending_zero covers. */
-static void overlay_pending_locked(struct pool *p, uint64_t off, char *buf,
-                                   size_t len)
+/* The pending zeroes in [off, off+len), clipped, as they are now. */
+struct zero_snapshot {
+    struct ext small[8], *v;
+    size_t n;
+};
+
+static int snapshot_pending_locked(struct pool *p, uint64_t off, size_t len,
+                                   struct zero_snapshot *s)
 {
-    const struct extmap *m = &p->pending_zero;
-    for (size_t i = extmap_find(m, off); i < m->n && m->v[i].start < off + len;
-         i++) {
-        uint64_t s = m->v[i].start > off ? m->v[i].start : off;
-        uint64_t e = m->v[i].end < off + len ? m->v[i].end : off + len;
-        memset(buf + (s - off), 0, e - s);
+    size_t n = extmap_count_in(&p->pending_zero, off, off + len);
+    struct ext e;
+
+    s->v = s->small;
+    s->n = 0;
+    if (n > sizeof s->small / sizeof s->small[0] &&
+        !(s->v = malloc(n * sizeof *s->v)))
+        return -ENOMEM;
+    for (uint64_t pos = off;
+         extmap_next(&p->pending_zero, pos, &e) && e.start < off + len;
+         pos = e.end) {
+        assert(s->n < n);
+        s->v[s->n++] = (struct ext){ e.start > off ? e.start : off,
+                                     e.end < off + len ? e.end : off + len };
     }
+    return 0;
+}
+
+static void overlay_snapshot(const struct zero_snapshot *s, uint64_t off,
+                             char *buf)
+{
+    for (size_t i = 0; i < s->n; i++)
+        memset(buf + (s->v[i].start - off), 0, s->v[i].end - s->v[i].start);
+    if (s->v != s->small)
+        free(s->v);
 }
 
 static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
@@ -1030,24 +1204,36 @@ static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
     return 0;
 }
 
+/* Everything is decided at one moment, under the lock, after the last
+ * wait: the read then holds what the disk held at that moment.  The
+ * server read runs unlocked; the pending zeroes are overlaid from the
+ * snapshot taken at that moment, not from pending_zero as it is when the
+ * reply comes (a drain meanwhile may have turned them into zero requests
+ * the server read raced with, returning the bytes from before the
+ * truncate).  A write landing meanwhile is concurrent with this read, so
+ * either of its results is correct. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
 {
-    int r = 0;
+    struct zero_snapshot snap;
+    int r;
 
     pthread_mutex_lock(&p->lock);
     seal_overlapping_locked(p, off, len, NULL);
     dispatch_locked(p);
     while (queue_overlaps(p, off, len))
-        pthread_cond_wait(&p->cond, &p->lock);
+        cond_wait_locked(p, "read");
     bool all_zero = extmap_covered(&p->known_zero, off, off + len) +
                         extmap_covered(&p->pending_zero, off, off + len) ==
                     len;
+    r = all_zero ? 0 : snapshot_pending_locked(p, off, len, &snap);
     pthread_mutex_unlock(&p->lock);
 
     if (all_zero)
         memset(buf, 0, len);
-    else
+    else if (r == 0) {
         r = read_server(p, off, buf, len);
+        overlay_snapshot(&snap, off, buf);
+    }
 
     pthread_mutex_lock(&p->lock);
     if (r < 0) {
@@ -1056,10 +1242,6 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
         log_err("read of %zu bytes at offset %" PRIu64 " failed: %s", len,
                 off, strerror(-r));
     } else {
-        /* A write landing in pending_zero meanwhile removes its range
-         * from it; such a write is concurrent with this read, so
-         * either result is correct. */
-        overlay_pending_locked(p, off, buf, len);
         p->st.bytes_read += len;
         p->st.requests[POOL_READ]++;
     }
@@ -1073,7 +1255,7 @@ void pool_drain(struct pool *p)
 {
     pthread_mutex_lock(&p->lock);
     seal_all_locked(p);
-    materialize_pending_locked(p);
+    materialize_locked(p, 0);             /* a failure is recorded */
     dispatch_locked(p);
     wait_seq_locked(p, p->next_seq);
     pthread_mutex_unlock(&p->lock);
@@ -1111,17 +1293,17 @@ int pool_flush(struct pool *p)
 /* If pos is inside a range of m, its end; else pos. */
 static uint64_t skip_range(const struct extmap *m, uint64_t pos)
 {
-    size_t i = extmap_find(m, pos);
-    return i < m->n && m->v[i].start <= pos ? m->v[i].end : pos;
+    struct ext e;
+    return extmap_next(m, pos, &e) && e.start <= pos ? e.end : pos;
 }
 
 /* Start of the first range of m at or after pos, or UINT64_MAX. */
 static uint64_t next_range(const struct extmap *m, uint64_t pos)
 {
-    size_t i = extmap_find(m, pos);
-    if (i == m->n)
+    struct ext e;
+    if (!extmap_next(m, pos, &e))
         return UINT64_MAX;
-    return m->v[i].start > pos ? m->v[i].start : pos;
+    return e.start > pos ? e.start : pos;
 }
 
 int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
@@ -1131,7 +1313,7 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
     if (off >= size)
         return -ENXIO;
     pthread_mutex_lock(&p->lock);
-    if (whence == 3 /* SEEK_DATA */) {
+    if (whence == SEEK_DATA) {
         for (;;) {
             uint64_t n = skip_range(&p->known_zero, pos);
             n = skip_range(&p->pending_zero, n);
@@ -1147,7 +1329,7 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
             pos = size;
     }
     pthread_mutex_unlock(&p->lock);
-    if (whence == 3 && pos >= size)
+    if (whence == SEEK_DATA && pos >= size)
         return -ENXIO;
     return (int64_t) pos;
 }
@@ -1306,7 +1488,7 @@ static void scan_extents(struct pool *p)
         }
         if (busy == 0)
             break;
-        pthread_cond_wait(&p->cond, &p->lock);
+        cond_wait_locked(p, "scan");
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
     log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
@@ -1353,8 +1535,12 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&p->idle_cond, &ca);
     pthread_condattr_destroy(&ca);
-    extmap_init(&p->known_zero);
-    extmap_init(&p->pending_zero);
+    p->map_max = cfg->zero_map_ranges ? cfg->zero_map_ranges
+                                      : POOL_ZERO_MAP_RANGES;
+    if (p->map_max < 16)
+        p->map_max = 16;
+    extmap_init(&p->known_zero, p->map_max, true);
+    extmap_init(&p->pending_zero, p->map_max, false);
     p->idle_since_ns = 0;
 
     if (cfg->destination_is_zero)
@@ -1383,6 +1569,8 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->request_size = p->cfg.request_size;
     out->pending_zero = extmap_covered(&p->pending_zero, 0, p->size);
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
+    out->pending_zero_ranges = extmap_count(&p->pending_zero);
+    out->known_zero_ranges = extmap_count(&p->known_zero);
     out->nfailures = p->nfailures < 16 ? p->nfailures : 16;
     memcpy(out->failures, p->failures,
            out->nfailures * sizeof *p->failures);

@@ -31,7 +31,15 @@ struct pool_config {
                                * waits for its reply (benchmarks) */
     bool destination_is_zero; /* trust the user: the disk reads as zero */
     bool scan_extents;        /* learn zero ranges from block status */
+    size_t zero_map_ranges;   /* most ranges each zero map holds (0:
+                               * POOL_ZERO_MAP_RANGES) */
 };
+
+/* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
+ * Past it the known-zero map forgets its smaller pieces (costing reads
+ * and zeroing that were not needed, never a skipped one) and the pending
+ * zeroes are sent early, oldest range first. */
+#define POOL_ZERO_MAP_RANGES 65536
 
 enum pool_counter_kind { POOL_WRITE, POOL_ZERO, POOL_FLUSH, POOL_READ };
 
@@ -58,6 +66,7 @@ struct pool_stats {
     uint64_t idle_ns;         /* time with nothing in flight (after first) */
     uint64_t errors;          /* failed requests */
     uint64_t pending_zero, known_zero;  /* bytes */
+    uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
     struct pool_failure failures[16];   /* the first ones */
 };
@@ -130,19 +139,21 @@ ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
 void pool_hold_release(void *ref);
 
 /* Make [off, off+len) read as zero, ordered after earlier writes.  Sent
- * as write-zeroes (never trim), skipped where the disk is known zero. */
+ * as write-zeroes (never trim), skipped where the disk is known zero.
+ * -ENOMEM if it could not be queued. */
 int pool_zero(struct pool *p, uint64_t off, uint64_t len);
 
 /* Like pool_zero(), but lazily: the range reads as zero at once and is
- * zeroed on the server at the next drain, except the parts written to
- * before then.  Used for truncate and O_TRUNC. */
+ * zeroed on the server at the next drain (or earlier, when the pending
+ * map reaches its bound), except the parts written to before then.  Used
+ * for truncate and O_TRUNC.  May wait for zero requests to complete. */
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 
 /* Read, seeing every write and zero made before the call. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
 
 /* Return once everything accepted before the call has been answered by
- * the server (success or failure). */
+ * the server (success or failure), pending zeroes included. */
 void pool_drain(struct pool *p);
 
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
@@ -154,7 +165,9 @@ int pool_flush(struct pool *p);
  * pool_error_take() returns the first error (positive errno) recorded
  * after *seq, or 0, and moves *seq to the current number. */
 uint64_t pool_error_seq(struct pool *p);
-int pool_error_peek(struct pool *p, uint64_t seq);
+/* *seq is read (peek) or read and moved (take) under the pool's lock, so
+ * one handle may be used by several threads at once. */
+int pool_error_peek(struct pool *p, const uint64_t *seq);
 int pool_error_take(struct pool *p, uint64_t *seq);
 
 /* SEEK_DATA / SEEK_HOLE over [0, size).  -ENXIO past the last data. */
