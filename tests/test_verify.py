@@ -105,7 +105,10 @@ def kits():
     """Factory: kits.start(plugin args..., filters=[...]) -> server with
     .uri, .sock, .log.  Every server started is terminated at teardown."""
     procs = []
-    sockdir = tempfile.mkdtemp(prefix="nv", dir="/tmp")  # short for sun_path
+    base = tempfile.gettempdir()          # $TMPDIR, else /tmp
+    if len(base) > 60:                    # short enough for sun_path
+        base = "/tmp"
+    sockdir = tempfile.mkdtemp(prefix="nv", dir=base)
 
     def start(*args, filters=(), log=False):
         n = len(procs)
