@@ -24,6 +24,8 @@ enum fs_ino {
 struct vhdview;
 struct tcpinfo_sampler;
 struct vhd_synth;
+struct readahead;
+struct ra_stream;
 
 struct fs {
     struct nbdx *x;
@@ -31,6 +33,7 @@ struct fs {
     struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
     char *vhd_name;           /* FILENAME.vhd */
     struct pool *pool;
+    struct readahead *ra;     /* fs/readahead.c: shared by the handles */
     uint64_t export_size;
     const char *filename;
     bool readonly;
@@ -59,6 +62,7 @@ struct fs_fh {
     char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
     size_t snapshot_len;
     struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
+    struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */
     struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
 

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "fs/digest.h"
 #include "fs/progress.h"
+#include "fs/readahead.h"
 #include "fs/vhdview.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
@@ -139,8 +140,11 @@ static int truncate_to(struct fs *fs, uint64_t size)
     pthread_mutex_unlock(&fs->lock);
     digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
     progress_truncate(fs->progress, size);
-    if (size < old)
-        return pool_zero_lazy(fs->pool, size, old - size);
+    if (size < old) {
+        int r = pool_zero_lazy(fs->pool, size, old - size);
+        ra_invalidate(fs->ra, size, old - size);
+        return r;
+    }
     return 0;
 }
 
@@ -168,7 +172,9 @@ int fs_raw_replace(struct fs *fs, uint64_t size)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
     pthread_mutex_unlock(&fs->lock);
     /* Bytes past the old apparent size already read as zero. */
-    return pool_zero_lazy(fs->pool, 0, old);
+    int r = pool_zero_lazy(fs->pool, 0, old);
+    ra_invalidate(fs->ra, 0, old);
+    return r;
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
@@ -368,6 +374,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* The writer's input file, if visible, is the progress's total. */
     if (writing && (ino == FS_INO_RAW || ino == FS_INO_VHD))
         progress_writer(fs->progress, fuse_req_ctx(req)->pid);
+    if (ino == FS_INO_RAW || ino == FS_INO_VHD)
+        fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
     pthread_mutex_lock(&fs->lock);
     fh->next = fs->open_files;
     if (fh->next)
@@ -379,6 +387,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->keep_cache = 0;
     fi->nonseekable = 0;
     if (fuse_reply_open(req, fi) == -ENOENT) {  /* interrupted */
+        ra_stream_close(fh->ra);
         free(fh->snapshot);
         free(fh);
     }
@@ -453,6 +462,7 @@ void fs_close_all(struct fs *fs)
         if (fh->ino == FS_INO_VHD && fs->vhd)
             vhdview_release(fs, fh);
         forget_fh(fs, fh);
+        ra_stream_close(fh->ra);
         free(fh->snapshot);
         free(fh);
     }
@@ -466,6 +476,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
     if (ino == FS_INO_VHD)
         vhdview_release(fs_of(req), fh);
     forget_fh(fs_of(req), fh);
+    ra_stream_close(fh->ra);
     free(fh->snapshot);
     free(fh);
     fuse_reply_err(req, 0);
@@ -537,7 +548,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         fuse_reply_err(req, ENOMEM);
         return;
     }
-    int r = pool_read(fs->pool, (uint64_t) off, buf, size);
+    int r = ra_read(fs->ra, fh_of(fi)->ra, (uint64_t) off, buf, size, end);
     if (r < 0)
         fuse_reply_err(req, -r);
     else
@@ -597,6 +608,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
         fuse_reply_err(req, (int) -r);
         return;
     }
+    ra_invalidate(fs->ra, (uint64_t) off, size);
     extend_to(fs, (uint64_t) off + size);
     digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
     progress_write(fs->progress, (uint64_t) off, size);
@@ -702,6 +714,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
         fuse_reply_err(req, -r);
         return;
     }
+    ra_invalidate(fs->ra, (uint64_t) off, (uint64_t) size);
     extend_to(fs, (uint64_t) off + (uint64_t) size);
     digest_holds(fs, &f);
     progress_write(fs->progress, (uint64_t) off, (size_t) size);
@@ -743,8 +756,10 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     }
     if (end > fs->export_size)
         end = fs->export_size;    /* keep-size: nothing exists past it */
-    if (kind != 0 && start < end)
+    if (kind != 0 && start < end) {
         pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+        ra_invalidate(fs->ra, start, end - start);
+    }
     extend_to(fs, keep_size ? 0 : end);
     if (kind != 0 && start < end) {
         digest_zero(fs->digest, start, end - start, apparent_size(fs));
