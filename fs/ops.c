@@ -543,17 +543,25 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     }
     if (size > end - (uint64_t) off)
         size = (size_t) (end - (uint64_t) off);
-    char *buf = malloc(size);
-    if (!buf) {
-        fuse_reply_err(req, ENOMEM);
+    /* Straight from the read-ahead's chunks when they hold the range. */
+    struct ra_span span[RA_SPANS];
+    unsigned n = 0;
+    int r = ra_read_spans(fs->ra, fh_of(fi)->ra, (uint64_t) off, size, end,
+                          span, &n);
+    if (r < 0) {
+        fuse_reply_err(req, -r);
         return;
     }
-    int r = ra_read(fs->ra, fh_of(fi)->ra, (uint64_t) off, buf, size, end);
-    if (r < 0)
-        fuse_reply_err(req, -r);
-    else
-        fuse_reply_buf(req, buf, size);
-    free(buf);
+    union {                       /* a bufvec of RA_SPANS buffers */
+        struct fuse_bufvec v;
+        char room[sizeof(struct fuse_bufvec) +
+                  (RA_SPANS - 1) * sizeof(struct fuse_buf)];
+    } bv = { .v = { .count = n } };
+    for (unsigned i = 0; i < n; i++)
+        bv.v.buf[i] = (struct fuse_buf) { .size = span[i].len,
+                                          .mem = (void *) span[i].mem };
+    fuse_reply_data(req, &bv.v, FUSE_BUF_NO_SPLICE);
+    ra_put(fs->ra, span, n);
 }
 
 /* A raw write's size: -errno to fail it, shorter at the end of the

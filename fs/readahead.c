@@ -276,13 +276,11 @@ static void serve_locked(struct ra_stream *s, uint64_t base, char *buf,
     }
 }
 
-int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,
-            void *buf, size_t len, uint64_t limit)
+/* Follow the reader to [off, off+len) and start the chunks ahead. */
+static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                    size_t len, uint64_t limit)
 {
-    if (!s)
-        return pool_read(ra->pool, off, buf, len);
     struct ra_chunk *start = NULL;
-    uint64_t pos = off, end = off + len;
 
     pthread_mutex_lock(&ra->lock);
     follow_locked(s, off, len);
@@ -290,6 +288,13 @@ int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,
         plan_locked(s, off, limit, &start);
     pthread_mutex_unlock(&ra->lock);
     start_chunks(ra, start);
+}
+
+/* Copy [off, off+len) from the chunks, the rest from the pool. */
+static int copy_out(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                    void *buf, size_t len)
+{
+    uint64_t pos = off, end = off + len;
 
     pthread_mutex_lock(&ra->lock);
     serve_locked(s, off, buf, &pos, end);
@@ -300,6 +305,100 @@ int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,
         return pool_read(ra->pool, pos, (char *) buf + (pos - off),
                          (size_t) (end - pos));
     return 0;
+}
+
+int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,
+            void *buf, size_t len, uint64_t limit)
+{
+    if (!s)
+        return pool_read(ra->pool, off, buf, len);
+    prepare(ra, s, off, len, limit);
+    return copy_out(ra, s, off, buf, len);
+}
+
+static void put_locked(struct readahead *ra, struct ra_span *span,
+                       unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        struct ra_chunk *c = span[i].ref;
+        assert(c && c->users > 0);
+        c->users--;
+        maybe_free_locked(ra, c);
+    }
+}
+
+/* Hold the arrived chunks that cover [off, end) entirely, if at most
+ * RA_SPANS do.  Waits for chunks in flight. */
+static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
+                        struct ra_span *span, unsigned *nspan)
+{
+    struct readahead *ra = s->ra;
+    uint64_t pos = off;
+    unsigned n = 0;
+
+    while (pos < end && n < RA_SPANS) {
+        struct ra_chunk **pp = find_locked(s, pos);
+        if (!pp)
+            break;
+        struct ra_chunk *c = *pp;
+        if (c->state == CHUNK_LOADING) {
+            pthread_cond_wait(&ra->cond, &ra->lock);
+            continue;
+        }
+        if (c->state == CHUNK_FAILED)
+            break;                           /* copy_out() drops it */
+        uint64_t k = c->off + c->len - pos;
+        if (k > end - pos)
+            k = end - pos;
+        c->users++;
+        span[n++] = (struct ra_span) { .mem = c->buf + (pos - c->off),
+                                       .len = (size_t) k, .ref = c };
+        pos += k;
+    }
+    if (pos < end) {
+        put_locked(ra, span, n);
+        return false;
+    }
+    ra->st.hits += end - off;
+    *nspan = n;
+    return true;
+}
+
+int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                  size_t len, uint64_t limit, struct ra_span *span,
+                  unsigned *nspan)
+{
+    if (s && len > 0) {
+        prepare(ra, s, off, len, limit);
+        pthread_mutex_lock(&ra->lock);
+        bool held = hold_locked(s, off, off + len, span, nspan);
+        pthread_mutex_unlock(&ra->lock);
+        if (held)
+            return 0;
+    }
+    void *buf = malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    int r = s ? copy_out(ra, s, off, buf, len)
+              : pool_read(ra->pool, off, buf, len);
+    if (r < 0) {
+        free(buf);
+        return r;
+    }
+    span[0] = (struct ra_span) { .mem = buf, .len = len, .ref = NULL };
+    *nspan = 1;
+    return 0;
+}
+
+void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan)
+{
+    if (nspan == 1 && !span[0].ref) {
+        free((void *) span[0].mem);
+        return;
+    }
+    pthread_mutex_lock(&ra->lock);
+    put_locked(ra, span, nspan);
+    pthread_mutex_unlock(&ra->lock);
 }
 
 void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len)

@@ -49,6 +49,23 @@ void ra_stream_close(struct ra_stream *s);
 int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,
             void *buf, size_t len, uint64_t limit);
 
+/* ra_read() without the copy, for replying straight from the chunks:
+ * span[0..*nspan) holds the bytes of [off, off+len) in order.  Where the
+ * whole range lies in at most RA_SPANS arrived chunks the spans point
+ * into them (held: not freed, though maybe dropped, until ra_put());
+ * otherwise span[0] is a malloc'd copy.  0 or -errno (no spans then).
+ * Every span must be given back with ra_put(). */
+#define RA_SPANS 2
+struct ra_span {
+    const void *mem;
+    size_t len;
+    void *ref;                /* the chunk, or NULL: mem is malloc'd */
+};
+int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                  size_t len, uint64_t limit, struct ra_span *span,
+                  unsigned *nspan);
+void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan);
+
 /* [off, off+len) changed: drop every chunk overlapping it. */
 void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len);
 
