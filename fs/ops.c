@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -552,15 +553,13 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         fuse_reply_err(req, -r);
         return;
     }
-    union {                       /* a bufvec of RA_SPANS buffers */
-        struct fuse_bufvec v;
-        char room[sizeof(struct fuse_bufvec) +
-                  (RA_SPANS - 1) * sizeof(struct fuse_buf)];
-    } bv = { .v = { .count = n } };
+    /* fuse_reply_iov(): one writev() from the spans (fuse_reply_data()
+     * would copy two of them into one buffer first). */
+    struct iovec iov[RA_SPANS];
     for (unsigned i = 0; i < n; i++)
-        bv.v.buf[i] = (struct fuse_buf) { .size = span[i].len,
-                                          .mem = (void *) span[i].mem };
-    fuse_reply_data(req, &bv.v, FUSE_BUF_NO_SPLICE);
+        iov[i] = (struct iovec) { .iov_base = (void *) span[i].mem,
+                                  .iov_len = span[i].len };
+    fuse_reply_iov(req, iov, (int) n);
     ra_put(fs->ra, span, n);
 }
 

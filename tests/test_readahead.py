@@ -18,6 +18,7 @@ import ctypes
 import os
 import random
 import struct
+import subprocess
 import threading
 import time
 
@@ -62,6 +63,9 @@ def test_copy_out_is_read_ahead(server, mount, shm):
         f"{t.n['Read']} reads for {size} bytes: no read-ahead"
     st = status(m)
     assert st["bytes_read"] >= size
+    ra = st["readahead"]
+    assert ra["hit_bytes"] == size and ra["miss_bytes"] == 0, ra
+    assert ra["in_use"] <= ra["budget"], ra
 
 
 def test_readahead_off_reads_on_demand(server, mount, shm):
@@ -258,6 +262,7 @@ def test_readers_and_writers(server, mount, shm, delays):
     st = status(m)
     reads = st["requests_completed"]["read"]
     assert reads and st["bytes_read"] / reads > 256 * 1024, st
+    assert st["readahead"]["hit_bytes"] > 0, st["readahead"]
     # And the final state is every block's last version.
     final = m.file.read_bytes()
     for b in range(nblocks):
@@ -301,3 +306,25 @@ def test_change_ahead_of_reader(server, mount, how):
             assert chunk, "short read"
             rest += chunk
     assert rest == new, f"the reader saw bytes from before the {how}"
+
+
+def test_budget_shared_by_readers(server, mount, shm):
+    """Six readers at once through a 6 MiB budget (three chunks): every
+    copy is exact, and the chunks in use never exceed the budget."""
+    size = 24 * MiB
+    srv = server("memory", f"size={size}", "rdelay=1ms", filters=["delay"])
+    old = fill_random(srv.uri, size)
+    m = mount(srv, "--readahead", "6M")
+    outs = [shm / f"out{i}.img" for i in range(6)]
+    procs = [subprocess.Popen(["cp", m.file, o]) for o in outs]
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        ra = status(m)["readahead"]
+        assert ra["budget"] == 6 * MiB
+        peak = max(peak, ra["in_use"])
+        time.sleep(0.01)
+    assert all(p.wait() == 0 for p in procs)
+    assert peak <= 6 * MiB
+    for o in outs:
+        assert o.read_bytes() == old, f"{o.name} differs from the disk"
+    assert status(m)["readahead"]["hit_bytes"] > 0
