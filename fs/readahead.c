@@ -29,6 +29,9 @@
 #include "transport/pool.h"
 
 #define SEQ_MIN 1                 /* sequential reads before read-ahead */
+/* The window opens gradually: 1 chunk at the first sequential read, then
+ * 2, 4, ... up to depth, so that a reader that happens to read twice in a
+ * row costs a chunk, not a full window. */
 
 enum chunk_state { CHUNK_LOADING, CHUNK_READY, CHUNK_FAILED };
 
@@ -168,7 +171,10 @@ static void plan_locked(struct ra_stream *s, uint64_t from, uint64_t limit,
     struct ra_chunk **pp = &s->chunks;
     uint64_t pos = from;
 
-    while (s->nchunks < ra->depth && pos < limit) {
+    unsigned window = s->seq >= 8 ? ra->depth : 1u << (s->seq - 1);
+    if (window > ra->depth)
+        window = ra->depth;
+    while (s->nchunks < window && pos < limit) {
         while (*pp && (*pp)->off + (*pp)->len <= pos)
             pp = &(*pp)->next;
         if (*pp && (*pp)->off <= pos) {
@@ -224,7 +230,8 @@ static void follow_locked(struct ra_stream *s, uint64_t off, size_t len)
     uint64_t reach = (uint64_t) s->ra->depth * s->ra->chunk;
 
     if (off >= s->next && off - s->next <= reach) {
-        s->seq++;
+        if (s->seq < 64)
+            s->seq++;
         while (s->chunks && s->chunks->off + s->chunks->len <= off)
             drop_locked(s, &s->chunks);      /* passed (or skipped) */
     } else {
