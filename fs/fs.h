@@ -27,6 +27,8 @@ struct tcpinfo_sampler;
 struct vhd_synth;
 struct vmdkview;
 struct vmdk_synth;
+struct readahead;
+struct ra_stream;
 
 struct fs {
     struct nbdx *x;
@@ -36,6 +38,7 @@ struct fs {
     struct vmdkview *vmdk;    /* fs/vmdkview.c */
     char *vmdk_name;          /* FILENAME.vmdk */
     struct pool *pool;
+    struct readahead *ra;     /* fs/readahead.c: shared by the handles */
     uint64_t export_size;
     const char *filename;
     bool readonly;
@@ -70,6 +73,7 @@ struct fs_fh {
     size_t snapshot_len;
     struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
     struct vmdk_synth *vmdk_synth; /* FS_INO_VMDK read: likewise */
+    struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */
     struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
 

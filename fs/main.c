@@ -40,6 +40,7 @@
 #include "fs/digest.h"
 #include "fs/pidfile.h"
 #include "fs/progress.h"
+#include "fs/readahead.h"
 #include "fs/vhdview.h"
 #include "fs/vmdkview.h"
 #include "transport/tcpinfo.h"
@@ -51,6 +52,8 @@
 #define DEFAULT_DEPTH 8
 #define DEFAULT_REQUEST_SIZE (2u << 20)
 #define DEFAULT_POOL_SIZE (64u << 20)
+#define DEFAULT_READAHEAD (64u << 20)   /* read-ahead memory, all readers */
+#define READAHEAD_DEPTH 8               /* chunks ahead of one reader */
 #define DEFAULT_IDLE_MS 10
 #define DEFAULT_RETRY_TIMEOUT 60
 #define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
@@ -66,6 +69,7 @@ struct options {
     bool mode_set;
     unsigned depth;
     uint64_t request_size, pool_size;
+    uint64_t readahead;       /* --readahead SIZE; 0: off */
     unsigned idle_ms;
     bool write_through, destination_is_zero, no_extents;
     struct cli_fuse_opts fo;  /* -o: ours taken out, the rest libfuse's */
@@ -143,6 +147,8 @@ static void usage(void)
 "      --request-size SIZE  largest NBD write; clamped to the server's\n"
 "                         maximum and to 32M (default 2M)\n"
 "      --pool-size SIZE   write-back memory in all (default 64M)\n"
+"      --readahead SIZE   read-ahead memory for sequential readers, in\n"
+"                         all (default 64M; 0: off)\n"
 "      --idle-ms N        send a partly filled buffer after N ms without\n"
 "                         writes (default %u)\n"
 "      --write-through    no write-back: each write waits for its reply\n"
@@ -246,7 +252,7 @@ enum {
     OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
     OPT_TLS_VERIFY_PEER,
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
-    OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE,
+    OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
 };
 
@@ -257,6 +263,7 @@ static const struct option long_options[] = {
     { "depth", required_argument, NULL, OPT_DEPTH },
     { "request-size", required_argument, NULL, OPT_REQUEST_SIZE },
     { "pool-size", required_argument, NULL, OPT_POOL_SIZE },
+    { "readahead", required_argument, NULL, OPT_READAHEAD },
     { "idle-ms", required_argument, NULL, OPT_IDLE_MS },
     { "write-through", no_argument, NULL, OPT_WRITE_THROUGH },
     { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
@@ -424,6 +431,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
     o->pool_size = DEFAULT_POOL_SIZE;
+    o->readahead = DEFAULT_READAHEAD;
     o->idle_ms = DEFAULT_IDLE_MS;
 
     opterr = 0;
@@ -445,6 +453,11 @@ static void parse_args(struct options *o, int argc, char **argv)
             o->pool_size = parse_size("--pool-size", optarg);
             if (o->pool_size < 8192 || o->pool_size > (64ull << 30))
                 usage_error("--pool-size must be between 8K and 64G");
+            break;
+        case OPT_READAHEAD:
+            o->readahead = parse_size("--readahead", optarg);
+            if (o->readahead > (64ull << 30))
+                usage_error("--readahead must be at most 64G");
             break;
         case OPT_IDLE_MS:
             o->idle_ms = parse_uint("--idle-ms", optarg, 1, 60000);
@@ -643,8 +656,16 @@ static int open_pool(struct fs *fs, const struct options *o)
         pc.pool_size = 2 * pc.request_size;
     }
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
-    if (r < 0)
+    if (r < 0) {
         log_err("cannot create the write-back pool: %s", strerror(-r));
+        return r;
+    }
+    /* Read requests as large as write requests, as many ahead of one
+     * reader as the write side keeps in flight per connection. */
+    r = ra_create(fs->pool, (size_t) o->readahead, pc.request_size,
+                  READAHEAD_DEPTH, &fs->ra);
+    if (r < 0)
+        log_err("cannot create the read-ahead: %s", strerror(-r));
     return r;
 }
 
@@ -882,6 +903,7 @@ out_pool:
     pool_destroy(fs.pool);
 out_nbd:
     fs_close_all(&fs);
+    ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */
     vhdview_fini(&fs);
     free(fs.vhd_name);
     vmdkview_fini(&fs);

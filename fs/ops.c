@@ -19,11 +19,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "common/log.h"
 #include "fs/digest.h"
 #include "fs/progress.h"
+#include "fs/readahead.h"
 #include "fs/vhdview.h"
 #include "fs/vmdkview.h"
 
@@ -161,8 +163,11 @@ static int truncate_to(struct fs *fs, uint64_t size)
     pthread_mutex_unlock(&fs->lock);
     digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
     progress_truncate(fs->progress, size);
-    if (size < old)
-        return pool_zero_lazy(fs->pool, size, old - size);
+    if (size < old) {
+        int r = pool_zero_lazy(fs->pool, size, old - size);
+        ra_invalidate(fs->ra, size, old - size);
+        return r;
+    }
     return 0;
 }
 
@@ -190,7 +195,9 @@ int fs_raw_replace(struct fs *fs, uint64_t size)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
     pthread_mutex_unlock(&fs->lock);
     /* Bytes past the old apparent size already read as zero. */
-    return pool_zero_lazy(fs->pool, 0, old);
+    int r = pool_zero_lazy(fs->pool, 0, old);
+    ra_invalidate(fs->ra, 0, old);
+    return r;
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
@@ -407,6 +414,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* The writer's input file, if visible, is the progress's total. */
     if (writing && (ino == FS_INO_RAW || ino == FS_INO_VHD))
         progress_writer(fs->progress, fuse_req_ctx(req)->pid);
+    if (ino == FS_INO_RAW || ino == FS_INO_VHD)
+        fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
     pthread_mutex_lock(&fs->lock);
     fh->next = fs->open_files;
     if (fh->next)
@@ -420,7 +429,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     if (fuse_reply_open(req, fi) != 0) {    /* interrupted: no release */
         if (ino == FS_INO_VHD)
             vhdview_release(fs, fh);
+        if (ino == FS_INO_VMDK)
+            vmdkview_release(fs, fh);
         forget_fh(fs, fh);
+        ra_stream_close(fh->ra);
         free(fh->snapshot);
         free(fh);
     }
@@ -504,6 +516,7 @@ void fs_close_all(struct fs *fs)
         if (fh->ino == FS_INO_VMDK && fs->vmdk)
             vmdkview_release(fs, fh);
         forget_fh(fs, fh);
+        ra_stream_close(fh->ra);
         free(fh->snapshot);
         free(fh);
     }
@@ -519,6 +532,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino,
     if (ino == FS_INO_VMDK)
         vmdkview_release(fs_of(req), fh);
     forget_fh(fs_of(req), fh);
+    ra_stream_close(fh->ra);
     free(fh->snapshot);
     free(fh);
     fuse_reply_err(req, 0);
@@ -588,17 +602,23 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     }
     if (size > end - (uint64_t) off)
         size = (size_t) (end - (uint64_t) off);
-    char *buf = malloc(size);
-    if (!buf) {
-        fuse_reply_err(req, ENOMEM);
+    /* Straight from the read-ahead's chunks when they hold the range. */
+    struct ra_span span[RA_SPANS];
+    unsigned n = 0;
+    int r = ra_read_spans(fs->ra, fh_of(fi)->ra, (uint64_t) off, size, end,
+                          span, &n);
+    if (r < 0) {
+        fuse_reply_err(req, -r);
         return;
     }
-    int r = pool_read(fs->pool, (uint64_t) off, buf, size);
-    if (r < 0)
-        fuse_reply_err(req, -r);
-    else
-        fuse_reply_buf(req, buf, size);
-    free(buf);
+    /* fuse_reply_iov(): one writev() from the spans (fuse_reply_data()
+     * would copy two of them into one buffer first). */
+    struct iovec iov[RA_SPANS];
+    for (unsigned i = 0; i < n; i++)
+        iov[i] = (struct iovec) { .iov_base = (void *) span[i].mem,
+                                  .iov_len = span[i].len };
+    fuse_reply_iov(req, iov, (int) n);
+    ra_put(fs->ra, span, n);
 }
 
 /* A raw write's size: -errno to fail it, shorter at the end of the
@@ -656,6 +676,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
         fuse_reply_err(req, (int) -r);
         return;
     }
+    ra_invalidate(fs->ra, (uint64_t) off, size);
     extend_to(fs, (uint64_t) off + size);
     digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
     progress_write(fs->progress, (uint64_t) off, size);
@@ -766,6 +787,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
         fuse_reply_err(req, -r);
         return;
     }
+    ra_invalidate(fs->ra, (uint64_t) off, (uint64_t) size);
     extend_to(fs, (uint64_t) off + (uint64_t) size);
     digest_holds(fs, &f);
     progress_write(fs->progress, (uint64_t) off, (size_t) size);
@@ -813,6 +835,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
         end = fs->export_size;    /* keep-size: nothing exists past it */
     if (kind != 0 && start < end) {
         int r = pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+        ra_invalidate(fs->ra, start, end - start);  /* even if it failed */
         if (r < 0) {
             fuse_reply_err(req, -r);
             return;

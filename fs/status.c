@@ -19,6 +19,7 @@
 
 #include "fs/digest.h"
 #include "fs/progress.h"
+#include "fs/readahead.h"
 
 static double elapsed_s(const struct timespec *since)
 {
@@ -214,6 +215,12 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"known_zero_ranges\": %" PRIu64 ",\n", s.known_zero_ranges);
     fprintf(f, "  \"in_flight\": %u,\n", s.in_flight);
     fprintf(f, "  \"in_flight_peak\": %u,\n", s.in_flight_peak);
+    struct ra_stats ra;
+    ra_get_stats(fs->ra, &ra);
+    fprintf(f, "  \"readahead\": {\"budget\": %zu, \"in_use\": %zu, "
+            "\"hit_bytes\": %" PRIu64 ", \"miss_bytes\": %" PRIu64 ", "
+            "\"chunks\": %" PRIu64 ", \"dropped\": %" PRIu64 "},\n",
+            ra.budget, ra.in_use, ra.hits, ra.misses, ra.chunks, ra.dropped);
     fprintf(f, "  \"pool_buffers_in_use\": %u,\n", s.bufs_in_use);
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);

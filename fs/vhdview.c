@@ -49,6 +49,7 @@
 #include "common/log.h"
 #include "fs/digest.h"
 #include "fs/progress.h"
+#include "fs/readahead.h"
 #include "vhd/vhd.h"
 
 /* A synthesized VHD of one disk state, shared by the handles that opened
@@ -288,10 +289,17 @@ uint64_t vhdview_size(struct fs *fs)
     return n;
 }
 
+/* Block data comes through the handle's read-ahead stream: a reader
+ * copying the VHD out reads the disk's allocated blocks in disk order. */
+struct disk_reader {
+    struct fs *fs;
+    struct fs_fh *fh;
+};
+
 static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
 {
-    struct fs *fs = opaque;
-    return pool_read(fs->pool, off, buf, len);
+    struct disk_reader *d = opaque;
+    return ra_read(d->fs->ra, d->fh->ra, off, buf, len, d->fs->export_size);
 }
 
 ssize_t vhdview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
@@ -299,7 +307,8 @@ ssize_t vhdview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
 {
     if (!fh->synth)
         return -EBADF;
-    int64_t n = vhd_synth_read(fh->synth, off, buf, size, read_disk, fs);
+    struct disk_reader d = { .fs = fs, .fh = fh };
+    int64_t n = vhd_synth_read(fh->synth, off, buf, size, read_disk, &d);
     return (ssize_t) n;
 }
 
@@ -352,6 +361,7 @@ static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
     ssize_t r = pool_write(fs->pool, off, buf, len);
     if (r < 0)
         return (int) r;
+    ra_invalidate(fs->ra, off, len);
     fs_raw_extend(fs, off + len);
     return 0;
 }
@@ -363,6 +373,7 @@ static int sink_zero(void *opaque, uint64_t off, uint64_t len)
     if (past_export(fs, off, len) < 0)
         return -ENOSPC;
     pool_zero(fs->pool, off, len);
+    ra_invalidate(fs->ra, off, len);
     fs_raw_extend(fs, off + len);
     return 0;
 }

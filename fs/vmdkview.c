@@ -39,6 +39,7 @@
  * Inflaters never take view->lock, so that wait cannot deadlock.
  */
 #include "fs/vmdkview.h"
+#include "fs/readahead.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -430,7 +431,10 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     if (all_zero(buf, len))           /* reads as zero since begin() */
         return 0;
     ssize_t r = pool_write(fs->pool, off, buf, len);
-    return r < 0 ? (int) r : 0;
+    if (r < 0)
+        return (int) r;
+    ra_invalidate(fs->ra, off, len);  /* no reader sees the old bytes */
+    return 0;
 }
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)

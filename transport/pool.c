@@ -167,6 +167,7 @@ struct pool {
     uint64_t changes;             /* write and zero requests completed */
     uint64_t flushed_changes;     /* ... as of the last good flush */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
+    unsigned areads;              /* pool_read_start() reads not done */
 };
 
 static uint64_t now_ns(void)
@@ -1249,6 +1250,84 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
     return r;
 }
 
+/* ---- asynchronous reads ---------------------------------------------- */
+
+struct aread_op {
+    struct nbdx_op op;
+    struct pool_aread *a;
+};
+
+size_t pool_read_max(struct pool *p)
+{
+    return (size_t) max_request(p, READ_MAX_LEN);
+}
+
+/* nbdx completion.  done() runs before the count drops, so once
+ * pool_destroy() sees no read outstanding no done() is running. */
+static void aread_done(struct nbdx_op *op, int err)
+{
+    struct aread_op *ao = (struct aread_op *) op;
+    struct pool_aread *a = ao->a;
+    struct pool *p = a->p;
+    uint64_t off = a->off;
+    size_t len = a->len;
+
+    free(ao);
+    a->done(a, err);              /* may free a */
+    pthread_mutex_lock(&p->lock);
+    if (err) {
+        /* Not an error of anyone's yet: the range is read again on
+         * demand, and that read reports its own failure. */
+        log_debug("read-ahead of %zu bytes at offset %" PRIu64 " failed: "
+                  "%s", len, off, strerror(err));
+    } else {
+        p->st.bytes_read += len;
+        p->st.requests[POOL_READ]++;
+    }
+    assert(p->areads > 0);
+    p->areads--;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+int pool_read_start(struct pool *p, struct pool_aread *a)
+{
+    uint64_t off = a->off, len = a->len;
+
+    assert(len > 0 && len <= pool_read_max(p));
+    pthread_mutex_lock(&p->lock);
+    if (p->lost || p->stopping) {
+        pthread_mutex_unlock(&p->lock);
+        return -EIO;
+    }
+    seal_overlapping_locked(p, off, len, NULL);
+    dispatch_locked(p);
+    uint64_t zero = extmap_covered(&p->known_zero, off, off + len);
+    uint64_t pending = extmap_covered(&p->pending_zero, off, off + len);
+    int r = 0;
+    if (zero + pending == len) {
+        memset(a->buf, 0, len);
+        r = 1;
+    } else if (pending > 0 || queue_overlaps(p, off, len)) {
+        r = -EAGAIN;
+    } else {
+        struct aread_op *ao = calloc(1, sizeof *ao);
+        if (!ao) {
+            pthread_mutex_unlock(&p->lock);
+            return -EAGAIN;
+        }
+        ao->a = a;
+        ao->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = off,
+                                    .len = len, .buf = a->buf,
+                                    .done = aread_done };
+        a->p = p;
+        p->areads++;
+        nbdx_submit(p->x, &ao->op);   /* only queues; done() comes later */
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
 /* ---- draining and flushing ------------------------------------------- */
 
 void pool_drain(struct pool *p)
@@ -1587,6 +1666,8 @@ void pool_destroy(struct pool *p)
     if (started) {
         pool_drain(p);
         pthread_mutex_lock(&p->lock);
+        while (p->areads > 0)
+            pthread_cond_wait(&p->cond, &p->lock);
         p->stopping = true;
         pthread_cond_broadcast(&p->idle_cond);
         pthread_mutex_unlock(&p->lock);

@@ -152,6 +152,37 @@ int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 /* Read, seeing every write and zero made before the call. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
 
+/* ---- asynchronous reads (read-ahead) ---------------------------------
+ * pool_read_start() sends one NBD read without waiting for it.  It keeps
+ * pool_read()'s ordering without ever blocking: a range that a write or
+ * zero not yet answered overlaps (FILLING buffers are sealed and sent),
+ * or that a pending zero partly covers, is refused with -EAGAIN, and the
+ * caller reads it with pool_read() instead.  A range that reads as zero
+ * entirely (known zero and pending zero) is zero-filled at once.  The
+ * caller must drop the result if the range is written, zeroed or
+ * truncated after the call (pool_read_start() cannot see later changes).
+ * pool_destroy() waits for every started read's done(). */
+struct pool_aread {
+    uint64_t off;
+    size_t len;               /* at most pool_read_max() */
+    void *buf;                /* borrowed until done() */
+    /* Called on an nbdx I/O thread, without the pool's lock; err is 0 or a
+     * positive errno.  The pool does not touch the pool_aread afterwards. */
+    void (*done)(struct pool_aread *a, int err);
+    void *opaque;             /* the caller's */
+
+    /* Private to the pool. */
+    struct pool *p;
+    struct nbdx_op *op;
+};
+
+/* 0: done() will be called.  1: buf was zero-filled, no done().  -EAGAIN:
+ * use pool_read().  -EIO: the connection is lost. */
+int pool_read_start(struct pool *p, struct pool_aread *a);
+
+/* The longest read request the server takes (and pool_read_start()). */
+size_t pool_read_max(struct pool *p);
+
 /* Return once everything accepted before the call has been answered by
  * the server (success or failure), pending zeroes included. */
 void pool_drain(struct pool *p);

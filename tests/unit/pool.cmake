@@ -37,3 +37,14 @@ target_link_libraries(pool-test-fill PRIVATE common PkgConfig::DEPS
                       Threads::Threads)
 add_test(NAME pool-fill COMMAND pool-test-fill)
 set_tests_properties(pool-fill PROPERTIES TIMEOUT 300)
+
+add_executable(pool-test-aread
+  ${POOL_TEST_DIR}/pool-test-aread.c
+  ${POOL_TEST_DIR}/pool-test-nbdx.c
+  ${CMAKE_SOURCE_DIR}/transport/pool.c
+  ${CMAKE_SOURCE_DIR}/transport/extmap.c)
+target_include_directories(pool-test-aread PRIVATE ${POOL_TEST_DIR})
+target_link_libraries(pool-test-aread PRIVATE common PkgConfig::DEPS
+                      Threads::Threads)
+add_test(NAME pool-aread COMMAND pool-test-aread)
+set_tests_properties(pool-aread PROPERTIES TIMEOUT 300)

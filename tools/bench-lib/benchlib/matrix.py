@@ -6,7 +6,7 @@ and the report iterate over whatever these lists hold.
 Command templates are tuples of strings formatted with:
   {src}   the source image path        {file}  the file inside the mount
   {uri}   the NBD URI of the server    {mnt}   the mountpoint
-  {verify} the nbdferry-verify binary
+  {verify} the nbdferry-verify binary {out}   copy-out arms: the output file
 """
 
 from dataclasses import dataclass, field
@@ -33,6 +33,10 @@ class Arm:
                                # copy's sha256 is known and checked.
                                # "inline": nbdferry's inline digest;
                                # "stdout": the client prints it (sha256sum)
+    direction: str = "in"      # "in": src onto the export, delay on writes;
+                               # "out": the export (holding src) into {out},
+                               # delay on reads
+
 
     @property
     def mounted(self):
@@ -175,9 +179,36 @@ QEMU_VMDK = Arm("qemu-img-vmdk", "qemu-img convert -n -f vmdk -O raw",
                 ("qemu-img", "convert", "-n", "-f", "vmdk", "-O", "raw",
                  "{src}", "{uri}"), family="qemu")
 
+# Copying the disk out: the export holds the source, the client writes it
+# to a file on tmpfs; the delay filter delays reads.
+OUT = "{out}"
+COPYOUT_FERRY = Arm("out-ferry-cp", "nbdferry + cp (read-ahead; --no-digest)",
+                    ("cp", "{file}", OUT), "nbdferry", ND, needs=ND,
+                    family="nbdferry", direction="out")
+COPYOUT_FERRY_NORA = Arm("out-ferry-cp-nora", "nbdferry + cp, --readahead 0",
+                         ("cp", "{file}", OUT), "nbdferry",
+                         ("--readahead", "0") + ND,
+                         needs=("--readahead",) + ND, family="stock",
+                         direction="out")
+COPYOUT_FERRY_VHD = Arm("out-ferry-vhd", "nbdferry + cp nbd.vhd "
+                        "(VHD export; --no-digest)", ("cp", "{mnt}/nbd.vhd",
+                                                      OUT),
+                        "nbdferry", ND, needs=ND, family="digest",
+                        direction="out")
+COPYOUT_NBDCOPY = Arm("out-nbdcopy", "nbdcopy URI out.img",
+                      ("nbdcopy", "{uri}", OUT), family="nbdcopy",
+                      direction="out")
+COPYOUT_QEMU = Arm("out-qemu-img", "qemu-img convert URI out.img",
+                   ("qemu-img", "convert", "-f", "raw", "-O", "raw", "{uri}",
+                    OUT), family="qemu", direction="out")
+COPYOUT_FUSE = Arm("out-fuse-cp", "nbdfuse + cp", ("cp", "{file}", OUT),
+                   "nbdfuse", family="nbdfuse", direction="out")
+COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, COPYOUT_NBDCOPY,
+                COPYOUT_QEMU, COPYOUT_FUSE, COPYOUT_FERRY_VHD]
+
 ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_DD, FERRY_STOCK, FERRY_NODELAY,
             FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
-            *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK]
+            *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
 # The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
@@ -252,6 +283,8 @@ def preset(name, size=None, runs=None):
         exps = [sparse_experiment(size or 4 * GiB, [0, 2])]
     elif name == "vmdk":
         exps = [vmdk_experiment(size or GiB)]
+    elif name == "copyout":
+        exps = [copyout_experiment(size or 512 * MiB, [0, 2, 10])]
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -287,7 +320,24 @@ def full_preset(size=None):
         # The sparse case.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
         every_server_experiment(size or 512 * MiB),
+        copyout_experiment(size or 512 * MiB, [0, 2, 10]),
     ]
+
+
+def copyout_experiment(size, latencies, runs=3):
+    """Copying the disk out of the export into a file on tmpfs, with a delay
+    on every read."""
+    return Experiment(
+        "copy out", COPYOUT_ARMS, [dense(size)], [MEM_UNIX], latencies,
+        runs=runs,
+        note="The export holds the dense image; each client writes it to a "
+             "file on tmpfs and the file's sha256 must be the source's.  "
+             "The latency is a delay on every read (nbdkit delay filter "
+             "rdelay; sub-millisecond delays are not offered: the usdelay "
+             "filter delays writes only).  nbdferry reads ahead of cp (8 x 2 MiB in flight per "
+             "reader); --readahead 0 shows one NBD read per 1 MiB FUSE "
+             "read.  The VHD row copies MNT/nbd.vhd, whose size is the "
+             "disk's plus the VHD metadata.")
 
 
 def every_server_experiment(size, runs=3):

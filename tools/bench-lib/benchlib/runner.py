@@ -43,19 +43,20 @@ class Env:
     keep: bool = False
 
 
-def delay_args(env, lat_ms):
-    """(nbdkit filter args, filter params) for a per-write delay."""
+def delay_args(env, lat_ms, key="wdelay"):
+    """(nbdkit filter args, filter params) for a per-write delay (key
+    "rdelay": per-read)."""
     if not lat_ms:
         return [], []
     if lat_ms == int(lat_ms) and not env.usdelay_all:
-        return ["--filter=delay"], [f"wdelay={int(lat_ms)}ms"]
+        return ["--filter=delay"], [f"{key}={int(lat_ms)}ms"]
     if not env.usdelay:
         raise RunError("sub-millisecond delay needs nbdkit-usdelay-filter.so")
-    return [f"--filter={env.usdelay}"], [f"wdelay={round(lat_ms * 1000)}us"]
+    return [f"--filter={env.usdelay}"], [f"{key}={round(lat_ms * 1000)}us"]
 
 
-def delay_how(env, lat_ms):
-    f, p = delay_args(env, lat_ms)
+def delay_how(env, lat_ms, key="wdelay"):
+    f, p = delay_args(env, lat_ms, key)
     if not f:
         return "none"
     name = "usdelay" if "usdelay" in f[0] else "delay"
@@ -68,7 +69,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(env, srv, lat, size, d):
+def start_server(env, srv, lat, size, d, key="wdelay"):
     """Start the server for one run; returns (Popen or procs.Daemon, uri,
     backing file or None)."""
     if srv.plugin in OTHER_SERVERS:
@@ -90,7 +91,7 @@ def start_server(env, srv, lat, size, d):
         argv += ["--filter=stats"]
         params += [f"statsfile={os.path.join(d, 'stats.txt')}",
                    "statsthreshold=0"]
-    fargs, fparams = delay_args(env, lat)
+    fargs, fparams = delay_args(env, lat, key)
     argv += fargs
     params += fparams
     for name, fp in srv.filters:
@@ -292,6 +293,32 @@ def verify(uri, backing):
     return digest
 
 
+def fill_export(src_path, uri):
+    r = subprocess.run(["nbdcopy", src_path, uri], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RunError(f"nbdcopy {src_path} {uri}: {r.stderr.strip()}")
+
+
+def verify_out(arm, path, size):
+    """sha256 of a copy-out's output file (a VHD converted back to raw
+    first), then the file goes: it is as large as the disk."""
+    if "vhd" in arm.name:
+        raw = path + ".raw"
+        spec = {"driver": "vpc", "force_size_calc": "current_size",
+                "file": {"driver": "file", "filename": path}}
+        r = subprocess.run(["qemu-img", "convert", "-q",
+                            "json:" + json.dumps(spec), "-O", "raw", raw],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RunError(f"qemu-img convert of the VHD: {r.stderr.strip()}")
+        os.unlink(path)
+        path = raw
+    digest = sha256_file(path)
+    os.unlink(path)
+    return digest
+
+
 def log_tail(path, n=3):
     try:
         with open(path, errors="replace") as f:
@@ -311,9 +338,13 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
     server = daemon = client = None
     mnt = None
     try:
-        server, uri, backing = start_server(env, srv, lat, src.size, d)
+        out = arm.direction == "out"
+        server, uri, backing = start_server(env, srv, lat, src.size, d,
+                                            "rdelay" if out else "wdelay")
         subst = dict(src=src_path, uri=uri, mnt="", file="",
-                     verify=env.verify)
+                     verify=env.verify, out=os.path.join(d, "out.img"))
+        if out:
+            fill_export(src_path, uri)        # untimed; writes not delayed
         if arm.mounted:
             mnt = os.path.join(d, "mnt")
             os.mkdir(mnt)
@@ -360,7 +391,8 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
                 raise RunError(f"{arm.daemon} exited {drc} after unmount: "
                                f"{log_tail(os.path.join(d, arm.daemon + '.log'))}")
         res["cpu_server"] = procs.proc_cpu_seconds(server.pid)
-        digest = verify(uri, backing)
+        digest = (verify_out(arm, subst["out"], src.size) if out
+                  else verify(uri, backing))
         res["verified"] = digest == src_sha
         if not res["verified"]:
             raise RunError(f"sha256 mismatch: source {src_sha[:16]}..., "
