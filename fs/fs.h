@@ -50,6 +50,15 @@ struct fs {
     gid_t gid;
     struct timespec started;
 
+    /* Writes and punches hold it shared from their size check until the
+     * size they extend is set; truncates hold it exclusive from the new
+     * size until the cut-off bytes are pending zero.  So a write lands
+     * wholly before or wholly after a truncate, never between its two
+     * steps (which left the size grown and the bytes zeroed).  The
+     * kernel serializes writes and truncates of one inode today
+     * (i_rwsem); this keeps the rule when it does not (parallel direct
+     * writes) and for the views, which write through other inodes. */
+    pthread_rwlock_t size_lock;
     pthread_mutex_t lock;     /* protects the fields below */
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
                                * is pending or known zero on the disk */

@@ -863,6 +863,7 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_REALTIME, &fs.started);
     fs.mtime = fs.started;
     pthread_mutex_init(&fs.lock, NULL);
+    pthread_rwlock_init(&fs.size_lock, NULL);
     log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
              info->size, info->connections, info->tcp ? ", tcp" : "",
              info->can_zero ? ", write-zeroes" : "",

@@ -154,8 +154,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
  * meanwhile.  Bytes beyond the old size already read as zero. */
 static int truncate_to(struct fs *fs, uint64_t size)
 {
+    int r = 0;
+
     if (size > fs->export_size)
         return -EFBIG;
+    pthread_rwlock_wrlock(&fs->size_lock);
     pthread_mutex_lock(&fs->lock);
     uint64_t old = fs->apparent_size;
     fs->apparent_size = size;
@@ -164,11 +167,11 @@ static int truncate_to(struct fs *fs, uint64_t size)
     digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
     progress_truncate(fs->progress, size);
     if (size < old) {
-        int r = pool_zero_lazy(fs->pool, size, old - size);
+        r = pool_zero_lazy(fs->pool, size, old - size);
         ra_invalidate(fs->ra, size, old - size);
-        return r;
     }
-    return 0;
+    pthread_rwlock_unlock(&fs->size_lock);
+    return r;
 }
 
 /* The disk changed up to end: grow the apparent size to cover it (0:
@@ -189,6 +192,7 @@ int fs_raw_replace(struct fs *fs, uint64_t size)
 {
     if (size > fs->export_size)
         return -ENOSPC;
+    pthread_rwlock_wrlock(&fs->size_lock);
     pthread_mutex_lock(&fs->lock);
     uint64_t old = fs->apparent_size;
     fs->apparent_size = size;
@@ -197,6 +201,7 @@ int fs_raw_replace(struct fs *fs, uint64_t size)
     /* Bytes past the old apparent size already read as zero. */
     int r = pool_zero_lazy(fs->pool, 0, old);
     ra_invalidate(fs->ra, 0, old);
+    pthread_rwlock_unlock(&fs->size_lock);
     return r;
 }
 
@@ -662,8 +667,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
             fuse_reply_write(req, (size_t) n);
         return;
     }
+    pthread_rwlock_rdlock(&fs->size_lock);
     ssize_t n = raw_write_size(fs, fh, size, off);
     if (n <= 0) {
+        pthread_rwlock_unlock(&fs->size_lock);
         if (n < 0)
             fuse_reply_err(req, (int) -n);
         else
@@ -673,11 +680,13 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     size = (size_t) n;
     ssize_t r = pool_write(fs->pool, (uint64_t) off, buf, size);
     if (r < 0) {
+        pthread_rwlock_unlock(&fs->size_lock);
         fuse_reply_err(req, (int) -r);
         return;
     }
     ra_invalidate(fs->ra, (uint64_t) off, size);
     extend_to(fs, (uint64_t) off + size);
+    pthread_rwlock_unlock(&fs->size_lock);
     digest_write(fs->digest, (uint64_t) off, buf, size);   /* copies */
     progress_write(fs->progress, (uint64_t) off, size);
     fuse_reply_write(req, size);
@@ -767,8 +776,10 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
         write_buf_copied(req, ino, bufv, off, fi);
         return;
     }
+    pthread_rwlock_rdlock(&fs->size_lock);
     ssize_t size = raw_write_size(fs, fh_of(fi), fuse_buf_size(bufv), off);
     if (size <= 0) {
+        pthread_rwlock_unlock(&fs->size_lock);
         if (size < 0)
             fuse_reply_err(req, (int) -size);
         else
@@ -777,6 +788,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     }
     int r = pool_fill_begin(fs->pool, (uint64_t) off, (size_t) size, &f);
     if (r == -EAGAIN) {
+        pthread_rwlock_unlock(&fs->size_lock);  /* op_write() takes it */
         write_buf_copied(req, ino, bufv, off, fi);
         return;
     }
@@ -784,11 +796,13 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
         r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
                                    fs->digest != NULL);
     if (r < 0) {
+        pthread_rwlock_unlock(&fs->size_lock);
         fuse_reply_err(req, -r);
         return;
     }
     ra_invalidate(fs->ra, (uint64_t) off, (uint64_t) size);
     extend_to(fs, (uint64_t) off + (uint64_t) size);
+    pthread_rwlock_unlock(&fs->size_lock);
     digest_holds(fs, &f);
     progress_write(fs->progress, (uint64_t) off, (size_t) size);
     fuse_reply_write(req, (size_t) size);
@@ -833,15 +847,18 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     }
     if (end > fs->export_size)
         end = fs->export_size;    /* keep-size: nothing exists past it */
+    pthread_rwlock_rdlock(&fs->size_lock);
     if (kind != 0 && start < end) {
         int r = pool_zero(fs->pool, start, end - start);   /* write-zeroes */
         ra_invalidate(fs->ra, start, end - start);  /* even if it failed */
         if (r < 0) {
+            pthread_rwlock_unlock(&fs->size_lock);
             fuse_reply_err(req, -r);
             return;
         }
     }
     extend_to(fs, keep_size ? 0 : end);
+    pthread_rwlock_unlock(&fs->size_lock);
     if (kind != 0 && start < end) {
         digest_zero(fs->digest, start, end - start, apparent_size(fs));
         progress_zero(fs->progress, start, end - start);
