@@ -56,8 +56,8 @@ struct fs {
      * wholly before or wholly after a truncate, never between its two
      * steps (which left the size grown and the bytes zeroed).  The
      * kernel serializes writes and truncates of one inode today
-     * (i_rwsem); this keeps the rule when it does not (parallel direct
-     * writes) and for the views, which write through other inodes. */
+     * (i_rwsem); this keeps the rule where it does not (parallel direct
+     * writes).  XXX the views' writes do not take it yet. */
     pthread_rwlock_t size_lock;
     pthread_mutex_t lock;     /* protects the fields below */
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
