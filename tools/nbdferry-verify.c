@@ -8,6 +8,8 @@
  * fail sets it and the other gives up with -ECANCELED, without logging) and
  * read-only tables.  The report is built after pthread_join(), so it reads
  * both sinks without locks.  With one operand there is only the main thread.
+ * With --blkhash each side's sink also runs its own hasher threads
+ * (tools/verify/hasher.c) and joins them before sink_finish() returns.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/optlist.h"
 #include "config.h"
@@ -27,6 +30,12 @@
 struct options {
     const char *algorithm;
     const EVP_MD *md;
+    bool have_digest;                   /* --digest was given */
+    bool blkhash;                       /* --blkhash */
+    char bh_digest[BLKHASH_NAME_MAX];
+    uint64_t bh_block;
+    char bh_algorithm[BLKHASH_NAME_MAX + 48];   /* "blkhash-sha256/64K" */
+    unsigned threads;                   /* blkhash hashers per side */
     uint64_t size;                      /* --size, if have_size */
     bool have_size;
     bool zero_tail;
@@ -56,7 +65,9 @@ static const char usage_text[] =
 "digest like sha256sum.  An operand containing \"://\" is an NBD URI\n"
 "(nbd://HOST[:PORT][/EXPORT], nbd+unix:///[EXPORT]?socket=PATH, nbds://...);\n"
 "anything else is a file or a block device.  Holes (SEEK_HOLE, NBD block\n"
-"status) are hashed as zeros without being read.\n"
+"status) are hashed as zeros without being read.  The operand \"-\" is\n"
+"standard input: a file or block device there is read like any other, a\n"
+"pipe is read once to its end (one operand only).\n"
 "\n"
 "A SOURCE file with a VHD footer (cookie \"conectix\") is decoded: fixed,\n"
 "dynamic and differencing VHDs are hashed as their virtual disk (the\n"
@@ -70,6 +81,15 @@ static const char usage_text[] =
 "\n"
 "Options:\n"
 "  -d, --digest=ALG        md5, sha1, sha256 (default) or sha512\n"
+"      --blkhash[=DIGEST[/SIZE]]\n"
+"                          use blkhash instead, as blksum and nbdcopy\n"
+"                          --blkhash compute it: DIGEST (any OpenSSL digest,\n"
+"                          default sha256) of each SIZE-byte block (default\n"
+"                          64K, suffix k, M or G), then DIGEST of the block\n"
+"                          digests and the length; holes and zero blocks are\n"
+"                          not hashed, data blocks are hashed on all cores\n"
+"  -t, --threads=N         blkhash hashing threads per side (default: the\n"
+"                          number of online CPUs)\n"
 "  -s, --size=N            compare only the first N bytes of each side\n"
 "  -z, --zero-tail         accept a DESTINATION larger than SOURCE if every\n"
 "                          byte past SOURCE's size reads as zero\n"
@@ -93,12 +113,14 @@ static const char usage_text[] =
 "Exit status: 0 match, 1 mismatch, 2 error.\n";
 
 enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT, OPT_LONG_OPTIONS,
-       OPT_SHORT_OPTIONS };
+       OPT_SHORT_OPTIONS, OPT_BLKHASH };
 
-#define SHORT_OPTIONS ":d:s:zb:m:jqr:R:C:hV"
+#define SHORT_OPTIONS ":d:s:zb:m:jqr:R:C:t:hV"
 
 static const struct option long_options[] = {
     { "digest",       required_argument, NULL, 'd' },
+    { "blkhash",      optional_argument, NULL, OPT_BLKHASH },
+    { "threads",      required_argument, NULL, 't' },
     { "size",         required_argument, NULL, 's' },
     { "zero-tail",    no_argument,       NULL, 'z' },
     { "block-size",   required_argument, NULL, 'b' },
@@ -194,6 +216,41 @@ static int digest_arg(struct options *o)
                      "sha512)", optarg);
 }
 
+/* "1048576" -> "1M", "65536" -> "64K", "1000" -> "1000". */
+static void format_block(uint64_t v, char *buf, size_t n)
+{
+    if (v % (1u << 20) == 0)
+        snprintf(buf, n, "%" PRIu64 "M", v >> 20);
+    else if (v % 1024 == 0)
+        snprintf(buf, n, "%" PRIu64 "K", v >> 10);
+    else
+        snprintf(buf, n, "%" PRIu64, v);
+}
+
+/* --blkhash[=DIGEST[/SIZE]]: the digest must exist and not be an XOF. */
+static int blkhash_arg(struct options *o)
+{
+    const char *spec = optarg ? optarg : "";
+    char why[160], size[32];
+    struct blkhash *h;
+
+    if (blkhash_parse_spec(spec, o->bh_digest, &o->bh_block, why,
+                           sizeof why) < 0)
+        return usage_err("--blkhash: '%s': %s", spec, why);
+    int r = blkhash_create(o->bh_digest, o->bh_block, &h);
+    blkhash_free(h);
+    if (r == -EINVAL)
+        return usage_err("--blkhash: '%s' is not a fixed-size digest this "
+                         "OpenSSL knows", o->bh_digest);
+    if (r < 0)
+        return usage_err("--blkhash: %s", strerror(-r));
+    format_block(o->bh_block, size, sizeof size);
+    snprintf(o->bh_algorithm, sizeof o->bh_algorithm, "blkhash-%s/%s",
+             o->bh_digest, size);
+    o->blkhash = true;
+    return 0;
+}
+
 static int block_size_arg(struct options *o)
 {
     int r = SIZE_ARG("--block-size", 4096, 1ull << 30, o->block_size);
@@ -229,7 +286,9 @@ static int bad_option(int c, char **argv)
 static int parse_one(struct options *o, int c, char **argv)
 {
     switch (c) {
-    case 'd': return digest_arg(o);
+    case 'd': o->have_digest = true; return digest_arg(o);
+    case OPT_BLKHASH: return blkhash_arg(o);
+    case 't': return SIZE_ARG("--threads", 1, 64, o->threads);
     case 's': o->have_size = true;
               return SIZE_ARG("--size", 0, INT64_MAX, o->size);
     case 'z': o->zero_tail = true; return 0;
@@ -252,6 +311,13 @@ static int parse_one(struct options *o, int c, char **argv)
     }
 }
 
+static unsigned default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n < 1 ? 1 : n > 16 ? 16 : (unsigned) n;
+}
+
 /* Returns the number of operands (1 or 2), 0 after --help or --version,
  * or -EINVAL (logged). */
 static int parse_options(struct options *o, int argc, char **argv)
@@ -260,7 +326,7 @@ static int parse_options(struct options *o, int argc, char **argv)
 
     *o = (struct options) {
         .algorithm = "sha256", .md = EVP_sha256(), .block_size = 1u << 20,
-        .max_ranges = 10,
+        .max_ranges = 10, .threads = default_threads(),
         .src = { .request_size = 2u << 20, .requests = 32, .connections = 1,
                  .use_extents = true },
     };
@@ -273,6 +339,11 @@ static int parse_options(struct options *o, int argc, char **argv)
         return usage_err("--size and --zero-tail cannot be combined");
     if (o->raw && o->src.vhd_nparents)
         return usage_err("--parent and --raw cannot be combined");
+    if (o->blkhash && o->have_digest)
+        return usage_err("--digest and --blkhash cannot be combined "
+                         "(--blkhash=DIGEST picks the digest)");
+    if (o->blkhash)
+        o->algorithm = o->bh_algorithm;
     o->src.vhd_parents = o->parents;
     if (argc - optind < 1)
         return usage_err("missing operand");
@@ -347,6 +418,18 @@ static const char *plan_sizes(const struct options *o, uint64_t ssz,
     return why;
 }
 
+/* sink_init, then blkhash mode if asked for.  fp_block 0: no fingerprints. */
+static int side_init(const struct options *o, struct sink *k,
+                     uint64_t digest_len, uint64_t end, uint64_t fp_block)
+{
+    if (sink_init(k, o->md, digest_len, end, fp_block, &abort_flag) < 0)
+        return -1;
+    if (o->blkhash && sink_blkhash(k, o->bh_digest, o->bh_block,
+                                   o->threads) < 0)
+        return -1;
+    return 0;
+}
+
 /* ---- verdict ---- */
 
 static int judge(struct verify_report *rep, const struct sink *a,
@@ -398,14 +481,18 @@ static int verify_two(const struct options *o, struct side sd[2], double t0)
     char why[256];
     int r;
 
+    for (int i = 0; i < 2; i++)
+        if (sd[i].s->size == VERIFY_SIZE_UNKNOWN) {
+            verify_err("%s: a pipe has no size; comparing needs a file, a "
+                       "block device or an NBD URI", sd[i].s->name);
+            return VERIFY_EXIT_ERROR;
+        }
     rep.size_problem = plan_sizes(o, sd[0].s->size, sd[1].s->size,
                                   &rep.compared, &dst_end, why, sizeof why);
     if (rep.size_problem)
         return print_report(o, &rep);
-    if (sink_init(&sd[0].k, o->md, rep.compared, rep.compared, o->block_size,
-                  &abort_flag) < 0 ||
-        sink_init(&sd[1].k, o->md, rep.compared, dst_end, o->block_size,
-                  &abort_flag) < 0)
+    if (side_init(o, &sd[0].k, rep.compared, rep.compared, o->block_size) < 0 ||
+        side_init(o, &sd[1].k, rep.compared, dst_end, o->block_size) < 0)
         return VERIFY_EXIT_ERROR;
     if (run_sides(sd) < 0)
         return VERIFY_EXIT_ERROR;
@@ -425,19 +512,21 @@ static int digest_one(const struct options *o, struct side *sd, double t0)
     struct verify_report rep = {
         .algorithm = o->algorithm, .side = { { .src = sd->s } },
     };
+    bool stream = sd->s->size == VERIFY_SIZE_UNKNOWN;
     uint64_t len = o->have_size ? o->size : sd->s->size;
 
-    if (len > sd->s->size) {
+    if (!stream && len > sd->s->size) {
         verify_err("%s has %" PRIu64 " bytes, fewer than --size %" PRIu64,
                    sd->s->name, sd->s->size, len);
         return VERIFY_EXIT_ERROR;
     }
-    if (sink_init(&sd->k, o->md, len, len, o->block_size, &abort_flag) < 0)
+    if (side_init(o, &sd->k, len, len, 0) < 0)
         return VERIFY_EXIT_ERROR;
+    sd->k.open_ended = stream && !o->have_size;
     side_main(sd);
     if (sd->r < 0)
         return VERIFY_EXIT_ERROR;
-    rep.compared = len;
+    rep.compared = sd->k.digest_len;
     rep.elapsed = now() - t0;
     rep.side[0].k = &sd->k;
     if (!o->quiet)

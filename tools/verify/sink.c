@@ -1,5 +1,6 @@
 /* tools/verify/sink.c: digest, block fingerprints and tail check of one
- * side.  Used by exactly one thread (the side's worker). */
+ * side.  Used by exactly one thread (the side's worker); in blkhash mode
+ * that thread hands data blocks to the hasher's threads (hasher.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +18,13 @@ int sink_init(struct sink *k, const EVP_MD *md, uint64_t digest_len,
     k->digest_len = digest_len;
     k->end = end;
     k->block_size = block_size;
-    k->nblocks = (digest_len + block_size - 1) / block_size;
+    k->nblocks = block_size ? (digest_len + block_size - 1) / block_size : 0;
     k->tail_nonzero = -1;
     k->abort = abort;
-    k->blocks = calloc(k->nblocks ? k->nblocks : 1, sizeof *k->blocks);
+    k->blocks = block_size ? calloc(k->nblocks ? k->nblocks : 1,
+                                    sizeof *k->blocks) : NULL;
     k->md = EVP_MD_CTX_new();
-    if (!k->blocks || !k->md) {
+    if ((block_size && !k->blocks) || !k->md) {
         verify_err("out of memory");
         return -ENOMEM;
     }
@@ -33,8 +35,42 @@ int sink_init(struct sink *k, const EVP_MD *md, uint64_t digest_len,
     return 0;
 }
 
+/* Jobs of at least this many bytes (whole blocks): fewer queue trips. */
+#define SINK_JOB_BYTES (1u << 20)
+
+static unsigned job_bytes(const struct sink *k)
+{
+    uint64_t bs = blkhash_block_size(k->bh);
+    return bs >= SINK_JOB_BYTES ? bs : SINK_JOB_BYTES / bs * bs;
+}
+
+int sink_blkhash(struct sink *k, const char *digest, uint64_t block_size,
+                 unsigned workers)
+{
+    int r = blkhash_create(digest, block_size, &k->bh);
+
+    if (r < 0) {
+        verify_err("blkhash %s/%llu: %s", digest,
+                   (unsigned long long) block_size, strerror(-r));
+        return r;
+    }
+    if (!(k->part = malloc(block_size))) {
+        verify_err("out of memory");
+        return -ENOMEM;
+    }
+    /* Two jobs per worker keep every worker busy while the producer reads. */
+    return hasher_create(k->bh, workers, 2 * (size_t) workers * job_bytes(k),
+                         &k->hq);
+}
+
 void sink_free(struct sink *k)
 {
+    hasher_free(k->hq);
+    blkhash_free(k->bh);
+    free(k->part);
+    k->hq = NULL;
+    k->bh = NULL;
+    k->part = NULL;
     EVP_MD_CTX_free(k->md);
     free(k->blocks);
     k->md = NULL;
@@ -71,14 +107,125 @@ static void fingerprint_data(struct sink *k, uint64_t off,
     }
 }
 
+/* ---- blkhash mode ---- */
+
+static bool all_zero(const unsigned char *p, size_t n)
+{
+    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* The partial block is complete (or ends the stream): hash it unless it
+ * is all zero, which is what blkhash assumes of blocks it never saw. */
+static int bh_flush_part(struct sink *k)
+{
+    int r = 0;
+
+    if (!all_zero(k->part, k->part_len))
+        r = hasher_submit(k->hq, k->part_off, k->part, k->part_len);
+    k->part_len = 0;
+    return r;
+}
+
+/* Tops up the partial block with n bytes at p (zeros if p is NULL);
+ * returns the bytes taken, or -errno. */
+static int64_t bh_fill_part(struct sink *k, const unsigned char *p, uint64_t n)
+{
+    uint64_t bs = blkhash_block_size(k->bh);
+    size_t take = bs - k->part_len < n ? bs - k->part_len : n;
+    int r = 0;
+
+    if (p)
+        memcpy(k->part + k->part_len, p, take);
+    else
+        memset(k->part + k->part_len, 0, take);
+    k->part_len += take;
+    if (k->part_len == bs)
+        r = bh_flush_part(k);
+    return r < 0 ? r : (int64_t) take;
+}
+
+/* Whole blocks at off: runs of non-zero blocks go to the hasher, zero
+ * blocks are skipped.  Returns the bytes consumed (whole blocks). */
+static int64_t bh_whole_blocks(struct sink *k, uint64_t off,
+                               const unsigned char *p, size_t n)
+{
+    uint64_t bs = blkhash_block_size(k->bh);
+    size_t done = 0, max = job_bytes(k);
+
+    while (n - done >= bs) {
+        size_t run = 0;
+        while (run < max && n - done - run >= bs && !all_zero(p + done + run, bs))
+            run += bs;
+        if (run == 0) {
+            done += bs;                  /* an all-zero block */
+            continue;
+        }
+        int r = hasher_submit(k->hq, off + done, p + done, run);
+        if (r < 0)
+            return r;
+        done += run;
+    }
+    return (int64_t) done;
+}
+
+/* Data [off, off + n), or known zeros if p is NULL. */
+static int bh_feed(struct sink *k, uint64_t off, const unsigned char *p,
+                   uint64_t n)
+{
+    uint64_t bs = blkhash_block_size(k->bh);
+    int64_t t;
+
+    if (k->part_len) {
+        if ((t = bh_fill_part(k, p, n)) < 0)
+            return (int) t;
+        off += t;
+        n -= t;
+        p = p ? p + t : NULL;
+    }
+    if (p)
+        t = bh_whole_blocks(k, off, p, n);
+    else
+        t = (int64_t) (n / bs * bs);     /* zero blocks: nothing to do */
+    if (t < 0)
+        return (int) t;
+    off += t;
+    n -= t;
+    if (n > 0) {
+        k->part_off = off;
+        t = bh_fill_part(k, p ? p + t : NULL, n);
+        return t < 0 ? (int) t : 0;
+    }
+    return 0;
+}
+
+static int bh_finish(struct sink *k, uint64_t length)
+{
+    int r = k->part_len ? bh_flush_part(k) : 0;
+
+    if (r == 0)
+        r = hasher_drain(k->hq);
+    if (r == 0 && blkhash_finish(k->bh, length, k->digest, &k->digest_size) < 0) {
+        verify_err("internal error: blkhash_finish failed");
+        r = -EIO;
+    }
+    return r;
+}
+
+/* ---- both modes ---- */
+
 static int hash_data(struct sink *k, const unsigned char *p, size_t n)
 {
-    fingerprint_data(k, k->pos, p, n);
+    if (k->blocks)
+        fingerprint_data(k, k->pos, p, n);
+    if (k->bh)
+        return bh_feed(k, k->pos, p, n);
     return digest_update(k, p, n);
 }
 
 static int hash_zero(struct sink *k, uint64_t n)
 {
+    if (k->bh)
+        return bh_feed(k, k->pos, NULL, n);
     while (n > 0) {
         size_t piece = n < sizeof zero_buf ? n : sizeof zero_buf;
         int r = digest_update(k, zero_buf, piece);
@@ -147,11 +294,15 @@ int sink_zero(struct sink *k, uint64_t len)
 
 int sink_finish(struct sink *k)
 {
+    if (k->open_ended)
+        k->digest_len = k->end = k->pos;
     if (k->pos != k->end && k->tail_nonzero < 0) {
         verify_err("internal error: side ended at %llu of %llu bytes",
                    (unsigned long long) k->pos, (unsigned long long) k->end);
         return -EIO;
     }
+    if (k->bh)
+        return bh_finish(k, k->digest_len);
     if (EVP_DigestFinal_ex(k->md, k->digest, &k->digest_size) != 1) {
         verify_err("EVP_DigestFinal_ex failed");
         return -EIO;

@@ -8,15 +8,35 @@
 
 #include "tools/verify/verify.h"
 
-static int open_path(const char *path, const struct source_options *opt,
-                     bool probe_vhd, struct verify_source **out)
+/* "-" is stdin: a file or block device redirected there is read like any
+ * other (holes, VHD); anything else (a pipe) is a stream.  *stream tells. */
+static int open_fd(const char *path, bool *stream)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    int fd = strcmp(path, "-") == 0 ? fcntl(0, F_DUPFD_CLOEXEC, 3)
+                                    : open(path, O_RDONLY | O_CLOEXEC);
+
+    *stream = false;
     if (fd == -1) {
         int err = errno;
         verify_err("%s: %s", path, strerror(err));
         return -err;
     }
+    if (strcmp(path, "-") == 0 && fstat(fd, &st) == 0 &&
+        !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+        *stream = true;
+    return fd;
+}
+
+static int open_path(const char *path, const struct source_options *opt,
+                     bool probe_vhd, struct verify_source **out)
+{
+    bool stream;
+    int fd = open_fd(path, &stream);
+    if (fd < 0)
+        return fd;
+    if (stream)
+        return src_stream_open(path, fd, opt, out);
     int r = src_file_open(path, fd, opt, out);
     if (r < 0 || !probe_vhd)
         return r;

@@ -23,6 +23,8 @@
 
 #include <openssl/evp.h>
 
+#include "common/blkhash.h"
+
 #define VERIFY_EXIT_MATCH    0
 #define VERIFY_EXIT_MISMATCH 1
 #define VERIFY_EXIT_ERROR    2
@@ -47,6 +49,17 @@ void fp_init(void);                      /* idempotent, thread-safe */
 /* 'off' is the offset of p[0] inside its block; off + len <= block size. */
 fp_t fp_update(fp_t acc, uint64_t off, const void *p, size_t len);
 
+/* hasher.c: blkhash_update() on worker threads, fed by one producer. */
+struct hasher;
+/* max_bytes bounds the data queued (copied) and not yet hashed. */
+int  hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
+                   struct hasher **out);
+/* Copies p[0..len) (off block-aligned) into a job; waits while the queue
+ * is full.  Returns 0 or the first worker's failure (-errno). */
+int  hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len);
+int  hasher_drain(struct hasher *q);     /* waits until all are hashed */
+void hasher_free(struct hasher *q);      /* drops queued jobs; NULL is fine */
+
 /* sink.c */
 #define SINK_STOP 1                      /* sink_*() result: stop reading */
 
@@ -62,12 +75,27 @@ struct sink {
     uint64_t bytes_zero;                 /* delivered by sink_zero() */
     int64_t tail_nonzero;                /* first non-zero tail byte, or -1 */
     atomic_bool *abort;                  /* borrowed, shared by both sides */
+    bool open_ended;                     /* a stream: the length is pos
+                                            at sink_finish() */
+    /* blkhash mode (sink_blkhash()): data blocks go to the hasher, the
+     * partial block at the current position waits in 'part'. */
+    struct blkhash *bh;                  /* owned; NULL: plain digest */
+    struct hasher *hq;                   /* owned */
+    unsigned char *part;                 /* owned: one blkhash block */
+    size_t part_len;                     /* bytes of it filled */
+    uint64_t part_off;                   /* its offset (block-aligned) */
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned digest_size;                /* set by sink_finish() */
 };
 
+/* block_size 0: no fingerprints (one operand, nothing to locate). */
 int  sink_init(struct sink *k, const EVP_MD *md, uint64_t digest_len,
                uint64_t end, uint64_t block_size, atomic_bool *abort);
+/* Switch a fresh sink to blkhash: the digest becomes the blkhash of
+ * [0, digest_len) with the given digest and block size, hashed on
+ * 'workers' threads; all-zero blocks and holes are never hashed. */
+int  sink_blkhash(struct sink *k, const char *digest, uint64_t block_size,
+                  unsigned workers);
 /* Both take the segment at k->pos.  Return 0, SINK_STOP (a non-zero tail
  * byte was found: the verdict is known) or -errno. */
 int  sink_data(struct sink *k, const void *buf, size_t len);
@@ -118,6 +146,13 @@ int  source_open(const char *operand, const struct source_options *opt,
                  bool probe_vhd, struct verify_source **out);
 int  source_run(struct verify_source *s, struct sink *k);
 void source_close(struct verify_source *s);   /* NULL is fine */
+
+/* source-stream.c: a pipe (the operand "-" when stdin is not a file or
+ * a block device).  Its size is unknown (VERIFY_SIZE_UNKNOWN) until it has
+ * run; then it is the number of bytes read.  Everything is data. */
+#define VERIFY_SIZE_UNKNOWN UINT64_MAX
+int src_stream_open(const char *name, int fd, const struct source_options *opt,
+                    struct verify_source **out);  /* takes fd, even on error */
 
 /* source-file.c: regular file or block device; holes via SEEK_DATA/HOLE. */
 int src_file_open(const char *path, int fd, const struct source_options *opt,

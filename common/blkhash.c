@@ -1,0 +1,379 @@
+/* common/blkhash.c: blkhash over OpenSSL EVP (see blkhash.h).
+ *
+ * Block digests live in chunks of BLKHASH_CHUNK consecutive blocks,
+ * allocated when a block in them first gets data; every slot of a chunk
+ * holds a digest (the zero block's until the block gets data), so
+ * blkhash_finish() feeds a chunk to the outer digest in one call, and an
+ * absent chunk as a run of the zero block's digest.  A slot differs from
+ * the zero digest exactly when its block holds data.
+ *
+ * THREAD MODEL: see blkhash.h.  h->lock protects chunks, nchunks and the
+ * short-block fields; everything else is written once in blkhash_create().
+ */
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/blkhash.h"
+
+#define BLKHASH_CHUNK 1024u              /* blocks per chunk */
+
+struct blkhash {
+    EVP_MD *md;                          /* owned (EVP_MD_fetch) */
+    uint64_t block_size;
+    unsigned dsize;                      /* bytes per block digest */
+    unsigned char zero_digest[EVP_MAX_MD_SIZE];  /* D(block_size zeros) */
+    unsigned char *zero_run;             /* BLKHASH_CHUNK zero digests */
+    pthread_mutex_t lock;
+    unsigned char **chunks;              /* [nchunks], NULL: all zero */
+    size_t nchunks;
+    uint64_t short_block;                /* index of the short last block */
+    size_t short_len;                    /* its length; 0: none stored */
+};
+
+static const unsigned char zeros[64 << 10];
+
+/* ---- parsing ---- */
+
+static bool name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+}
+
+static int parse_block_size(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    unsigned shift = 0;
+
+    if (*s < '0' || *s > '9')
+        return -EINVAL;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        if (v > BLKHASH_MAX_BLOCK)
+            return -EINVAL;              /* too large; stops any overflow */
+        v = v * 10 + (uint64_t) (*s - '0');
+    }
+    switch (*s) {
+    case 'k': case 'K': shift = 10; s++; break;
+    case 'm': case 'M': shift = 20; s++; break;
+    case 'g': case 'G': shift = 30; s++; break;
+    }
+    if (*s || v > BLKHASH_MAX_BLOCK || (v << shift) > BLKHASH_MAX_BLOCK ||
+        v == 0)
+        return -EINVAL;
+    *out = v << shift;
+    return 0;
+}
+
+int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
+                       char *why, size_t why_len)
+{
+    size_t n = strcspn(spec, "/");
+
+    *block_size = BLKHASH_DEFAULT_BLOCK;
+    if (n == 0 && spec[0] == '\0') {
+        snprintf(name, BLKHASH_NAME_MAX, "%s", BLKHASH_DEFAULT_DIGEST);
+        return 0;
+    }
+    if (n == 0 || n >= BLKHASH_NAME_MAX) {
+        snprintf(why, why_len, "a digest name of 1 to %d characters is needed",
+                 BLKHASH_NAME_MAX - 1);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!name_char(spec[i])) {
+            snprintf(why, why_len, "bad character in digest name");
+            return -EINVAL;
+        }
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    if (spec[n] == '/' && parse_block_size(spec + n + 1, block_size) < 0) {
+        snprintf(why, why_len, "bad block size '%.32s' (1 to %u bytes, "
+                 "suffix k, M or G)", spec + n + 1, BLKHASH_MAX_BLOCK);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* ---- hashing ---- */
+
+static bool all_zero(const unsigned char *p, size_t n)
+{
+    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+static int digest_zeros(const EVP_MD *md, uint64_t len, unsigned char *out)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int ok = c && EVP_DigestInit_ex(c, md, NULL) == 1;
+
+    while (ok && len > 0) {
+        size_t n = len < sizeof zeros ? len : sizeof zeros;
+        ok = EVP_DigestUpdate(c, zeros, n) == 1;
+        len -= n;
+    }
+    ok = ok && EVP_DigestFinal_ex(c, out, NULL) == 1;
+    EVP_MD_CTX_free(c);
+    return ok ? 0 : -EIO;
+}
+
+int blkhash_create(const char *digest, uint64_t block_size,
+                   struct blkhash **out)
+{
+    struct blkhash *h;
+
+    *out = NULL;
+    if (block_size == 0 || block_size > BLKHASH_MAX_BLOCK)
+        return -EINVAL;
+    if (!(h = calloc(1, sizeof *h)))
+        return -ENOMEM;
+    h->block_size = block_size;
+    h->md = EVP_MD_fetch(NULL, digest, NULL);
+    if (!h->md || (EVP_MD_get_flags(h->md) & EVP_MD_FLAG_XOF) ||
+        EVP_MD_get_size(h->md) <= 0) {
+        blkhash_free(h);
+        return -EINVAL;
+    }
+    h->dsize = (unsigned) EVP_MD_get_size(h->md);
+    pthread_mutex_init(&h->lock, NULL);
+    if (digest_zeros(h->md, block_size, h->zero_digest) < 0) {
+        blkhash_free(h);
+        return -EIO;
+    }
+    if (!(h->zero_run = malloc((size_t) BLKHASH_CHUNK * h->dsize))) {
+        blkhash_free(h);
+        return -ENOMEM;
+    }
+    for (unsigned i = 0; i < BLKHASH_CHUNK; i++)
+        memcpy(h->zero_run + (size_t) i * h->dsize, h->zero_digest, h->dsize);
+    *out = h;
+    return 0;
+}
+
+void blkhash_free(struct blkhash *h)
+{
+    if (!h)
+        return;
+    for (size_t i = 0; i < h->nchunks; i++)
+        free(h->chunks[i]);
+    free(h->chunks);
+    free(h->zero_run);
+    if (h->md) {
+        EVP_MD_free(h->md);
+        pthread_mutex_destroy(&h->lock);
+    }
+    free(h);
+}
+
+uint64_t blkhash_block_size(const struct blkhash *h)
+{
+    return h->block_size;
+}
+
+unsigned blkhash_digest_size(const struct blkhash *h)
+{
+    return h->dsize;
+}
+
+/* The chunk holding block b, allocated (all zero digests) if 'alloc';
+ * NULL if absent and !alloc, or out of memory. */
+static unsigned char *chunk_locked(struct blkhash *h, uint64_t b, bool alloc)
+{
+    uint64_t ci = b / BLKHASH_CHUNK;
+
+    if (ci >= h->nchunks) {
+        if (!alloc)
+            return NULL;
+        size_t n = h->nchunks ? h->nchunks : 16;
+        while (n <= ci)
+            n *= 2;
+        unsigned char **c = realloc(h->chunks, n * sizeof *c);
+        if (!c)
+            return NULL;
+        memset(c + h->nchunks, 0, (n - h->nchunks) * sizeof *c);
+        h->chunks = c;
+        h->nchunks = n;
+    }
+    if (!h->chunks[ci] && alloc) {
+        h->chunks[ci] = malloc((size_t) BLKHASH_CHUNK * h->dsize);
+        if (h->chunks[ci])
+            memcpy(h->chunks[ci], h->zero_run, (size_t) BLKHASH_CHUNK * h->dsize);
+    }
+    return h->chunks[ci];
+}
+
+/* Stores block b's digest; len < block_size marks it the short last block.
+ * 'zero': the block is all zero (digest is ignored, nothing allocated). */
+static int store(struct blkhash *h, uint64_t b, const unsigned char *digest,
+                 size_t len, bool zero)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&h->lock);
+    unsigned char *c = chunk_locked(h, b, !zero);
+    if (c)
+        memcpy(c + (b % BLKHASH_CHUNK) * h->dsize,
+               zero ? h->zero_digest : digest, h->dsize);
+    else if (!zero)
+        r = -ENOMEM;
+    if (r == 0 && h->short_len && h->short_block == b)
+        h->short_len = 0;
+    if (r == 0 && !zero && len < h->block_size) {
+        h->short_block = b;
+        h->short_len = len;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return r;
+}
+
+int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
+                   size_t len)
+{
+    const unsigned char *p = buf;
+    unsigned char d[EVP_MAX_MD_SIZE];
+
+    if (off % h->block_size)
+        return -EINVAL;
+    while (len > 0) {
+        size_t n = len < h->block_size ? len : h->block_size;
+        bool zero = all_zero(p, n);
+        int r;
+
+        if (!zero && EVP_Digest(p, n, d, NULL, h->md, NULL) != 1)
+            return -EIO;
+        if ((r = store(h, off / h->block_size, d, n, zero)) < 0)
+            return r;
+        off += n;
+        p += n;
+        len -= n;
+    }
+    return 0;
+}
+
+int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len)
+{
+    if (off % h->block_size)
+        return -EINVAL;
+    uint64_t b = off / h->block_size;
+    uint64_t end = b + (len + h->block_size - 1) / h->block_size;
+
+    pthread_mutex_lock(&h->lock);
+    while (b < end) {
+        uint64_t stop = (b / BLKHASH_CHUNK + 1) * BLKHASH_CHUNK;
+        unsigned char *c = chunk_locked(h, b, false);
+
+        if (stop > end)
+            stop = end;
+        if (c)
+            memcpy(c + (b % BLKHASH_CHUNK) * h->dsize, h->zero_run,
+                   (stop - b) * h->dsize);
+        if (h->short_len && h->short_block >= b && h->short_block < stop)
+            h->short_len = 0;
+        b = stop;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+/* ---- finish ---- */
+
+static bool slot_is_zero(const struct blkhash *h, const unsigned char *c,
+                         uint64_t b)
+{
+    return memcmp(c + (b % BLKHASH_CHUNK) * h->dsize, h->zero_digest,
+                  h->dsize) == 0;
+}
+
+/* No block at or past 'nblocks' holds data. */
+static bool nothing_past_locked(const struct blkhash *h, uint64_t nblocks)
+{
+    for (uint64_t ci = nblocks / BLKHASH_CHUNK; ci < h->nchunks; ci++) {
+        if (!h->chunks[ci])
+            continue;
+        uint64_t b = ci * BLKHASH_CHUNK > nblocks ? ci * BLKHASH_CHUNK : nblocks;
+        for (; b < (ci + 1) * BLKHASH_CHUNK; b++)
+            if (!slot_is_zero(h, h->chunks[ci], b))
+                return false;
+    }
+    return true;
+}
+
+/* Feeds the digests of blocks [0, n) (all full-size) to c. */
+static int feed_full_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t n)
+{
+    for (uint64_t b = 0; b < n; b += BLKHASH_CHUNK) {
+        uint64_t ci = b / BLKHASH_CHUNK;
+        uint64_t cnt = n - b < BLKHASH_CHUNK ? n - b : BLKHASH_CHUNK;
+        const unsigned char *src =
+            ci < h->nchunks && h->chunks[ci] ? h->chunks[ci] : h->zero_run;
+
+        if (EVP_DigestUpdate(c, src, cnt * h->dsize) != 1)
+            return -EIO;
+    }
+    return 0;
+}
+
+/* The digest of the short last block, index b, 'rest' bytes long. */
+static int short_digest_locked(struct blkhash *h, uint64_t b, uint64_t rest,
+                               unsigned char *d)
+{
+    unsigned char *c = chunk_locked(h, b, false);
+
+    if (h->short_len && (h->short_block != b || h->short_len != rest))
+        return -EINVAL;                  /* data ends elsewhere */
+    if (h->short_len) {
+        memcpy(d, c + (b % BLKHASH_CHUNK) * h->dsize, h->dsize);
+        return 0;
+    }
+    if (c && !slot_is_zero(h, c, b))
+        return -EINVAL;                  /* a full data block */
+    return digest_zeros(h->md, rest, d);
+}
+
+static int finish_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t length)
+{
+    uint64_t full = length / h->block_size;
+    uint64_t rest = length % h->block_size;
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned char le[8];
+    int r;
+
+    if (!nothing_past_locked(h, full + (rest != 0)))
+        return -EINVAL;
+    if (!rest && h->short_len)
+        return -EINVAL;
+    if ((r = feed_full_locked(h, c, full)) < 0)
+        return r;
+    if (rest) {
+        if ((r = short_digest_locked(h, full, rest, d)) < 0)
+            return r;
+        if (EVP_DigestUpdate(c, d, h->dsize) != 1)
+            return -EIO;
+    }
+    for (int i = 0; i < 8; i++)
+        le[i] = (unsigned char) (length >> (8 * i));
+    return EVP_DigestUpdate(c, le, sizeof le) == 1 ? 0 : -EIO;
+}
+
+int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
+                   unsigned *out_len)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int r = -ENOMEM;
+
+    if (c && EVP_DigestInit_ex(c, h->md, NULL) == 1) {
+        pthread_mutex_lock(&h->lock);
+        r = finish_locked(h, c, length);
+        pthread_mutex_unlock(&h->lock);
+        if (r == 0 && EVP_DigestFinal_ex(c, out, out_len) != 1)
+            r = -EIO;
+    } else if (c) {
+        r = -EIO;
+    }
+    EVP_MD_CTX_free(c);
+    return r;
+}

@@ -1,0 +1,72 @@
+/* common/blkhash.h: the block-based hash "blkhash" over OpenSSL EVP digests.
+ *
+ * The data is cut into blocks of block_size bytes (the last one may be
+ * shorter); each block is hashed with the digest D; the result is
+ *     D(D(block 0) || D(block 1) || ... || D(block n-1) || le64(length))
+ * (Soffer and Waisbard's construction, as computed by blksum, libblkhash
+ * and nbdcopy --blkhash).  Blocks are independent, so they may be hashed in
+ * any order and on any thread; an all-zero block has a constant digest, so
+ * holes and zeroed ranges cost no hashing at all.
+ *
+ * State is kept per *written* block, in chunks allocated on first use: a
+ * block never updated, or zeroed, costs nothing and reads as zero at
+ * blkhash_finish().  Memory is bounded by the data written, not by the
+ * length hashed.
+ *
+ * THREAD MODEL
+ * blkhash_update() and blkhash_zero() may be called from any number of
+ * threads at once, for different blocks; each hashes outside the lock and
+ * takes h->lock only to store the digest.  Two calls touching the same
+ * block at once store one result or the other (the caller orders them).
+ * blkhash_finish() must not run concurrently with updates.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <openssl/evp.h>
+
+#define BLKHASH_DEFAULT_DIGEST "sha256"
+#define BLKHASH_DEFAULT_BLOCK  (64u << 10)
+#define BLKHASH_MAX_BLOCK      (64u << 20)
+#define BLKHASH_NAME_MAX       64          /* digest name, with its NUL */
+
+struct blkhash;
+
+/* Parses "", "DIGEST" or "DIGEST/SIZE" (SIZE: bytes, or with a k/K, m/M or
+ * g/G suffix, powers of 1024; 1 <= SIZE <= BLKHASH_MAX_BLOCK) into name
+ * (BLKHASH_NAME_MAX bytes) and *block_size; missing parts get the defaults.
+ * Does not check that the digest exists (blkhash_create does).  Returns 0
+ * or -EINVAL with a one-line reason in why (why_len bytes). */
+int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
+                       char *why, size_t why_len);
+
+/* Any OpenSSL digest with a fixed output size (not an XOF such as shake).
+ * Returns 0, -EINVAL (unknown digest, bad block size) or -ENOMEM. */
+int blkhash_create(const char *digest, uint64_t block_size,
+                   struct blkhash **out);
+void blkhash_free(struct blkhash *h);          /* NULL is fine */
+
+uint64_t blkhash_block_size(const struct blkhash *h);
+unsigned blkhash_digest_size(const struct blkhash *h);
+
+/* Data at off (a multiple of the block size): each whole block is hashed,
+ * or stored as zero without hashing if every byte is zero; a shorter tail
+ * is the last block of the stream (blkhash_finish checks that the length
+ * agrees).  'buf' is borrowed for the call.  Returns 0, -EINVAL
+ * (misaligned), -ENOMEM or -EIO (OpenSSL failed). */
+int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
+                   size_t len);
+
+/* [off, off + len) reads as zero from now on; off a multiple of the block
+ * size, len too unless the range ends the stream.  Never hashes. */
+int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len);
+
+/* The blkhash of a stream of 'length' bytes: blocks never updated are
+ * zero.  out needs EVP_MAX_MD_SIZE bytes; *out_len gets the digest size.
+ * Returns 0, -EINVAL (a block was updated past 'length', or the short last
+ * block does not end at 'length') or -EIO.  May be called again after
+ * more updates. */
+int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
+                   unsigned *out_len);

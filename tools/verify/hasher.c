@@ -1,0 +1,166 @@
+/* tools/verify/hasher.c: blkhash data blocks on worker threads.
+ *
+ * THREAD MODEL
+ * One producer (the side's thread: sink.c) copies runs of data blocks into
+ * jobs and queues them; 'workers' threads take jobs and call
+ * blkhash_update(), which is safe from any thread.  q->lock protects the
+ * queue, the byte count, 'busy', 'err' and 'stop'; the producer waits on
+ * q->room while the queue holds max_bytes or more (memory bound), workers
+ * wait on q->work.  The producer waits on q->room in hasher_drain() too,
+ * until the queue is empty and no worker is busy.  No lock is held while
+ * hashing or copying.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/verify/verify.h"
+
+struct job {
+    struct job *next;
+    uint64_t off;
+    size_t len;
+    unsigned char data[];
+};
+
+struct hasher {
+    struct blkhash *bh;                  /* borrowed */
+    pthread_mutex_t lock;
+    pthread_cond_t work, room;
+    struct job *head, *tail;             /* FIFO */
+    size_t bytes, max_bytes;             /* queued job bytes, bound */
+    unsigned busy;                       /* workers hashing a job */
+    int err;                             /* first failure, sticky */
+    bool stop;
+    unsigned nthreads;
+    pthread_t threads[];
+};
+
+static struct job *take_locked(struct hasher *q)
+{
+    struct job *j = q->head;
+
+    q->head = j->next;
+    if (!q->head)
+        q->tail = NULL;
+    q->bytes -= j->len;
+    q->busy++;
+    return j;
+}
+
+static void *worker(void *arg)
+{
+    struct hasher *q = arg;
+
+    pthread_mutex_lock(&q->lock);
+    for (;;) {
+        while (!q->head && !q->stop)
+            pthread_cond_wait(&q->work, &q->lock);
+        if (!q->head)
+            break;                       /* stop, and nothing left */
+        struct job *j = take_locked(q);
+        pthread_mutex_unlock(&q->lock);
+        int r = blkhash_update(q->bh, j->off, j->data, j->len);
+        free(j);
+        pthread_mutex_lock(&q->lock);
+        if (r < 0 && !q->err)
+            q->err = r;
+        q->busy--;
+        pthread_cond_broadcast(&q->room);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return NULL;
+}
+
+int hasher_create(struct blkhash *bh, unsigned workers, size_t max_bytes,
+                  struct hasher **out)
+{
+    struct hasher *q = calloc(1, sizeof *q + workers * sizeof(pthread_t));
+
+    *out = NULL;
+    if (!q) {
+        verify_err("out of memory");
+        return -ENOMEM;
+    }
+    q->bh = bh;
+    q->max_bytes = max_bytes;
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->work, NULL);
+    pthread_cond_init(&q->room, NULL);
+    for (; q->nthreads < workers; q->nthreads++) {
+        int err = pthread_create(&q->threads[q->nthreads], NULL, worker, q);
+        if (err) {
+            verify_err("pthread_create: %s", strerror(err));
+            hasher_free(q);
+            return -err;
+        }
+    }
+    *out = q;
+    return 0;
+}
+
+int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
+{
+    struct job *j = malloc(sizeof *j + len);
+    int r;
+
+    if (!j) {
+        verify_err("out of memory");
+        return -ENOMEM;
+    }
+    *j = (struct job) { .off = off, .len = len };
+    memcpy(j->data, p, len);
+    pthread_mutex_lock(&q->lock);
+    while (q->bytes >= q->max_bytes && !q->err)
+        pthread_cond_wait(&q->room, &q->lock);
+    if ((r = q->err) == 0) {
+        if (q->tail)
+            q->tail->next = j;
+        else
+            q->head = j;
+        q->tail = j;
+        q->bytes += len;
+        pthread_cond_signal(&q->work);
+        j = NULL;
+    }
+    pthread_mutex_unlock(&q->lock);
+    free(j);
+    return r;
+}
+
+int hasher_drain(struct hasher *q)
+{
+    int r;
+
+    pthread_mutex_lock(&q->lock);
+    while ((q->head || q->busy) && !q->err)
+        pthread_cond_wait(&q->room, &q->lock);
+    r = q->err;
+    pthread_mutex_unlock(&q->lock);
+    if (r < 0)
+        verify_err("blkhash: %s", strerror(-r));
+    return r;
+}
+
+void hasher_free(struct hasher *q)
+{
+    if (!q)
+        return;
+    pthread_mutex_lock(&q->lock);
+    q->stop = true;
+    while (q->head) {                    /* after an error: drop the rest */
+        struct job *j = q->head;
+        q->head = j->next;
+        free(j);
+    }
+    q->tail = NULL;
+    pthread_cond_broadcast(&q->work);
+    pthread_mutex_unlock(&q->lock);
+    for (unsigned i = 0; i < q->nthreads; i++)
+        pthread_join(q->threads[i], NULL);
+    pthread_cond_destroy(&q->work);
+    pthread_cond_destroy(&q->room);
+    pthread_mutex_destroy(&q->lock);
+    free(q);
+}
