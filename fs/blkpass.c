@@ -166,14 +166,18 @@ static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
 }
 
 /* Let go of the least recently touched part: hashed whole, its unknown
- * bytes zero, or the pass fails. */
+ * bytes zero, or the pass fails.  The part holding the end of the data
+ * stays: it is the file's last block, to be hashed short at the close. */
 static int evict_part(struct blkpass *p, char *why)
 {
-    size_t old = 0;
+    uint64_t tail = p->data_end ? (p->data_end - 1) / p->bs : UINT64_MAX;
+    size_t old = p->nparts;
 
-    for (size_t i = 1; i < p->nparts; i++)
-        if (p->parts[i].tick < p->parts[old].tick)
+    for (size_t i = 0; i < p->nparts; i++)
+        if (p->parts[i].b != tail &&
+            (old == p->nparts || p->parts[i].tick < p->parts[old].tick))
             old = i;
+    assert(old < p->nparts);      /* maxparts >= 2 */
     struct part *pt = &p->parts[old];
     uint64_t start = pt->b * p->bs;
     if (!gaps_are_zero(p, pt, start, start + p->bs))
@@ -333,6 +337,8 @@ int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
     if (extmap_remove(&p->written, off, end) < 0 ||
         extmap_add(&p->zero, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
+    if (off < p->data_end && end >= p->data_end)
+        p->data_end = off;
     return 0;
 }
 
@@ -380,6 +386,12 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
     if (gap < size)
         return fail(why, -ENODATA, "bytes from %" PRIu64 " hold data this "
                     "pass did not write", gap);
+    uint64_t tail = size / p->bs * p->bs;
+    if (size % p->bs && !find_part(p, size / p->bs) &&
+        extmap_intersects(&p->written, tail, size))
+        return fail(why, -ESTALE, "the block at %" PRIu64 ", the file's "
+                    "last, was hashed whole before the file ended inside it",
+                    tail);
     /* Parts are hashed as they stand; they stay, as the pass may go on. */
     for (size_t i = 0; i < p->nparts; i++) {
         const struct part *pt = &p->parts[i];
