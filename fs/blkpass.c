@@ -24,6 +24,10 @@
 #include "fs/blkpass.h"
 #include "transport/extmap.h"
 
+/* Ranges kept in written or zero (16 bytes each): writes scattered wider
+ * than this end the pass rather than grow the daemon without bound. */
+#define MAX_EXTENTS (1u << 19)
+
 struct part {
     uint64_t b;                   /* block index */
     unsigned char *buf;           /* block_size bytes */
@@ -267,6 +271,9 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
     }
     if (extmap_add(&p->written, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
+    if (p->written.n > MAX_EXTENTS || p->zero.n > MAX_EXTENTS)
+        return fail(why, -E2BIG, "the writes are too scattered to follow "
+                    "(more than %u separate ranges)", MAX_EXTENTS);
     if (end > p->data_end)
         p->data_end = end;
     return 0;
@@ -337,6 +344,9 @@ int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
     if (extmap_remove(&p->written, off, end) < 0 ||
         extmap_add(&p->zero, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
+    if (p->written.n > MAX_EXTENTS || p->zero.n > MAX_EXTENTS)
+        return fail(why, -E2BIG, "the zeroed ranges are too scattered to "
+                    "follow (more than %u separate ranges)", MAX_EXTENTS);
     if (off < p->data_end && end >= p->data_end)
         p->data_end = off;
     return 0;

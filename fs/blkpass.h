@@ -14,6 +14,10 @@
  * truncate) after the block was hashed and its bytes let go; a block in
  * part written whose other bytes hold data older than the pass.
  *
+ * Memory: one digest per block written (common/blkhash), the block
+ * copies (partial_budget), and the written and zeroed ranges, at most
+ * 2^19 each (more scattered writes end the pass: "too scattered").
+ *
  * THREAD MODEL: none; one thread (the digest thread) owns a pass.
  */
 #pragma once

@@ -13,6 +13,8 @@ checks the bytes that landed, through the mount and on the server."""
 import os
 import random
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -198,3 +200,41 @@ def test_blkhash_bad_option_refused(tmp_path, opts, why):
     assert r.returncode == 1 and "--blkhash" in r.stderr, r.stderr
     assert why in r.stderr, r.stderr
     assert not os.path.ismount(mp)
+
+
+def test_blkhash_two_writers_and_a_reader(target):
+    """After a truncate, two processes write the two halves at once, each
+    in its own order, while a third reads the file: the last close gives
+    the value of the whole; the reader's closes change nothing."""
+    srv, m = target("--blkhash=sha256/128k")
+    size = 24 * MiB + 1000
+    content = os.urandom(size)
+    os.truncate(m.file, 0)
+    os.truncate(m.file, size)
+    script = ("import os, random, sys\n"
+              "f, a, b, seed = sys.argv[1], *map(int, sys.argv[2:5])\n"
+              "data = open(sys.argv[5], 'rb').read()\n"
+              "offs = list(range(a, b, 300000))\n"
+              "random.Random(seed).shuffle(offs)\n"
+              "fd = os.open(f, os.O_WRONLY)\n"
+              "for o in offs:\n"
+              "    n = min(300000, b - o)\n"
+              "    os.pwrite(fd, data[o:o + n], o)\n"
+              "os.close(fd)\n")
+    src = m.mp.parent / "src.bin"
+    src.write_bytes(content)
+    half = size // 2
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(m.file),
+                                 str(a), str(b), str(a), str(src)])
+               for a, b in ((0, half), (half, size))]
+    reads = 0
+    while any(w.poll() is None for w in writers):
+        with open(m.file, "rb") as f:
+            while f.read(MiB):
+                pass
+        reads += 1
+    assert all(w.wait() == 0 for w in writers)
+    assert reads > 0
+    assert_blkhash(m, content, "sha256", 128 * KiB)
+    assert_content(content, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="two writers")
