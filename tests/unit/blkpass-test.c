@@ -208,6 +208,24 @@ static void refusals(void)
     blkpass_free(p);
 }
 
+/* Writes scattered over more ranges than the pass keeps end it (zero
+ * blocks: nothing to hash, only the ranges grow). */
+static void too_scattered(void)
+{
+    static const unsigned char zero[512];
+    struct blkpass *p;
+    int r = 0;
+    uint64_t i;
+
+    assert(blkpass_create("md5", 512, 1u << 20, &p) == 0);
+    assert(blkpass_truncate(p, 0, why) == 0);
+    for (i = 0; i < (1u << 20) && r == 0; i++)
+        r = blkpass_write(p, i * 1024, zero, 512, why);
+    assert(r == -E2BIG && strstr(why, "too scattered"));
+    assert(i > (1u << 19));
+    blkpass_free(p);
+}
+
 /* Random changes: whenever the pass gives a value, it is the model's. */
 static void random_changes(const char *md, uint64_t bs)
 {
@@ -278,6 +296,7 @@ int main(void)
         random_changes(kinds[i].md, kinds[i].bs);
     }
     refusals();
+    too_scattered();
     printf("blkpass: ok\n");
     return 0;
 }
