@@ -30,6 +30,22 @@
  * "not-a-forward-pass" and never shows a value.  Without zero_beyond a
  * gap holds old data, so it ends the pass too.
  *
+ * THE BLKHASH PASS (digest_create_blkhash)
+ * The same queue and thread, but the rules above do not apply: every
+ * change (write, zeroing, truncate below the size, close) is queued with
+ * its offset, in the order the FUSE threads report it, and the thread
+ * feeds them to a blkpass (fs/blkpass.h), which hashes each block on its
+ * own, so writes may come in any order (qemu-img convert -W, rsync
+ * --inplace, a truncate then writes anywhere).  A close queues a request
+ * for the value at that size; the status shows it once the thread has
+ * answered that close and nothing changed since.  A truncate to 0 starts
+ * a new pass, as above.  When the blkpass loses track (part of a block it
+ * hashed and let go is changed) the state is "cannot-complete"; when bytes
+ * of the file were never written or zeroed by the pass, "incomplete".
+ * XXX Two FUSE threads writing the same bytes at once may report their
+ * writes in the other order than the pool applied them; a writer that
+ * does this does not know its own result either.
+ *
  * XXX Writes of one single-threaded tool arrive in order (the kernel sends
  * a direct-I/O write() as sequential requests).  Tools writing from
  * several threads at once (qemu-img convert -W) may be reported as
@@ -47,17 +63,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/blkhash.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "fs/blkpass.h"
 
 #define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
 #define ZERO_BUF (1u << 20)
 #define WAIT_MAX_S 10             /* a writer waits this long for room */
 #define ITEM_COST 64              /* bookkeeping of one queued item: the
                                    * item and the copy's malloc headers */
+#define PART_BUDGET (16u << 20)   /* blkhash: copies of blocks written in
+                                   * part, beyond the queue's limit */
+
+enum item_kind {
+    ITEM_STREAM,                  /* sha256: data, or len zero bytes */
+    ITEM_BLK_WRITE,               /* blkhash: data at off */
+    ITEM_BLK_ZERO,                /* [off, off + len) reads as zero */
+    ITEM_BLK_TRUNCATE,            /* the file is off bytes long */
+    ITEM_BLK_CLOSE,               /* the value at size off, please */
+};
 
 struct item {
     struct item *next;
+    enum item_kind kind;
+    uint64_t seq;                 /* blkhash: order of queueing */
+    uint64_t off;                 /* blkhash */
     uint64_t len;
     const char *data;             /* NULL: len zero bytes */
     void (*release)(void *);      /* data is the writer's: give it back */
@@ -76,15 +107,25 @@ struct digest {
     bool zero_beyond;
     uint64_t gen;                 /* bumped when a pass starts or ends */
     uint64_t pos;
-    char reason[120];
+    char reason[BLKPASS_REASON_MAX];
 
     struct item *head, *tail;
     size_t queued, limit;         /* payload + ITEM_COST per item */
 
     uint64_t hashed;              /* of this gen, by the thread */
     uint64_t hex_len, hex_gen;    /* what hex covers */
-    char hex[65];
+    char hex[DIGEST_HEX_MAX];
+
+    /* blkhash only (bp NULL: sha256) */
+    struct blkpass *bp;           /* the digest thread's alone */
+    char algorithm[32 + BLKHASH_NAME_MAX];
+    uint64_t seq, close_seq;      /* items queued; the last close's seq */
+    uint64_t res_seq;             /* the close the thread answered ... */
+    enum digest_state res_state;  /* ... COMPLETE (hex) or INCOMPLETE */
+    char res_reason[BLKPASS_REASON_MAX];
 };
+
+_Static_assert(DIGEST_HEX_MAX >= 2 * EVP_MAX_MD_SIZE + 1, "hex fits");
 
 static const char zeros[ZERO_BUF];
 
@@ -98,6 +139,7 @@ const char *digest_state_name(enum digest_state s)
         [DIGEST_INCOMPLETE] = "incomplete",
         [DIGEST_NOT_FORWARD] = "not-a-forward-pass",
         [DIGEST_ABANDONED] = "abandoned",
+        [DIGEST_CANNOT_COMPLETE] = "cannot-complete",
     };
     return names[s];
 }
@@ -149,6 +191,7 @@ static void fail_locked(struct digest *d, enum digest_state state,
 
 static void push_locked(struct digest *d, struct item *it)
 {
+    it->seq = ++d->seq;
     if (d->tail)
         d->tail->next = it;
     else
@@ -210,9 +253,9 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
     }
     if (d->state != DIGEST_COMPUTING || d->stopping)
         return false;
-    if (d->gen != gen || d->pos != pos) {
-        fail_locked(d, DIGEST_NOT_FORWARD, "concurrent writes while waiting "
-                    "for the hash");
+    if (d->gen != gen || (!d->bp && d->pos != pos)) {
+        fail_locked(d, d->bp ? DIGEST_CANNOT_COMPLETE : DIGEST_NOT_FORWARD,
+                    "concurrent writes while waiting for the hash");
         return false;
     }
     return true;
@@ -220,8 +263,8 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
 
 /* Queue len bytes at buf: a copy (release NULL) or the writer's own
  * bytes, given back with release(ref).  Every path calls release once. */
-static void push_data_locked(struct digest *d, const void *buf, size_t len,
-                             void (*release)(void *), void *ref)
+static void push_data_locked(struct digest *d, uint64_t off, const void *buf,
+                             size_t len, void (*release)(void *), void *ref)
 {
     struct item *it = NULL;
     char *copy = NULL;
@@ -243,6 +286,8 @@ static void push_data_locked(struct digest *d, const void *buf, size_t len,
     it->data = copy ? copy : buf;
     it->release = release;
     it->ref = ref;
+    it->kind = d->bp ? ITEM_BLK_WRITE : ITEM_STREAM;
+    it->off = off;
     it->len = len;
     d->queued += item_cost(it);
     push_locked(d, it);
@@ -264,7 +309,7 @@ static bool take_locked(struct digest *d, struct item *out)
     if (d->stopping)
         return false;
     struct item *it = d->head;
-    if (!it->data && it->len > ZERO_SLICE) {
+    if (it->kind == ITEM_STREAM && !it->data && it->len > ZERO_SLICE) {
         *out = (struct item) { .len = ZERO_SLICE };
         it->len -= ZERO_SLICE;
         return true;
@@ -349,6 +394,151 @@ static void *digest_thread(void *arg)
     return NULL;
 }
 
+/* ---- the blkhash thread ---------------------------------------------- */
+
+/* One change or close, on the thread, without the lock.  0, -ENODATA
+ * (close: incomplete) or another -errno; why says what. */
+static int blk_apply(struct digest *d, const struct item *it, char *hex,
+                     char *why)
+{
+    switch (it->kind) {
+    case ITEM_BLK_WRITE:
+        return blkpass_write(d->bp, it->off, it->data, it->len, why);
+    case ITEM_BLK_ZERO:
+        return blkpass_zero(d->bp, it->off, it->len, why);
+    case ITEM_BLK_TRUNCATE:
+        return blkpass_truncate(d->bp, it->off, why);
+    case ITEM_BLK_CLOSE:
+        return blkpass_finish(d->bp, it->off, hex, why);
+    case ITEM_STREAM:
+        break;
+    }
+    abort();
+}
+
+/* The outcome of one item, with d->lock held and the pass unchanged. */
+static void blk_record_locked(struct digest *d, const struct item *it, int r,
+                              const char *hex, const char *why)
+{
+    d->hashed = blkpass_hashed(d->bp);
+    if (it->kind == ITEM_BLK_CLOSE && (r == 0 || r == -ENODATA)) {
+        d->res_seq = it->seq;
+        d->res_state = r == 0 ? DIGEST_COMPLETE : DIGEST_INCOMPLETE;
+        snprintf(d->hex, sizeof d->hex, "%s", r == 0 ? hex : "");
+        snprintf(d->res_reason, sizeof d->res_reason, "%s", r ? why : "");
+    } else if (r < 0) {
+        fail_locked(d, DIGEST_CANNOT_COMPLETE, "%s", why);
+    }
+}
+
+static void *blk_thread(void *arg)
+{
+    block_stop_signals();
+    struct digest *d = arg;
+    uint64_t pass_gen = UINT64_MAX;
+    struct item it;
+
+    pthread_mutex_lock(&d->lock);
+    while (take_locked(d, &it)) {
+        uint64_t gen = d->gen;
+        char hex[DIGEST_HEX_MAX] = "", why[BLKPASS_REASON_MAX] = "";
+        pthread_mutex_unlock(&d->lock);
+
+        int r = 0;
+        if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
+            snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
+        if (r == 0)
+            r = blk_apply(d, &it, hex, why);
+        if (it.data)
+            drop_data(&it);
+        pass_gen = gen;
+
+        pthread_mutex_lock(&d->lock);
+        if (gen == d->gen)        /* else the pass restarted or ended */
+            blk_record_locked(d, &it, r, hex, why);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
+/* ---- the blkhash pass: queueing ------------------------------------- */
+
+/* Queue a change other than a write; false if the pass is over. */
+static bool blk_push_locked(struct digest *d, enum item_kind kind,
+                            uint64_t off, uint64_t len)
+{
+    if (!active_locked(d))
+        return false;
+    struct item *it = calloc(1, sizeof *it);
+    if (!it) {
+        fail_locked(d, DIGEST_ABANDONED, "out of memory");
+        return false;
+    }
+    *it = (struct item) { .kind = kind, .off = off, .len = len };
+    d->state = DIGEST_COMPUTING;
+    d->closed = false;
+    push_locked(d, it);
+    return true;
+}
+
+static void blk_start_pass_locked(struct digest *d)
+{
+    free_queue_locked(d);
+    d->gen++;
+    d->state = DIGEST_COMPUTING;
+    d->pos = d->hashed = 0;
+    d->reason[0] = '\0';
+    blk_push_locked(d, ITEM_BLK_TRUNCATE, 0, 0);
+}
+
+static void blk_truncate_locked(struct digest *d, uint64_t size, uint64_t old)
+{
+    if (size == 0)
+        blk_start_pass_locked(d);
+    else if (size < old)
+        blk_push_locked(d, ITEM_BLK_TRUNCATE, size, 0);
+    else if (size != old)
+        d->closed = false;        /* the bytes [old, size) are zero already */
+}
+
+static void blk_write_locked(struct digest *d, uint64_t off, const void *buf,
+                             size_t len, void (*release)(void *), void *ref)
+{
+    if (!active_locked(d)) {
+        if (release)
+            release(ref);
+        return;
+    }
+    d->state = DIGEST_COMPUTING;
+    d->closed = false;
+    push_data_locked(d, off, buf, len, release, ref);
+}
+
+static void blk_close_locked(struct digest *d, uint64_t apparent)
+{
+    if (d->state == DIGEST_COMPUTING &&
+        blk_push_locked(d, ITEM_BLK_CLOSE, apparent, 0)) {
+        d->closed = true;
+        d->close_seq = d->seq;
+    }
+}
+
+static void blk_get_locked(struct digest *d, uint64_t apparent,
+                           struct digest_info *out)
+{
+    out->covered = d->hashed;
+    if (d->state != DIGEST_COMPUTING || !d->closed ||
+        d->res_seq != d->close_seq)
+        return;
+    out->state = d->res_state;
+    if (d->res_state == DIGEST_COMPLETE) {
+        out->covered = apparent;
+        memcpy(out->hex, d->hex, sizeof out->hex);
+    } else {
+        snprintf(out->reason, sizeof out->reason, "%s", d->res_reason);
+    }
+}
+
 /* ---- the pass -------------------------------------------------------- */
 
 static void start_pass_locked(struct digest *d)
@@ -368,7 +558,9 @@ void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
     if (!d)
         return;
     pthread_mutex_lock(&d->lock);
-    if (size == 0)
+    if (d->bp)
+        blk_truncate_locked(d, size, old);
+    else if (size == 0)
         start_pass_locked(d);
     else if (!active_locked(d) || size == old)
         ;
@@ -416,8 +608,10 @@ void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
     if (!d || len == 0)
         return;
     pthread_mutex_lock(&d->lock);
-    if (advance_to_locked(d, off, "write"))
-        push_data_locked(d, buf, len, NULL, NULL);
+    if (d->bp)
+        blk_write_locked(d, off, buf, len, NULL, NULL);
+    else if (advance_to_locked(d, off, "write"))
+        push_data_locked(d, off, buf, len, NULL, NULL);
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -429,8 +623,10 @@ void digest_write_held(struct digest *d, uint64_t off, const void *buf,
         return;
     }
     pthread_mutex_lock(&d->lock);
-    if (advance_to_locked(d, off, "write"))
-        push_data_locked(d, buf, len, release, ref);
+    if (d->bp)
+        blk_write_locked(d, off, buf, len, release, ref);
+    else if (advance_to_locked(d, off, "write"))
+        push_data_locked(d, off, buf, len, release, ref);
     else
         release(ref);
     pthread_mutex_unlock(&d->lock);
@@ -442,7 +638,9 @@ void digest_zero(struct digest *d, uint64_t off, uint64_t len,
     if (!d || len == 0)
         return;
     pthread_mutex_lock(&d->lock);
-    if (d->zero_beyond) {
+    if (d->bp) {
+        blk_push_locked(d, ITEM_BLK_ZERO, off, len);
+    } else if (d->zero_beyond) {
         /* Beyond pos is zero already: only zeroing below it matters. */
         if (active_locked(d) && off < d->pos)
             advance_to_locked(d, off, "zeroing");
@@ -459,7 +657,9 @@ void digest_close(struct digest *d, uint64_t apparent)
     if (!d)
         return;
     pthread_mutex_lock(&d->lock);
-    if (d->state == DIGEST_COMPUTING) {
+    if (d->bp) {
+        blk_close_locked(d, apparent);
+    } else if (d->state == DIGEST_COMPUTING) {
         if (d->zero_beyond && d->pos < apparent)
             push_zero_locked(d, apparent - d->pos);
         d->closed = true;
@@ -481,13 +681,21 @@ void digest_foreign(struct digest *d, const char *what)
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
 {
     memset(out, 0, sizeof *out);
-    out->algorithm = "sha256";
+    out->algorithm = d && d->bp ? d->algorithm : "sha256";
     if (!d) {
         out->state = DIGEST_DISABLED;
         return;
     }
     pthread_mutex_lock(&d->lock);
     out->state = d->state;
+    if (d->bp) {
+        out->position = d->pos;
+        out->queued = d->queued;
+        snprintf(out->reason, sizeof out->reason, "%s", d->reason);
+        blk_get_locked(d, apparent, out);
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
     out->covered = d->state == DIGEST_COMPUTING ? d->hashed : 0;
     out->position = d->pos;
     out->queued = d->queued;
@@ -508,13 +716,14 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
 
 /* ---- life ------------------------------------------------------------ */
 
-int digest_create(size_t queue_limit, struct digest **out)
+static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
 {
     struct digest *d = calloc(1, sizeof *d);
     if (!d)
         return -ENOMEM;
     d->limit = queue_limit;
     d->state = DIGEST_IDLE;
+    d->bp = bp;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
     pthread_condattr_t ca;
@@ -522,7 +731,8 @@ int digest_create(size_t queue_limit, struct digest **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->space, &ca);
     pthread_condattr_destroy(&ca);
-    int r = pthread_create(&d->thread, NULL, digest_thread, d);
+    int r = pthread_create(&d->thread, NULL, bp ? blk_thread : digest_thread,
+                           d);
     if (r) {
         pthread_mutex_destroy(&d->lock);
         pthread_cond_destroy(&d->cond);
@@ -531,6 +741,28 @@ int digest_create(size_t queue_limit, struct digest **out)
         return -r;
     }
     *out = d;
+    return 0;
+}
+
+int digest_create(size_t queue_limit, struct digest **out)
+{
+    return create(queue_limit, NULL, out);
+}
+
+int digest_create_blkhash(size_t queue_limit, const char *md,
+                          uint64_t block_size, struct digest **out)
+{
+    struct blkpass *bp;
+    int r = blkpass_create(md, block_size, PART_BUDGET, &bp);
+
+    if (r < 0)
+        return r;
+    if ((r = create(queue_limit, bp, out)) < 0) {
+        blkpass_free(bp);
+        return r;
+    }
+    snprintf((*out)->algorithm, sizeof (*out)->algorithm,
+             "blkhash/%s/%" PRIu64, md, block_size);
     return 0;
 }
 
@@ -545,6 +777,7 @@ void digest_destroy(struct digest *d)
     pthread_mutex_unlock(&d->lock);
     pthread_join(d->thread, NULL);
     free_queue_locked(d);
+    blkpass_free(d->bp);
     pthread_mutex_destroy(&d->lock);
     pthread_cond_destroy(&d->cond);
     pthread_cond_destroy(&d->space);

@@ -23,22 +23,32 @@ enum digest_state {
                                * rest holds data this pass did not write */
     DIGEST_NOT_FORWARD,       /* writes were not one forward pass */
     DIGEST_ABANDONED,         /* hashing fell too far behind the writes */
+    DIGEST_CANNOT_COMPLETE,   /* blkhash: a block's bytes were lost (part
+                               * of a hashed block rewritten, ...) */
 };
+
+#define DIGEST_HEX_MAX 129        /* 64-byte digests (sha512) in hex, NUL */
 
 struct digest_info {
     enum digest_state state;
-    const char *algorithm;    /* "sha256" */
+    const char *algorithm;    /* "sha256", or "blkhash/DIGEST/BLOCKSIZE" */
     uint64_t covered;         /* bytes hashed so far, from offset 0 */
     uint64_t position;        /* bytes accepted (hashed or queued) */
     uint64_t queued;          /* bytes waiting for the thread: payload
                                * and each item's bookkeeping */
-    char hex[65];             /* "" unless state == DIGEST_COMPLETE */
-    char reason[120];         /* NOT_FORWARD, ABANDONED, INCOMPLETE: why */
+    char hex[DIGEST_HEX_MAX]; /* "" unless state == DIGEST_COMPLETE */
+    char reason[160];         /* NOT_FORWARD, ABANDONED, INCOMPLETE,
+                               * CANNOT_COMPLETE: why */
 };
 
 /* queue_limit: payload bytes that may wait for hashing before the digest
  * is abandoned (writers never wait for it).  Starts the digest thread. */
 int  digest_create(size_t queue_limit, struct digest **out);
+/* The same, computing blkhash (common/blkhash.h) with this OpenSSL digest
+ * and block size instead of sha256: writes may come in any order; see
+ * digest.c, THE BLKHASH PASS.  -EINVAL: unknown digest or bad size. */
+int  digest_create_blkhash(size_t queue_limit, const char *md,
+                           uint64_t block_size, struct digest **out);
 /* Stops the thread (abandoning queued work) and frees. */
 void digest_destroy(struct digest *d);
 

@@ -34,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/blkhash.h"
 #include "common/log.h"
 #include "common/optlist.h"
 #include "fs/cli.h"
@@ -79,6 +80,9 @@ struct options {
     char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI */
     struct cli_mountpoint mp;
     bool no_digest, progress_bar;
+    const char *blkhash;      /* --blkhash: "DIGEST/SIZE" spec, or NULL */
+    char blkhash_md[BLKHASH_NAME_MAX];
+    uint64_t blkhash_block;
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
 };
@@ -158,6 +162,9 @@ static void usage(void)
 "                         never zero it again\n"
 "      --no-extents       do not read block status at start\n"
 "      --no-digest        no inline sha256 of the copy (saves a core)\n"
+"      --blkhash[=DIGEST[/SIZE]]  the inline digest is blkhash (as blksum\n"
+"                         and nbdcopy --blkhash compute it) instead of\n"
+"                         sha256: writes in any order (default sha256/64k)\n"
 "      --progress[=FD]    show the copy's progress, counted in acknowledged\n"
 "                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
 "                         lines written to file descriptor FD\n"
@@ -235,6 +242,23 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
     return v;
 }
 
+/* --blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
+ * command line rather than the mount. */
+static void parse_blkhash(struct options *o, const char *spec)
+{
+    char why[128];
+    struct blkhash *h;
+
+    if (blkhash_parse_spec(spec, o->blkhash_md, &o->blkhash_block, why,
+                           sizeof why) < 0)
+        usage_error("--blkhash=%s: %s", spec, why);
+    if (blkhash_create(o->blkhash_md, o->blkhash_block, &h) < 0)
+        usage_error("--blkhash=%s: no such digest in OpenSSL (or one of "
+                    "variable length)", spec);
+    blkhash_free(h);
+    o->blkhash = spec;
+}
+
 static void add_fuse_opt(struct options *o, const char *opt)
 {
     char msg[CLI_MSG_MAX];
@@ -254,6 +278,7 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
+    OPT_BLKHASH,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -270,6 +295,7 @@ static const struct option long_options[] = {
     { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
+    { "blkhash", optional_argument, NULL, OPT_BLKHASH },
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
@@ -500,6 +526,7 @@ static void parse_args(struct options *o, int argc, char **argv)
             break;
         case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
         case OPT_NO_DIGEST: o->no_digest = true; break;
+        case OPT_BLKHASH: parse_blkhash(o, optarg ? optarg : ""); break;
         case OPT_PROGRESS:
             if (!optarg) {
                 o->progress_bar = true;
@@ -546,6 +573,8 @@ static void parse_args(struct options *o, int argc, char **argv)
             unknown_option(optopt, argv[optind - 1]);
         }
     }
+    if (o->blkhash && o->no_digest)
+        usage_error("--blkhash and --no-digest exclude each other");
     if (optind >= argc)
         usage_error("missing the mountpoint");
     if (o->progress_bar && !o->foreground)
@@ -760,7 +789,10 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .expected_size = o->expected_size,
         .mountpoint = o->mp.mountpoint,
     };
-    int r = o->no_digest ? 0 : digest_create(digest_limit(o), &fs->digest);
+    int r = o->no_digest ? 0
+          : o->blkhash ? digest_create_blkhash(digest_limit(o), o->blkhash_md,
+                                               o->blkhash_block, &fs->digest)
+                       : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
 
 EXPORT = 64 * MiB
 SETTLED = {"complete", "incomplete", "not-a-forward-pass", "abandoned",
-           "write-failed", "disabled"}
+           "write-failed", "disabled", "cannot-complete"}
 
 
 def status(m):

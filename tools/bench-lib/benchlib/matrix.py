@@ -126,6 +126,9 @@ FERRY_CP = Arm("ferry-cp", "nbdferry + cp (--no-digest)", CP, "nbdferry",
                ND, needs=ND, family="nbdferry")
 FERRY_CP_DIGEST = Arm("ferry-cp-digest", "nbdferry + cp (inline sha256)", CP,
                       "nbdferry", family="digest")
+FERRY_CP_BLKHASH = Arm("ferry-cp-blkhash", "nbdferry + cp (inline blkhash)",
+                       CP, "nbdferry", ("--blkhash",), needs=("--blkhash",),
+                       family="digest")
 FERRY_DD = Arm("ferry-dd", "nbdferry + dd bs=4M (--no-digest)", DD,
                "nbdferry", ND, needs=ND, family="nbdferry")
 FERRY_STOCK = Arm("ferry-stock", "nbdferry stock (depth 1, write-through, "
@@ -206,13 +209,15 @@ COPYOUT_FUSE = Arm("out-fuse-cp", "nbdfuse + cp", ("cp", "{file}", OUT),
 COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, COPYOUT_NBDCOPY,
                 COPYOUT_QEMU, COPYOUT_FUSE, COPYOUT_FERRY_VHD]
 
-ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_DD, FERRY_STOCK, FERRY_NODELAY,
-            FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
+ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD, FERRY_STOCK,
+            FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC,
+            QEMU, QEMU_W,
             *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
 # The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
-SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, NBDCOPY, QEMU_W, QEMU]
+SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, NBDCOPY, QEMU_W,
+               QEMU]
 
 
 

@@ -341,6 +341,8 @@ RATIOS = [
     ("nbdferry+cp inline sha256 / nbdcopy", "ferry-cp-digest", "nbdcopy"),
     ("nbdferry+cp inline sha256 / --no-digest (the digest's cost)",
      "ferry-cp-digest", "ferry-cp"),
+    ("nbdferry+cp inline blkhash / --no-digest (the blkhash's cost)",
+     "ferry-cp-blkhash", "ferry-cp"),
     ("nbdferry+cp --no-digest / nbdfuse+cp", "ferry-cp", "fuse-cp"),
     ("verified copy: nbdferry+cp inline sha256 / nbdcopy then read-back "
      "sha256sum", "verified-ferry", "verified-nbdcopy-sum"),

@@ -257,6 +257,20 @@ def settle_digest(mnt, arm, src_sha, res, limit=120.0):
                            f"from the source's {src_sha[:16]}...")
 
 
+def expected_digest(env, arm, src_path, src_sha):
+    """What the inline digest must equal: the source's sha256, or with
+    --blkhash its blkhash as nbdferry-verify computes it (not timed)."""
+    if "--blkhash" not in arm.daemon_opts:
+        return src_sha
+    if not env.verify:
+        raise RunError("nbdferry-verify is needed for a --blkhash arm")
+    r = subprocess.run([env.verify, "--blkhash", src_path],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.split():
+        raise RunError(f"nbdferry-verify --blkhash: {r.stderr.strip()}")
+    return r.stdout.split()[0]
+
+
 def check_printed_digest(clog, src_sha, res):
     """A verified-copy client printed the export's sha256: it must be the
     source's."""
@@ -377,7 +391,8 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
             check_printed_digest(clog, src_sha, res)
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)
-            settle_digest(mnt, arm, src_sha, res)
+            settle_digest(mnt, arm,
+                          expected_digest(env, arm, src_path, src_sha), res)
             if arm.verified == "inline":
                 count_digest_time(res, src.size)
             t1 = time.monotonic()

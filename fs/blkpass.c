@@ -1,0 +1,445 @@
+/* fs/blkpass.c: the inline blkhash's view of the raw file (blkpass.h).
+ *
+ * INVARIANTS
+ * 1. written and zero are disjoint: a write takes its range out of zero,
+ *    a zeroing takes its range out of written.
+ * 2. A block with a part (a copy) holds in part->buf every byte of the
+ *    block that is in written, and part->cov says which (written since
+ *    the part was made); other bytes of buf are zero.
+ * 3. A block without a part that intersects written has been hashed
+ *    whole, from bytes that were all written or zero; its bytes are gone.
+ *    So a later change to part of it cannot be followed.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/blkhash.h"
+#include "fs/blkpass.h"
+#include "transport/extmap.h"
+
+/* Ranges kept in written or zero (16 bytes each): writes scattered wider
+ * than this end the pass rather than grow the daemon without bound. */
+#define MAX_EXTENTS (1u << 19)
+
+/* The range sets are exact (never forget a range); the pass bounds them
+ * itself at MAX_EXTENTS and gives up past it. */
+static void map_init(struct extmap *m) { extmap_init(m, SIZE_MAX, false); }
+
+static void map_clear(struct extmap *m)
+{
+    extmap_free(m);
+    map_init(m);
+}
+
+static bool map_contains(const struct extmap *m, uint64_t s, uint64_t e)
+{
+    return extmap_covered(m, s, e) == e - s;
+}
+
+static bool map_intersects(const struct extmap *m, uint64_t s, uint64_t e)
+{
+    return extmap_covered(m, s, e) > 0;
+}
+
+struct part {
+    uint64_t b;                   /* block index */
+    unsigned char *buf;           /* block_size bytes */
+    struct extmap cov;            /* bytes of the block buf knows */
+    uint64_t tick;                /* last touched */
+};
+
+struct blkpass {
+    char md[BLKHASH_NAME_MAX];
+    uint64_t bs;
+    struct blkhash *h;
+    struct extmap written, zero;
+    struct part *parts;
+    size_t nparts, maxparts;
+    uint64_t tick, hashed, data_end;
+};
+
+static void drop_part(struct blkpass *p, size_t i)
+{
+    free(p->parts[i].buf);
+    extmap_free(&p->parts[i].cov);
+    p->parts[i] = p->parts[--p->nparts];
+}
+
+static void clear(struct blkpass *p)
+{
+    while (p->nparts)
+        drop_part(p, 0);
+    map_clear(&p->written);
+    map_clear(&p->zero);
+    p->hashed = p->data_end = 0;
+}
+
+int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
+                   struct blkpass **out)
+{
+    struct blkpass *p = calloc(1, sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    snprintf(p->md, sizeof p->md, "%s", md);
+    p->bs = block_size;
+    p->maxparts = partial_budget / block_size < 2 ? 2
+                                                  : partial_budget / block_size;
+    p->parts = calloc(p->maxparts, sizeof *p->parts);
+    map_init(&p->written);
+    map_init(&p->zero);
+    int r = p->parts ? blkhash_create(md, block_size, &p->h) : -ENOMEM;
+    if (r < 0) {
+        blkpass_free(p);
+        return r;
+    }
+    *out = p;
+    return 0;
+}
+
+void blkpass_free(struct blkpass *p)
+{
+    if (!p)
+        return;
+    if (p->parts)
+        clear(p);
+    free(p->parts);
+    extmap_free(&p->written);
+    extmap_free(&p->zero);
+    blkhash_free(p->h);
+    free(p);
+}
+
+int blkpass_reset(struct blkpass *p)
+{
+    struct blkhash *h;
+    int r = blkhash_create(p->md, p->bs, &h);
+
+    if (r < 0)
+        return r;
+    clear(p);
+    blkhash_free(p->h);
+    p->h = h;
+    return 0;
+}
+
+uint64_t blkpass_hashed(const struct blkpass *p)
+{
+    return p->hashed;
+}
+
+static int fail(char *why, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *why, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(why, BLKPASS_REASON_MAX, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+/* ---- parts ---- */
+
+static struct part *find_part(struct blkpass *p, uint64_t b)
+{
+    for (size_t i = 0; i < p->nparts; i++)
+        if (p->parts[i].b == b)
+            return &p->parts[i];
+    return NULL;
+}
+
+/* Every byte of [start, end) in the part's block that the copy does not
+ * know reads as zero. */
+static bool gaps_are_zero(const struct blkpass *p, const struct part *pt,
+                          uint64_t start, uint64_t end)
+{
+    const struct extmap *c = &pt->cov;
+
+    for (uint64_t pos = start; pos < end;) {
+        struct ext x;
+        bool more = extmap_next(c, pos, &x);
+        if (more && x.start <= pos) {
+            pos = x.end;
+            continue;
+        }
+        uint64_t gap_end = more && x.start < end ? x.start : end;
+        if (!map_contains(&p->zero, pos, gap_end))
+            return false;
+        pos = gap_end;
+    }
+    return true;
+}
+
+static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
+                     char *why)
+{
+    int r = blkhash_update(p->h, pt->b * p->bs, pt->buf, len);
+    if (r < 0)
+        return fail(why, r, "hashing the block at %" PRIu64 " failed: %s",
+                    pt->b * p->bs, strerror(-r));
+    p->hashed += len;
+    return 0;
+}
+
+/* Let go of the least recently touched part: hashed whole, its unknown
+ * bytes zero, or the pass fails.  The part holding the end of the data
+ * stays: it is the file's last block, to be hashed short at the close. */
+static int evict_part(struct blkpass *p, char *why)
+{
+    uint64_t tail = p->data_end ? (p->data_end - 1) / p->bs : UINT64_MAX;
+    size_t old = p->nparts;
+
+    for (size_t i = 0; i < p->nparts; i++)
+        if (p->parts[i].b != tail &&
+            (old == p->nparts || p->parts[i].tick < p->parts[old].tick))
+            old = i;
+    assert(old < p->nparts);      /* maxparts >= 2 */
+    struct part *pt = &p->parts[old];
+    uint64_t start = pt->b * p->bs;
+    if (!gaps_are_zero(p, pt, start, start + p->bs))
+        return fail(why, -E2BIG, "more than %zu blocks are written in part "
+                    "at once, and the one at %" PRIu64 " still holds older "
+                    "data", p->maxparts, start);
+    int r = hash_part(p, pt, p->bs, why);
+    if (r == 0)
+        drop_part(p, old);
+    return r;
+}
+
+static int new_part(struct blkpass *p, uint64_t b, struct part **out,
+                    char *why)
+{
+    int r;
+
+    if (p->nparts == p->maxparts && (r = evict_part(p, why)) < 0)
+        return r;
+    struct part *pt = &p->parts[p->nparts];
+    *pt = (struct part) { .b = b, .buf = calloc(1, p->bs) };
+    if (!pt->buf)
+        return fail(why, -ENOMEM, "out of memory");
+    map_init(&pt->cov);
+    p->nparts++;
+    *out = pt;
+    return 0;
+}
+
+/* The part's block is known now: hash it and let its copy go. */
+static int settle_if_whole(struct blkpass *p, struct part *pt, char *why)
+{
+    uint64_t start = pt->b * p->bs;
+
+    if (!map_contains(&pt->cov, start, start + p->bs))
+        return 0;
+    int r = hash_part(p, pt, p->bs, why);
+    if (r == 0)
+        drop_part(p, (size_t) (pt - p->parts));
+    return r;
+}
+
+/* ---- changes ---- */
+
+/* [s, e), inside block b, was written with buf. */
+static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
+                          uint64_t e, const unsigned char *buf, char *why)
+{
+    uint64_t start = b * p->bs;
+    struct part *pt = find_part(p, b);
+    int r;
+
+    if (!pt && s == start && e == start + p->bs) {
+        if ((r = blkhash_update(p->h, start, buf, p->bs)) < 0)
+            return fail(why, r, "hashing failed: %s", strerror(-r));
+        p->hashed += p->bs;
+        return 0;
+    }
+    if (!pt && map_intersects(&p->written, start, start + p->bs))
+        return fail(why, -ESTALE, "a write at %" PRIu64 " changed part of "
+                    "the block at %" PRIu64 " after it was hashed", s, start);
+    if (!pt && (r = new_part(p, b, &pt, why)) < 0)
+        return r;
+    memcpy(pt->buf + (s - start), buf, e - s);
+    if (extmap_add(&pt->cov, s, e) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    pt->tick = ++p->tick;
+    return settle_if_whole(p, pt, why);
+}
+
+int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
+                  size_t len, char *why)
+{
+    const unsigned char *src = buf;
+    uint64_t end = off + len;
+    int r;
+
+    if (len == 0)
+        return 0;
+    if (extmap_remove(&p->zero, off, end) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    for (uint64_t b = off / p->bs; b * p->bs < end; b++) {
+        uint64_t s = b * p->bs > off ? b * p->bs : off;
+        uint64_t e = (b + 1) * p->bs < end ? (b + 1) * p->bs : end;
+        if ((r = write_in_block(p, b, s, e, src + (s - off), why)) < 0)
+            return r;
+    }
+    if (extmap_add(&p->written, off, end) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    if (extmap_count(&p->written) > MAX_EXTENTS ||
+        extmap_count(&p->zero) > MAX_EXTENTS)
+        return fail(why, -E2BIG, "the writes are too scattered to follow "
+                    "(more than %u separate ranges)", MAX_EXTENTS);
+    if (end > p->data_end)
+        p->data_end = end;
+    return 0;
+}
+
+/* Zeroing [s, e) of one block: if the block has no part, nothing is
+ * lost unless it was hashed with data there (invariant 3). */
+static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, char *why)
+{
+    uint64_t b = s / p->bs;
+
+    if (e - s == p->bs || find_part(p, b) ||
+        !map_intersects(&p->written, s, e))
+        return 0;
+    return fail(why, -ESTALE, "zeroing %" PRIu64 "-%" PRIu64 " changed part "
+                "of the block at %" PRIu64 " after it was hashed", s, e,
+                b * p->bs);
+}
+
+/* Parts inside [off, end) go (the blocks are zero).  Parts it overlaps
+ * zero those bytes and leave them to the zero set: a part is not settled
+ * by zeroing, so the block holding the end of the file after a truncate
+ * is still a copy when the close hashes it short. */
+static int zero_parts(struct blkpass *p, uint64_t off, uint64_t end,
+                      char *why)
+{
+    for (size_t i = 0; i < p->nparts;) {
+        struct part *pt = &p->parts[i];
+        uint64_t start = pt->b * p->bs, stop = start + p->bs;
+        uint64_t s = start > off ? start : off, e = stop < end ? stop : end;
+        if (s >= e) {
+            i++;
+        } else if (s == start && e == stop) {
+            drop_part(p, i);
+        } else {
+            memset(pt->buf + (s - start), 0, e - s);
+            if (extmap_remove(&pt->cov, s, e) < 0)
+                return fail(why, -ENOMEM, "out of memory");
+            i++;
+        }
+    }
+    return 0;
+}
+
+int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
+{
+    uint64_t end = off + len;
+    uint64_t first = (off + p->bs - 1) / p->bs;  /* whole blocks [first, */
+    uint64_t last = end / p->bs;                 /*  last) are zeroed */
+    uint64_t data_blocks = (p->data_end + p->bs - 1) / p->bs;
+    int r;
+
+    if (len == 0)
+        return 0;
+    uint64_t fb = off / p->bs, lb = (end - 1) / p->bs;
+    uint64_t fb_end = (fb + 1) * p->bs < end ? (fb + 1) * p->bs : end;
+    if ((r = zero_edge(p, off, fb_end, why)) < 0)
+        return r;
+    if (lb != fb && (r = zero_edge(p, lb * p->bs, end, why)) < 0)
+        return r;
+    if ((r = zero_parts(p, off, end, why)) < 0)
+        return r;
+    if (last > data_blocks)
+        last = data_blocks;       /* no block past the data was hashed */
+    if (first < last &&
+        (r = blkhash_zero(p->h, first * p->bs, (last - first) * p->bs)) < 0)
+        return fail(why, r, "blkhash zero failed: %s", strerror(-r));
+    if (extmap_remove(&p->written, off, end) < 0 ||
+        extmap_add(&p->zero, off, end) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    if (extmap_count(&p->written) > MAX_EXTENTS ||
+        extmap_count(&p->zero) > MAX_EXTENTS)
+        return fail(why, -E2BIG, "the zeroed ranges are too scattered to "
+                    "follow (more than %u separate ranges)", MAX_EXTENTS);
+    if (off < p->data_end && end >= p->data_end)
+        p->data_end = off;
+    return 0;
+}
+
+int blkpass_truncate(struct blkpass *p, uint64_t size, char *why)
+{
+    int r;
+
+    if (size == 0) {
+        if ((r = blkpass_reset(p)) < 0)
+            return fail(why, r, "cannot restart: %s", strerror(-r));
+        if (extmap_add(&p->zero, 0, UINT64_MAX) < 0)
+            return fail(why, -ENOMEM, "out of memory");
+        return 0;
+    }
+    return blkpass_zero(p, size, UINT64_MAX - size, why);
+}
+
+/* ---- the value ---- */
+
+/* The first byte below size that the pass knows nothing about, or size. */
+static uint64_t first_unknown(const struct blkpass *p, uint64_t size)
+{
+    uint64_t pos = 0;
+
+    while (pos < size) {
+        struct ext w, z;
+        if (extmap_next(&p->written, pos, &w) && w.start <= pos)
+            pos = w.end;
+        else if (extmap_next(&p->zero, pos, &z) && z.start <= pos)
+            pos = z.end;
+        else
+            return pos;
+    }
+    return size;
+}
+
+int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned n = 0;
+    uint64_t gap = first_unknown(p, size);
+    int r;
+
+    if (gap < size)
+        return fail(why, -ENODATA, "bytes from %" PRIu64 " hold data this "
+                    "pass did not write", gap);
+    uint64_t tail = size / p->bs * p->bs;
+    if (size % p->bs && !find_part(p, size / p->bs) &&
+        map_intersects(&p->written, tail, size))
+        return fail(why, -ESTALE, "the block at %" PRIu64 ", the file's "
+                    "last, was hashed whole before the file ended inside it",
+                    tail);
+    /* Parts are hashed as they stand; they stay, as the pass may go on. */
+    for (size_t i = 0; i < p->nparts; i++) {
+        const struct part *pt = &p->parts[i];
+        uint64_t start = pt->b * p->bs;
+        if (start >= size)
+            continue;
+        uint64_t len = size - start < p->bs ? size - start : p->bs;
+        assert(gaps_are_zero(p, pt, start, start + len));
+        if ((r = hash_part(p, pt, (size_t) len, why)) < 0)
+            return r;
+    }
+    r = blkhash_finish(p->h, size, md, &n);
+    if (r < 0)
+        return fail(why, r, "the hashed blocks do not end at the file's "
+                    "size %" PRIu64 " (a block past it, or its last block "
+                    "hashed whole)", size);
+    for (unsigned i = 0; i < n; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return 0;
+}

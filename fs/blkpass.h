@@ -1,0 +1,57 @@
+/* fs/blkpass.h: what the inline blkhash knows about the raw file's
+ * content, fed the file's changes in the order they were made.
+ *
+ * The blkhash (common/blkhash.h) is kept per block, so writes may come in
+ * any order; the pass only has to know, for every block, the bytes it
+ * ends up holding.  It tracks the bytes written in this pass, the bytes
+ * known to read as zero (beyond a truncate, punched, zeroed) and, for a
+ * bounded number of blocks written only in part so far, a copy of the
+ * block.  A block written whole is hashed from the caller's buffer at
+ * once and kept only as its digest; a block written in part is copied
+ * and hashed once it is whole, or at a close, or when it is the least
+ * recently touched of too many.  What cannot be known makes the pass fail
+ * with the reason: part of a block rewritten (or zeroed, or cut by a
+ * truncate) after the block was hashed and its bytes let go; a block in
+ * part written whose other bytes hold data older than the pass.
+ *
+ * Memory: one digest per block written (common/blkhash), the block
+ * copies (partial_budget), and the written and zeroed ranges, at most
+ * 2^19 each (more scattered writes end the pass: "too scattered").
+ *
+ * THREAD MODEL: none; one thread (the digest thread) owns a pass.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct blkpass;
+
+#define BLKPASS_REASON_MAX 160
+
+/* partial_budget: bytes of block copies kept at once (at least two
+ * blocks are).  -EINVAL: unknown digest or bad block size; -ENOMEM. */
+int  blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
+                    struct blkpass **out);
+void blkpass_free(struct blkpass *p);      /* NULL is fine */
+
+/* Forget everything: a new pass over a file whose content is unknown. */
+int  blkpass_reset(struct blkpass *p);
+
+/* Each returns 0, or a negative errno with why (BLKPASS_REASON_MAX bytes)
+ * saying what the pass lost; the pass is then useless until a reset. */
+int  blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
+                   size_t len, char *why);
+/* [off, off + len) reads as zero now (len may run to UINT64_MAX - off). */
+int  blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why);
+/* The file is size bytes long: every byte at or beyond size reads as zero
+ * (size 0: the whole file is known to be zero). */
+int  blkpass_truncate(struct blkpass *p, uint64_t size, char *why);
+
+/* The value for a file of 'size' bytes, in hex (hex: 2 * EVP_MAX_MD_SIZE
+ * + 1 bytes).  Returns 0; -ENODATA with why when bytes below size hold
+ * data older than the pass (no value: "incomplete"); other negative
+ * errno with why when the pass lost track.  The pass may go on after. */
+int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why);
+
+/* Bytes hashed so far (data blocks, whole or in part). */
+uint64_t blkpass_hashed(const struct blkpass *p);

@@ -1,0 +1,302 @@
+/* tests/unit/blkpass-test.c: fs/blkpass against a model of the file.
+ *
+ * Each case applies writes, zeroings and truncates to a blkpass and to a
+ * byte array; a value the pass gives must be the blkhash (common/blkhash,
+ * itself checked against the public values) of the array at that size.
+ * The cases a copy tool produces (a truncate then pieces in any order, a
+ * write over the whole file then a truncate, holes punched where nothing
+ * was written) must give a value; the ones the pass cannot know (part of
+ * a hashed block rewritten, older data left) must say so. */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/blkhash.h"
+#include "fs/blkpass.h"
+
+#define N (3u * 1024 * 1024 + 777)
+
+static unsigned char model[N + 65536];
+static unsigned char data[N + 65536];
+static uint64_t size;
+static char why[BLKPASS_REASON_MAX];
+
+static void reference(const char *md, uint64_t bs, char *hex)
+{
+    struct blkhash *h;
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned n;
+
+    assert(blkhash_create(md, bs, &h) == 0);
+    assert(blkhash_update(h, 0, model, size) == 0);
+    assert(blkhash_finish(h, size, d, &n) == 0);
+    for (unsigned i = 0; i < n; i++)
+        sprintf(hex + 2 * i, "%02x", d[i]);
+    blkhash_free(h);
+}
+
+static void do_write(struct blkpass *p, uint64_t off, uint64_t len)
+{
+    int r = blkpass_write(p, off, data + off, len, why);
+    if (r < 0) {
+        fprintf(stderr, "write %llu+%llu: %s\n", (unsigned long long) off,
+                (unsigned long long) len, why);
+        abort();
+    }
+    memcpy(model + off, data + off, len);
+    if (off + len > size)
+        size = off + len;
+}
+
+static void do_zero(struct blkpass *p, uint64_t off, uint64_t len)
+{
+    assert(blkpass_zero(p, off, len, why) == 0);
+    memset(model + off, 0, len);
+}
+
+static void do_truncate(struct blkpass *p, uint64_t to)
+{
+    if (blkpass_truncate(p, to, why) < 0) {
+        fprintf(stderr, "truncate %llu: %s\n", (unsigned long long) to, why);
+        abort();
+    }
+    if (to < size)
+        memset(model + to, 0, size - to);
+    size = to;
+}
+
+static void expect_value(struct blkpass *p, const char *md, uint64_t bs)
+{
+    char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+    int r = blkpass_finish(p, size, got, why);
+
+    if (r < 0) {
+        fprintf(stderr, "%s/%llu: no value: %s\n", md,
+                (unsigned long long) bs, why);
+        abort();
+    }
+    reference(md, bs, want);
+    if (strcmp(got, want)) {
+        fprintf(stderr, "%s/%llu at %llu: got %s want %s\n", md,
+                (unsigned long long) bs, (unsigned long long) size, got,
+                want);
+        abort();
+    }
+}
+
+/* Cut [0, len) into n pieces at random points, in random order. */
+static size_t pieces(uint64_t len, uint64_t (*out)[2], size_t n)
+{
+    uint64_t *cut = malloc((n + 1) * sizeof *cut);
+    cut[0] = 0;
+    for (size_t i = 1; i < n; i++)
+        cut[i] = (uint64_t) rand() % len;
+    cut[n] = len;
+    for (size_t i = 1; i < n; i++)          /* insertion sort: n is small */
+        for (size_t j = i; j > 0 && cut[j - 1] > cut[j]; j--) {
+            uint64_t t = cut[j]; cut[j] = cut[j - 1]; cut[j - 1] = t;
+        }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (cut[i] < cut[i + 1]) {
+            out[k][0] = cut[i];
+            out[k++][1] = cut[i + 1] - cut[i];
+        }
+    for (size_t i = k; i > 1; i--) {
+        size_t j = (size_t) rand() % i;
+        uint64_t a = out[i - 1][0], b = out[i - 1][1];
+        out[i - 1][0] = out[j][0]; out[i - 1][1] = out[j][1];
+        out[j][0] = a; out[j][1] = b;
+    }
+    free(cut);
+    return k;
+}
+
+static struct blkpass *fresh(const char *md, uint64_t bs, size_t budget)
+{
+    struct blkpass *p;
+
+    assert(blkpass_create(md, bs, budget, &p) == 0);
+    memset(model, 0xa5, sizeof model);     /* "older data" */
+    size = N;
+    return p;
+}
+
+/* O_TRUNC, then pieces in any order with a hole punched where none goes,
+ * then a close; then a rewrite of one whole block and a close again. */
+static void truncate_then_shuffled(const char *md, uint64_t bs)
+{
+    static uint64_t pc[400][2];
+    struct blkpass *p = fresh(md, bs, 64u << 20);
+    uint64_t hole = N / 3, hole_len = 200000;
+
+    do_truncate(p, 0);
+    size_t k = pieces(N, pc, 400);
+    for (size_t i = 0; i < k; i++) {
+        uint64_t s = pc[i][0], e = s + pc[i][1];
+        if (s < hole)
+            do_write(p, s, (e < hole ? e : hole) - s);
+        if (e > hole + hole_len)
+            do_write(p, s > hole + hole_len ? s : hole + hole_len,
+                     e - (s > hole + hole_len ? s : hole + hole_len));
+        if (i == k / 2)
+            do_zero(p, hole, hole_len);
+    }
+    expect_value(p, md, bs);
+    do_write(p, bs, bs);                   /* a whole block again */
+    expect_value(p, md, bs);
+    blkpass_free(p);
+}
+
+/* No truncate: a shorter file written over the old one in any order, then
+ * the old one cut to its size (as rsync --inplace does). */
+static void overwrite_then_truncate(const char *md, uint64_t bs)
+{
+    static uint64_t pc[100][2];
+    struct blkpass *p = fresh(md, bs, 64u << 20);
+
+    size_t k = pieces(N - 12345, pc, 100);
+    for (size_t i = 0; i < k; i++)
+        do_write(p, pc[i][0], pc[i][1]);
+    do_truncate(p, N - 12345);
+    expect_value(p, md, bs);
+    blkpass_free(p);
+}
+
+/* What the pass cannot know. */
+static void refusals(void)
+{
+    char hex[2 * EVP_MAX_MD_SIZE + 1];
+    struct blkpass *p = fresh("sha256", 65536, 64u << 20);
+
+    do_write(p, 0, N / 2);                 /* older data beyond */
+    assert(blkpass_finish(p, size, hex, why) == -ENODATA);
+    assert(strstr(why, "did not write"));
+    assert(blkpass_write(p, 5, data, 10, why) == -ESTALE);
+    assert(strstr(why, "after it was hashed"));
+    blkpass_free(p);
+
+    p = fresh("sha256", 65536, 64u << 20);
+    do_write(p, 0, 65536);
+    assert(blkpass_zero(p, 100, 10, why) == -ESTALE);
+    blkpass_free(p);
+
+    p = fresh("sha256", 65536, 64u << 20);
+    do_write(p, 0, 3 * 65536);
+    assert(blkpass_truncate(p, 65536 + 7, why) == -ESTALE);
+    blkpass_free(p);
+
+    /* Two blocks of copies; a third block in part, with older data in
+     * the first: it cannot be let go. */
+    p = fresh("sha256", 65536, 2 * 65536);
+    do_write(p, 0, 100);
+    do_write(p, 65536, 100);
+    assert(blkpass_write(p, 2 * 65536, data, 100, why) == -E2BIG);
+    blkpass_free(p);
+
+    /* The same after a truncate to 0: the rest is zero, so it goes. */
+    p = fresh("sha256", 65536, 2 * 65536);
+    do_truncate(p, 0);
+    do_write(p, 0, 100);
+    do_write(p, 65536, 100);
+    do_write(p, 2 * 65536, 100);
+    expect_value(p, "sha256", 65536);
+    blkpass_free(p);
+}
+
+/* Writes scattered over more ranges than the pass keeps end it (zero
+ * blocks: nothing to hash, only the ranges grow). */
+static void too_scattered(void)
+{
+    static const unsigned char zero[512];
+    struct blkpass *p;
+    int r = 0;
+    uint64_t i;
+
+    assert(blkpass_create("md5", 512, 1u << 20, &p) == 0);
+    assert(blkpass_truncate(p, 0, why) == 0);
+    for (i = 0; i < (1u << 20) && r == 0; i++)
+        r = blkpass_write(p, i * 1024, zero, 512, why);
+    assert(r == -E2BIG && strstr(why, "too scattered"));
+    assert(i > (1u << 19));
+    blkpass_free(p);
+}
+
+/* Random changes: whenever the pass gives a value, it is the model's. */
+static void random_changes(const char *md, uint64_t bs)
+{
+    struct blkpass *p = fresh(md, bs, 4 * bs);
+    int values = 0;
+
+    do_truncate(p, 0);
+    for (int i = 0; i < 3000; i++) {
+        uint64_t off = (uint64_t) rand() % N;
+        uint64_t len = 1 + (uint64_t) rand() % (3 * bs);
+        int r = 0, op = rand() % 10;
+        if (off + len > N)
+            len = N - off;
+        if (op < 7) {
+            r = blkpass_write(p, off, data + off, len, why);
+            if (r == 0) {
+                memcpy(model + off, data + off, len);
+                if (off + len > size)
+                    size = off + len;
+            }
+        } else if (op < 9) {
+            r = blkpass_zero(p, off, len, why);
+            if (r == 0)
+                memset(model + off, 0, len);
+        } else {
+            r = blkpass_truncate(p, off, why);
+            if (r == 0) {
+                if (off < size)
+                    memset(model + off, 0, size - off);
+                size = off;
+            }
+        }
+        if (r == 0 && rand() % 20 == 0) {
+            char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+            r = blkpass_finish(p, size, got, why);
+            if (r == 0) {
+                reference(md, bs, want);
+                assert(strcmp(got, want) == 0);
+                values++;
+            }
+        }
+        if (r < 0) {                       /* lost track: a new pass */
+            if (r != -ESTALE && r != -E2BIG && r != -ENODATA)
+                fprintf(stderr, "%d: %s\n", r, why);
+            assert(r == -ESTALE || r == -E2BIG || r == -ENODATA);
+            do_truncate(p, 0);
+        }
+    }
+    blkpass_free(p);
+    assert(values > 0);
+}
+
+int main(void)
+{
+    static const struct { const char *md; uint64_t bs; } kinds[] = {
+        { "sha256", 65536 }, { "md5", 4096 }, { "sha1", 3000 },
+        { "sha512", 1u << 20 },
+    };
+
+    srand(19);
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (unsigned char) rand();
+    for (size_t i = 0; i < 100000; i++)    /* zero runs in the data */
+        data[N / 2 + i] = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        truncate_then_shuffled(kinds[i].md, kinds[i].bs);
+        overwrite_then_truncate(kinds[i].md, kinds[i].bs);
+        random_changes(kinds[i].md, kinds[i].bs);
+    }
+    refusals();
+    too_scattered();
+    printf("blkpass: ok\n");
+    return 0;
+}
