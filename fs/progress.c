@@ -249,7 +249,9 @@ static void total_locked(const struct progress *pg, uint64_t export_size,
     } else if (pg->vhd_len) {
         out->total = pg->vhd_len;
         out->total_from = PROGRESS_TOTAL_VHD;
-    } else if (pg->source) {
+    } else if (pg->source && pg->source >= pg->frontier) {
+        /* A writer past the file it seemed to read from is not copying
+         * that file (a guess from its open files): fall through. */
         out->total = pg->source;
         out->total_from = PROGRESS_TOTAL_SOURCE;
     } else if (pg->closed) {

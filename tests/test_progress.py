@@ -230,6 +230,31 @@ def test_progress_total_is_the_source_during_cp(server, mount, shm):
                    mount_size=size, what="cp 512 MiB")
 
 
+def test_progress_unrelated_open_file_is_not_the_total(server, mount, shm):
+    """A writer that happens to hold a small file open read-only (a log, a
+    config) while it writes something else: once it writes past that
+    file's size, the guess is dropped, so the copy never shows 100% (or a
+    settled total) before it is done."""
+    srv = server("memory", f"size={EXPORT}", "wdelay=20ms", filters=["delay"])
+    m = mount(srv, "-C", "1", "--depth", "1")
+    decoy = random_file(shm / "decoy.cfg", 3 * MiB)
+    src = random_file(shm / "src.img", 24 * MiB)
+    # The writer opens the decoy before the mount's file; it writes data
+    # from a pipe, so the decoy is the only regular file it reads.
+    sh = subprocess.Popen(["sh", "-c", f"exec 3<'{decoy}'; cat '{src}' | "
+                           f"dd of='{m.file}' bs=1M iflag=fullblock "
+                           "status=none"])
+    got = sample_during(m, sh)
+    assert sh.wait(timeout(120)) == 0
+    assert got, "no sample during the copy"
+    for written, p in got:
+        assert p["percent"] < 100, (written, p)
+        if written > 3 * MiB:
+            assert p["total_from"] != "source", (written, p)
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=24 * MiB, what="dd from a pipe")
+
+
 def test_progress_total_from_a_pipe_is_the_export(server, mount, shm):
     """dd reading a pipe: no source to see, so the total is the export and
     nbdferry-status says the ETA is an upper bound."""
