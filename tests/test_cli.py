@@ -243,7 +243,7 @@ def test_mode_uri(server, mount):
     m = mount(srv)
     st = os.stat(m.file)
     assert st.st_size == EXPORT
-    assert st.st_blksize == MiB, f"st_blksize {st.st_blksize} (issue 2: 1 MiB)"
+    assert st.st_blksize == MiB, f"st_blksize {st.st_blksize} (want 1 MiB)"
     write_and_verify(m.file, uri=srv.uri)
 
 
