@@ -372,8 +372,10 @@ static int sink_zero(void *opaque, uint64_t off, uint64_t len)
 
     if (past_export(fs, off, len) < 0)
         return -ENOSPC;
-    pool_zero(fs->pool, off, len);
-    ra_invalidate(fs->ra, off, len);
+    int r = pool_zero(fs->pool, off, len);
+    ra_invalidate(fs->ra, off, len);      /* even if it failed */
+    if (r < 0)
+        return r;                         /* the decoder fails the write */
     fs_raw_extend(fs, off + len);
     return 0;
 }
