@@ -223,7 +223,10 @@ def test_progress_total_is_the_source_during_cp(server, mount, shm):
     assert len(got) >= 3, f"too few samples during the copy: {got}"
     for written, p in got:
         assert p["total"] == size and p["total_from"] == "source", p
-        assert p["done"] <= written and p["percent"] < 100, p
+        assert p["done"] <= written, p
+        # A sample can land after cp's last write was acknowledged but
+        # before cp exits: 100% then, and only then.
+        assert p["percent"] < 100 or p["done"] == written == size, p
     st = status(m)
     assert st["progress"]["total"] == size
     assert_content(src, export, mount_file=m.file, uri=srv.uri,
@@ -248,7 +251,11 @@ def test_progress_unrelated_open_file_is_not_the_total(server, mount, shm):
     assert sh.wait(timeout(120)) == 0
     assert got, "no sample during the copy"
     for written, p in got:
-        assert p["percent"] < 100, (written, p)
+        # 100% only once dd has written (and closed) the whole 24 MiB: a
+        # sample can land between dd's close and the shell's exit.
+        assert p["percent"] < 100 or (
+            written == p["done"] == p["total"] == 24 * MiB
+            and p["total_from"] == "close"), (written, p)
         if written > 3 * MiB:
             assert p["total_from"] != "source", (written, p)
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
