@@ -198,6 +198,31 @@ static int bh_feed(struct sink *k, uint64_t off, const unsigned char *p,
     return 0;
 }
 
+int64_t sink_defer(struct sink *k, uint64_t len, hasher_read_fn *read,
+                   void *ctx, uint64_t *lead)
+{
+    uint64_t bs, n;
+    int r;
+
+    *lead = len;
+    if (!k->bh || k->blocks || len > k->digest_len - k->pos ||
+        k->pos > k->digest_len)
+        return 0;                        /* bytes needed here, or never */
+    bs = blkhash_block_size(k->bh);
+    if (k->part_len) {
+        *lead = bs - k->part_len < len ? bs - k->part_len : len;
+        return 0;
+    }
+    n = len < job_bytes(k) ? len / bs * bs : job_bytes(k);
+    if (n == 0)
+        return 0;                        /* the short last block */
+    if ((r = hasher_submit_read(k->hq, k->pos, n, read, ctx)) < 0)
+        return r;
+    k->pos += n;
+    k->bytes_read += n;
+    return (int64_t) n;
+}
+
 static int bh_finish(struct sink *k, uint64_t length)
 {
     int r = k->part_len ? bh_flush_part(k) : 0;
