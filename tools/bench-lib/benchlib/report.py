@@ -478,7 +478,7 @@ def detail_table(exp, g, source, server, lats, arms):
            "| unmount s | NBD writes | mean write KiB | written MiB "
            "| zeroes | zeroed MiB | trims | flushes "
            "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) +
-           " | inline sha256 |",
+           " | inline digest |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
            "| ---: | ---: | ---: | ---: | ---: | --- |"]
     for l in lats:
