@@ -2,7 +2,8 @@
 
 Data blocks go to a pool of hasher threads (--threads, default: the online
 CPUs) in jobs of about 1 MiB, while the side's own thread reads ahead and
-skips holes and zero blocks.  Whatever the number of threads, the operand
+skips holes and zero blocks; a file hashed on its own is read by the
+workers themselves, each job's range into its own buffer.  Whatever the number of threads, the operand
 (file, block device, NBD URI, stdin as a file or a pipe) and the block
 size, the value must equal the reference in test_blkhash.py; a failure in
 the middle of the stream must end the run with one error line, not a hang
@@ -162,3 +163,14 @@ def test_blkhash_read_error_mid_stream_is_one_line_exit_2(tmp_path, kits):
         assert "read" in line, line
         line = assert_one_error_line(verify("--blkhash", t, img, kit.uri))
         assert "read" in line, line
+
+
+def test_blkhash_threads_file_prefix(tmp_path):
+    """--size cuts the stream inside a data run and inside a block: the
+    workers that read the file themselves must stop at the prefix."""
+    img = tmp_path / "img"
+    data = busy_image(img, 30 * MiB, seed=8)
+    for n in (12345679, 16 * MiB, 1):
+        for t in ("--threads=1", "--threads=64"):
+            assert one("--blkhash=sha256/4k", t, f"--size={n}", img) == \
+                blkhash(data[:n], "sha256", 4 * KiB), (n, t)
