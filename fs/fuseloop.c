@@ -23,9 +23,24 @@
  * own workers do.  loop->lock protects the queue and the counters; it is
  * a leaf lock, never held while serving a request.
  *
+ * A write may wait a long time: for a free pool buffer while the server
+ * is slow, or paused for up to the request and retry timeouts.  Nothing
+ * else may wait behind it (the status file must stay readable, a reader
+ * of another range must go on), so a spare reader thread checks every
+ * SPARE_CHECK_MS: if the receiver has been serving the same request since
+ * the last check, the spare reads requests too, and hands every one off
+ * to a worker (a write with a copy of its payload), until the receiver is
+ * back.  The spare reads nothing otherwise: a second reader waiting on
+ * /dev/fuse would get every other request.  The receiver publishes what
+ * it does in l->seq (odd while serving a request), an atomic, so the hot
+ * path takes no lock for it.
+ *
  * Ordering is what fuse_session_loop_mt() gives, and a little more: a
  * write is served completely before the next request is read, so a FLUSH
  * or FSYNC that the kernel sends after a write's reply sees that write.
+ * Workers and the spare block every signal (as libfuse's workers do), so
+ * a SIGTERM interrupts the receiver's read() and the loop sees
+ * fuse_session_exited().
  */
 #include "fs/fuseloop.h"
 
@@ -33,10 +48,15 @@
 #include <errno.h>
 #include <linux/fuse.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+
+#include "common/log.h"
 
 /* The receive buffer.  The kernel never sends more than max_write (1 MiB,
  * fs/ops.c) plus a page of headers; libfuse asks read() for its own
@@ -45,6 +65,9 @@
  * for the kernel's copy of each payload into it. */
 #define RECV_BUF_SIZE (4u << 20)
 #define RECV_BUF_ALIGN (2u << 20)
+
+#define SPARE_CHECK_MS 20         /* a request served longer than this
+                                   * lets the spare read the next ones */
 
 struct job {
     struct job *next;
@@ -64,6 +87,11 @@ struct loop {
     unsigned nworkers;
     bool stop;
     pthread_t *workers;       /* [max_workers] */
+
+    atomic_uint_fast64_t seq; /* receiver: odd while serving a request */
+    pthread_t spare;
+    bool spare_started;
+    void *spare_mem;          /* the spare's receive buffer */
 };
 
 /* Requests the receiver serves itself. */
@@ -110,6 +138,18 @@ static void *worker_main(void *arg)
     }
 }
 
+/* pthread_create() with every signal blocked in the new thread. */
+static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int r = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
 /* Queue a copy of the request for a worker, starting one if every worker
  * is busy.  0 or -errno (the caller then serves the request itself). */
 static int hand_off(struct loop *l, const struct fuse_buf *b)
@@ -123,8 +163,7 @@ static int hand_off(struct loop *l, const struct fuse_buf *b)
 
     pthread_mutex_lock(&l->lock);
     if (l->queued + 1 > l->idle && l->nworkers < l->max_workers) {
-        int r = pthread_create(&l->workers[l->nworkers], NULL, worker_main,
-                               l);
+        int r = start_thread(&l->workers[l->nworkers], worker_main, l);
         if (r == 0)
             l->nworkers++;
         else if (l->nworkers == 0) {
@@ -149,8 +188,45 @@ static void dispatch(struct loop *l, struct fuse_buf *b)
     const struct fuse_in_header *in = b->mem;
 
     if ((b->flags & FUSE_BUF_IS_FD) || b->size < sizeof *in ||
-        served_inline(in->opcode) || hand_off(l, b) < 0)
+        served_inline(in->opcode) || hand_off(l, b) < 0) {
+        atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
         fuse_session_process_buf(l->se, b);
+        atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+    }
+}
+
+/* The spare reader: see THREAD MODEL.  Cancelled (in its sleep or its
+ * read(), the only cancellation points it enables) when the loop ends. */
+static void *spare_main(void *arg)
+{
+    struct loop *l = arg;
+    const struct timespec check = { .tv_nsec = SPARE_CHECK_MS * 1000000L };
+    uint_fast64_t seen = 0;
+
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+    while (!fuse_session_exited(l->se)) {
+        uint_fast64_t now = atomic_load_explicit(&l->seq,
+                                                 memory_order_relaxed);
+        if (!(now & 1) || now != seen) {
+            seen = now;
+            pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+            nanosleep(&check, NULL);
+            pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+            continue;
+        }
+        /* The receiver is stuck in one request: read the next one. */
+        struct fuse_buf b = { .mem = l->spare_mem };
+        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+        int r = fuse_session_receive_buf(l->se, &b);
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+        if (r == -EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        if ((b.flags & FUSE_BUF_IS_FD) || hand_off(l, &b) < 0)
+            fuse_session_process_buf(l->se, &b);
+    }
+    return NULL;
 }
 
 /* Tell the workers to finish the queue and exit; wait for them. */
@@ -183,28 +259,39 @@ int fuseloop_run(struct fuse_session *se, unsigned max_workers)
     (void) madvise(mem, RECV_BUF_SIZE, MADV_HUGEPAGE);  /* a hint only */
     pthread_mutex_init(&l.lock, NULL);
     pthread_cond_init(&l.cond, NULL);
+    l.spare_mem = malloc(RECV_BUF_SIZE);
+    r = l.spare_mem ? -start_thread(&l.spare, spare_main, &l) : -ENOMEM;
+    l.spare_started = r == 0;
+    if (r < 0)
+        log_err("fuse: cannot start the spare reader: %s", strerror(-r));
 
     /* As fuse_session_loop(): EINTR (a signal) goes round again, to see
      * fuse_session_exited(); 0 is the unmount. */
-    r = 0;
-    while (!fuse_session_exited(se)) {
+    while (r == 0 && !fuse_session_exited(se)) {
         struct fuse_buf b = { .mem = mem };
         r = fuse_session_receive_buf(se, &b);
-        if (r == -EINTR)
+        if (r == -EINTR) {
+            r = 0;
             continue;
+        }
         if (r <= 0)
             break;
         assert(b.mem == mem);     /* libfuse allocates only if mem is NULL */
         dispatch(&l, &b);
+        r = 0;
     }
-    if (r > 0)
-        r = 0;                    /* libfuse has logged a failure */
+    /* r < 0: libfuse has logged the failure to read. */
 
+    if (l.spare_started) {
+        pthread_cancel(l.spare);
+        pthread_join(l.spare, NULL);
+    }
     stop_workers(&l);
     fuse_session_reset(se);
     pthread_cond_destroy(&l.cond);
     pthread_mutex_destroy(&l.lock);
     free(l.workers);
+    free(l.spare_mem);
     free(mem);
     return r;
 }
