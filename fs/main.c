@@ -39,6 +39,7 @@
 #include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/digest.h"
+#include "fs/fuseloop.h"
 #include "fs/pidfile.h"
 #include "fs/progress.h"
 #include "fs/readahead.h"
@@ -86,6 +87,8 @@ struct options {
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
 };
+
+#define FUSE_WORKERS 16   /* threads serving requests other than writes */
 
 #define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
                                          * of the daemon's memory bound */
@@ -762,13 +765,7 @@ static int serve(struct fuse_session *se, bool single_thread)
 {
     if (single_thread)
         return fuse_session_loop(se);
-    struct fuse_loop_config *lc = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_clone_fd(lc, 0);
-    fuse_loop_cfg_set_max_threads(lc, 16);
-    fuse_loop_cfg_set_idle_threads(lc, 8);
-    int r = fuse_session_loop_mt(se, lc);
-    fuse_loop_cfg_destroy(lc);
-    return r;
+    return fuseloop_run(se, FUSE_WORKERS);
 }
 
 /* The digest's queue holds pool buffers: leave half the pool to writes. */
