@@ -7,6 +7,7 @@
 #include <time.h>
 
 #define NS_PER_S 1000000000ull
+#define NS_PER_MS 1000000ull
 
 static inline uint64_t mono_now_ns(void)
 {

@@ -838,9 +838,7 @@ static int finish(struct fs *fs)
         log_err("%" PRIu64 " NBD request(s) failed during this mount; the "
                 "disk may not hold what was written (first: %s of %" PRIu64
                 " bytes at %" PRIu64 ")", st.errors + (r < 0),
-                st.nfailures ? (st.failures[0].kind == POOL_WRITE ? "write"
-                                : st.failures[0].kind == POOL_ZERO ? "zero"
-                                : "flush") : "flush",
+                st.nfailures ? pool_kind_name(st.failures[0].kind) : "flush",
                 st.nfailures ? st.failures[0].len : 0,
                 st.nfailures ? st.failures[0].off : 0);
         return EXIT_FAILURE;

@@ -682,7 +682,7 @@ static int64_t step_skip(struct vmdk_stream *s, uint64_t len)
 static int64_t step_end(struct vmdk_stream *s, const uint8_t *buf,
                         uint64_t len)
 {
-    if (buf && !vmdk_all_zero(buf, (size_t) len)) {
+    if (buf && !is_zero(buf, (size_t) len)) {
         const uint8_t *p = buf;
         while (!*p)
             p++;
@@ -757,7 +757,7 @@ static int accept(struct vmdk_stream *s, uint64_t off, const uint8_t *buf,
         return fail(s, -EINVAL, "write at %" PRIu64 " wraps around", off);
     if (off < s->pos) {
         uint64_t back = min64(len, s->pos - off);
-        if ((buf && !vmdk_all_zero(buf, back)) || !inside_gap(s, off, back))
+        if ((buf && !is_zero(buf, back)) || !inside_gap(s, off, back))
             return fail(s, -EINVAL, "write at byte %" PRIu64 " goes "
                         "backwards (the file has been read up to byte %"
                         PRIu64 "): a VMDK must be written in file order",

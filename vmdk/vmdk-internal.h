@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "common/iszero.h"
 #include "vmdk/vmdk.h"
 
 /* ---- on-disk layout (little-endian, converted once in format.c) ---------- */
@@ -50,12 +51,6 @@ int vmdk_errf(struct vmdk_err *err, int code, const char *fmt, ...)
 static inline bool vmdk_is_pow2(uint64_t x)
 {
     return x && !(x & (x - 1));
-}
-
-static inline bool vmdk_all_zero(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
 }
 
 static inline uint64_t vmdk_div_up(uint64_t x, uint64_t d)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/list.h"
 #include "tools/verify/verify.h"
 
 struct job {
@@ -141,11 +142,7 @@ int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
     memcpy(j->data, p, len);
     pthread_mutex_lock(&q->lock);
     if ((r = q->err) == 0) {
-        if (q->tail)
-            q->tail->next = j;
-        else
-            q->head = j;
-        q->tail = j;
+        QUEUE_APPEND(q->head, q->tail, j);
         q->bytes += q->job_cap;
         pthread_cond_signal(&q->work);
         j = NULL;
