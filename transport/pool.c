@@ -74,6 +74,7 @@
 #include "common/iszero.h"
 #include "common/log.h"
 #include "common/monotime.h"
+#include "common/rounding.h"
 #include "common/signals.h"
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
@@ -812,7 +813,7 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
 static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
                                      const char *data, size_t len)
 {
-    uint64_t lo = cur & ~(uint64_t) (ZERO_CHUNK - 1);
+    uint64_t lo = ROUND_DOWN(cur, (uint64_t) ZERO_CHUNK);
     uint64_t hi = lo + ZERO_CHUNK;
 
     if (cur == lo || hi - cur > len || !is_zero(data, hi - cur))
@@ -839,7 +840,7 @@ static ssize_t write_split_locked(struct pool *p, uint64_t off,
     size_t pos = (size_t) taken;
 
     while (pos < len) {
-        uint64_t a = (off + pos + ZERO_CHUNK - 1) & ~(uint64_t) (ZERO_CHUNK - 1);
+        uint64_t a = ROUND_UP(off + pos, (uint64_t) ZERO_CHUNK);
         size_t payload_end = len;
         size_t zlen = 0;
         /* Find the next zero run at an aligned offset. */
@@ -1018,7 +1019,7 @@ static bool fill_is_zero(const struct pool_fill *f, uint64_t off, size_t len)
 static bool fill_has_zeros(struct pool *p, const struct pool_fill *f)
 {
     uint64_t end = f->off + f->len;
-    uint64_t lo = f->off & ~(uint64_t) (ZERO_CHUNK - 1);
+    uint64_t lo = ROUND_DOWN(f->off, (uint64_t) ZERO_CHUNK);
 
     for (uint64_t z = lo == f->off ? lo : lo + ZERO_CHUNK;
          z + ZERO_CHUNK <= end; z += ZERO_CHUNK)

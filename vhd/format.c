@@ -251,7 +251,7 @@ int vhd_header_decode(const void *buf, struct vhd_header *h,
     if (h->version != VHD_VERSION)
         return vhd_errf(err, -EINVAL,
                         "unsupported dynamic header version 0x%08x", h->version);
-    if (!vhd_is_pow2(h->block_size) || h->block_size < VHD_SECTOR ||
+    if (!IS_POWER_OF_2(h->block_size) || h->block_size < VHD_SECTOR ||
         h->block_size > VHD_BLOCK_SIZE_MAX)
         return vhd_errf(err, -EINVAL,
                         "block size %u is not a power of two in [512, %u]",
@@ -350,7 +350,7 @@ static int header_check_bat(const struct vhd_footer *f,
         return vhd_errf(err, -EFBIG,
                         "%llu BAT entries exceed the memory cap of %u",
                         (unsigned long long) needed, VHD_MAX_BAT_ENTRIES);
-    uint64_t bat_bytes = vhd_round_up(4ull * h->max_entries, VHD_SECTOR);
+    uint64_t bat_bytes = ROUND_UP(4ull * h->max_entries, VHD_SECTOR);
     if (h->table_offset % VHD_SECTOR || h->table_offset < VHD_SECTOR ||
         h->table_offset >= (1ull << 42))
         return vhd_errf(err, -EINVAL,
@@ -384,11 +384,11 @@ void vhd_layout_from(const struct vhd_footer *f, const struct vhd_header *h,
     l->size = f->current_size;
     l->block_size = h->block_size;
     l->spb = h->block_size / VHD_SECTOR;
-    l->bitmap_bytes = vhd_round_up((l->spb + 7) / 8, VHD_SECTOR);
+    l->bitmap_bytes = ROUND_UP((l->spb + 7) / 8, VHD_SECTOR);
     l->nblocks = (f->current_size + h->block_size - 1) / h->block_size;
     l->header_off = f->data_offset;
     l->bat_off = h->table_offset;
-    l->bat_bytes = vhd_round_up(4ull * h->max_entries, VHD_SECTOR);
+    l->bat_bytes = ROUND_UP(4ull * h->max_entries, VHD_SECTOR);
     l->meta_end = l->header_off + VHD_HEADER_SIZE;
     if (l->bat_off + l->bat_bytes > l->meta_end)
         l->meta_end = l->bat_off + l->bat_bytes;
