@@ -1,4 +1,4 @@
-/* common/log.h: one log for the daemon and the tools.
+/* common/log.h: the daemon's log (the tools print their own messages).
  *
  * Messages go to stderr while it is the user's terminal (foreground, or
  * before daemonizing) and to syslog afterwards, prefixed with the

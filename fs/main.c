@@ -452,7 +452,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->nbd.nodelay = true;
     o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
     o->nbd.request_timeout_s = DEFAULT_REQUEST_TIMEOUT;
-    o->nbd.tls = -1;
+    o->nbd.tls = NBDX_TLS_FROM_URI;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
@@ -494,11 +494,11 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_EXTENTS: o->no_extents = true; break;
         case OPT_TLS:
             if (strcmp(optarg, "require") == 0 || strcmp(optarg, "on") == 0)
-                o->nbd.tls = 2;           /* LIBNBD_TLS_REQUIRE */
+                o->nbd.tls = LIBNBD_TLS_REQUIRE;
             else if (strcmp(optarg, "allow") == 0)
-                o->nbd.tls = 1;
+                o->nbd.tls = LIBNBD_TLS_ALLOW;
             else if (strcmp(optarg, "off") == 0)
-                o->nbd.tls = 0;
+                o->nbd.tls = LIBNBD_TLS_DISABLE;
             else
                 usage_error("--tls: '%s' is not require, allow or off",
                             optarg);

@@ -107,7 +107,7 @@ struct nbdx {
     unsigned nconns;
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
-    atomic_uint_fast64_t ops[5], bytes[5], errors;
+    atomic_uint_fast64_t ops[NBDX_NKINDS], bytes[NBDX_NKINDS], errors;
     atomic_bool lost;                     /* a connection gave up on the
                                            * server: all of them fail now */
     char *ca_dir;                         /* private: ca-cert.pem -> the
@@ -123,8 +123,11 @@ struct nbdx {
 #define KEEPALIVE_INTVL_S 5
 #define KEEPALIVE_CNT 4
 
-static const char *kind_name[] = { "read", "write", "zero", "flush",
-                                   "block-status" };
+static const char *const kind_name[NBDX_NKINDS] = {
+    [NBDX_OP_READ] = "read", [NBDX_OP_WRITE] = "write",
+    [NBDX_OP_ZERO] = "zero", [NBDX_OP_FLUSH] = "flush",
+    [NBDX_OP_BLOCK_STATUS] = "block-status",
+};
 
 /* ---- connecting ------------------------------------------------------ */
 
@@ -249,7 +252,7 @@ static int effective_tls(const struct nbdx_config *cfg)
 {
     if (cfg->mode == NBDX_URI && nbdx_uri_is_tls(cfg->uri))
         return LIBNBD_TLS_REQUIRE;
-    return cfg->tls >= 0 ? cfg->tls : LIBNBD_TLS_DISABLE;
+    return cfg->tls != NBDX_TLS_FROM_URI ? cfg->tls : LIBNBD_TLS_DISABLE;
 }
 
 static bool dir_has(const char *dir, const char *name)
@@ -458,7 +461,7 @@ static int tls_policy(struct nbdx *x)
 
 static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
-    if (cfg->tls >= 0 && nbd_set_tls(h, cfg->tls) == -1)
+    if (cfg->tls != NBDX_TLS_FROM_URI && nbd_set_tls(h, cfg->tls) == -1)
         return -1;
     if (cfg->tls_psk_file && nbd_set_tls_psk_file(h, cfg->tls_psk_file) == -1)
         return -1;
@@ -1165,8 +1168,6 @@ struct run_wait {
     pthread_cond_t cond;
     bool done;
     int err;
-    nbdx_done_fn inner_done;
-    void *inner_opaque;
 };
 
 static void run_done_cb(struct nbdx_op *op, int err)
@@ -1205,17 +1206,9 @@ int nbdx_conn_fd(void *opaque, unsigned i)
     return i < x->nconns ? atomic_load(&x->conns[i].fd) : -1;
 }
 
-unsigned nbdx_in_flight(const struct nbdx *x)
-{
-    unsigned n = 0;
-    for (unsigned i = 0; i < x->nconns; i++)
-        n += atomic_load(&x->conns[i].outstanding);
-    return n;
-}
-
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
 {
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < NBDX_NKINDS; k++) {
         out->ops[k] = atomic_load(&x->ops[k]);
         out->bytes[k] = atomic_load(&x->bytes[k]);
     }

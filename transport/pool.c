@@ -73,6 +73,7 @@
 #include "common/cleanup.h"
 #include "common/iszero.h"
 #include "common/log.h"
+#include "common/minmax.h"
 #include "common/monotime.h"
 #include "common/rounding.h"
 #include "common/signals.h"
@@ -771,9 +772,9 @@ static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
     return (ssize_t) n;
 }
 
-/* Length of the run of whole, aligned, all-zero ZERO_CHUNKs at the start
- * of [off, off+len); off must be aligned. */
-static size_t zero_run(uint64_t off, const char *data, size_t len)
+/* Length of the run of whole all-zero ZERO_CHUNKs at the start of
+ * data[0, len); the caller passes data at a ZERO_CHUNK-aligned offset. */
+static size_t zero_run(const char *data, size_t len)
 {
     size_t n = 0;
     while (len - n >= ZERO_CHUNK && is_zero(data + n, ZERO_CHUNK))
@@ -801,9 +802,6 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
     return 0;
 }
 
-/* Split the write into payload and aligned all-zero runs of at least
- * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
- * disk is known to read as zero already. */
 /* A zero chunk can straddle two writes: tools that write zeros from an
  * unaligned offset (cp --sparse=never writes a hole's zeros starting where
  * the data ended) leave the chunk's first part at the end of a filling
@@ -831,6 +829,9 @@ static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
     return r < 0 ? r : (ssize_t) (hi - cur);
 }
 
+/* Split the write into payload and aligned all-zero runs of at least
+ * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
+ * disk is known to read as zero already. */
 static ssize_t write_split_locked(struct pool *p, uint64_t off,
                                   const char *data, size_t len)
 {
@@ -845,7 +846,7 @@ static ssize_t write_split_locked(struct pool *p, uint64_t off,
         size_t zlen = 0;
         /* Find the next zero run at an aligned offset. */
         for (uint64_t z = a; z + ZERO_CHUNK <= off + len; z += ZERO_CHUNK) {
-            zlen = zero_run(z, data + (z - off), len - (size_t) (z - off));
+            zlen = zero_run(data + (z - off), len - (size_t) (z - off));
             if (zlen) {
                 payload_end = (size_t) (z - off);
                 break;
@@ -1631,7 +1632,8 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
     out->pending_zero_ranges = extmap_count(&p->pending_zero);
     out->known_zero_ranges = extmap_count(&p->known_zero);
-    out->nfailures = p->nfailures < 16 ? p->nfailures : 16;
+    out->nfailures = MIN(p->nfailures, (unsigned) (sizeof out->failures /
+                                                   sizeof out->failures[0]));
     memcpy(out->failures, p->failures,
            out->nfailures * sizeof *p->failures);
     if (p->idle_since_ns)
