@@ -1112,7 +1112,8 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
         goto fail;
     read_info(x, x->conns[0].h, cfg);
     want = connections_for(cfg, &x->info);
-    for (unsigned i = 1; i < want; i++, x->nconns++) {
+    for (unsigned i = 1; i < want; i++) {
+        x->nconns++;          /* first: nbdx_close() frees a failed one too */
         r = conn_init(x, i, cfg);
         if (r < 0)
             goto fail;
