@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/list.h"
 #include "tools/verify/verify.h"
 
 struct job {
@@ -140,11 +141,7 @@ static int enqueue(struct hasher *q, struct job *j)
 
     pthread_mutex_lock(&q->lock);
     if ((r = q->err) == 0) {
-        if (q->tail)
-            q->tail->next = j;
-        else
-            q->head = j;
-        q->tail = j;
+        QUEUE_APPEND(q->head, q->tail, j);
         q->bytes += q->job_cap;
         pthread_cond_signal(&q->work);
         j = NULL;
