@@ -46,12 +46,14 @@ struct fs {
     gid_t gid;
     struct timespec started;
 
-    /* The raw file's size and time belong to fs/rawfile.c: everything
-     * else reads them through rawfile_size() and rawfile_stat().
+    /* The raw file's size, time and size lock belong to fs/rawfile.c:
+     * everything else reads them through rawfile_size() and
+     * rawfile_stat().
      *
-     * Writes and punches, of the raw file and of the views, hold it shared from their size check until the
-     * size they extend is set; truncates hold it exclusive from the new
-     * size until the cut-off bytes are pending zero.  So a write lands
+     * Writes and punches (of the raw file and of the views) hold the size
+     * lock shared from their size check until the size they extend is
+     * set; truncates and a view replacing the disk hold it exclusive from
+     * the new size until the cut-off bytes are pending zero.  So a write lands
      * wholly before or wholly after a truncate, never between its two
      * steps (which left the size grown and the bytes zeroed).  The
      * kernel serializes writes and truncates of one inode today
