@@ -18,25 +18,21 @@ enum fs_ino {
     FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
     FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
     FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
+    FS_INO_COUNT              /* fs_views[] (fs/view.h) has this many */
 };
 
 #define FS_STATUS_NAME ".nbdferry-status"
 
-struct vhdview;
 struct tcpinfo_sampler;
-struct vhd_synth;
-struct vmdkview;
-struct vmdk_synth;
 struct readahead;
 struct ra_stream;
 
 struct fs {
     struct nbdx *x;
-    struct vhdview *vhd;      /* fs/vhdview.c */
     struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
-    char *vhd_name;           /* FILENAME.vhd */
-    struct vmdkview *vmdk;    /* fs/vmdkview.c */
-    char *vmdk_name;          /* FILENAME.vmdk */
+    /* Per view (fs/view.h), by inode: its name, its state (its own). */
+    char *view_name[FS_INO_COUNT];
+    void *view_state[FS_INO_COUNT];
     struct pool *pool;
     struct readahead *ra;     /* fs/readahead.c: shared by the handles */
     uint64_t export_size;
@@ -50,14 +46,19 @@ struct fs {
     gid_t gid;
     struct timespec started;
 
-    /* Writes and punches hold it shared from their size check until the
-     * size they extend is set; truncates hold it exclusive from the new
-     * size until the cut-off bytes are pending zero.  So a write lands
+    /* The raw file's size, time and size lock belong to fs/rawfile.c:
+     * everything else reads them through rawfile_size() and
+     * rawfile_stat().
+     *
+     * Writes and punches (of the raw file and of the views) hold the size
+     * lock shared from their size check until the size they extend is
+     * set; truncates and a view replacing the disk hold it exclusive from
+     * the new size until the cut-off bytes are pending zero.  So a write lands
      * wholly before or wholly after a truncate, never between its two
      * steps (which left the size grown and the bytes zeroed).  The
      * kernel serializes writes and truncates of one inode today
      * (i_rwsem); this keeps the rule where it does not (parallel direct
-     * writes).  XXX the views' writes do not take it yet. */
+     * writes). */
     pthread_rwlock_t size_lock;
     pthread_mutex_t lock;     /* protects the fields below */
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
@@ -78,10 +79,8 @@ struct fs_fh {
                                * only then does its close drain the pool.
                                * Set and read with __atomic builtins. */
     uint64_t err_seq;         /* last pool error this handle was told of */
-    char *snapshot;           /* FS_INO_STATUS: the text, taken at open */
-    size_t snapshot_len;
-    struct vhd_synth *synth;  /* FS_INO_VHD read: the VHD frozen at open */
-    struct vmdk_synth *vmdk_synth; /* FS_INO_VMDK read: likewise */
+    void *view_data;          /* the view's, from its open to its release
+                               * (the status text, a frozen VHD, ...) */
     struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */
     struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
 };
@@ -91,12 +90,6 @@ extern const struct fuse_lowlevel_ops fs_ops;
 /* fs/modes.c: fs_ops with file mode and block-device semantics layered
  * on (each a no-op unless its flag in struct fs is set). */
 void fs_mode_ops(struct fuse_lowlevel_ops *out);
-
-/* The raw file's size, for fs/vhdview.c: replace the disk's content by a
- * disk of size bytes (everything reads as zero until written), or grow
- * the apparent size to cover end. */
-int  fs_raw_replace(struct fs *fs, uint64_t size);
-void fs_raw_extend(struct fs *fs, uint64_t end);
 
 /* Free the handles still open when the session ends (the kernel sends no
  * release for them after SIGTERM or a lazy unmount). */

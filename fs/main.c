@@ -42,9 +42,9 @@
 #include "fs/fuseloop.h"
 #include "fs/pidfile.h"
 #include "fs/progress.h"
+#include "fs/rawfile.h"
 #include "fs/readahead.h"
-#include "fs/vhdview.h"
-#include "fs/vmdkview.h"
+#include "fs/view.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
 
@@ -817,7 +817,7 @@ static void stop_watchers(struct fs *fs)
         tcpinfo_stop(fs->tcp);
         fs->tcp = NULL;
     }
-    digest_get(fs->digest, fs->apparent_size, &di);
+    digest_get(fs->digest, rawfile_size(fs), &di);
     if (di.state == DIGEST_COMPLETE)
         log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
     digest_destroy(fs->digest);
@@ -875,10 +875,7 @@ int main(int argc, char **argv)
     fs.file_mode = o.mp.file_mode;
     fs.block_device = o.fo.block_device;
     fs.vhd_fixed = o.fo.vhd_fixed;
-    if (asprintf(&fs.vhd_name, "%s.vhd", o.mp.filename) == -1 ||
-        vhdview_init(&fs) < 0 ||
-        asprintf(&fs.vmdk_name, "%s.vmdk", o.mp.filename) == -1 ||
-        vmdkview_init(&fs) < 0) {
+    if (fs_views_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
@@ -932,10 +929,7 @@ out_pool:
 out_nbd:
     fs_close_all(&fs);
     ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */
-    vhdview_fini(&fs);
-    free(fs.vhd_name);
-    vmdkview_fini(&fs);
-    free(fs.vmdk_name);
+    fs_views_fini(&fs);
     nbdx_close(fs.x);
     pidfile_remove(o.pf);     /* only if it still holds our pid */
     cli_mountpoint_free(&o.mp);

@@ -76,6 +76,13 @@ static void m_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     fs_ops.write(req, map(req, ino), buf, size, off, fi);
 }
 
+static void m_write_buf(fuse_req_t req, fuse_ino_t ino,
+                        struct fuse_bufvec *bufv, off_t off,
+                        struct fuse_file_info *fi)
+{
+    fs_ops.write_buf(req, map(req, ino), bufv, off, fi);
+}
+
 static void m_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     fs_ops.flush(req, map(req, ino), fi);
@@ -115,6 +122,7 @@ void fs_mode_ops(struct fuse_lowlevel_ops *out)
     out->open = m_open;
     out->read = m_read;
     out->write = m_write;
+    out->write_buf = m_write_buf;
     out->flush = m_flush;
     out->fsync = m_fsync;
     out->release = m_release;

@@ -63,8 +63,8 @@ int  progress_create(struct fs *fs, const struct progress_config *cfg,
 /* Draws the final state (after the final flush) and stops the thread. */
 void progress_destroy(struct progress *pg);
 
-/* Events of the raw file, from ops.c after the pool accepted them.  All
- * accept pg == NULL. */
+/* Events of the file being written, from fs/rawfile.c after the pool
+ * accepted them.  All accept pg == NULL. */
 void progress_truncate(struct progress *pg, uint64_t size);
 void progress_write(struct progress *pg, uint64_t off, uint64_t len);
 void progress_zero(struct progress *pg, uint64_t off, uint64_t len);

@@ -5,10 +5,12 @@
  * counters add up: bytes_acknowledged <= bytes_written always, and they
  * are equal once a close() or fsync() has returned without error.
  * tools/nbdferry-status reads this; docs/nbdferry.1 documents each key.
+ * The file itself is a view (fs/view.h), read-only, at the end.
  */
-#include "fs/fs.h"
+#include "fs/view.h"
 #include "transport/tcpinfo.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 
 #include "fs/digest.h"
 #include "fs/progress.h"
+#include "fs/rawfile.h"
 #include "fs/readahead.h"
 
 static double elapsed_s(const struct timespec *since)
@@ -182,9 +185,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
         return NULL;
     pool_get_stats(fs->pool, &s);
     nbdx_get_stats(fs->x, &n);
-    pthread_mutex_lock(&fs->lock);
-    uint64_t apparent = fs->apparent_size;
-    pthread_mutex_unlock(&fs->lock);
+    uint64_t apparent = rawfile_size(fs);
     double uptime = elapsed_s(&fs->started);
 
     fprintf(f, "{\n");
@@ -236,3 +237,72 @@ char *fs_status_json(struct fs *fs, size_t *len)
     }
     return buf;
 }
+
+/* ---- the view ------------------------------------------------------------ */
+
+struct snapshot {
+    size_t len;
+    char *text;
+};
+
+static void status_attr(struct fs *fs, struct stat *st)
+{
+    st->st_mode = S_IFREG | 0400;
+    st->st_nlink = 1;
+    st->st_size = 0;              /* generated at open; read until EOF */
+}
+
+static int status_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+{
+    struct snapshot *s = calloc(1, sizeof *s);
+
+    if (!s || !(s->text = fs_status_json(fs, &s->len))) {
+        free(s);
+        return -ENOMEM;
+    }
+    fh->view_data = s;
+    return 0;
+}
+
+static void status_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
+                        size_t size, off_t off)
+{
+    const struct snapshot *s = fh->view_data;
+
+    if (off < 0 || (size_t) off >= s->len) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    /* Reply from a copy: the kernel completes the read inside writev(), so
+     * the reader may close and the release free the snapshot before
+     * fuse_reply_buf() returns (ASan checks the iovec after the call). */
+    size_t n = s->len - (size_t) off;
+    if (n > size)
+        n = size;
+    char *copy = malloc(n);
+    if (!copy) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    memcpy(copy, s->text + off, n);
+    fuse_reply_buf(req, copy, n);
+    free(copy);
+}
+
+static void status_release(struct fs *fs, struct fs_fh *fh)
+{
+    struct snapshot *s = fh->view_data;
+
+    if (s)
+        free(s->text);
+    free(s);
+    fh->view_data = NULL;
+}
+
+const struct fs_view fs_status_view = {
+    .fixed_name = FS_STATUS_NAME,
+    .attr = status_attr,
+    .open = status_open,
+    .read = status_read,
+    .release = status_release,
+};

@@ -32,23 +32,25 @@
  * on the raw file) but never across fuse_reply_*().  view->synth_lock
  * protects the shared synthesizers; building one holds it (so concurrent
  * stats wait for one build rather than making several).  Neither lock is
- * taken while holding the other.  The kernel sends a
+ * taken while holding the other.  The disk is changed through
+ * fs/rawfile.c, whose size lock is taken after view->lock (the decoder's
+ * sink runs under it), never the other way round.  The kernel sends a
  * writer's requests in order because async direct I/O is off (fs/ops.c).
  */
-#include "fs/vhdview.h"
+#include "fs/view.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/falloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
-#include "fs/digest.h"
-#include "fs/progress.h"
+#include "fs/rawfile.h"
 #include "fs/readahead.h"
 #include "vhd/vhd.h"
 
@@ -85,7 +87,12 @@ struct vhdview {
 static struct vhd_sink sink;
 static void unref_locked(struct vhdview *v, struct synth_ref *r);
 
-int vhdview_init(struct fs *fs)
+static struct vhdview *vhd_of(struct fs *fs)
+{
+    return fs->view_state[FS_INO_VHD];
+}
+
+static int vhdview_init(struct fs *fs)
 {
     struct vhdview *v = calloc(1, sizeof *v);
 
@@ -105,13 +112,13 @@ int vhdview_init(struct fs *fs)
     v->uuid[6] = (v->uuid[6] & 0x0f) | 0x40;   /* version 4 */
     v->uuid[8] = (v->uuid[8] & 0x3f) | 0x80;
     v->timestamp = (uint32_t) (ts.tv_sec - 946684800);  /* VHD epoch */
-    fs->vhd = v;
+    fs->view_state[FS_INO_VHD] = v;
     return 0;
 }
 
-void vhdview_fini(struct fs *fs)
+static void vhdview_fini(struct fs *fs)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
 
     if (!v)
         return;
@@ -126,7 +133,7 @@ void vhdview_fini(struct fs *fs)
     pthread_mutex_destroy(&v->lock);
     pthread_mutex_destroy(&v->synth_lock);
     free(v);
-    fs->vhd = NULL;
+    fs->view_state[FS_INO_VHD] = NULL;
 }
 
 /* ---- the synthesized (read) side -------------------------------------- */
@@ -139,7 +146,8 @@ static int build_synth(struct fs *fs, struct vhd_synth **out)
     struct vhd_synth *s;
     uint64_t size = fs->export_size, pos = 0;
 
-    int r = vhd_synth_new(size, fs->vhd->uuid, fs->vhd->timestamp, &s, &e);
+    struct vhdview *v = vhd_of(fs);
+    int r = vhd_synth_new(size, v->uuid, v->timestamp, &s, &e);
     if (r < 0) {
         log_notice("%s.vhd: %s", fs->filename, e.msg);
         return r;
@@ -162,7 +170,7 @@ static int build_synth(struct fs *fs, struct vhd_synth **out)
     return 0;
 }
 
-/* What identifies a disk state: every change stamps the mtime (fs/ops.c)
+/* What identifies a disk state: every change stamps the mtime (fs/rawfile.c)
  * and moves the pool's counters; the block status scan moves known_zero. */
 static void disk_key(struct fs *fs, struct synth_key *k)
 {
@@ -170,9 +178,8 @@ static void disk_key(struct fs *fs, struct synth_key *k)
 
     pool_get_stats(fs->pool, &st);
     memset(k, 0, sizeof *k);
-    pthread_mutex_lock(&fs->lock);
-    k->mtime = fs->mtime;
-    pthread_mutex_unlock(&fs->lock);
+    uint64_t size;
+    rawfile_stat(fs, &size, &k->mtime);
     k->written = st.bytes_written;
     k->zeroed = st.bytes_zeroed;
     k->skipped = st.bytes_zero_skipped;
@@ -233,7 +240,7 @@ static int replace_locked(struct fs *fs, struct vhdview *v,
  * caller (unref_locked), or NULL and -errno. */
 static struct synth_ref *synth_get(struct fs *fs, int *err)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     struct synth_key key;
 
     disk_key(fs, &key);
@@ -255,7 +262,7 @@ static struct synth_ref *synth_get(struct fs *fs, int *err)
 
 static void synth_put(struct fs *fs, struct vhd_synth *s)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
 
     if (!s)
         return;
@@ -270,9 +277,9 @@ static void synth_put(struct fs *fs, struct vhd_synth *s)
     pthread_mutex_unlock(&v->synth_lock);
 }
 
-uint64_t vhdview_size(struct fs *fs)
+static uint64_t vhdview_size(struct fs *fs)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     int err;
 
     pthread_mutex_lock(&v->lock);
@@ -302,13 +309,13 @@ static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
     return ra_read(d->fs->ra, d->fh->ra, off, buf, len, d->fs->export_size);
 }
 
-ssize_t vhdview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
-                     uint64_t off)
+static ssize_t vhdview_read(struct fs *fs, struct fs_fh *fh, char *buf,
+                            size_t size, uint64_t off)
 {
-    if (!fh->synth)
+    if (!fh->view_data)
         return -EBADF;
     struct disk_reader d = { .fs = fs, .fh = fh };
-    int64_t n = vhd_synth_read(fh->synth, off, buf, size, read_disk, &d);
+    int64_t n = vhd_synth_read(fh->view_data, off, buf, size, read_disk, &d);
     return (ssize_t) n;
 }
 
@@ -325,18 +332,17 @@ static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
         log_err("%s.vhd: the VHD's disk is %" PRIu64 " bytes, larger than "
                 "the export (%" PRIu64 "): nothing written", fs->filename,
                 size, fs->export_size);
-        fs->vhd->logged = true;
+        vhd_of(fs)->logged = true;
         return -ENOSPC;
     }
     log_info("%s.vhd: receiving a %s VHD, disk size %" PRIu64, fs->filename,
              names[kind], size);
     /* Under view->lock (we are inside a feed): the stream is ours. */
-    progress_vhd_length(fs->progress,
-                        vhd_stream_expected_length(fs->vhd->stream));
+    rawfile_view_length(fs, vhd_stream_expected_length(vhd_of(fs)->stream));
     if (kind == VHD_DIFF)
         return 0;                             /* applied over the parent */
     /* Fixed or dynamic: the VHD's disk replaces the export's content. */
-    return fs_raw_replace(fs, size);
+    return rawfile_replace(fs, size);
 }
 
 /* A fixed VHD's size is known only at its end: its data can run past
@@ -348,7 +354,7 @@ static int past_export(struct fs *fs, uint64_t off, uint64_t len)
     log_err("%s.vhd: the VHD's disk is larger than the export (%" PRIu64
             " bytes): data at offset %" PRIu64 " does not fit", fs->filename,
             fs->export_size, off);
-    fs->vhd->logged = true;
+    vhd_of(fs)->logged = true;
     return -ENOSPC;
 }
 
@@ -358,12 +364,7 @@ static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
 
     if (past_export(fs, off, len) < 0)
         return -ENOSPC;
-    ssize_t r = pool_write(fs->pool, off, buf, len);
-    if (r < 0)
-        return (int) r;
-    ra_invalidate(fs->ra, off, len);
-    fs_raw_extend(fs, off + len);
-    return 0;
+    return rawfile_place(fs, off, buf, len);
 }
 
 static int sink_zero(void *opaque, uint64_t off, uint64_t len)
@@ -372,12 +373,7 @@ static int sink_zero(void *opaque, uint64_t off, uint64_t len)
 
     if (past_export(fs, off, len) < 0)
         return -ENOSPC;
-    int r = pool_zero(fs->pool, off, len);
-    ra_invalidate(fs->ra, off, len);      /* even if it failed */
-    if (r < 0)
-        return r;                         /* the decoder fails the write */
-    fs_raw_extend(fs, off + len);
-    return 0;
+    return rawfile_place_zero(fs, off, len);  /* < 0: fails the write */
 }
 
 static struct vhd_sink sink = {
@@ -402,15 +398,18 @@ static int fail_locked(struct fs *fs, struct vhdview *v, int r)
     return -v->err;
 }
 
-int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
+static int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags,
+                        pid_t pid)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
     if (!writing) {
         int err;
         struct synth_ref *r = synth_get(fs, &err);
-        fh->synth = r ? r->synth : NULL;
+        fh->view_data = r ? r->synth : NULL;
+        if (r)
+            fh->ra = ra_stream_open(fs->ra);  /* NULL: reads on demand */
         return r ? 0 : err;
     }
     pthread_mutex_lock(&v->lock);
@@ -429,19 +428,21 @@ int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags)
         v->err = 0;
         v->logged = false;
         v->file_size = 0;
-        /* The raw file's inline digest cannot follow a VHD's bytes. */
-        digest_foreign(fs->digest, "the VHD view");
-        /* A new pass, counted in bytes of the VHD file. */
-        progress_truncate(fs->progress, 0);
+        rawfile_view_open(fs, "the VHD view");
     }
     pthread_mutex_unlock(&v->lock);
+    if (r == 0) {
+        /* The writer's input file, if visible, is the progress's total. */
+        rawfile_writer(fs, pid);
+        fh->ra = ra_stream_open(fs->ra);
+    }
     return r;
 }
 
-ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
-                      size_t size, uint64_t off)
+static ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                             size_t size, uint64_t off)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     int r;
 
     pthread_mutex_lock(&v->lock);
@@ -455,15 +456,16 @@ ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
         v->file_size = off + size;
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        progress_write(fs->progress, off, size);
+        rawfile_view_wrote(fs, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
 /* Punch-hole, zero-range and truncate-extend on the VHD file: zeros of the
  * VHD file.  A truncate that shrinks cannot be decoded. */
-int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
+static int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                        uint64_t len)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     int r;
 
     pthread_mutex_lock(&v->lock);
@@ -477,13 +479,14 @@ int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
         v->file_size = off + len;
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        progress_zero(fs->progress, off, len);
+        rawfile_view_zeroed(fs, off, len);
     return r;
 }
 
-int vhdview_truncate(struct fs *fs, uint64_t size)
+static int vhdview_truncate(struct fs *fs, struct fs_fh *fh,
+                            uint64_t size)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
 
     pthread_mutex_lock(&v->lock);
     bool active = v->stream != NULL;
@@ -501,9 +504,9 @@ int vhdview_truncate(struct fs *fs, uint64_t size)
 
 /* close(): finish the stream and wait for what it wrote.  Returns the
  * decoder's error, or the first write error. */
-int vhdview_flush(struct fs *fs, struct fs_fh *fh)
+static int vhdview_flush(struct fs *fs, struct fs_fh *fh)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
     int r = 0;
 
     pthread_mutex_lock(&v->lock);
@@ -520,7 +523,7 @@ int vhdview_flush(struct fs *fs, struct fs_fh *fh)
         else {
             log_info("%s.vhd: VHD received, %" PRIu64 " bytes", fs->filename,
                      v->file_size);
-            progress_close(fs->progress, v->file_size);
+            rawfile_view_close(fs, v->file_size);
         }
         vhd_stream_free(v->stream);
         v->stream = NULL;
@@ -530,9 +533,9 @@ int vhdview_flush(struct fs *fs, struct fs_fh *fh)
     return r;
 }
 
-void vhdview_release(struct fs *fs, struct fs_fh *fh)
+static void vhdview_release(struct fs *fs, struct fs_fh *fh)
 {
-    struct vhdview *v = fs->vhd;
+    struct vhdview *v = vhd_of(fs);
 
     pthread_mutex_lock(&v->lock);
     if (v->writer == fh) {
@@ -542,6 +545,58 @@ void vhdview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    synth_put(fs, fh->synth);
-    fh->synth = NULL;
+    synth_put(fs, fh->view_data);
+    fh->view_data = NULL;
+    ra_stream_close(fh->ra);
+    fh->ra = NULL;
 }
+
+/* ---- the view ---------------------------------------------------------- */
+
+static void vhd_attr(struct fs *fs, struct stat *st)
+{
+    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_nlink = 1;
+    st->st_size = (off_t) vhdview_size(fs);
+    st->st_blocks = (st->st_size + 511) / 512;
+}
+
+static ssize_t vhd_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                         size_t size, off_t off)
+{
+    return off < 0 ? -EINVAL
+                   : vhdview_write(fs, fh, buf, size, (uint64_t) off);
+}
+
+/* cp --sparse=always punches the holes it skipped: zeros of the VHD file. */
+static int vhd_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+                         off_t len)
+{
+    if (off < 0 || len <= 0 || (mode & ~FALLOC_FL_KEEP_SIZE) == 0)
+        return -EINVAL;
+    return vhdview_hole(fs, fh, (uint64_t) off, (uint64_t) len);
+}
+
+/* close(2): the decoder's error first, else the first write error. */
+static int vhd_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+{
+    int r = vhdview_flush(fs, fh);
+    int err = rawfile_drain(fs, fh, wrote);
+    return r < 0 ? r : err;
+}
+
+const struct fs_view fs_vhd_view = {
+    .suffix = ".vhd",
+    .writable = true,
+    .init = vhdview_init,
+    .fini = vhdview_fini,
+    .attr = vhd_attr,
+    .open = vhdview_open,
+    .pread = vhdview_read,
+    .write = vhd_write,
+    .fallocate = vhd_fallocate,
+    .truncate = vhdview_truncate,
+    .flush = vhd_flush,
+    .fsync = rawfile_fsync,
+    .release = vhdview_release,
+};

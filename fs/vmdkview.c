@@ -11,6 +11,7 @@
  * go only where nothing was written).  Decoded bytes that are all zero
  * are not sent: the disk already reads as zero there.  close() finishes
  * the stream: a VMDK that ended early fails there with EINVAL.
+ * The progress counts bytes of the VMDK file written, as for a VHD.
  *
  * Compressed grains are independent: the decoder hands each one over
  * (sink.grain) and inflater threads, helped by the writing thread,
@@ -36,22 +37,25 @@
  * across inflate or pool_write()).  The writing FUSE thread, holding
  * view->lock, runs queued jobs itself when the queue is full or must
  * drain, then waits on q.cond for the jobs inflaters still run.
- * Inflaters never take view->lock, so that wait cannot deadlock.
+ * Inflaters never take view->lock, so that wait cannot deadlock.  The
+ * disk is changed through fs/rawfile.c, whose size lock is taken after
+ * view->lock and only around one placement, never across a wait for
+ * the queue.
  */
-#include "fs/vmdkview.h"
-#include "fs/readahead.h"
+#include "fs/view.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/falloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
-#include "fs/digest.h"
+#include "fs/rawfile.h"
 #include "vmdk/vmdk.h"
 
 #define QMAX 8                    /* compressed grains waiting (bounded memory) */
@@ -91,9 +95,20 @@ struct vmdkview {
 
 static const struct vmdk_sink sink;
 
+static struct vmdkview *vmdk_of(struct fs *fs)
+{
+    return fs->view_state[FS_INO_VMDK];
+}
+
+static const char *vmdk_name(struct fs *fs)
+{
+    return fs->view_name[FS_INO_VMDK];
+}
+
 /* ---- inflater threads ------------------------------------------------ */
 
 static int place(struct fs *fs, uint64_t off, const void *buf, size_t len);
+static void vmdkview_fini(struct fs *fs);
 
 static void run_job(struct vmdkview *v, struct job *j,
                     struct vmdk_inflater *z, uint8_t *out)
@@ -106,7 +121,8 @@ static void run_job(struct vmdkview *v, struct job *j,
     pthread_mutex_lock(&v->q.lock);
     if (r < 0 && !v->q.err) {
         v->q.err = r;
-        log_err("%s: %s", v->fs->vmdk_name, e.msg[0] ? e.msg : strerror(-r));
+        log_err("%s: %s", vmdk_name(v->fs),
+                e.msg[0] ? e.msg : strerror(-r));
     }
     v->q.busy--;
     pthread_cond_broadcast(&v->q.cond);
@@ -210,7 +226,7 @@ static int drain_inflaters(struct vmdkview *v, bool clear)
 static int sink_grain(void *opaque, const struct vmdk_grain *g)
 {
     struct fs *fs = opaque;
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
     uint8_t *copy = malloc(g->clen ? g->clen : 1);
 
     if (!copy)
@@ -236,7 +252,7 @@ static int sink_grain(void *opaque, const struct vmdk_grain *g)
     return r;
 }
 
-int vmdkview_init(struct fs *fs)
+static int vmdkview_init(struct fs *fs)
 {
     struct vmdkview *v = calloc(1, sizeof *v);
     struct timespec ts;
@@ -256,10 +272,10 @@ int vmdkview_init(struct fs *fs)
     v->cid = (uint32_t) (seed >> 32);
     if (v->cid == 0xffffffffu)
         v->cid = 1;                   /* "no parent" in a descriptor */
-    fs->vmdk = v;
+    fs->view_state[FS_INO_VMDK] = v;
     int r = start_inflaters(v);
     if (r < 0) {
-        log_err("%s: cannot start inflater threads: %s", fs->vmdk_name,
+        log_err("%s: cannot start inflater threads: %s", vmdk_name(fs),
                 strerror(-r));
         vmdkview_fini(fs);
         return r;
@@ -267,9 +283,9 @@ int vmdkview_init(struct fs *fs)
     return 0;
 }
 
-void vmdkview_fini(struct fs *fs)
+static void vmdkview_fini(struct fs *fs)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
 
     if (!v)
         return;
@@ -282,7 +298,7 @@ void vmdkview_fini(struct fs *fs)
     pthread_mutex_destroy(&v->q.lock);
     pthread_cond_destroy(&v->q.cond);
     free(v);
-    fs->vmdk = NULL;
+    fs->view_state[FS_INO_VMDK] = NULL;
 }
 
 /* ---- the synthesized (read) side -------------------------------------- */
@@ -294,9 +310,9 @@ static int build_synth(struct fs *fs, struct vmdk_synth **out)
     struct vmdk_synth *s;
     uint64_t size = fs->export_size, pos = 0;
 
-    int r = vmdk_synth_new(size, fs->vmdk->cid, fs->vmdk_name, &s, &e);
+    int r = vmdk_synth_new(size, vmdk_of(fs)->cid, vmdk_name(fs), &s, &e);
     if (r < 0) {
-        log_notice("%s: %s", fs->vmdk_name, e.msg);
+        log_notice("%s: %s", vmdk_name(fs), e.msg);
         return r;
     }
     while (pos < size && r == 0) {
@@ -355,9 +371,9 @@ static uint64_t synth_size(struct fs *fs)
     return vmdk_synth_size(size, grains, tables);
 }
 
-uint64_t vmdkview_size(struct fs *fs)
+static uint64_t vmdkview_size(struct fs *fs)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
 
     pthread_mutex_lock(&v->lock);
     bool ingesting = v->stream != NULL;
@@ -372,15 +388,15 @@ static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
     return pool_read(fs->pool, off, buf, len);
 }
 
-ssize_t vmdkview_read(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
-                      uint64_t off)
+static ssize_t vmdkview_read(struct fs *fs, struct fs_fh *fh, char *buf,
+                             size_t size, uint64_t off)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
 
-    if (!fh->vmdk_synth)
+    if (!fh->view_data)
         return -EBADF;
     pthread_mutex_lock(&v->read_lock);
-    int64_t n = vmdk_synth_read(fh->vmdk_synth, off, buf, size, read_disk, fs);
+    int64_t n = vmdk_synth_read(fh->view_data, off, buf, size, read_disk, fs);
     pthread_mutex_unlock(&v->read_lock);
     return (ssize_t) n;
 }
@@ -396,18 +412,18 @@ static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
     if (capacity > fs->export_size &&
         capacity - fs->export_size >= VMDK_SECTOR) {
         log_err("%s: the VMDK's disk is %" PRIu64 " bytes, larger than the "
-                "export (%" PRIu64 "): nothing written", fs->vmdk_name,
+                "export (%" PRIu64 "): nothing written", vmdk_name(fs),
                 capacity, fs->export_size);
-        fs->vmdk->logged = true;
+        vmdk_of(fs)->logged = true;
         return -ENOSPC;
     }
     if (capacity > fs->export_size)
         capacity = fs->export_size;
-    log_info("%s: receiving a %s VMDK, disk size %" PRIu64, fs->vmdk_name,
+    log_info("%s: receiving a %s VMDK, disk size %" PRIu64, vmdk_name(fs),
              kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
                                            : "monolithicSparse", capacity);
     /* The VMDK's disk replaces the export's content. */
-    return fs_raw_replace(fs, capacity);
+    return rawfile_replace(fs, capacity);
 }
 
 static bool all_zero(const void *p, size_t n)
@@ -430,11 +446,7 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     }
     if (all_zero(buf, len))           /* reads as zero since begin() */
         return 0;
-    ssize_t r = pool_write(fs->pool, off, buf, len);
-    if (r < 0)
-        return (int) r;
-    ra_invalidate(fs->ra, off, len);  /* no reader sees the old bytes */
-    return 0;
+    return rawfile_place(fs, off, buf, len);
 }
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
@@ -455,24 +467,29 @@ static int fail_locked(struct fs *fs, struct vmdkview *v, int r)
         v->err = -r;
         if (v->logged)                        /* the sink said it */
             return r;
-        log_err("%s: %s", fs->vmdk_name,
+        log_err("%s: %s", vmdk_name(fs),
                 vmdk_stream_error(v->stream)[0] ? vmdk_stream_error(v->stream)
                                                 : strerror(-r));
     }
     return -v->err;
 }
 
-int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags)
+static int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags,
+                         pid_t pid)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
-    if (!writing)
-        return build_synth(fs, &fh->vmdk_synth);
+    if (!writing) {
+        struct vmdk_synth *s = NULL;
+        int r = build_synth(fs, &s);
+        fh->view_data = s;
+        return r;
+    }
     pthread_mutex_lock(&v->lock);
     if (v->stream && v->writer) {
         pthread_mutex_unlock(&v->lock);
-        log_notice("%s: a VMDK is already being written", fs->vmdk_name);
+        log_notice("%s: a VMDK is already being written", vmdk_name(fs));
         return -EBUSY;
     }
     vmdk_stream_free(v->stream);
@@ -484,10 +501,11 @@ int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags)
         v->err = 0;
         v->logged = false;
         v->file_size = 0;
-        /* The raw file's inline digest cannot follow a VMDK's bytes. */
-        digest_foreign(fs->digest, "the VMDK view");
+        rawfile_view_open(fs, "the VMDK view");
     }
     pthread_mutex_unlock(&v->lock);
+    if (r == 0)                   /* its input file: the progress's total */
+        rawfile_writer(fs, pid);
     return r;
 }
 
@@ -503,10 +521,10 @@ static int settle_locked(struct vmdkview *v, int r)
     return r < 0 ? r : v->err ? -v->err : r;
 }
 
-ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
-                       size_t size, uint64_t off)
+static ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                              size_t size, uint64_t off)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
     int r;
 
     pthread_mutex_lock(&v->lock);
@@ -521,14 +539,17 @@ ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
     if (v->writer == fh && v->stream)
         r = settle_locked(v, r);
     pthread_mutex_unlock(&v->lock);
+    if (r >= 0)
+        rawfile_view_wrote(fs, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
 /* Punch-hole, zero-range and truncate-extend on the VMDK file: zeros of
  * the file.  A truncate that shrinks cannot be decoded. */
-int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
+static int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                         uint64_t len)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
     int r;
 
     pthread_mutex_lock(&v->lock);
@@ -543,12 +564,15 @@ int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off, uint64_t len)
     if (v->stream)
         r = settle_locked(v, r);
     pthread_mutex_unlock(&v->lock);
+    if (r >= 0)
+        rawfile_view_zeroed(fs, off, len);
     return r;
 }
 
-int vmdkview_truncate(struct fs *fs, uint64_t size)
+static int vmdkview_truncate(struct fs *fs, struct fs_fh *fh,
+                             uint64_t size)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
 
     pthread_mutex_lock(&v->lock);
     bool active = v->stream != NULL;
@@ -558,16 +582,16 @@ int vmdkview_truncate(struct fs *fs, uint64_t size)
         return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
     if (size < cur) {
         log_err("%s: cannot shrink a VMDK being written (%" PRIu64 " < %"
-                PRIu64 ")", fs->vmdk_name, size, cur);
+                PRIu64 ")", vmdk_name(fs), size, cur);
         return -EINVAL;
     }
     return size > cur ? vmdkview_hole(fs, NULL, cur, size - cur) : 0;
 }
 
 /* close(): finish the stream.  Returns the decoder's error. */
-int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
+static int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
     int r = 0;
 
     pthread_mutex_lock(&v->lock);
@@ -587,7 +611,8 @@ int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
             struct vmdk_stream_stats st;
             vmdk_stream_stats(v->stream, &st);
             log_info("%s: VMDK received, %" PRIu64 " bytes, %" PRIu64
-                     " grains", fs->vmdk_name, v->file_size, st.grains);
+                     " grains", vmdk_name(fs), v->file_size, st.grains);
+            rawfile_view_close(fs, v->file_size);
         }
         vmdk_stream_free(v->stream);
         v->stream = NULL;
@@ -597,9 +622,9 @@ int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
     return r;
 }
 
-void vmdkview_release(struct fs *fs, struct fs_fh *fh)
+static void vmdkview_release(struct fs *fs, struct fs_fh *fh)
 {
-    struct vmdkview *v = fs->vmdk;
+    struct vmdkview *v = vmdk_of(fs);
 
     pthread_mutex_lock(&v->lock);
     if (v->writer == fh) {
@@ -610,6 +635,57 @@ void vmdkview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    vmdk_synth_free(fh->vmdk_synth);
-    fh->vmdk_synth = NULL;
+    vmdk_synth_free(fh->view_data);
+    fh->view_data = NULL;
 }
+
+/* ---- the view ---------------------------------------------------------- */
+
+static void vmdk_attr(struct fs *fs, struct stat *st)
+{
+    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_nlink = 1;
+    st->st_size = (off_t) vmdkview_size(fs);
+    st->st_blocks = (st->st_size + 511) / 512;
+}
+
+static ssize_t vmdk_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                          size_t size, off_t off)
+{
+    return off < 0 ? -EINVAL
+                   : vmdkview_write(fs, fh, buf, size, (uint64_t) off);
+}
+
+/* cp --sparse=always punches the holes it skipped: zeros of the VMDK
+ * file. */
+static int vmdk_fallocate(struct fs *fs, struct fs_fh *fh, int mode,
+                          off_t off, off_t len)
+{
+    if (off < 0 || len <= 0 || (mode & ~FALLOC_FL_KEEP_SIZE) == 0)
+        return -EINVAL;
+    return vmdkview_hole(fs, fh, (uint64_t) off, (uint64_t) len);
+}
+
+/* close(2): the decoder's error first, else the first write error. */
+static int vmdk_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+{
+    int r = vmdkview_flush(fs, fh);
+    int err = rawfile_drain(fs, fh, wrote);
+    return r < 0 ? r : err;
+}
+
+const struct fs_view fs_vmdk_view = {
+    .suffix = ".vmdk",
+    .writable = true,
+    .init = vmdkview_init,
+    .fini = vmdkview_fini,
+    .attr = vmdk_attr,
+    .open = vmdkview_open,
+    .pread = vmdkview_read,
+    .write = vmdk_write,
+    .fallocate = vmdk_fallocate,
+    .truncate = vmdkview_truncate,
+    .flush = vmdk_flush,
+    .fsync = rawfile_fsync,
+    .release = vmdkview_release,
+};

@@ -1,0 +1,318 @@
+/* fs/rawfile.c: the raw file: its size, its time and every change of the
+ * disk, with the watchers notified here and nowhere else (fs/rawfile.h).
+ *
+ * THREAD MODEL: see fs/rawfile.h.  No lock is held across a
+ * fuse_reply_*() (nothing here replies); fs->size_lock may be held across
+ * a pool call that waits for a buffer (the writer is throttled). */
+#include "fs/rawfile.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "fs/digest.h"
+#include "fs/progress.h"
+#include "fs/readahead.h"
+
+uint64_t rawfile_size(struct fs *fs)
+{
+    pthread_mutex_lock(&fs->lock);
+    uint64_t s = fs->apparent_size;
+    pthread_mutex_unlock(&fs->lock);
+    return s;
+}
+
+void rawfile_stat(struct fs *fs, uint64_t *size, struct timespec *mtime)
+{
+    pthread_mutex_lock(&fs->lock);
+    *size = fs->apparent_size;
+    *mtime = fs->mtime;
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* ---- the size ----------------------------------------------------------- */
+
+/* Set the size and stamp the time; returns the old size.  Caller holds
+ * size_lock exclusive. */
+static uint64_t set_size(struct fs *fs, uint64_t size)
+{
+    pthread_mutex_lock(&fs->lock);
+    uint64_t old = fs->apparent_size;
+    fs->apparent_size = size;
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
+    pthread_mutex_unlock(&fs->lock);
+    return old;
+}
+
+/* The disk changed up to end: grow the size to cover it (0: keep it) and
+ * stamp the time, in one lock round (once per FUSE request). */
+static void extend_to(struct fs *fs, uint64_t end)
+{
+    pthread_mutex_lock(&fs->lock);
+    if (end > fs->apparent_size)
+        fs->apparent_size = end;
+    clock_gettime(CLOCK_REALTIME, &fs->mtime);
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* Bytes [off, off + len) will read as zero, lazily; readers must not see
+ * the old bytes from the read-ahead. */
+static int cut(struct fs *fs, uint64_t off, uint64_t len)
+{
+    if (len == 0)
+        return 0;
+    int r = pool_zero_lazy(fs->pool, off, len);
+    ra_invalidate(fs->ra, off, len);
+    return r;
+}
+
+static int too_big(struct fs *fs, uint64_t size, const char *what)
+{
+    log_notice("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
+               what, size, fs->export_size);
+    return -EFBIG;
+}
+
+int rawfile_truncate(struct fs *fs, uint64_t size)
+{
+    if (size > fs->export_size)
+        return too_big(fs, size, "truncate");
+    pthread_rwlock_wrlock(&fs->size_lock);
+    uint64_t old = set_size(fs, size);
+    digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
+    progress_truncate(fs->progress, size);
+    /* Bytes past the old size already read as zero. */
+    int r = size < old ? cut(fs, size, old - size) : 0;
+    pthread_rwlock_unlock(&fs->size_lock);
+    return r;
+}
+
+int rawfile_replace(struct fs *fs, uint64_t size)
+{
+    if (size > fs->export_size)
+        return too_big(fs, size, "replacing the disk");
+    pthread_rwlock_wrlock(&fs->size_lock);
+    uint64_t old = set_size(fs, size);
+    int r = cut(fs, 0, old);
+    pthread_rwlock_unlock(&fs->size_lock);
+    return r;
+}
+
+/* ---- the raw file's own writes ------------------------------------------ */
+
+/* A raw write's size: -errno to fail it, shorter at the end of the
+ * export. */
+static ssize_t write_size(struct fs *fs, struct fs_fh *fh, size_t size,
+                          uint64_t off)
+{
+    if (off >= fs->export_size) {
+        if (size == 0)
+            return 0;
+        log_notice("write of %zu bytes at offset %" PRIu64 " is past the "
+                   "end of the export (%" PRIu64 " bytes)", size, off,
+                   fs->export_size);
+        return -ENOSPC;
+    }
+    /* A write that fails later is reported at close or fsync; once one
+     * has failed, later writes through this handle fail at once. */
+    int err = pool_error_peek(fs->pool, &fh->err_seq);
+    if (err)
+        return -err;
+    if (size > fs->export_size - off)
+        size = (size_t) (fs->export_size - off);  /* short */
+    return (ssize_t) size;
+}
+
+/* The content changed: drop read-ahead, cover it with the size.  Caller
+ * holds size_lock shared. */
+static void changed(struct fs *fs, uint64_t off, uint64_t len, bool grow)
+{
+    ra_invalidate(fs->ra, off, len);
+    extend_to(fs, grow ? off + len : 0);
+}
+
+ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                      const void *buf, size_t size)
+{
+    pthread_rwlock_rdlock(&fs->size_lock);
+    ssize_t n = write_size(fs, fh, size, off);
+    if (n > 0) {
+        ssize_t r = pool_write(fs->pool, off, buf, (size_t) n);
+        if (r < 0)
+            n = r;
+    }
+    if (n > 0)
+        changed(fs, off, (uint64_t) n, true);
+    pthread_rwlock_unlock(&fs->size_lock);
+    if (n > 0) {
+        digest_write(fs->digest, off, buf, (size_t) n);   /* copies */
+        progress_write(fs->progress, off, (uint64_t) n);
+    }
+    return n;
+}
+
+/* Move size bytes of src into the reserved segments.  0 or -errno. */
+static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
+{
+    union {                       /* a bufvec of POOL_FILL_SEGS buffers */
+        struct fuse_bufvec v;
+        char room[sizeof(struct fuse_bufvec) +
+                  (POOL_FILL_SEGS - 1) * sizeof(struct fuse_buf)];
+    } dst = { .v = { .count = f->nseg } };
+    size_t done = 0;
+    /* buf[] is declared with one element and used as a flexible array:
+     * index it through a pointer (an index on the array type is out of
+     * bounds for UBSan). */
+    struct fuse_buf *b = dst.v.buf;
+
+    for (unsigned i = 0; i < f->nseg; i++)
+        b[i] = (struct fuse_buf) { .size = f->seg[i].len,
+                                   .mem = f->seg[i].mem };
+    /* fuse_buf_copy() stops at a short read; it advances both vectors,
+     * so calling it again goes on where it stopped. */
+    while (done < f->len) {
+        ssize_t n = fuse_buf_copy(&dst.v, src, 0);
+        if (n < 0)
+            return (int) n;
+        if (n == 0)
+            return -EIO;
+        done += (size_t) n;
+    }
+    return 0;
+}
+
+/* The digest reads each pool buffer in place until it lets go. */
+static void digest_holds(struct fs *fs, const struct pool_fill *f)
+{
+    for (unsigned i = 0; i < f->nhold; i++)
+        digest_write_held(fs->digest, f->hold[i].off, f->hold[i].mem,
+                          f->hold[i].len, pool_hold_release, f->hold[i].ref);
+}
+
+ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                           struct fuse_bufvec *bufv)
+{
+    struct pool_fill f;
+
+    pthread_rwlock_rdlock(&fs->size_lock);
+    ssize_t size = write_size(fs, fh, fuse_buf_size(bufv), off);
+    int r = size <= 0 ? (int) size
+            : pool_fill_begin(fs->pool, off, (size_t) size, &f);
+    if (r == 0 && size > 0) {
+        r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
+                                   fs->digest != NULL);
+        if (r == -EAGAIN)
+            r = -EIO;             /* not the caller's cue: bufv is spent */
+    }
+    if (r >= 0 && size > 0)
+        changed(fs, off, (uint64_t) size, true);
+    pthread_rwlock_unlock(&fs->size_lock);
+    if (r < 0)
+        return r;                 /* -EAGAIN: the caller copies */
+    if (size > 0) {
+        digest_holds(fs, &f);
+        progress_write(fs->progress, off, (uint64_t) size);
+    }
+    return size;
+}
+
+int rawfile_zero(struct fs *fs, uint64_t start, uint64_t end, bool zero,
+                 bool keep_size)
+{
+    int r = 0;
+
+    pthread_rwlock_rdlock(&fs->size_lock);
+    if (zero && start < end) {
+        r = pool_zero(fs->pool, start, end - start);   /* write-zeroes */
+        ra_invalidate(fs->ra, start, end - start);    /* even if it failed */
+    }
+    if (r == 0)
+        extend_to(fs, keep_size ? 0 : end);
+    pthread_rwlock_unlock(&fs->size_lock);
+    if (r == 0 && zero && start < end) {
+        digest_zero(fs->digest, start, end - start, rawfile_size(fs));
+        progress_zero(fs->progress, start, end - start);
+    }
+    return r;
+}
+
+void rawfile_close_pass(struct fs *fs)
+{
+    uint64_t size = rawfile_size(fs);
+    digest_close(fs->digest, size);
+    progress_close(fs->progress, size);
+}
+
+/* ---- other views' writes ------------------------------------------------ */
+
+int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len)
+{
+    pthread_rwlock_rdlock(&fs->size_lock);
+    ssize_t r = pool_write(fs->pool, off, buf, len);
+    if (r >= 0)
+        changed(fs, off, len, true);
+    pthread_rwlock_unlock(&fs->size_lock);
+    return r < 0 ? (int) r : 0;
+}
+
+int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
+{
+    pthread_rwlock_rdlock(&fs->size_lock);
+    int r = pool_zero(fs->pool, off, len);
+    ra_invalidate(fs->ra, off, len);      /* even if it failed */
+    if (r == 0)
+        extend_to(fs, off + len);
+    pthread_rwlock_unlock(&fs->size_lock);
+    return r;
+}
+
+void rawfile_view_open(struct fs *fs, const char *what)
+{
+    /* The raw file's inline digest cannot follow a view's bytes. */
+    digest_foreign(fs->digest, what);
+    /* A new pass, counted in bytes of the view's file. */
+    progress_truncate(fs->progress, 0);
+}
+
+void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len)
+{
+    progress_write(fs->progress, off, len);
+}
+
+void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len)
+{
+    progress_zero(fs->progress, off, len);
+}
+
+void rawfile_view_length(struct fs *fs, uint64_t len)
+{
+    progress_vhd_length(fs->progress, len);
+}
+
+void rawfile_view_close(struct fs *fs, uint64_t len)
+{
+    progress_close(fs->progress, len);
+}
+
+void rawfile_writer(struct fs *fs, pid_t pid)
+{
+    progress_writer(fs->progress, pid);
+}
+
+/* ---- handles ------------------------------------------------------------ */
+
+int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
+{
+    if (!wrote)
+        return 0;
+    pool_drain(fs->pool);
+    return -pool_error_take(fs->pool, &fh->err_seq);
+}
+
+int rawfile_fsync(struct fs *fs, struct fs_fh *fh)
+{
+    int r = pool_flush(fs->pool);
+    int err = pool_error_take(fs->pool, &fh->err_seq);
+    return err ? -err : r < 0 ? -EIO : 0;
+}

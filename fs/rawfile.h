@@ -1,0 +1,85 @@
+/* fs/rawfile.h: the raw file, the disk seen as one file of an apparent
+ * size (fs/rawfile.c).  The only code that changes the disk, its size or
+ * its time: every view (fs/view.h) goes through here.
+ *
+ * It owns fs->apparent_size, fs->mtime and fs->size_lock, and notifies the
+ * watchers of each change from one place: the read-ahead (its chunks of a
+ * changed range are dropped), the digest (the raw file's inline hash, with
+ * blkpass under it) and the progress (the pass of the file being written,
+ * which for the VHD and VMDK views is their file, not the disk).
+ *
+ * Errors, the same for every view: a size past the export (truncate, a
+ * view's disk replacing the content) is EFBIG; data past the export's end
+ * is ENOSPC (a write, a fallocate that would grow the file).
+ *
+ * THREAD MODEL: any FUSE worker and the VMDK view's inflater threads.
+ * fs->lock guards the size and time (a leaf, never held across a pool
+ * call).  fs->size_lock is held shared from a change's check until the
+ * size it extends is set, exclusive by a truncate or replace from the new
+ * size until the cut-off bytes are pending zero.  Views take it after
+ * their own lock, never the other way round. */
+#pragma once
+#include "fs/fs.h"
+
+uint64_t rawfile_size(struct fs *fs);
+/* Size and mtime read together. */
+void rawfile_stat(struct fs *fs, uint64_t *size, struct timespec *mtime);
+
+/* ---- the size ----------------------------------------------------------- */
+
+/* truncate(2) and O_TRUNC: every byte beyond size must read as zero; the
+ * bytes [size, old size) become pending zero, done lazily at the next
+ * drain for the parts not written again meanwhile.  Size 0 starts a new
+ * pass.  -EFBIG past the export. */
+int rawfile_truncate(struct fs *fs, uint64_t size);
+/* A view's file replaces the disk's content by a disk of size bytes that
+ * reads as zero until written (lazy zeroing).  -EFBIG past the export. */
+int rawfile_replace(struct fs *fs, uint64_t size);
+
+/* ---- the raw file's own writes (fs/rawview.c) --------------------------- */
+
+/* write(2) of the raw file: -ENOSPC at or past the export's end, short at
+ * it; the handle's sticky pool error once one happened.  Returns the
+ * bytes written; the digest copies them. */
+ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                      const void *buf, size_t size);
+/* The same from a FUSE buffer vector, moved straight into reserved pool
+ * buffers that the digest then reads in place.  -EAGAIN: nothing done,
+ * take rawfile_write() with a copy. */
+ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                           struct fuse_bufvec *bufv);
+/* fallocate(2) over [start, end): write-zeroes if zero, then grow the
+ * size to end unless keep_size.  The caller checked the range. */
+int rawfile_zero(struct fs *fs, uint64_t start, uint64_t end, bool zero,
+                 bool keep_size);
+/* close(2) of a writer: the pass covers the file up to its size now. */
+void rawfile_close_pass(struct fs *fs);
+
+/* ---- other views' writes ------------------------------------------------ */
+
+/* Decoded bytes of a view's file placed on the disk.  The caller checked
+ * [off, off + len) lies within the export. */
+int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len);
+int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len);
+
+/* The pass through a view's file (the progress counts its bytes; the
+ * digest, which follows only the raw file, is told it lost track).  open:
+ * what names the view for the status.  length: the file's length, when
+ * its metadata tell it. */
+void rawfile_view_open(struct fs *fs, const char *what);
+void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len);
+void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len);
+void rawfile_view_length(struct fs *fs, uint64_t len);
+void rawfile_view_close(struct fs *fs, uint64_t len);
+
+/* A process opened a view for writing (after the open's truncate): its
+ * input file, if one is visible, is the pass's total. */
+void rawfile_writer(struct fs *fs, pid_t pid);
+
+/* ---- handles ------------------------------------------------------------ */
+
+/* close(2) and fsync(2) of any view that writes the disk: every write is
+ * acknowledged (flushed) first.  The first pool error this handle was not
+ * told of yet, as -errno. */
+int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote);
+int rawfile_fsync(struct fs *fs, struct fs_fh *fh);

@@ -1,0 +1,169 @@
+/* fs/rawview.c: FILENAME, the export as a raw file (fs/view.h).  The file
+ * semantics are the raw file's contract in docs/design.md; the size, the
+ * time and every change live in fs/rawfile.c, which this view calls.
+ *
+ * THREAD MODEL: as fs/rawfile.c; reads reply from the read-ahead's chunks
+ * (fs/readahead.c), whose references are dropped after the reply. */
+#include "fs/view.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fs/rawfile.h"
+#include "fs/readahead.h"
+
+static void raw_attr(struct fs *fs, struct stat *st)
+{
+    uint64_t size;
+
+    rawfile_stat(fs, &size, &st->st_mtim);
+    st->st_ctim = st->st_mtim;
+    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_nlink = 1;
+    st->st_size = (off_t) size;
+    /* From the zero maps, so sparse-aware readers (cp --sparse=auto
+     * wants st_blocks < st_size / 512) look for holes. */
+    st->st_blocks = (blkcnt_t) ((pool_allocated(fs->pool, size) + 511) / 512);
+}
+
+static int raw_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+{
+    bool writing = (flags & O_ACCMODE) != O_RDONLY;
+
+    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr. */
+    if (writing && (flags & O_TRUNC)) {
+        int r = rawfile_truncate(fs, 0);
+        if (r < 0)
+            return r;
+    }
+    /* The writer's input file, if visible, is the progress's total. */
+    if (writing)
+        rawfile_writer(fs, pid);
+    fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
+    return 0;
+}
+
+static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
+                     size_t size, off_t off)
+{
+    uint64_t end = rawfile_size(fs);
+    if (off < 0 || (uint64_t) off >= end) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    if (size > end - (uint64_t) off)
+        size = (size_t) (end - (uint64_t) off);
+    /* Straight from the read-ahead's chunks when they hold the range. */
+    struct ra_span span[RA_SPANS];
+    unsigned n = 0;
+    int r = ra_read_spans(fs->ra, fh->ra, (uint64_t) off, size, end, span,
+                          &n);
+    if (r < 0) {
+        fuse_reply_err(req, -r);
+        return;
+    }
+    /* fuse_reply_iov(): one writev() from the spans (fuse_reply_data()
+     * would copy two of them into one buffer first). */
+    struct iovec iov[RA_SPANS];
+    for (unsigned i = 0; i < n; i++)
+        iov[i] = (struct iovec) { .iov_base = (void *) span[i].mem,
+                                  .iov_len = span[i].len };
+    fuse_reply_iov(req, iov, (int) n);
+    ra_put(fs->ra, span, n);
+}
+
+static ssize_t raw_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                         size_t size, off_t off)
+{
+    if (off < 0)
+        return size ? -ENOSPC : 0;    /* as past the end */
+    return rawfile_write(fs, fh, (uint64_t) off, buf, size);
+}
+
+/* write_buf gets the payload where libfuse read it (memory; a pipe fd if
+ * splicing were on) and fuse_buf_copy() moves it straight into the pool
+ * buffers reserved for it: the only copy the daemon makes in user space.
+ * The inline digest then hashes those pool buffers in place (holds)
+ * instead of a copy of its own. */
+static ssize_t raw_write_buf(struct fs *fs, struct fs_fh *fh,
+                             struct fuse_bufvec *bufv, off_t off)
+{
+    if (off < 0)
+        return fuse_buf_size(bufv) ? -ENOSPC : 0;
+    return rawfile_write_bufv(fs, fh, (uint64_t) off, bufv);
+}
+
+static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+                         off_t len)
+{
+    bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+    int kind = mode & ~FALLOC_FL_KEEP_SIZE;
+
+    if (off < 0 || len <= 0)
+        return -EINVAL;
+    if (fs->readonly)
+        return -EROFS;
+    if (kind != 0 && kind != FALLOC_FL_PUNCH_HOLE &&
+        kind != FALLOC_FL_ZERO_RANGE)
+        return -EOPNOTSUPP;
+    uint64_t start = (uint64_t) off, end = start + (uint64_t) len;
+    if (end < start || (!keep_size && end > fs->export_size))
+        return -ENOSPC;
+    if (end > fs->export_size)
+        end = fs->export_size;    /* keep-size: nothing exists past it */
+    return rawfile_zero(fs, start, end, kind != 0, keep_size);
+}
+
+static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
+{
+    int r = rawfile_truncate(fs, size);
+    fs_fh_mark_wrote(fh);
+    return r;
+}
+
+static int64_t raw_lseek(struct fs *fs, struct fs_fh *fh, off_t off,
+                         int whence)
+{
+    if (whence != SEEK_DATA && whence != SEEK_HOLE)
+        return -EINVAL;
+    if (off < 0)
+        return -ENXIO;
+    return pool_seek(fs->pool, (uint64_t) off, whence, rawfile_size(fs));
+}
+
+/* close(2): every write is acknowledged before close returns, and the
+ * first error since this handle last reported one is returned. */
+static int raw_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+{
+    int r = rawfile_drain(fs, fh, wrote);
+    /* The pass covers the file up to its size (cp's final ftruncate).  A
+     * reader closing (sha256sum during a copy) ends nobody's pass. */
+    if (fh->writer)
+        rawfile_close_pass(fs);
+    return r;
+}
+
+static void raw_release(struct fs *fs, struct fs_fh *fh)
+{
+    ra_stream_close(fh->ra);
+    fh->ra = NULL;
+}
+
+const struct fs_view fs_raw_view = {
+    .suffix = "",
+    .writable = true,
+    .attr = raw_attr,
+    .open = raw_open,
+    .read = raw_read,
+    .write = raw_write,
+    .write_buf = raw_write_buf,
+    .fallocate = raw_fallocate,
+    .truncate = raw_truncate,
+    .lseek = raw_lseek,
+    .flush = raw_flush,
+    .fsync = rawfile_fsync,
+    .release = raw_release,
+};

@@ -1,0 +1,91 @@
+/* fs/view.h: the interface every file of the mount implements.
+ *
+ * A view is one name in the mount's directory: the raw file (fs/rawview.c),
+ * the status document (fs/status.c), the disk as a VHD (fs/vhdview.c) or a
+ * VMDK (fs/vmdkview.c).  fs/ops.c owns what is common to all of them (the
+ * handle, its place on fs->open_files, argument checks, the FUSE reply) and
+ * dispatches the rest here through fs_views[], indexed by inode.  A new
+ * format is a new file defining a struct fs_view, plus its inode number in
+ * enum fs_ino and one line in fs_views[] (fs/view.c).
+ *
+ * Views change the disk only through the raw-file module (fs/rawfile.h),
+ * never through fs/ops.c, so that the size, the times, the size lock and
+ * the watchers (digest, progress, read-ahead) stay in one place.
+ *
+ * Every hook but attr may be NULL:
+ *   open        NULL: nothing to set up.  Not called for a write open of a
+ *               view that is not writable (fs/ops.c refuses with EACCES).
+ *   read        replies itself (zero-copy views); else pread fills a buffer
+ *               that fs/ops.c replies with; neither: EINVAL.
+ *   write_buf   -EAGAIN: take the copying path through write.
+ *   fallocate,
+ *   truncate,
+ *   lseek       NULL: EINVAL (truncate: EPERM, and chmod is refused too).
+ *   flush       close(2) of a handle; wrote says whether the handle changed
+ *               anything.  NULL: 0.
+ *   fsync       NULL: 0.
+ *   release     frees what open put in the handle; also called when
+ *               fuse_reply_open() fails and at unmount for handles the
+ *               kernel never released.
+ * Hooks return 0, a count, or a negative errno; fs/ops.c replies.
+ *
+ * THREAD MODEL: hooks run on libfuse's worker threads, several at once
+ * (also for one handle); each view locks its own state. */
+#pragma once
+#include "fs/fs.h"
+
+struct fs_view {
+    const char *suffix;       /* its name: FILENAME + suffix, */
+    const char *fixed_name;   /* or this one */
+    bool writable;            /* may be opened for writing */
+    int  (*init)(struct fs *fs);              /* before the mount */
+    void (*fini)(struct fs *fs);              /* after fs_close_all() */
+    /* st arrives with owner, times and st_blksize set; set the rest. */
+    void (*attr)(struct fs *fs, struct stat *st);
+    int  (*open)(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid);
+    void (*read)(fuse_req_t req, struct fs *fs, struct fs_fh *fh, size_t size,
+                 off_t off);
+    ssize_t (*pread)(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
+                     uint64_t off);
+    ssize_t (*write)(struct fs *fs, struct fs_fh *fh, const char *buf,
+                     size_t size, off_t off);
+    ssize_t (*write_buf)(struct fs *fs, struct fs_fh *fh,
+                         struct fuse_bufvec *bufv, off_t off);
+    int  (*fallocate)(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+                      off_t len);
+    int  (*truncate)(struct fs *fs, struct fs_fh *fh, uint64_t size);
+    int64_t (*lseek)(struct fs *fs, struct fs_fh *fh, off_t off, int whence);
+    int  (*flush)(struct fs *fs, struct fs_fh *fh, bool wrote);
+    int  (*fsync)(struct fs *fs, struct fs_fh *fh);
+    void (*release)(struct fs *fs, struct fs_fh *fh);
+};
+
+/* fs/view.c: the views by inode (NULL: not a file, e.g. the root). */
+extern const struct fs_view *const fs_views[FS_INO_COUNT];
+
+static inline const struct fs_view *fs_view_of(fuse_ino_t ino)
+{
+    return ino < FS_INO_COUNT ? fs_views[ino] : NULL;
+}
+
+/* Names every view (fs->view_name[]) and runs the init hooks; on failure
+ * what was set up is undone.  fini: the reverse; safe after a failed or
+ * absent init. */
+int  fs_views_init(struct fs *fs);
+void fs_views_fini(struct fs *fs);
+
+/* The views each define one. */
+extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
+                            fs_vmdk_view;
+
+/* fh->wrote: several worker threads may use one handle at once. */
+static inline void fs_fh_mark_wrote(struct fs_fh *fh)
+{
+    if (fh)
+        __atomic_store_n(&fh->wrote, true, __ATOMIC_RELAXED);
+}
+
+static inline bool fs_fh_has_written(struct fs_fh *fh)
+{
+    return __atomic_load_n(&fh->wrote, __ATOMIC_RELAXED);
+}
