@@ -5,8 +5,8 @@
  * fs/rawfile.c).
  *
  * THREAD MODEL
- * libfuse's worker threads (fuse_session_loop_mt) call these handlers
- * concurrently.  fs->lock protects the list of open handles (and, in
+ * The receive loop (fs/fuseloop.c) calls these handlers: writes on its
+ * receiver thread, everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
  * fs/rawfile.c, the apparent size and times); it is never held across a
  * view's hook nor across fuse_reply_*().
  */
@@ -23,7 +23,9 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/minmax.h"
 #include "fs/rawfile.h"
+#include "fs/trace.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
                                    * buffer size, so writes arrive large */
@@ -73,6 +75,7 @@ static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+    TRACE(req, "lookup parent=%" PRIu64 " name=%s", (uint64_t) parent, name);
     struct fuse_entry_param e = { 0 };
     fuse_ino_t ino = parent == FS_INO_ROOT ? ino_by_name(fs_of(req), name) : 0;
 
@@ -91,6 +94,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_getattr(fuse_req_t req, fuse_ino_t ino,
                        struct fuse_file_info *fi)
 {
+    TRACE(req, "getattr ino=%" PRIu64, (uint64_t) ino);
     reply_attr(req, ino);
 }
 
@@ -116,6 +120,8 @@ static int set_attr(struct fs *fs, fuse_ino_t ino, struct stat *attr,
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
                        int to_set, struct fuse_file_info *fi)
 {
+    TRACE(req, "setattr ino=%" PRIu64 " to_set=%#x size=%jd", (uint64_t) ino,
+          (unsigned) to_set, (intmax_t) attr->st_size);
     int r = set_attr(fs_of(req), ino, attr, to_set, fi);
 
     if (r < 0)
@@ -150,6 +156,8 @@ static void dirbuf_add(fuse_req_t req, struct dirbuf *b, const char *name,
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                        struct fuse_file_info *fi)
 {
+    TRACE(req, "readdir ino=%" PRIu64 " off=%jd size=%zu", (uint64_t) ino,
+          (intmax_t) off, size);
     struct fs *fs = fs_of(req);
     struct dirbuf b = { 0 };
 
@@ -164,7 +172,7 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
             dirbuf_add(req, &b, fs->view_name[i], i);
     if ((size_t) off < b.size) {
         size_t n = b.size - (size_t) off;
-        fuse_reply_buf(req, b.p + off, n < size ? n : size);
+        fuse_reply_buf(req, b.p + off, MIN(n, size));
     } else
         fuse_reply_buf(req, NULL, 0);
     free(b.p);
@@ -223,6 +231,7 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
                       mode_t mode, struct fuse_file_info *fi)
 {
+    TRACE(req, "create name=%s mode=%#o", name, (unsigned) mode);
     refuse(req, "creating", name);
 }
 
@@ -293,6 +302,7 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+    TRACE(req, "open ino=%" PRIu64 " flags=%#x", (uint64_t) ino, (unsigned) fi->flags);
     int err;
     struct fs_fh *fh = open_fh(req, ino, fi->flags, &err);
 
@@ -312,6 +322,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
  * first error since this handle last reported one is returned. */
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+    TRACE(req, "flush ino=%" PRIu64 " fh=%#" PRIx64, (uint64_t) ino, (uint64_t) fi->fh);
     const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
 
@@ -326,6 +337,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
                      struct fuse_file_info *fi)
 {
+    TRACE(req, "fsync ino=%" PRIu64 " datasync=%d", (uint64_t) ino, datasync);
     const struct fs_view *v = fs_view_of(ino);
     int r = v && v->fsync ? v->fsync(fs_of(req), fh_of(fi)) : 0;
 
@@ -343,6 +355,8 @@ void fs_close_all(struct fs *fs)
 static void op_release(fuse_req_t req, fuse_ino_t ino,
                        struct fuse_file_info *fi)
 {
+    TRACE(req, "release ino=%" PRIu64 " fh=%#" PRIx64, (uint64_t) ino,
+          (uint64_t) fi->fh);
     close_fh(fs_of(req), fh_of(fi));
     fuse_reply_err(req, 0);
 }
@@ -369,6 +383,8 @@ static void read_copied(fuse_req_t req, const struct fs_view *v,
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
+    TRACE(req, "read ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino, (intmax_t) off,
+          size);
     const struct fs_view *v = fs_view_of(ino);
 
     if (v && v->read)
@@ -390,6 +406,8 @@ static void reply_written(fuse_req_t req, ssize_t n)
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
                      size_t size, off_t off, struct fuse_file_info *fi)
 {
+    TRACE(req, "write ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino,
+          (intmax_t) off, size);
     const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
 
@@ -429,6 +447,8 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
                          struct fuse_bufvec *bufv, off_t off,
                          struct fuse_file_info *fi)
 {
+    TRACE(req, "write ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino,
+          (intmax_t) off, fuse_buf_size(bufv));
     const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
 
@@ -444,6 +464,8 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
                          off_t len, struct fuse_file_info *fi)
 {
+    TRACE(req, "fallocate ino=%" PRIu64 " mode=%#x off=%jd len=%jd",
+          (uint64_t) ino, (unsigned) mode, (intmax_t) off, (intmax_t) len);
     const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
 
@@ -456,6 +478,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
 static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
                      struct fuse_file_info *fi)
 {
+    TRACE(req, "lseek ino=%" PRIu64 " off=%jd whence=%d", (uint64_t) ino,
+          (intmax_t) off, whence);
     const struct fs_view *v = fs_view_of(ino);
     int64_t r = v && v->lseek ? v->lseek(fs_of(req), fh_of(fi), off, whence)
                               : -EINVAL;
@@ -467,6 +491,7 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
+    TRACE(req, "statfs");
     struct fs *fs = fs_of(req);
     struct statvfs sv = { 0 };
     uint64_t used = rawfile_size(fs);

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/uuid.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
 #include "vhd/vhd.h"
@@ -101,17 +102,8 @@ static int vhdview_init(struct fs *fs)
     pthread_mutex_init(&v->lock, NULL);
     pthread_mutex_init(&v->synth_lock, NULL);
     /* A per-mount identity: re-reads of the view agree within a mount. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t seed = (uint64_t) ts.tv_sec * 1000000007u ^ (uint64_t) ts.tv_nsec ^
-                    fs->export_size;
-    for (int i = 0; i < 16; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v->uuid[i] = (uint8_t) (seed >> 56);
-    }
-    v->uuid[6] = (v->uuid[6] & 0x0f) | 0x40;   /* version 4 */
-    v->uuid[8] = (v->uuid[8] & 0x3f) | 0x80;
-    v->timestamp = (uint32_t) (ts.tv_sec - 946684800);  /* VHD epoch */
+    uuid_v4(v->uuid);
+    v->timestamp = (uint32_t) (time(NULL) - VHD_EPOCH_UNIX);
     fs->view_state[FS_INO_VHD] = v;
     return 0;
 }

@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/iszero.h"
 #include "common/log.h"
 #include "fs/rawfile.h"
 #include "vmdk/vmdk.h"
@@ -426,12 +427,6 @@ static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
     return rawfile_replace(fs, capacity);
 }
 
-static bool all_zero(const void *p, size_t n)
-{
-    const char *c = p;
-    return n == 0 || (c[0] == 0 && memcmp(c, c + 1, n - 1) == 0);
-}
-
 /* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
 static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
 {
@@ -440,11 +435,11 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
          * (begin() allowed that): they must be zero. */
         size_t keep = off < fs->export_size ? (size_t) (fs->export_size - off)
                                             : 0;
-        if (!all_zero((const char *) buf + keep, len - keep))
+        if (!is_zero((const char *) buf + keep, len - keep))
             return -ENOSPC;
         len = keep;
     }
-    if (all_zero(buf, len))           /* reads as zero since begin() */
+    if (is_zero(buf, len))           /* reads as zero since begin() */
         return 0;
     return rawfile_place(fs, off, buf, len);
 }
