@@ -278,7 +278,7 @@ def test_progress_total_from_a_pipe_is_the_export(server, mount, shm):
     for _, p in got:
         assert p["total_from"] == "export-size" and p["total"] == EXPORT, p
     assert status(m)["progress"]["total_from"] == "close"
-    tool = TOP / "tools" / "nbdferry-status"
+    tool = TOP / "tools" / "status" / "nbdferry-status"
     sh = subprocess.Popen(["sh", "-c", f"cat '{src}' | dd of='{m.file}' "
                            "bs=1M iflag=fullblock status=none"])
     try:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")
 
 EXPORT = 64 * MiB
-TOOL = TOP / "tools" / "nbdferry-status"
+TOOL = TOP / "tools" / "status" / "nbdferry-status"
 # Item 3 of the issue: what the status must hold.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",

@@ -4,10 +4,11 @@
 # (nbdkit 1.32's delay filter only does whole milliseconds).  tools/bench
 # looks for it in ${CMAKE_BINARY_DIR}/tools/nbdkit-filters/ and compiles
 # tools/nbdkit-filters/usdelay.c itself when it is not there.
+# Included from tools/CMakeLists.txt.
 pkg_check_modules(NBDKIT IMPORTED_TARGET nbdkit)
 if(NBDKIT_FOUND)
   add_library(nbdkit-usdelay-filter MODULE
-              ${CMAKE_CURRENT_SOURCE_DIR}/nbdkit-filters/usdelay.c)
+              ${CMAKE_CURRENT_LIST_DIR}/usdelay.c)
   target_link_libraries(nbdkit-usdelay-filter PRIVATE PkgConfig::NBDKIT)
   set_target_properties(nbdkit-usdelay-filter PROPERTIES
     PREFIX ""
