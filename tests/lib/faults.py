@@ -84,7 +84,6 @@ def _print_tally():
         print("\n" + TALLY.line())
 
 
-
 def judge(tally, case, rc, src, server_sha, mount_sha=None, stderr=""):
     """Record one copy's outcome.  src: path of the source (or its sha256
     hex); server_sha: sha256 of the same number of bytes read from the
@@ -195,7 +194,6 @@ class Copy:
             self.proc.wait(10)
 
 
-
 # -------------------------------------------------- a restartable nbdkit
 
 class Kit:
@@ -257,7 +255,6 @@ class Kit:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-
 
 
 # ------------------------------------------------ a connection-dropping proxy
@@ -347,7 +344,6 @@ class DropProxy:
                 x.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
 
 
 # ------------------------------------------------------------- the daemon

@@ -65,6 +65,7 @@ def free_tcp_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -78,7 +79,6 @@ def pid_alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
 
 
 def in_thread(fn, secs):
