@@ -48,7 +48,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-
 # ------------------------------------------------------------ directories
 
 @pytest.fixture
