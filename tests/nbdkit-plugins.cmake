@@ -18,6 +18,16 @@ if(NBDKIT_FOUND)
       OUTPUT_NAME nbdkit-${p}-plugin
       C_VISIBILITY_PRESET hidden
       LIBRARY_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/nbdkit-plugins)
+    # nbdkit, not built with a sanitizer, dlopen()s the plugin: a sanitizer
+    # build's -fsanitize flags would make it refuse to load (ASan runtime
+    # "does not come first").  The plugin keeps every other flag.
+    foreach(prop COMPILE_OPTIONS LINK_OPTIONS)
+      get_target_property(opts nbdkit-${p}-plugin ${prop})
+      if(opts)                     # unset: get_target_property says NOTFOUND
+        list(FILTER opts EXCLUDE REGEX "sanitize")
+        set_target_properties(nbdkit-${p}-plugin PROPERTIES ${prop} "${opts}")
+      endif()
+    endforeach()
   endforeach()
 else()
   message(WARNING "nbdkit-plugin-dev not found: the tests' nbdkit plugins "

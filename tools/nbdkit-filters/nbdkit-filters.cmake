@@ -15,6 +15,15 @@ if(NBDKIT_FOUND)
     OUTPUT_NAME nbdkit-usdelay-filter
     C_VISIBILITY_PRESET hidden
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/nbdkit-filters)
+  # nbdkit, not built with a sanitizer, dlopen()s the filter: keep a
+  # sanitizer build's -fsanitize flags off it.
+  foreach(prop COMPILE_OPTIONS LINK_OPTIONS)
+    get_target_property(opts nbdkit-usdelay-filter ${prop})
+    if(opts)                     # unset: get_target_property says NOTFOUND
+      list(FILTER opts EXCLUDE REGEX "sanitize")
+      set_target_properties(nbdkit-usdelay-filter PROPERTIES ${prop} "${opts}")
+    endif()
+  endforeach()
 else()
   message(STATUS "nbdkit-plugin-dev not found: skipping the bench's nbdkit "
                  "filters (tools/bench builds them on demand)")
