@@ -64,7 +64,9 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/list.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/signals.h"
 #include "fs/blkpass.h"
 
@@ -192,11 +194,7 @@ static void fail_locked(struct digest *d, enum digest_state state,
 static void push_locked(struct digest *d, struct item *it)
 {
     it->seq = ++d->seq;
-    if (d->tail)
-        d->tail->next = it;
-    else
-        d->head = it;
-    d->tail = it;
+    QUEUE_APPEND(d->head, d->tail, it);
     pthread_cond_signal(&d->cond);
 }
 
@@ -236,10 +234,7 @@ static bool no_room_locked(const struct digest *d, size_t cost)
 static bool wait_for_room_locked(struct digest *d, size_t cost)
 {
     uint64_t gen = d->gen, pos = d->pos;
-    struct timespec deadline;
-
-    clock_gettime(CLOCK_MONOTONIC, &deadline);    /* d->space's clock */
-    deadline.tv_sec += WAIT_MAX_S;
+    struct timespec deadline = mono_deadline_ns(WAIT_MAX_S * NS_PER_S);
     while (no_room_locked(d, cost)) {
         /* A wakeup can race the deadline: only a queue still full at
          * the deadline abandons the digest. */
@@ -726,11 +721,7 @@ static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
     d->bp = bp;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&d->space, &ca);
-    pthread_condattr_destroy(&ca);
+    mono_cond_init(&d->space);
     int r = pthread_create(&d->thread, NULL, bp ? blk_thread : digest_thread,
                            d);
     if (r) {

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
 
 EXPORT = 64 * MiB
 TOOL = TOP / "tools" / "status" / "nbdferry-status"
-# Item 3 of the issue: what the status must hold.
+# What the status file must hold: every key a monitor may rely on.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",
         "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "warnings",
