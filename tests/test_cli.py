@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, assert_content, daemon_cmd, fill_random,
-                      free_tcp_port, fusermount_u, is_mounted, nonempty,
-                      pid_alive, random_file, read_nbd, sha256_file,
-                      stderr_problems, timeout, wait_for)
+from lib.content import assert_content
+from lib.digest import sha256_file
+from lib.env import MiB, daemon_cmd, timeout
+from lib.images import random_file
+from lib.mounts import fusermount_u, is_mounted, stderr_problems
+from lib.nbd import fill_random, read_nbd
+from lib.procs import free_tcp_port, nonempty, pid_alive, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT = 64 * MiB

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, NBDFERRY, run
+from lib.env import BUILD, NBDFERRY
+from lib.procs import run
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools/bash-completion/nbdferry"
 PROGRAMS = {

@@ -11,9 +11,12 @@ import shutil
 
 import pytest
 
-from conftest import (MiB, assert_content, make_sparse_image, run,
-                      sha256_file)
-from copyhelpers import allocated, garbage_target
+from lib.content import assert_content
+from lib.copytools import allocated, garbage_target
+from lib.digest import sha256_file
+from lib.env import MiB
+from lib.images import make_sparse_image
+from lib.procs import run
 
 EXPORT = 128 * MiB
 SRC_SIZE = 120 * MiB + 4096 * 5 + 7

@@ -13,8 +13,12 @@ import shutil
 
 import pytest
 
-from conftest import MiB, assert_content, fill_random, random_file, run
-from copyhelpers import describe, garbage_target, log_mark, traffic
+from lib.content import assert_content
+from lib.copytools import describe, garbage_target, log_mark, traffic
+from lib.env import MiB
+from lib.images import random_file
+from lib.nbd import fill_random
+from lib.procs import run
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None,
                                 reason="needs rsync")

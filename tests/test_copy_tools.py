@@ -20,9 +20,12 @@ import shutil
 
 import pytest
 
-from conftest import MiB, assert_content, random_file, run
-from copyhelpers import (describe, garbage_target, make_mixed_image,
-                         traffic, zero_payload)
+from lib.content import assert_content
+from lib.copytools import (describe, garbage_target, make_mixed_image, traffic,
+                           zero_payload)
+from lib.env import MiB
+from lib.images import random_file
+from lib.procs import run
 
 EXPORT = 96 * MiB
 SRC_SIZE = 80 * MiB + 12345          # smaller than the export, odd

@@ -18,9 +18,11 @@ import sys
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, assert_content,
-                      daemon_cmd, fill_random, make_sparse_image, random_file,
-                      run)
+from lib.content import assert_content
+from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, daemon_cmd
+from lib.images import make_sparse_image, random_file
+from lib.nbd import fill_random
+from lib.procs import run
 from test_blkhash import blkhash as reference
 from test_digest_inline import settled_digest
 

@@ -15,8 +15,11 @@ import time
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, random_file, run,
-                      sha256_file, sha256_nbd, timeout)
+from lib.digest import sha256_file
+from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, timeout
+from lib.images import random_file
+from lib.nbd import sha256_nbd
+from lib.procs import run
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")

@@ -13,9 +13,12 @@ import time
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, assert_content, fill_random,
-                      make_sparse_image, random_file, run, sha256_bytes,
-                      timeout)
+from lib.content import assert_content
+from lib.digest import sha256_bytes
+from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, timeout
+from lib.images import make_sparse_image, random_file
+from lib.nbd import fill_random
+from lib.procs import run
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")

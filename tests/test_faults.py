@@ -2,7 +2,7 @@
 daemon and a file-backed disk of old random bytes.
 
 For every case the copy tool's exit status is judged against the bytes on
-the server (faulthelpers.judge): exit 0 with different bytes is silent
+the server (lib.faults.judge): exit 0 with different bytes is silent
 corruption and fails the test; every outcome is tallied in
 tests/.fault-summary.  Error injection uses the error filter's per-request
 rates; an error-file flag turns injection on, so the verification reads
@@ -17,11 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, PauseControl, RssSampler, make_sparse_image,
-                      random_file, run, sha256_bytes, sha256_file, sha256_nbd, timeout)
-from faulthelpers import (bg, flushfail_server, judge, lost_ranges, sha256_mount,
-                          sha256_prefix, status_json, tally, wait_progress,
-                          written_bytes)
+from lib.digest import sha256_bytes, sha256_file
+from lib.env import MiB, timeout
+from lib.faults import (flushfail_server, judge, lost_ranges, sha256_mount,
+                        sha256_prefix, status_json, wait_progress,
+                        written_bytes)
+from lib.images import make_sparse_image, random_file
+from lib.mounts import RssSampler
+from lib.nbd import sha256_nbd
+from lib.procs import run
+from lib.servers import PauseControl
 
 EXPORT = 32 * MiB
 SRC = 16 * MiB

@@ -20,8 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import MiB, assert_content, run
-from copyhelpers import fill_garbage
+from lib.content import assert_content
+from lib.copytools import fill_garbage
+from lib.env import MiB
+from lib.procs import run
 
 # XFS refuses filesystems under 300 MB since xfsprogs 5.19.
 FS = {

@@ -26,10 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BUILD, MiB, assert_content, fill_random, fusermount_u,
-                      is_mounted, make_sparse_image, mounted_paths,
-                      pid_alive, run, sha256_bytes, sha256_file, sha256_nbd,
-                      timeout, wait_for)
+from lib.content import assert_content
+from lib.digest import sha256_bytes, sha256_file
+from lib.env import BUILD, MiB, timeout
+from lib.images import make_sparse_image
+from lib.mounts import fusermount_u, is_mounted, mounted_paths
+from lib.nbd import fill_random, sha256_nbd
+from lib.procs import pid_alive, run, wait_for
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mount -a needs root"),
@@ -259,7 +262,7 @@ def test_fstab_bad_line_fails_and_mounts_nothing(server, fstab_mount, prefix,
 
 # --------------------------------------- mountpoint checks from fstab
 # Mounting over a non-empty directory is hazardous: these run in a
-# private mount namespace (tests/privatens.py).
+# private mount namespace (tests/lib/privatens.py).
 
 def fstab_script(fstab, mp):
     from shlex import quote as q
@@ -276,7 +279,7 @@ def test_fstab_nonempty_directory(server, prefix, shortdir, nonempty):
     """A non-empty mountpoint in fstab: refused with mount's 32 and the
     directory untouched; with `nonempty` in the options field, mounted,
     the bytes land, and the directory's file is back after umount."""
-    from privatens import run_private
+    from lib.privatens import run_private
     from shlex import quote as q
     srv = server("memory", EXPORT)
     mp = shortdir / "full"
@@ -313,14 +316,14 @@ unmount_all {q(str(mp))}
 
 
 def read_nbd_prefix(uri, n):
-    from conftest import read_nbd
+    from lib.nbd import read_nbd
     return read_nbd(uri, 0, n)
 
 
 def test_fstab_mount_t_exit_status(prefix, shortdir):
     """`mount -T FILE MNT` with a server nobody serves exits 32, mount's
     "mount failure", as the guide says; nothing is mounted."""
-    from privatens import run_private
+    from lib.privatens import run_private
     mp = shortdir / "mnt"
     mp.mkdir()
     fstab = shortdir / "fstab"
@@ -338,7 +341,7 @@ def test_fstab_mount_t_exit_status(prefix, shortdir):
 def test_fstab_dead_mount_named(server, prefix, shortdir):
     """After the daemon of an fstab mount is killed, mounting the line
     again names the dead mount (exit 32) instead of mounting anything."""
-    from privatens import run_private
+    from lib.privatens import run_private
     from shlex import quote as q
     srv = server("memory", EXPORT)
     mp = shortdir / "mnt"

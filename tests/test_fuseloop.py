@@ -8,9 +8,11 @@ import os
 import threading
 import time
 
-from conftest import MiB, in_thread, random_file
-from faulthelpers import (bg, judge, kit, sha256_mount, sha256_prefix,
-                          status_json, tally, wait_progress, written_bytes)
+from lib.env import MiB
+from lib.faults import (judge, sha256_mount, sha256_prefix, status_json,
+                        wait_progress, written_bytes)
+from lib.images import random_file
+from lib.procs import in_thread
 from test_stall import Paused, slow_kit
 
 SRC = 48 * MiB

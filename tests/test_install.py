@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, run
+from lib.env import BUILD
+from lib.procs import run
 
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",

@@ -34,10 +34,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import (BUILD, MiB, assert_content, describe_mismatch, file_reader,
-                      fill_random, free_tcp_port, make_sparse_image,
-                      nbd_reader, padded, run, sha256_file, sha256_nbd,
-                      timeout, wait_for)
+from lib.content import (assert_content, describe_mismatch, file_reader,
+                         nbd_reader, padded)
+from lib.digest import sha256_file
+from lib.env import BUILD, MiB, timeout
+from lib.images import make_sparse_image
+from lib.nbd import fill_random, sha256_nbd
+from lib.procs import free_tcp_port, run, wait_for
 
 EXPORT = 160 * MiB
 IMAGE = 72 * MiB + 12345

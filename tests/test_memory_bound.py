@@ -32,7 +32,9 @@ import os
 import random
 import struct
 
-from conftest import MiB, nbd_handle, timeout, wait_for
+from lib.env import MiB, timeout
+from lib.nbd import nbd_handle
+from lib.procs import wait_for
 from test_mount_backpressure import instrumented
 
 TiB = 1 << 40

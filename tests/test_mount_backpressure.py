@@ -11,8 +11,12 @@ import os
 import threading
 
 
-from conftest import (GiB, MiB, NBDFERRY, WRAPPER, PauseControl, RssSampler,
-                      assert_content, random_file, run, timeout)
+from lib.content import assert_content
+from lib.env import GiB, MiB, NBDFERRY, WRAPPER, timeout
+from lib.images import random_file
+from lib.mounts import RssSampler
+from lib.procs import run
+from lib.servers import PauseControl
 
 POOL = 8 * MiB
 BOUND = POOL + 64 * MiB

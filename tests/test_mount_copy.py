@@ -10,8 +10,11 @@ import random
 
 import pytest
 
-from conftest import (MiB, assert_content, fill_random, make_sparse_image,
-                      random_file, run)
+from lib.content import assert_content
+from lib.env import MiB
+from lib.images import make_sparse_image, random_file
+from lib.nbd import fill_random
+from lib.procs import run
 
 EXPORT = 64 * MiB
 

@@ -13,7 +13,9 @@ import re
 
 import pytest
 
-from conftest import MiB, assert_content, fill_random, read_nbd
+from lib.content import assert_content
+from lib.env import MiB
+from lib.nbd import fill_random, read_nbd
 
 EXPORT = 32 * MiB
 

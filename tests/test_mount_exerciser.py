@@ -14,7 +14,8 @@ the server must equal the model (sha256), and again after the unmount.
 
 Two servers: nbdkit's memory plugin behind the delay filter (1 ms on every
 request; it answers block status, so zero maps are seeded from the server)
-and the random-delay RAM disk of conftest (requests complete out of order).
+and the random-delay RAM disk of tests/nbdkit-plugins/jitter.c (requests
+complete out of order).
 
 CI runs 10 seeds per server with disturbers and 5 without (20 and 10
 in all), 2000 operations each.  NBDFERRY_SOAK=1 runs a soak instead:
@@ -34,8 +35,11 @@ import time
 
 import pytest
 
-from conftest import (BUILD, MiB, sha256_file, sha256_nbd, stderr_problems,
-                      tail, timeout, write_nbd)
+from lib.digest import sha256_file
+from lib.env import BUILD, MiB, timeout
+from lib.mounts import stderr_problems
+from lib.nbd import sha256_nbd, write_nbd
+from lib.procs import tail
 
 EXER = BUILD / "tests" / "exerciser" / "nbdferry-exer"
 EXPORT = 32 * MiB

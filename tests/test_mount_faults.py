@@ -16,9 +16,11 @@ import time
 
 import pytest
 
-from conftest import (MiB, assert_content, daemon_has_option, fill_random,
-                      make_sparse_image, random_file, read_nbd, run, tail,
-                      timeout)
+from lib.content import assert_content
+from lib.env import MiB, daemon_has_option, timeout
+from lib.images import make_sparse_image, random_file
+from lib.nbd import fill_random, read_nbd
+from lib.procs import run, tail
 
 EXPORT = 64 * MiB
 SRC = 16 * MiB

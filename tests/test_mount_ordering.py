@@ -26,7 +26,9 @@ import time
 
 import pytest
 
-from conftest import MiB, assert_content, random_file
+from lib.content import assert_content
+from lib.env import MiB
+from lib.images import random_file
 
 EXPORT = 32 * MiB
 STRIPE = 256 * 1024

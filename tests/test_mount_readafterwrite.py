@@ -13,8 +13,11 @@ import random
 import threading
 import pytest
 
-from conftest import (MiB, PauseControl, assert_content, in_thread,
-                      random_file, timeout)
+from lib.content import assert_content
+from lib.env import MiB, timeout
+from lib.images import random_file
+from lib.procs import in_thread
+from lib.servers import PauseControl
 
 EXPORT = 32 * MiB
 PAGE = 4096

@@ -22,8 +22,11 @@ import threading
 
 import pytest
 
-from conftest import (MiB, assert_content, fill_random, timeout, wait_for)
-from copyhelpers import log_mark, nbd_requests
+from lib.content import assert_content
+from lib.copytools import log_mark, nbd_requests
+from lib.env import MiB, timeout
+from lib.nbd import fill_random
+from lib.procs import wait_for
 
 EXPORT = 32 * MiB
 SRC_SIZE = 20 * MiB + 12345

@@ -8,7 +8,7 @@ named with the fusermount3 command that clears it.  The checks come
 before anything starts: no server command runs, no pidfile is left.
 
 Every nbdferry command here runs inside a private mount namespace
-(tests/privatens.py), so a regression can never hide this machine's
+(tests/lib/privatens.py), so a regression can never hide this machine's
 directories from anyone else.
 """
 
@@ -18,8 +18,8 @@ import shlex
 
 import pytest
 
-from conftest import MiB
-from privatens import daemon_lines, run_private
+from lib.env import MiB
+from lib.privatens import daemon_lines, run_private
 
 EXPORT = 16 * MiB
 

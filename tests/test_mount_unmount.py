@@ -12,8 +12,11 @@ import subprocess
 
 import pytest
 
-from conftest import (MiB, fusermount_u, make_sparse_image, random_file, run,
-                      sha256_bytes, sha256_file, timeout)
+from lib.digest import sha256_bytes, sha256_file
+from lib.env import MiB, timeout
+from lib.images import make_sparse_image, random_file
+from lib.mounts import fusermount_u
+from lib.procs import run
 
 EXPORT = 64 * MiB
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, Mount, daemon_cmd, fill_random, is_mounted,
-                      nonempty, pid_alive, read_nbd, run, stderr_problems,
-                      timeout, wait_for)
+from lib.env import MiB, daemon_cmd, timeout
+from lib.mounts import Mount, is_mounted, stderr_problems
+from lib.nbd import fill_random, read_nbd
+from lib.procs import nonempty, pid_alive, run, wait_for
 
 EXPORT = 16 * MiB
 
@@ -29,7 +30,7 @@ EXPORT = 16 * MiB
 def daemon(shortdir):
     """Factory: daemon(target_path, server_args, *opts, cwd=None,
     foreground=True, pidfile=None) runs nbdferry [-f] -P PIDFILE OPTS
-    TARGET SERVER_ARGS, waits for the mount and returns a conftest Mount
+    TARGET SERVER_ARGS, waits for the mount and returns a lib.mounts Mount
     (mp is the target: a directory, or the file in file mode)."""
     started = []
 

@@ -13,9 +13,10 @@ import subprocess
 
 import pytest
 
-from conftest import (MiB, daemon_cmd, is_mounted, nonempty, pid_alive, run,
-                      timeout, wait_for)
-from privatens import run_private
+from lib.env import MiB, daemon_cmd, timeout
+from lib.mounts import is_mounted
+from lib.privatens import run_private
+from lib.procs import nonempty, pid_alive, run, wait_for
 
 VICTIM = "precious contents\n"
 

@@ -14,13 +14,15 @@ import re
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, PauseControl,
-                      assert_content, daemon_cmd, fill_random,
-                      make_sparse_image, random_file, run, timeout)
+from lib.content import assert_content
+from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, TOP, daemon_cmd, timeout
+from lib.images import make_sparse_image, random_file
+from lib.nbd import fill_random
+from lib.procs import run
+from lib.servers import PauseControl
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")
@@ -276,7 +278,7 @@ def test_progress_total_from_a_pipe_is_the_export(server, mount, shm):
     for _, p in got:
         assert p["total_from"] == "export-size" and p["total"] == EXPORT, p
     assert status(m)["progress"]["total_from"] == "close"
-    tool = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
+    tool = TOP / "tools" / "status" / "nbdferry-status"
     sh = subprocess.Popen(["sh", "-c", f"cat '{src}' | dd of='{m.file}' "
                            "bs=1M iflag=fullblock status=none"])
     try:
@@ -297,8 +299,8 @@ def test_progress_total_from_a_pipe_is_the_export(server, mount, shm):
 def test_progress_total_of_a_vhd_landing(server, mount, shm):
     """Writing a dynamic VHD into nbd.vhd: the total is the VHD file's
     length (from its metadata), the frontier its bytes."""
-    from vhdhelpers import SHA, VIRTUAL, fixture
-    from conftest import sha256_nbd
+    from lib.vhd import SHA, VIRTUAL, fixture
+    from lib.nbd import sha256_nbd
     srv = server("memory", f"size={EXPORT}")
     m = mount(srv)
     vhd = fixture("qemu-dyn-10m.vhd", shm)

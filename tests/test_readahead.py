@@ -24,9 +24,13 @@ import time
 
 import pytest
 
-from conftest import MiB, fill_random, make_sparse_image, run, sha256_file
-from copyhelpers import log_mark, status, traffic
-from vhdhelpers import qemu_img, vpc_spec
+from lib.copytools import log_mark, status, traffic
+from lib.digest import sha256_file
+from lib.env import MiB
+from lib.images import make_sparse_image
+from lib.nbd import fill_random
+from lib.procs import run
+from lib.vhd import qemu_img, vpc_spec
 
 BLOCK = 4096
 MAGIC = 0x5A << 56          # no stamp reads as zero

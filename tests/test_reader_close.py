@@ -16,7 +16,10 @@ import os
 import subprocess
 import sys
 
-from conftest import MiB, PauseControl, fill_random, run, sha256_nbd, timeout
+from lib.env import MiB, timeout
+from lib.nbd import fill_random, sha256_nbd
+from lib.procs import run
+from lib.servers import PauseControl
 
 EXPORT = 64 * MiB
 

@@ -8,7 +8,7 @@ Past the deadline the copy fails loudly, the log names the lost ranges and
 the daemon exits 1.  --command and [ CMD ] servers cannot be reconnected
 to: the daemon says so at once.  Reads retry too.
 
-Every copy is judged by faulthelpers.judge(): exit status against the
+Every copy is judged by lib.faults.judge(): exit status against the
 sha256 of the bytes on the server."""
 
 import os
@@ -18,11 +18,12 @@ import time
 
 import pytest
 
-from conftest import (MiB, random_file, sha256_file, sha256_nbd,
-                      timeout)
-from faulthelpers import (bg, children, drop_proxy, judge, kit, lost_ranges,
-                          read_bytes, sha256_mount, sha256_prefix, tally,
-                          wait_progress, written_bytes)
+from lib.digest import sha256_file
+from lib.env import MiB, timeout
+from lib.faults import (children, judge, lost_ranges, read_bytes, sha256_mount,
+                        sha256_prefix, wait_progress, written_bytes)
+from lib.images import random_file
+from lib.nbd import sha256_nbd
 
 EXPORT = 96 * MiB
 SRC = 64 * MiB

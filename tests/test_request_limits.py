@@ -24,9 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BUILD, MiB, assert_content, make_sparse_image,
-                      random_file, run, sha256_bytes, sha256_file, timeout)
-from copyhelpers import describe, log_mark, nbd_requests, status, traffic
+from lib.content import assert_content
+from lib.copytools import describe, log_mark, nbd_requests, status, traffic
+from lib.digest import sha256_bytes, sha256_file
+from lib.env import BUILD, MiB, timeout
+from lib.images import make_sparse_image, random_file
+from lib.procs import run
 
 VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or
               BUILD / "tools" / "nbdferry-verify")

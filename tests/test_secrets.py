@@ -14,8 +14,10 @@ import subprocess
 
 import pytest
 
-from conftest import (MiB, daemon_cmd, fusermount_u, is_mounted, random_file,
-                      timeout, wait_for)
+from lib.env import MiB, daemon_cmd, timeout
+from lib.images import random_file
+from lib.mounts import fusermount_u, is_mounted
+from lib.procs import wait_for
 from test_tls import make_psk, refused
 
 

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, daemon_cmd, is_mounted, random_file, run,
-                      sha256_file, timeout)
-from faulthelpers import sha256_prefix, status_json
+from lib.digest import sha256_file
+from lib.env import MiB, daemon_cmd, timeout
+from lib.faults import sha256_prefix, status_json
+from lib.images import random_file
+from lib.mounts import is_mounted
+from lib.procs import run
 
 EXPORT = 16 * MiB
 NOBODY = 65534

@@ -18,9 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import (GiB, MiB, libnbd, random_file, read_nbd, run,
-                      sha256_file, sha256_nbd, update_zeros, write_nbd)
-from copyhelpers import describe, log_mark, status, traffic
+from lib.copytools import describe, log_mark, status, traffic
+from lib.digest import sha256_file, update_zeros
+from lib.env import GiB, MiB, libnbd
+from lib.images import random_file
+from lib.nbd import read_nbd, sha256_nbd, write_nbd
+from lib.procs import run
 
 BIG = 4 * GiB
 RUN = 2 * MiB

@@ -16,10 +16,12 @@ import time
 
 import pytest
 
-from conftest import MiB, in_thread, random_file, sha256_file, timeout
-from faulthelpers import (bg, judge, kit, lost_ranges, sha256_mount,
-                          sha256_prefix, tally, wait_progress,
-                          written_bytes)
+from lib.digest import sha256_file
+from lib.env import MiB, timeout
+from lib.faults import (judge, lost_ranges, sha256_mount, sha256_prefix,
+                        wait_progress, written_bytes)
+from lib.images import random_file
+from lib.procs import in_thread
 
 EXPORT = 96 * MiB
 SRC = 48 * MiB

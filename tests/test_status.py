@@ -6,6 +6,7 @@ flight <= peak, buffers in use <= buffers) and agree after close
 with their ranges; the nbdferry-status tool prints a summary and the JSON.
 Every case also checks the bytes that landed."""
 
+import errno
 import json
 import os
 import re
@@ -16,15 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (HAVE_FUSE, HAVE_NBDKIT, MiB, assert_content,
-                      daemon_cmd, errno, fill_random, oserror_errno,
-                      random_file, run, sha256_bytes, timeout)
+from lib.content import assert_content
+from lib.digest import sha256_bytes
+from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, TOP, daemon_cmd, timeout
+from lib.images import random_file
+from lib.nbd import fill_random
+from lib.procs import oserror_errno, run
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")
 
 EXPORT = 64 * MiB
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
+TOOL = TOP / "tools" / "status" / "nbdferry-status"
 # What the status file must hold: every key a monitor may rely on.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",

@@ -16,7 +16,8 @@ import threading
 
 import pytest
 
-from conftest import MiB, assert_content, timeout
+from lib.content import assert_content
+from lib.env import MiB, timeout
 
 REGION = 8 * MiB
 BLOCK = 64 * 1024

@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import sys
 
-from conftest import daemon_cmd, run
+from lib.env import daemon_cmd
+from lib.procs import run
 
 INSIDE = r'''
 import os, socket, subprocess, sys, time

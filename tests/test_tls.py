@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, daemon_cmd, free_tcp_port, is_mounted, nonempty,
-                      random_file, run, sha256_file, timeout, wait_for)
-from faulthelpers import sha256_prefix
+from lib.digest import sha256_file
+from lib.env import MiB, daemon_cmd, timeout
+from lib.faults import sha256_prefix
+from lib.images import random_file
+from lib.mounts import is_mounted
+from lib.procs import free_tcp_port, nonempty, run, wait_for
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("psktool") and shutil.which("certtool")),

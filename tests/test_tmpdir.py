@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from conftest import BUILD, run
+from lib.env import BUILD
+from lib.procs import run
 
 TOP = Path(__file__).resolve().parent.parent
 

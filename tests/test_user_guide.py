@@ -19,8 +19,11 @@ import os
 import re
 from pathlib import Path
 
-from conftest import (BUILD, MiB, assert_content, fill_random,
-                      make_sparse_image, run, write_nbd)
+from lib.content import assert_content
+from lib.env import BUILD, MiB
+from lib.images import make_sparse_image
+from lib.nbd import fill_random, write_nbd
+from lib.procs import run
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "user-guide.md"
 EXPORT = 64 * MiB

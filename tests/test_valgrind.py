@@ -1,7 +1,7 @@
 """valgrind memcheck of a whole mount / copy / read / unmount cycle:
 no invalid accesses, no definite leaks.  The daemon runs
 under ``valgrind --leak-check=full --error-exitcode=99
---errors-for-leak-kinds=definite`` through conftest's wrapper hook, so the
+--errors-for-leak-kinds=definite`` through the wrapper hook (lib/env.py), so the
 mount fixture's teardown asserts exit status 0 (99 would mean errors or
 leaks) and a clean stderr.  Skipped for sanitizer builds, which valgrind
 cannot run."""
@@ -11,9 +11,12 @@ import shutil
 
 import pytest
 
-import conftest
-from conftest import MiB, NBDFERRY, random_file, run, sha256_file
-from faulthelpers import is_sanitized, sha256_prefix
+from lib import env
+from lib.digest import sha256_file
+from lib.env import MiB, NBDFERRY
+from lib.faults import is_sanitized, sha256_prefix
+from lib.images import random_file
+from lib.procs import run
 
 pytestmark = pytest.mark.skipif(not shutil.which("valgrind"),
                                 reason="needs valgrind")
@@ -28,8 +31,8 @@ VALGRIND = ["valgrind", "--quiet", "--leak-check=full",
 def under_valgrind(monkeypatch):
     if NBDFERRY.exists() and is_sanitized(NBDFERRY):
         pytest.skip("sanitizer build: valgrind cannot run it")
-    monkeypatch.setattr(conftest, "WRAPPER", VALGRIND)
-    monkeypatch.setattr(conftest, "SCALE", max(conftest.SCALE, 10))
+    monkeypatch.setattr(env, "WRAPPER", VALGRIND)
+    monkeypatch.setattr(env, "SCALE", max(env.SCALE, 10))
 
 
 @pytest.mark.parametrize("mode", ["uri-multiconn", "command"])

@@ -2,7 +2,7 @@
 
 Every test starts real nbdkit servers and checks real bytes: expected digests
 come from Python's hashlib over the data the test wrote, mismatch ranges from
-the offsets the test corrupted.  Helpers live here (tests/conftest.py belongs
+the offsets the test corrupted.  Helpers live here (tests/lib/ belongs
 to the mount tests); servers are always terminated, also when a test fails.
 
 Run: /usr/bin/python3 -m pytest tests/test_verify.py
@@ -26,8 +26,9 @@ from types import SimpleNamespace
 
 import pytest
 
-BUILD = Path(os.environ.get("NBDFERRY_BUILD",
-                           Path(__file__).resolve().parent.parent / "build"))
+from lib.digest import sha256_file
+from lib.env import BUILD
+
 # $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
 # the tool alone).
 VERIFY = Path(os.environ.get("NBDFERRY_VERIFY") or next(
@@ -648,14 +649,6 @@ def vhd_fixture(name, dest_dir):
         subprocess.run(["xz", "-dc", FIXTURES / f"{name}.xz"], stdout=f,
                        check=True)
     return out
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def xor_bytes(path, offset, n=1, mask=0xFF):

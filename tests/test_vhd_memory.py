@@ -21,8 +21,10 @@ import struct
 
 import pytest
 
-from conftest import GiB, MiB, nbd_handle, oserror_errno, sha256_nbd
-from vhdhelpers import footer_checksum, header_checksum, qemu_img
+from lib.env import GiB, MiB
+from lib.nbd import nbd_handle, sha256_nbd
+from lib.procs import oserror_errno
+from lib.vhd import footer_checksum, header_checksum, qemu_img
 
 POOL = 64 * MiB                  # the daemon's default --pool-size
 BOUND = POOL + 64 * MiB

@@ -19,9 +19,11 @@ import os
 
 import pytest
 
-from conftest import (MiB, fill_random, oserror_errno, run, sha256_file,
-                      sha256_nbd)
-from vhdhelpers import SHA, VIRTUAL, copy_into, fixture, qemu_img
+from lib.digest import sha256_file
+from lib.env import MiB
+from lib.nbd import fill_random, sha256_nbd
+from lib.procs import oserror_errno, run
+from lib.vhd import SHA, VIRTUAL, copy_into, fixture, qemu_img
 
 EXPORT = 16 * MiB
 NOT_VHD = "not a dynamic or differencing VHD"

@@ -8,7 +8,7 @@ the nbd.vhd view uses).  Malformed files must be refused by `check` with
 exit status 1 and a message naming the broken rule.
 
 Environment: NBDFERRY_BUILD (default: build/ beside tests/) holds
-tools/nbdferry-vhd.  Helpers live here on purpose (conftest.py belongs to
+tools/nbdferry-vhd.  Helpers live here on purpose (tests/lib/ belongs to
 the mount tests).
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-FIXTURES = HERE / "fixtures" / "vhd"
-BUILD = Path(os.environ.get("NBDFERRY_BUILD",
-                           Path(__file__).resolve().parent.parent / "build"))
+from lib.digest import sha256_file
+from lib.env import BUILD, TESTS
+
+FIXTURES = TESTS / "fixtures" / "vhd"
 TOOL = BUILD / "tools" / "nbdferry-vhd"
 MiB = 1 << 20
 GiB = 1 << 30
@@ -64,14 +64,6 @@ def run(*args, expect=0):
         f"stdout: {p.stdout.decode(errors='replace')[-2000:]}\n"
         f"stderr: {p.stderr.decode(errors='replace')}")
     return p
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fixture(name, dest_dir):

@@ -6,7 +6,7 @@ stale byte shows) and checks sha256 of the disk read through the mount AND
 directly from the server against an independent source: the fixture
 README's digests (VHDs made by blktap, vhd-tool and qemu-img), `qemu-img
 convert -O raw` of VHDs that qemu-img/qemu-io make here, or a small Python
-VHD reader (tests/vhdhelpers.py) for differencing VHDs applied over random
+VHD reader (tests/lib/vhd.py) for differencing VHDs applied over random
 data.  Exports are checked with qemu-img and the inspector, and written
 back into another mount.  Malformed VHDs must leave the disk untouched
 where the stream can tell before the first placement, and fail at close
@@ -25,14 +25,16 @@ import struct
 
 import pytest
 
-from conftest import (GiB, MiB, assert_content, fill_random, oserror_errno,
-                      read_nbd, run, sha256_file, sha256_nbd, write_nbd)
-from vhdhelpers import (COPY_TOOLS, HAVE_QEMU, SHA, VHD_TOOL, VIRTUAL,
-                        VhdFile, apply_vhd, bat_entry_offset, copy_into,
-                        fixture, footer_checksum, mutate_footers,
-                        mutate_header, nonzero_blocks, qemu_img, qemu_io,
-                        qemu_size, sha256_path, sha256_zeros, vhd_tool,
-                        vhd_tool_info, vhd_tool_map, vpc_spec)
+from lib.content import assert_content
+from lib.digest import sha256_file, sha256_zeros
+from lib.env import GiB, MiB
+from lib.nbd import fill_random, read_nbd, sha256_nbd, write_nbd
+from lib.procs import oserror_errno, run
+from lib.vhd import (COPY_TOOLS, HAVE_QEMU, SHA, VHD_TOOL, VIRTUAL, VhdFile,
+                     apply_vhd, bat_entry_offset, copy_into, fixture,
+                     footer_checksum, mutate_footers, mutate_header,
+                     nonzero_blocks, qemu_img, qemu_io, qemu_size, vhd_tool,
+                     vhd_tool_info, vhd_tool_map, vpc_spec)
 
 needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="needs qemu-img, qemu-io")
 
@@ -332,7 +334,7 @@ def export_checks(m, srv, shm, export):
     assert r.returncode == 0, r.stderr
     assert os.path.getsize(out) == os.stat(m.mp / "nbd.vhd").st_size
     # re-reading within a mount gives the same bytes
-    assert sha256_file(m.mp / "nbd.vhd") == sha256_path(out)
+    assert sha256_file(m.mp / "nbd.vhd") == sha256_file(out)
     cur = roundup(export, 512)
     fields = vhd_tool_info(out)
     assert fields["kind"] == "dynamic"
@@ -341,7 +343,7 @@ def export_checks(m, srv, shm, export):
     vhd_tool("check", out)
     cat = shm / "cat.raw"
     vhd_tool("cat", out, "-o", cat)
-    assert sha256_path(cat) == hashlib.sha256(disk + bytes(cur - export)).hexdigest()
+    assert sha256_file(cat) == hashlib.sha256(disk + bytes(cur - export)).hexdigest()
     cat.unlink()
     # unallocated blocks only where the disk reads as zero
     allocated = set(vhd_tool_map(out))

@@ -9,17 +9,16 @@ tools/nbdferry-vmdk.
 """
 
 import hashlib
-import os
 import random
 import shutil
 import struct
 import subprocess
-from pathlib import Path
 
 import pytest
 
-BUILD = Path(os.environ.get("NBDFERRY_BUILD",
-                           Path(__file__).resolve().parent.parent / "build"))
+from lib.digest import sha256_file
+from lib.env import BUILD
+
 TOOL = BUILD / "tools" / "nbdferry-vmdk"
 MiB = 1 << 20
 GRAIN = 65536
@@ -43,10 +42,6 @@ def tool(*args, expect=0, stdin=None):
         f"nbdferry-vmdk {args}: exit {r.returncode}, want {expect}\n"
         f"{r.stdout[-2000:]!r}\n{r.stderr.decode(errors='replace')}")
     return r
-
-
-def sha(p):
-    return hashlib.sha256(Path(p).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +98,11 @@ def test_info_check_map_cat(fx, name, tmp_path):
     nonzero = [g for g in range(0, RAW_SIZE, GRAIN) if any(raw[g:g + GRAIN])]
     assert tool("map", f).stdout.decode().split() == [str(g) for g in nonzero]
     tool("cat", f, "-o", tmp_path / "out.raw")
-    assert sha(tmp_path / "out.raw") == sha(src)
+    assert sha256_file(tmp_path / "out.raw") == sha256_file(src)
     # from a pipe to a pipe
     with open(f, "rb") as inp:
         r = tool("cat", "-", stdin=inp)
-    assert hashlib.sha256(r.stdout).hexdigest() == sha(src)
+    assert hashlib.sha256(r.stdout).hexdigest() == sha256_file(src)
     with open(f, "rb") as inp:
         ok_line(tool("check", "-", stdin=inp))
 

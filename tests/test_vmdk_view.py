@@ -26,8 +26,11 @@ import struct
 
 import pytest
 
-from conftest import (MiB, assert_content, oserror_errno, read_nbd, run,
-                      sha256_file, sha256_nbd, fill_random)
+from lib.content import assert_content
+from lib.digest import sha256_file
+from lib.env import MiB
+from lib.nbd import fill_random, read_nbd, sha256_nbd
+from lib.procs import oserror_errno, run
 
 for tool in ("qemu-img", "vmdkinfo", "tar"):
     if not shutil.which(tool):

@@ -1,4 +1,4 @@
-/* tools/nbdferry-vmdk.c: VMDK inspector over the vmdk/ library.
+/* tools/vmdk/nbdferry-vmdk.c: VMDK inspector over the vmdk/ library.
  *
  *   nbdferry-vmdk info FILE
  *   nbdferry-vmdk check FILE

@@ -1,6 +1,7 @@
 """Helpers for the reliability tests (faults, reconnect, TLS, security,
 stress): a restartable nbdkit, a connection-dropping proxy, a copy judge
-that tallies every fault case, and small /proc readers.
+that tallies every fault case, and small /proc readers.  The fixtures over
+them (tally, bg, kit, drop_proxy) are in conftest.py.
 
 The judge is the heart of it: after every copy made under a fault, the
 bytes on the server are compared with the source.  A copy tool that exits
@@ -12,10 +13,8 @@ and .ci/run.
 
 import atexit
 import contextlib
-import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -24,10 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MiB, SCALE, nonempty, run, sha256_file, sha256_nbd,
-                      tail, timeout, wait_for)
+from lib import env
+from lib.digest import sha256_file
+from lib.env import TESTS, timeout
+from lib.procs import nonempty, wait_for
+from lib.servers import plugin_path
 
-SUMMARY = Path(__file__).resolve().parent / ".fault-summary"
+SUMMARY = TESTS / ".fault-summary"
 
 
 # ------------------------------------------------------------------ tally
@@ -73,19 +75,13 @@ class Tally:
                 f"matching digests, {c['silent']} silent corruption")
 
 
-_TALLY = Tally()
+TALLY = Tally()          # the session's; conftest's tally fixture yields it
 
 
 @atexit.register
 def _print_tally():
-    if _TALLY.cases:
-        print("\n" + _TALLY.line())
-
-
-@pytest.fixture(scope="session")
-def tally():
-    yield _TALLY
-    _TALLY.save()
+    if TALLY.cases:
+        print("\n" + TALLY.line())
 
 
 def judge(tally, case, rc, src, server_sha, mount_sha=None, stderr=""):
@@ -110,16 +106,7 @@ def judge(tally, case, rc, src, server_sha, mount_sha=None, stderr=""):
 def sha256_prefix(path, n):
     """sha256 of the first n bytes of a file (the backing file of a file
     plugin server: what the server really holds)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        left = n
-        while left:
-            b = f.read(min(4 * MiB, left))
-            if not b:
-                break
-            h.update(b)
-            left -= len(b)
-    return h.hexdigest()
+    return sha256_file(path, length=n)
 
 
 def sha256_mount(path, n):
@@ -160,7 +147,7 @@ def children(pid):
 def wait_progress(proc, pid_fn, nbytes, secs=60):
     """Wait until a running copy has moved nbytes (per pid_fn: written or
     read bytes); fails if it finished first."""
-    deadline = time.monotonic() + secs * SCALE
+    deadline = time.monotonic() + secs * env.SCALE
     while pid_fn(proc.pid) < nbytes:
         if proc.poll() is not None:
             pytest.fail(f"the copy finished (rc {proc.returncode}) before "
@@ -205,20 +192,6 @@ class Copy:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-@pytest.fixture
-def bg():
-    """Factory: bg(cmd, errpath) -> Copy; killed at teardown if running."""
-    started = []
-
-    def start(cmd, errpath):
-        c = Copy(cmd, errpath)
-        started.append(c)
-        return c
-    yield start
-    for c in started:
-        c.kill()
 
 
 # -------------------------------------------------- a restartable nbdkit
@@ -282,20 +255,6 @@ class Kit:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-@pytest.fixture
-def kit(shortdir):
-    """Factory: kit(name, args, tcp=False, extra=()) -> started Kit."""
-    kits = []
-
-    def start(name, args, tcp=False, extra=()):
-        k = Kit(shortdir, name, args, tcp=tcp, extra=extra)
-        kits.append(k)
-        return k.start()
-    yield start
-    for k in kits:
-        k.stop()
 
 
 # ------------------------------------------------ a connection-dropping proxy
@@ -387,21 +346,6 @@ class DropProxy:
             os.unlink(self.path)
 
 
-@pytest.fixture
-def drop_proxy(shortdir):
-    """Factory: drop_proxy(target_sock, limit, direction="up", drops=4)."""
-    made = []
-
-    def start(target_sock, limit, direction="up", drops=4):
-        p = DropProxy(shortdir / f"proxy{len(made)}.sock", target_sock,
-                      limit, direction, drops)
-        made.append(p)
-        return p
-    yield start
-    for p in made:
-        p.close()
-
-
 # ------------------------------------------------------------- the daemon
 
 def status_json(m):
@@ -432,83 +376,12 @@ __all__ = [n for n in dir() if not n.startswith("_")]
 
 # ------------------------------------------- a disk whose flush can fail
 
-# nbdkit 1.32's error filter cannot fail NBD flush.  This file-backed
-# plugin (built by nbdkit's cc plugin) does: while the file named by
-# flag= exists, each flush fails with EIO with probability
-# flush-error-rate (0..100 percent).  Writes go to the backing file with
-# pwrite, so a flush failure loses nothing here: it only tests that the
-# failure is reported.
-FLUSHFAIL_PLUGIN_C = r"""
-#define NBDKIT_API_VERSION 2
-#include <nbdkit-plugin.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
-
-static const char *file, *flag;
-static int rate = 100, fd = -1;
-static __thread unsigned seed;
-
-static int f_config(const char *key, const char *value)
-{
-  if (strcmp(key, "file") == 0) file = value;
-  else if (strcmp(key, "flag") == 0) flag = value;
-  else if (strcmp(key, "flush-error-rate") == 0) rate = atoi(value);
-  else { nbdkit_error("unknown parameter %s", key); return -1; }
-  return 0;
-}
-static int f_get_ready(void)
-{
-  fd = open(file, O_RDWR);
-  if (fd == -1) { nbdkit_error("%s: %m", file); return -1; }
-  return 0;
-}
-static void *f_open(int ro) { return NBDKIT_HANDLE_NOT_NEEDED; }
-static int64_t f_get_size(void *h) { struct stat st; fstat(fd, &st); return st.st_size; }
-static int f_yes(void *h) { return 1; }
-static int f_pread(void *h, void *b, uint32_t n, uint64_t o, uint32_t fl)
-{ return pread(fd, b, n, o) == (ssize_t) n ? 0 : -1; }
-static int f_pwrite(void *h, const void *b, uint32_t n, uint64_t o, uint32_t fl)
-{ return pwrite(fd, b, n, o) == (ssize_t) n ? 0 : -1; }
-static int f_zero(void *h, uint32_t n, uint64_t o, uint32_t fl)
-{
-  static const char z[65536];
-  while (n) { uint32_t k = n < sizeof z ? n : sizeof z;
-    if (pwrite(fd, z, k, o) != (ssize_t) k) return -1; n -= k; o += k; }
-  return 0;
-}
-static int f_flush(void *h, uint32_t fl)
-{
-  if (seed == 0) seed = (unsigned) getpid() ^ (unsigned) (uintptr_t) &seed;
-  if (flag && access(flag, F_OK) == 0 && (int) (rand_r(&seed) % 100) < rate) {
-    nbdkit_error("injected flush failure");
-    errno = EIO;
-    return -1;
-  }
-  return fdatasync(fd);
-}
-static struct nbdkit_plugin plugin = {
-  .name = "flushfail", .config = f_config, .get_ready = f_get_ready,
-  .open = f_open, .get_size = f_get_size, .can_write = f_yes,
-  .can_flush = f_yes, .can_zero = f_yes, .can_multi_conn = f_yes,
-  .pread = f_pread, .pwrite = f_pwrite, .zero = f_zero, .flush = f_flush,
-};
-NBDKIT_REGISTER_PLUGIN(plugin)
-"""
-
-
 def flushfail_server(server, d, disk, flag, rate):
-    """server(...) running the plugin above on disk."""
-    if not Path("/usr/include/nbdkit-plugin.h").exists():
-        pytest.skip("needs nbdkit-plugin-dev for the cc plugin")
-    src = Path(d) / "flushfail.c"
-    src.write_text(FLUSHFAIL_PLUGIN_C)
-    srv = server("cc", src, f"file={disk}", f"flag={flag}",
+    """server(...) running tests/nbdkit-plugins/flushfail.c on disk: while
+    the file flag exists, each flush fails with EIO with probability rate
+    percent (nbdkit 1.32's error filter cannot fail NBD flush).  d is
+    unused (kept for the callers)."""
+    srv = server(plugin_path("flushfail"), f"file={disk}", f"flag={flag}",
                  f"flush-error-rate={rate}")
     srv.disk = disk
     return srv

@@ -1,5 +1,6 @@
 """Helpers for the copy-tool tests (test_copy_*.py, test_fsimage.py,
-test_sparse_efficiency.py), on top of the fixtures in conftest.py.
+test_sparse_efficiency.py), on top of the fixtures in conftest.py
+(garbage_target takes the server and mount factories).
 
 - ``garbage_target``: a memory export filled with random bytes, mounted,
   with a mark in the server's request log taken just before the mount, so
@@ -11,7 +12,6 @@ test_sparse_efficiency.py), on top of the fixtures in conftest.py.
 - ``status``: the daemon's MP/.nbdferry-status as a dict.
 """
 
-import hashlib
 import json
 import os
 import random
@@ -20,7 +20,9 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import CHUNK, MiB, fill_random, timeout
+from lib.digest import sha256_file
+from lib.env import CHUNK, MiB, timeout
+from lib.nbd import fill_random
 
 # nbdkit log filter request lines (the reply lines start with "...").
 #   connection=2 Write id=1 offset=0x0 count=0x200000 fua=0 ...
@@ -149,14 +151,10 @@ def make_mixed_image(path, size, seed=0):
             write_bytes(f, n, rng, zero=(kind == "zero"))
     st = os.stat(path)
     assert st.st_blocks * 512 < size // 2, "mixed image is not sparse"
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(CHUNK), b""):
-            h.update(b)
     return SimpleNamespace(path=Path(path), size=size, layout=lay,
                            alloc=st.st_blocks * 512,
                            data=sum(n for _, n, k in lay if k == "rand"),
-                           sha256=h.hexdigest())
+                           sha256=sha256_file(path))
 
 
 def allocated(path):

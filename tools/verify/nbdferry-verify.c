@@ -1,4 +1,4 @@
-/* tools/nbdferry-verify.c: compare the digest of a source disk with the
+/* tools/verify/nbdferry-verify.c: compare the digest of a source disk with the
  * digest of its copy on an NBD export (or a file), locate differences.
  *
  * THREAD MODEL
@@ -26,7 +26,7 @@
 #include "common/optlist.h"
 #include "config.h"
 #include "tools/verify/verify.h"
-#include "tools/vhdfile.h"
+#include "tools/vhdfile/vhdfile.h"
 
 struct options {
     const char *algorithm;

@@ -14,18 +14,17 @@ fixtures in conftest.py.
 - ``vhd_tool()``: the inspector, build/tools/nbdferry-vhd.
 """
 
-import hashlib
 import json
-import os
 import shutil
 import struct
 import subprocess
 from pathlib import Path
 
-from conftest import BUILD, CHUNK, MiB, run, timeout
+from lib.digest import sha256_file
+from lib.env import BUILD, MiB, TESTS
+from lib.procs import run
 
-HERE = Path(__file__).resolve().parent
-FIXTURES = HERE / "fixtures" / "vhd"
+FIXTURES = TESTS / "fixtures" / "vhd"
 VHD_TOOL = BUILD / "tools" / "nbdferry-vhd"
 HAVE_QEMU = bool(shutil.which("qemu-img") and shutil.which("qemu-io"))
 SECTOR = 512
@@ -56,14 +55,6 @@ VIRTUAL = {
 }
 
 
-def sha256_path(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fixture(name, dest_dir):
     """Decompress tests/fixtures/vhd/NAME.xz into dest_dir (sparse enough:
     these are small); check it against the README's sha256."""
@@ -72,7 +63,7 @@ def fixture(name, dest_dir):
         with open(out, "wb") as f:
             subprocess.run(["xz", "-dc", str(FIXTURES / f"{name}.xz")],
                            stdout=f, check=True)
-    got = sha256_path(out)
+    got = sha256_file(out)
     assert got == SHA[name], f"fixture {name} corrupt: {got}"
     return out
 
@@ -263,16 +254,6 @@ def vhd_tool_map(path):
 
 
 # -------------------------------------------------------------- byte checks
-
-def sha256_zeros(n):
-    h = hashlib.sha256()
-    z = bytes(min(n, CHUNK))
-    while n > 0:
-        k = min(n, CHUNK)
-        h.update(z[:k])
-        n -= k
-    return h.hexdigest()
-
 
 def nonzero_blocks(data, block=2 * MiB):
     """Indices of the block-sized pieces of data holding a non-zero byte."""

@@ -21,9 +21,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from lib.digest import sha256_file, sha256_stream
+
 from . import procs
 from .report import parse_stats
-from .sources import sha256_file, sha256_stream
 
 
 class RunError(Exception):

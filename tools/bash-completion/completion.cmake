@@ -3,7 +3,7 @@
 # so the one script is installed under each program's name.
 include(GNUInstallDirs)
 foreach(prog nbdferry nbdferry-vhd nbdferry-vmdk nbdferry-verify)
-  install(FILES ${CMAKE_CURRENT_LIST_DIR}/bash-completion/nbdferry
+  install(FILES ${CMAKE_CURRENT_LIST_DIR}/nbdferry
           DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
           RENAME ${prog})
 endforeach()

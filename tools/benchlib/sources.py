@@ -16,10 +16,11 @@ vmdk25    a streamOptimized VMDK (qemu-img) of a disk with 25% data in 1 MiB
           hold after the copy
 """
 
-import hashlib
 import os
 import random
 import subprocess
+
+from lib.digest import sha256_file
 
 from .matrix import MiB
 
@@ -126,28 +127,3 @@ def make_fsimage(path, size):
     if os.path.getsize(path) != size:
         os.truncate(path, size)
     return f"ext4 made by mke2fs -d {tree}"
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-def sha256_stream(f):
-    h = hashlib.sha256()
-    total = 0
-    while True:
-        b = f.read(CHUNK)
-        if not b:
-            break
-        h.update(b)
-        total += len(b)
-    return h.hexdigest(), total

@@ -24,7 +24,7 @@ import subprocess
 
 import pytest
 
-from conftest import daemon_cmd, timeout
+from lib.env import daemon_cmd, timeout
 
 PRELUDE = r"""
 set -u

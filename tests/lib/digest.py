@@ -1,0 +1,68 @@
+"""sha256 of files, byte strings and streams: the one definition the tests
+and the developer tools (tools/bench, tools/dev/bench-cpu, tools/dev/bench-verify)
+share.  Standard library only, so the tools can import it without pytest:
+
+    sys.path.insert(0, str(TOP / "tests"))
+    from lib.digest import sha256_file
+"""
+
+import hashlib
+
+MiB = 1 << 20
+CHUNK = 4 * MiB
+
+
+def update_zeros(h, n):
+    """Feed n zero bytes to the hash object h."""
+    z = bytes(min(n, CHUNK))
+    while n > 0:
+        k = min(n, CHUNK)
+        h.update(z[:k])
+        n -= k
+
+
+def update_stream(h, f, length=None):
+    """Feed h from the binary file object f until EOF or length bytes;
+    returns the number of bytes read.  One buffer, reused (readinto)."""
+    buf = memoryview(bytearray(CHUNK))
+    n = 0
+    while length is None or n < length:
+        k = f.readinto(buf[:CHUNK if length is None else
+                           min(CHUNK, length - n)])
+        if not k:
+            break
+        h.update(buf[:k])
+        n += k
+    return n
+
+
+def sha256_file(path, pad_to=None, length=None):
+    """sha256 of a file's bytes (only the first length bytes, if given),
+    followed by zeros up to pad_to bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        n = update_stream(h, f, length)
+    if pad_to is not None:
+        assert n <= pad_to, f"{path}: {n} bytes, more than {pad_to}"
+        update_zeros(h, pad_to - n)
+    return h.hexdigest()
+
+
+def sha256_stream(f, length=None):
+    """(sha256, bytes read) of a binary stream read to EOF (or length)."""
+    h = hashlib.sha256()
+    n = update_stream(h, f, length)
+    return h.hexdigest(), n
+
+
+def sha256_bytes(data, pad_to=None):
+    """sha256 of data followed by zeros up to pad_to bytes."""
+    h = hashlib.sha256(data)
+    if pad_to is not None:
+        update_zeros(h, pad_to - len(data))
+    return h.hexdigest()
+
+
+def sha256_zeros(n):
+    """sha256 of n zero bytes."""
+    return sha256_bytes(b"", pad_to=n)

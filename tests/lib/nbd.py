@@ -1,0 +1,101 @@
+"""Reading and writing an export directly, not through the mount: with
+python3-libnbd when it is installed, else nbdcopy/nbdinfo through pipes."""
+
+import contextlib
+import hashlib
+import os
+import subprocess
+
+from lib.digest import update_stream
+from lib.env import CHUNK, libnbd, timeout
+from lib.procs import run
+
+
+@contextlib.contextmanager
+def nbd_handle(uri):
+    h = libnbd.NBD()
+    h.connect_uri(uri)
+    try:
+        yield h
+    finally:
+        with contextlib.suppress(Exception):
+            h.shutdown()
+
+
+def nbd_size(uri):
+    if libnbd is not None:
+        with nbd_handle(uri) as h:
+            return h.get_size()
+    r = run(["nbdinfo", "--size", uri], check=True)
+    return int(r.stdout)
+
+
+def sha256_nbd(uri, size=None):
+    """sha256 of the first size bytes (default: all) of an export, read
+    directly from the server (libnbd if available, else nbdcopy URI -)."""
+    h = hashlib.sha256()
+    if libnbd is not None:
+        with nbd_handle(uri) as nh:
+            total = nh.get_size() if size is None else size
+            off = 0
+            while off < total:
+                n = min(CHUNK, total - off)
+                h.update(nh.pread(n, off))
+                off += n
+        return h.hexdigest()
+    p = subprocess.Popen(["nbdcopy", uri, "-"], stdout=subprocess.PIPE)
+    n = update_stream(h, p.stdout, size)
+    p.stdout.close()
+    p.kill()
+    p.wait()
+    assert size is None or n == size, \
+        f"{uri}: short read, {size - n} bytes missing"
+    return h.hexdigest()
+
+
+def read_nbd(uri, offset=0, length=None):
+    """Bytes of an export read directly from the server."""
+    if libnbd is not None:
+        with nbd_handle(uri) as nh:
+            if length is None:
+                length = nh.get_size() - offset
+            out = bytearray()
+            while len(out) < length:
+                n = min(CHUNK, length - len(out))
+                out += nh.pread(n, offset + len(out))
+            return bytes(out)
+    r = subprocess.run(["nbdcopy", uri, "-"], stdout=subprocess.PIPE,
+                       check=True)
+    end = None if length is None else offset + length
+    return r.stdout[offset:end]
+
+
+def write_nbd(uri, data, offset=0):
+    """Write bytes to an export directly (not through the mount)."""
+    if libnbd is not None:
+        with nbd_handle(uri) as nh:
+            pos = 0
+            while pos < len(data):
+                n = min(CHUNK, len(data) - pos)
+                nh.pwrite(data[pos:pos + n], offset + pos)
+                pos += n
+            nh.flush()
+        return
+    assert offset == 0, "offset writes need python3-libnbd"
+    run(["nbdcopy", "-", uri], check=True, input=data, text=False)
+
+
+def fill_random(uri, size=None):
+    """Pre-fill an export with random bytes via nbdcopy (so a stale byte
+    anywhere shows).  Returns the bytes written."""
+    if size is None:
+        size = nbd_size(uri)
+    data = os.urandom(size)
+    try:
+        r = subprocess.run(["nbdcopy", "-", uri], input=data,
+                           capture_output=True, timeout=timeout(120))
+        assert r.returncode == 0, f"nbdcopy - {uri}: {r.stderr!r}"
+    except FileNotFoundError:
+        write_nbd(uri, data)
+    return data
+

@@ -1,0 +1,111 @@
+"""Processes and waiting: poll for a condition, run a command with a hang
+guard, run a call in a thread with a time limit, small /proc checks.
+Every limit here is scaled by NBDFERRY_TIMEOUT_SCALE."""
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lib import env
+
+
+def tail(path, n=20):
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def wait_for(pred, proc=None, what="condition", timeout=30, log=None):
+    """Poll pred() until true.  Fails at once if proc exits first (showing
+    the tail of log, if given), and after timeout seconds (scaled)."""
+    deadline = time.monotonic() + timeout * env.SCALE
+    delay = 0.01
+    while True:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"{what}: process exited with {proc.returncode} "
+                        f"before it was ready\n{tail(log) if log else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not ready after {timeout * env.SCALE:.0f}s\n"
+                        f"{tail(log) if log else ''}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def nonempty(path):
+    path = Path(path)
+    return lambda: path.exists() and path.stat().st_size > 0
+
+
+def run(cmd, timeout=120, check=False, **kw):
+    """Run a command (copy tool etc.) with a hang guard; capture output."""
+    try:
+        r = subprocess.run([str(c) for c in cmd], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True,
+                           timeout=timeout * env.SCALE, **kw)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(map(str, cmd))}: hung for more than "
+                    f"{timeout * env.SCALE:.0f}s")
+    if check and r.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n"
+                    f"{r.stderr}")
+    return r
+
+
+def free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def in_thread(fn, secs):
+    """Run fn in a daemon thread for at most secs (scaled).  Returns
+    ("hung", None) if it is still running, else ("done", its result);
+    re-raises its exception."""
+    box = {}
+
+    def body():
+        try:
+            box["ok"] = fn()
+        except BaseException as e:              # re-raised below
+            box["err"] = e
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(secs * env.SCALE)
+    if t.is_alive():
+        return "hung", t
+    if "err" in box:
+        raise box["err"]
+    return "done", box.get("ok")
+
+
+def oserror_errno(fn, *args):
+    """Call fn; return 0 on success or the OSError's errno."""
+    try:
+        fn(*args)
+        return 0
+    except OSError as e:
+        return e.errno

@@ -1,0 +1,80 @@
+"""The tree's layout rules, checked so they stay true:
+
+- tests import helpers from tests/lib/, never from conftest.py (pytest's
+  plugin, not a module), and conftest.py defines only fixtures and hooks;
+- "sha256 of a file" has one definition (tests/lib/digest.py), shared by
+  the tests and the tools/ scripts;
+- tools/ build rules are included by name (no file(GLOB)), one folder per
+  installed program.
+No process is started; these read the source tree only."""
+
+import ast
+import re
+
+from lib.env import TESTS, TOP
+
+
+def py_sources():
+    """Every Python file of tests/ and tools/ (scripts without .py too)."""
+    out = list(TESTS.rglob("*.py"))
+    for p in (TOP / "tools").rglob("*"):
+        if p.is_file() and p.suffix == "" and \
+                p.read_bytes()[:40].startswith(b"#!/usr/bin/python3"):
+            out.append(p)
+    out += (TOP / "tools").rglob("*.py")
+    return [p for p in out if "__pycache__" not in p.parts]
+
+
+def test_nothing_imports_conftest():
+    bad = []
+    for p in py_sources():
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom) and node.module == "conftest":
+                bad.append(f"{p.relative_to(TOP)}:{node.lineno}")
+            elif isinstance(node, ast.Import) and \
+                    any(a.name == "conftest" for a in node.names):
+                bad.append(f"{p.relative_to(TOP)}:{node.lineno}")
+    assert not bad, "import helpers from tests/lib/ instead: " + ", ".join(bad)
+
+
+def test_conftest_holds_fixtures_only():
+    tree = ast.parse((TESTS / "conftest.py").read_text())
+    helpers = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            fixture = any("fixture" in ast.unparse(d)
+                          for d in getattr(node, "decorator_list", ()))
+            if not (fixture or node.name.startswith("pytest_")):
+                helpers.append(f"{node.name} (line {node.lineno})")
+    assert not helpers, "move to tests/lib/: " + ", ".join(helpers)
+
+
+def test_one_sha256_of_a_file():
+    """No second helper that opens a file for reading, feeds its chunks to
+    hashlib.sha256 and returns the hex digest: lib.digest.sha256_file does
+    that."""
+    pattern = [r"hashlib\.sha256\(\)", r"open\([^)]*'rb'", r"\.read\(",
+               r"\.hexdigest\(\)"]
+    defs = []
+    for p in py_sources():
+        if p.name == "test_layout.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            src = ast.unparse(node)
+            if all(re.search(r, src) for r in pattern):
+                defs.append(f"{p.relative_to(TOP)}:{node.name}")
+    assert defs == [], "use lib.digest.sha256_file: " + ", ".join(defs)
+
+
+def test_tools_cmake_included_by_name():
+    text = (TOP / "tools" / "CMakeLists.txt").read_text()
+    assert "GLOB" not in text
+    included = re.findall(r"include\(\$\{CMAKE_CURRENT_SOURCE_DIR\}/(\S+)\)",
+                          text)
+    on_disk = sorted(str(p.relative_to(TOP / "tools"))
+                     for p in (TOP / "tools").rglob("*.cmake"))
+    assert sorted(included) == on_disk
+    for inc in included:
+        assert "/" in inc, f"{inc}: a program's rules live in its folder"
