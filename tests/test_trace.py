@@ -4,7 +4,9 @@ exact pattern; without -v there is none."""
 import re
 import subprocess
 
-from conftest import MiB, assert_content, random_file
+from lib.content import assert_content
+from lib.env import MiB
+from lib.images import random_file
 
 EXPORT = 16 * MiB
 

@@ -30,9 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BUILD, MiB, fill_random, oserror_errno, read_nbd,
-                      run, sha256_file, sha256_nbd, timeout, wait_for)
-from vhdhelpers import SHA, VIRTUAL, fixture
+from lib.digest import sha256_file
+from lib.env import BUILD, MiB, timeout
+from lib.nbd import fill_random, read_nbd, sha256_nbd
+from lib.procs import oserror_errno, run, wait_for
+from lib.vhd import SHA, VIRTUAL, fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_GRAPH = ROOT / "tools" / "dev" / "import-graph"
