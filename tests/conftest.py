@@ -29,7 +29,8 @@ from lib.servers import plugin_path, start_server
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip every integration test where FUSE or nbdkit is missing."""
+    """Where FUSE or nbdkit is missing, every integration test is marked
+    skipped, with the reason (and so fails: see below)."""
     missing = []
     if not HAVE_FUSE:
         missing.append("/dev/fuse and fusermount3")
@@ -46,6 +47,26 @@ def pytest_collection_modifyitems(config, items):
         if name.startswith("test_mount_") or name == "test_cli.py" \
                 or uses & {"mount", "server"}:
             item.add_marker(skip)
+
+
+# A test that cannot run (a missing tool, an unbuilt binary, a kernel
+# feature absent) is a failure, not a pass in disguise: every skip is
+# reported as failed, with its reason.  NBDFERRY_ALLOW_SKIP=1 lets a
+# developer on a machine without some tool see skips as skips.
+ALLOW_SKIP = os.environ.get("NBDFERRY_ALLOW_SKIP") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if ALLOW_SKIP or not rep.skipped or hasattr(rep, "wasxfail"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) \
+        else str(rep.longrepr)
+    rep.outcome = "failed"
+    rep.longrepr = (f"{item.nodeid}: could not run ({reason}); a skipped "
+                    "test fails (NBDFERRY_ALLOW_SKIP=1 allows it)")
 
 
 # ------------------------------------------------------------ directories
