@@ -377,3 +377,25 @@ int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
     EVP_MD_CTX_free(c);
     return r;
 }
+
+/* ---- fingerprints ---- */
+
+int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
+                         uint64_t *fp, size_t n)
+{
+    uint64_t nblocks = (length + h->block_size - 1) / h->block_size;
+
+    pthread_mutex_lock(&h->lock);
+    for (size_t ci = 0; ci < h->nchunks; ci++) {
+        const unsigned char *c = h->chunks[ci];
+        for (uint64_t i = 0; c && i < BLKHASH_CHUNK; i++) {
+            uint64_t b = (uint64_t) ci * BLKHASH_CHUNK + i;
+            if (b >= nblocks || (b >> shift) >= n)
+                break;
+            if (!slot_is_zero(h, c, b))
+                fp[b >> shift] ^= blkhash_fp_term(b, c + i * h->dsize);
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}

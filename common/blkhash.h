@@ -70,3 +70,28 @@ int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len);
  * more updates. */
 int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
                    unsigned *out_len);
+
+/* ---- fingerprints: where two blkhashes differ ------------------------
+ * A region is 2^shift consecutive blocks; its fingerprint is the XOR of
+ * blkhash_fp_term(b, D(block b)) over its blocks that hold data (an
+ * all-zero block, full or short, adds nothing).  Two streams whose
+ * region fingerprints differ differ in that region; equal fingerprints
+ * say nothing for certain (the final value decides).  Fingerprints of a
+ * region merge by XOR, so a coarser shift is computed from a finer one. */
+static inline uint64_t blkhash_fp_term(uint64_t b, const unsigned char *d)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t) d[i] << (8 * i);
+    v ^= (b + 1) * 0x9e3779b97f4a7c15ull;     /* position matters */
+    v ^= v >> 31;
+    v *= 0xbf58476d1ce4e5b9ull;
+    return v ^ (v >> 29);
+}
+
+/* fp[i] ^= the fingerprint of region i of a stream of 'length' bytes, for
+ * i < n (regions past n are left out).  Does not run concurrently with
+ * updates (like blkhash_finish).  Returns 0. */
+int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
+                         uint64_t *fp, size_t n);

@@ -443,3 +443,9 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
     return 0;
 }
+
+int blkpass_fingerprints(struct blkpass *p, uint64_t size, unsigned shift,
+                         uint64_t *fp, size_t n)
+{
+    return blkhash_fingerprints(p->h, size, shift, fp, n);
+}

@@ -55,3 +55,9 @@ int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why);
 
 /* Bytes hashed so far (data blocks, whole or in part). */
 uint64_t blkpass_hashed(const struct blkpass *p);
+
+/* The region fingerprints of the blocks hashed so far, for a file of
+ * 'size' bytes (common/blkhash.h, blkhash_fingerprints()): after a
+ * blkpass_finish() at that size they cover the whole file. */
+int  blkpass_fingerprints(struct blkpass *p, uint64_t size, unsigned shift,
+                          uint64_t *fp, size_t n);

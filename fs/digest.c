@@ -101,6 +101,8 @@ struct digest {
     pthread_cond_t space;         /* the thread took a data item */
     pthread_t thread;
     bool stopping;
+    bool busy;                    /* the thread holds a taken item */
+    pthread_cond_t idle;          /* !busy and the queue is empty */
 
     enum digest_state state;      /* IDLE, COMPUTING, NOT_FORWARD, ABANDONED */
     bool closed;                  /* a close came after the last change */
@@ -117,7 +119,8 @@ struct digest {
     char hex[DIGEST_HEX_MAX];
 
     /* blkhash only (bp NULL: sha256) */
-    struct blkpass *bp;           /* the digest thread's alone */
+    struct blkpass *bp;           /* the digest thread's, under bp_lock */
+    pthread_mutex_t bp_lock;      /* digest_fingerprints() reads bp */
     char algorithm[32 + BLKHASH_NAME_MAX];
     uint64_t seq, close_seq;      /* items queued; the last close's seq */
     uint64_t res_seq;             /* the close the thread answered ... */
@@ -300,6 +303,14 @@ drop:
 
 /* ---- the digest thread ----------------------------------------------- */
 
+/* The thread is through with the item it took. */
+static void done_item_locked(struct digest *d)
+{
+    d->busy = false;
+    if (!d->head)
+        pthread_cond_broadcast(&d->idle);
+}
+
 /* Take the next piece of work: a whole data item, or up to ZERO_SLICE of
  * a zero item.  Returns false when stopping. */
 static bool take_locked(struct digest *d, struct item *out)
@@ -312,8 +323,10 @@ static bool take_locked(struct digest *d, struct item *out)
     if (it->kind == ITEM_STREAM && !it->data && it->len > ZERO_SLICE) {
         *out = (struct item) { .len = ZERO_SLICE };
         it->len -= ZERO_SLICE;
+        d->busy = true;
         return true;
     }
+    d->busy = true;
     *out = *it;
     d->head = it->next;
     if (!d->head)
@@ -378,6 +391,7 @@ static void *digest_thread(void *arg)
         ctx_gen = ok ? gen : UINT64_MAX;
 
         pthread_mutex_lock(&d->lock);
+        done_item_locked(d);
         if (gen != d->gen)
             continue;             /* the pass restarted or ended meanwhile */
         if (!ok) {
@@ -445,15 +459,18 @@ static void *blk_thread(void *arg)
         pthread_mutex_unlock(&d->lock);
 
         int r = 0;
+        pthread_mutex_lock(&d->bp_lock);
         if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
             snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
         if (r == 0)
             r = blk_apply(d, &it, hex, why);
+        pthread_mutex_unlock(&d->bp_lock);
         if (it.data)
             drop_data(&it);
         pass_gen = gen;
 
         pthread_mutex_lock(&d->lock);
+        done_item_locked(d);
         if (gen == d->gen)        /* else the pass restarted or ended */
             blk_record_locked(d, &it, r, hex, why);
     }
@@ -477,6 +494,7 @@ static bool blk_push_locked(struct digest *d, enum item_kind kind,
     *it = (struct item) { .kind = kind, .off = off, .len = len };
     d->state = DIGEST_COMPUTING;
     d->closed = false;
+    d->queued += item_cost(it);   /* take_locked() takes it off */
     push_locked(d, it);
     return true;
 }
@@ -714,6 +732,35 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
     pthread_mutex_unlock(&d->lock);
 }
 
+int digest_settle(struct digest *d, unsigned timeout_s)
+{
+    struct timespec deadline;
+    int r = 0;
+
+    if (!d)
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);    /* d->idle's clock */
+    deadline.tv_sec += timeout_s;
+    pthread_mutex_lock(&d->lock);
+    while ((d->head || d->busy) && !d->stopping && r == 0)
+        if (pthread_cond_timedwait(&d->idle, &d->lock, &deadline) ==
+            ETIMEDOUT)
+            r = -ETIMEDOUT;
+    pthread_mutex_unlock(&d->lock);
+    return r;
+}
+
+int digest_fingerprints(struct digest *d, uint64_t size, unsigned shift,
+                        uint64_t *fp, size_t n)
+{
+    if (!d || !d->bp)
+        return -ENOTSUP;
+    pthread_mutex_lock(&d->bp_lock);
+    int r = blkpass_fingerprints(d->bp, size, shift, fp, n);
+    pthread_mutex_unlock(&d->bp_lock);
+    return r;
+}
+
 /* ---- life ------------------------------------------------------------ */
 
 static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
@@ -725,18 +772,22 @@ static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
     d->state = DIGEST_IDLE;
     d->bp = bp;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->bp_lock, NULL);
     pthread_cond_init(&d->cond, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->space, &ca);
+    pthread_cond_init(&d->idle, &ca);
     pthread_condattr_destroy(&ca);
     int r = pthread_create(&d->thread, NULL, bp ? blk_thread : digest_thread,
                            d);
     if (r) {
         pthread_mutex_destroy(&d->lock);
+        pthread_mutex_destroy(&d->bp_lock);
         pthread_cond_destroy(&d->cond);
         pthread_cond_destroy(&d->space);
+        pthread_cond_destroy(&d->idle);
         free(d);
         return -r;
     }
@@ -774,12 +825,15 @@ void digest_destroy(struct digest *d)
     d->stopping = true;
     pthread_cond_signal(&d->cond);
     pthread_cond_broadcast(&d->space);
+    pthread_cond_broadcast(&d->idle);
     pthread_mutex_unlock(&d->lock);
     pthread_join(d->thread, NULL);
     free_queue_locked(d);
     blkpass_free(d->bp);
     pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->bp_lock);
     pthread_cond_destroy(&d->cond);
     pthread_cond_destroy(&d->space);
+    pthread_cond_destroy(&d->idle);
     free(d);
 }

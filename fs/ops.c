@@ -24,6 +24,7 @@
 
 #include "common/log.h"
 #include "fs/digest.h"
+#include "fs/readback.h"
 #include "fs/progress.h"
 #include "fs/readahead.h"
 #include "fs/vhdview.h"
@@ -481,7 +482,10 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         digest_close(fs->digest, size);
         progress_close(fs->progress, size);
     }
-    fuse_reply_err(req, wrote ? pool_error_take(fs->pool, &fh->err_seq) : 0);
+    int err = wrote ? pool_error_take(fs->pool, &fh->err_seq) : 0;
+    if (fh->writer && err == 0)
+        err = -readback_at_close(fs);       /* --verify-readback */
+    fuse_reply_err(req, err);
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
@@ -496,6 +500,8 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     }
     int r = pool_flush(fs->pool);
     int err = pool_error_take(fs->pool, &fh->err_seq);
+    if (err == 0 && r == 0 && ino == FS_INO_RAW)
+        err = -readback_at_close(fs);       /* --verify-readback */
     fuse_reply_err(req, err ? err : r < 0 ? EIO : 0);
 }
 

@@ -20,6 +20,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/readahead.h"
+#include "fs/readback.h"
 
 static double elapsed_s(const struct timespec *since)
 {
@@ -234,6 +235,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
     put_failures(f, &s, recent, nrecent);
     put_progress(f, fs, &s, uptime);
+    readback_put_status(f, fs);
     put_digest(f, fs, &s, apparent);
     fprintf(f, "}\n");
     if (fclose(f) != 0) {
