@@ -92,6 +92,19 @@ static inline uint64_t blkhash_fp_term(uint64_t b, const unsigned char *d)
 
 /* fp[i] ^= the fingerprint of region i of a stream of 'length' bytes, for
  * i < n (regions past n are left out).  Does not run concurrently with
- * updates (like blkhash_finish).  Returns 0. */
+ * updates (like blkhash_finish).  Returns 0, or -EINVAL if shift is below
+ * blkhash_fp_min_shift() (folded blocks are known only that coarsely). */
 int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
                          uint64_t *fp, size_t n);
+unsigned blkhash_fp_min_shift(struct blkhash *h);
+
+/* ---- folding: bounded memory for long streams -------------------------
+ * Blocks [0, upto) are final: their digests go into the outer digest now
+ * and their storage is freed (fingerprints are kept per region).  Updating
+ * or zeroing a folded block afterwards fails with -ESTALE; upto must not
+ * pass the short last block (-EINVAL).  Returns 0, -ENOMEM or -EIO. */
+int blkhash_fold(struct blkhash *h, uint64_t upto);
+uint64_t blkhash_folded(struct blkhash *h);      /* blocks folded */
+/* Bytes of per-block state held now (digest chunks, their index, the
+ * folded fingerprints): what the memory bound is about. */
+size_t blkhash_memory(struct blkhash *h);

@@ -122,6 +122,7 @@ struct digest {
     struct blkpass *bp;           /* the digest thread's, under bp_lock */
     pthread_mutex_t bp_lock;      /* digest_fingerprints() reads bp */
     char algorithm[32 + BLKHASH_NAME_MAX];
+    uint64_t blkhash_block;
     uint64_t seq, close_seq;      /* items queued; the last close's seq */
     uint64_t res_seq;             /* the close the thread answered ... */
     enum digest_state res_state;  /* ... COMPLETE (hex) or INCOMPLETE */
@@ -750,13 +751,21 @@ int digest_settle(struct digest *d, unsigned timeout_s)
     return r;
 }
 
-int digest_fingerprints(struct digest *d, uint64_t size, unsigned shift,
-                        uint64_t *fp, size_t n)
+int digest_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
+                        uint64_t **fp, size_t *n)
 {
     if (!d || !d->bp)
         return -ENOTSUP;
     pthread_mutex_lock(&d->bp_lock);
-    int r = blkpass_fingerprints(d->bp, size, shift, fp, n);
+    unsigned min = blkpass_fp_min_shift(d->bp);
+    uint64_t bs = d->blkhash_block;
+    uint64_t nblocks = (size + bs - 1) / bs;
+    if (*shift < min)
+        *shift = min;
+    *n = (size_t) ((nblocks + (1ull << *shift) - 1) >> *shift);
+    *fp = calloc(*n ? *n : 1, sizeof **fp);
+    int r = *fp ? blkpass_fingerprints(d->bp, size, *shift, *fp, *n)
+                : -ENOMEM;
     pthread_mutex_unlock(&d->bp_lock);
     return r;
 }
@@ -814,6 +823,7 @@ int digest_create_blkhash(size_t queue_limit, const char *md,
     }
     snprintf((*out)->algorithm, sizeof (*out)->algorithm,
              "blkhash/%s/%" PRIu64, md, block_size);
+    (*out)->blkhash_block = block_size;
     return 0;
 }
 

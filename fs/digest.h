@@ -80,10 +80,12 @@ void digest_foreign(struct digest *d, const char *what);
 int  digest_settle(struct digest *d, unsigned timeout_s);
 
 /* blkhash only: the region fingerprints of the pass's blocks for a file
- * of 'size' bytes (blkpass_fingerprints()).  Meaningful while digest_get()
+ * of 'size' bytes (blkpass_fingerprints()), regions of 2^*shift blocks:
+ * *shift is raised to the finest the pass still knows.  *fp (*n
+ * entries) is malloc'd, the caller's.  Meaningful while digest_get()
  * shows that size complete.  -ENOTSUP for sha256 or --no-digest. */
-int  digest_fingerprints(struct digest *d, uint64_t size, unsigned shift,
-                         uint64_t *fp, size_t n);
+int  digest_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
+                         uint64_t **fp, size_t *n);
 
 /* What the status shows.  apparent: the raw file's size now. */
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out);

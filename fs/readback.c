@@ -612,20 +612,32 @@ static void add_range(struct readback *rb, uint64_t off, uint64_t len)
     pthread_mutex_unlock(&rb->lock);
 }
 
+/* Regions twice as large, until they are of 2^to blocks (XOR merges). */
+static void coarsen(struct sink *s, unsigned to)
+{
+    for (; s->shift < to; s->shift++) {
+        for (size_t i = 0; i < s->nfp; i++)
+            s->fp[i / 2] = (i % 2 ? s->fp[i / 2] : 0) ^ s->fp[i];
+        s->nfp = (s->nfp + 1) / 2;
+    }
+}
+
 /* blkhash: the regions whose fingerprints differ between the inline
  * digest and the read-back. */
-static void name_ranges(struct fs *fs, const struct sink *s, uint64_t size)
+static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 {
     struct readback *rb = fs->readback;
-    uint64_t *mine = calloc(s->nfp ? s->nfp : 1, sizeof *mine);
-    uint64_t region = s->bs << s->shift;
+    uint64_t *mine = NULL;
+    unsigned shift = s->shift;
+    size_t n = 0;
 
-    if (!mine || digest_fingerprints(fs->digest, size, s->shift, mine,
-                                     s->nfp) < 0) {
+    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0) {
         free(mine);
         return;
     }
-    for (size_t i = 0; i < s->nfp; i++) {
+    coarsen(s, shift);
+    uint64_t region = s->bs << s->shift;
+    for (size_t i = 0; i < s->nfp && i < n; i++) {
         if (mine[i] == s->fp[i])
             continue;
         uint64_t off = (uint64_t) i * region;
