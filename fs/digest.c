@@ -9,7 +9,10 @@
  * the queue is bounded in pool buffers) or a copy (digest_write()), a
  * zero item (a gap, a punched hole, the tail up to the size at close) is
  * a length.  Releasing an item takes the pool's lock: lock order d->lock,
- * then the pool's.  One digest thread hashes the
+ * then the pool's.  d->bp_lock is held by the blkhash thread while it
+ * applies an item, and by digest_fingerprints() (read-back) while it
+ * reads the pass; d->idle wakes digest_settle() when the thread has
+ * nothing left.  One digest thread hashes the
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
  * lock is held while hashing.  When the queue's memory (payload plus

@@ -18,12 +18,15 @@ import re
 import shutil
 import subprocess
 
+from pathlib import Path
+
 import pytest
 
 from conftest import (MiB, assert_content, fill_random, make_sparse_image,
                       run, sha256_file, sha256_nbd, timeout)
 
 BLOCK = 64 * 1024
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
 
 
 def need(*tools):
@@ -185,6 +188,8 @@ def test_readback_passes_on_a_good_server(server, mount, shm, tool, kind):
     assert rb["expected"] == rb["read_back"] == st["digest"]["value"], rb
     assert rb["verified"] == rb["total"] == size, rb
     assert rb["runs"] >= 1, rb
+    r = run(["/usr/bin/python3", TOOL, m.mp], check=True)
+    assert "read-back   passed" in r.stdout, r.stdout
     m.unmount()
     assert sha256_nbd(srv.uri) == sha256_file(img.path, pad_to=size)
     assert "read-back at close" in m.stderr
@@ -291,6 +296,11 @@ def test_readback_catches_a_flipped_byte(liar, mount, shm, kind):
         assert rb["ranges"] == [{"offset": flip // BLOCK * BLOCK,
                                  "length": BLOCK}], rb
         assert rb["differing_ranges"] == 1, rb
+        # nbdferry-status names it too.
+        r = run(["/usr/bin/python3", TOOL, m.mp], check=True)
+        assert "read-back   failed" in r.stdout, r.stdout
+        assert (f"differs: {BLOCK} bytes at offset {flip // BLOCK * BLOCK}"
+                in r.stdout), r.stdout
     assert m.unmount(check=False) == 1
 
 
