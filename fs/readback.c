@@ -30,13 +30,14 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/blkhash.h"
 #include "common/log.h"
 #include "fs/digest.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
-#define MAX_REGIONS (1u << 20)        /* fingerprints: 8 MiB a side */
+#define MAX_REGIONS (1u << 18)        /* fingerprints: 2 MiB a side */
 #define RANGES_SHOWN 16
 #define SETTLE_S 120                  /* wait for the digest thread */
 #define ZERO_SLAB (1u << 20)
@@ -79,6 +80,7 @@ struct readback {
     enum rb_state state;
     unsigned runs;
     uint64_t total, done, bytes_read, reads, zero_bytes;
+    double seconds;                   /* the last run's */
     char algorithm[32 + BLKHASH_NAME_MAX];
     char expected[DIGEST_HEX_MAX], got[DIGEST_HEX_MAX];
     char message[256];
@@ -137,10 +139,12 @@ void readback_put_status(FILE *f, struct fs *fs)
     fprintf(f, "  \"readback\": {\"when\": \"%s\", \"state\": \"%s\", "
                "\"algorithm\": \"%s\", \"runs\": %u, \"verified\": %" PRIu64
                ", \"total\": %" PRIu64 ", \"bytes_read\": %" PRIu64
-               ", \"reads\": %" PRIu64 ", \"zero_bytes_not_read\": %" PRIu64,
+               ", \"reads\": %" PRIu64 ", \"zero_bytes_not_read\": %" PRIu64
+               ", \"seconds\": %.3f",
             rb->when == READBACK_CLOSE ? "close" : "unmount",
             state_name(rb->state), rb->algorithm, rb->runs, rb->done,
-            rb->total, rb->bytes_read, rb->reads, rb->zero_bytes);
+            rb->total, rb->bytes_read, rb->reads, rb->zero_bytes,
+            rb->seconds);
     if (rb->expected[0])
         fprintf(f, ", \"expected\": \"%s\"", rb->expected);
     if (rb->got[0])
@@ -409,9 +413,11 @@ static void ext_cb(struct nbdx_op *op, uint64_t off, uint64_t len,
              (flags & LIBNBD_STATE_ZERO) != 0);
 }
 
-/* Ask the server which of [pos, pos + window) reads as zero.  Without
- * block status, or when it fails, the window is all data.  n == 0
- * afterwards only when out of memory. */
+/* Ask the server which of [pos, pos + window) reads as zero.  A reply
+ * covering only part of the window is taken as far as it goes (the next
+ * call asks for the rest); without block status, or when it fails or
+ * makes no progress, the window is all data.  n == 0 afterwards only
+ * when out of memory. */
 static void fetch_extents(struct run *run)
 {
     uint64_t len = run->end - run->pos < run->window ? run->end - run->pos
@@ -437,7 +443,7 @@ static void fetch_extents(struct run *run)
         pos = e.off + e.len;
     }
     run->n = k;
-    if (pos < end && !push_ext(run, pos, end - pos, false))
+    if (k == 0 && !push_ext(run, pos, end - pos, false))
         run->n = 0;
 }
 
@@ -749,6 +755,9 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
 
+    struct timespec t0, t1;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     reset_status(rb, k, fs->export_size);
     int r = run_init(&run, fs, k->size);
     if (r == 0)
@@ -768,6 +777,11 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     }
     sink_free(&s);
     run_free(&run);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_mutex_lock(&rb->lock);
+    rb->seconds = (double) (t1.tv_sec - t0.tv_sec) +
+                  (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    pthread_mutex_unlock(&rb->lock);
     return r;
 }
 
@@ -807,8 +821,8 @@ static int verify(struct fs *fs, const char *at)
             rb->verdict = r;
             if (r == 0)
                 log_notice("read-back at %s: %" PRIu64 " bytes match the "
-                           "inline digest (%" PRIu64 " read)", at, k.size,
-                           rb->bytes_read);
+                           "inline digest (%" PRIu64 " read in %.2f s)", at,
+                           k.size, rb->bytes_read, rb->seconds);
         }
     }
     pthread_mutex_unlock(&rb->run);

@@ -8,7 +8,7 @@
  * Where the server has block status, ranges it reports as zero are not
  * read (hashed as zeros: free with blkhash).  Reads are pipelined in a
  * fixed window (READBACK_SLOTS x READBACK_CHUNK bytes).  With --blkhash
- * the differing ranges are named (block granularity up to 2^20 blocks,
+ * the differing ranges are named (block granularity up to 2^18 blocks,
  * coarser beyond); with sha256 only the verdict is known.
  *
  * A difference (or a read that fails) fails the close/fsync that asked
