@@ -347,3 +347,22 @@ def test_readback_server_error_is_not_a_pass(liar, mount, shm, shortdir):
     assert m.unmount(check=False) == 0
     assert "read-back at unmount" in m.stderr, m.stderr
     assert_content(data, size, uri=srv.uri, what="after the read-back")
+
+
+def test_readback_names_a_block_folded_long_ago(liar, mount, shm):
+    """Past 256 MiB the inline blkhash folds the blocks behind the data
+    into its value and keeps only region fingerprints: a flipped byte
+    near the start is still named to its block."""
+    size, isize = 384 * MiB, 360 * MiB
+    flip = 3 * MiB + 777
+    srv = liar(size, flip=flip)
+    img = make_sparse_image(shm / "src.img", isize, [(0, isize)], seed=8)
+    m = mount(srv, "--verify-readback", "--blkhash", expect_rc=1,
+              expect_errors=True)
+    r = copy(["cp", img.path, m.file])
+    assert_eio(r, "cp")
+    rb = status(m)["readback"]
+    assert rb["state"] == "failed", rb
+    assert rb["ranges"] == [{"offset": flip // BLOCK * BLOCK,
+                             "length": BLOCK}], rb
+    assert m.unmount(check=False) == 1
