@@ -481,10 +481,10 @@ static bool next_piece(struct run *run, uint64_t *off, uint64_t *len,
 
 static void start_slot(struct run *run, struct slot *sl)
 {
+    sl->err = 0;
     if (sl->zero)
         return;
     sl->busy = true;
-    sl->err = 0;
     sl->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = sl->off,
                                 .len = sl->len, .buf = sl->buf,
                                 .done = read_done };
@@ -844,9 +844,16 @@ int readback_at_unmount(struct fs *fs)
 {
     if (!fs->readback)
         return 0;
+    struct readback *rb = fs->readback;
     int r = verify(fs, "unmount");
-    if (fs->readback->state == RB_SKIPPED)
-        log_notice("read-back: skipped: %s", fs->readback->message);
+
+    pthread_mutex_lock(&rb->lock);
+    if (rb->state == RB_SKIPPED)
+        log_notice("read-back: skipped: %s", rb->message);
+    else if (r < 0)
+        log_err("read-back: the disk does not hold what was written (%s); "
+                "exiting 1", rb->message);
+    pthread_mutex_unlock(&rb->lock);
     return r;
 }
 
