@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/iszero.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
 #define FOLD_REGIONS (1u << 18)          /* fingerprints of folded blocks:
@@ -115,11 +116,6 @@ int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
 }
 
 /* ---- hashing ---- */
-
-static bool all_zero(const unsigned char *p, size_t n)
-{
-    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
-}
 
 static int digest_zeros(const EVP_MD *md, uint64_t len, unsigned char *out)
 {
@@ -261,7 +257,7 @@ int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
         return -EINVAL;
     while (len > 0) {
         size_t n = len < h->block_size ? len : h->block_size;
-        bool zero = all_zero(p, n);
+        bool zero = is_zero(p, n);
         int r;
 
         if (!zero && EVP_Digest(p, n, d, NULL, h->md, NULL) != 1)

@@ -15,6 +15,8 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "common/monotime.h"
+
 #define LIMIT_SLOTS 64            /* call sites tracked; beyond: shared slot */
 
 int log_verbosity;
@@ -64,13 +66,6 @@ static void emit(int prio, const char *tag, const char *msg)
     }
 }
 
-static time_t mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec;
-}
-
 /* Remember an error or warning for the status (locked). */
 static void remember_locked(bool error, const char *msg)
 {
@@ -117,7 +112,7 @@ static struct site *site_locked(const char *fmt)
 static bool admit_locked(const char *fmt, uint64_t *held)
 {
     struct site *s = site_locked(fmt);
-    time_t now = mono_s();
+    time_t now = (time_t) (mono_now_ns() / NS_PER_S);
 
     *held = 0;
     if (now - s->window >= LOG_WINDOW_S) {
@@ -206,3 +201,4 @@ DEFINE_LOG(log_warn, LOG_WARNING, "warning: ", 0)
 DEFINE_LOG(log_notice, LOG_NOTICE, "notice: ", 0)
 DEFINE_LOG(log_info, LOG_INFO, "", 1)
 DEFINE_LOG(log_debug, LOG_DEBUG, "debug: ", 2)
+DEFINE_LOG(log_trace, LOG_DEBUG, "", 1)

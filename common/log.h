@@ -1,16 +1,17 @@
-/* common/log.h: one log for the daemon and the tools.
+/* common/log.h: the daemon's log (the tools print their own messages).
  *
  * Messages go to stderr while it is the user's terminal (foreground, or
  * before daemonizing) and to syslog afterwards, prefixed with the
  * mountpoint (log_set_context) so that the journal says which mount
  * spoke.  log_err(), log_warn() and log_notice() always print; log_info()
- * only with -v; log_debug() only with -vv.  Thread-safe: each message is
+ * only with -v; log_debug() only with -vv; log_trace(), one line per
+ * file-system request (fs/trace.h), with -v.  Thread-safe: each message is
  * written with one call.
  *
  * Flooding: each call site (format string) prints at most LOG_BURST lines
  * per LOG_WINDOW_S seconds; the rest are counted and summed up in one line
- * when the site next prints, or at log_flush().  Debug lines are never
- * limited (-vv asks for every request).
+ * when the site next prints, or at log_flush().  Debug and trace lines
+ * are never limited (-v asks for every request).
  *
  * Errors and warnings are also kept, the last LOG_RECENT of them with a
  * repeat count, for the status file (log_recent()).
@@ -39,6 +40,7 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 struct log_entry {
     bool error;                          /* else a warning */

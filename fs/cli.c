@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fuse_opt.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -431,80 +432,99 @@ void cli_mountpoint_free(struct cli_mountpoint *m)
 
 /* ---- -o options ------------------------------------------------------ */
 
-/* Append one item to the comma-separated list for libfuse. */
-static int pass_on(struct cli_fuse_opts *fo, const char *item, size_t n)
+/* Append libfuse's kept options (already escaped) to fo->pass. */
+static int pass_on(struct cli_fuse_opts *fo, const char *opts)
 {
-    size_t have = fo->pass ? strlen(fo->pass) : 0;
+    size_t have = fo->pass ? strlen(fo->pass) : 0, n = strlen(opts);
     char *s = realloc(fo->pass, have + n + 2);
 
     if (!s)
         return -ENOMEM;
     if (have)
         s[have++] = ',';
-    memcpy(s + have, item, n);
-    s[have + n] = '\0';
+    memcpy(s + have, opts, n + 1);
     fo->pass = s;
     return 0;
 }
 
-static int owner_opt(const char *item, unsigned *id, bool *set,
-                     char *msg, size_t msglen)
+/* The -o items nbdferry takes; fuse_opt_parse() hands each match to
+ * own_opt() with its key, and every other item with FUSE_OPT_KEY_OPT. */
+enum {
+    KEY_NONEMPTY, KEY_KERNEL_CACHE, KEY_BLOCK_DEVICE, KEY_VHD_FIXED,
+    KEY_UID, KEY_GID,
+};
+static const struct fuse_opt own_opts[] = {
+    FUSE_OPT_KEY("nonempty", KEY_NONEMPTY),
+    FUSE_OPT_KEY("kernel_cache", KEY_KERNEL_CACHE),
+    FUSE_OPT_KEY("block_device", KEY_BLOCK_DEVICE),
+    FUSE_OPT_KEY("vhd_fixed", KEY_VHD_FIXED),
+    FUSE_OPT_KEY("uid=", KEY_UID),
+    FUSE_OPT_KEY("gid=", KEY_GID),
+    FUSE_OPT_END
+};
+
+#define OPT_ITEM_MAX 1024         /* longer -o items are refused */
+
+struct own_ctx {
+    struct cli_fuse_opts *fo;
+    char *msg;
+    size_t msglen;
+    int err;                      /* set when own_opt() says -1 */
+};
+
+static int owner_opt(struct own_ctx *c, const char *item, unsigned *id,
+                     bool *set)
 {
     int r = cli_parse_uint(item[0] == 'u' ? "-o uid" : "-o gid",
-                           strchr(item, '=') + 1, 0, UINT32_MAX - 1, id, msg,
-                           msglen);
-    if (r == 0)
-        *set = true;
-    return r;
+                           strchr(item, '=') + 1, 0, UINT32_MAX - 1, id,
+                           c->msg, c->msglen);
+    if (r < 0) {
+        c->err = r;
+        return -1;
+    }
+    *set = true;
+    return 0;
 }
 
-/* One item of -o: taken by nbdferry, or 0 to pass it on to libfuse. */
-static int own_opt(struct cli_fuse_opts *fo, const char *item, char *msg,
-                   size_t msglen, bool *taken)
+/* fuse_opt_proc_t: 0 takes the item, 1 keeps it for libfuse, -1 fails. */
+static int own_opt(void *data, const char *item, int key,
+                   struct fuse_args *outargs)
 {
-    *taken = true;
-    if (strcmp(item, "nonempty") == 0)
-        fo->nonempty = true;
-    else if (strcmp(item, "kernel_cache") == 0)
-        fo->kernel_cache = true;
-    else if (strcmp(item, "block_device") == 0)
-        fo->block_device = true;
-    else if (strcmp(item, "vhd_fixed") == 0)
-        fo->vhd_fixed = true;
-    else if (strncmp(item, "uid=", 4) == 0)
-        return owner_opt(item, &fo->uid, &fo->set_uid, msg, msglen);
-    else if (strncmp(item, "gid=", 4) == 0)
-        return owner_opt(item, &fo->gid, &fo->set_gid, msg, msglen);
-    else
-        *taken = false;
-    return 0;
+    struct own_ctx *c = data;
+    struct cli_fuse_opts *fo = c->fo;
+
+    if (strlen(item) >= OPT_ITEM_MAX) {
+        c->err = fail(EINVAL, c->msg, c->msglen, "-o: option too long");
+        return -1;
+    }
+    switch (key) {
+    case KEY_NONEMPTY: fo->nonempty = true; return 0;
+    case KEY_KERNEL_CACHE: fo->kernel_cache = true; return 0;
+    case KEY_BLOCK_DEVICE: fo->block_device = true; return 0;
+    case KEY_VHD_FIXED: fo->vhd_fixed = true; return 0;
+    case KEY_UID: return owner_opt(c, item, &fo->uid, &fo->set_uid);
+    case KEY_GID: return owner_opt(c, item, &fo->gid, &fo->set_gid);
+    case FUSE_OPT_KEY_OPT: return item[0] != '\0';   /* ",," is nothing */
+    default: return 1;            /* a non-option: cannot come from -o */
+    }
 }
 
 int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
                       size_t msglen)
 {
-    char item[1024];
+    char *argv[] = { "nbdferry", "-o", (char *) arg, NULL };
+    struct fuse_args args = FUSE_ARGS_INIT(3, argv);
+    struct own_ctx c = { .fo = fo, .msg = msg, .msglen = msglen };
+    int r = 0;
 
-    for (const char *p = arg; *p;) {
-        size_t n = 0;
-        /* A backslash escapes a comma (as in libfuse's fuse_opt). */
-        while (p[n] && p[n] != ',')
-            n += (p[n] == '\\' && p[n + 1]) ? 2 : 1;
-        if (n >= sizeof item)
-            return fail(EINVAL, msg, msglen, "-o: option too long");
-        memcpy(item, p, n);
-        item[n] = '\0';
-        p += n + (p[n] == ',');
-        if (n == 0)
-            continue;
-        bool taken;
-        int r = own_opt(fo, item, msg, msglen, &taken);
-        if (r < 0)
-            return r;
-        if (!taken && pass_on(fo, item, n) < 0)
-            return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    }
-    return 0;
+    /* Splits at commas (a backslash escapes one), calls own_opt() for each
+     * item and leaves the kept ones, escaped again, as "-o" "LIST". */
+    if (fuse_opt_parse(&args, &c, own_opts, own_opt) == -1)
+        r = c.err ? c.err : fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    else if (args.argc == 3 && pass_on(fo, args.argv[2]) < 0)
+        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    fuse_opt_free_args(&args);
+    return r;
 }
 
 void cli_fuse_opts_free(struct cli_fuse_opts *fo)

@@ -67,7 +67,9 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/list.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/signals.h"
 #include "fs/blkpass.h"
 
@@ -199,11 +201,7 @@ static void fail_locked(struct digest *d, enum digest_state state,
 static void push_locked(struct digest *d, struct item *it)
 {
     it->seq = ++d->seq;
-    if (d->tail)
-        d->tail->next = it;
-    else
-        d->head = it;
-    d->tail = it;
+    QUEUE_APPEND(d->head, d->tail, it);
     pthread_cond_signal(&d->cond);
 }
 
@@ -243,10 +241,7 @@ static bool no_room_locked(const struct digest *d, size_t cost)
 static bool wait_for_room_locked(struct digest *d, size_t cost)
 {
     uint64_t gen = d->gen, pos = d->pos;
-    struct timespec deadline;
-
-    clock_gettime(CLOCK_MONOTONIC, &deadline);    /* d->space's clock */
-    deadline.tv_sec += WAIT_MAX_S;
+    struct timespec deadline = mono_deadline_ns(WAIT_MAX_S * NS_PER_S);
     while (no_room_locked(d, cost)) {
         /* A wakeup can race the deadline: only a queue still full at
          * the deadline abandons the digest. */
@@ -738,13 +733,11 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
 
 int digest_settle(struct digest *d, unsigned timeout_s)
 {
-    struct timespec deadline;
     int r = 0;
 
     if (!d)
         return 0;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);    /* d->idle's clock */
-    deadline.tv_sec += timeout_s;
+    struct timespec deadline = mono_deadline_ns(timeout_s * NS_PER_S);
     pthread_mutex_lock(&d->lock);
     while ((d->head || d->busy) && !d->stopping && r == 0)
         if (pthread_cond_timedwait(&d->idle, &d->lock, &deadline) ==
@@ -786,12 +779,8 @@ static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->bp_lock, NULL);
     pthread_cond_init(&d->cond, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&d->space, &ca);
-    pthread_cond_init(&d->idle, &ca);
-    pthread_condattr_destroy(&ca);
+    mono_cond_init(&d->space);
+    mono_cond_init(&d->idle);
     int r = pthread_create(&d->thread, NULL, bp ? blk_thread : digest_thread,
                            d);
     if (r) {

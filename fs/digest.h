@@ -41,8 +41,10 @@ struct digest_info {
                                * CANNOT_COMPLETE: why */
 };
 
-/* queue_limit: payload bytes that may wait for hashing before the digest
- * is abandoned (writers never wait for it).  Starts the digest thread. */
+/* queue_limit: payload bytes that may wait for hashing.  A writer that
+ * finds the queue full waits for the digest thread, for at most a few
+ * seconds; past that the digest is abandoned rather than the copy held
+ * up.  Starts the digest thread. */
 int  digest_create(size_t queue_limit, struct digest **out);
 /* The same, computing blkhash (common/blkhash.h) with this OpenSSL digest
  * and block size instead of sha256: writes may come in any order; see

@@ -39,6 +39,7 @@
 #include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/digest.h"
+#include "fs/fuseloop.h"
 #include "fs/readback.h"
 #include "fs/pidfile.h"
 #include "fs/progress.h"
@@ -88,6 +89,8 @@ struct options {
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
 };
+
+#define FUSE_WORKERS 16   /* threads serving requests other than writes */
 
 #define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
                                          * of the daemon's memory bound */
@@ -460,7 +463,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     o->nbd.nodelay = true;
     o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
     o->nbd.request_timeout_s = DEFAULT_REQUEST_TIMEOUT;
-    o->nbd.tls = -1;
+    o->nbd.tls = NBDX_TLS_FROM_URI;
     o->progress_fd = -1;
     o->depth = DEFAULT_DEPTH;
     o->request_size = DEFAULT_REQUEST_SIZE;
@@ -502,11 +505,11 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_EXTENTS: o->no_extents = true; break;
         case OPT_TLS:
             if (strcmp(optarg, "require") == 0 || strcmp(optarg, "on") == 0)
-                o->nbd.tls = 2;           /* LIBNBD_TLS_REQUIRE */
+                o->nbd.tls = LIBNBD_TLS_REQUIRE;
             else if (strcmp(optarg, "allow") == 0)
-                o->nbd.tls = 1;
+                o->nbd.tls = LIBNBD_TLS_ALLOW;
             else if (strcmp(optarg, "off") == 0)
-                o->nbd.tls = 0;
+                o->nbd.tls = LIBNBD_TLS_DISABLE;
             else
                 usage_error("--tls: '%s' is not require, allow or off",
                             optarg);
@@ -778,13 +781,7 @@ static int serve(struct fuse_session *se, bool single_thread)
 {
     if (single_thread)
         return fuse_session_loop(se);
-    struct fuse_loop_config *lc = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_clone_fd(lc, 0);
-    fuse_loop_cfg_set_max_threads(lc, 16);
-    fuse_loop_cfg_set_idle_threads(lc, 8);
-    int r = fuse_session_loop_mt(se, lc);
-    fuse_loop_cfg_destroy(lc);
-    return r;
+    return fuseloop_run(se, FUSE_WORKERS);
 }
 
 /* The digest's queue holds pool buffers: leave half the pool to writes. */
@@ -860,9 +857,7 @@ static int finish(struct fs *fs)
         log_err("%" PRIu64 " NBD request(s) failed during this mount; the "
                 "disk may not hold what was written (first: %s of %" PRIu64
                 " bytes at %" PRIu64 ")", st.errors + (r < 0),
-                st.nfailures ? (st.failures[0].kind == POOL_WRITE ? "write"
-                                : st.failures[0].kind == POOL_ZERO ? "zero"
-                                : "flush") : "flush",
+                st.nfailures ? pool_kind_name(st.failures[0].kind) : "flush",
                 st.nfailures ? st.failures[0].len : 0,
                 st.nfailures ? st.failures[0].off : 0);
         return EXIT_FAILURE;

@@ -31,8 +31,9 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "fs/fs.h"
+#include "common/monotime.h"
 #include "common/signals.h"
+#include "fs/fs.h"
 
 #define NSAMPLES 64               /* 16 s of samples at 250 ms */
 #define BAR_WIDTH 24
@@ -61,13 +62,6 @@ struct progress {
     int last_line;                /* last percent written to cfg.fd */
     size_t bar_len;               /* last bar's width, to clear it */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
 
 const char *progress_total_name(enum progress_total t)
 {
@@ -309,7 +303,7 @@ static void sample(struct progress *pg, const struct progress_info *pi)
     pool_get_stats(pg->fs->pool, &s);
     pthread_mutex_lock(&pg->lock);
     pg->ring[pg->next] = (struct sample) {
-        .t = now_s(), .acked = s.bytes_acked, .done = pi->done,
+        .t = mono_now_s(), .acked = s.bytes_acked, .done = pi->done,
     };
     pg->next = (pg->next + 1) % NSAMPLES;
     if (pg->nsamples < NSAMPLES)
@@ -411,11 +405,7 @@ static void *progress_thread(void *arg)
     while (!pg->stopping) {
         pthread_mutex_unlock(&pg->lock);
         tick(pg, false);
-        next.tv_nsec += PROGRESS_TICK_MS * 1000000L;
-        if (next.tv_nsec >= 1000000000L) {
-            next.tv_sec++;
-            next.tv_nsec -= 1000000000L;
-        }
+        next = timespec_add_ns(next, PROGRESS_TICK_MS * NS_PER_MS);
         pthread_mutex_lock(&pg->lock);
         while (!pg->stopping &&
                pthread_cond_timedwait(&pg->cond, &pg->lock, &next) != ETIMEDOUT)
@@ -431,7 +421,6 @@ int progress_create(struct fs *fs, const struct progress_config *cfg,
                     struct progress **out)
 {
     struct progress *pg = calloc(1, sizeof *pg);
-    pthread_condattr_t ca;
 
     if (!pg)
         return -ENOMEM;
@@ -439,10 +428,7 @@ int progress_create(struct fs *fs, const struct progress_config *cfg,
     pg->cfg = *cfg;
     pg->last_line = -1;
     pthread_mutex_init(&pg->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&pg->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    mono_cond_init(&pg->cond);
     int r = pthread_create(&pg->thread, NULL, progress_thread, pg);
     if (r) {
         pthread_mutex_destroy(&pg->lock);

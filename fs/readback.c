@@ -30,10 +30,11 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/blkhash.h"
+#include "common/iszero.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "fs/digest.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
@@ -191,11 +192,6 @@ struct sink {
 
 #define BATCH 1024
 
-static bool all_zero(const unsigned char *p, size_t n)
-{
-    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
-}
-
 static int emit(struct sink *s, const unsigned char *d, bool data)
 {
     memcpy(s->batch + s->nbatch * s->dsize, d, s->dsize);
@@ -213,7 +209,7 @@ static int emit(struct sink *s, const unsigned char *d, bool data)
 static int block(struct sink *s, const unsigned char *p, size_t n)
 {
     unsigned char d[EVP_MAX_MD_SIZE];
-    bool zero = all_zero(p, n);
+    bool zero = is_zero(p, n);
 
     if (zero && n == s->bs)
         return emit(s, s->zero_digest, false);
@@ -494,7 +490,7 @@ static void start_slot(struct run *run, struct slot *sl)
 /* A piece past the file's end: must be zero. */
 static void check_tail(struct run *run, const struct slot *sl)
 {
-    if (run->tail_nonzero != UINT64_MAX || all_zero(sl->buf, sl->len))
+    if (run->tail_nonzero != UINT64_MAX || is_zero(sl->buf, sl->len))
         return;
     for (uint64_t i = 0; i < sl->len; i++)
         if (sl->buf[i]) {
@@ -755,9 +751,8 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
 
-    struct timespec t0, t1;
+    double t0 = mono_now_s();
 
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     reset_status(rb, k, fs->export_size);
     int r = run_init(&run, fs, k->size);
     if (r == 0)
@@ -777,10 +772,8 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     }
     sink_free(&s);
     run_free(&run);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_lock(&rb->lock);
-    rb->seconds = (double) (t1.tv_sec - t0.tv_sec) +
-                  (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    rb->seconds = mono_now_s() - t0;
     pthread_mutex_unlock(&rb->lock);
     return r;
 }

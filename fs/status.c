@@ -44,12 +44,6 @@ static void put_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static const char *kind_name(enum pool_counter_kind k)
-{
-    static const char *kind[] = { "write", "zero", "flush", "read" };
-    return kind[k];
-}
-
 /* Failed NBD requests (the first ones), then the daemon's latest errors
  * and warnings, each with its message. */
 static void put_nbd_failures(FILE *f, const struct pool_stats *s)
@@ -57,7 +51,7 @@ static void put_nbd_failures(FILE *f, const struct pool_stats *s)
     for (unsigned i = 0; i < s->nfailures; i++) {
         fprintf(f, "%s\n    {\"kind\": \"%s\", \"offset\": %" PRIu64
                    ", \"length\": %" PRIu64 ", \"errno\": %d, \"message\": ",
-                i ? "," : "", kind_name(s->failures[i].kind),
+                i ? "," : "", pool_kind_name(s->failures[i].kind),
                 s->failures[i].off, s->failures[i].len, s->failures[i].err);
         put_string(f, strerror(s->failures[i].err));
         fputc('}', f);

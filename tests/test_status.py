@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
 
 EXPORT = 64 * MiB
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
-# Item 3 of the issue: what the status must hold.
+# What the status file must hold: every key a monitor may rely on.
 KEYS = ["export_size", "apparent_size", "bytes_written", "bytes_acknowledged",
         "bytes_zeroed", "in_flight", "in_flight_peak", "pool_buffers_in_use",
         "pool_buffers", "writer_wait_s", "nbd_requests", "errors", "warnings",

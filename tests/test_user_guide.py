@@ -7,6 +7,10 @@
 - "One writer": a second writer's bytes in a hole the mount believes zero
   are invisible through the mount, and `nbdferry-verify --zero-tail
   disk.img URI`, as the guide says, sees them.
+- "A verified migration with blkhash, end to end": the guide's lines, run
+  as a shell script onto an export full of old data, find the source's
+  blkhash in the status and the read-back matches; with one byte of the
+  export changed behind the daemon's back the read-back says so.
 
 Run: /usr/bin/python3 -m pytest tests/test_user_guide.py
 """
@@ -73,3 +77,51 @@ def test_one_writer_verify_against_the_server(server, mount, shm):
         "the mount saw the other writer: update the guide's One writer"
     # ... and the guide's check against the server does
     assert direct.returncode == 1, (direct.stdout, direct.stderr)
+
+
+STATUS = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
+
+
+def guide_block(first, last):
+    """The guide's indented command lines from the one before the line
+    matching 'first' to the one matching 'last', comments dropped."""
+    lines = [l.split("  #")[0].strip() for l in
+             GUIDE.read_text().splitlines() if l.startswith("    ")]
+    i = next(n for n, l in enumerate(lines) if re.search(first, l))
+    j = next(n for n, l in enumerate(lines) if n > i and re.search(last, l))
+    return lines[i - 1:j + 1]
+
+
+def test_guide_blkhash_end_to_end(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv, "--blkhash")
+    img = make_sparse_image(shm / "disk.img", 40 * MiB + 5, runs=6, seed=19)
+    block = guide_block(r"> disk.blkhash &$", r"--zero-tail")
+    assert block[0].startswith("nbdferry --blkhash ")  # the fixture mounts
+    assert block[-2] == "fusermount3 -u /mnt/disk"
+
+    def local(line):
+        uri = re.search(r"'(nbd\+unix://[^']*)'", block[0]).group(1)
+        return (line.replace("nbdferry-verify", str(VERIFY))
+                .replace("nbdferry-status", f"/usr/bin/python3 {STATUS}")
+                .replace("disk.blkhash", str(shm / "disk.blkhash"))
+                .replace("disk.img", str(img.path))
+                .replace("/mnt/disk", str(m.mp))
+                .replace(uri, srv.uri))
+
+    script = "set -e\n" + "\n".join(local(l) for l in block[1:-2])
+    r = run(["bash", "-c", script])
+    assert r.returncode == 0, (script, r.stdout, r.stderr)
+    want = (shm / "disk.blkhash").read_text().split()[0]
+    assert f"complete: {want}" in r.stdout, r.stdout
+    m.unmount()
+    readback = ["sh", "-c", local(block[-1])]
+    r = run(readback)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert_content(img.path, EXPORT, uri=srv.uri, what="the guide's blkhash "
+                   "migration")
+    with open(img.path, "rb") as f:            # a byte the server lost
+        byte = f.read(1)
+    write_nbd(srv.uri, bytes([byte[0] ^ 1]), 0)
+    assert run(readback).returncode == 1

@@ -59,3 +59,20 @@ def test_valgrind_mount_copy_unmount(under_valgrind, server, mount, shm,
     import hashlib
     assert sha256_prefix(disk, len(ref)) == hashlib.sha256(ref).hexdigest()
     assert sha256_file(out) == hashlib.sha256(ref[:4 * MiB]).hexdigest()
+
+
+def test_valgrind_second_connection_refused(server, tmp_path):
+    """The first connection opens, the second is refused (nbdkit's limit
+    filter lets one client in): the daemon fails to start, and frees the
+    half-made second connection as well as the first."""
+    if NBDFERRY.exists() and is_sanitized(NBDFERRY):
+        pytest.skip("sanitizer build: valgrind cannot run it")
+    srv = server("memory", "64M", "limit=1", filters=["limit"])
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    p = run(VALGRIND + [str(NBDFERRY), "-f", "-C", "2", str(mp), "--unix",
+                        str(srv.sock)], timeout=300)
+    assert "cannot connect" in p.stderr, p.stderr
+    assert "definitely lost" not in p.stderr, p.stderr
+    assert p.returncode not in (0, 99), (p.returncode, p.stderr)
+    assert not os.path.ismount(mp)

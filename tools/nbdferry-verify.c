@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/monotime.h"
 #include "common/optlist.h"
 #include "config.h"
 #include "tools/verify/verify.h"
@@ -354,13 +355,6 @@ static int parse_options(struct options *o, int argc, char **argv)
 
 /* ---- hashing ---- */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void *side_main(void *arg)
 {
     struct side *sd = arg;
@@ -496,7 +490,7 @@ static int verify_two(const struct options *o, struct side sd[2], double t0)
         return VERIFY_EXIT_ERROR;
     if (run_sides(sd) < 0)
         return VERIFY_EXIT_ERROR;
-    rep.elapsed = now() - t0;
+    rep.elapsed = mono_now_s() - t0;
     rep.side[0].k = &sd[0].k;
     rep.side[1].k = &sd[1].k;
     if ((r = judge(&rep, &sd[0].k, &sd[1].k, &ranges)) == 0)
@@ -527,7 +521,7 @@ static int digest_one(const struct options *o, struct side *sd, double t0)
     if (sd->r < 0)
         return VERIFY_EXIT_ERROR;
     rep.compared = sd->k.digest_len;
-    rep.elapsed = now() - t0;
+    rep.elapsed = mono_now_s() - t0;
     rep.side[0].k = &sd->k;
     if (!o->quiet)
         report_single(stdout, &rep, o->json);
@@ -539,7 +533,7 @@ int main(int argc, char **argv)
     struct options o;
     int nops = parse_options(&o, argc, argv);
     struct side sd[2] = { { 0 } };
-    double t0 = now();
+    double t0 = mono_now_s();
     int r = VERIFY_EXIT_ERROR;
 
     if (nops <= 0)

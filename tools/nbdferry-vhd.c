@@ -18,12 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/iszero.h"
 #include "common/optlist.h"
+#include "common/uuid.h"
 #include "config.h"
 #include "tools/vhdfile.h"
 #include "vhd/vhd.h"
@@ -75,11 +76,6 @@ static int write_full(int fd, const void *buf, size_t len)
     return 0;
 }
 
-static bool all_zero(const uint8_t *b, size_t n)
-{
-    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
-}
-
 /* Write buf at off, leaving 4 KiB pieces that are all zero as holes (the
  * output was truncated to its size first, so holes read as zero). */
 static int pwrite_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
@@ -90,10 +86,10 @@ static int pwrite_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
         if (n > len - i)
             n = len - i;
         size_t j = i + n;
-        bool z = all_zero(buf + i, n);
+        bool z = is_zero(buf + i, n);
         while (j < len) {               /* extend a run of the same kind */
             size_t m = len - j < 4096 ? len - j : 4096;
-            if (all_zero(buf + j, m) != z)
+            if (is_zero(buf + j, m) != z)
                 break;
             j += m;
         }
@@ -276,7 +272,7 @@ static void print_uuid(const char *label, const uint8_t *u)
 
 static void print_time(const char *label, uint32_t t)
 {
-    time_t u = (time_t) t + 946684800;
+    time_t u = (time_t) t + VHD_EPOCH_UNIX;
     struct tm tm;
     char buf[64] = "";
     gmtime_r(&u, &tm);
@@ -534,13 +530,10 @@ static int cmd_export(const char *raw, const char *out)
         return EXIT_USAGE;
     }
     uint8_t uuid[16];
-    if (getrandom(uuid, sizeof uuid, 0) != sizeof uuid)
-        memset(uuid, 0x42, sizeof uuid);
-    uuid[6] = (uuid[6] & 0x0F) | 0x40;
-    uuid[8] = (uuid[8] & 0x3F) | 0x80;
+    uuid_v4(uuid);
     struct vhd_synth *sy;
     struct vhd_err err = { "" };
-    int r = vhd_synth_new(st.st_size, uuid, time(NULL) - 946684800, &sy, &err);
+    int r = vhd_synth_new(st.st_size, uuid, time(NULL) - VHD_EPOCH_UNIX, &sy, &err);
     if (r < 0) {
         msg("%s: %s", raw, err.msg);
         close(fd);

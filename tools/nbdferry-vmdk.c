@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/iszero.h"
 #include "common/optlist.h"
 #include "config.h"
 #include "vmdk/vmdk.h"
@@ -69,11 +70,6 @@ static ssize_t read_full(int fd, void *buf, size_t len)
         got += (size_t) n;
     }
     return (ssize_t) got;
-}
-
-static bool all_zero(const uint8_t *b, size_t n)
-{
-    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
 }
 
 /* ---- a decode, front to back --------------------------------------------- */
@@ -144,11 +140,11 @@ static int write_at(struct decode *d, uint64_t off, const uint8_t *buf,
 static int d_data(void *o, uint64_t off, const void *buf, size_t len)
 {
     struct decode *d = o;
-    if (d->grains && !all_zero(buf, len)) {
+    if (d->grains && !is_zero(buf, len)) {
         uint64_t g = off / d->grain_bytes;
         d->grains[g / 8] |= (uint8_t) (1u << (g % 8));
     }
-    if (d->out_fd < 0 || (d->seekable && all_zero(buf, len)))
+    if (d->out_fd < 0 || (d->seekable && is_zero(buf, len)))
         return 0;                 /* sparse output: holes stay holes */
     return write_at(d, off, buf, len);
 }

@@ -56,7 +56,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/list.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/signals.h"
 
 struct nbdx_conn {
@@ -105,7 +107,7 @@ struct nbdx {
     unsigned nconns;
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
-    atomic_uint_fast64_t ops[5], bytes[5], errors;
+    atomic_uint_fast64_t ops[NBDX_NKINDS], bytes[NBDX_NKINDS], errors;
     atomic_bool lost;                     /* a connection gave up on the
                                            * server: all of them fail now */
     char *ca_dir;                         /* private: ca-cert.pem -> the
@@ -114,8 +116,6 @@ struct nbdx {
                                            * no key, not changed */
 };
 
-#define NS_PER_S 1000000000u
-#define NS_PER_MS 1000000u
 
 /* TCP keepalive: first probe after 10 s idle, then every 5 s; 4 lost
  * probes (30 s in all) and the kernel drops the connection. */
@@ -123,15 +123,11 @@ struct nbdx {
 #define KEEPALIVE_INTVL_S 5
 #define KEEPALIVE_CNT 4
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-static const char *kind_name[] = { "read", "write", "zero", "flush",
-                                   "block-status" };
+static const char *const kind_name[NBDX_NKINDS] = {
+    [NBDX_OP_READ] = "read", [NBDX_OP_WRITE] = "write",
+    [NBDX_OP_ZERO] = "zero", [NBDX_OP_FLUSH] = "flush",
+    [NBDX_OP_BLOCK_STATUS] = "block-status",
+};
 
 /* ---- connecting ------------------------------------------------------ */
 
@@ -189,13 +185,13 @@ static int start_connect(struct nbd_handle *h, const struct nbdx_config *cfg)
  * error set. */
 static int finish_connect(struct nbd_handle *h, int64_t timeout_ms)
 {
-    uint64_t due = now_ns() + (uint64_t) (timeout_ms < 0 ? 0 : timeout_ms) *
+    uint64_t due = mono_now_ns() + (uint64_t) (timeout_ms < 0 ? 0 : timeout_ms) *
                               NS_PER_MS;
 
     while (nbd_aio_is_connecting(h) == 1) {
         int wait = -1;
         if (timeout_ms >= 0) {
-            uint64_t now = now_ns();
+            uint64_t now = mono_now_ns();
             if (now >= due)
                 return -ETIMEDOUT;
             wait = (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
@@ -256,7 +252,7 @@ static int effective_tls(const struct nbdx_config *cfg)
 {
     if (cfg->mode == NBDX_URI && nbdx_uri_is_tls(cfg->uri))
         return LIBNBD_TLS_REQUIRE;
-    return cfg->tls >= 0 ? cfg->tls : LIBNBD_TLS_DISABLE;
+    return cfg->tls != NBDX_TLS_FROM_URI ? cfg->tls : LIBNBD_TLS_DISABLE;
 }
 
 static bool dir_has(const char *dir, const char *name)
@@ -465,7 +461,7 @@ static int tls_policy(struct nbdx *x)
 
 static int set_tls(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
-    if (cfg->tls >= 0 && nbd_set_tls(h, cfg->tls) == -1)
+    if (cfg->tls != NBDX_TLS_FROM_URI && nbd_set_tls(h, cfg->tls) == -1)
         return -1;
     if (cfg->tls_psk_file && nbd_set_tls_psk_file(h, cfg->tls_psk_file) == -1)
         return -1;
@@ -603,12 +599,7 @@ static void read_info(struct nbdx *x, struct nbd_handle *h,
 static void push_done(struct nbdx_conn *c, struct nbdx_op *op)
 {
     op->completed = true;
-    op->next = NULL;
-    if (c->done_tail)
-        c->done_tail->next = op;
-    else
-        c->done_head = op;
-    c->done_tail = op;
+    QUEUE_APPEND(c->done_head, c->done_tail, op);
 }
 
 /* libnbd completion callback: runs inside libnbd, records only. */
@@ -674,7 +665,7 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     /* The request timeout runs from the moment the connection has
      * something outstanding. */
     if (nbd_aio_in_flight(c->h) <= 0)
-        c->progress_ns = now_ns();
+        c->progress_ns = mono_now_ns();
     if (start_op(c, op) == -1 && !op->completed) {
         int err = nbd_get_errno();
         log_err("nbd %s %" PRIu64 "@%" PRIu64 ": %s", kind_name[op->kind],
@@ -701,12 +692,7 @@ static bool connection_error(int err)
 
 static void push_retry(struct nbdx_conn *c, struct nbdx_op *op)
 {
-    op->next = NULL;
-    if (c->retry_tail)
-        c->retry_tail->next = op;
-    else
-        c->retry_head = op;
-    c->retry_tail = op;
+    QUEUE_APPEND(c->retry_head, c->retry_tail, op);
 }
 
 static void check_dead(struct nbdx_conn *c)
@@ -720,7 +706,7 @@ static void check_dead(struct nbdx_conn *c)
         log_warn("connection %u to the server was lost (%s): reconnecting "
                  "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
         if (!c->outage_ns)
-            c->outage_ns = now_ns();
+            c->outage_ns = mono_now_ns();
     } else if (atomic_load(&c->x->lost) || c->gave_up)
         log_info("connection %u closed: the server was given up on",
                  c->index);
@@ -757,7 +743,7 @@ static void abort_conn(struct nbdx_conn *c)
     if (!c->dead) {
         /* Not seen in practice; do not spin on it. */
         log_err("connection %u: could not abort the connection", c->index);
-        c->progress_ns = now_ns();
+        c->progress_ns = mono_now_ns();
     }
 }
 
@@ -902,7 +888,7 @@ static void drain_kicks(struct nbdx_conn *c)
  * join the retry list (issue() on a dead connection). */
 static void sleep_until(struct nbdx_conn *c, uint64_t t_ns)
 {
-    uint64_t now = now_ns();
+    uint64_t now = mono_now_ns();
     if (now >= t_ns)
         return;
     struct pollfd p = { .fd = c->efd, .events = POLLIN };
@@ -923,7 +909,7 @@ static uint64_t backoff_ns(unsigned attempts)
 static void reconnect_step(struct nbdx_conn *c)
 {
     const struct nbdx_config *cfg = &c->x->cfg;
-    uint64_t now = now_ns();
+    uint64_t now = mono_now_ns();
 
     if (!c->outage_ns)
         c->outage_ns = now;
@@ -957,7 +943,7 @@ static int stall_wait_ms(struct nbdx_conn *c)
 
     if (s == 0 || nbd_aio_in_flight(c->h) <= 0)
         return -1;
-    uint64_t due = c->progress_ns + (uint64_t) s * NS_PER_S, now = now_ns();
+    uint64_t due = c->progress_ns + (uint64_t) s * NS_PER_S, now = mono_now_ns();
     if (now >= due)
         return 0;
     return (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
@@ -1004,7 +990,7 @@ static void wait_for_io(struct nbdx_conn *c)
      * stops reading (our sends block once the buffers are full) and stops
      * replying. */
     if (fds[1].revents)
-        c->progress_ns = now_ns();
+        c->progress_ns = mono_now_ns();
     /* Same dispatch as libnbd's own nbd_poll(). */
     if (fds[1].revents & (POLLIN | POLLHUP))
         nbd_aio_notify_read(c->h);
@@ -1126,7 +1112,8 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
         goto fail;
     read_info(x, x->conns[0].h, cfg);
     want = connections_for(cfg, &x->info);
-    for (unsigned i = 1; i < want; i++, x->nconns++) {
+    for (unsigned i = 1; i < want; i++) {
+        x->nconns++;          /* first: nbdx_close() frees a failed one too */
         r = conn_init(x, i, cfg);
         if (r < 0)
             goto fail;
@@ -1171,13 +1158,8 @@ void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
             best = c;
     }
     atomic_fetch_add(&best->outstanding, 1);
-    op->next = NULL;
     pthread_mutex_lock(&best->lock);
-    if (best->q_tail)
-        best->q_tail->next = op;
-    else
-        best->q_head = op;
-    best->q_tail = op;
+    QUEUE_APPEND(best->q_head, best->q_tail, op);
     pthread_mutex_unlock(&best->lock);
     kick(best);
 }
@@ -1187,8 +1169,6 @@ struct run_wait {
     pthread_cond_t cond;
     bool done;
     int err;
-    nbdx_done_fn inner_done;
-    void *inner_opaque;
 };
 
 static void run_done_cb(struct nbdx_op *op, int err)
@@ -1227,17 +1207,9 @@ int nbdx_conn_fd(void *opaque, unsigned i)
     return i < x->nconns ? atomic_load(&x->conns[i].fd) : -1;
 }
 
-unsigned nbdx_in_flight(const struct nbdx *x)
-{
-    unsigned n = 0;
-    for (unsigned i = 0; i < x->nconns; i++)
-        n += atomic_load(&x->conns[i].outstanding);
-    return n;
-}
-
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
 {
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < NBDX_NKINDS; k++) {
         out->ops[k] = atomic_load(&x->ops[k]);
         out->bytes[k] = atomic_load(&x->bytes[k]);
     }
@@ -1255,7 +1227,7 @@ static void disconnect(struct nbd_handle *h, uint64_t due)
     if (nbd_aio_disconnect(h, 0) == -1)
         return;
     while (nbd_aio_is_closed(h) != 1 && nbd_aio_is_dead(h) != 1) {
-        uint64_t now = now_ns();
+        uint64_t now = mono_now_ns();
         if (now >= due) {
             log_info("the server did not close the connection within %u s "
                      "of the disconnect request", DISCONNECT_WAIT_S);
@@ -1281,7 +1253,7 @@ void nbdx_close(struct nbdx *x)
         kick(c);
         pthread_join(c->thread, NULL);
     }
-    uint64_t due = now_ns() + (uint64_t) DISCONNECT_WAIT_S * NS_PER_S;
+    uint64_t due = mono_now_ns() + (uint64_t) DISCONNECT_WAIT_S * NS_PER_S;
     for (unsigned i = 0; i < x->nconns; i++) {
         struct nbdx_conn *c = &x->conns[i];
         if (c->h) {

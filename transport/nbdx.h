@@ -20,6 +20,8 @@ enum nbdx_mode {
     NBDX_FD,                  /* --fd N: an already connected socket */
 };
 
+#define NBDX_TLS_FROM_URI (-1)
+
 struct nbdx_config {
     enum nbdx_mode mode;
     const char *uri;          /* NBDX_URI */
@@ -31,8 +33,8 @@ struct nbdx_config {
     bool readonly;
     bool nodelay;             /* TCP_NODELAY on TCP sockets (default on) */
     bool debug;               /* libnbd debug messages */
-    int tls;                  /* -1: as the URI says (nbds:// requires
-                               * it); else LIBNBD_TLS_DISABLE/ALLOW/REQUIRE */
+    int tls;                  /* NBDX_TLS_FROM_URI (nbds:// requires it),
+                               * else LIBNBD_TLS_DISABLE/ALLOW/REQUIRE */
     const char *tls_psk_file, *tls_username, *tls_certificates;
     bool tls_verify_peer;     /* accepted; verifying is the default */
     bool tls_insecure;        /* X.509 without verifying the server: the
@@ -62,6 +64,7 @@ enum nbdx_kind {
     NBDX_OP_FLUSH,
     NBDX_OP_BLOCK_STATUS,
 };
+#define NBDX_NKINDS (NBDX_OP_BLOCK_STATUS + 1)
 
 struct nbdx_op;
 typedef void (*nbdx_done_fn)(struct nbdx_op *op, int err);
@@ -105,13 +108,10 @@ int nbdx_run(struct nbdx *x, struct nbdx_op *op);
 unsigned nbdx_connections(const struct nbdx *x);
 int nbdx_conn_fd(void *opaque, unsigned i);
 
-/* Requests queued or on the wire, all connections. */
-unsigned nbdx_in_flight(const struct nbdx *x);
-
 /* TCP_INFO-style counters, for the status. */
 struct nbdx_stats {
-    uint64_t ops[5];          /* by enum nbdx_kind */
-    uint64_t bytes[5];
+    uint64_t ops[NBDX_NKINDS];    /* by enum nbdx_kind */
+    uint64_t bytes[NBDX_NKINDS];
     uint64_t errors;
 };
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
@@ -130,6 +130,7 @@ bool nbdx_uri_is_tcp(const char *uri);
  * bytes).  False if absent or too long. */
 bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
 
-/* Stop the I/O threads once their queues are empty, disconnect cleanly
- * and free.  Ops still queued complete with ESHUTDOWN. */
+/* Stop the I/O threads once every op submitted has completed (answered,
+ * or failed as any op can: nothing is dropped unanswered), disconnect
+ * cleanly and free.  No op may be submitted once this has begun. */
 void nbdx_close(struct nbdx *x);

@@ -70,7 +70,12 @@
 #include <time.h>
 #include <unistd.h>             /* SEEK_DATA */
 
+#include "common/cleanup.h"
+#include "common/iszero.h"
 #include "common/log.h"
+#include "common/minmax.h"
+#include "common/monotime.h"
+#include "common/rounding.h"
 #include "common/signals.h"
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
@@ -170,13 +175,6 @@ struct pool {
     unsigned areads;              /* pool_read_start() reads not done */
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 {
     return a < b + blen && b < a + alen;
@@ -233,11 +231,19 @@ static void list_remove(struct req_list *l, struct pool_req *r)
 
 /* ---- failures -------------------------------------------------------- */
 
+const char *pool_kind_name(enum pool_counter_kind k)
+{
+    static const char *const names[] = {
+        [POOL_WRITE] = "write", [POOL_ZERO] = "zero",
+        [POOL_FLUSH] = "flush", [POOL_READ] = "read",
+    };
+    assert((unsigned) k < sizeof names / sizeof names[0]);
+    return names[k];
+}
+
 static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
                                   uint64_t off, uint64_t len, int err)
 {
-    static const char *what[] = { "write", "zero", "flush", "read" };
-
     p->err_seq++;
     p->last_err = err;
     p->st.errors++;
@@ -249,15 +255,13 @@ static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
         err == EPIPE || err == ECONNABORTED)
         p->lost = true;               /* reconnecting failed: latch it */
     log_err("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s",
-            what[kind], len, off, strerror(err));
+            pool_kind_name(kind), len, off, strerror(err));
 }
 
 uint64_t pool_error_seq(struct pool *p)
 {
-    pthread_mutex_lock(&p->lock);
-    uint64_t s = p->err_seq;
-    pthread_mutex_unlock(&p->lock);
-    return s;
+    LOCK_FOR_SCOPE(&p->lock);
+    return p->err_seq;
 }
 
 /* What a copy tool is told: a lost connection is an I/O error on the
@@ -281,10 +285,8 @@ static int error_since_locked(struct pool *p, uint64_t seq)
 
 int pool_error_peek(struct pool *p, const uint64_t *seq)
 {
-    pthread_mutex_lock(&p->lock);
-    int err = error_since_locked(p, *seq);
-    pthread_mutex_unlock(&p->lock);
-    return err;
+    LOCK_FOR_SCOPE(&p->lock);
+    return error_since_locked(p, *seq);
 }
 
 int pool_error_take(struct pool *p, uint64_t *seq)
@@ -329,7 +331,7 @@ static void send_req_locked(struct pool *p, struct pool_req *r)
     }
     r->state = REQ_IN_FLIGHT;
     if (p->in_flight++ == 0 && p->idle_since_ns) {
-        p->st.idle_ns += now_ns() - p->idle_since_ns;
+        p->st.idle_ns += mono_now_ns() - p->idle_since_ns;
         p->idle_since_ns = 0;
     }
     if (p->in_flight > p->st.in_flight_peak)
@@ -398,7 +400,7 @@ static void release_req_locked(struct pool *p, struct pool_req *r)
     if (r->kind == REQ_ZERO)
         p->nzero_reqs--;
     if (--p->in_flight == 0)
-        p->idle_since_ns = now_ns();
+        p->idle_since_ns = mono_now_ns();
     free_req_locked(p, r);
 }
 
@@ -692,9 +694,9 @@ static struct pool_req *new_filling_locked(struct pool *p, uint64_t off,
             *err = -ENOMEM;
             return NULL;
         }
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mono_now_ns();
         cond_wait_locked(p, "buffer");
-        p->st.wait_ns += now_ns() - t0;
+        p->st.wait_ns += mono_now_ns() - t0;
         return NULL;
     }
     struct pool_req *r = calloc(1, sizeof *r);
@@ -764,26 +766,15 @@ static ssize_t absorb_locked(struct pool *p, uint64_t off, const char *data,
     seal_overlapping_locked(p, off, n, b);
     assert(!filling_overlaps_other(p, b));            /* invariant 1 */
     extmap_remove(&p->known_zero, off, off + n);  /* lossy: cannot fail */
-    b->touched_ns = now_ns();
+    b->touched_ns = mono_now_ns();
     if (b->len == p->cfg.request_size || p->cfg.write_through)
         seal_locked(p, b);
     return (ssize_t) n;
 }
 
-static bool is_zero(const char *buf, size_t len)
-{
-    /* The usual idiom: check the first 16 bytes, then compare the buffer
-     * with itself shifted by 16. */
-    size_t head = len < 16 ? len : 16;
-    for (size_t i = 0; i < head; i++)
-        if (buf[i])
-            return false;
-    return len <= 16 || memcmp(buf, buf + 16, len - 16) == 0;
-}
-
-/* Length of the run of whole, aligned, all-zero ZERO_CHUNKs at the start
- * of [off, off+len); off must be aligned. */
-static size_t zero_run(uint64_t off, const char *data, size_t len)
+/* Length of the run of whole all-zero ZERO_CHUNKs at the start of
+ * data[0, len); the caller passes data at a ZERO_CHUNK-aligned offset. */
+static size_t zero_run(const char *data, size_t len)
 {
     size_t n = 0;
     while (len - n >= ZERO_CHUNK && is_zero(data + n, ZERO_CHUNK))
@@ -811,9 +802,6 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
     return 0;
 }
 
-/* Split the write into payload and aligned all-zero runs of at least
- * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
- * disk is known to read as zero already. */
 /* A zero chunk can straddle two writes: tools that write zeros from an
  * unaligned offset (cp --sparse=never writes a hole's zeros starting where
  * the data ended) leave the chunk's first part at the end of a filling
@@ -823,7 +811,7 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
 static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
                                      const char *data, size_t len)
 {
-    uint64_t lo = cur & ~(uint64_t) (ZERO_CHUNK - 1);
+    uint64_t lo = ROUND_DOWN(cur, (uint64_t) ZERO_CHUNK);
     uint64_t hi = lo + ZERO_CHUNK;
 
     if (cur == lo || hi - cur > len || !is_zero(data, hi - cur))
@@ -841,6 +829,9 @@ static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
     return r < 0 ? r : (ssize_t) (hi - cur);
 }
 
+/* Split the write into payload and aligned all-zero runs of at least
+ * ZERO_CHUNK: the runs become write-zeroes requests, or nothing where the
+ * disk is known to read as zero already. */
 static ssize_t write_split_locked(struct pool *p, uint64_t off,
                                   const char *data, size_t len)
 {
@@ -850,12 +841,12 @@ static ssize_t write_split_locked(struct pool *p, uint64_t off,
     size_t pos = (size_t) taken;
 
     while (pos < len) {
-        uint64_t a = (off + pos + ZERO_CHUNK - 1) & ~(uint64_t) (ZERO_CHUNK - 1);
+        uint64_t a = ROUND_UP(off + pos, (uint64_t) ZERO_CHUNK);
         size_t payload_end = len;
         size_t zlen = 0;
         /* Find the next zero run at an aligned offset. */
         for (uint64_t z = a; z + ZERO_CHUNK <= off + len; z += ZERO_CHUNK) {
-            zlen = zero_run(z, data + (z - off), len - (size_t) (z - off));
+            zlen = zero_run(data + (z - off), len - (size_t) (z - off));
             if (zlen) {
                 payload_end = (size_t) (z - off);
                 break;
@@ -976,7 +967,7 @@ static int reserve_locked(struct pool *p, struct pool_fill *f)
             .mem = b->data + (off - b->off), .len = n, .req = b };
         b->busy = true;
         b->len += n;
-        b->touched_ns = now_ns();
+        b->touched_ns = mono_now_ns();
         seal_overlapping_locked(p, off, n, b);
         if (b->len == p->cfg.request_size)
             seal_locked(p, b);            /* sent once committed */
@@ -1029,7 +1020,7 @@ static bool fill_is_zero(const struct pool_fill *f, uint64_t off, size_t len)
 static bool fill_has_zeros(struct pool *p, const struct pool_fill *f)
 {
     uint64_t end = f->off + f->len;
-    uint64_t lo = f->off & ~(uint64_t) (ZERO_CHUNK - 1);
+    uint64_t lo = ROUND_DOWN(f->off, (uint64_t) ZERO_CHUNK);
 
     for (uint64_t z = lo == f->off ? lo : lo + ZERO_CHUNK;
          z + ZERO_CHUNK <= end; z += ZERO_CHUNK)
@@ -1061,7 +1052,7 @@ static void commit_in_place_locked(struct pool *p, struct pool_fill *f,
         size_t n = f->seg[i].len;
         assert(r->busy);
         r->busy = false;
-        r->touched_ns = now_ns();
+        r->touched_ns = mono_now_ns();
         /* pending_zero: left at reservation. */
         extmap_remove(&p->known_zero, off, off + n);  /* lossy: cannot fail */
         p->st.bytes_written += n;
@@ -1436,7 +1427,7 @@ static void *idle_thread(void *arg)
             pthread_cond_wait(&p->idle_cond, &p->lock);
             continue;
         }
-        uint64_t now = now_ns(), wake = UINT64_MAX;
+        uint64_t now = mono_now_ns(), wake = UINT64_MAX;
         struct pool_req *r = p->filling.head;
         while (r) {
             struct pool_req *next = r->next;
@@ -1449,12 +1440,7 @@ static void *idle_thread(void *arg)
         dispatch_locked(p);
         if (wake == UINT64_MAX)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t t = (uint64_t) ts.tv_sec * 1000000000u +
-                     (uint64_t) ts.tv_nsec + (wake - now);
-        ts.tv_sec = (time_t) (t / 1000000000u);
-        ts.tv_nsec = (long) (t % 1000000000u);
+        struct timespec ts = mono_deadline_ns(wake - now);
         pthread_cond_timedwait(&p->idle_cond, &p->lock, &ts);
     }
     pthread_mutex_unlock(&p->lock);
@@ -1537,7 +1523,7 @@ static bool scan_reply_locked(struct pool *p, struct scan *s)
 static void scan_extents(struct pool *p)
 {
     struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
-    uint64_t pos = 0, t0 = now_ns(), win = max_request(p, SCAN_MAX_LEN);
+    uint64_t pos = 0, t0 = mono_now_ns(), win = max_request(p, SCAN_MAX_LEN);
     bool stop = false;
 
     if (!slots)
@@ -1545,7 +1531,7 @@ static void scan_extents(struct pool *p)
     pthread_mutex_lock(&p->lock);
     for (;;) {
         unsigned busy = 0;
-        if (!stop && now_ns() - t0 > SCAN_BUDGET_NS) {
+        if (!stop && mono_now_ns() - t0 > SCAN_BUDGET_NS) {
             log_info("block status scan stopped at %" PRIu64 " after 10s",
                      pos);
             stop = true;
@@ -1609,11 +1595,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     }
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->idle_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    mono_cond_init(&p->idle_cond);
     p->map_max = cfg->zero_map_ranges ? cfg->zero_map_ranges
                                       : POOL_ZERO_MAP_RANGES;
     if (p->map_max < 16)
@@ -1650,11 +1632,12 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
     out->pending_zero_ranges = extmap_count(&p->pending_zero);
     out->known_zero_ranges = extmap_count(&p->known_zero);
-    out->nfailures = p->nfailures < 16 ? p->nfailures : 16;
+    out->nfailures = MIN(p->nfailures, (unsigned) (sizeof out->failures /
+                                                   sizeof out->failures[0]));
     memcpy(out->failures, p->failures,
            out->nfailures * sizeof *p->failures);
     if (p->idle_since_ns)
-        out->idle_ns += now_ns() - p->idle_since_ns;
+        out->idle_ns += mono_now_ns() - p->idle_since_ns;
     pthread_mutex_unlock(&p->lock);
 }
 

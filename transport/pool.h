@@ -42,6 +42,8 @@ struct pool_config {
 #define POOL_ZERO_MAP_RANGES 65536
 
 enum pool_counter_kind { POOL_WRITE, POOL_ZERO, POOL_FLUSH, POOL_READ };
+/* "write", "zero", "flush", "read": for messages and the status file. */
+const char *pool_kind_name(enum pool_counter_kind k);
 
 struct pool_failure {
     uint64_t seq;             /* error sequence number */

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include "common/cleanup.h"
+#include "common/monotime.h"
 #include "common/signals.h"
 
 struct tcpinfo_sampler {
@@ -71,11 +73,7 @@ static void *sampler(void *arg)
         pthread_mutex_unlock(&s->lock);
         sample_once(s);
         pthread_mutex_lock(&s->lock);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long) s->interval_ms * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        struct timespec ts = mono_deadline_ns(s->interval_ms * NS_PER_MS);
         if (!s->stopping)
             pthread_cond_timedwait(&s->cond, &s->lock, &ts);
     }
@@ -88,7 +86,6 @@ int tcpinfo_start(int (*fd_of)(void *opaque, unsigned i), void *opaque,
                   struct tcpinfo_sampler **out)
 {
     struct tcpinfo_sampler *s = calloc(1, sizeof *s);
-    pthread_condattr_t ca;
 
     if (!s)
         return -ENOMEM;
@@ -98,10 +95,7 @@ int tcpinfo_start(int (*fd_of)(void *opaque, unsigned i), void *opaque,
     s->interval_ms = interval_ms ? interval_ms : 10;
     s->st.interval_ms = s->interval_ms;
     pthread_mutex_init(&s->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    mono_cond_init(&s->cond);
     int r = pthread_create(&s->thread, NULL, sampler, s);
     if (r != 0) {
         pthread_mutex_destroy(&s->lock);
@@ -115,9 +109,8 @@ int tcpinfo_start(int (*fd_of)(void *opaque, unsigned i), void *opaque,
 
 void tcpinfo_get(struct tcpinfo_sampler *s, struct tcpinfo_stats *out)
 {
-    pthread_mutex_lock(&s->lock);
+    LOCK_FOR_SCOPE(&s->lock);
     *out = s->st;
-    pthread_mutex_unlock(&s->lock);
 }
 
 void tcpinfo_stop(struct tcpinfo_sampler *s)

@@ -50,7 +50,7 @@ static void footer_from_disk(const struct vhd_footer_disk *d,
     memcpy(f->uuid, d->uuid, 16);
     f->saved_state = d->saved_state;
     f->hidden = d->hidden;
-    f->reserved_nonzero = !vhd_all_zero(d->reserved, sizeof d->reserved);
+    f->reserved_nonzero = !is_zero(d->reserved, sizeof d->reserved);
 }
 
 void vhd_footer_encode(const struct vhd_footer *f, void *sector)
@@ -208,7 +208,7 @@ static void header_from_disk(const struct vhd_header_disk *d,
         l->data_offset = be64toh(d->loc[i].data_offset);
         l->space_bytes = locator_space_bytes(l->data_space);
     }
-    h->reserved_nonzero = !vhd_all_zero(d->reserved2, sizeof d->reserved2);
+    h->reserved_nonzero = !is_zero(d->reserved2, sizeof d->reserved2);
 }
 
 void vhd_header_encode(const struct vhd_header *h, void *buf)
@@ -251,7 +251,7 @@ int vhd_header_decode(const void *buf, struct vhd_header *h,
     if (h->version != VHD_VERSION)
         return vhd_errf(err, -EINVAL,
                         "unsupported dynamic header version 0x%08x", h->version);
-    if (!vhd_is_pow2(h->block_size) || h->block_size < VHD_SECTOR ||
+    if (!IS_POWER_OF_2(h->block_size) || h->block_size < VHD_SECTOR ||
         h->block_size > VHD_BLOCK_SIZE_MAX)
         return vhd_errf(err, -EINVAL,
                         "block size %u is not a power of two in [512, %u]",
@@ -315,8 +315,8 @@ static int header_check_parent_fields(const struct vhd_footer *f,
         for (int i = 0; i < 8; i++)
             loc_zero &= h->loc[i].code == 0 && h->loc[i].data_offset == 0 &&
                         h->loc[i].data_length == 0 && h->loc[i].data_space == 0;
-        if (!vhd_all_zero(h->parent_uuid, 16) || h->parent_timestamp ||
-            !vhd_all_zero(h->parent_name, 512) || !loc_zero)
+        if (!is_zero(h->parent_uuid, 16) || h->parent_timestamp ||
+            !is_zero(h->parent_name, 512) || !loc_zero)
             return vhd_errf(err, -EINVAL,
                             "dynamic disk has parent fields set (id, "
                             "timestamp, name or locators)");
@@ -350,7 +350,7 @@ static int header_check_bat(const struct vhd_footer *f,
         return vhd_errf(err, -EFBIG,
                         "%llu BAT entries exceed the memory cap of %u",
                         (unsigned long long) needed, VHD_MAX_BAT_ENTRIES);
-    uint64_t bat_bytes = vhd_round_up(4ull * h->max_entries, VHD_SECTOR);
+    uint64_t bat_bytes = ROUND_UP(4ull * h->max_entries, VHD_SECTOR);
     if (h->table_offset % VHD_SECTOR || h->table_offset < VHD_SECTOR ||
         h->table_offset >= (1ull << 42))
         return vhd_errf(err, -EINVAL,
@@ -384,11 +384,11 @@ void vhd_layout_from(const struct vhd_footer *f, const struct vhd_header *h,
     l->size = f->current_size;
     l->block_size = h->block_size;
     l->spb = h->block_size / VHD_SECTOR;
-    l->bitmap_bytes = vhd_round_up((l->spb + 7) / 8, VHD_SECTOR);
+    l->bitmap_bytes = ROUND_UP((l->spb + 7) / 8, VHD_SECTOR);
     l->nblocks = (f->current_size + h->block_size - 1) / h->block_size;
     l->header_off = f->data_offset;
     l->bat_off = h->table_offset;
-    l->bat_bytes = vhd_round_up(4ull * h->max_entries, VHD_SECTOR);
+    l->bat_bytes = ROUND_UP(4ull * h->max_entries, VHD_SECTOR);
     l->meta_end = l->header_off + VHD_HEADER_SIZE;
     if (l->bat_off + l->bat_bytes > l->meta_end)
         l->meta_end = l->bat_off + l->bat_bytes;
@@ -447,7 +447,7 @@ int vhd_lint(const struct vhd_footer *f, const struct vhd_header *h,
                   (unsigned long long) h->data_offset);
     if (h->reserved1 || h->reserved_nonzero)
         n += warn(fn, o, "dynamic header reserved bytes are not zero");
-    if (f->disk_type == VHD_DIFF && vhd_all_zero(h->parent_uuid, 16))
+    if (f->disk_type == VHD_DIFF && is_zero(h->parent_uuid, 16))
         n += warn(fn, o, "differencing disk has a zero parent id (raw parent)");
     return n;
 }
@@ -590,7 +590,7 @@ int vhd_locator_path(const struct vhd_locator *l, const void *payload,
 {
     if (len > l->data_length)
         len = l->data_length;
-    if (len == 0 || vhd_all_zero(payload, len))
+    if (len == 0 || is_zero(payload, len))
         return vhd_errf(err, -ENOENT, "locator payload is empty");
     if (l->code == VHD_PLAT_MACX)
         return macx_path(payload, len, out, outlen, err);

@@ -455,11 +455,6 @@ int vhd_image_check_parent(const struct vhd_image *child,
 
 /* ---- lookup --------------------------------------------------------------------- */
 
-static uint64_t min_u64(uint64_t a, uint64_t b)
-{
-    return a < b ? a : b;
-}
-
 /* Bytes from disk_off (inside block bi) whose bitmap bit equals 'bit'. */
 static uint64_t bit_run(const struct vhd_image *img, const uint8_t *bm,
                         uint64_t disk_off, uint64_t blk_start, uint64_t blk_end,
@@ -469,7 +464,7 @@ static uint64_t bit_run(const struct vhd_image *img, const uint8_t *bm,
     uint32_t last = (blk_end - blk_start + VHD_SECTOR - 1) / VHD_SECTOR;
     while (j + 1 < last && vhd_bitmap_test(bm, j + 1) == bit)
         j++;
-    return min_u64(blk_start + (uint64_t) (j + 1) * VHD_SECTOR, blk_end) -
+    return MIN(blk_start + (uint64_t) (j + 1) * VHD_SECTOR, blk_end) -
            disk_off;
 }
 
@@ -485,7 +480,7 @@ int vhd_image_lookup(const struct vhd_image *img, uint64_t disk_off,
     }
     uint32_t bi = disk_off / img->l.block_size;
     uint64_t blk_start = (uint64_t) bi * img->l.block_size;
-    uint64_t blk_end = min_u64(blk_start + img->l.block_size, img->f.current_size);
+    uint64_t blk_end = MIN(blk_start + img->l.block_size, img->f.current_size);
     enum vhd_source absent = img->f.disk_type == VHD_DIFF ? VHD_SRC_PARENT
                                                           : VHD_SRC_ZERO;
     uint32_t e = img->bat[bi];

@@ -182,7 +182,7 @@ static int emit(struct vhd_stream *s, uint64_t disk_off, const uint8_t *buf,
     int r;
     if (len == 0)
         return 0;
-    if (buf && !vhd_all_zero(buf, len)) {
+    if (buf && !is_zero(buf, len)) {
         r = s->sink->data(s->opaque, disk_off, buf, len);
         if (r < 0)
             return sink_failed(s, r, "write", disk_off, len);
@@ -259,7 +259,7 @@ static const char *guess_content(const uint8_t *sec)
         return "a VMDK image";
     if (sec[510] == 0x55 && sec[511] == 0xAA)
         return "a raw disk (it starts with a boot sector)";
-    if (vhd_all_zero(sec, 512))
+    if (is_zero(sec, 512))
         return "zeros: a raw disk image, or a fixed VHD";
     return "not a VHD footer copy: a raw disk image, a fixed VHD or "
            "another format";
@@ -590,7 +590,7 @@ static int consume(struct vhd_stream *s, uint64_t off, const uint8_t *buf,
                      (unsigned long long) len);
     if (off < s->pos) {
         uint64_t back_end = off + len < s->pos ? off + len : s->pos;
-        bool zeros = !buf || vhd_all_zero(buf, back_end - off);
+        bool zeros = !buf || is_zero(buf, back_end - off);
         if (!zeros || !gap_covers(s, off, back_end))
             return sfail(s, -EINVAL, "write at file offset %llu goes "
                          "backwards: the decoder has consumed up to %llu "

@@ -48,7 +48,7 @@ int vhd_synth_new(uint64_t disk_size, const uint8_t uuid[16],
     if (!s)
         return vhd_errf(err, -ENOMEM, "out of memory");
     s->disk_size = disk_size;
-    s->size = vhd_round_up(disk_size, VHD_SECTOR);
+    s->size = ROUND_UP(disk_size, VHD_SECTOR);
     s->nblocks = (s->size + SYNTH_BLOCK - 1) / SYNTH_BLOCK;
     s->alloc = calloc(s->nblocks, 1);
     if (!s->alloc) {
@@ -115,7 +115,7 @@ int vhd_synth_seal(struct vhd_synth *s)
         if (s->alloc[i])
             s->order[s->nalloc++] = i;
     }
-    s->bat_bytes = vhd_round_up(4ull * s->nblocks, VHD_SECTOR);
+    s->bat_bytes = ROUND_UP(4ull * s->nblocks, VHD_SECTOR);
     s->data_start = SYNTH_BAT_OFF + s->bat_bytes;
     s->file_size = s->data_start + s->nalloc * SYNTH_STRIDE + VHD_SECTOR;
     synth_header(s);

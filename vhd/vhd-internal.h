@@ -7,6 +7,9 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "common/iszero.h"
+#include "common/minmax.h"
+#include "common/rounding.h"
 #include "vhd/vhd.h"
 
 /* ---- on-disk layout (big-endian, converted once in format.c) ------------- */
@@ -82,29 +85,12 @@ _Static_assert(sizeof(struct vhd_batmap_disk) == 512, "batmap header is one sect
 #define VHD_VERSION        0x00010000u
 #define VHD_BATMAP_VERSION 0x00010002u
 #define VHD_FEATURE_RESERVED 0x2u
-#define VHD_EPOCH_UNIX     946684800u   /* 2000-01-01T00:00:00Z */
 
 /* ---- helpers --------------------------------------------------------------- */
 
 /* Printf into err (if any) and return code.  Always returns code. */
 int vhd_errf(struct vhd_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-static inline uint64_t vhd_round_up(uint64_t x, uint64_t a)
-{
-    return (x + a - 1) / a * a;          /* callers keep x far below 2^64 */
-}
-
-static inline bool vhd_is_pow2(uint64_t x)
-{
-    return x && !(x & (x - 1));
-}
-
-static inline bool vhd_all_zero(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
-}
 
 static inline bool vhd_ranges_overlap(uint64_t a, uint64_t alen,
                                       uint64_t b, uint64_t blen)

@@ -47,6 +47,9 @@ struct vhd_err {
     char msg[256];                                /* "" when no error */
 };
 
+/* VHD timestamps count seconds from 2000-01-01T00:00:00Z, this Unix time. */
+#define VHD_EPOCH_UNIX 946684800u
+
 /* ---- decoded structures (host byte order) -------------------------------- */
 
 struct vhd_footer {

@@ -93,7 +93,7 @@ static int check_identity(const struct vmdk_header *h, struct vmdk_err *err)
 
 static int check_geometry(const struct vmdk_header *h, struct vmdk_err *err)
 {
-    if (!vmdk_is_pow2(h->grain_size) ||
+    if (!IS_POWER_OF_2(h->grain_size) ||
         h->grain_size < VMDK_GRAIN_MIN_SECTORS ||
         h->grain_size > VMDK_GRAIN_MAX_SECTORS)
         return vmdk_errf(err, -EINVAL, "grain size %" PRIu64 " sectors: "

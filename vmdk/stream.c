@@ -169,8 +169,6 @@ static void take(void *dst, const uint8_t *buf, size_t n)
         memset(dst, 0, n);
 }
 
-static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
-
 static int begin(struct vmdk_stream *s)
 {
     assert(!s->began);
@@ -186,7 +184,7 @@ static int emit(struct vmdk_stream *s, uint64_t disk_off, const void *buf,
 {
     if (disk_off >= s->capacity)
         return 0;                     /* the last grain's tail */
-    len = min64(len, s->capacity - disk_off);
+    len = MIN(len, s->capacity - disk_off);
     int r = s->sink->data(s->opaque, disk_off, buf, (size_t) len);
     if (r < 0)
         return fail(s, r, "placing %" PRIu64 " bytes at disk offset %" PRIu64
@@ -244,7 +242,7 @@ static int header_done(struct vmdk_stream *s)
 static int64_t step_header(struct vmdk_stream *s, const uint8_t *buf,
                            uint64_t len)
 {
-    size_t n = (size_t) min64(len, VMDK_SECTOR - s->got);
+    size_t n = (size_t) MIN(len, VMDK_SECTOR - s->got);
     take(s->sect + s->got, buf, n);
     s->got += n;
     if (s->got == VMDK_SECTOR) {
@@ -428,10 +426,10 @@ static int64_t step_pre(struct vmdk_stream *s, const uint8_t *buf,
     }
     bool found = pre_target(s, &off, &rlen, &dst, &which);
     if (!found || off > s->pos) {      /* skip up to the next region */
-        uint64_t to = found ? min64(off, s->overhead) : s->overhead;
-        return (int64_t) min64(len, to - s->pos);
+        uint64_t to = found ? MIN(off, s->overhead) : s->overhead;
+        return (int64_t) MIN(len, to - s->pos);
     }
-    uint64_t n = min64(len, off + rlen - s->pos);
+    uint64_t n = MIN(len, off + rlen - s->pos);
     take(dst + (s->pos - off), buf, (size_t) n);
     if (s->pos + n == off + rlen) {
         s->pos += n;                  /* the handlers may look at pos */
@@ -455,8 +453,8 @@ static int64_t step_grains(struct vmdk_stream *s, const uint8_t *buf,
     uint64_t start = (uint64_t) g->sector * VMDK_SECTOR;
     uint64_t end = start + s->grain_bytes;
     if (s->pos < start)
-        return (int64_t) min64(len, start - s->pos);
-    uint64_t n = min64(len, end - s->pos);
+        return (int64_t) MIN(len, start - s->pos);
+    uint64_t n = MIN(len, end - s->pos);
     if (buf) {
         uint64_t disk = (uint64_t) g->index * s->grain_bytes + (s->pos - start);
         int r = emit(s, disk, buf, n);
@@ -517,7 +515,7 @@ static int marker_head(struct vmdk_stream *s)
 static int64_t step_marker(struct vmdk_stream *s, const uint8_t *buf,
                            uint64_t len)
 {
-    size_t n = (size_t) min64(len, VMDK_GRAIN_MARKER_SIZE - s->got);
+    size_t n = (size_t) MIN(len, VMDK_GRAIN_MARKER_SIZE - s->got);
     take(s->sect + s->got, buf, n);
     s->got += n;
     if (s->got == VMDK_GRAIN_MARKER_SIZE) {
@@ -560,7 +558,7 @@ static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
 static int64_t step_grain(struct vmdk_stream *s, const uint8_t *buf,
                           uint64_t len)
 {
-    uint64_t n = min64(len, s->cneed - s->got);
+    uint64_t n = MIN(len, s->cneed - s->got);
     const uint8_t *whole = NULL;
 
     if (s->got == 0 && n == s->cneed && buf)
@@ -652,7 +650,7 @@ static int meta_done(struct vmdk_stream *s)
 static int64_t step_sector(struct vmdk_stream *s, const uint8_t *buf,
                            uint64_t len)
 {
-    size_t n = (size_t) min64(len, VMDK_SECTOR - s->got);
+    size_t n = (size_t) MIN(len, VMDK_SECTOR - s->got);
     take(s->sect + s->got, buf, n);
     s->got += n;
     if (s->got == VMDK_SECTOR) {
@@ -673,7 +671,7 @@ static int64_t step_skip(struct vmdk_stream *s, uint64_t len)
         s->got = 0;
         return 0;
     }
-    return (int64_t) min64(len, s->skip_end - s->pos);
+    return (int64_t) MIN(len, s->skip_end - s->pos);
 }
 
 /* After the end-of-stream marker only zeros may follow (qemu-img pads its
@@ -682,7 +680,7 @@ static int64_t step_skip(struct vmdk_stream *s, uint64_t len)
 static int64_t step_end(struct vmdk_stream *s, const uint8_t *buf,
                         uint64_t len)
 {
-    if (buf && !vmdk_all_zero(buf, (size_t) len)) {
+    if (buf && !is_zero(buf, (size_t) len)) {
         const uint8_t *p = buf;
         while (!*p)
             p++;
@@ -756,8 +754,8 @@ static int accept(struct vmdk_stream *s, uint64_t off, const uint8_t *buf,
     if (off + len < off)
         return fail(s, -EINVAL, "write at %" PRIu64 " wraps around", off);
     if (off < s->pos) {
-        uint64_t back = min64(len, s->pos - off);
-        if ((buf && !vmdk_all_zero(buf, back)) || !inside_gap(s, off, back))
+        uint64_t back = MIN(len, s->pos - off);
+        if ((buf && !is_zero(buf, back)) || !inside_gap(s, off, back))
             return fail(s, -EINVAL, "write at byte %" PRIu64 " goes "
                         "backwards (the file has been read up to byte %"
                         PRIu64 "): a VMDK must be written in file order",

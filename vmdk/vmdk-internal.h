@@ -7,6 +7,9 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "common/iszero.h"
+#include "common/minmax.h"
+#include "common/rounding.h"
 #include "vmdk/vmdk.h"
 
 /* ---- on-disk layout (little-endian, converted once in format.c) ---------- */
@@ -46,17 +49,6 @@ _Static_assert(sizeof(struct vmdk_marker_disk) == 16, "marker head");
 /* Printf into err (if any) and return code.  Always returns code. */
 int vmdk_errf(struct vmdk_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-static inline bool vmdk_is_pow2(uint64_t x)
-{
-    return x && !(x & (x - 1));
-}
-
-static inline bool vmdk_all_zero(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
-}
 
 static inline uint64_t vmdk_div_up(uint64_t x, uint64_t d)
 {

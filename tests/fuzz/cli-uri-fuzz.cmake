@@ -15,6 +15,9 @@ foreach(t fuzz-cli fuzz-uri)
   add_executable(${t} ${CLI_FUZZ_DIR}/${t}.c ${${t}_SOURCES})
   target_compile_options(${t} PRIVATE ${CLI_FUZZ_FLAGS})
   target_link_options(${t} PRIVATE -fsanitize=fuzzer,address,undefined)
+  if(t STREQUAL "fuzz-cli")
+    target_link_libraries(${t} PRIVATE PkgConfig::DEPS)  # fuse_opt_parse
+  endif()
   set(work ${CMAKE_CURRENT_BINARY_DIR}/${t}-corpus)
   file(MAKE_DIRECTORY ${work})
   add_test(NAME ${t}

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/iszero.h"
 #include "vmdk/vmdk.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -70,11 +71,6 @@ static uint32_t next(uint32_t *x)
     return *x;
 }
 
-static bool zero(const uint8_t *p, size_t n)
-{
-    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
-}
-
 static int feed(struct vmdk_stream *s, const uint8_t *f, size_t len,
                 uint32_t seed)
 {
@@ -87,7 +83,7 @@ static int feed(struct vmdk_stream *s, const uint8_t *f, size_t len,
         if (n > len - off)
             n = len - off;
         unsigned how = next(&x) % 4;
-        if (zero(f + off, n) && how) {
+        if (is_zero(f + off, n) && how) {
             if (how == 1)
                 r = vmdk_stream_hole(s, off, n);
             if (!gap_len)

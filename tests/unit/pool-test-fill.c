@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "pool-test-nbdx.h"
+#include "common/iszero.h"
 #include "transport/pool.h"
 
 #define K 1024u
@@ -39,14 +40,6 @@ static bool has_pattern(const unsigned char *buf, uint64_t off, size_t len,
 {
     for (size_t i = 0; i < len; i++)
         if (buf[i] != pattern(off + i, seed))
-            return false;
-    return true;
-}
-
-static bool all_zero(const unsigned char *buf, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (buf[i])
             return false;
     return true;
 }
@@ -200,7 +193,7 @@ static void test_failed_fill_is_undone(void)
     const unsigned char *d = pool_test_disk(x);
     assert(has_pattern(d, 0, 16 * K, 1));
     assert(has_pattern(d + 16 * K, 16 * K, 16 * K, 2));
-    assert(all_zero(d + 32 * K, (1u << 20) - 32 * K));
+    assert(is_zero(d + 32 * K, (1u << 20) - 32 * K));
     assert(st.bytes_written == 32 * K && st.bytes_acked == 32 * K);
     assert(c.writes == 1 && c.write_bytes == 32 * K);
     pool_destroy(p);
@@ -279,7 +272,7 @@ static void test_no_write_over_held_bytes(void)
     const unsigned char *d = pool_test_disk(x);
     assert(has_pattern(d, 0, 64 * K, 1));
     assert(has_pattern(d + 64 * K, 64 * K, 32 * K, 2));
-    assert(all_zero(d + 96 * K, 32 * K));
+    assert(is_zero(d + 96 * K, 32 * K));
     pool_hold_release(f1.hold[0].ref);
     free(src);
     pool_destroy(p);

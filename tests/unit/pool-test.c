@@ -45,7 +45,7 @@ static struct pool *make_pool(struct nbdx *x, size_t request_size,
 
 /* ---- a pool call on another thread ------------------------------------ */
 
-enum job_kind { JOB_ZERO, JOB_DRAIN, JOB_READ };
+enum job_kind { JOB_ZERO, JOB_DRAIN, JOB_READ, JOB_WRITE };
 
 struct job {
     pthread_t t;
@@ -63,6 +63,9 @@ static void *job_body(void *arg)
     case JOB_ZERO: j->r = pool_zero(j->p, j->off, j->len); break;
     case JOB_DRAIN: pool_drain(j->p); j->r = 0; break;
     case JOB_READ: j->r = pool_read(j->p, j->off, j->buf, j->len); break;
+    case JOB_WRITE:
+        j->r = (int) pool_write(j->p, j->off, j->buf, (size_t) j->len);
+        break;
     }
     return NULL;
 }
@@ -406,6 +409,95 @@ static void test_model(unsigned seeds)
     printf("ok model: %u seeds x 2 runs x 4000 operations\n", seeds);
 }
 
+/* ---- the ordering invariants, one scripted case each ------------------- */
+
+/* Invariant 2: a write over a range whose older write is on the wire is
+ * held back until that one's reply, while a write elsewhere goes at
+ * once; the server ends with the newer bytes.  A dispatcher that ignored
+ * the overlap would trip send_req_locked()'s assert and the fake's
+ * overlap check; one that completed them out of order would leave the
+ * older bytes. */
+static void test_overlap_waits_for_reply(void)
+{
+    struct nbdx *x = fake_open(64 * MiB, true, 0);
+    struct pool *p = make_pool(x, 64 * KiB, 1 * MiB, 8, 0);
+    unsigned char *a = malloc(64 * KiB), *b = malloc(64 * KiB);
+    unsigned char *c = malloc(64 * KiB), *got = malloc(3 * 64 * KiB);
+
+    memset(a, 0x11, 64 * KiB);
+    memset(b, 0x22, 64 * KiB);
+    memset(c, 0x33, 64 * KiB);
+    assert(pool_write(p, 0, a, 64 * KiB) == (ssize_t) (64 * KiB));
+    struct nbdx_op *first = fake_wait_op(x, NBDX_OP_WRITE);
+    assert(first->off == 0 && fake_in_flight(x) == 1);
+    /* Overlaps the write in flight: queued, not sent. */
+    assert(pool_write(p, 32 * KiB, b, 64 * KiB) == (ssize_t) (64 * KiB));
+    assert(fake_in_flight(x) == 1);
+    /* Overlaps nothing: sent at once (the depth is not what held b). */
+    assert(pool_write(p, 1 * MiB, c, 64 * KiB) == (ssize_t) (64 * KiB));
+    assert(fake_in_flight(x) == 2);
+    fake_complete(x, first, 0);   /* the reply lets b go */
+    assert(fake_in_flight(x) == 2);
+    finish(x, p);
+
+    const unsigned char *d = fake_disk(x);
+    assert(all(d, 32 * KiB, 0x11) && all(d + 32 * KiB, 64 * KiB, 0x22));
+    assert(all(d + 96 * KiB, 32 * KiB, 0xaa));   /* the fake's old data */
+    assert(all(d + MiB, 64 * KiB, 0x33));
+    assert(pool_read(p, 0, got, 3 * 64 * KiB) == 0);
+    assert(memcmp(got, d, 3 * 64 * KiB) == 0);
+    pool_destroy(p);
+    fake_close(x);
+    free(a), free(b), free(c), free(got);
+    printf("ok overlap_waits_for_reply\n");
+}
+
+/* Invariant 3: with both buffers on the wire, a third write sleeps for
+ * a buffer; it gets one only when a reply frees it, and the buffer still
+ * on the wire is not
+ * touched meanwhile (the fake checks each write's bytes at its reply).
+ * Freeing a buffer at send time would let the third write through at
+ * once or overwrite bytes still being sent. */
+static void test_buffer_freed_after_reply(void)
+{
+    struct nbdx *x = fake_open(64 * MiB, true, 0);
+    struct pool *p = make_pool(x, 64 * KiB, 128 * KiB, 8, 0);
+    unsigned char *buf[3];
+
+    for (int i = 0; i < 3; i++) {
+        buf[i] = malloc(64 * KiB);
+        memset(buf[i], 0x11 * (i + 1), 64 * KiB);
+    }
+    fake_reset_sleepers();
+    assert(pool_write(p, 0, buf[0], 64 * KiB) == (ssize_t) (64 * KiB));
+    assert(pool_write(p, 64 * KiB, buf[1], 64 * KiB) == (ssize_t) (64 * KiB));
+    assert(fake_in_flight(x) == 2);
+    struct pool_stats st;
+    pool_get_stats(p, &st);
+    assert(st.nbufs == 2 && st.bufs_in_use == 2);  /* none back before a reply */
+    struct job w = { .kind = JOB_WRITE, .p = p, .off = 128 * KiB,
+                     .len = 64 * KiB, .buf = buf[2] };
+    start(&w);
+    fake_wait_sleeper("buffer", 1);
+    assert(fake_in_flight(x) == 2);
+    struct nbdx_op *op0 = fake_wait_op(x, NBDX_OP_WRITE);
+    assert(op0->off == 0);
+    fake_complete(x, op0, 0);     /* frees buffer 0 ... */
+    join(&w);                     /* ... which the third write takes */
+    assert(w.r == (int) (64 * KiB));
+    assert(fake_in_flight(x) == 2);   /* 64 KiB still on the wire, 128 KiB */
+    finish(x, p);
+
+    const unsigned char *d = fake_disk(x);
+    for (int i = 0; i < 3; i++)
+        assert(memcmp(d + i * 64 * KiB, buf[i], 64 * KiB) == 0);
+    pool_destroy(p);
+    fake_close(x);
+    for (int i = 0; i < 3; i++)
+        free(buf[i]);
+    printf("ok buffer_freed_after_reply\n");
+}
+
 /* pool-test [NAME | SEEDS]: every test, one by name, or more seeds. */
 int main(int argc, char **argv)
 {
@@ -416,6 +508,8 @@ int main(int argc, char **argv)
         { "drain_during_fill", test_drain_during_fill },
         { "alloc_fail_empty_pool", test_alloc_fail_empty_pool },
         { "alloc_fail_pending_split", test_alloc_fail_pending_split },
+        { "overlap_waits_for_reply", test_overlap_waits_for_reply },
+        { "buffer_freed_after_reply", test_buffer_freed_after_reply },
     };
     const char *only = argc > 1 && (argv[1][0] < '0' || argv[1][0] > '9')
                            ? argv[1] : NULL;

@@ -33,6 +33,7 @@ add_executable(pool-test-fill
   ${CMAKE_SOURCE_DIR}/transport/pool.c
   ${CMAKE_SOURCE_DIR}/transport/extmap.c)
 target_include_directories(pool-test-fill PRIVATE ${POOL_TEST_DIR})
+target_compile_options(pool-test-fill PRIVATE -UNDEBUG)
 target_link_libraries(pool-test-fill PRIVATE common PkgConfig::DEPS
                       Threads::Threads)
 add_test(NAME pool-fill COMMAND pool-test-fill)
@@ -44,6 +45,7 @@ add_executable(pool-test-aread
   ${CMAKE_SOURCE_DIR}/transport/pool.c
   ${CMAKE_SOURCE_DIR}/transport/extmap.c)
 target_include_directories(pool-test-aread PRIVATE ${POOL_TEST_DIR})
+target_compile_options(pool-test-aread PRIVATE -UNDEBUG)
 target_link_libraries(pool-test-aread PRIVATE common PkgConfig::DEPS
                       Threads::Threads)
 add_test(NAME pool-aread COMMAND pool-test-aread)

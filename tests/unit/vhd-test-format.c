@@ -685,7 +685,7 @@ static uint64_t clear_first_data_bit(struct mut *m)
         for (uint32_t j = 0; j < bs / 512; j++) {
             uint8_t *bits = m->f + off;
             if (!vhd_bitmap_test(bits, j) ||
-                vt_all_zero(m->f + off + bm + 512ull * j, 512))
+                is_zero(m->f + off + bm + 512ull * j, 512))
                 continue;
             bits[j / 8] &= ~(0x80 >> (j % 8));
             vhd_image_free(img);
@@ -729,7 +729,7 @@ static void test_bitmap_semantics(void)
     uint8_t *a = malloc(cap), *b = malloc(cap);
     CHECK(a && b);
     decode_both(&m, NULL, cap, a, b);
-    CHECK(vt_all_zero(a + v, 512) && vt_all_zero(b + v, 512));
+    CHECK(is_zero(a + v, 512) && is_zero(b + v, 512));
     CHECK(memcmp(a, b, cap) == 0);
     printf("dynamic: cleared bit at %llu reads zero\n", (unsigned long long) v);
     free(m.f);

@@ -53,7 +53,7 @@ static void feed_sparse(struct feeder *fd, size_t piece, enum mode m)
     size_t off = 0, hole_start = 0, hole_len = 0;
     while (off < fd->len) {
         size_t n = fd->len - off < piece ? fd->len - off : piece;
-        if (vt_all_zero(fd->f + off, n)) {
+        if (is_zero(fd->f + off, n)) {
             if (m == PUNCH_AHEAD)
                 must(vhd_stream_hole(fd->s, off, n), fd->s, "punch");
             if (hole_len == 0)

@@ -132,12 +132,6 @@ static int disk_zero(void *opaque, uint64_t off, uint64_t len)
 
 const struct vhd_sink vt_disk_sink = { disk_begin, disk_data, disk_zero };
 
-bool vt_all_zero(const void *buf, size_t len)
-{
-    const uint8_t *b = buf;
-    return len == 0 || (b[0] == 0 && memcmp(b, b + 1, len - 1) == 0);
-}
-
 uint64_t vt_rand(uint64_t *s)
 {
     uint64_t x = *s;

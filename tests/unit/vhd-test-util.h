@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/iszero.h"
 #include "vhd/vhd.h"
 
 #define CHECK(cond) do { if (!(cond)) { \
@@ -38,7 +39,6 @@ struct vt_disk {
 };
 extern const struct vhd_sink vt_disk_sink;
 
-bool vt_all_zero(const void *buf, size_t len);
 
 /* Deterministic PRNG (xorshift64*). */
 uint64_t vt_rand(uint64_t *state);

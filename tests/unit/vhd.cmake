@@ -22,8 +22,9 @@ foreach(fx tap-dyn-64m tap-diff-64m vhdtool-delta-64m vhdtool-raw-100m3s
   set_tests_properties(vhd-stream-${fx} PROPERTIES TIMEOUT 600)
 endforeach()
 
-# The inspector's pytest (only tests/test_vhd_tool*.py), so that
-# `ctest -R vhd` covers it; the catch-all pytest test runs it too.
+# The inspector's pytest, tests/test_vhd_tool.py, runs here so that
+# `ctest -R vhd` covers it; the catch-all pytest test leaves it out
+# (--ignore), so it runs once.
 add_test(NAME vhd-tool-pytest
          COMMAND /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider --noconftest
                  ${VHD_TEST_DIR}/../test_vhd_tool.py

@@ -22,6 +22,7 @@
 
 #include <libdeflate.h>
 
+#include "common/iszero.h"
 #include "vmdk/vmdk.h"
 
 #define CHECK(cond) do { if (!(cond)) { \
@@ -189,11 +190,6 @@ static void disk_free(struct disk *d)
     free(d->written);
 }
 
-static bool zero(const uint8_t *p, size_t n)
-{
-    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
-}
-
 /* Feed f[0, len) cut by seed: piece sizes 1..maxp; all-zero pieces become
  * forward gaps, holes, or gaps re-punched backwards.  Returns the first
  * error or finish()'s result. */
@@ -208,7 +204,7 @@ static int decode(struct vmdk_stream *s, const uint8_t *f, size_t len,
         if (n > len - off)
             n = len - off;
         unsigned how = (unsigned) (rnd(&x) % 4);
-        if (seed && zero(f + off, n) && how) {
+        if (seed && is_zero(f + off, n) && how) {
             if (how == 1)
                 r = vmdk_stream_hole(s, off, n);
             if (!gap_len)
@@ -249,7 +245,7 @@ static void decode_ok(const char *name, const uint8_t *f, size_t len,
         CHECK(d.kind == kind && vmdk_stream_kind(s) == kind);
         CHECK(d.capacity == (raw_len + 511) / 512 * 512);
         CHECK(memcmp(d.buf, raw, raw_len) == 0);
-        CHECK(zero(d.buf + raw_len, d.capacity - raw_len));
+        CHECK(is_zero(d.buf + raw_len, d.capacity - raw_len));
         struct vmdk_stream_stats st;
         vmdk_stream_stats(s, &st);
         if (kind == VMDK_STREAM_OPTIMIZED)
@@ -353,7 +349,7 @@ static void image_ok(const char *name, const uint8_t *f, size_t len,
         abort();
     }
     CHECK(cap == (raw_len + 511) / 512 * 512);
-    CHECK(memcmp(out, raw, raw_len) == 0 && zero(out + raw_len, cap - raw_len));
+    CHECK(memcmp(out, raw, raw_len) == 0 && is_zero(out + raw_len, cap - raw_len));
     free(out);
     printf("  %s: random-access parse agrees\n", name);
 }
@@ -602,7 +598,7 @@ static void test_synth(const uint8_t *raw)
      * zero maps (whole grains here, with one partial range). */
     for (uint64_t g = 0; g * 65536 < size; g++) {
         uint64_t end = (g + 1) * 65536 < size ? (g + 1) * 65536 : size;
-        if (!zero(raw + g * 65536, end - g * 65536))
+        if (!is_zero(raw + g * 65536, end - g * 65536))
             CHECK(vmdk_synth_allocate(sy, g * 65536 + 100, 10) == 0);
     }
     CHECK(vmdk_synth_allocate(sy, size - 1, 1) == 0);   /* same grain: no-op */

@@ -2,8 +2,11 @@
  *
  * THREAD MODEL
  * One producer (the side's thread: sink.c) copies runs of data blocks into
- * jobs and queues them; 'workers' threads take jobs and call
- * blkhash_update(), which is safe from any thread.  q->lock protects the
+ * jobs and queues them, or queues read jobs that name a range and a read
+ * function safe on any thread (a file's pread); 'workers' threads take
+ * jobs, do the read if there is one, and call blkhash_update(), which is
+ * safe from any thread.  So for a file the copy out of the page cache runs
+ * on every core too, straight into the buffer the worker hashes.  q->lock protects the
  * queue, the byte count, 'busy', 'err' and 'stop'; the producer waits on
  * q->room while the queue holds max_bytes or more (memory bound), workers
  * wait on q->work.  The producer waits on q->room in hasher_drain() too,
@@ -18,12 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/list.h"
 #include "tools/verify/verify.h"
 
 struct job {
     struct job *next;
     uint64_t off;
     size_t len;
+    hasher_read_fn *read;                /* NULL: data[] holds the bytes */
+    void *ctx;                           /* read's first argument */
     unsigned char data[];
 };
 
@@ -66,7 +72,10 @@ static void *worker(void *arg)
             break;                       /* stop, and nothing left */
         struct job *j = take_locked(q);
         pthread_mutex_unlock(&q->lock);
-        int r = blkhash_update(q->bh, j->off, j->data, j->len);
+        int r = j->read ? j->read(j->ctx, j->data, j->len, j->off) : 0;
+        if (r == 0 && (r = blkhash_update(q->bh, j->off, j->data,
+                                          j->len)) < 0)
+            verify_err("blkhash: %s", strerror(-r));   /* read() logs */
         pthread_mutex_lock(&q->lock);
         j->next = q->free;
         q->free = j;
@@ -125,27 +134,14 @@ static struct job *get_job(struct hasher *q)
     return j;
 }
 
-int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
+/* Queues a job filled by the caller; frees it if a worker has failed. */
+static int enqueue(struct hasher *q, struct job *j)
 {
-    struct job *j;
     int r;
 
-    assert(len <= q->job_cap);
-    if (!(j = get_job(q))) {
-        pthread_mutex_lock(&q->lock);
-        r = q->err ? q->err : -ENOMEM;
-        pthread_mutex_unlock(&q->lock);
-        return r;
-    }
-    *j = (struct job) { .off = off, .len = len };
-    memcpy(j->data, p, len);
     pthread_mutex_lock(&q->lock);
     if ((r = q->err) == 0) {
-        if (q->tail)
-            q->tail->next = j;
-        else
-            q->head = j;
-        q->tail = j;
+        QUEUE_APPEND(q->head, q->tail, j);
         q->bytes += q->job_cap;
         pthread_cond_signal(&q->work);
         j = NULL;
@@ -155,6 +151,40 @@ int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
     return r;
 }
 
+static int no_job(struct hasher *q)
+{
+    int r;
+
+    pthread_mutex_lock(&q->lock);
+    r = q->err ? q->err : -ENOMEM;
+    pthread_mutex_unlock(&q->lock);
+    return r;
+}
+
+int hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len)
+{
+    struct job *j;
+
+    assert(len <= q->job_cap);
+    if (!(j = get_job(q)))
+        return no_job(q);
+    *j = (struct job) { .off = off, .len = len };
+    memcpy(j->data, p, len);
+    return enqueue(q, j);
+}
+
+int hasher_submit_read(struct hasher *q, uint64_t off, size_t len,
+                       hasher_read_fn *read, void *ctx)
+{
+    struct job *j;
+
+    assert(len <= q->job_cap && read);
+    if (!(j = get_job(q)))
+        return no_job(q);
+    *j = (struct job) { .off = off, .len = len, .read = read, .ctx = ctx };
+    return enqueue(q, j);
+}
+
 int hasher_drain(struct hasher *q)
 {
     int r;
@@ -162,10 +192,8 @@ int hasher_drain(struct hasher *q)
     pthread_mutex_lock(&q->lock);
     while ((q->head || q->busy) && !q->err)
         pthread_cond_wait(&q->room, &q->lock);
-    r = q->err;
+    r = q->err;                          /* logged by the worker */
     pthread_mutex_unlock(&q->lock);
-    if (r < 0)
-        verify_err("blkhash: %s", strerror(-r));
     return r;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/iszero.h"
 #include "tools/verify/verify.h"
 
 /* Read-only once the program starts: fed to EVP for known-zero ranges. */
@@ -109,18 +110,13 @@ static void fingerprint_data(struct sink *k, uint64_t off,
 
 /* ---- blkhash mode ---- */
 
-static bool all_zero(const unsigned char *p, size_t n)
-{
-    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
-}
-
 /* The partial block is complete (or ends the stream): hash it unless it
  * is all zero, which is what blkhash assumes of blocks it never saw. */
 static int bh_flush_part(struct sink *k)
 {
     int r = 0;
 
-    if (!all_zero(k->part, k->part_len))
+    if (!is_zero(k->part, k->part_len))
         r = hasher_submit(k->hq, k->part_off, k->part, k->part_len);
     k->part_len = 0;
     return r;
@@ -154,7 +150,7 @@ static int64_t bh_whole_blocks(struct sink *k, uint64_t off,
 
     while (n - done >= bs) {
         size_t run = 0;
-        while (run < max && n - done - run >= bs && !all_zero(p + done + run, bs))
+        while (run < max && n - done - run >= bs && !is_zero(p + done + run, bs))
             run += bs;
         if (run == 0) {
             done += bs;                  /* an all-zero block */
@@ -196,6 +192,31 @@ static int bh_feed(struct sink *k, uint64_t off, const unsigned char *p,
         return t < 0 ? (int) t : 0;
     }
     return 0;
+}
+
+int64_t sink_defer(struct sink *k, uint64_t len, hasher_read_fn *read,
+                   void *ctx, uint64_t *lead)
+{
+    uint64_t bs, n;
+    int r;
+
+    *lead = len;
+    if (!k->bh || k->blocks || len > k->digest_len - k->pos ||
+        k->pos > k->digest_len)
+        return 0;                        /* bytes needed here, or never */
+    bs = blkhash_block_size(k->bh);
+    if (k->part_len) {
+        *lead = bs - k->part_len < len ? bs - k->part_len : len;
+        return 0;
+    }
+    n = len < job_bytes(k) ? len / bs * bs : job_bytes(k);
+    if (n == 0)
+        return 0;                        /* the short last block */
+    if ((r = hasher_submit_read(k->hq, k->pos, n, read, ctx)) < 0)
+        return r;
+    k->pos += n;
+    k->bytes_read += n;
+    return (int64_t) n;
 }
 
 static int bh_finish(struct sink *k, uint64_t length)

@@ -118,6 +118,7 @@ static const struct verify_source_ops file_ops = {
     .kind = "file",
     .extent = file_extent,
     .read = file_read,
+    .read_any_thread = true,             /* pread on a shared fd */
     .close = file_close,
 };
 

@@ -88,6 +88,24 @@ void source_close(struct verify_source *s)
         s->ops->close(s);
 }
 
+static int read_any_thread(void *ctx, void *buf, size_t len, uint64_t off)
+{
+    struct verify_source *s = ctx;
+
+    return s->ops->read(s, buf, len, off);
+}
+
+/* Data the sink can have its hasher threads read: whole jobs go there,
+ * the rest (*lead bytes) is read here. */
+static int64_t defer(struct verify_source *s, struct sink *k, uint64_t len,
+                     uint64_t *lead)
+{
+    *lead = len;
+    if (!s->ops->read_any_thread)
+        return 0;
+    return sink_defer(k, len, read_any_thread, s, lead);
+}
+
 /* One extent: a known-zero range goes to the sink as such; a data range is
  * read in request_size pieces.  The kernel's readahead (the file source asks
  * for POSIX_FADV_SEQUENTIAL) overlaps the next read with our hashing. */
@@ -97,15 +115,24 @@ static int run_extent(struct verify_source *s, struct sink *k,
     if (zero)
         return sink_zero(k, len);
     while (len > 0) {
-        size_t n = len < s->opt->request_size ? len : s->opt->request_size;
-        int r = s->ops->read(s, buf, n, k->pos);
-        if (r < 0)
-            return r;
-        if ((r = sink_data(k, buf, n)) != 0)
-            return r;
+        uint64_t lead;
+        int64_t t = defer(s, k, len, &lead);
+        int r;
+
+        if (t < 0)
+            return (int) t;
+        if (t == 0) {
+            size_t n = lead < s->opt->request_size ? lead
+                                                   : s->opt->request_size;
+            if ((r = s->ops->read(s, buf, n, k->pos)) < 0)
+                return r;
+            if ((r = sink_data(k, buf, n)) != 0)
+                return r;
+            t = (int64_t) n;
+        }
         if (sink_aborted(k))
             return -ECANCELED;
-        len -= n;
+        len -= (uint64_t) t;
     }
     return 0;
 }

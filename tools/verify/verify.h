@@ -59,6 +59,14 @@ int  hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
 /* Copies p[0..len) (off block-aligned) into a job; waits while the queue
  * is full.  Returns 0 or the first worker's failure (-errno). */
 int  hasher_submit(struct hasher *q, uint64_t off, const void *p, size_t len);
+/* Reads exactly len bytes at off into buf, from any thread; 0 or -errno
+ * (logged). */
+typedef int hasher_read_fn(void *ctx, void *buf, size_t len, uint64_t off);
+/* Like hasher_submit(), but a worker reads the bytes itself with
+ * read(ctx, ...) into the job, then hashes them: no copy on the producer's
+ * thread.  ctx must outlive hasher_drain(). */
+int  hasher_submit_read(struct hasher *q, uint64_t off, size_t len,
+                        hasher_read_fn *read, void *ctx);
 int  hasher_drain(struct hasher *q);     /* waits until all are hashed */
 void hasher_free(struct hasher *q);      /* drops queued jobs; NULL is fine */
 
@@ -102,6 +110,16 @@ int  sink_blkhash(struct sink *k, const char *digest, uint64_t block_size,
  * byte was found: the verdict is known) or -errno. */
 int  sink_data(struct sink *k, const void *buf, size_t len);
 int  sink_zero(struct sink *k, uint64_t len);
+/* The data segment at k->pos, len bytes, that the source can read with
+ * read(ctx, ...) from any thread: a blkhash sink with nothing else to
+ * compute (no fingerprints, no tail to check) hands up to one job of whole
+ * blocks to the hasher, whose workers read and hash them, and returns the
+ * bytes it took.  Otherwise it returns 0 and sets *lead to the bytes to
+ * deliver with sink_data() before asking again (those completing a
+ * partial block), or to len if it can never take them.  -errno: a worker
+ * failed. */
+int64_t sink_defer(struct sink *k, uint64_t len, hasher_read_fn *read,
+                   void *ctx, uint64_t *lead);
 int  sink_finish(struct sink *k);        /* -EIO if the range is incomplete */
 bool sink_aborted(const struct sink *k); /* the other side failed */
 void sink_free(struct sink *k);
@@ -130,6 +148,7 @@ struct verify_source_ops {
                   uint64_t *len, bool *zero);
     /* Read exactly len bytes at off (off + len <= size). */
     int (*read)(struct verify_source *s, void *buf, size_t len, uint64_t off);
+    bool read_any_thread;                /* read() is safe on any thread */
     void (*close)(struct verify_source *s);   /* frees s */
 };
 

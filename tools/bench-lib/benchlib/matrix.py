@@ -33,6 +33,8 @@ class Arm:
                                # copy's sha256 is known and checked.
                                # "inline": nbdferry's inline digest;
                                # "stdout": the client prints it (sha256sum)
+                               # "e2e": both: the client prints the
+                               # source's, the inline one must be ready
     direction: str = "in"      # "in": src onto the export, delay on writes;
                                # "out": the export (holding src) into {out},
                                # delay on reads
@@ -185,6 +187,27 @@ VERIFIED_FERRY_RB_BLK = Arm("verified-ferry-readback-blkhash", "nbdferry + "
 VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_FERRY_RB, VERIFIED_FERRY_RB_BLK,
                  VERIFIED_SUM, VERIFIED_VERIFY]
 
+# blkhash (the block-based digest of blksum and nbdcopy --blkhash) against
+# sha256, inline in the mount and on the source side.  "Until ready" arms
+# stop the clock when the inline digest is complete; the end-to-end arms
+# also hash the source with nbdferry-verify while cp runs, the way a
+# verified migration is done (the printed digest and the inline one must
+# both equal the source's).
+BH = ("--blkhash",)
+VERIFIED_FERRY_BLKHASH = Arm("verified-ferry-blkhash", "nbdferry + cp, inline "
+                             "blkhash (until ready)", CP, "nbdferry", BH,
+                             needs=BH, family="digest", verified="inline")
+E2E = ("sh", "-c", '"$3" $4 "$1" & v=$!; cp --sparse=always "$1" "$2" && '
+       'wait $v', "sh", "{src}", "{file}", "{verify}")
+E2E_SHA256 = Arm("e2e-sha256", "nbdferry-verify SRC while cp, inline sha256 "
+                 "(until both ready)", E2E + ("",), "nbdferry",
+                 family="verify", verified="e2e")
+E2E_BLKHASH = Arm("e2e-blkhash", "nbdferry-verify --blkhash SRC while cp, "
+                  "inline blkhash (until both ready)", E2E + ("--blkhash",),
+                  "nbdferry", BH, needs=BH, family="verify", verified="e2e")
+BLKHASH_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, VERIFIED_FERRY,
+                VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH]
+
 # VMDK ingest: the VMDK file copied into the mount's nbd.vmdk view against
 # qemu-img decoding the same file into the export over NBD.
 FERRY_VMDK = Arm("ferry-vmdk", "nbdferry + cp x.vmdk MNT/nbd.vmdk "
@@ -221,10 +244,13 @@ COPYOUT_FUSE = Arm("out-fuse-cp", "nbdfuse + cp", ("cp", "{file}", OUT),
 COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, COPYOUT_NBDCOPY,
                 COPYOUT_QEMU, COPYOUT_FUSE, COPYOUT_FERRY_VHD]
 
-ALL_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD, FERRY_STOCK,
-            FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD, NBDCOPY, NBDCOPY_SYNC,
-            QEMU, QEMU_W,
-            *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
+# Every arm of the latency sweep (full preset); ALL_ARMS adds those only
+# the blkhash preset runs.
+SWEEP_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD,
+              FERRY_STOCK, FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD,
+              NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
+              *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
+ALL_ARMS = SWEEP_ARMS + [VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
 # The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
@@ -302,6 +328,8 @@ def preset(name, size=None, runs=None):
         exps = [vmdk_experiment(size or GiB)]
     elif name == "copyout":
         exps = [copyout_experiment(size or 512 * MiB, [0, 2, 10])]
+    elif name == "blkhash":
+        exps = [blkhash_experiment(size or GiB)]
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -319,7 +347,7 @@ def full_preset(size=None):
         verified_experiment(s),
         # Every arm across latencies over TCP.  512 MiB keeps the
         # serial arms (one request in flight) under ~50 s a run at 10 ms.
-        Experiment("latency sweep", ALL_ARMS, [dense(sweep)], [MEM_TCP],
+        Experiment("latency sweep", SWEEP_ARMS, [dense(sweep)], [MEM_TCP],
                    [0, 0.2, 2, 10],
                    note="throughput is size-independent once requests "
                         "stream; the serial arms would take minutes at 1 GiB"),
@@ -400,6 +428,24 @@ def sparse_experiment(size, latencies, runs=3):
              "better); target: nbdferry + cp takes at most 1.25x "
              "the time of nbdcopy.  The NBD request columns show what the "
              "holes cost on the wire: written MiB should be the data alone.")
+
+
+def blkhash_experiment(size, runs=3):
+    """Inline and source-side blkhash beside sha256 and --no-digest, on a
+    dense and a 25%-sparse image."""
+    return Experiment(
+        "blkhash", BLKHASH_ARMS, [dense(size), sparse25(size)], [MEM_UNIX],
+        [0], runs=runs,
+        note="Every arm copies the image with `cp --sparse=always` through "
+             "a fresh mount.  --no-digest hashes nothing; 'inline sha256' and "
+             "'inline blkhash' (`--blkhash`, sha256 of 64 KiB blocks) hash "
+             "in the daemon as the writes pass, timed to cp's exit; 'until "
+             "ready' arms stop the clock when the status shows the digest "
+             "complete (it must equal the source's).  The end-to-end arms "
+             "also run `nbdferry-verify [--blkhash] SRC` beside cp and stop "
+             "when both digests are known; both must equal the source's.  "
+             "The blkhash the runs are checked against is computed before "
+             "the clock starts.  MiB/s = image size / time.")
 
 
 def vmdk_experiment(size, runs=3):

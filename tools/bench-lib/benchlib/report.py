@@ -343,6 +343,18 @@ RATIOS = [
      "ferry-cp-digest", "ferry-cp"),
     ("nbdferry+cp inline blkhash / --no-digest (the blkhash's cost)",
      "ferry-cp-blkhash", "ferry-cp"),
+    ("nbdferry+cp inline blkhash / inline sha256", "ferry-cp-blkhash",
+     "ferry-cp-digest"),
+    ("until ready: nbdferry+cp inline sha256 / --no-digest",
+     "verified-ferry", "ferry-cp"),
+    ("until ready: nbdferry+cp inline blkhash / --no-digest",
+     "verified-ferry-blkhash", "ferry-cp"),
+    ("until ready: inline blkhash / inline sha256", "verified-ferry-blkhash",
+     "verified-ferry"),
+    ("end to end: nbdferry-verify --blkhash SRC while cp, inline blkhash / "
+     "--no-digest", "e2e-blkhash", "ferry-cp"),
+    ("end to end: blkhash / sha256 (source side and inline)", "e2e-blkhash",
+     "e2e-sha256"),
     ("nbdferry+cp --no-digest / nbdfuse+cp", "ferry-cp", "fuse-cp"),
     ("verified copy: nbdferry+cp inline sha256 / nbdcopy then read-back "
      "sha256sum", "verified-ferry", "verified-nbdcopy-sum"),
@@ -466,7 +478,7 @@ def detail_table(exp, g, source, server, lats, arms):
            "| unmount s | NBD writes | mean write KiB | written MiB "
            "| zeroes | zeroed MiB | trims | flushes "
            "| daemon: " + " / ".join(h for _, h, _ in DAEMON_KEYS) +
-           " | inline sha256 |",
+           " | inline digest |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
            "| ---: | ---: | ---: | ---: | ---: | --- |"]
     for l in lats:

@@ -257,23 +257,30 @@ def settle_digest(mnt, arm, src_sha, res, limit=120.0):
                            f"from the source's {src_sha[:16]}...")
 
 
+_BLKHASH = {}        # source path -> its blkhash (sha256/64K)
+
+
 def expected_digest(env, arm, src_path, src_sha):
     """What the inline digest must equal: the source's sha256, or with
-    --blkhash its blkhash as nbdferry-verify computes it (not timed)."""
+    --blkhash its blkhash as nbdferry-verify computes it.  Called before
+    the clock starts; computed once per source."""
     if "--blkhash" not in arm.daemon_opts:
         return src_sha
+    if src_path in _BLKHASH:
+        return _BLKHASH[src_path]
     if not env.verify:
         raise RunError("nbdferry-verify is needed for a --blkhash arm")
     r = subprocess.run([env.verify, "--blkhash", src_path],
                        capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.split():
         raise RunError(f"nbdferry-verify --blkhash: {r.stderr.strip()}")
-    return r.stdout.split()[0]
+    _BLKHASH[src_path] = r.stdout.split()[0]
+    return _BLKHASH[src_path]
 
 
 def check_printed_digest(clog, src_sha, res):
-    """A verified-copy client printed the export's sha256: it must be the
-    source's."""
+    """A verified-copy client printed the export's sha256 (an end-to-end
+    arm: the source's digest): it must be the source's."""
     with open(clog, errors="replace") as f:
         found = re.findall(r"\b[0-9a-f]{64}\b", f.read())
     if not found:
@@ -367,6 +374,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
             subst.update(mnt=mnt, file=os.path.join(mnt, "nbd"))
         argv = [a.format(**subst) for a in arm.client]
         res["argv"] = argv
+        want = expected_digest(env, arm, src_path, src_sha)   # not timed
         clog = os.path.join(d, "client.log")
         busy0 = procs.system_busy_seconds()
         srv0 = procs.proc_cpu_seconds(server.pid) or 0
@@ -387,13 +395,12 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         res["cpu_client"] = procs.cpu_seconds(ru)
         if rc != 0:
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
-        if arm.verified == "stdout":
-            check_printed_digest(clog, src_sha, res)
+        if arm.verified in ("stdout", "e2e"):
+            check_printed_digest(clog, want, res)
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)
-            settle_digest(mnt, arm,
-                          expected_digest(env, arm, src_path, src_sha), res)
-            if arm.verified == "inline":
+            settle_digest(mnt, arm, want, res)
+            if arm.verified in ("inline", "e2e"):
                 count_digest_time(res, src.size)
             t1 = time.monotonic()
             urc, uerr = procs.unmount(mnt)

@@ -1,0 +1,13 @@
+# The small helper headers in common/ (iszero.h, minmax.h, rounding.h,
+# monotime.h, list.h, uuid.h, cleanup.h): one test program each.
+foreach(t iszero minmax rounding monotime list uuid cleanup)
+  add_executable(common-test-${t} ${CMAKE_CURRENT_LIST_DIR}/common-test-${t}.c)
+  target_link_libraries(common-test-${t} PRIVATE Threads::Threads)
+  add_test(NAME common-${t} COMMAND common-test-${t})
+endforeach()
+
+# fs/trace.h over common/log.c: the -v request trace.
+add_executable(trace-test ${CMAKE_CURRENT_LIST_DIR}/trace-test.c)
+target_link_libraries(trace-test PRIVATE common PkgConfig::DEPS
+                      Threads::Threads)
+add_test(NAME trace COMMAND trace-test)
