@@ -7,8 +7,16 @@
  * absent chunk as a run of the zero block's digest.  A slot differs from
  * the zero digest exactly when its block holds data.
  *
- * THREAD MODEL: see blkhash.h.  h->lock protects chunks, nchunks and the
- * short-block fields; everything else is written once in blkhash_create().
+ * Folding (blkhash_fold): the caller may declare a prefix of blocks
+ * final; their digests go into the outer digest at once (h->outer) and
+ * their chunks are freed, so a long in-order stream keeps only the
+ * blocks not yet folded.  What is left of the folded blocks is one
+ * fingerprint per region (blkhash_fingerprints), at most FOLD_REGIONS of
+ * them: regions double in size when more would be needed.
+ *
+ * THREAD MODEL: see blkhash.h.  h->lock protects chunks, nchunks, the
+ * short-block fields and the fold state; everything else is written once
+ * in blkhash_create().
  */
 #include <assert.h>
 #include <errno.h>
@@ -22,6 +30,8 @@
 #include "common/iszero.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
+#define FOLD_REGIONS (1u << 18)          /* fingerprints of folded blocks:
+                                          * 2 MiB at most */
 
 struct blkhash {
     EVP_MD *md;                          /* owned (EVP_MD_fetch) */
@@ -34,6 +44,11 @@ struct blkhash {
     size_t nchunks;
     uint64_t short_block;                /* index of the short last block */
     size_t short_len;                    /* its length; 0: none stored */
+    EVP_MD_CTX *outer;                   /* digests of blocks [0, folded) */
+    uint64_t folded;
+    uint64_t *fold_fp;                   /* fingerprints of folded blocks, */
+    size_t nfold_fp;                     /* regions of 2^fold_shift blocks */
+    unsigned fold_shift;
 };
 
 static const unsigned char zeros[64 << 10];
@@ -158,6 +173,8 @@ void blkhash_free(struct blkhash *h)
         free(h->chunks[i]);
     free(h->chunks);
     free(h->zero_run);
+    EVP_MD_CTX_free(h->outer);
+    free(h->fold_fp);
     if (h->md) {
         EVP_MD_free(h->md);
         pthread_mutex_destroy(&h->lock);
@@ -210,6 +227,10 @@ static int store(struct blkhash *h, uint64_t b, const unsigned char *digest,
     int r = 0;
 
     pthread_mutex_lock(&h->lock);
+    if (b < h->folded) {
+        pthread_mutex_unlock(&h->lock);
+        return -ESTALE;                  /* folded in: final */
+    }
     unsigned char *c = chunk_locked(h, b, !zero);
     if (c)
         memcpy(c + (b % BLKHASH_CHUNK) * h->dsize,
@@ -258,6 +279,10 @@ int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len)
     uint64_t end = b + (len + h->block_size - 1) / h->block_size;
 
     pthread_mutex_lock(&h->lock);
+    if (b < h->folded && len > 0) {
+        pthread_mutex_unlock(&h->lock);
+        return -ESTALE;
+    }
     while (b < end) {
         uint64_t stop = (b / BLKHASH_CHUNK + 1) * BLKHASH_CHUNK;
         unsigned char *c = chunk_locked(h, b, false);
@@ -298,17 +323,19 @@ static bool nothing_past_locked(const struct blkhash *h, uint64_t nblocks)
     return true;
 }
 
-/* Feeds the digests of blocks [0, n) (all full-size) to c. */
-static int feed_full_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t n)
+/* Feeds the digests of blocks [from, n) (all full-size) to c. */
+static int feed_full_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t from,
+                            uint64_t n)
 {
-    for (uint64_t b = 0; b < n; b += BLKHASH_CHUNK) {
-        uint64_t ci = b / BLKHASH_CHUNK;
-        uint64_t cnt = n - b < BLKHASH_CHUNK ? n - b : BLKHASH_CHUNK;
+    for (uint64_t b = from; b < n;) {
+        uint64_t ci = b / BLKHASH_CHUNK, i = b % BLKHASH_CHUNK;
+        uint64_t cnt = BLKHASH_CHUNK - i < n - b ? BLKHASH_CHUNK - i : n - b;
         const unsigned char *src =
             ci < h->nchunks && h->chunks[ci] ? h->chunks[ci] : h->zero_run;
 
-        if (EVP_DigestUpdate(c, src, cnt * h->dsize) != 1)
+        if (EVP_DigestUpdate(c, src + i * h->dsize, cnt * h->dsize) != 1)
             return -EIO;
+        b += cnt;
     }
     return 0;
 }
@@ -338,11 +365,13 @@ static int finish_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t length)
     unsigned char le[8];
     int r;
 
-    if (!nothing_past_locked(h, full + (rest != 0)))
+    if (!nothing_past_locked(h, full + (rest != 0)) || full < h->folded)
         return -EINVAL;
     if (!rest && h->short_len)
         return -EINVAL;
-    if ((r = feed_full_locked(h, c, full)) < 0)
+    if (h->outer && EVP_MD_CTX_copy_ex(c, h->outer) != 1)
+        return -EIO;
+    if ((r = feed_full_locked(h, c, h->folded, full)) < 0)
         return r;
     if (rest) {
         if ((r = short_digest_locked(h, full, rest, d)) < 0)
@@ -372,4 +401,146 @@ int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
     }
     EVP_MD_CTX_free(c);
     return r;
+}
+
+/* ---- fingerprints ---- */
+
+int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
+                         uint64_t *fp, size_t n)
+{
+    uint64_t nblocks = (length + h->block_size - 1) / h->block_size;
+
+    pthread_mutex_lock(&h->lock);
+    if (h->folded && shift < h->fold_shift) {
+        pthread_mutex_unlock(&h->lock);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < h->nfold_fp; i++)
+        if ((i >> (shift - h->fold_shift)) < n)
+            fp[i >> (shift - h->fold_shift)] ^= h->fold_fp[i];
+    for (size_t ci = 0; ci < h->nchunks; ci++) {
+        const unsigned char *c = h->chunks[ci];
+        for (uint64_t i = 0; c && i < BLKHASH_CHUNK; i++) {
+            uint64_t b = (uint64_t) ci * BLKHASH_CHUNK + i;
+            if (b < h->folded)
+                continue;
+            if (b >= nblocks || (b >> shift) >= n)
+                break;
+            if (!slot_is_zero(h, c, b))
+                fp[b >> shift] ^= blkhash_fp_term(b, c + i * h->dsize);
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+/* ---- folding ---- */
+
+/* Room for the fingerprint of region r: grows the array, or doubles the
+ * regions (merging pairs) past FOLD_REGIONS. */
+static int fold_fp_room_locked(struct blkhash *h, uint64_t b)
+{
+    while ((b >> h->fold_shift) >= FOLD_REGIONS) {
+        for (size_t i = 0; i < h->nfold_fp; i++)
+            h->fold_fp[i / 2] = (i % 2 ? h->fold_fp[i / 2] : 0) ^ h->fold_fp[i];
+        h->nfold_fp = (h->nfold_fp + 1) / 2;
+        h->fold_shift++;
+    }
+    size_t need = (size_t) (b >> h->fold_shift) + 1;
+    if (need <= h->nfold_fp)
+        return 0;
+    size_t cap = h->nfold_fp ? h->nfold_fp : 64;
+    while (cap < need)
+        cap *= 2;
+    if (cap > FOLD_REGIONS)
+        cap = FOLD_REGIONS;
+    uint64_t *fp = realloc(h->fold_fp, cap * sizeof *fp);
+    if (!fp)
+        return -ENOMEM;
+    memset(fp + h->nfold_fp, 0, (cap - h->nfold_fp) * sizeof *fp);
+    h->fold_fp = fp;
+    h->nfold_fp = cap;
+    return 0;
+}
+
+static int fold_fingerprints_locked(struct blkhash *h, uint64_t upto)
+{
+    int r;
+
+    if (upto > 0 && (r = fold_fp_room_locked(h, upto - 1)) < 0)
+        return r;
+    for (uint64_t ci = h->folded / BLKHASH_CHUNK;
+         ci < h->nchunks && ci * BLKHASH_CHUNK < upto; ci++) {
+        const unsigned char *c = h->chunks[ci];
+        for (uint64_t b = ci * BLKHASH_CHUNK > h->folded ? ci * BLKHASH_CHUNK
+                                                        : h->folded;
+             c && b < upto && b < (ci + 1) * BLKHASH_CHUNK; b++)
+            if (!slot_is_zero(h, c, b))
+                h->fold_fp[b >> h->fold_shift] ^=
+                    blkhash_fp_term(b, c + (b % BLKHASH_CHUNK) * h->dsize);
+    }
+    return 0;
+}
+
+int blkhash_fold(struct blkhash *h, uint64_t upto)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&h->lock);
+    if (upto <= h->folded)
+        goto out;
+    if (h->short_len && h->short_block < upto) {
+        r = -EINVAL;
+        goto out;
+    }
+    if (!h->outer) {
+        if (!(h->outer = EVP_MD_CTX_new())) {
+            r = -ENOMEM;
+            goto out;
+        }
+        if (EVP_DigestInit_ex(h->outer, h->md, NULL) != 1) {
+            r = -EIO;
+            goto out;
+        }
+    }
+    if ((r = fold_fingerprints_locked(h, upto)) < 0 ||
+        (r = feed_full_locked(h, h->outer, h->folded, upto)) < 0)
+        goto out;
+    for (uint64_t ci = h->folded / BLKHASH_CHUNK;
+         ci < h->nchunks && (ci + 1) * BLKHASH_CHUNK <= upto; ci++) {
+        free(h->chunks[ci]);
+        h->chunks[ci] = NULL;
+    }
+    h->folded = upto;
+out:
+    pthread_mutex_unlock(&h->lock);
+    return r;
+}
+
+uint64_t blkhash_folded(struct blkhash *h)
+{
+    pthread_mutex_lock(&h->lock);
+    uint64_t f = h->folded;
+    pthread_mutex_unlock(&h->lock);
+    return f;
+}
+
+unsigned blkhash_fp_min_shift(struct blkhash *h)
+{
+    pthread_mutex_lock(&h->lock);
+    unsigned s = h->folded ? h->fold_shift : 0;
+    pthread_mutex_unlock(&h->lock);
+    return s;
+}
+
+size_t blkhash_memory(struct blkhash *h)
+{
+    pthread_mutex_lock(&h->lock);
+    size_t m = h->nchunks * sizeof *h->chunks +
+               h->nfold_fp * sizeof *h->fold_fp;
+    for (size_t i = 0; i < h->nchunks; i++)
+        if (h->chunks[i])
+            m += (size_t) BLKHASH_CHUNK * h->dsize;
+    pthread_mutex_unlock(&h->lock);
+    return m;
 }

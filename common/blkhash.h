@@ -70,3 +70,41 @@ int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len);
  * more updates. */
 int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
                    unsigned *out_len);
+
+/* ---- fingerprints: where two blkhashes differ ------------------------
+ * A region is 2^shift consecutive blocks; its fingerprint is the XOR of
+ * blkhash_fp_term(b, D(block b)) over its blocks that hold data (an
+ * all-zero block, full or short, adds nothing).  Two streams whose
+ * region fingerprints differ differ in that region; equal fingerprints
+ * say nothing for certain (the final value decides).  Fingerprints of a
+ * region merge by XOR, so a coarser shift is computed from a finer one. */
+static inline uint64_t blkhash_fp_term(uint64_t b, const unsigned char *d)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t) d[i] << (8 * i);
+    v ^= (b + 1) * 0x9e3779b97f4a7c15ull;     /* position matters */
+    v ^= v >> 31;
+    v *= 0xbf58476d1ce4e5b9ull;
+    return v ^ (v >> 29);
+}
+
+/* fp[i] ^= the fingerprint of region i of a stream of 'length' bytes, for
+ * i < n (regions past n are left out).  Does not run concurrently with
+ * updates (like blkhash_finish).  Returns 0, or -EINVAL if shift is below
+ * blkhash_fp_min_shift() (folded blocks are known only that coarsely). */
+int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
+                         uint64_t *fp, size_t n);
+unsigned blkhash_fp_min_shift(struct blkhash *h);
+
+/* ---- folding: bounded memory for long streams -------------------------
+ * Blocks [0, upto) are final: their digests go into the outer digest now
+ * and their storage is freed (fingerprints are kept per region).  Updating
+ * or zeroing a folded block afterwards fails with -ESTALE; upto must not
+ * pass the short last block (-EINVAL).  Returns 0, -ENOMEM or -EIO. */
+int blkhash_fold(struct blkhash *h, uint64_t upto);
+uint64_t blkhash_folded(struct blkhash *h);      /* blocks folded */
+/* Bytes of per-block state held now (digest chunks, their index, the
+ * folded fingerprints): what the memory bound is about. */
+size_t blkhash_memory(struct blkhash *h);

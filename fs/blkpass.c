@@ -28,6 +28,16 @@
  * than this end the pass rather than grow the daemon without bound. */
 #define MAX_EXTENTS (1u << 19)
 
+/* Folding (blkhash_fold): blocks further than FOLD_LAG_BYTES (at least
+ * FOLD_LAG_MIN blocks) behind the end of the data, and known (written or
+ * zero, no part), are folded into the outer digest FOLD_STEP blocks at a
+ * time, so a dense stream keeps a bounded number of block digests.  A
+ * writer reordering within less than the lag (qemu-img convert -W) is
+ * unaffected; one rewriting a folded block makes the pass fail. */
+#define FOLD_LAG_BYTES (256u << 20)
+#define FOLD_LAG_MIN 1024u
+#define FOLD_STEP 1024u
+
 /* The range sets are exact (never forget a range); the pass bounds them
  * itself at MAX_EXTENTS and gives up past it. */
 static void map_init(struct extmap *m) { extmap_init(m, SIZE_MAX, false); }
@@ -63,6 +73,7 @@ struct blkpass {
     struct part *parts;
     size_t nparts, maxparts;
     uint64_t tick, hashed, data_end;
+    uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
 };
 
 static void drop_part(struct blkpass *p, size_t i)
@@ -89,6 +100,7 @@ int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
         return -ENOMEM;
     snprintf(p->md, sizeof p->md, "%s", md);
     p->bs = block_size;
+    p->fold_lag = FOLD_LAG_BYTES;
     p->maxparts = partial_budget / block_size < 2 ? 2
                                                   : partial_budget / block_size;
     p->parts = calloc(p->maxparts, sizeof *p->parts);
@@ -246,6 +258,44 @@ static int settle_if_whole(struct blkpass *p, struct part *pt, char *why)
 
 /* ---- changes ---- */
 
+static uint64_t first_unknown(const struct blkpass *p, uint64_t from,
+                              uint64_t size);
+
+/* Fold the known blocks far enough behind the data's end (FOLD_*). */
+static int maybe_fold(struct blkpass *p, char *why)
+{
+    uint64_t lag = p->fold_lag / p->bs > FOLD_LAG_MIN
+                   ? p->fold_lag / p->bs : FOLD_LAG_MIN;
+    uint64_t folded = blkhash_folded(p->h);
+    uint64_t full = p->data_end / p->bs;
+    int r;
+
+    if (full < folded + lag + FOLD_STEP)
+        return 0;
+    uint64_t upto = full - lag;
+    uint64_t gap = first_unknown(p, folded * p->bs, upto * p->bs) / p->bs;
+    if (gap < upto)
+        upto = gap;
+    for (size_t i = 0; i < p->nparts; i++)
+        if (p->parts[i].b < upto)
+            upto = p->parts[i].b;
+    if (upto < folded + FOLD_STEP)
+        return 0;
+    if ((r = blkhash_fold(p->h, upto)) < 0)
+        return fail(why, r, "folding block digests failed: %s",
+                    strerror(-r));
+    return 0;
+}
+
+static int folded_fail(struct blkpass *p, const char *what, uint64_t off,
+                       char *why)
+{
+    return fail(why, -ESTALE, "%s at %" PRIu64 " changed a block already "
+                "folded into the digest (blocks far behind the end of the "
+                "data, below %" PRIu64 ", are final)", what, off,
+                blkhash_folded(p->h) * p->bs);
+}
+
 /* [s, e), inside block b, was written with buf. */
 static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
                           uint64_t e, const unsigned char *buf, char *why)
@@ -253,6 +303,9 @@ static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
     uint64_t start = b * p->bs;
     struct part *pt = find_part(p, b);
     int r;
+
+    if (b < blkhash_folded(p->h))
+        return folded_fail(p, "a write", s, why);
 
     if (!pt && s == start && e == start + p->bs) {
         if ((r = blkhash_update(p->h, start, buf, p->bs)) < 0)
@@ -297,7 +350,7 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
                     "(more than %u separate ranges)", MAX_EXTENTS);
     if (end > p->data_end)
         p->data_end = end;
-    return 0;
+    return maybe_fold(p, why);
 }
 
 /* Zeroing [s, e) of one block: if the block has no part, nothing is
@@ -359,6 +412,15 @@ int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
         return r;
     if (last > data_blocks)
         last = data_blocks;       /* no block past the data was hashed */
+    uint64_t folded = blkhash_folded(p->h);
+    if (first < folded && first < last) {
+        /* Folded blocks stay as they are: fine if nothing was written
+         * there (they read as zero already). */
+        uint64_t stop = last < folded ? last : folded;
+        if (map_intersects(&p->written, first * p->bs, stop * p->bs))
+            return folded_fail(p, "zeroing", first * p->bs, why);
+        first = stop;
+    }
     if (first < last &&
         (r = blkhash_zero(p->h, first * p->bs, (last - first) * p->bs)) < 0)
         return fail(why, r, "blkhash zero failed: %s", strerror(-r));
@@ -390,10 +452,12 @@ int blkpass_truncate(struct blkpass *p, uint64_t size, char *why)
 
 /* ---- the value ---- */
 
-/* The first byte below size that the pass knows nothing about, or size. */
-static uint64_t first_unknown(const struct blkpass *p, uint64_t size)
+/* The first byte in [from, size) that the pass knows nothing about, or
+ * size. */
+static uint64_t first_unknown(const struct blkpass *p, uint64_t from,
+                              uint64_t size)
 {
-    uint64_t pos = 0;
+    uint64_t pos = from;
 
     while (pos < size) {
         struct ext w, z;
@@ -411,7 +475,7 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned n = 0;
-    uint64_t gap = first_unknown(p, size);
+    uint64_t gap = first_unknown(p, 0, size);
     int r;
 
     if (gap < size)
@@ -442,4 +506,30 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
     for (unsigned i = 0; i < n; i++)
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
     return 0;
+}
+
+int blkpass_fingerprints(struct blkpass *p, uint64_t size, unsigned shift,
+                         uint64_t *fp, size_t n)
+{
+    return blkhash_fingerprints(p->h, size, shift, fp, n);
+}
+
+unsigned blkpass_fp_min_shift(const struct blkpass *p)
+{
+    return blkhash_fp_min_shift(p->h);
+}
+
+uint64_t blkpass_folded(const struct blkpass *p)
+{
+    return blkhash_folded(p->h);
+}
+
+size_t blkpass_memory(const struct blkpass *p)
+{
+    return blkhash_memory(p->h) + p->nparts * p->bs;
+}
+
+void blkpass_set_fold_lag(struct blkpass *p, uint64_t bytes)
+{
+    p->fold_lag = bytes;
 }

@@ -14,9 +14,12 @@
  * truncate) after the block was hashed and its bytes let go; a block in
  * part written whose other bytes hold data older than the pass.
  *
- * Memory: one digest per block written (common/blkhash), the block
- * copies (partial_budget), and the written and zeroed ranges, at most
- * 2^19 each (more scattered writes end the pass: "too scattered").
+ * Memory: one digest per block written and not yet folded (common/blkhash:
+ * known blocks more than 256 MiB behind the end of the data are folded
+ * into the outer digest and freed; a later change to one of them ends
+ * the pass), the block copies (partial_budget), and the written and
+ * zeroed ranges, at most 2^19 each (more scattered writes end the pass:
+ * "too scattered").
  *
  * THREAD MODEL: none; one thread (the digest thread) owns a pass.
  */
@@ -55,3 +58,18 @@ int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why);
 
 /* Bytes hashed so far (data blocks, whole or in part). */
 uint64_t blkpass_hashed(const struct blkpass *p);
+
+/* The region fingerprints of the blocks hashed so far, for a file of
+ * 'size' bytes (common/blkhash.h, blkhash_fingerprints()): after a
+ * blkpass_finish() at that size they cover the whole file. */
+int  blkpass_fingerprints(struct blkpass *p, uint64_t size, unsigned shift,
+                          uint64_t *fp, size_t n);
+/* The finest shift blkpass_fingerprints() takes (folded blocks). */
+unsigned blkpass_fp_min_shift(const struct blkpass *p);
+/* Blocks folded; bytes of per-block state held (digests, fingerprints,
+ * block copies): the memory bound, for tests. */
+uint64_t blkpass_folded(const struct blkpass *p);
+size_t   blkpass_memory(const struct blkpass *p);
+/* Fold known blocks this many bytes (and at least 1024 blocks) behind
+ * the end of the data (default 256 MiB); for tests. */
+void     blkpass_set_fold_lag(struct blkpass *p, uint64_t bytes);

@@ -9,7 +9,10 @@
  * the queue is bounded in pool buffers) or a copy (digest_write()), a
  * zero item (a gap, a punched hole, the tail up to the size at close) is
  * a length.  Releasing an item takes the pool's lock: lock order d->lock,
- * then the pool's.  One digest thread hashes the
+ * then the pool's.  d->bp_lock is held by the blkhash thread while it
+ * applies an item, and by digest_fingerprints() (read-back) while it
+ * reads the pass; d->idle wakes digest_settle() when the thread has
+ * nothing left.  One digest thread hashes the
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
  * lock is held while hashing.  When the queue's memory (payload plus
@@ -103,6 +106,8 @@ struct digest {
     pthread_cond_t space;         /* the thread took a data item */
     pthread_t thread;
     bool stopping;
+    bool busy;                    /* the thread holds a taken item */
+    pthread_cond_t idle;          /* !busy and the queue is empty */
 
     enum digest_state state;      /* IDLE, COMPUTING, NOT_FORWARD, ABANDONED */
     bool closed;                  /* a close came after the last change */
@@ -119,8 +124,10 @@ struct digest {
     char hex[DIGEST_HEX_MAX];
 
     /* blkhash only (bp NULL: sha256) */
-    struct blkpass *bp;           /* the digest thread's alone */
+    struct blkpass *bp;           /* the digest thread's, under bp_lock */
+    pthread_mutex_t bp_lock;      /* digest_fingerprints() reads bp */
     char algorithm[32 + BLKHASH_NAME_MAX];
+    uint64_t blkhash_block;
     uint64_t seq, close_seq;      /* items queued; the last close's seq */
     uint64_t res_seq;             /* the close the thread answered ... */
     enum digest_state res_state;  /* ... COMPLETE (hex) or INCOMPLETE */
@@ -295,6 +302,14 @@ drop:
 
 /* ---- the digest thread ----------------------------------------------- */
 
+/* The thread is through with the item it took. */
+static void done_item_locked(struct digest *d)
+{
+    d->busy = false;
+    if (!d->head)
+        pthread_cond_broadcast(&d->idle);
+}
+
 /* Take the next piece of work: a whole data item, or up to ZERO_SLICE of
  * a zero item.  Returns false when stopping. */
 static bool take_locked(struct digest *d, struct item *out)
@@ -307,8 +322,10 @@ static bool take_locked(struct digest *d, struct item *out)
     if (it->kind == ITEM_STREAM && !it->data && it->len > ZERO_SLICE) {
         *out = (struct item) { .len = ZERO_SLICE };
         it->len -= ZERO_SLICE;
+        d->busy = true;
         return true;
     }
+    d->busy = true;
     *out = *it;
     d->head = it->next;
     if (!d->head)
@@ -373,6 +390,7 @@ static void *digest_thread(void *arg)
         ctx_gen = ok ? gen : UINT64_MAX;
 
         pthread_mutex_lock(&d->lock);
+        done_item_locked(d);
         if (gen != d->gen)
             continue;             /* the pass restarted or ended meanwhile */
         if (!ok) {
@@ -440,15 +458,18 @@ static void *blk_thread(void *arg)
         pthread_mutex_unlock(&d->lock);
 
         int r = 0;
+        pthread_mutex_lock(&d->bp_lock);
         if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
             snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
         if (r == 0)
             r = blk_apply(d, &it, hex, why);
+        pthread_mutex_unlock(&d->bp_lock);
         if (it.data)
             drop_data(&it);
         pass_gen = gen;
 
         pthread_mutex_lock(&d->lock);
+        done_item_locked(d);
         if (gen == d->gen)        /* else the pass restarted or ended */
             blk_record_locked(d, &it, r, hex, why);
     }
@@ -472,6 +493,7 @@ static bool blk_push_locked(struct digest *d, enum item_kind kind,
     *it = (struct item) { .kind = kind, .off = off, .len = len };
     d->state = DIGEST_COMPUTING;
     d->closed = false;
+    d->queued += item_cost(it);   /* take_locked() takes it off */
     push_locked(d, it);
     return true;
 }
@@ -709,6 +731,41 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
     pthread_mutex_unlock(&d->lock);
 }
 
+int digest_settle(struct digest *d, unsigned timeout_s)
+{
+    int r = 0;
+
+    if (!d)
+        return 0;
+    struct timespec deadline = mono_deadline_ns(timeout_s * NS_PER_S);
+    pthread_mutex_lock(&d->lock);
+    while ((d->head || d->busy) && !d->stopping && r == 0)
+        if (pthread_cond_timedwait(&d->idle, &d->lock, &deadline) ==
+            ETIMEDOUT)
+            r = -ETIMEDOUT;
+    pthread_mutex_unlock(&d->lock);
+    return r;
+}
+
+int digest_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
+                        uint64_t **fp, size_t *n)
+{
+    if (!d || !d->bp)
+        return -ENOTSUP;
+    pthread_mutex_lock(&d->bp_lock);
+    unsigned min = blkpass_fp_min_shift(d->bp);
+    uint64_t bs = d->blkhash_block;
+    uint64_t nblocks = (size + bs - 1) / bs;
+    if (*shift < min)
+        *shift = min;
+    *n = (size_t) ((nblocks + (1ull << *shift) - 1) >> *shift);
+    *fp = calloc(*n ? *n : 1, sizeof **fp);
+    int r = *fp ? blkpass_fingerprints(d->bp, size, *shift, *fp, *n)
+                : -ENOMEM;
+    pthread_mutex_unlock(&d->bp_lock);
+    return r;
+}
+
 /* ---- life ------------------------------------------------------------ */
 
 static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
@@ -720,14 +777,18 @@ static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
     d->state = DIGEST_IDLE;
     d->bp = bp;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->bp_lock, NULL);
     pthread_cond_init(&d->cond, NULL);
     mono_cond_init(&d->space);
+    mono_cond_init(&d->idle);
     int r = pthread_create(&d->thread, NULL, bp ? blk_thread : digest_thread,
                            d);
     if (r) {
         pthread_mutex_destroy(&d->lock);
+        pthread_mutex_destroy(&d->bp_lock);
         pthread_cond_destroy(&d->cond);
         pthread_cond_destroy(&d->space);
+        pthread_cond_destroy(&d->idle);
         free(d);
         return -r;
     }
@@ -754,6 +815,7 @@ int digest_create_blkhash(size_t queue_limit, const char *md,
     }
     snprintf((*out)->algorithm, sizeof (*out)->algorithm,
              "blkhash/%s/%" PRIu64, md, block_size);
+    (*out)->blkhash_block = block_size;
     return 0;
 }
 
@@ -765,12 +827,15 @@ void digest_destroy(struct digest *d)
     d->stopping = true;
     pthread_cond_signal(&d->cond);
     pthread_cond_broadcast(&d->space);
+    pthread_cond_broadcast(&d->idle);
     pthread_mutex_unlock(&d->lock);
     pthread_join(d->thread, NULL);
     free_queue_locked(d);
     blkpass_free(d->bp);
     pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->bp_lock);
     pthread_cond_destroy(&d->cond);
     pthread_cond_destroy(&d->space);
+    pthread_cond_destroy(&d->idle);
     free(d);
 }

@@ -76,6 +76,19 @@ void digest_close(struct digest *d, uint64_t apparent);
  * file's pass, if any, is over.  what names it for the status. */
 void digest_foreign(struct digest *d, const char *what);
 
+/* Wait until the digest thread has taken in everything queued so far
+ * (a close's value is then known), for at most timeout_s seconds.
+ * 0, or -ETIMEDOUT. */
+int  digest_settle(struct digest *d, unsigned timeout_s);
+
+/* blkhash only: the region fingerprints of the pass's blocks for a file
+ * of 'size' bytes (blkpass_fingerprints()), regions of 2^*shift blocks:
+ * *shift is raised to the finest the pass still knows.  *fp (*n
+ * entries) is malloc'd, the caller's.  Meaningful while digest_get()
+ * shows that size complete.  -ENOTSUP for sha256 or --no-digest. */
+int  digest_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
+                         uint64_t **fp, size_t *n);
+
 /* What the status shows.  apparent: the raw file's size now. */
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out);
 const char *digest_state_name(enum digest_state s);

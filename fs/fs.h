@@ -68,6 +68,7 @@ struct fs {
 
     /* Set before the mount, freed after it; each has its own lock. */
     struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
+    struct readback *readback;/* fs/readback.c; NULL unless asked for */
     struct progress *progress;/* fs/progress.c: pass, samples, bar */
 };
 

@@ -40,6 +40,7 @@
 #include "fs/cli.h"
 #include "fs/digest.h"
 #include "fs/fuseloop.h"
+#include "fs/readback.h"
 #include "fs/pidfile.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
@@ -84,6 +85,7 @@ struct options {
     const char *blkhash;      /* --blkhash: "DIGEST/SIZE" spec, or NULL */
     char blkhash_md[BLKHASH_NAME_MAX];
     uint64_t blkhash_block;
+    enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
 };
@@ -168,6 +170,11 @@ static void usage(void)
 "      --blkhash[=DIGEST[/SIZE]]  the inline digest is blkhash (as blksum\n"
 "                         and nbdcopy --blkhash compute it) instead of\n"
 "                         sha256: writes in any order (default sha256/64k)\n"
+"      --verify-readback[=WHEN]  read the disk back from the server and\n"
+"                         compare it with the inline digest: at a\n"
+"                         writer's close/fsync and at unmount (WHEN\n"
+"                         close, the default) or at unmount only\n"
+"                         (unmount); a difference fails with EIO\n"
 "      --progress[=FD]    show the copy's progress, counted in acknowledged\n"
 "                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
 "                         lines written to file descriptor FD\n"
@@ -281,7 +288,7 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
-    OPT_BLKHASH,
+    OPT_BLKHASH, OPT_VERIFY_READBACK,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -299,6 +306,7 @@ static const struct option long_options[] = {
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "blkhash", optional_argument, NULL, OPT_BLKHASH },
+    { "verify-readback", optional_argument, NULL, OPT_VERIFY_READBACK },
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
@@ -530,6 +538,11 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
         case OPT_NO_DIGEST: o->no_digest = true; break;
         case OPT_BLKHASH: parse_blkhash(o, optarg ? optarg : ""); break;
+        case OPT_VERIFY_READBACK:
+            if (readback_parse_when(optarg, &o->verify_readback) < 0)
+                usage_error("--verify-readback=%s: not close or unmount",
+                            optarg);
+            break;
         case OPT_PROGRESS:
             if (!optarg) {
                 o->progress_bar = true;
@@ -578,6 +591,9 @@ static void parse_args(struct options *o, int argc, char **argv)
     }
     if (o->blkhash && o->no_digest)
         usage_error("--blkhash and --no-digest exclude each other");
+    if (o->verify_readback && o->no_digest)
+        usage_error("--verify-readback compares with the inline digest: "
+                    "not with --no-digest");
     if (optind >= argc)
         usage_error("missing the mountpoint");
     if (o->progress_bar && !o->foreground)
@@ -791,6 +807,10 @@ static int start_watchers(struct fs *fs, const struct options *o)
                                                o->blkhash_block, &fs->digest)
                        : digest_create(digest_limit(o), &fs->digest);
     if (r == 0)
+        r = readback_create(o->verify_readback,
+                            o->blkhash ? o->blkhash_md : NULL,
+                            o->blkhash_block, &fs->readback);
+    if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */
     if (r == 0 && nbdx_info(fs->x)->tcp)
@@ -820,6 +840,8 @@ static void stop_watchers(struct fs *fs)
     digest_get(fs->digest, rawfile_size(fs), &di);
     if (di.state == DIGEST_COMPLETE)
         log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
+    readback_destroy(fs->readback);
+    fs->readback = NULL;
     digest_destroy(fs->digest);
     fs->digest = NULL;
 }
@@ -840,6 +862,8 @@ static int finish(struct fs *fs)
                 st.nfailures ? st.failures[0].off : 0);
         return EXIT_FAILURE;
     }
+    if (readback_at_unmount(fs) < 0)          /* --verify-readback */
+        return EXIT_FAILURE;
     log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",
              st.bytes_written, st.bytes_acked);
     return EXIT_SUCCESS;

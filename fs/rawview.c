@@ -14,6 +14,7 @@
 
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/readback.h"
 
 static void raw_attr(struct fs *fs, struct stat *st)
 {
@@ -143,7 +144,17 @@ static int raw_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
      * reader closing (sha256sum during a copy) ends nobody's pass. */
     if (fh->writer)
         rawfile_close_pass(fs);
+    if (fh->writer && r == 0)
+        r = readback_at_close(fs);          /* --verify-readback */
     return r;
+}
+
+/* fsync(2): everything written is on stable storage, and, with
+ * --verify-readback, read back and compared with the inline digest. */
+static int raw_fsync(struct fs *fs, struct fs_fh *fh)
+{
+    int r = rawfile_fsync(fs, fh);
+    return r == 0 ? readback_at_close(fs) : r;
 }
 
 static void raw_release(struct fs *fs, struct fs_fh *fh)
@@ -164,6 +175,6 @@ const struct fs_view fs_raw_view = {
     .truncate = raw_truncate,
     .lseek = raw_lseek,
     .flush = raw_flush,
-    .fsync = rawfile_fsync,
+    .fsync = raw_fsync,
     .release = raw_release,
 };

@@ -4,7 +4,7 @@
  * progress, digest); reading the file returns that snapshot.  Byte
  * counters add up: bytes_acknowledged <= bytes_written always, and they
  * are equal once a close() or fsync() has returned without error.
- * tools/nbdferry-status reads this; docs/nbdferry.1 documents each key.
+ * tools/status/nbdferry-status reads this; docs/nbdferry.1 documents each key.
  * The file itself is a view (fs/view.h), read-only, at the end.
  */
 #include "fs/view.h"
@@ -23,6 +23,7 @@
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/readback.h"
 
 static double elapsed_s(const struct timespec *since)
 {
@@ -229,6 +230,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
     put_failures(f, &s, recent, nrecent);
     put_progress(f, fs, &s, uptime);
+    readback_put_status(f, fs);
     put_digest(f, fs, &s, apparent);
     fprintf(f, "}\n");
     if (fclose(f) != 0) {

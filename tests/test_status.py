@@ -1,4 +1,4 @@
-"""The live status, MNT/.nbdferry-status, and tools/nbdferry-status.
+"""The live status, MNT/.nbdferry-status, and tools/status/nbdferry-status.
 
 The counters add up while a slow copy runs (acknowledged <= written, in
 flight <= peak, buffers in use <= buffers) and agree after close

@@ -82,7 +82,7 @@ def test_one_writer_verify_against_the_server(server, mount, shm):
     assert direct.returncode == 1, (direct.stdout, direct.stderr)
 
 
-STATUS = Path(__file__).resolve().parent.parent / "tools" / "nbdferry-status"
+STATUS = Path(__file__).resolve().parent.parent / "tools" / "status" / "nbdferry-status"
 
 
 def guide_block(first, last):

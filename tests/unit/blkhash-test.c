@@ -248,6 +248,66 @@ static void test_parse(void)
     }
 }
 
+/* Folding: blocks updated in a shuffled order, folded in stages, give
+ * the reference value; folded chunks are freed; a folded block refuses
+ * changes; fingerprints agree with an unfolded twin at any shift the
+ * folded one allows. */
+static void test_fold(const char *md, uint64_t bs, size_t len)
+{
+    unsigned char *p = sparse_data(len, bs, 7);
+    unsigned char want[EVP_MAX_MD_SIZE], got[EVP_MAX_MD_SIZE];
+    unsigned wn, gn;
+    struct blkhash *h, *twin;
+    uint64_t nblocks = (len + bs - 1) / bs, full = len / bs;
+    uint64_t *order = malloc((nblocks ? nblocks : 1) * sizeof *order);
+
+    reference(md, bs, p, len, want, &wn);
+    assert(blkhash_create(md, bs, &h) == 0);
+    assert(blkhash_create(md, bs, &twin) == 0);
+    for (uint64_t i = 0; i < nblocks; i++)
+        order[i] = i;
+    /* Shuffle within windows of 64 blocks, fold what is behind. */
+    for (uint64_t w = 0; w < nblocks; w += 64) {
+        uint64_t n = nblocks - w < 64 ? nblocks - w : 64;
+        for (uint64_t i = n - 1; i > 0; i--) {
+            uint64_t j = (uint64_t) rand() % (i + 1), t = order[w + i];
+            order[w + i] = order[w + j];
+            order[w + j] = t;
+        }
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t b = order[w + i], off = b * bs;
+            size_t piece = len - off < bs ? len - off : bs;
+            assert(blkhash_update(h, off, p + off, piece) == 0);
+            assert(blkhash_update(twin, off, p + off, piece) == 0);
+        }
+        uint64_t upto = w + n < full ? w + n : full;
+        assert(blkhash_fold(h, upto) == 0);
+        assert(blkhash_folded(h) == upto);
+    }
+    assert(blkhash_finish(h, len, got, &gn) == 0);
+    assert(gn == wn && memcmp(got, want, wn) == 0);
+    if (full > 2 * 1024 && blkhash_digest_size(h) >= 32)
+        /* Whole chunks were freed; a fingerprint (8 bytes a block until
+         * the regions grow) is left of each folded block. */
+        assert(blkhash_memory(h) * 2 <= blkhash_memory(twin));
+    if (full > 2 * 1024) {
+        assert(blkhash_update(h, 0, p, bs) == -ESTALE);
+        assert(blkhash_zero(h, 0, bs) == -ESTALE);
+    }
+    unsigned shift = blkhash_fp_min_shift(h);
+    size_t nfp = (size_t) ((nblocks + (1ull << shift) - 1) >> shift);
+    uint64_t *a = calloc(nfp + 1, 8), *b = calloc(nfp + 1, 8);
+    assert(blkhash_fingerprints(h, len, shift, a, nfp) == 0);
+    assert(blkhash_fingerprints(twin, len, shift, b, nfp) == 0);
+    assert(memcmp(a, b, nfp * 8) == 0);
+    free(a);
+    free(b);
+    free(order);
+    free(p);
+    blkhash_free(h);
+    blkhash_free(twin);
+}
+
 int main(void)
 {
     test_vectors();
@@ -255,6 +315,10 @@ int main(void)
     test_errors();
     test_rewrite_and_zero();
     test_sparse_huge();
+    test_fold("sha256", 4096, (32u << 20) + 77);
+    test_fold("md5", 1, 5000);
+    test_fold("sha1", 512, 0);
+    test_fold("sha512", 65536, 3u << 20);
     const char *mds[] = { "sha256", "md5", "sha1", "sha512" };
     const uint64_t sizes[] = { 1, 4, 4096, 65536, 1 << 20 };
     const size_t lens[] = { 0, 1, 4095, 65536, 65537, 3 << 20 };

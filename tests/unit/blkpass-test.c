@@ -278,6 +278,155 @@ static void random_changes(const char *md, uint64_t bs)
     assert(values > 0);
 }
 
+/* ---- folding: state bounded for long streams ----
+ * The same writes go to a folding blkpass (bs 256 bytes, so 1 Mi blocks
+ * in 256 MiB; lag 1 MiB) and to a plain blkhash that keeps every block
+ * digest: the values and the fingerprints must agree, and the pass's
+ * per-block state must stay a small constant while the plain one grows
+ * with the stream (32 bytes a block). */
+#define FBS 256u
+#define FTOTAL (256u << 20)
+#define FPIECE (1u << 20)
+
+struct fold_case {
+    struct blkpass *p;
+    struct blkhash *h;
+    size_t peak;
+    unsigned char buf[FPIECE];
+};
+
+static struct fold_case *fold_start(void)
+{
+    struct fold_case *c = calloc(1, sizeof *c);
+
+    assert(c && blkpass_create("sha256", FBS, 1u << 20, &c->p) == 0);
+    assert(blkhash_create("sha256", FBS, &c->h) == 0);
+    blkpass_set_fold_lag(c->p, 1u << 20);
+    assert(blkpass_truncate(c->p, 0, why) == 0);
+    for (size_t i = 0; i < FPIECE; i++)
+        c->buf[i] = (unsigned char) rand();
+    return c;
+}
+
+/* len bytes at off, each block stamped with its offset: all differ. */
+static void fold_write(struct fold_case *c, uint64_t off, size_t len)
+{
+    for (size_t i = 0; i + 8 <= len; i += FBS)
+        memcpy(c->buf + i, &(uint64_t) { off + i }, 8);
+    if (blkpass_write(c->p, off, c->buf, len, why) < 0) {
+        fprintf(stderr, "fold write %llu+%zu: %s\n",
+                (unsigned long long) off, len, why);
+        abort();
+    }
+    assert(blkhash_update(c->h, off, c->buf, len) == 0);
+    size_t m = blkpass_memory(c->p);
+    if (m > c->peak)
+        c->peak = m;
+}
+
+static void fold_check(struct fold_case *c, uint64_t len)
+{
+    char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned n;
+
+    assert(blkpass_truncate(c->p, len, why) == 0);
+    if (blkpass_finish(c->p, len, got, why) < 0) {
+        fprintf(stderr, "fold: no value: %s\n", why);
+        abort();
+    }
+    assert(blkhash_finish(c->h, len, d, &n) == 0);
+    for (unsigned i = 0; i < n; i++)
+        sprintf(want + 2 * i, "%02x", d[i]);
+    assert(strcmp(got, want) == 0);
+    assert(blkpass_folded(c->p) > 0);
+
+    unsigned shift = blkpass_fp_min_shift(c->p);
+    uint64_t nblocks = (len + FBS - 1) / FBS;
+    size_t nfp = (size_t) ((nblocks + (1ull << shift) - 1) >> shift);
+    uint64_t *a = calloc(nfp, 8), *b = calloc(nfp, 8);
+    assert(a && b);
+    assert(blkpass_fingerprints(c->p, len, shift, a, nfp) == 0);
+    assert(blkhash_fingerprints(c->h, len, shift, b, nfp) == 0);
+    assert(memcmp(a, b, nfp * 8) == 0);
+    if (shift > 0)                 /* finer than what was folded: no */
+        assert(blkpass_fingerprints(c->p, len, 0, a, nfp) == -EINVAL);
+    free(a);
+    free(b);
+
+    size_t plain = blkhash_memory(c->h);
+    printf("fold: %llu bytes, pass state peak %zu bytes, plain blkhash "
+           "%zu bytes\n", (unsigned long long) len, c->peak, plain);
+    if (c->peak > (3u << 20) || c->peak * 8 > plain) {
+        fprintf(stderr, "fold: pass state peaked at %zu bytes, plain "
+                "blkhash %zu\n", c->peak, plain);
+        abort();
+    }
+}
+
+static void fold_end(struct fold_case *c)
+{
+    blkpass_free(c->p);
+    blkhash_free(c->h);
+    free(c);
+}
+
+static void fold_dense(void)
+{
+    struct fold_case *c = fold_start();
+
+    for (uint64_t off = 0; off < FTOTAL; off += FPIECE)
+        fold_write(c, off, FPIECE);
+    fold_write(c, FTOTAL, 100);                     /* a short last block */
+    /* A block folded long ago cannot change any more. */
+    assert(blkpass_write(c->p, 0, c->buf, FBS, why) == -ESTALE);
+    assert(strstr(why, "folded"));
+    fold_end(c);
+
+    c = fold_start();
+    for (uint64_t off = 0; off < FTOTAL; off += FPIECE)
+        fold_write(c, off, FPIECE);
+    fold_write(c, FTOTAL, 100);
+    fold_check(c, FTOTAL + 100);
+    assert(blkpass_zero(c->p, 0, FBS, why) == -ESTALE);
+    fold_end(c);
+}
+
+/* qemu-img convert -W: windows of 8 pieces of 128 KiB, each window
+ * shuffled (within the 1 MiB lag). */
+static void fold_reordered(void)
+{
+    struct fold_case *c = fold_start();
+    const uint64_t piece = FPIECE / 8;
+
+    for (uint64_t w = 0; w < FTOTAL; w += 8 * piece) {
+        unsigned order[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+        for (unsigned i = 7; i > 0; i--) {
+            unsigned j = (unsigned) rand() % (i + 1), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        for (unsigned i = 0; i < 8; i++)
+            fold_write(c, w + order[i] * piece, (size_t) piece);
+    }
+    fold_check(c, FTOTAL);
+    fold_end(c);
+}
+
+/* cp --sparse=always: 4 KiB of data every 1 MiB of a 1 GiB file; the
+ * holes fold as zero digests, and zeroing a folded hole again is fine. */
+static void fold_sparse(void)
+{
+    struct fold_case *c = fold_start();
+    uint64_t total = 4ull * FTOTAL;
+
+    for (uint64_t off = 0; off < total; off += FPIECE)
+        fold_write(c, off, 4096);
+    assert(blkpass_zero(c->p, 8192, 65536, why) == 0);
+    fold_check(c, total);
+    fold_end(c);
+}
+
 int main(void)
 {
     static const struct { const char *md; uint64_t bs; } kinds[] = {
@@ -297,6 +446,9 @@ int main(void)
     }
     refusals();
     too_scattered();
+    fold_dense();
+    fold_reordered();
+    fold_sparse();
     printf("blkpass: ok\n");
     return 0;
 }

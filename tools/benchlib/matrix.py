@@ -173,7 +173,19 @@ VERIFIED_VERIFY = Arm("verified-nbdcopy-verify", "nbdcopy, then "
                       ("sh", "-c", 'nbdcopy "$1" "$2" && "$3" "$2"', "sh",
                        "{src}", "{uri}", "{verify}"), family="verify",
                       verified="stdout")
-VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_SUM, VERIFIED_VERIFY]
+# --verify-readback: cp's close returns once the disk was read back from
+# the server and matched the inline digest (hole-aware, pipelined).
+RB = ("--verify-readback",)
+VERIFIED_FERRY_RB = Arm("verified-ferry-readback", "nbdferry + cp, inline "
+                        "sha256 + --verify-readback", CP, "nbdferry", RB,
+                        needs=RB, family="digest", verified="inline")
+VERIFIED_FERRY_RB_BLK = Arm("verified-ferry-readback-blkhash", "nbdferry + "
+                            "cp, inline blkhash + --verify-readback", CP,
+                            "nbdferry", RB + ("--blkhash",),
+                            needs=RB + ("--blkhash",), family="digest",
+                            verified="inline")
+VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_FERRY_RB, VERIFIED_FERRY_RB_BLK,
+                 VERIFIED_SUM, VERIFIED_VERIFY]
 
 # blkhash (the block-based digest of blksum and nbdcopy --blkhash) against
 # sha256, inline in the mount and on the source side.  "Until ready" arms

@@ -1,0 +1,94 @@
+/* tests/nbdkit-plugins/liar.c: a RAM disk that lies (read-back tests).
+ *   dropzero=1  a write-zeroes of 1 MiB or more zeroes only its first half
+ *               (the loss nbd-server 3.24 shows past 64 MiB), and succeeds;
+ *   flip=OFF    a write covering byte OFF lands with that byte inverted,
+ *               and succeeds;
+ *   failread=PATH  reads fail with EIO while PATH exists.
+ * No extents callback: everything is data, as on nbd-server. */
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static int64_t size, flip = -1;
+static int dropzero;
+static char *disk;
+static const char *failread;
+
+static int l_config(const char *key, const char *value)
+{
+  if (strcmp(key, "size") == 0)
+    return (size = nbdkit_parse_size(value)) < 0 ? -1 : 0;
+  if (strcmp(key, "flip") == 0)
+    return (flip = nbdkit_parse_size(value)) < 0 ? -1 : 0;
+  if (strcmp(key, "dropzero") == 0) {
+    dropzero = atoi(value);
+    return 0;
+  }
+  if (strcmp(key, "failread") == 0) {
+    failread = strdup(value);
+    return 0;
+  }
+  nbdkit_error("unknown parameter %s", key);
+  return -1;
+}
+
+static int l_get_ready(void)
+{
+  disk = calloc(1, size);
+  return disk ? 0 : -1;
+}
+
+static void *l_open(int readonly) { return NBDKIT_HANDLE_NOT_NEEDED; }
+static int64_t l_get_size(void *h) { return size; }
+static int l_yes(void *h) { return 1; }
+
+static int l_pread(void *h, void *buf, uint32_t n, uint64_t off,
+                   uint32_t flags)
+{
+  if (failread && access(failread, F_OK) == 0) {
+    nbdkit_set_error(EIO);
+    return -1;
+  }
+  memcpy(buf, disk + off, n);
+  return 0;
+}
+
+static int l_pwrite(void *h, const void *buf, uint32_t n, uint64_t off,
+                    uint32_t flags)
+{
+  memcpy(disk + off, buf, n);
+  if (flip >= 0 && (uint64_t) flip >= off && (uint64_t) flip < off + n)
+    disk[flip] = ~disk[flip];
+  return 0;
+}
+
+static int l_zero(void *h, uint32_t n, uint64_t off, uint32_t flags)
+{
+  memset(disk + off, 0, dropzero && n >= (1u << 20) ? n / 2 : n);
+  return 0;                             /* success, whatever happened */
+}
+
+static int l_flush(void *h, uint32_t flags) { return 0; }
+
+static struct nbdkit_plugin plugin = {
+  .name = "liar",
+  .config = l_config,
+  .get_ready = l_get_ready,
+  .open = l_open,
+  .get_size = l_get_size,
+  .can_write = l_yes,
+  .can_flush = l_yes,
+  .can_zero = l_yes,
+  .can_multi_conn = l_yes,
+  .pread = l_pread,
+  .pwrite = l_pwrite,
+  .zero = l_zero,
+  .flush = l_flush,
+};
+NBDKIT_REGISTER_PLUGIN(plugin)
