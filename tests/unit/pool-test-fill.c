@@ -290,9 +290,10 @@ static void test_no_write_over_held_bytes(void)
     fake_close(x);
 }
 
-/* Many writers, a slow transport and a slow "digest" that checks every
- * held byte before releasing it: a buffer reused early shows up as a
- * held byte that changed. */
+/* Many writers, a slow transport answering out of order and a slow
+ * "digest" that checks every held byte before releasing it: a buffer
+ * reused early shows up as a held byte that changed, a buffer filled
+ * after it was sent as the fake's "changed while in flight". */
 #define STRESS_REGION (2u << 20)
 #define STRESS_HOLDS 4096
 
@@ -379,6 +380,7 @@ static void test_holds_under_load(void)
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
     fake_set_delay(x, 50);
+    fake_set_auto(x, FAKE_RANDOM, 7);          /* replies out of order */
     assert(pthread_create(&dg, NULL, stress_digest, &s) == 0);
     for (unsigned i = 0; i < WRITERS; i++)
         assert(pthread_create(&w[i], NULL, stress_writer, &s) == 0);
