@@ -138,6 +138,9 @@ static void test_never_passes_a_write(void)
     struct waiter w;
     waiter_init(&w, 32 * K, 64 * K);
     assert(pool_read_start(p, &w.a) == -EAGAIN);
+    assert(fake_in_flight(x) == 1);            /* the refusal sent it */
+    struct nbdx_op *wr = fake_wait_op(x, NBDX_OP_WRITE);
+    assert(wr->off == 0 && wr->len == 64 * K);
     struct waiter far;
     waiter_init(&far, 1024 * K, 64 * K);
     assert(pool_read_start(p, &far.a) == 0);   /* replies held back */
@@ -167,7 +170,7 @@ static void test_zero_ranges(void)
     struct pool *p = make_pool(x, true);      /* all known zero */
     struct waiter w;
     waiter_init(&w, 0, 128 * K);
-    fake_set_auto(x, FAKE_MANUAL, 0);                  /* no reply could come */
+    fake_set_auto(x, FAKE_MANUAL, 0);         /* no reply could come */
     assert(pool_read_start(p, &w.a) == 1);
     assert(all(w.a.buf, 128 * K, 0));
     fake_set_auto(x, FAKE_FIFO, 0);
