@@ -1,4 +1,12 @@
-/* tests/unit/fake-nbdx.c: see fake-nbdx.h. */
+/* tests/unit/fake-nbdx.c: see fake-nbdx.h.
+ *
+ * THREAD MODEL
+ * The pool submits with its own lock held: nbdx_submit() only queues,
+ * under x->lock (a leaf).  Ops complete on the test's thread
+ * (fake_complete) or on the auto-completer thread; either applies the
+ * op under x->lock, drops it, then calls done(), as nbdx's I/O threads
+ * do.  The auto-completer sleeps (the delay) without x->lock.
+ */
 #undef NDEBUG
 #include "fake-nbdx.h"
 
@@ -8,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct pending_op {
     struct nbdx_op *op;
@@ -27,6 +36,9 @@ struct nbdx {
     bool stopping;
     pthread_t auto_thread;
     bool auto_started;
+    bool auto_busy;               /* completing an op, done() included */
+    unsigned delay_us;            /* before each automatic reply */
+    struct fake_counts counts;
 };
 
 volatile bool fake_fail_alloc;
@@ -228,11 +240,15 @@ void fake_complete(struct nbdx *x, struct nbdx_op *op, int err)
         abort();
     }
     if (!err) {
-        if (op->kind == NBDX_OP_WRITE)
+        if (op->kind == NBDX_OP_WRITE) {
             memcpy(x->disk + op->off, op->buf, op->len);
-        else if (op->kind == NBDX_OP_ZERO)
+            x->counts.writes++;
+            x->counts.write_bytes += op->len;
+        } else if (op->kind == NBDX_OP_ZERO) {
             memset(x->disk + op->off, 0, op->len);
-        else if (op->kind == NBDX_OP_READ)
+            x->counts.zeroes++;
+            x->counts.zero_bytes += op->len;
+        } else if (op->kind == NBDX_OP_READ)
             memcpy(op->buf, x->disk + op->off, op->len);
     }
     free(p);
@@ -256,6 +272,7 @@ void fake_complete_all(struct nbdx *x)
 static void *auto_thread(void *arg)
 {
     struct nbdx *x = arg;
+    bool delayed = false;         /* the wait before the next reply is over */
 
     pthread_mutex_lock(&x->lock);
     while (!x->stopping) {
@@ -263,6 +280,15 @@ static void *auto_thread(void *arg)
             pthread_cond_wait(&x->cond, &x->lock);
             continue;
         }
+        if (x->delay_us && !delayed) {
+            unsigned us = x->delay_us;
+            pthread_mutex_unlock(&x->lock);
+            usleep(us);           /* the op stays in flight meanwhile */
+            pthread_mutex_lock(&x->lock);
+            delayed = true;
+            continue;             /* look again: the mode may have changed */
+        }
+        delayed = false;
         struct pending_op *p = x->head;
         if (x->mode == FAKE_RANDOM) {
             x->rng = x->rng * 1103515245u + 12345u;
@@ -270,9 +296,12 @@ static void *auto_thread(void *arg)
                 p = p->next;
         }
         struct nbdx_op *op = p->op;
+        x->auto_busy = true;
         pthread_mutex_unlock(&x->lock);
         fake_complete(x, op, 0);
         pthread_mutex_lock(&x->lock);
+        x->auto_busy = false;
+        pthread_cond_broadcast(&x->cond);     /* for fake_quiesce() */
     }
     pthread_mutex_unlock(&x->lock);
     return NULL;
@@ -288,6 +317,24 @@ void fake_set_auto(struct nbdx *x, enum fake_auto mode, uint32_t seed)
         pthread_create(&x->auto_thread, NULL, auto_thread, x);
     }
     pthread_cond_broadcast(&x->cond);
+    pthread_mutex_unlock(&x->lock);
+}
+
+void fake_set_delay(struct nbdx *x, unsigned us)
+{
+    pthread_mutex_lock(&x->lock);
+    x->delay_us = us;
+    pthread_mutex_unlock(&x->lock);
+}
+
+void fake_quiesce(struct nbdx *x, struct fake_counts *out)
+{
+    pthread_mutex_lock(&x->lock);
+    while (x->auto_busy ||
+           (x->head && x->auto_started && x->mode != FAKE_MANUAL))
+        pthread_cond_wait(&x->cond, &x->lock);
+    if (out)
+        *out = x->counts;
     pthread_mutex_unlock(&x->lock);
 }
 

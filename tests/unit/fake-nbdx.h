@@ -13,6 +13,12 @@
  * overlapping write or zero is in flight, and a write's buffer does not
  * change between submission and reply.  A breach aborts the test.
  *
+ * For tests that let replies flow and only look at the outcome: the
+ * auto-completer can wait before each reply (a slow server widens race
+ * windows), FAKE_MANUAL holds replies back, and fake_quiesce() waits
+ * until every reply that may come has come and returns what the server
+ * was sent.
+ *
  * It also provides pool_test_before_wait(), the hook transport/pool.c
  * calls (built with POOL_TEST_HOOKS) just before a thread sleeps on the
  * pool's condition: tests wait for a named sleeper, then act while it
@@ -38,8 +44,22 @@ void fake_complete(struct nbdx *x, struct nbdx_op *op, int err);
 /* Complete everything in flight, oldest first, until nothing is left. */
 void fake_complete_all(struct nbdx *x);
 
+/* Who completes ops: the test alone (FAKE_MANUAL: replies are held
+ * back), or also an auto-completer thread, oldest first or at random.
+ * Switching to FAKE_MANUAL lets a reply already being sent finish. */
 enum fake_auto { FAKE_MANUAL, FAKE_FIFO, FAKE_RANDOM };
 void fake_set_auto(struct nbdx *x, enum fake_auto mode, uint32_t seed);
+/* The auto-completer sleeps this long before each reply (0: none). */
+void fake_set_delay(struct nbdx *x, unsigned us);
+
+/* What completed without error, as applied to the disk. */
+struct fake_counts {
+    uint64_t writes, write_bytes, zeroes, zero_bytes;
+};
+/* Wait until the auto-completer has answered every op it may answer
+ * (in FAKE_MANUAL: until it is not in the middle of one), done() calls
+ * included, then copy the counts to out (may be NULL). */
+void fake_quiesce(struct nbdx *x, struct fake_counts *out);
 
 /* Block until a thread is about to sleep at the named wait point of
  * pool.c ("zero-slot", "buffer", "read", "drain") count times in all

@@ -1,5 +1,5 @@
 /* tests/unit/pool-test-aread.c: reads started without waiting
- * (pool_read_start), over the scripted transport in pool-test-nbdx.c.
+ * (pool_read_start), over the scripted transport in fake-nbdx.c.
  *
  * The promise under test: a started read never passes an earlier
  * overlapping write or zero (it is refused while one is unanswered, and
@@ -17,11 +17,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pool-test-nbdx.h"
+#include "fake-nbdx.h"
 #include "transport/pool.h"
 
 #define K 1024u
 #define DISK (4096 * K)
+
+/* The server: a zeroed disk whose replies flow, oldest first. */
+static struct nbdx *open_disk(uint64_t size)
+{
+    struct nbdx *x = fake_open(size, true, 0);
+    memset(fake_disk(x), 0, size);
+    fake_set_auto(x, FAKE_FIFO, 0);
+    return x;
+}
 
 struct waiter {
     struct pool_aread a;
@@ -102,7 +111,7 @@ static bool all(const void *buf, size_t len, unsigned char c)
 /* A read of acknowledged data lands with the data. */
 static void test_reads_written_data(void)
 {
-    struct nbdx *x = pool_test_nbdx(DISK);
+    struct nbdx *x = open_disk(DISK);
     struct pool *p = make_pool(x, false);
     write_byte(p, 0, 512 * K, 0x11);
     pool_drain(p);
@@ -113,7 +122,7 @@ static void test_reads_written_data(void)
     waiter_wait(&w);
     assert(all(w.a.buf, 300 * K, 0x11));
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
     free(w.a.buf);
 }
 
@@ -121,31 +130,34 @@ static void test_reads_written_data(void)
  * sent first); a read elsewhere goes ahead. */
 static void test_never_passes_a_write(void)
 {
-    struct nbdx *x = pool_test_nbdx(DISK);
+    struct nbdx *x = open_disk(DISK);
     struct pool *p = make_pool(x, false);
-    pool_test_gate(x, true);
+    fake_set_auto(x, FAKE_MANUAL, 0);
     write_byte(p, 0, 64 * K, 0x22);            /* FILLING, not sent */
 
     struct waiter w;
     waiter_init(&w, 32 * K, 64 * K);
     assert(pool_read_start(p, &w.a) == -EAGAIN);
+    assert(fake_in_flight(x) == 1);            /* the refusal sent it */
+    struct nbdx_op *wr = fake_wait_op(x, NBDX_OP_WRITE);
+    assert(wr->off == 0 && wr->len == 64 * K);
     struct waiter far;
     waiter_init(&far, 1024 * K, 64 * K);
-    assert(pool_read_start(p, &far.a) == 0);   /* queued behind the gate */
+    assert(pool_read_start(p, &far.a) == 0);   /* replies held back */
     usleep(10000);
     assert(!done_yet(&far));
 
-    pool_test_gate(x, false);
+    fake_set_auto(x, FAKE_FIFO, 0);
     waiter_wait(&far);
     assert(all(far.a.buf, 64 * K, 0));
     pool_drain(p);                             /* the write was sealed */
-    assert(all(pool_test_disk(x), 64 * K, 0x22));
+    assert(all(fake_disk(x), 64 * K, 0x22));
     assert(pool_read_start(p, &w.a) == 0);
     waiter_wait(&w);
     assert(all(w.a.buf, 32 * K, 0x22) &&
            all((char *) w.a.buf + 32 * K, 32 * K, 0));
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
     free(w.a.buf);
     free(far.a.buf);
 }
@@ -154,14 +166,14 @@ static void test_never_passes_a_write(void)
  * Entirely pending zero: zero at once. */
 static void test_zero_ranges(void)
 {
-    struct nbdx *x = pool_test_nbdx(DISK);
+    struct nbdx *x = open_disk(DISK);
     struct pool *p = make_pool(x, true);      /* all known zero */
     struct waiter w;
     waiter_init(&w, 0, 128 * K);
-    pool_test_gate(x, true);                  /* no reply could come */
+    fake_set_auto(x, FAKE_MANUAL, 0);         /* no reply could come */
     assert(pool_read_start(p, &w.a) == 1);
     assert(all(w.a.buf, 128 * K, 0));
-    pool_test_gate(x, false);
+    fake_set_auto(x, FAKE_FIFO, 0);
 
     write_byte(p, 512 * K, 256 * K, 0x33);
     pool_drain(p);
@@ -174,7 +186,7 @@ static void test_zero_ranges(void)
     assert(pool_read_start(p, &inside.a) == 1);
     assert(all(inside.a.buf, 64 * K, 0));
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
     free(w.a.buf);
     free(part.a.buf);
     free(inside.a.buf);
@@ -189,11 +201,11 @@ static void *destroyer(void *arg)
 /* pool_destroy() returns only after every started read's done(). */
 static void test_destroy_waits_for_reads(void)
 {
-    struct nbdx *x = pool_test_nbdx(DISK);
+    struct nbdx *x = open_disk(DISK);
     struct pool *p = make_pool(x, false);
     write_byte(p, 0, 256 * K, 0x44);
     pool_drain(p);
-    pool_test_gate(x, true);
+    fake_set_auto(x, FAKE_MANUAL, 0);
     struct waiter w;
     waiter_init(&w, 0, 256 * K);
     assert(pool_read_start(p, &w.a) == 0);
@@ -201,11 +213,11 @@ static void test_destroy_waits_for_reads(void)
     pthread_create(&t, NULL, destroyer, p);
     usleep(20000);
     assert(!done_yet(&w));
-    pool_test_gate(x, false);
+    fake_set_auto(x, FAKE_FIFO, 0);
     pthread_join(t, NULL);
     assert(done_yet(&w));
     assert(all(w.a.buf, 256 * K, 0x44));
-    pool_test_nbdx_free(x);
+    fake_close(x);
     free(w.a.buf);
 }
 

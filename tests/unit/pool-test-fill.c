@@ -1,6 +1,8 @@
 /* tests/unit/pool-test-fill.c: zero-copy writes into the pool
  * (pool_fill_begin/commit) and buffer ownership under holds, over the
- * scripted transport in pool-test-nbdx.c.
+ * scripted transport in fake-nbdx.c, which also checks that no
+ * overlapping writes or zeroes are in flight together and that no write
+ * buffer changes before its reply.
  *
  * The promise under test: a buffer belongs to its NBD request until the
  * reply and to each hold until released; a reservation is never sent
@@ -17,11 +19,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pool-test-nbdx.h"
+#include "fake-nbdx.h"
 #include "common/iszero.h"
 #include "transport/pool.h"
 
 #define K 1024u
+
+/* The server: a zeroed disk whose replies flow, oldest first. */
+static struct nbdx *open_disk(uint64_t size)
+{
+    struct nbdx *x = fake_open(size, true, 0);
+    memset(fake_disk(x), 0, size);
+    fake_set_auto(x, FAKE_FIFO, 0);
+    return x;
+}
 
 static unsigned char pattern(uint64_t off, unsigned seed)
 {
@@ -92,7 +103,7 @@ static ssize_t write_pattern(struct pool *p, uint64_t off, size_t len,
  * buffers take the other one, and the held bytes stay as written. */
 static void test_hold_outlives_reply(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 64 * K, 128 * K);   /* two buffers */
     struct pool_fill f;
 
@@ -104,7 +115,7 @@ static void test_hold_outlives_reply(void)
         pool_drain(p);
     }
     assert(has_pattern(f.hold[0].mem, 0, 64 * K, 1));
-    const unsigned char *d = pool_test_disk(x);
+    const unsigned char *d = fake_disk(x);
     assert(has_pattern(d, 0, 64 * K, 1));
     for (unsigned i = 1; i <= 3; i++)
         assert(has_pattern(d + i * 64 * K, i * 64 * K, 64 * K, 10 + i));
@@ -113,7 +124,7 @@ static void test_hold_outlives_reply(void)
     pool_drain(p);
     assert(has_pattern(d, 0, 64 * K, 20));
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 struct blocked_writer {
@@ -134,7 +145,7 @@ static void *blocked_writer(void *arg)
  * a held buffer), then proceeds. */
 static void test_writer_waits_for_release(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 64 * K, 128 * K);
     struct pool_fill f1, f2;
     struct blocked_writer w = { .p = p };
@@ -152,25 +163,25 @@ static void test_writer_waits_for_release(void)
     pthread_join(t, NULL);
     assert(w.r == 64 * K);
     pool_drain(p);
-    const unsigned char *d = pool_test_disk(x);
+    const unsigned char *d = fake_disk(x);
     assert(has_pattern(d, 0, 64 * K, 1));
     assert(has_pattern(d + 64 * K, 64 * K, 64 * K, 2));
     assert(has_pattern(d + 128 * K, 128 * K, 64 * K, 9));
     assert(has_pattern(f2.hold[0].mem, 64 * K, 64 * K, 2));
     pool_hold_release(f2.hold[0].ref);
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 /* A failed fill is undone: nothing of it reaches the disk or the
  * counters, and the same tail can be reserved again. */
 static void test_failed_fill_is_undone(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 64 * K, 256 * K);
     struct pool_fill f;
     struct pool_stats st;
-    struct pool_test_counts c;
+    struct fake_counts c;
 
     assert(write_pattern(p, 0, 16 * K, 1) == 16 * K);
     assert(pool_fill_begin(p, 16 * K, 16 * K, &f) == 0);
@@ -188,67 +199,67 @@ static void test_failed_fill_is_undone(void)
     memset(f.seg[0].mem, 0xee, 64 * K);
     assert(pool_fill_commit(p, &f, -EINTR, false) == -EINTR);
     pool_drain(p);
-    pool_test_quiesce(x, &c);
+    fake_quiesce(x, &c);
     pool_get_stats(p, &st);
-    const unsigned char *d = pool_test_disk(x);
+    const unsigned char *d = fake_disk(x);
     assert(has_pattern(d, 0, 16 * K, 1));
     assert(has_pattern(d + 16 * K, 16 * K, 16 * K, 2));
     assert(is_zero(d + 32 * K, (1u << 20) - 32 * K));
     assert(st.bytes_written == 32 * K && st.bytes_acked == 32 * K);
     assert(c.writes == 1 && c.write_bytes == 32 * K);
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 /* A reserved buffer is not sent before it is filled, even when full
  * (sealed) and even when a drain wants it. */
 static void test_not_sent_before_commit(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 64 * K, 256 * K);
     struct pool_fill f;
-    struct pool_test_counts c;
+    struct fake_counts c;
 
     assert(pool_fill_begin(p, 0, 64 * K, &f) == 0);
     assert(write_pattern(p, 64 * K, 64 * K, 3) == 64 * K);  /* others go */
-    pool_test_quiesce(x, &c);
+    fake_quiesce(x, &c);
     assert(c.writes == 1);
     fill_pattern(f.seg[0].mem, 0, 64 * K, 4);
     assert(pool_fill_commit(p, &f, 0, false) == 64 * K);
     pool_drain(p);
-    pool_test_quiesce(x, &c);
+    fake_quiesce(x, &c);
     assert(c.writes == 2);
-    const unsigned char *d = pool_test_disk(x);
+    const unsigned char *d = fake_disk(x);
     assert(has_pattern(d, 0, 64 * K, 4));
     assert(has_pattern(d + 64 * K, 64 * K, 64 * K, 3));
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 /* Zero chunks in a filled write still become write-zeroes; the hold is
  * then a private copy of the whole write. */
 static void test_zero_chunks_become_write_zeroes(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 256 * K, 512 * K);
     struct pool_fill f;
-    struct pool_test_counts c;
+    struct fake_counts c;
     unsigned char *src = malloc(192 * K);
 
-    memset((void *) pool_test_disk(x), 0xaa, 1u << 20);  /* not zero */
+    memset(fake_disk(x), 0xaa, 1u << 20);  /* not zero */
     fill_pattern(src, 0, 192 * K, 5);
     memset(src + 64 * K, 0, 64 * K);
     assert(fill_from(p, 0, src, 192 * K, true, &f) == 192 * K);
     assert(f.nhold == 1 && f.hold[0].len == 192 * K);
     assert(memcmp(f.hold[0].mem, src, 192 * K) == 0);
     pool_drain(p);
-    pool_test_quiesce(x, &c);
-    assert(memcmp(pool_test_disk(x), src, 192 * K) == 0);
+    fake_quiesce(x, &c);
+    assert(memcmp(fake_disk(x), src, 192 * K) == 0);
     assert(c.zero_bytes == 64 * K && c.write_bytes == 128 * K);
     pool_hold_release(f.hold[0].ref);
     free(src);
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 /* A buffer trimmed below its held bytes (a zero chunk straddling two
@@ -256,7 +267,7 @@ static void test_zero_chunks_become_write_zeroes(void)
  * still reads them. */
 static void test_no_write_over_held_bytes(void)
 {
-    struct nbdx *x = pool_test_nbdx(1u << 20);
+    struct nbdx *x = open_disk(1u << 20);
     struct pool *p = make_pool(x, 256 * K, 512 * K);
     struct pool_fill f1, f2;
     unsigned char *src = malloc(96 * K), zeros[32 * K] = { 0 };
@@ -269,19 +280,20 @@ static void test_no_write_over_held_bytes(void)
     assert(fill(p, 64 * K, 32 * K, 2, false, &f2) == 32 * K);
     assert(memcmp(f1.hold[0].mem, src, 96 * K) == 0);
     pool_drain(p);
-    const unsigned char *d = pool_test_disk(x);
+    const unsigned char *d = fake_disk(x);
     assert(has_pattern(d, 0, 64 * K, 1));
     assert(has_pattern(d + 64 * K, 64 * K, 32 * K, 2));
     assert(is_zero(d + 96 * K, 32 * K));
     pool_hold_release(f1.hold[0].ref);
     free(src);
     pool_destroy(p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
-/* Many writers, a slow transport and a slow "digest" that checks every
- * held byte before releasing it: a buffer reused early shows up as a
- * held byte that changed. */
+/* Many writers, a slow transport answering out of order and a slow
+ * "digest" that checks every held byte before releasing it: a buffer
+ * reused early shows up as a held byte that changed, a buffer filled
+ * after it was sent as the fake's "changed while in flight". */
 #define STRESS_REGION (2u << 20)
 #define STRESS_HOLDS 4096
 
@@ -360,14 +372,15 @@ static void *stress_digest(void *arg)
 static void test_holds_under_load(void)
 {
     enum { WRITERS = 3 };
-    struct nbdx *x = pool_test_nbdx(WRITERS * STRESS_REGION);
+    struct nbdx *x = open_disk(WRITERS * STRESS_REGION);
     struct stress s = { .writers_left = WRITERS };
     pthread_t w[WRITERS], dg;
 
     s.p = make_pool(x, 64 * K, 256 * K);           /* four buffers */
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
-    pool_test_delay(x, 50);
+    fake_set_delay(x, 50);
+    fake_set_auto(x, FAKE_RANDOM, 7);          /* replies out of order */
     assert(pthread_create(&dg, NULL, stress_digest, &s) == 0);
     for (unsigned i = 0; i < WRITERS; i++)
         assert(pthread_create(&w[i], NULL, stress_writer, &s) == 0);
@@ -376,11 +389,11 @@ static void test_holds_under_load(void)
     pthread_join(dg, NULL);
     pool_drain(s.p);
     assert(atomic_load(&s.bad) == 0);
-    assert(has_pattern(pool_test_disk(x), 0, WRITERS * STRESS_REGION, 7));
+    assert(has_pattern(fake_disk(x), 0, WRITERS * STRESS_REGION, 7));
     printf("  holds under load: %u writes fell back to pool_write()\n",
            atomic_load(&s.fallbacks));
     pool_destroy(s.p);
-    pool_test_nbdx_free(x);
+    fake_close(x);
 }
 
 int main(void)
