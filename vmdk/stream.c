@@ -5,9 +5,11 @@
  *
  *   HEADER   collect sector 0, validate it.
  *   PRE      [512, overhead): collect the descriptor and, for
- *            monolithicSparse, the grain directory and then each grain
- *            table (sorted by file offset); skip everything else.  At the
- *            overhead's end the grain map is complete and checked.
+ *            monolithicSparse and for a streamOptimized header whose grain
+ *            directory lies in the overhead (qemu-img's), the grain
+ *            directory and then each grain table (sorted by file offset);
+ *            skip everything else.  At the overhead's end the grain map is
+ *            complete and checked.
  *   GRAINS   monolithicSparse: bytes inside an allocated grain go to its
  *            LBA, other bytes are dropped.
  *   MARKER   streamOptimized: a 12-byte marker head; size != 0 is a grain
@@ -15,6 +17,11 @@
  *            the next sector), size == 0 a metadata sector (META: GT/GD
  *            payloads skipped, FOOTER checked, EOS ends the stream).
  *   END      after the end-of-stream marker: only zeros may follow.
+ *
+ * Where a streamOptimized file ends: with an end-of-stream marker, or, when
+ * its header's grain tables were read (s->tables), at any marker boundary
+ * once every grain those tables list has arrived (qemu-img writes no EOS
+ * marker and no footer).
  *
  * Input may be "zeros" (buf == NULL) for gaps and holes; they are never
  * materialized except into the small collection buffers.
@@ -77,6 +84,10 @@ struct vmdk_stream {
     uint8_t *cbuf, *gbuf;                     /* compressed, inflated grain */
     uint64_t cneed, glba, gat;
     uint64_t *seen;                           /* a bit per grain */
+    bool tables;                              /* header GD/GTs in the overhead
+                                               * were read: they are the map */
+    uint64_t *listed;                         /* tables: a bit per grain */
+    uint64_t nlisted;                         /* tables: bits set in listed */
     struct vmdk_inflater *z;
 
     struct { uint64_t off, len; } gaps[NGAPS];
@@ -122,6 +133,7 @@ void vmdk_stream_free(struct vmdk_stream *s)
     free(s->cbuf);
     free(s->gbuf);
     free(s->seen);
+    free(s->listed);
     vmdk_inflater_free(s->z);
     free(s);
 }
@@ -192,6 +204,11 @@ static int emit(struct vmdk_stream *s, uint64_t disk_off, const void *buf,
     return 0;
 }
 
+static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+    return a < b + blen && b < a + alen;
+}
+
 /* ---- HEADER ------------------------------------------------------------------ */
 
 static int setup_sparse(struct vmdk_stream *s)
@@ -210,6 +227,20 @@ static int setup_sparse(struct vmdk_stream *s)
     return 0;
 }
 
+/* A streamOptimized header with a real grain directory that lies inside
+ * the overhead, clear of the descriptor (qemu-img writes one and fills its
+ * tables as grains go out): its tables arrive before the first marker. */
+static bool stream_tables_ahead(const struct vmdk_stream *s)
+{
+    const struct vmdk_header *h = &s->h;
+    uint64_t gd_sectors = vmdk_div_up(vmdk_header_gts(h) * 4, VMDK_SECTOR);
+    if (h->gd_offset == 0 || h->gd_offset == VMDK_GD_AT_END ||
+        h->gd_offset >= h->overhead || gd_sectors > h->overhead - h->gd_offset ||
+        vmdk_header_gts(h) > GD_MAX_ENTRIES)
+        return false;
+    return !overlaps(h->gd_offset, gd_sectors, h->desc_offset, h->desc_size);
+}
+
 static int setup_stream(struct vmdk_stream *s)
 {
     s->seen = calloc(s->ngrains / 64 + 1, sizeof *s->seen);
@@ -217,7 +248,13 @@ static int setup_stream(struct vmdk_stream *s)
     s->gbuf = malloc(s->grain_bytes);
     if (!s->seen || !s->cbuf || !s->gbuf || vmdk_inflater_new(&s->z) < 0)
         return fail(s, -ENOMEM, "out of memory for grain buffers");
-    return 0;
+    if (!stream_tables_ahead(s))
+        return 0;
+    s->tables = true;
+    s->listed = calloc(s->ngrains / 64 + 1, sizeof *s->listed);
+    if (!s->listed)
+        return fail(s, -ENOMEM, "out of memory for the grain map");
+    return setup_sparse(s);
 }
 
 static int header_done(struct vmdk_stream *s)
@@ -276,11 +313,6 @@ static int cmp_grain(const void *a, const void *b)
 {
     const struct grain *x = a, *y = b;
     return x->sector < y->sector ? -1 : x->sector > y->sector;
-}
-
-static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
-{
-    return a < b + blen && b < a + alen;
 }
 
 static int check_gtloc(struct vmdk_stream *s, const struct gtloc *g)
@@ -344,6 +376,18 @@ static int add_grain(struct vmdk_stream *s, uint32_t sector, uint64_t index)
     return 0;
 }
 
+/* streamOptimized with tables: grain index has a marker at sector. */
+static int list_grain(struct vmdk_stream *s, uint32_t sector, uint64_t index)
+{
+    if ((uint64_t) sector * VMDK_SECTOR < s->overhead)
+        return fail(s, -EINVAL, "grain %" PRIu64 " at sector %" PRIu32
+                    " lies inside the overhead (%" PRIu64 " sectors)", index,
+                    sector, s->h.overhead);
+    s->listed[index / 64] |= 1ull << (index % 64);
+    s->nlisted++;
+    return 0;
+}
+
 static int gt_done(struct vmdk_stream *s)
 {
     const struct gtloc *g = &s->gts[s->gt_cur++];
@@ -358,7 +402,10 @@ static int gt_done(struct vmdk_stream *s)
             s->stats.zero_grains++;
             continue;
         }
-        if (add_grain(s, v, index) < 0)
+        if (s->tables) {
+            if (list_grain(s, v, index) < 0)
+                return s->err;
+        } else if (add_grain(s, v, index) < 0)
             return s->err;
     }
     return 0;
@@ -370,12 +417,13 @@ static int pre_done(struct vmdk_stream *s)
 {
     if (!s->desc_done)
         return fail(s, -EINVAL, "descriptor incomplete");
+    if (!(s->h.flags & VMDK_FLAG_MARKERS) || s->tables)
+        if (!s->gd_done || s->gt_cur < s->ngtlocs)
+            return fail(s, -EINVAL, "grain directory or tables incomplete");
     if (s->h.flags & VMDK_FLAG_MARKERS) {
         s->st = ST_MARKER;
         return 0;
     }
-    if (!s->gd_done || s->gt_cur < s->ngtlocs)
-        return fail(s, -EINVAL, "grain directory or tables incomplete");
     if (s->nalloc)
         qsort(s->grains, s->nalloc, sizeof *s->grains, cmp_grain);
     for (uint64_t i = 1; i < s->nalloc; i++)
@@ -403,7 +451,7 @@ static bool pre_target(struct vmdk_stream *s, uint64_t *off, uint64_t *len,
         *which = (w); found = true; }
     if (!s->desc_done)
         CONSIDER(s->desc_off, s->desc_len, s->descbuf, 0);
-    if (!(s->h.flags & VMDK_FLAG_MARKERS)) {
+    if (!(s->h.flags & VMDK_FLAG_MARKERS) || s->tables) {
         if (!s->gd_done)
             CONSIDER(s->gd_off, s->gd_len, s->gd, 1);
         if (s->gd_done && s->gt_cur < s->ngtlocs)
@@ -486,6 +534,10 @@ static int grain_marker(struct vmdk_stream *s, uint64_t lba, uint32_t size)
     if (s->seen[g / 64] & (1ull << (g % 64)))
         return fail(s, -EINVAL, "grain marker at byte %" PRIu64 ": LBA %"
                     PRIu64 " appears twice", at, lba);
+    if (s->tables && !(s->listed[g / 64] & (1ull << (g % 64))))
+        return fail(s, -EINVAL, "grain marker at byte %" PRIu64 ": LBA %"
+                    PRIu64 " is not in the header's grain tables (a reader "
+                    "that follows the tables would not see it)", at, lba);
     s->seen[g / 64] |= 1ull << (g % 64);
     s->glba = lba;
     s->gat = at;
@@ -800,6 +852,28 @@ static const char *where(const struct vmdk_stream *s)
     }
 }
 
+/* streamOptimized whose header's grain tables were read (qemu-img writes
+ * them, and no EOS marker or footer): the stream may end at any marker
+ * boundary, or after an EOS marker, once every grain the tables list has
+ * arrived.  A file cut short loses a grain the tables list, or stops
+ * inside a grain, marker or padding. */
+static int finish_tables(struct vmdk_stream *s)
+{
+    bool boundary = s->st == ST_END || (s->st == ST_MARKER && s->got == 0) ||
+                    (s->st == ST_SKIP && s->pos >= s->skip_end);
+    if (!boundary)
+        return fail(s, -EINVAL, "the file ended at byte %" PRIu64 " %s",
+                    s->pos, where(s));
+    if (s->stats.grains != s->nlisted)
+        return fail(s, -EINVAL, "the file ended at byte %" PRIu64 " with %"
+                    PRIu64 " of the %" PRIu64 " grains its grain tables list "
+                    "still missing", s->pos, s->nlisted - s->stats.grains,
+                    s->nlisted);
+    if (!s->began && begin(s) < 0)      /* no marker at all: an empty disk */
+        return s->err;
+    return 0;
+}
+
 int vmdk_stream_finish(struct vmdk_stream *s)
 {
     if (s->err)
@@ -828,6 +902,8 @@ int vmdk_stream_finish(struct vmdk_stream *s)
                     (uint64_t) g->sector * VMDK_SECTOR, s->nalloc - s->a_cur,
                     s->nalloc);
     }
+    if (s->tables)
+        return finish_tables(s);
     if (s->h.flags & VMDK_FLAG_MARKERS) {
         if (s->st != ST_END)
             return fail(s, -EINVAL, "the file ended at byte %" PRIu64 " %s, "

@@ -229,8 +229,9 @@ void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
 /* The decoder turns a VMDK file arriving in file order (cp, dd, cat, a
  * pipe, tar -xO into the nbd.vmdk view) into raw-disk writes with bounded
  * memory: one compressed and one inflated grain, a bit per grain for
- * streamOptimized, and for monolithicSparse the grain directory and 8 bytes
- * per allocated grain.
+ * streamOptimized (two, plus the grain directory, when the header's
+ * directory lies in the overhead), and for monolithicSparse the grain
+ * directory and 8 bytes per allocated grain.
  *
  * Callbacks, on the thread that calls feed/hole/finish; a negative return
  * aborts decoding and is returned from that call (sticky):
@@ -256,10 +257,14 @@ void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
  *
  * streamOptimized: grains may come in any LBA order; GT/GD markers are
  *   skipped (the markers' LBAs are the map); the footer is checked against
- *   the header; the stream ends with an end-of-stream marker, after which
- *   only zeros may follow (qemu-img pads its files).  Only the disk's last
- *   grain may inflate to less than a grain, and by less than a sector
- *   short of the capacity.
+ *   the header; after an end-of-stream marker only zeros may follow.  When
+ *   the header's grain directory lies in the overhead (qemu-img), it and
+ *   its tables are read as they pass, every grain marker must be listed
+ *   there, and the stream may end at any marker boundary once every
+ *   listed grain has arrived (qemu-img writes no end-of-stream marker and
+ *   no footer).  Otherwise the stream ends with an end-of-stream marker.
+ *   Only the disk's last grain may inflate to less than a grain, and by
+ *   less than a sector short of the capacity.
  * monolithicSparse: grains may be stored in any file order, all after the
  *   overhead; each grain's file offset is mapped back to its LBA through
  *   the grain tables, which must lie (with the directory) in the overhead.
@@ -289,7 +294,9 @@ int vmdk_stream_feed(struct vmdk_stream *s, uint64_t file_off,
 int vmdk_stream_hole(struct vmdk_stream *s, uint64_t file_off, uint64_t len);
 
 /* End of input.  streamOptimized: the end-of-stream marker was seen (and,
- * when the header defers the directory to the end, a footer before it).
+ * when the header defers the directory to the end, a footer before it),
+ * or, when the header's grain tables were read, the input ends at a marker
+ * boundary and every grain they list has arrived.
  * monolithicSparse: the metadata and every allocated grain arrived.
  * 0 or -EINVAL (a sticky error is returned again). */
 int vmdk_stream_finish(struct vmdk_stream *s);

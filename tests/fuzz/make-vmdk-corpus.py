@@ -6,7 +6,8 @@
 Seeds are tiny VMDKs (4 KiB grains, 16 entries per grain table, a few
 sectors of overhead) covering each layout the decoder handles:
 streamOptimized VMware-like (GD_AT_END, GT markers, footer), qemu-like
-(directory in the overhead, no footer), grains out of LBA order, a short
+(directory and tables in the overhead, no footer, no end-of-stream
+marker), grains out of LBA order, a short
 last grain; monolithicSparse with redundant tables, grains out of file
 order, a zeroed-grain entry; plus a few broken ones.
 
@@ -51,10 +52,11 @@ def marker(nsec, typ):
 
 def stream(cap, order, vmware=True, short_last=False):
     flags = 1 | (1 << 16) | (1 << 17)
-    overhead = 4
     ngr = -(-cap // GRAIN)
     ngt = -(-ngr // GTES)
     gd_sectors = -(-ngt * 4 // S)
+    gt_sectors = -(-GTES * 4 // S)
+    overhead = 4 if vmware else 2 + gd_sectors + ngt * gt_sectors
     out = bytearray(header(cap, flags, 0xFFFFFFFFFFFFFFFF if vmware else 2,
                            overhead, 1, compress=1, version=3))
     out += descriptor("streamOptimized", cap)
@@ -67,6 +69,15 @@ def stream(cap, order, vmware=True, short_last=False):
         z = zlib.compress(grain_data(g, n))
         where[g] = len(out) // S
         out += pad(struct.pack("<QI", g * GRAIN, len(z)) + z)
+    if not vmware:                        # qemu: tables in the overhead
+        tables = 2 + gd_sectors
+        gd = [tables + t * gt_sectors for t in range(ngt)]
+        gte = [where.get(g, 0) for g in range(ngt * GTES)]
+        meta = pad(struct.pack(f"<{ngt}I", *gd))
+        for t in range(ngt):
+            meta += pad(struct.pack(f"<{GTES}I", *gte[t * GTES:(t + 1) * GTES]))
+        out[2 * S:2 * S + len(meta)] = meta
+        return bytes(out)                 # and no end-of-stream marker
     if vmware:
         gd = [0] * (gd_sectors * S // 4)
         for t in range(ngt):

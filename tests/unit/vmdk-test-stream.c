@@ -248,8 +248,9 @@ static void decode_ok(const char *name, const uint8_t *f, size_t len,
         CHECK(is_zero(d.buf + raw_len, d.capacity - raw_len));
         struct vmdk_stream_stats st;
         vmdk_stream_stats(s, &st);
-        if (kind == VMDK_STREAM_OPTIMIZED)
-            CHECK(st.eos && st.grains > 0);
+        if (kind == VMDK_STREAM_OPTIMIZED)         /* qemu-img: no EOS */
+            CHECK((st.eos || vmdk_stream_header(s)->gd_offset !=
+                   VMDK_GD_AT_END) && st.grains > 0);
         vmdk_stream_free(s);
         disk_free(&d);
     }
@@ -663,6 +664,94 @@ static void test_short_last_grain(void)
     free(raw);
 }
 
+/* qemu-img's streams end without an EOS marker when the last grain does
+ * not compress (random data): the header's grain tables say when the
+ * stream is complete. */
+static uint32_t *qemu_gte(uint8_t *f, unsigned i)
+{
+    uint64_t gd;
+    uint32_t gt;
+    memcpy(&gd, f + 0x38, 8);
+    memcpy(&gt, f + gd * 512, 4);
+    return (uint32_t *) (f + (size_t) gt * 512 + 4 * i);
+}
+
+static void test_qemu_without_eos(const uint8_t *raw)
+{
+    enum { RSZ = 5u << 20 };            /* whole grains: no zero tail */
+    uint8_t *rand_raw = malloc(RAW_SIZE);
+    uint64_t x = 7;
+    for (size_t i = 0; i < RAW_SIZE; i++)
+        rand_raw[i] = (uint8_t) rnd(&x);
+    save("rand.raw", rand_raw, RSZ);
+    sh("cd %s && qemu-img convert -q -f raw -O vmdk -o "
+       "subformat=streamOptimized rand.raw rand.vmdk", dir);
+    size_t len;
+    uint8_t *f = load("rand.vmdk", &len);
+    struct rec rec[512];
+    size_t n = records(f, len, rec, 512);
+    for (size_t i = 0; i < n; i++)
+        CHECK(rec[i].grain);                        /* no EOS, no footer */
+    CHECK(n == RSZ / 65536);
+    CHECK(rec[n - 1].off + rec[n - 1].len == len);
+    decode_ok("qemu-img stream without EOS", f, len, rand_raw, RSZ,
+              VMDK_STREAM_OPTIMIZED);
+    image_ok("qemu-img stream without EOS", f, len, rand_raw, RSZ);
+
+    /* Cut at a grain boundary: a grain the tables list is missing. */
+    decode_bad("qemu cut before last grain", f, rec[n - 1].off,
+               "1 of the 80 grains", true);
+    decode_bad("qemu cut after first grain", f, rec[1].off, "still missing",
+               true);
+    decode_bad("qemu cut at overhead", f, rec[0].off, "still missing", false);
+    decode_bad("qemu cut in last grain", f, rec[n - 1].off + 600,
+               "inside a compressed grain", true);
+    decode_bad("qemu cut in last padding", f, len - 1, "padding", true);
+    /* Tables and markers disagree. */
+    uint8_t *c = dup_buf(f, len);
+    *qemu_gte(c, 3) = 0;
+    decode_bad("qemu grain not in the tables", c, len,
+               "not in the header's grain tables", true);
+    memcpy(c, f, len);
+    *qemu_gte(c, 100) = htole32(200);               /* past the capacity */
+    decode_ok("qemu entry past the capacity ignored", c, len, rand_raw,
+              RSZ, VMDK_STREAM_OPTIMIZED);
+    memcpy(c, f, len);
+    *qemu_gte(c, 3) = htole32(5);
+    decode_bad("qemu table entry in the overhead", c, len,
+               "inside the overhead", false);
+    free(c);
+    free(f);
+
+    /* The fixture's own qemu-img stream (compressible): an extra table
+     * entry for an all-zero grain is a grain that never comes. */
+    f = load("qemu-stream.vmdk", &len);
+    c = dup_buf(f, len);
+    *qemu_gte(c, 2) = *qemu_gte(c, 3);
+    decode_bad("qemu listed grain never comes", c, len, "still missing", true);
+    free(c);
+    free(f);
+
+    /* An all-zero disk: no grains at all; the file is the overhead. */
+    memset(rand_raw, 0, RAW_SIZE);
+    save("zero.raw", rand_raw, RAW_SIZE);
+    sh("cd %s && qemu-img convert -q -f raw -O vmdk -o "
+       "subformat=streamOptimized zero.raw zero.vmdk", dir);
+    f = load("zero.vmdk", &len);
+    struct disk d;
+    struct vmdk_stream *s;
+    disk_init(&d, RAW_SIZE + 65536);
+    CHECK(vmdk_stream_new(&sink, &d, &s) == 0);
+    CHECK(decode(s, f, len, 3, 4096) == 0);
+    CHECK(d.began && d.capacity == (RAW_SIZE + 511) / 512 * 512 && !d.calls);
+    vmdk_stream_free(s);
+    disk_free(&d);
+    printf("  qemu-img all-zero stream (%zu bytes): begins, no data\n", len);
+    free(f);
+    free(rand_raw);
+    (void) raw;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -688,6 +777,7 @@ int main(void)
     }
     test_synth(raw);
     test_short_last_grain();
+    test_qemu_without_eos(raw);
     sh("rm -rf %s", dir);
     free(raw);
     printf("vmdk-test-stream: ok\n");
