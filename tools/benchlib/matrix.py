@@ -327,7 +327,7 @@ def preset(name, size=None, runs=None):
     elif name == "vmdk":
         exps = [vmdk_experiment(size or GiB)]
     elif name == "copyout":
-        exps = [copyout_experiment(size or 512 * MiB, [0, 2, 10])]
+        exps = [copyout_experiment(size or 512 * MiB, [0, 0.2, 2, 10])]
     elif name == "blkhash":
         exps = [blkhash_experiment(size or GiB)]
     else:
@@ -365,7 +365,7 @@ def full_preset(size=None):
         # The sparse case.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
         every_server_experiment(size or 512 * MiB),
-        copyout_experiment(size or 512 * MiB, [0, 2, 10]),
+        copyout_experiment(size or 512 * MiB, [0, 0.2, 2, 10]),
     ]
 
 
@@ -378,8 +378,8 @@ def copyout_experiment(size, latencies, runs=3):
         note="The export holds the dense image; each client writes it to a "
              "file on tmpfs and the file's sha256 must be the source's.  "
              "The latency is a delay on every read (nbdkit delay filter "
-             "rdelay; sub-millisecond delays are not offered: the usdelay "
-             "filter delays writes only).  nbdferry reads ahead of cp (8 x 2 MiB in flight per "
+             "rdelay; sub-millisecond delays: the bench's usdelay filter's "
+             "rdelay).  nbdferry reads ahead of cp (8 x 2 MiB in flight per "
              "reader); --readahead 0 shows one NBD read per 1 MiB FUSE "
              "read.  The VHD row copies MNT/nbd.vhd, whose size is the "
              "disk's plus the VHD metadata.")
