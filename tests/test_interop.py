@@ -41,6 +41,7 @@ from lib.env import BUILD, MiB, timeout
 from lib.images import make_sparse_image
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import free_tcp_port, run, wait_for
+from lib.servers import plugin_path
 
 EXPORT = 160 * MiB
 IMAGE = 72 * MiB + 12345
@@ -242,82 +243,11 @@ def test_interop_copy_onto_dirty_disk(servers, mount, image, kind, tool):
 
 # ---------------------------------------------------- a server that lies
 
-# A RAM disk that acknowledges every write-zeroes but zeroes only the
-# first half of any request of 1 MiB or more: the kind of silent loss
-# nbd-server 3.24 shows for requests over 64 MiB.  No extents callback:
-# nbdkit reports everything as data, as nbd-server (which has no block
-# status) effectively does.
-LIAR_PLUGIN_C = r"""
-#define NBDKIT_API_VERSION 2
-#include <nbdkit-plugin.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
-
-static int64_t size;
-static char *disk;
-
-static int l_config(const char *key, const char *value)
-{
-  if (strcmp(key, "size") == 0) {
-    size = nbdkit_parse_size(value);
-    return size < 0 ? -1 : 0;
-  }
-  nbdkit_error("unknown parameter %s", key);
-  return -1;
-}
-
-static int l_get_ready(void)
-{
-  disk = calloc(1, size);
-  return disk ? 0 : -1;
-}
-
-static void *l_open(int readonly) { return NBDKIT_HANDLE_NOT_NEEDED; }
-static int64_t l_get_size(void *h) { return size; }
-static int l_yes(void *h) { return 1; }
-
-static int l_pread(void *h, void *buf, uint32_t n, uint64_t off,
-                   uint32_t flags)
-{
-  memcpy(buf, disk + off, n);
-  return 0;
-}
-
-static int l_pwrite(void *h, const void *buf, uint32_t n, uint64_t off,
-                    uint32_t flags)
-{
-  memcpy(disk + off, buf, n);
-  return 0;
-}
-
-static int l_zero(void *h, uint32_t n, uint64_t off, uint32_t flags)
-{
-  memset(disk + off, 0, n >= (1u << 20) ? n / 2 : n);
-  return 0;                             /* success, whatever happened */
-}
-
-static int l_flush(void *h, uint32_t flags) { return 0; }
-
-static struct nbdkit_plugin plugin = {
-  .name = "liar",
-  .config = l_config,
-  .get_ready = l_get_ready,
-  .open = l_open,
-  .get_size = l_get_size,
-  .can_write = l_yes,
-  .can_flush = l_yes,
-  .can_zero = l_yes,
-  .can_multi_conn = l_yes,
-  .pread = l_pread,
-  .pwrite = l_pwrite,
-  .zero = l_zero,
-  .flush = l_flush,
-};
-NBDKIT_REGISTER_PLUGIN(plugin)
-"""
+# The lying RAM disk (tests/nbdkit-plugins/liar.c, built by CMake) with
+# dropzero=1 acknowledges every write-zeroes but zeroes only the first half
+# of any request of 1 MiB or more: the kind of silent loss nbd-server 3.24
+# shows for requests over 64 MiB.  It has no extents callback: nbdkit
+# reports everything as data, as nbd-server (no block status) does.
 
 
 def test_readback_catches_a_server_that_drops_zeroes(server, mount, shm,
@@ -328,11 +258,8 @@ def test_readback_catches_a_server_that_drops_zeroes(server, mount, shm,
     and does not ask the server), so neither can see the loss; reading the
     disk back from the server, as nbdferry-verify does, catches it and
     names the ranges."""
-    need("cc")
-    src = shortdir / "liar.c"
-    src.write_text(LIAR_PLUGIN_C)
     size, isize = 64 * MiB, 40 * MiB + 4097
-    srv = server("cc", src, f"size={size}")
+    srv = server(plugin_path("liar"), f"size={size}", "dropzero=1")
     fill_random(srv.uri, size)
     img = make_sparse_image(shm / "src.img", isize,
                             [(0, 2 * MiB), (20 * MiB, MiB),
