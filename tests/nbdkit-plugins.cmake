@@ -4,13 +4,14 @@
 # nbdkit-jitter-plugin.so:    RAM disk, random delay on every write (ordering)
 # nbdkit-flushfail-plugin.so: file disk whose flush fails on demand
 # nbdkit-liar-plugin.so:      RAM disk that drops zeroes, flips a byte, fails reads
+# nbdkit-shortext-plugin.so:  RAM disk whose block status answers short
 #
 # tests/lib/servers.py finds them in ${CMAKE_BINARY_DIR}/tests/nbdkit-plugins/;
 # a test that needs one fails when it is missing (install nbdkit-plugin-dev,
 # see tools/install-deps).
 pkg_check_modules(NBDKIT IMPORTED_TARGET nbdkit)
 if(NBDKIT_FOUND)
-  foreach(p jitter flushfail liar)
+  foreach(p jitter flushfail liar shortext)
     add_library(nbdkit-${p}-plugin MODULE
                 ${CMAKE_CURRENT_LIST_DIR}/nbdkit-plugins/${p}.c)
     target_link_libraries(nbdkit-${p}-plugin PRIVATE PkgConfig::NBDKIT)
