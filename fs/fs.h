@@ -66,6 +66,19 @@ struct fs {
     struct timespec mtime;
     struct fs_fh *open_files; /* every handle between open and release */
 
+    /* The receive loop's landing (fs/rawfile.c, rawfile_land_*()): used
+     * by the loop's receiving thread only.  land_next: where the last
+     * write to the raw file ended, whoever served it (the next
+     * sequential write's offset); land_skip: the last write that arrived
+     * was to another view, which never lands (not worth preparing);
+     * land_streak: the last request was a write that landed, so the
+     * next is likely one too and may wait for a buffer before it is
+     * read, as it would after. */
+    struct pool_landing land;
+    bool land_streak;         /* the last request was a landed write */
+    uint64_t land_next;       /* __atomic builtins */
+    bool land_skip;           /* __atomic builtins */
+
     /* Set before the mount, freed after it; each has its own lock. */
     struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
     struct readback *readback;/* fs/readback.c; NULL unless asked for */
@@ -87,6 +100,9 @@ struct fs_fh {
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* Requests carry at most this much payload (fs/ops.c asks the kernel). */
+#define FS_MAX_WRITE (1u << 20)
 
 /* fs/modes.c: fs_ops with file mode and block-device semantics layered
  * on (each a no-op unless its flag in struct fs is set). */

@@ -41,6 +41,25 @@
  * Workers and the spare block every signal (as libfuse's workers do), so
  * a SIGTERM interrupts the receiver's read() and the loop sees
  * fuse_session_exited().
+ *
+ * LANDINGS: ONE COPY OF A WRITE'S PAYLOAD
+ * read() of /dev/fuse puts a write's header (fuse_in_header and
+ * fuse_write_in, 80 bytes) and its payload in one buffer, and libfuse
+ * hands the handler the payload where it lies; moving it into the pool
+ * buffer it is sent from was the daemon's one user-space copy of the
+ * data.  So before each read the receiver asks for a landing (struct
+ * fuseloop_landing: the free tail of the pool buffer that the next
+ * sequential write would extend, or a whole free buffer) and reads with
+ * readv(): 80 bytes into a header buffer, then up to the landing's room
+ * into the landing, the rest into the receive buffer.  The kernel copies
+ * the payload straight to where it will be sent from.  A write whose
+ * payload lies wholly in the landing is served by landing->write() and
+ * answered here (libfuse never sees it: it has no request for it, so an
+ * INTERRUPT for it is answered EAGAIN, as for any finished request).
+ * Every other request (or a write the landing cannot take: another file,
+ * another offset, a buffer sealed meanwhile) is put back together in the
+ * receive buffer, the landing is given back, and it goes the usual way:
+ * one copy of the landed part, a few bytes for anything but a write.
  */
 #include "fs/fuseloop.h"
 
@@ -54,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -229,6 +249,94 @@ static void *spare_main(void *arg)
     return NULL;
 }
 
+/* ---- landings ------------------------------------------------------------ */
+
+/* A write's whole header; most other requests fit in it too. */
+#define HDR_SIZE (sizeof(struct fuse_in_header) + sizeof(struct fuse_write_in))
+
+/* One request, as fuse_session_receive_buf() reads it (same errors), but
+ * split: HDR_SIZE bytes to hdr, up to room to zone, the rest to mem.
+ * Bytes read; 0 at unmount; -errno. */
+static ssize_t read_split(struct loop *l, void *hdr, void *zone, size_t room,
+                          void *mem)
+{
+    struct iovec iov[3] = { { hdr, HDR_SIZE }, { zone, room },
+                            { mem, RECV_BUF_SIZE - HDR_SIZE - room } };
+    int fd = fuse_session_fd(l->se);
+
+    for (;;) {
+        ssize_t n = readv(fd, iov, 3);
+        int err = errno;
+        if (fuse_session_exited(l->se))
+            return 0;
+        if (n >= (ssize_t) sizeof(struct fuse_in_header))
+            return n;
+        if (n >= 0) {
+            log_err("fuse: short read on /dev/fuse (%zd bytes)", n);
+            return -EIO;
+        }
+        if (err == ENOENT)        /* the request was interrupted */
+            continue;
+        if (err == ENODEV) {      /* unmounted, or the connection aborted */
+            fuse_session_exit(l->se);
+            return 0;
+        }
+        if (err != EINTR && err != EAGAIN)
+            log_err("fuse: reading /dev/fuse: %s", strerror(err));
+        return -err;
+    }
+}
+
+/* The reply to a write, as fuse_reply_write() / fuse_reply_err() send it. */
+static void reply_write(struct loop *l, uint64_t unique, ssize_t res)
+{
+    struct fuse_out_header out = { .unique = unique };
+    struct fuse_write_out wo = { .size = res > 0 ? (uint32_t) res : 0 };
+    struct iovec iov[2] = { { &out, sizeof out }, { &wo, sizeof wo } };
+    int n = res >= 0 ? 2 : 1;
+
+    out.error = res < 0 ? (int32_t) res : 0;
+    out.len = (uint32_t) (sizeof out + (n == 2 ? sizeof wo : 0));
+    /* ENOENT: the request was interrupted and is gone; not an error. */
+    if (writev(fuse_session_fd(l->se), iov, n) == -1 && errno != ENOENT &&
+        !fuse_session_exited(l->se))
+        log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+}
+
+/* Serve the n bytes read by read_split(), then end the landing. */
+static void serve_split(struct loop *l, const struct fuseloop_landing *land,
+                        char *hdr, const char *zone, size_t room, char *mem,
+                        size_t n)
+{
+    const struct fuse_in_header *in = (const void *) hdr;
+    const struct fuse_write_in *w = (const void *) (hdr + sizeof *in);
+
+    if (in->opcode == FUSE_WRITE && n >= HDR_SIZE && in->len == n &&
+        w->size == n - HDR_SIZE && w->size <= room) {
+        atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+        ssize_t r = land->write(land->opaque, in->nodeid, w->fh, w->offset,
+                                w->size, in->pid);
+        if (r != -EAGAIN)
+            reply_write(l, in->unique, r);
+        atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+        if (r != -EAGAIN) {
+            land->end(land->opaque);
+            return;
+        }
+    }
+    /* The usual way: the request in one piece in mem, the landing given
+     * back before it is served (a write may then extend that buffer). */
+    size_t h = n < HDR_SIZE ? n : HDR_SIZE;
+    size_t z = n - h < room ? n - h : room;
+    assert(n <= RECV_BUF_SIZE);
+    memmove(mem + h + z, mem, n - h - z);
+    memcpy(mem + h, zone, z);
+    memcpy(mem, hdr, h);
+    land->end(land->opaque);
+    struct fuse_buf b = { .size = n, .mem = mem };
+    dispatch(l, &b);
+}
+
 /* Tell the workers to finish the queue and exit; wait for them. */
 static void stop_workers(struct loop *l)
 {
@@ -241,8 +349,10 @@ static void stop_workers(struct loop *l)
     assert(!l->head && l->queued == 0);
 }
 
-int fuseloop_run(struct fuse_session *se, unsigned max_workers)
+int fuseloop_run(struct fuse_session *se, unsigned max_workers,
+                 const struct fuseloop_landing *landing)
 {
+    char hdr[HDR_SIZE] __attribute__((aligned(8)));
     struct loop l = { .se = se, .max_workers = max_workers };
     void *mem = NULL;
     int r;
@@ -268,6 +378,30 @@ int fuseloop_run(struct fuse_session *se, unsigned max_workers)
     /* As fuse_session_loop(): EINTR (a signal) goes round again, to see
      * fuse_session_exited(); 0 is the unmount. */
     while (r == 0 && !fuse_session_exited(se)) {
+        size_t room = 0;
+        void *zone = NULL;
+        if (landing) {            /* may wait for a buffer: as serving */
+            atomic_fetch_add_explicit(&l.seq, 1, memory_order_relaxed);
+            zone = landing->begin(landing->opaque, &room);
+            atomic_fetch_add_explicit(&l.seq, 1, memory_order_relaxed);
+        }
+        if (zone) {
+            /* The receive buffer keeps room for a whole request besides
+             * (a write carries at most FS_MAX_WRITE). */
+            if (room > RECV_BUF_SIZE / 2)
+                room = RECV_BUF_SIZE / 2;
+            ssize_t n = read_split(&l, hdr, zone, room, mem);
+            if (n > 0) {
+                serve_split(&l, landing, hdr, zone, room, mem, (size_t) n);
+                r = 0;
+                continue;
+            }
+            landing->end(landing->opaque);
+            r = n == -EINTR ? 0 : (int) n;
+            if (n == 0)
+                break;
+            continue;
+        }
         struct fuse_buf b = { .mem = mem };
         r = fuse_session_receive_buf(se, &b);
         if (r == -EINTR) {

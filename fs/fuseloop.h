@@ -2,9 +2,29 @@
 #pragma once
 #include "fs/fs.h"
 
+/* Writes received straight into their pool buffer (see LANDINGS in
+ * fs/fuseloop.c).  Called on the receiving thread only. */
+struct fuseloop_landing {
+    /* Before each read of /dev/fuse: where the payload of the request
+     * should go if it is a write (*room bytes there), or NULL. */
+    void *(*begin)(void *opaque, size_t *room);
+    /* The request was a write whose whole payload (size bytes) is at the
+     * place begin() gave.  Serve it: bytes written or -errno, the reply;
+     * -EAGAIN: not from there (the loop hands libfuse a copy). */
+    ssize_t (*write)(void *opaque, uint64_t nodeid, uint64_t fh,
+                     uint64_t off, uint32_t size, uint32_t pid);
+    /* After each request, whatever it was: the place is given back. */
+    void (*end)(void *opaque);
+    void *opaque;
+};
+
+/* fs/ops.c: the landing that puts raw-file writes into the pool. */
+void fs_landing(struct fs *fs, struct fuseloop_landing *out);
+
 /* Serve se until it exits (unmount or signal), then fuse_session_reset()
  * it.  The calling thread reads every request and serves writes itself;
  * other requests go to worker threads (at most max_workers), so a read
  * or an fsync waiting for the server holds up nothing else.  Returns 0,
  * or -errno if the loop could not start or /dev/fuse failed. */
-int fuseloop_run(struct fuse_session *se, unsigned max_workers);
+int fuseloop_run(struct fuse_session *se, unsigned max_workers,
+                 const struct fuseloop_landing *landing);

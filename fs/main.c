@@ -777,11 +777,13 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
     return se;
 }
 
-static int serve(struct fuse_session *se, bool single_thread)
+static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
 {
     if (single_thread)
         return fuse_session_loop(se);
-    return fuseloop_run(se, FUSE_WORKERS);
+    struct fuseloop_landing landing;
+    fs_landing(fs, &landing);
+    return fuseloop_run(se, FUSE_WORKERS, &landing);
 }
 
 /* The digest's queue holds pool buffers: leave half the pool to writes. */
@@ -932,7 +934,7 @@ int main(int argc, char **argv)
         }
     }
     detach();
-    serve(se, o.single_thread);
+    serve(&fs, se, o.single_thread);
     status = EXIT_SUCCESS;
 
 out_unmount:

@@ -24,6 +24,7 @@
 
 #include "common/log.h"
 #include "common/minmax.h"
+#include "fs/fuseloop.h"
 #include "fs/rawfile.h"
 #include "fs/trace.h"
 
@@ -461,6 +462,52 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
         reply_written(req, n);
 }
 
+/* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */
+
+static void *land_begin(void *opaque, size_t *room)
+{
+    return rawfile_land_begin(opaque, room);
+}
+
+/* What op_write_buf() does for the raw file, with the payload already in
+ * its pool buffer.  Anything else: -EAGAIN, and libfuse gets the request
+ * (the loop makes no reply, so nothing may have happened yet). */
+static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
+                          uint64_t off, uint32_t size, uint32_t pid)
+{
+    struct fs *fs = opaque;
+    fuse_ino_t ino = fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW
+                                                           : nodeid;
+    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
+
+    if (ino != FS_INO_RAW) {
+        rawfile_land_skip(fs);
+        return -EAGAIN;
+    }
+    if (off > INT64_MAX || !fh)
+        return -EAGAIN;
+    ssize_t n = rawfile_write_landed(fs, fh, off, size);
+    if (n == -EAGAIN)
+        return n;
+    fs_fh_mark_wrote(fh);
+    if (__builtin_expect(log_verbosity >= 1, 0))
+        log_trace("pid %d: write ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
+                  (uint64_t) ino, (intmax_t) off, (size_t) size);
+    return n;
+}
+
+static void land_end(void *opaque)
+{
+    rawfile_land_end(opaque);
+}
+
+void fs_landing(struct fs *fs, struct fuseloop_landing *out)
+{
+    *out = (struct fuseloop_landing) { .begin = land_begin,
+                                       .write = land_write,
+                                       .end = land_end, .opaque = fs };
+}
+
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
                          off_t len, struct fuse_file_info *fi)
 {
@@ -509,7 +556,7 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     /* 1 MiB requests (libfuse negotiates max_pages to match). */
-    conn->max_write = 1u << 20;
+    conn->max_write = FS_MAX_WRITE;
     conn->max_readahead = 1u << 20;
     if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
         conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;

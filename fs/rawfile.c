@@ -132,6 +132,13 @@ static void changed(struct fs *fs, uint64_t off, uint64_t len, bool grow)
     extend_to(fs, grow ? off + len : 0);
 }
 
+/* Where the next sequential write will start. */
+static void land_note(struct fs *fs, uint64_t end)
+{
+    __atomic_store_n(&fs->land_next, end, __ATOMIC_RELAXED);
+    __atomic_store_n(&fs->land_skip, false, __ATOMIC_RELAXED);
+}
+
 ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
@@ -146,6 +153,7 @@ ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
         changed(fs, off, (uint64_t) n, true);
     pthread_rwlock_unlock(&fs->size_lock);
     if (n > 0) {
+        land_note(fs, off + (uint64_t) n);
         digest_write(fs->digest, off, buf, (size_t) n);   /* copies */
         progress_write(fs->progress, off, (uint64_t) n);
     }
@@ -190,6 +198,51 @@ static void digest_holds(struct fs *fs, const struct pool_fill *f)
                           f->hold[i].len, pool_hold_release, f->hold[i].ref);
 }
 
+void *rawfile_land_begin(struct fs *fs, size_t *room)
+{
+    if (fs->readonly || __atomic_load_n(&fs->land_skip, __ATOMIC_RELAXED) ||
+        pool_land_begin(fs->pool,
+                        __atomic_load_n(&fs->land_next, __ATOMIC_RELAXED),
+                        FS_MAX_WRITE, fs->land_streak, &fs->land) < 0)
+        return NULL;
+    *room = fs->land.room;
+    return fs->land.mem;
+}
+
+void rawfile_land_end(struct fs *fs)
+{
+    fs->land_streak = fs->land.used;
+    pool_land_end(fs->pool, &fs->land);
+}
+
+void rawfile_land_skip(struct fs *fs)
+{
+    __atomic_store_n(&fs->land_skip, true, __ATOMIC_RELAXED);
+}
+
+ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                             size_t size)
+{
+    struct pool_fill f;
+
+    pthread_rwlock_rdlock(&fs->size_lock);
+    ssize_t n = write_size(fs, fh, size, off);
+    if (n >= 0 && (size_t) n != size)
+        n = -EAGAIN;              /* short or empty: the usual path says so */
+    if (n > 0)
+        n = pool_land_commit(fs->pool, &fs->land, off, (size_t) n,
+                             fs->digest != NULL, &f);
+    if (n > 0)
+        changed(fs, off, (uint64_t) n, true);
+    pthread_rwlock_unlock(&fs->size_lock);
+    if (n > 0) {
+        land_note(fs, off + (uint64_t) n);
+        digest_holds(fs, &f);
+        progress_write(fs->progress, off, (uint64_t) n);
+    }
+    return n;
+}
+
 ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
                            struct fuse_bufvec *bufv)
 {
@@ -211,6 +264,7 @@ ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
     if (r < 0)
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
+        land_note(fs, off + (uint64_t) size);
         digest_holds(fs, &f);
         progress_write(fs->progress, off, (uint64_t) size);
     }

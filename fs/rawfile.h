@@ -50,6 +50,19 @@ ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
                            struct fuse_bufvec *bufv);
 /* fallocate(2) over [start, end): write-zeroes if zero, then grow the
  * size to end unless keep_size.  The caller checked the range. */
+/* The receive loop's landing (fs/fuseloop.h): where the next write's
+ * payload goes, in the pool buffer it will be sent from.  begin returns
+ * NULL when none is worth it; write serves a write whose payload landed
+ * there (-EAGAIN: take rawfile_write_bufv() with a copy); end gives the
+ * place back. */
+void *rawfile_land_begin(struct fs *fs, size_t *room);
+ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                             size_t size);
+void rawfile_land_end(struct fs *fs);
+/* A write to another view arrived: stop preparing landings until the raw
+ * file is written again. */
+void rawfile_land_skip(struct fs *fs);
+
 int rawfile_zero(struct fs *fs, uint64_t start, uint64_t end, bool zero,
                  bool keep_size);
 /* close(2) of a writer: the pass covers the file up to its size now. */

@@ -200,6 +200,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"bytes_unacknowledged\": %" PRIu64 ",\n",
             s.bytes_written > s.bytes_acked ? s.bytes_written - s.bytes_acked
                                             : 0);
+    fprintf(f, "  \"bytes_landed\": %" PRIu64 ",\n", s.bytes_landed);
     fprintf(f, "  \"bytes_zeroed\": %" PRIu64 ",\n", s.bytes_zeroed);
     fprintf(f, "  \"bytes_zero_skipped\": %" PRIu64 ",\n",
             s.bytes_zero_skipped);

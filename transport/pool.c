@@ -122,6 +122,11 @@ struct pool_req {
     bool busy;                    /* WRITE: reserved by pool_fill_begin()
                                    * and not committed: not sent, and no
                                    * other write lands in it */
+    bool landing;                 /* WRITE: data[len, request_size) is a
+                                   * landing (pool_land_begin()): sent and
+                                   * answered as usual up to len, but no
+                                   * other write lands in it, and it is
+                                   * not reused before pool_land_end() */
     unsigned holds;               /* pool_hold_release() calls to come */
     uint64_t held_end;            /* WRITE: data[0, held_end) is held:
                                    * never rewritten in place */
@@ -642,7 +647,7 @@ static struct pool_req *find_filling(struct pool *p, uint64_t off)
     for (struct pool_req *r = p->filling.head; r; r = r->next) {
         if (off < r->off || off >= r->off + p->cfg.request_size)
             continue;
-        if (r->busy || off < r->off + r->held_end)
+        if (r->busy || r->landing || off < r->off + r->held_end)
             continue;                     /* not to be written now */
         if (off < r->off + r->len)
             return r;                     /* inside: a rewrite */
@@ -817,7 +822,7 @@ static ssize_t take_straddling_zeros(struct pool *p, uint64_t cur,
     if (cur == lo || hi - cur > len || !is_zero(data, hi - cur))
         return 0;
     struct pool_req *b = p->filling.head;
-    while (b && (b->busy || b->off + b->len != cur))
+    while (b && (b->busy || b->landing || b->off + b->len != cur))
         b = b->next;
     if (!b || b->off > lo || !is_zero(b->data + (lo - b->off), cur - lo))
         return 0;
@@ -891,7 +896,7 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
 static struct pool_req *find_tail(struct pool *p, uint64_t off)
 {
     for (struct pool_req *r = p->filling.head; r; r = r->next)
-        if (!r->busy && r->off + r->len == off &&
+        if (!r->busy && !r->landing && r->off + r->len == off &&
             off >= r->off + r->held_end &&
             off < r->off + p->cfg.request_size)
             return r;
@@ -1130,6 +1135,154 @@ void pool_hold_release(void *ref)
         pthread_cond_broadcast(&p->cond);     /* a buffer is free */
     }
     pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- landings: writes received straight into a buffer --------------- */
+
+int pool_land_begin(struct pool *p, uint64_t next_off, size_t want,
+                    bool wait, struct pool_landing *l)
+{
+    struct pool_req *b = NULL;
+
+    *l = (struct pool_landing) { 0 };
+    if (p->cfg.write_through || p->cfg.request_size < want)
+        return -EAGAIN;           /* most writes would not fit */
+    LOCK_FOR_SCOPE(&p->lock);
+again:
+    if (p->lost)
+        return -EAGAIN;
+    /* The tail of the buffer the next sequential write would extend... */
+    for (struct pool_req *r = p->filling.head; r; r = r->next)
+        if (!r->busy && !r->landing && r->off + r->len == next_off &&
+            r->len >= r->held_end && p->cfg.request_size - r->len >= want) {
+            b = r;
+            break;
+        }
+    /* ... or a whole free buffer, for a write anywhere.  A landing lasts
+     * until the next request arrives, which may be never, so a writer
+     * waiting for a buffer must have others to wait for: in flight,
+     * filling (sealed when the pool runs out), or held by the digest
+     * (at most half the pool).  So never the last buffer of a pool of
+     * fewer than four. */
+    if (!b) {
+        unsigned avail = p->nfree + (p->nbufs - p->nallocated);
+        if (avail == 0 && wait && p->nbufs >= 4 &&
+            (p->queue.n > 0 || p->filling.n > 0 || p->nheld > 0)) {
+            /* As a write would: what fills the pool must drain. */
+            if (p->filling.head)
+                seal_locked(p, p->filling.head);
+            dispatch_locked(p);
+            uint64_t t0 = mono_now_ns();
+            cond_wait_locked(p, "landing");
+            p->st.wait_ns += mono_now_ns() - t0;
+            goto again;
+        }
+        if (avail == 0 || (avail < 2 && p->nbufs < 4))
+            return -EAGAIN;
+        char *data = get_buffer_locked(p);
+        if (!data)
+            return -EAGAIN;
+        b = calloc(1, sizeof *b);
+        if (!b) {
+            p->free_bufs[p->nfree++] = data;
+            return -EAGAIN;
+        }
+        b->kind = REQ_WRITE;
+        b->state = REQ_NEW;           /* in no list until a write lands */
+        b->p = p;
+        b->data = data;
+    }
+    b->landing = true;
+    b->holds++;                       /* not reused before pool_land_end() */
+    l->req = b;
+    l->mem = b->data + b->len;
+    l->room = p->cfg.request_size - b->len;
+    return 0;
+}
+
+ssize_t pool_land_commit(struct pool *p, struct pool_landing *l, uint64_t off,
+                         size_t len, bool hold, struct pool_fill *f)
+{
+    struct pool_req *b = l->req;
+    bool fresh;
+
+    f->off = off;
+    f->len = len;
+    f->nseg = f->nhold = 0;
+    if (!b || l->used || len == 0 || len > l->room)
+        return -EAGAIN;
+    LOCK_FOR_SCOPE(&p->lock);
+    if (p->lost)
+        return -EIO;
+    assert(b->landing);
+    fresh = b->state == REQ_NEW;
+    if (!fresh && (b->state != REQ_FILLING || b->off + b->len != off))
+        return -EAGAIN;           /* sealed meanwhile, or another offset */
+    if (extmap_count(&p->pending_zero) + 2 > p->map_max)
+        return -EAGAIN;           /* pool_fill_begin() makes room first */
+    if (fresh) {
+        /* As new_filling_locked() at off, with the landing's buffer.
+         * Older buffered bytes in the range go first (invariant 1). */
+        seal_overlapping_locked(p, off, len, NULL);
+        if (p->filling.n >= MAX_FILLING)
+            seal_locked(p, p->filling.head);
+        b->off = off;
+        b->state = REQ_FILLING;
+        list_append(&p->filling, b);
+        pthread_cond_signal(&p->idle_cond);
+    }
+    if (extmap_remove(&p->pending_zero, off, off + len) < 0) {
+        if (fresh) {              /* back to an unused landing */
+            list_remove(&p->filling, b);
+            b->state = REQ_NEW;
+        }
+        return -EAGAIN;
+    }
+    /* The bytes are in place: commit them as pool_fill_commit() does. */
+    l->used = true;
+    b->landing = false;
+    b->busy = true;
+    b->len += len;
+    f->nseg = 1;
+    f->seg[0] = (struct pool_seg) { .mem = l->mem, .len = len, .req = b };
+    seal_overlapping_locked(p, off, len, b);
+    assert(!filling_overlaps_other(p, b));            /* invariant 1 */
+    if (b->len == p->cfg.request_size)
+        seal_locked(p, b);
+    if (fill_has_zeros(p, f)) {
+        /* Zero runs go as write-zeroes, from a private copy, exactly as
+         * pool_fill_commit() does.  The landing ends here: the copy is
+         * taken before the bytes are given back. */
+        b->holds--;
+        l->req = NULL;
+        ssize_t r = commit_by_copy_locked(p, f, hold);
+        dispatch_locked(p);
+        return r < 0 ? r : (ssize_t) len;
+    }
+    commit_in_place_locked(p, f, hold);
+    p->st.bytes_landed += len;
+    dispatch_locked(p);
+    return (ssize_t) len;
+}
+
+void pool_land_end(struct pool *p, struct pool_landing *l)
+{
+    struct pool_req *b = l->req;
+
+    if (!b)
+        return;
+    l->req = NULL;
+    pthread_mutex_lock(&p->lock);
+    b->landing = false;
+    if (b->state == REQ_NEW) {        /* a whole buffer nothing landed in */
+        b->holds--;
+        free_req_locked(p, b);
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
+    pthread_mutex_unlock(&p->lock);
+    pool_hold_release(b);
 }
 
 /* ---- reading --------------------------------------------------------- */

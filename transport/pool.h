@@ -60,6 +60,8 @@ struct pool_stats {
     uint64_t bytes_zeroed;    /* zeroed on the server, acknowledged */
     uint64_t bytes_zero_skipped; /* zeroing not needed: already zero */
     uint64_t bytes_read;
+    uint64_t bytes_landed;    /* of bytes_written, received straight into
+                               * their buffer (pool_land_commit()) */
     uint64_t requests[4];     /* completed, by enum pool_counter_kind */
     unsigned in_flight, in_flight_peak;
     unsigned bufs_in_use, nbufs;
@@ -139,6 +141,44 @@ ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
 /* Give back one hold from pool_fill_commit().  Any thread; takes the
  * pool's lock. */
 void pool_hold_release(void *ref);
+
+/* ---- landings: writes received straight into a pool buffer ------------
+ * The FUSE receive loop reads each request not knowing what it is.  A
+ * landing is where it puts the payload in case the request is a write:
+ * the free tail of the buffer that the next sequential write (at
+ * next_off) would extend, else a whole free buffer.  While a landing
+ * lasts (the loop may wait for a request for ever) its buffer is sent and
+ * answered as usual up to its current length, but no other write lands
+ * in it and it is not reused; a write that overlaps it seals it first.
+ * If the request was a write at the landing's offset (or anywhere, for a
+ * whole buffer) whose bytes fit, pool_land_commit() commits them where
+ * they are, without a copy.  Every landing ends with pool_land_end(). */
+struct pool_landing {
+    void *mem;                /* put up to room payload bytes here */
+    size_t room;
+    void *req;                /* the pool's; NULL: no landing */
+    bool used;                /* committed */
+};
+
+/* 0: *l is a landing with room >= want if it is a tail, a whole buffer
+ * otherwise.  -EAGAIN: none now (write-through, connection lost, no
+ * buffer free).  With wait (writes are streaming in: the next request
+ * would wait for a buffer anyway), waits for a buffer as a write does
+ * rather than give up. */
+int pool_land_begin(struct pool *p, uint64_t next_off, size_t want,
+                    bool wait, struct pool_landing *l);
+
+/* The request was a write of len bytes at off, read into l->mem.  Commit
+ * them in place, as pool_fill_begin() + pool_fill_commit() would (f gets
+ * the holds).  Returns len; -EAGAIN if they cannot stay where they are
+ * (another offset, a buffer sealed meanwhile, zero runs that
+ * pool_write() would send as write-zeroes, no room): the caller writes
+ * them the usual way from a copy; -EIO once the connection is lost. */
+ssize_t pool_land_commit(struct pool *p, struct pool_landing *l, uint64_t off,
+                         size_t len, bool hold, struct pool_fill *f);
+
+/* End the landing (committed or not).  l->req is NULL after. */
+void pool_land_end(struct pool *p, struct pool_landing *l);
 
 /* Make [off, off+len) read as zero, ordered after earlier writes.  Sent
  * as write-zeroes (never trim), skipped where the disk is known zero.
