@@ -162,6 +162,8 @@ struct pool {
     char **free_bufs;             /* buffers not in use */
     unsigned nfree, nbufs, nallocated;
     unsigned nheld;               /* answered buffers waiting for holds */
+    struct pool_req *landing;     /* the buffer under the landing, if any
+                                   * (one at a time: the receive loop's) */
     char *zero_buf;               /* request_size zero bytes, read-only */
 
     struct extmap known_zero, pending_zero;
@@ -1194,6 +1196,7 @@ again:
     }
     b->landing = true;
     b->holds++;                       /* not reused before pool_land_end() */
+    p->landing = b;
     l->req = b;
     l->mem = b->data + b->len;
     l->room = p->cfg.request_size - b->len;
@@ -1241,6 +1244,7 @@ ssize_t pool_land_commit(struct pool *p, struct pool_landing *l, uint64_t off,
     /* The bytes are in place: commit them as pool_fill_commit() does. */
     l->used = true;
     b->landing = false;
+    p->landing = NULL;
     b->busy = true;
     b->len += len;
     f->nseg = 1;
@@ -1274,6 +1278,8 @@ void pool_land_end(struct pool *p, struct pool_landing *l)
     l->req = NULL;
     pthread_mutex_lock(&p->lock);
     b->landing = false;
+    if (p->landing == b)
+        p->landing = NULL;
     if (b->state == REQ_NEW) {        /* a whole buffer nothing landed in */
         b->holds--;
         free_req_locked(p, b);
@@ -1780,6 +1786,13 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->in_flight = p->in_flight;
     out->nbufs = p->nbufs;
     out->bufs_in_use = p->nallocated - p->nfree;
+    /* A landing's buffer holding nothing of the writers' (a whole buffer
+     * nothing landed in yet, or one already sent and answered) is free
+     * but for the landing: not in use. */
+    if (p->landing && p->landing->landing &&
+        (p->landing->state == REQ_NEW ||
+         (p->landing->state == REQ_DONE && p->landing->holds == 1)))
+        out->bufs_in_use--;
     out->request_size = p->cfg.request_size;
     out->pending_zero = extmap_covered(&p->pending_zero, 0, p->size);
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);

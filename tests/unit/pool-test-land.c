@@ -151,6 +151,9 @@ static void test_drain_sends_under_landing(void)
     pool_drain(p);                /* returns: the landing is not waited on */
     fake_quiesce(x, &c);
     assert(c.writes == 1 && c.write_bytes == 16 * K);
+    struct pool_stats st;         /* answered: in use only by the landing */
+    pool_get_stats(p, &st);
+    assert(st.bufs_in_use == 0 && st.bytes_acked == 16 * K);
     fill_pattern(l.mem, 16 * K, 16 * K, 2);
     assert(pool_land_commit(p, &l, 16 * K, 16 * K, false, &f) == -EAGAIN);
     /* The loop's fallback: the usual path, from a copy of the landing. */
@@ -271,6 +274,8 @@ static void test_unused_landing(void)
 
     assert(pool_land_begin(p, 0, 16 * K, false, &l) == 0);
     memset(l.mem, 0xee, 16 * K);
+    pool_get_stats(p, &st);       /* holds nothing of anyone's: not in use */
+    assert(st.bufs_in_use == 0);
     pool_land_end(p, &l);
     pool_get_stats(p, &st);
     assert(st.bufs_in_use == 0);
