@@ -45,6 +45,19 @@
  * A hold keeps a buffer's bytes [0, held_end) unchanged: no write lands
  * below held_end, and the buffer is not reused until released.
  *
+ * LANDINGS
+ * pool_land_begin() lends the receive loop the free tail of a FILLING
+ * buffer (landing set) or a whole free buffer (state NEW, in no list), to
+ * read the next request into before knowing whether it is a write.
+ * Unlike a reservation it may last for ever, so it blocks nothing: the
+ * buffer is sealed and sent as usual up to its len (the bytes past len
+ * are not part of any request), only no other write lands in it (find_*
+ * skip it, take_straddling_zeros() too) and a hold keeps it from reuse
+ * until pool_land_end().  pool_land_commit() turns the landed bytes into
+ * a reservation at the buffer's tail (or the whole buffer's first write)
+ * and commits it as pool_fill_commit() does, if the buffer is still
+ * FILLING with its tail where the write starts.
+ *
  * ZERO MAPS
  * known_zero: ranges that will read as zero once every queued request is
  * done (block status at start, zero requests when sealed; writes remove
