@@ -16,8 +16,13 @@
  * The receiver is the thread that calls fuseloop_run(): the only reader
  * of /dev/fuse.  It serves WRITE, and the requests that never wait
  * (FORGET, BATCH_FORGET, INTERRUPT) or must be served in order before or
- * after everything else (INIT, DESTROY), with fuse_session_process_buf()
- * on its buffer.  Workers (started on demand, up to max_workers, kept
+ * after everything else (INIT, DESTROY, RELEASE), with
+ * fuse_session_process_buf() on its buffer.  RELEASE: the kernel sends it
+ * after close() has returned, and the next open() of the file may be the
+ * very next request; handed to a worker, that open could be served
+ * first and find the old handle still there (a view that takes one
+ * writer at a time would answer EBUSY).  Releases only free what the
+ * handle held.  Workers (started on demand, up to max_workers, kept
  * until the loop ends) take the other requests from a FIFO queue and
  * serve them with fuse_session_process_buf() on their copy, as libfuse's
  * own workers do.  loop->lock protects the queue and the counters; it is
@@ -119,6 +124,7 @@ static bool served_inline(uint32_t opcode)
 {
     switch (opcode) {
     case FUSE_WRITE:          /* the hot path: no copy, no hand-off */
+    case FUSE_RELEASE:        /* in order: see THREAD MODEL */
     case FUSE_FORGET:
     case FUSE_BATCH_FORGET:
     case FUSE_INTERRUPT:

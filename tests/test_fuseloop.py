@@ -63,3 +63,36 @@ def test_status_and_stat_served_while_a_write_waits(kit, mount, shm, bg,
                 cp.stderr)
     assert out == "match", f"rc {rc}\n{cp.stderr}\n{m.stderr}"
     m.unmount()
+
+
+def test_open_after_close_never_finds_the_old_handle(server, mount):
+    """close() returns before the kernel's RELEASE of the handle reaches
+    the daemon, and the next open() of the file can be the very next
+    request.  The VHD and VMDK views take one writer at a time, so if the
+    release were served after that open (two workers, either order), the
+    open would fail with EBUSY although the writer before it had closed.
+    Over many rounds, with a reader of the status file keeping workers
+    busy, every open must succeed."""
+    srv = server("memory", f"size={16 * MiB}")
+    m = mount(srv, "--no-digest")
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            status_json(m)
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        for view in ("nbd.vhd", "nbd.vmdk"):
+            path = m.mp / view
+            for i in range(300):
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+                except OSError as e:
+                    raise AssertionError(
+                        f"round {i}: open of {view} after the last close "
+                        f"failed: {e}") from e
+                os.close(fd)
+    finally:
+        stop.set()
+        t.join(10)
