@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "fake-nbdx.h"
+#include "pool-test-pattern.h"
 #include "common/iszero.h"
 #include "transport/pool.h"
 
@@ -35,27 +36,6 @@ static struct nbdx *open_disk(uint64_t size, enum fake_auto mode)
     memset(fake_disk(x), 0, size);
     fake_set_auto(x, mode, 0);
     return x;
-}
-
-static unsigned char pattern(uint64_t off, unsigned seed)
-{
-    return (unsigned char) ((off * 7 + seed * 31) % 251 + 1);  /* never 0 */
-}
-
-static void fill_pattern(unsigned char *buf, uint64_t off, size_t len,
-                         unsigned seed)
-{
-    for (size_t i = 0; i < len; i++)
-        buf[i] = pattern(off + i, seed);
-}
-
-static bool has_pattern(const unsigned char *buf, uint64_t off, size_t len,
-                        unsigned seed)
-{
-    for (size_t i = 0; i < len; i++)
-        if (buf[i] != pattern(off + i, seed))
-            return false;
-    return true;
 }
 
 static struct pool *make_pool(struct nbdx *x, size_t request, size_t total)
