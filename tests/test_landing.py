@@ -22,7 +22,7 @@ from lib.digest import sha256_file
 from lib.env import MiB
 from lib.faults import status_json
 from lib.images import random_file
-from lib.nbd import fill_random
+from lib.nbd import random_export
 from lib.procs import run
 
 EXPORT = 64 * MiB
@@ -38,15 +38,8 @@ def target(request, server, jitter_server, shm):
     """A 64 MiB export full of random bytes (a stale byte shows): nbdkit
     memory, or the random-delay RAM disk (writes complete late and out of
     order, so a landing reused or sent too early shows)."""
-    if request.param == "memory":
-        srv = server("memory", f"size={EXPORT}")
-        old = fill_random(srv.uri, EXPORT)
-    else:
-        disk = random_file(shm / "disk.img", EXPORT)
-        old = disk.read_bytes()
-        srv = jitter_server(EXPORT, 3000, f"init={disk}")
-        disk.unlink()
-    return srv, old
+    return random_export(request.param, server, jitter_server, shm, EXPORT,
+                         3000)
 
 
 def test_cp_lands_in_place(target, mount, shm):

@@ -13,7 +13,7 @@ import pytest
 from lib.content import assert_content
 from lib.env import MiB
 from lib.images import make_sparse_image, random_file
-from lib.nbd import fill_random
+from lib.nbd import random_export
 from lib.procs import run
 
 EXPORT = 64 * MiB
@@ -24,14 +24,8 @@ def target(request, server, jitter_server, mount, shm):
     """A 64 MiB export full of random bytes, mounted: nbdkit memory, or the
     random-delay RAM disk (writes complete late and out of order, so a
     buffer reused before its reply or a misordered request shows)."""
-    if request.param == "memory":
-        srv = server("memory", f"size={EXPORT}")
-        old = fill_random(srv.uri, EXPORT)
-    else:
-        disk = random_file(shm / "disk.img", EXPORT)
-        old = disk.read_bytes()
-        srv = jitter_server(EXPORT, 5000, f"init={disk}")
-        disk.unlink()
+    srv, old = random_export(request.param, server, jitter_server, shm,
+                             EXPORT, 5000)
     m = mount(srv)
     return srv, m, old
 

@@ -8,6 +8,7 @@ import subprocess
 
 from lib.digest import update_stream
 from lib.env import CHUNK, libnbd, timeout
+from lib.images import random_file
 from lib.procs import run
 
 
@@ -99,3 +100,18 @@ def fill_random(uri, size=None):
         write_nbd(uri, data)
     return data
 
+
+
+def random_export(kind, server, jitter_server, scratch, size, maxdelay_us):
+    """A size-byte export full of random bytes (a stale byte shows), and
+    those bytes: kind "memory" (nbdkit memory) or "jitter" (the
+    random-delay RAM disk: writes complete late and out of order, up to
+    maxdelay_us each).  server and jitter_server are the fixtures."""
+    if kind == "memory":
+        srv = server("memory", f"size={size}")
+        return srv, fill_random(srv.uri, size)
+    disk = random_file(scratch / "disk.img", size)
+    old = disk.read_bytes()
+    srv = jitter_server(size, maxdelay_us, f"init={disk}")
+    disk.unlink()
+    return srv, old
