@@ -1169,7 +1169,7 @@ again:
     /* The tail of the buffer the next sequential write would extend... */
     for (struct pool_req *r = p->filling.head; r; r = r->next)
         if (!r->busy && !r->landing && r->off + r->len == next_off &&
-            r->len >= r->held_end && p->cfg.request_size - r->len >= want) {
+            p->cfg.request_size - r->len >= want) {
             b = r;
             break;
         }
