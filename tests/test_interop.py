@@ -24,6 +24,7 @@ against the image followed by zeros.
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -132,29 +133,31 @@ def tcp_ready(port):
 
 @pytest.fixture
 def servers(server, shortdir, shm):
-    """Factory: servers(kind) starts one server of the matrix with a
-    random-filled disk and returns SimpleNamespace(uri, check) where
+    """Factory: servers(kind[, make_disk]) starts one server of the matrix
+    with a random-filled disk (or the one make_disk(path, size) writes;
+    nbdkit file and qemu-nbd) and returns SimpleNamespace(uri, check) where
     check(expected) compares the whole disk with the expected bytes."""
     stops = []
 
     def nbdkit(plugin_args, filters=(), params=()):
         return server(*plugin_args, *params, filters=filters)
 
-    def start(kind):
+    def start(kind, make_disk=None):
         disk = shm / "disk.img"
+        make_disk = make_disk or random_disk
         if kind == "nbdkit-memory":
             srv = nbdkit(("memory", f"size={EXPORT}"))
             fill_random(srv.uri, EXPORT)
             return SimpleNamespace(uri=srv.uri, backing=None, read_uri=True)
         if kind.startswith("nbdkit-"):
             filters, params = NBDKIT_FILTERS[kind]
-            random_disk(disk, EXPORT)
+            make_disk(disk, EXPORT)
             srv = nbdkit(("file", disk), filters, params)
             return SimpleNamespace(uri=srv.uri, backing=disk, read_uri=False)
         if kind.startswith("qemu-nbd-"):
             need("qemu-nbd", "qemu-img")
             fmt = kind.split("-")[-1]
-            random_disk(disk, EXPORT)
+            make_disk(disk, EXPORT)
             if fmt == "qcow2":
                 q = shm / "disk.qcow2"
                 run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2",
@@ -286,3 +289,84 @@ def test_readback_catches_a_server_that_drops_zeroes(server, mount, shm,
         off, n = rg["offset"], rg["length"]
         assert any(a <= off and off + n <= b for a, b in holes), (rg, holes)
     assert rep["tail_nonzero_offset"] is not None, rep
+
+
+# ------------------------------------------- reads answered with holes
+
+def fine_sparse_disk(path, size):
+    """Data and holes every 64-512 KiB: most 256 KiB and 2 MiB reads hold
+    both, so a server that answers holes as such (qemu-nbd) sends data and
+    hole chunks in one reply.  Different layouts at the same place of
+    successive 2 MiB chunks: a reused read buffer holds old data exactly
+    where the next read has a hole."""
+    rng = random.Random(21)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        pos = 0
+        while pos < size:
+            n = min(rng.choice((1, 2, 3, 4, 8)) * 64 * 1024, size - pos)
+            if rng.random() < 0.5:
+                f.seek(pos)
+                f.write(rng.randbytes(n))
+            pos += n
+    return path
+
+
+def hole_chunks(uri, off, length):
+    """Structured-reply hole chunks in the server's answer to one read."""
+    env = dict(os.environ, LIBNBD_DEBUG="1",
+               PATH="/usr/bin:" + os.environ.get("PATH", ""))
+    r = subprocess.run(["nbdsh", "-u", uri, "-c",
+                        f"h.pread({length}, {off})"],
+                       capture_output=True, text=True, env=env,
+                       timeout=timeout(60))
+    assert r.returncode == 0, r.stderr
+    return r.stderr.count("-> REPLY.STRUCTURED_REPLY.RECV_OFFSET_HOLE")
+
+
+@pytest.mark.parametrize("kind", ["qemu-nbd-raw", "qemu-nbd-qcow2"])
+def test_reads_answered_with_holes_read_zeros(servers, mount, shm, kind):
+    """The daemon lets libnbd skip zeroing each read buffer (a memset of
+    every byte read): a hole chunk in a reply must still read as zeros,
+    never as what the buffer held before.  qemu-nbd answers a read over a
+    hole with a hole chunk; the layout puts holes inside almost every
+    request and where earlier chunks had data.  Read three ways: cp (the
+    read-ahead's reused chunk buffers), dd at 64 KiB in a shuffled order
+    (direct reads), nbdferry-verify (its own read ring)."""
+    need("qemu-nbd", "qemu-img", "nbdsh")
+    t = servers(kind, fine_sparse_disk)
+    ref = shm / "ref.img"
+    fine_sparse_disk(ref, EXPORT)
+    want = sha256_file(ref)
+    assert hole_chunks(t.uri, 0, 4 * MiB) > 0, \
+        f"{kind} sent no hole chunk: the test would not test anything"
+    m = mount(t.uri, "--no-digest")
+
+    out = shm / "out.img"
+    r = run(["cp", m.file, out], timeout=timeout(120))
+    assert r.returncode == 0, f"cp out: {r.stderr}"
+    assert sha256_file(out) == want, "cp out: " + describe_mismatch(
+        file_reader(ref), file_reader(out), EXPORT)
+    st = json.loads((Path(m.mp) / ".nbdferry-status").read_text())
+    assert st["readahead"]["hit_bytes"] > EXPORT // 2, st["readahead"]
+
+    blocks = list(range(EXPORT // (64 * 1024)))
+    random.Random(5).shuffle(blocks)
+    got = bytearray(EXPORT)
+    fd = os.open(m.file, os.O_RDONLY)
+    try:
+        for b in blocks:
+            got[b * 64 * 1024:(b + 1) * 64 * 1024] = \
+                os.pread(fd, 64 * 1024, b * 64 * 1024)
+    finally:
+        os.close(fd)
+    out.write_bytes(got)
+    assert sha256_file(out) == want, "shuffled reads: " + describe_mismatch(
+        file_reader(ref), file_reader(out), EXPORT)
+    m.unmount()
+
+    verify = BUILD / "tools" / "nbdferry-verify"
+    if not verify.exists():
+        pytest.fail(f"{verify} not built")
+    v = run([verify, ref, t.uri], timeout=timeout(60))
+    assert v.returncode == 0, f"nbdferry-verify: {v.stdout}{v.stderr}"

@@ -483,6 +483,9 @@ static int connect_one(const char *uri, bool want_bs, struct nbd_handle **out)
 
     if (!h)
         goto fail;
+    /* No zeroing of each buffer before its read: a failed read is never
+     * hashed, and libnbd still zeroes the holes a server answers with. */
+    nbd_set_pread_initialize(h, false);
     if (want_bs && nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
         goto fail;
     if (nbd_connect_uri(h, uri) == -1)
