@@ -63,6 +63,16 @@ def _lines(argv):
         return []
 
 
+def _git(repo, *args):
+    """git's output lines, or None when git fails (no checkout)."""
+    try:
+        r = subprocess.run(["git", "-C", repo, *args], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip().splitlines() if r.returncode == 0 else None
+
+
 def machine(nbdferry):
     model = "?"
     with open("/proc/cpuinfo") as f:
@@ -84,11 +94,16 @@ def machine(nbdferry):
     except OSError:
         pass
     ferry = _first_line([nbdferry, "--version"]) if nbdferry else "not built"
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
-    rev = _first_line(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
-    dirty = _lines(["git", "-C", repo, "status", "--porcelain", "--",
-                    "fs", "transport", "common"])
+    # tools/benchlib/report.py -> the repository's root.
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    rev, dirty = _git(repo, "rev-parse", "--short", "HEAD"), None
+    if rev is None:
+        rev = "unknown: not run from a git checkout"
+    else:
+        rev = rev[0] if rev else "?"
+        dirty = _git(repo, "status", "--porcelain", "--",
+                     "fs", "transport", "common")
     if dirty:
         rev += f"; {len(dirty)} uncommitted file(s) in fs/ transport/ common/"
     return [
