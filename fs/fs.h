@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "fs/readahead.h"
 #include "transport/nbdx.h"
 #include "transport/pool.h"
 
@@ -78,6 +79,11 @@ struct fs {
     bool land_streak;         /* the last request was a landed write */
     uint64_t land_next;       /* __atomic builtins */
     bool land_skip;           /* __atomic builtins */
+    /* A read the receiving thread served from arrived read-ahead chunks
+     * (fs/rawview.c, raw_read_ready()): the spans it holds until the
+     * reply is written.  The receiving thread's only. */
+    struct ra_span ready_span[RA_SPANS];
+    unsigned ready_n;
 
     /* Set before the mount, freed after it; each has its own lock. */
     struct digest *digest;    /* fs/digest.c; NULL with --no-digest */

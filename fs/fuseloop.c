@@ -113,6 +113,7 @@ struct loop {
     bool stop;
     pthread_t *workers;       /* [max_workers] */
 
+    const struct fuseloop_landing *hooks;  /* NULL: none */
     atomic_uint_fast64_t seq; /* receiver: odd while serving a request */
     pthread_t spare;
     bool spare_started;
@@ -209,10 +210,53 @@ static int hand_off(struct loop *l, const struct fuse_buf *b)
     return 0;
 }
 
+/* The reply to a read, as fuse_reply_iov() sends it. */
+static void reply_data(struct loop *l, uint64_t unique, struct iovec *iov,
+                       unsigned n)
+{
+    struct fuse_out_header out = { .unique = unique, .len = sizeof out };
+
+    iov[0] = (struct iovec) { &out, sizeof out };
+    for (unsigned i = 1; i <= n; i++)
+        out.len += (uint32_t) iov[i].iov_len;
+    if (writev(fuse_session_fd(l->se), iov, (int) n + 1) == -1 &&
+        errno != ENOENT && !fuse_session_exited(l->se))
+        log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+}
+
+/* A READ whose bytes have arrived is served here: handing it to a worker
+ * costs more (a wakeup and a switch each way) than the copy to the
+ * reader.  A read that would wait goes to a worker. */
+static bool read_inline(struct loop *l, const struct fuse_buf *b)
+{
+    const struct fuse_in_header *in = b->mem;
+    const struct fuse_read_in *rd = (const void *) (in + 1);
+    const struct fuseloop_landing *h = l->hooks;
+    struct iovec iov[1 + FUSELOOP_READ_IOV];
+    unsigned n = 0;
+
+    if (!h || !h->read || in->opcode != FUSE_READ ||
+        b->size < sizeof *in + sizeof *rd)
+        return false;
+    atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+    bool served = h->read(h->opaque, in->nodeid, rd->fh, rd->offset,
+                          rd->size, in->pid, iov + 1, &n) == 1;
+    if (served) {
+        assert(n <= FUSELOOP_READ_IOV);
+        reply_data(l, in->unique, iov, n);
+        h->read_done(h->opaque);
+    }
+    atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+    return served;
+}
+
 static void dispatch(struct loop *l, struct fuse_buf *b)
 {
     const struct fuse_in_header *in = b->mem;
 
+    if (!(b->flags & FUSE_BUF_IS_FD) && b->size >= sizeof *in &&
+        read_inline(l, b))
+        return;
     if ((b->flags & FUSE_BUF_IS_FD) || b->size < sizeof *in ||
         served_inline(in->opcode) || hand_off(l, b) < 0) {
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
@@ -359,7 +403,8 @@ int fuseloop_run(struct fuse_session *se, unsigned max_workers,
                  const struct fuseloop_landing *landing)
 {
     char hdr[HDR_SIZE] __attribute__((aligned(8)));
-    struct loop l = { .se = se, .max_workers = max_workers };
+    struct loop l = { .se = se, .max_workers = max_workers,
+                      .hooks = landing };
     void *mem = NULL;
     int r;
 

@@ -15,8 +15,17 @@ struct fuseloop_landing {
                      uint64_t off, uint32_t size, uint32_t pid);
     /* After each request, whatever it was: the place is given back. */
     void (*end)(void *opaque);
+    /* A READ whose bytes are ready without waiting (the read-ahead holds
+     * them): 1 and iov[0..*niov) (at most FUSELOOP_READ_IOV) to reply
+     * with, kept until read_done(); 0: the usual way, to a worker.  NULL:
+     * every read goes to a worker. */
+    int (*read)(void *opaque, uint64_t nodeid, uint64_t fh, uint64_t off,
+                uint32_t size, uint32_t pid, struct iovec *iov,
+                unsigned *niov);
+    void (*read_done)(void *opaque);
     void *opaque;
 };
+#define FUSELOOP_READ_IOV 2
 
 /* fs/ops.c: the landing that puts raw-file writes into the pool. */
 void fs_landing(struct fs *fs, struct fuseloop_landing *out);

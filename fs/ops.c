@@ -501,11 +501,39 @@ static void land_end(void *opaque)
     rawfile_land_end(opaque);
 }
 
+/* What op_read() does for the raw file, when the read-ahead already holds
+ * the bytes; 0: op_read() on a worker. */
+static int land_read(void *opaque, uint64_t nodeid, uint64_t fhv,
+                     uint64_t off, uint32_t size, uint32_t pid,
+                     struct iovec *iov, unsigned *niov)
+{
+    struct fs *fs = opaque;
+    fuse_ino_t ino = fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW
+                                                           : nodeid;
+    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
+
+    if (ino != FS_INO_RAW || !fh || off > INT64_MAX)
+        return 0;
+    int r = raw_read_ready(fs, fh, off, size, iov, niov);
+    if (r == 1 && __builtin_expect(log_verbosity >= 1, 0))
+        log_trace("pid %d: read ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
+                  (uint64_t) ino, (intmax_t) off, (size_t) size);
+    return r;
+}
+
+static void land_read_done(void *opaque)
+{
+    raw_read_ready_done(opaque);
+}
+
 void fs_landing(struct fs *fs, struct fuseloop_landing *out)
 {
     *out = (struct fuseloop_landing) { .begin = land_begin,
                                        .write = land_write,
-                                       .end = land_end, .opaque = fs };
+                                       .end = land_end,
+                                       .read = land_read,
+                                       .read_done = land_read_done,
+                                       .opaque = fs };
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,

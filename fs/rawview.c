@@ -6,6 +6,7 @@
  * (fs/readahead.c), whose references are dropped after the reply. */
 #include "fs/view.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -74,6 +75,33 @@ static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
                                   .iov_len = span[i].len };
     fuse_reply_iov(req, iov, (int) n);
     ra_put(fs->ra, span, n);
+}
+
+int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                   size_t size, struct iovec *iov, unsigned *niov)
+{
+    uint64_t end = rawfile_size(fs);
+    if (!fh->ra || size == 0 || off >= end)
+        return 0;
+    if (size > end - off)
+        size = (size_t) (end - off);
+    assert(fs->ready_n == 0);
+    unsigned n = 0;
+    if (ra_try_spans(fs->ra, fh->ra, off, size, end, fs->ready_span,
+                     &n) != 1)
+        return 0;
+    for (unsigned i = 0; i < n; i++)
+        iov[i] = (struct iovec) { .iov_base = (void *) fs->ready_span[i].mem,
+                                  .iov_len = fs->ready_span[i].len };
+    fs->ready_n = n;
+    *niov = n;
+    return 1;
+}
+
+void raw_read_ready_done(struct fs *fs)
+{
+    ra_put(fs->ra, fs->ready_span, fs->ready_n);
+    fs->ready_n = 0;
 }
 
 static ssize_t raw_write(struct fs *fs, struct fs_fh *fh, const char *buf,

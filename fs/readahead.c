@@ -9,6 +9,14 @@
  * copy out of a chunk: a reader copying marks the chunk (users) so that
  * it is not freed meanwhile.
  *
+ * HOLES
+ * Chunks cover only the ranges the pool does not know to read as zero
+ * (pool_data_ranges()): a hole is never read from the server nor copied
+ * into a chunk; a reader reading it gets zeros from pool_read() without a
+ * server read.  A reader that jumps over a hole it knows of (cp's
+ * SEEK_DATA loop) is still sequential, however long the hole: the window
+ * goes on at the next data instead of starting again.
+ *
  * CHUNKS
  * A live chunk is in its stream's list, sorted by offset, LOADING until
  * its read lands, then READY.  Dropping a chunk (invalidated, passed by
@@ -161,38 +169,43 @@ static struct ra_chunk *new_chunk_locked(struct ra_stream *s, uint64_t off,
     return c;
 }
 
-/* Create the chunks missing in [from, from + depth chunks), below limit,
- * as LOADING; link them into s and onto *start (to be started without the
- * lock). */
-static void plan_locked(struct ra_stream *s, uint64_t from, uint64_t limit,
-                        struct ra_chunk **start)
+/* Create the chunks missing over the data ranges d[0..nd) (ascending),
+ * up to the stream's window, as LOADING; link them into s and onto *start
+ * (to be started without the lock). */
+static void plan_locked(struct ra_stream *s, const struct pool_range *d,
+                        unsigned nd, struct ra_chunk **start)
 {
     struct readahead *ra = s->ra;
     struct ra_chunk **pp = &s->chunks;
-    uint64_t pos = from;
 
     unsigned window = s->seq >= 8 ? ra->depth : 1u << (s->seq - 1);
     if (window > ra->depth)
         window = ra->depth;
-    while (s->nchunks < window && pos < limit) {
-        while (*pp && (*pp)->off + (*pp)->len <= pos)
-            pp = &(*pp)->next;
-        if (*pp && (*pp)->off <= pos) {
-            pos = (*pp)->off + (*pp)->len;   /* already covered */
-            continue;
+    for (unsigned i = 0; i < nd; i++) {
+        uint64_t pos = d[i].start, limit = d[i].end;
+        while (pos < limit) {
+            if (s->nchunks >= window)
+                return;
+            while (*pp && (*pp)->off + (*pp)->len <= pos)
+                pp = &(*pp)->next;
+            if (*pp && (*pp)->off <= pos) {
+                pos = (*pp)->off + (*pp)->len;   /* already covered */
+                continue;
+            }
+            uint64_t end = limit - pos < ra->chunk ? limit : pos + ra->chunk;
+            if (*pp && (*pp)->off < end)
+                end = (*pp)->off;                /* fill the gap only */
+            struct ra_chunk *c = new_chunk_locked(s, pos,
+                                                  (size_t) (end - pos));
+            if (!c)
+                return;                          /* budget spent */
+            c->next = *pp;
+            *pp = c;
+            s->nchunks++;
+            c->start_next = *start;
+            *start = c;
+            pos = end;
         }
-        uint64_t end = limit - pos < ra->chunk ? limit : pos + ra->chunk;
-        if (*pp && (*pp)->off < end)
-            end = (*pp)->off;                /* fill the gap only */
-        struct ra_chunk *c = new_chunk_locked(s, pos, (size_t) (end - pos));
-        if (!c)
-            return;                          /* budget spent */
-        c->next = *pp;
-        *pp = c;
-        s->nchunks++;
-        c->start_next = *start;
-        *start = c;
-        pos = end;
     }
 }
 
@@ -224,12 +237,16 @@ static void start_chunks(struct readahead *ra, struct ra_chunk *list)
 /* ---- reading --------------------------------------------------------- */
 
 /* Classify a read at off and move the stream: chunks the reader passed
- * go, a jump backwards or far ahead drops all and restarts detection. */
-static void follow_locked(struct ra_stream *s, uint64_t off, size_t len)
+ * go, a jump backwards or far ahead drops all and restarts detection.
+ * Skipping a hole is no jump: zero_from, if not UINT64_MAX, is a position
+ * from which everything up to off is known to read as zero. */
+static void follow_locked(struct ra_stream *s, uint64_t off, size_t len,
+                          uint64_t zero_from)
 {
     uint64_t reach = (uint64_t) s->ra->depth * s->ra->chunk;
 
-    if (off >= s->next && off - s->next <= reach) {
+    if (off >= s->next &&
+        (off - s->next <= reach || zero_from == s->next)) {
         if (s->seq < 64)
             s->seq++;
         while (s->chunks && s->chunks->off + s->chunks->len <= off)
@@ -288,11 +305,25 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
                     size_t len, uint64_t limit)
 {
     struct ra_chunk *start = NULL;
+    struct pool_range d[RA_MAX_DEPTH + 1];
 
     pthread_mutex_lock(&ra->lock);
-    follow_locked(s, off, len);
+    uint64_t next = s->next;
+    pthread_mutex_unlock(&ra->lock);
+    /* Outside ra->lock (the pool's lock is taken): the maps may change
+     * meanwhile, which only makes the plan less useful, never wrong (a
+     * chunk is checked against the pool when it starts, and dropped by
+     * ra_invalidate() when the range changes). */
+    uint64_t zero_from = UINT64_MAX;
+    if (off > next && pool_data_ranges(ra->pool, next, off, 1, d, 1) == 0)
+        zero_from = next;                 /* the reader skipped a hole */
+    unsigned nd = pool_data_ranges(ra->pool, off, limit,
+                                   (uint64_t) ra->depth * ra->chunk, d,
+                                   ra->depth + 1);
+    pthread_mutex_lock(&ra->lock);
+    follow_locked(s, off, len, zero_from);
     if (s->seq >= SEQ_MIN)
-        plan_locked(s, off, limit, &start);
+        plan_locked(s, d, nd, &start);
     pthread_mutex_unlock(&ra->lock);
     start_chunks(ra, start);
 }
@@ -335,9 +366,9 @@ static void put_locked(struct readahead *ra, struct ra_span *span,
 }
 
 /* Hold the arrived chunks that cover [off, end) entirely, if at most
- * RA_SPANS do.  Waits for chunks in flight. */
+ * RA_SPANS do.  Waits for chunks in flight, or with !wait gives up. */
 static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
-                        struct ra_span *span, unsigned *nspan)
+                        struct ra_span *span, unsigned *nspan, bool wait)
 {
     struct readahead *ra = s->ra;
     uint64_t pos = off;
@@ -348,11 +379,11 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
         if (!pp)
             break;
         struct ra_chunk *c = *pp;
-        if (c->state == CHUNK_LOADING) {
+        if (c->state == CHUNK_LOADING && wait) {
             pthread_cond_wait(&ra->cond, &ra->lock);
             continue;
         }
-        if (c->state == CHUNK_FAILED)
+        if (c->state != CHUNK_READY)
             break;                           /* copy_out() drops it */
         uint64_t k = c->off + c->len - pos;
         if (k > end - pos)
@@ -378,7 +409,7 @@ int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
     if (s && len > 0) {
         prepare(ra, s, off, len, limit);
         pthread_mutex_lock(&ra->lock);
-        bool held = hold_locked(s, off, off + len, span, nspan);
+        bool held = hold_locked(s, off, off + len, span, nspan, true);
         pthread_mutex_unlock(&ra->lock);
         if (held)
             return 0;
@@ -395,6 +426,21 @@ int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
     span[0] = (struct ra_span) { .mem = buf, .len = len, .ref = NULL };
     *nspan = 1;
     return 0;
+}
+
+int ra_try_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                 size_t len, uint64_t limit, struct ra_span *span,
+                 unsigned *nspan)
+{
+    if (!s || len == 0)
+        return 0;
+    pthread_mutex_lock(&ra->lock);
+    bool held = hold_locked(s, off, off + len, span, nspan, false);
+    pthread_mutex_unlock(&ra->lock);
+    if (!held)
+        return 0;                 /* nothing changed: the usual way */
+    prepare(ra, s, off, len, limit);  /* follow it, start what is next */
+    return 1;
 }
 
 void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan)
@@ -475,7 +521,7 @@ int ra_create(struct pool *p, size_t budget, size_t chunk, unsigned depth,
     ra->chunk = chunk < max ? chunk : max;
     if (ra->chunk < 4096)
         ra->chunk = 4096;
-    ra->depth = depth ? depth : 1;
+    ra->depth = depth ? depth < RA_MAX_DEPTH ? depth : RA_MAX_DEPTH : 1;
     ra->budget = budget;
     if (budget > 0 && budget < ra->chunk)
         ra->budget = ra->chunk;              /* at least one chunk */

@@ -33,6 +33,7 @@ struct ra_stream;
 /* budget: bytes of chunks at once, all streams; 0 turns read-ahead off
  * (ra_read() then is pool_read()).  chunk: bytes per request (clamped to
  * pool_read_max()); depth: chunks ahead of one reader. */
+#define RA_MAX_DEPTH 64u          /* depth is capped to this */
 int  ra_create(struct pool *p, size_t budget, size_t chunk, unsigned depth,
                struct readahead **out);
 /* After pool_destroy() (which waits for the reads in flight). */
@@ -64,6 +65,14 @@ struct ra_span {
 int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
                   size_t len, uint64_t limit, struct ra_span *span,
                   unsigned *nspan);
+/* ra_read_spans() only if the chunks holding the whole range have all
+ * arrived (nothing waits): 1 and the spans (held, to ra_put()), the stream
+ * followed and the next chunks started as ra_read_spans() would; 0 and
+ * nothing changed otherwise.  For the receiving thread, which must not
+ * wait. */
+int ra_try_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                 size_t len, uint64_t limit, struct ra_span *span,
+                 unsigned *nspan);
 void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan);
 
 /* [off, off+len) changed: drop every chunk overlapping it. */

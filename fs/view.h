@@ -32,6 +32,8 @@
  * THREAD MODEL: hooks run on libfuse's worker threads, several at once
  * (also for one handle); each view locks its own state. */
 #pragma once
+#include <sys/uio.h>
+
 #include "fs/fs.h"
 
 struct fs_view {
@@ -75,6 +77,14 @@ int  fs_views_init(struct fs *fs);
 void fs_views_fini(struct fs *fs);
 
 /* The views each define one. */
+/* fs/rawview.c, for the receiving thread: a read of the raw file whose
+ * bytes have all arrived in the read-ahead (nothing to wait for): 1 and
+ * iov[0..*niov) (at most RA_SPANS) to reply with, held until
+ * raw_read_ready_done(); 0: serve it the usual way (nothing changed). */
+int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                   size_t size, struct iovec *iov, unsigned *niov);
+void raw_read_ready_done(struct fs *fs);
+
 extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
                             fs_vmdk_view;
 

@@ -1548,6 +1548,26 @@ static uint64_t next_range(const struct extmap *m, uint64_t pos)
     return e.start > pos ? e.start : pos;
 }
 
+/* The first byte at or after pos not known to read as zero. */
+static uint64_t data_start_locked(struct pool *p, uint64_t pos)
+{
+    for (;;) {
+        uint64_t n = skip_range(&p->known_zero, pos);
+        n = skip_range(&p->pending_zero, n);
+        if (n == pos)
+            return pos;
+        pos = n;
+    }
+}
+
+/* The first byte at or after pos known to read as zero, or UINT64_MAX. */
+static uint64_t hole_start_locked(struct pool *p, uint64_t pos)
+{
+    uint64_t a = next_range(&p->known_zero, pos);
+    uint64_t b = next_range(&p->pending_zero, pos);
+    return a < b ? a : b;
+}
+
 int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
 {
     uint64_t pos = off;
@@ -1556,17 +1576,9 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
         return -ENXIO;
     pthread_mutex_lock(&p->lock);
     if (whence == SEEK_DATA) {
-        for (;;) {
-            uint64_t n = skip_range(&p->known_zero, pos);
-            n = skip_range(&p->pending_zero, n);
-            if (n == pos)
-                break;
-            pos = n;
-        }
+        pos = data_start_locked(p, pos);
     } else {
-        uint64_t a = next_range(&p->known_zero, pos);
-        uint64_t b = next_range(&p->pending_zero, pos);
-        pos = a < b ? a : b;
+        pos = hole_start_locked(p, pos);
         if (pos > size)
             pos = size;
     }
@@ -1574,6 +1586,28 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
     if (whence == SEEK_DATA && pos >= size)
         return -ENXIO;
     return (int64_t) pos;
+}
+
+unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
+                          uint64_t want, struct pool_range *v, unsigned n)
+{
+    unsigned k = 0;
+    uint64_t got = 0;
+
+    pthread_mutex_lock(&p->lock);
+    while (k < n && got < want) {
+        pos = data_start_locked(p, pos);
+        if (pos >= limit)
+            break;
+        uint64_t end = hole_start_locked(p, pos);
+        if (end > limit)
+            end = limit;
+        v[k++] = (struct pool_range) { pos, end };
+        got += end - pos;
+        pos = end;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return k;
 }
 
 uint64_t pool_allocated(struct pool *p, uint64_t size)
