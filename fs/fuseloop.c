@@ -22,7 +22,12 @@
  * very next request; handed to a worker, that open could be served
  * first and find the old handle still there (a view that takes one
  * writer at a time would answer EBUSY).  Releases only free what the
- * handle held.  Workers (started on demand, up to max_workers, kept
+ * handle held.  It also serves a READ whose bytes have all arrived in
+ * the read-ahead (landing->read(): nothing to wait for, only a copy to
+ * the reader), since handing it to a worker costs more (a wakeup and a
+ * switch) than the copy; a read that would wait for the server goes to a
+ * worker.  Only the receiver calls that hook (the spare hands every
+ * request off).  Workers (started on demand, up to max_workers, kept
  * until the loop ends) take the other requests from a FIFO queue and
  * serve them with fuse_session_process_buf() on their copy, as libfuse's
  * own workers do.  loop->lock protects the queue and the counters; it is
