@@ -328,21 +328,38 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
     start_chunks(ra, start);
 }
 
-/* Copy [off, off+len) from the chunks, the rest from the pool. */
+/* Where the first live chunk after pos begins, or end. */
+static uint64_t next_chunk_locked(const struct ra_stream *s, uint64_t pos,
+                                  uint64_t end)
+{
+    for (const struct ra_chunk *c = s->chunks; c; c = c->next)
+        if (c->off > pos)
+            return c->off < end ? c->off : end;
+    return end;
+}
+
+/* Copy [off, off+len) from the chunks, the gaps between them from the
+ * pool (a hole, which no chunk covers, reads as zeros there without a
+ * server read; the data after it still comes from its chunk). */
 static int copy_out(struct readahead *ra, struct ra_stream *s, uint64_t off,
                     void *buf, size_t len)
 {
     uint64_t pos = off, end = off + len;
 
-    pthread_mutex_lock(&ra->lock);
-    serve_locked(s, off, buf, &pos, end);
-    if (pos < end)
-        ra->st.misses += end - pos;
-    pthread_mutex_unlock(&ra->lock);
-    if (pos < end)
-        return pool_read(ra->pool, pos, (char *) buf + (pos - off),
-                         (size_t) (end - pos));
-    return 0;
+    for (;;) {
+        pthread_mutex_lock(&ra->lock);
+        serve_locked(s, off, buf, &pos, end);
+        uint64_t gap = pos < end ? next_chunk_locked(s, pos, end) : end;
+        ra->st.misses += gap - pos;
+        pthread_mutex_unlock(&ra->lock);
+        if (pos >= end)
+            return 0;
+        int r = pool_read(ra->pool, pos, (char *) buf + (pos - off),
+                          (size_t) (gap - pos));
+        if (r < 0)
+            return r;
+        pos = gap;
+    }
 }
 
 int ra_read(struct readahead *ra, struct ra_stream *s, uint64_t off,

@@ -113,6 +113,35 @@ def test_holes_are_not_read(server, mount, shm):
         f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
 
 
+def test_reads_over_holes_and_data_take_the_data_from_chunks(server, mount,
+                                                             shm):
+    """A reader of every byte (dd, cp --sparse=always, sha256sum) sends
+    reads that begin in a hole and go on into data.  The hole is served as
+    zeros without a server read and the data from the chunk that holds it:
+    the server reads the data once (no second, on-demand read of what a
+    chunk already holds), and only hole bytes are misses."""
+    size = 64 * MiB
+    runs = [(k * MiB + 256 * 1024, 768 * 1024) for k in range(size // MiB)]
+    src = make_sparse_image(shm / "src.img", size, runs=runs)
+    srv = server("memory", f"size={size}", "rdelay=2ms", filters=["delay"],
+                 log=True)
+    r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
+    assert r.returncode == 0, r.stderr
+    mark = log_mark(srv)
+    m = mount(srv)
+    out = shm / "out.img"
+    r = run(["dd", f"if={m.mp / 'nbd'}", f"of={out}", "bs=1M",
+             "status=none"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sha256_file(out) == src.sha256
+    data = sum(n for _, n in runs)
+    ra = status(m)["readahead"]
+    assert ra["miss_bytes"] <= size - data, ra
+    t = traffic(srv, since=mark)
+    assert data <= t.bytes["Read"] <= data + len(runs) * 2 * 64 * 1024, \
+        f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
+
+
 def test_read_ahead_goes_on_across_long_holes(server, mount, shm):
     """cp's SEEK_DATA loop skips each hole: its next read is far ahead of
     the last (here 40 MiB, beyond the 16 MiB that counts as sequential),
