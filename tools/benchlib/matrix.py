@@ -373,9 +373,13 @@ def copyout_experiment(size, latencies, runs=3):
     """Copying the disk out of the export into a file on tmpfs, with a delay
     on every read."""
     return Experiment(
-        "copy out", COPYOUT_ARMS, [dense(size)], [MEM_UNIX], latencies,
-        runs=runs,
-        note="The export holds the dense image; each client writes it to a "
+        "copy out", COPYOUT_ARMS, [dense(size), sparse25(size)], [MEM_UNIX],
+        latencies, runs=runs,
+        note="The export holds the image, written into it by nbdcopy before "
+             "the clock starts: dense, or 25% data with holes the server "
+             "reports through block status (nbdferry serves them as zeros "
+             "without reading, nbdcopy and qemu-img skip them, nbdfuse "
+             "reads them); each client writes it to a "
              "file on tmpfs and the file's sha256 must be the source's.  "
              "The latency is a delay on every read (nbdkit delay filter "
              "rdelay; sub-millisecond delays: the bench's usdelay filter's "
