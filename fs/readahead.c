@@ -11,9 +11,10 @@
  *
  * HOLES
  * Chunks cover only the ranges the pool does not know to read as zero
- * (pool_data_ranges()): a hole is never read from the server nor copied
- * into a chunk; a reader reading it gets zeros from pool_read() without a
- * server read.  A reader that jumps over a hole it knows of (cp's
+ * (pool_data_ranges()), and the holes shorter than RA_MERGE_HOLE between
+ * them: a longer hole is never read from the server nor copied into a
+ * chunk; a reader reading it gets zeros from pool_read() without a server
+ * read.  A reader that jumps over a hole it knows of (cp's
  * SEEK_DATA loop) is still sequential, however long the hole: the window
  * goes on at the next data instead of starting again.
  *
@@ -37,6 +38,10 @@
 #include "transport/pool.h"
 
 #define SEQ_MIN 1                 /* sequential reads before read-ahead */
+/* A hole shorter than this between two data ranges is read with them (a
+ * request more costs about what reading it does): a disk whose data is
+ * scattered in small pieces is still read in large chunks. */
+#define RA_MERGE_HOLE (64u << 10)
 /* The window opens gradually: 1 chunk at the first sequential read, then
  * 2, 4, ... up to depth, so that a reader that happens to read twice in a
  * row costs a chunk, not a full window. */
@@ -315,9 +320,10 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
      * chunk is checked against the pool when it starts, and dropped by
      * ra_invalidate() when the range changes). */
     uint64_t zero_from = UINT64_MAX;
-    if (off > next && pool_data_ranges(ra->pool, next, off, 1, d, 1) == 0)
+    if (off > next &&
+        pool_data_ranges(ra->pool, next, off, 0, 1, d, 1) == 0)
         zero_from = next;                 /* the reader skipped a hole */
-    unsigned nd = pool_data_ranges(ra->pool, off, limit,
+    unsigned nd = pool_data_ranges(ra->pool, off, limit, RA_MERGE_HOLE,
                                    (uint64_t) ra->depth * ra->chunk, d,
                                    ra->depth + 1);
     pthread_mutex_lock(&ra->lock);

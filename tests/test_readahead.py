@@ -142,6 +142,29 @@ def test_reads_over_holes_and_data_take_the_data_from_chunks(server, mount,
         f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
 
 
+def test_small_holes_are_read_with_the_data(server, mount, shm):
+    """Data scattered in small pieces (32 KiB every 64 KiB) is still read
+    in large chunks: a hole shorter than 64 KiB costs less to read than a
+    request more, so chunks run across it (not one 32 KiB read each)."""
+    size = 16 * MiB
+    runs = [(k * 64 * 1024, 32 * 1024) for k in range(size // (64 * 1024))]
+    src = make_sparse_image(shm / "src.img", size, runs=runs)
+    srv = server("memory", f"size={size}", "rdelay=1ms", filters=["delay"],
+                 log=True)
+    r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
+    assert r.returncode == 0, r.stderr
+    mark = log_mark(srv)
+    m = mount(srv)
+    out = shm / "out.img"
+    r = run(["dd", f"if={m.mp / 'nbd'}", f"of={out}", "bs=1M",
+             "status=none"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sha256_file(out) == src.sha256
+    t = traffic(srv, since=mark)
+    assert t.n["Read"] <= size // (2 * MiB) + 4, \
+        f"{t.n['Read']} reads for {size} bytes in 32 KiB pieces"
+
+
 def test_read_ahead_goes_on_across_long_holes(server, mount, shm):
     """cp's SEEK_DATA loop skips each hole: its next read is far ahead of
     the last (here 40 MiB, beyond the 16 MiB that counts as sequential),

@@ -1589,21 +1589,29 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
 }
 
 unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
-                          uint64_t want, struct pool_range *v, unsigned n)
+                          uint64_t merge, uint64_t want,
+                          struct pool_range *v, unsigned n)
 {
     unsigned k = 0;
     uint64_t got = 0;
 
     pthread_mutex_lock(&p->lock);
-    while (k < n && got < want) {
+    while (got < want) {
         pos = data_start_locked(p, pos);
         if (pos >= limit)
             break;
         uint64_t end = hole_start_locked(p, pos);
         if (end > limit)
             end = limit;
-        v[k++] = (struct pool_range) { pos, end };
-        got += end - pos;
+        if (k > 0 && pos - v[k - 1].end < merge) {
+            got += end - v[k - 1].end;    /* the short hole joins them */
+            v[k - 1].end = end;
+        } else if (k < n) {
+            v[k++] = (struct pool_range) { pos, end };
+            got += end - pos;
+        } else {
+            break;
+        }
         pos = end;
     }
     pthread_mutex_unlock(&p->lock);

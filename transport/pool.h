@@ -247,14 +247,16 @@ int pool_error_take(struct pool *p, uint64_t *seq);
 int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
 
 /* The ranges of [pos, limit) that may hold data, in order (the holes known
- * now skipped): at most n ranges, and no more once they hold want bytes.
+ * now skipped, but for those shorter than merge, which join the ranges on
+ * either side): at most n ranges, and no more once they hold want bytes.
  * Returns how many were stored in v.  A guide only (the next write may
  * change it): the read-ahead plans its chunks over them. */
 struct pool_range {
     uint64_t start, end;
 };
 unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
-                          uint64_t want, struct pool_range *v, unsigned n);
+                          uint64_t merge, uint64_t want,
+                          struct pool_range *v, unsigned n);
 
 /* Bytes of [0, size) that may hold data (not known to read as zero). */
 uint64_t pool_allocated(struct pool *p, uint64_t size);
