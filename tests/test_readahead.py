@@ -90,27 +90,43 @@ def test_readahead_off_reads_on_demand(server, mount, shm):
     assert t.n["Read"] >= size // MiB, "reads larger than the FUSE requests"
 
 
-def test_holes_are_not_read(server, mount, shm):
-    size = 128 * MiB
-    runs = [(5 * MiB + 123, 3 * MiB), (40 * MiB + 7, MiB + 5),
-            (100 * MiB, 28 * MiB)]
+def sparse_copy_out(server, mount, shm, size, runs, rdelay, reader="cp"):
+    """A sparse image (data in runs) on a memory export behind a read
+    delay, its holes left as holes; mounted and copied out with cp
+    (--sparse=auto: SEEK_DATA) or dd (every byte, 1 MiB reads).  The copy
+    must equal the image.  Returns the mount, the server's traffic during
+    the copy, and the bytes of data."""
     src = make_sparse_image(shm / "src.img", size, runs=runs)
-    srv = server("memory", f"size={size}", "rdelay=1ms", filters=["delay"],
-                 log=True)
+    srv = server("memory", f"size={size}", f"rdelay={rdelay}",
+                 filters=["delay"], log=True)
     r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
     assert r.returncode == 0, r.stderr
     mark = log_mark(srv)
     m = mount(srv)
     out = shm / "out.img"
-    copy_out(m, out)
+    if reader == "cp":
+        copy_out(m, out)
+    else:
+        r = run(["dd", f"if={m.mp / 'nbd'}", f"of={out}", "bs=1M",
+                 "status=none"], timeout=300)
+        assert r.returncode == 0, r.stderr
     assert sha256_file(out) == src.sha256
-    data = sum(n for _, n in runs)
-    t = traffic(srv, since=mark)
-    # The data, rounded out to the server's block status granularity
-    # (nbdkit memory: 32 KiB pages) at both ends of each run; a chunk that
-    # ran on into a hole would read up to 2 MiB of it.
+    return m, traffic(srv, since=mark), sum(n for _, n in runs)
+
+
+def assert_read_data_only(t, data, runs):
+    """The server read the data, rounded out to its block status
+    granularity (nbdkit memory: 32 KiB pages) at both ends of each run; a
+    chunk that ran on into a hole would read up to 2 MiB of it."""
     assert data <= t.bytes["Read"] <= data + len(runs) * 2 * 64 * 1024, \
         f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
+
+
+def test_holes_are_not_read(server, mount, shm):
+    runs = [(5 * MiB + 123, 3 * MiB), (40 * MiB + 7, MiB + 5),
+            (100 * MiB, 28 * MiB)]
+    _, t, data = sparse_copy_out(server, mount, shm, 128 * MiB, runs, "1ms")
+    assert_read_data_only(t, data, runs)
 
 
 def test_reads_over_holes_and_data_take_the_data_from_chunks(server, mount,
@@ -122,24 +138,11 @@ def test_reads_over_holes_and_data_take_the_data_from_chunks(server, mount,
     chunk already holds), and only hole bytes are misses."""
     size = 64 * MiB
     runs = [(k * MiB + 256 * 1024, 768 * 1024) for k in range(size // MiB)]
-    src = make_sparse_image(shm / "src.img", size, runs=runs)
-    srv = server("memory", f"size={size}", "rdelay=2ms", filters=["delay"],
-                 log=True)
-    r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
-    assert r.returncode == 0, r.stderr
-    mark = log_mark(srv)
-    m = mount(srv)
-    out = shm / "out.img"
-    r = run(["dd", f"if={m.mp / 'nbd'}", f"of={out}", "bs=1M",
-             "status=none"], timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert sha256_file(out) == src.sha256
-    data = sum(n for _, n in runs)
+    m, t, data = sparse_copy_out(server, mount, shm, size, runs, "2ms",
+                                 reader="dd")
     ra = status(m)["readahead"]
     assert ra["miss_bytes"] <= size - data, ra
-    t = traffic(srv, since=mark)
-    assert data <= t.bytes["Read"] <= data + len(runs) * 2 * 64 * 1024, \
-        f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
+    assert_read_data_only(t, data, runs)
 
 
 def test_small_holes_are_read_with_the_data(server, mount, shm):
@@ -148,19 +151,8 @@ def test_small_holes_are_read_with_the_data(server, mount, shm):
     request more, so chunks run across it (not one 32 KiB read each)."""
     size = 16 * MiB
     runs = [(k * 64 * 1024, 32 * 1024) for k in range(size // (64 * 1024))]
-    src = make_sparse_image(shm / "src.img", size, runs=runs)
-    srv = server("memory", f"size={size}", "rdelay=1ms", filters=["delay"],
-                 log=True)
-    r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
-    assert r.returncode == 0, r.stderr
-    mark = log_mark(srv)
-    m = mount(srv)
-    out = shm / "out.img"
-    r = run(["dd", f"if={m.mp / 'nbd'}", f"of={out}", "bs=1M",
-             "status=none"], timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert sha256_file(out) == src.sha256
-    t = traffic(srv, since=mark)
+    _, t, _ = sparse_copy_out(server, mount, shm, size, runs, "1ms",
+                              reader="dd")
     assert t.n["Read"] <= size // (2 * MiB) + 4, \
         f"{t.n['Read']} reads for {size} bytes in 32 KiB pieces"
 
@@ -172,25 +164,12 @@ def test_read_ahead_goes_on_across_long_holes(server, mount, shm):
     the next run are already on their way: no read of the copy waits for
     a server read of its own (no miss), and the server reads the data
     only."""
-    size = 256 * MiB
     runs = [(k * 42 * MiB + 4096 * k, 2 * MiB + 12345 * k)
             for k in range(6)]
-    src = make_sparse_image(shm / "src.img", size, runs=runs)
-    srv = server("memory", f"size={size}", "rdelay=2ms", filters=["delay"],
-                 log=True)
-    r = run(["nbdcopy", src.path, srv.uri])     # leaves the holes
-    assert r.returncode == 0, r.stderr
-    mark = log_mark(srv)
-    m = mount(srv)
-    out = shm / "out.img"
-    copy_out(m, out)                            # cp --sparse=auto: SEEK_DATA
-    assert sha256_file(out) == src.sha256
-    data = sum(n for _, n in runs)
+    m, t, data = sparse_copy_out(server, mount, shm, 256 * MiB, runs, "2ms")
     ra = status(m)["readahead"]
     assert ra["miss_bytes"] == 0 and ra["hit_bytes"] >= data, ra
-    t = traffic(srv, since=mark)
-    assert data <= t.bytes["Read"] <= data + len(runs) * 2 * 64 * 1024, \
-        f"read {t.bytes['Read']} bytes of a disk with {data} bytes of data"
+    assert_read_data_only(t, data, runs)
 
 
 def test_vhd_export_reads_ahead(server, mount, shm):
