@@ -469,6 +469,21 @@ static void *land_begin(void *opaque, size_t *room)
     return rawfile_land_begin(opaque, room);
 }
 
+/* The inode a request the loop serves itself is for (in file mode the
+ * mountpoint is the raw file), and the trace line op_*() would print. */
+static fuse_ino_t loop_ino(const struct fs *fs, uint64_t nodeid)
+{
+    return fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW : nodeid;
+}
+
+static void loop_trace(const char *what, uint32_t pid, fuse_ino_t ino,
+                       uint64_t off, uint32_t size)
+{
+    if (__builtin_expect(log_verbosity >= 1, 0))
+        log_trace("pid %d: %s ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
+                  what, (uint64_t) ino, (intmax_t) off, (size_t) size);
+}
+
 /* What op_write_buf() does for the raw file, with the payload already in
  * its pool buffer.  Anything else: -EAGAIN, and libfuse gets the request
  * (the loop makes no reply, so nothing may have happened yet). */
@@ -476,8 +491,7 @@ static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
                           uint64_t off, uint32_t size, uint32_t pid)
 {
     struct fs *fs = opaque;
-    fuse_ino_t ino = fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW
-                                                           : nodeid;
+    fuse_ino_t ino = loop_ino(fs, nodeid);
     struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
 
     if (ino != FS_INO_RAW) {
@@ -490,9 +504,7 @@ static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
     if (n == -EAGAIN)
         return n;
     fs_fh_mark_wrote(fh);
-    if (__builtin_expect(log_verbosity >= 1, 0))
-        log_trace("pid %d: write ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
-                  (uint64_t) ino, (intmax_t) off, (size_t) size);
+    loop_trace("write", pid, ino, off, size);
     return n;
 }
 
@@ -508,16 +520,14 @@ static int land_read(void *opaque, uint64_t nodeid, uint64_t fhv,
                      struct iovec *iov, unsigned *niov)
 {
     struct fs *fs = opaque;
-    fuse_ino_t ino = fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW
-                                                           : nodeid;
+    fuse_ino_t ino = loop_ino(fs, nodeid);
     struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
 
     if (ino != FS_INO_RAW || !fh || off > INT64_MAX)
         return 0;
     int r = raw_read_ready(fs, fh, off, size, iov, niov);
-    if (r == 1 && __builtin_expect(log_verbosity >= 1, 0))
-        log_trace("pid %d: read ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
-                  (uint64_t) ino, (intmax_t) off, (size_t) size);
+    if (r == 1)
+        loop_trace("read", pid, ino, off, size);
     return r;
 }
 

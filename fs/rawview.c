@@ -48,16 +48,25 @@ static int raw_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
     return 0;
 }
 
+/* The file's size; *size cut to what lies below it from off (0 past it). */
+static uint64_t clip_read(struct fs *fs, uint64_t off, size_t *size)
+{
+    uint64_t end = rawfile_size(fs);
+    if (off >= end)
+        *size = 0;
+    else if (*size > end - off)
+        *size = (size_t) (end - off);
+    return end;
+}
+
 static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
                      size_t size, off_t off)
 {
-    uint64_t end = rawfile_size(fs);
-    if (off < 0 || (uint64_t) off >= end) {
+    uint64_t end = off < 0 ? 0 : clip_read(fs, (uint64_t) off, &size);
+    if (off < 0 || size == 0) {
         fuse_reply_buf(req, NULL, 0);
         return;
     }
-    if (size > end - (uint64_t) off)
-        size = (size_t) (end - (uint64_t) off);
     /* Straight from the read-ahead's chunks when they hold the range. */
     struct ra_span span[RA_SPANS];
     unsigned n = 0;
@@ -80,11 +89,9 @@ static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
 int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
                    size_t size, struct iovec *iov, unsigned *niov)
 {
-    uint64_t end = rawfile_size(fs);
-    if (!fh->ra || size == 0 || off >= end)
+    uint64_t end = clip_read(fs, off, &size);
+    if (!fh->ra || size == 0)
         return 0;
-    if (size > end - off)
-        size = (size_t) (end - off);
     assert(fs->ready_n == 0);
     unsigned n = 0;
     if (ra_try_spans(fs->ra, fh->ra, off, size, end, fs->ready_span,
