@@ -5,3 +5,7 @@ add_executable(vhdx-test-stream ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-stream.c)
 target_link_libraries(vhdx-test-stream PRIVATE vhdx)
 add_test(NAME vhdx-stream COMMAND vhdx-test-stream)
 set_tests_properties(vhdx-stream PROPERTIES TIMEOUT 600)
+
+if(FUZZ)
+  include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/vhdx-fuzz.cmake)
+endif()
