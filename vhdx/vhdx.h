@@ -173,7 +173,7 @@ static inline uint64_t vhdx_bat_offset(uint64_t e)          /* bytes */
  * before its sector bitmap) are handed to the caller's spool, bounded by
  * spool_max; past the bound decoding fails with a message naming
  * spool_option.  Memory: the BAT (8 bytes a block), the metadata region
- * and a sorted map of present blocks (16 bytes each), at most
+ * and a sorted map of present blocks (32 bytes each), at most
  * VHDX_BAT_MAX_BYTES of BAT.
  *
  * Callbacks run on the thread calling feed/hole/finish; a negative return
@@ -254,5 +254,40 @@ struct vhdx_stream_stats {
 void vhdx_stream_stats(const struct vhdx_stream *s,
                        struct vhdx_stream_stats *out);
 void vhdx_stream_free(struct vhdx_stream *s);
+
+/* ---- synthesizer: a dynamic VHDX of a raw disk ---------------------------
+ * Layout, metadata first: the header section (file identifier, two headers,
+ * two region tables), an empty 1 MiB log at 1 MiB, the metadata region at
+ * 2 MiB, the BAT at 3 MiB, then one payload block per allocated block in
+ * disk order.  Blocks are VHDX_SYNTH_BLOCK (2 MiB), larger for disks past
+ * 4 TiB so that the BAT stays at most 16 MiB; a block not allocated is
+ * NOT_PRESENT (reads as zero).  512-byte logical, 4096-byte physical
+ * sectors.  The BAT is computed as it is read (a bit per block in memory),
+ * so the file size is known once the allocation is sealed. */
+#define VHDX_SYNTH_BLOCK (2ull << 20)
+struct vhdx_synth;
+
+/* disk_size: bytes (a multiple of 512, at most 64 TiB); guid: 16 bytes
+ * used for the write GUIDs and page 83 data (a disk's identity: the same
+ * disk should get the same one).  -EINVAL with a message otherwise. */
+int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
+                   struct vhdx_synth **out, struct vhdx_err *err);
+/* Mark every block touched by [disk_off, disk_off+len) allocated.  Only
+ * before seal; -EINVAL otherwise. */
+int vhdx_synth_allocate(struct vhdx_synth *s, uint64_t disk_off, uint64_t len);
+int vhdx_synth_seal(struct vhdx_synth *s);          /* idempotent */
+uint64_t vhdx_synth_file_size(const struct vhdx_synth *s);   /* sealed */
+uint32_t vhdx_synth_block_size(const struct vhdx_synth *s);
+uint64_t vhdx_synth_blocks_allocated(const struct vhdx_synth *s);
+
+/* Fill buf with the file's bytes [off, off+len) (clipped to the file size;
+ * returns the count, 0 at or past the end).  read_disk is called only for
+ * allocated blocks, only inside [0, disk_size), and must fill the range or
+ * return -errno (returned as is).  Sealed only. */
+typedef int (*vhdx_read_disk_fn)(void *opaque, uint64_t disk_off, void *buf,
+                                 size_t len);
+int64_t vhdx_synth_read(const struct vhdx_synth *s, uint64_t off, void *buf,
+                        size_t len, vhdx_read_disk_fn read_disk, void *opaque);
+void vhdx_synth_free(struct vhdx_synth *s);
 
 #endif /* NBDFERRY_VHDX_H */

@@ -9,3 +9,8 @@ set_tests_properties(vhdx-stream PROPERTIES TIMEOUT 600)
 if(FUZZ)
   include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/vhdx-fuzz.cmake)
 endif()
+
+add_executable(vhdx-test-synth ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-synth.c)
+target_link_libraries(vhdx-test-synth PRIVATE vhdx)
+add_test(NAME vhdx-synth COMMAND vhdx-test-synth)
+set_tests_properties(vhdx-synth PROPERTIES TIMEOUT 600)
