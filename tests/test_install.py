@@ -19,12 +19,13 @@ from lib.procs import run
 
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-            "nbdferry-status"]
+            "nbdferry-vhdx", "nbdferry-status"]
 # Programs with a --version option (nbdferry-status, a script, has none).
-VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
+VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
+             "nbdferry-vhdx"]
 # The tools' own pages; every docs/*.1 is checked as well.
 PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-         "nbdferry-status"]
+         "nbdferry-vhdx", "nbdferry-status"]
 # The docs installed into share/doc/nbdferry (docs/CMakeLists.txt).
 DOCS = ["README.md", "user-guide.md", "design.md", "security.md",
         "servers.md", "copy-tools.md", "verify.md", "vhd-view.md"]

@@ -757,6 +757,17 @@ const struct vhdx_info *vhdx_stream_info(const struct vhdx_stream *s)
     return s->ready ? &s->info : NULL;
 }
 
+int vhdx_stream_block(const struct vhdx_stream *s, uint64_t blk,
+                      unsigned *state, uint64_t *file_off)
+{
+    if (!s->ready || blk >= s->info.geom.payload_blocks)
+        return -EINVAL;
+    uint64_t e = vhdx_le64(s->bat + 8 * vhdx_bat_index(&s->info.geom, blk));
+    *state = vhdx_bat_state(e);
+    *file_off = vhdx_bat_offset(e);
+    return 0;
+}
+
 void vhdx_stream_stats(const struct vhdx_stream *s,
                        struct vhdx_stream_stats *out)
 {

@@ -244,6 +244,10 @@ const char *vhdx_stream_error(const struct vhdx_stream *s);
 uint64_t vhdx_stream_position(const struct vhdx_stream *s);
 /* After begin(), else NULL. */
 const struct vhdx_info *vhdx_stream_info(const struct vhdx_stream *s);
+/* After begin(): payload block blk's BAT state and file offset (bytes).
+ * -EINVAL before begin() or past the last block. */
+int vhdx_stream_block(const struct vhdx_stream *s, uint64_t blk,
+                      unsigned *state, uint64_t *file_off);
 
 struct vhdx_stream_stats {
     uint64_t data_bytes;              /* emitted through data() */
