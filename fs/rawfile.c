@@ -356,17 +356,29 @@ void rawfile_writer(struct fs *fs, pid_t pid)
 
 /* ---- handles ------------------------------------------------------------ */
 
+/* Every close and fsync of every handle (of the raw file and of the
+ * views) fails while the disk holds damage (pool_damage()): a failure
+ * told once is lost to a close nobody checks, such as the one a shell's
+ * redirection or dd's dup2 makes.  A handle is first told of the
+ * failures since it was last told (errseq), then of the damage left. */
+static int told(struct fs *fs, struct fs_fh *fh)
+{
+    int err = pool_error_take(fs->pool, &fh->err_seq);
+    if (!err)
+        err = pool_damage(fs->pool);
+    return err;
+}
+
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
-    if (!wrote)
-        return 0;
-    pool_drain(fs->pool);
-    return -pool_error_take(fs->pool, &fh->err_seq);
+    if (wrote)
+        pool_drain(fs->pool);
+    return -told(fs, fh);
 }
 
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh)
 {
     int r = pool_flush(fs->pool);
-    int err = pool_error_take(fs->pool, &fh->err_seq);
+    int err = told(fs, fh);
     return err ? -err : r < 0 ? -EIO : 0;
 }
