@@ -836,6 +836,24 @@ int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
     return r;
 }
 
+int pool_zero_damage(struct pool *p, uint64_t from)
+{
+    struct ext e;
+    int r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    for (uint64_t pos = from; r == 0 && extmap_next(&p->damage, pos, &e);
+         pos = e.end) {
+        while (r == 0 && pending_room_locked(p, &r))
+            ;
+        if (r == 0)
+            r = add_pending_locked(p, MAX(e.start, from), e.end);
+    }
+    dispatch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
 /* ---- writing --------------------------------------------------------- */
 
 static struct pool_req *find_filling(struct pool *p, uint64_t off)

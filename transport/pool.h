@@ -212,6 +212,11 @@ int pool_zero(struct pool *p, uint64_t off, uint64_t len);
  * for truncate and O_TRUNC.  May wait for zero requests to complete. */
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 
+/* A truncate to from: the damaged ranges at or past from must read as
+ * zero too (the disk past the size does), and a failed zeroing there may
+ * have left anything: zero them again, lazily, as pool_zero_lazy(). */
+int pool_zero_damage(struct pool *p, uint64_t from);
+
 /* Read, seeing every write and zero made before the call. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
 
