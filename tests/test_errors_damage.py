@@ -45,7 +45,7 @@ def error_disk(server, shm, flag, *errargs, delay=None):
     flag (created now)."""
     disk = random_file(shm / "disk.img", EXPORT)
     filters = ["error"] + (["delay"] if delay else [])
-    args = list(errargs) + ([f"wdelay={delay}", f"zdelay={delay}"]
+    args = list(errargs) + ([f"wdelay={delay}", f"delay-zero={delay}"]
                             if delay else [])
     srv = server("file", disk, *args, filters=filters)
     touch(flag)
