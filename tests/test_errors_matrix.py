@@ -5,10 +5,10 @@ byte-exact.
 Every copy tool a user runs (cp in its three sparse modes, dd with and
 without conv=fsync, notrunc and sparse, cat and pv through a shell
 redirection, tee, rsync --inplace, qemu-img convert -n with and without
--W) x every NBD request kind that can fail (write, write-zeroes, trim,
+-W: 14) x every NBD request kind that can fail (write, write-zeroes, trim,
 flush) x a permanent failure and a transient one (the error switched off
-a moment into the copy).  Plus a VHD landing through MNT/nbd.vhd whose
-data write or zeroing fails.  The daemon never sends trim (a punched hole
+a moment into the copy).  Plus a VHD and a VMDK landing through
+MNT/nbd.vhd and MNT/nbd.vmdk whose data write or zeroing fails.  The daemon never sends trim (a punched hole
 is write-zeroes), so the trim cells check that nothing does.
 
 Each cell: a fresh file-backed 8 MiB export of random bytes (so a hole
@@ -68,9 +68,8 @@ TOOLS = {
                                  "-O", "raw", s, d], False),
     "qemu-img-n-W": (lambda s, d: ["qemu-img", "convert", "-n", "-W", "-f",
                                    "raw", "-O", "raw", s, d], False),
+    "pv-redirect": (lambda s, d: _sh(f"pv -q '{s}' > '{d}'"), True),
 }
-if shutil.which("pv"):
-    TOOLS["pv-redirect"] = (lambda s, d: _sh(f"pv -q '{s}' > '{d}'"), True)
 
 KINDS = ["write", "zero", "trim", "flush"]
 MODES = ["permanent", "transient"]
@@ -130,6 +129,8 @@ def judge_cell(tally, case, m, srv, r, want, flag, timer):
 @pytest.mark.parametrize("tool", list(TOOLS))
 def test_matrix(server, mount, shm, shortdir, tally, tool, kind, mode):
     argv, truncates = TOOLS[tool]
+    assert shutil.which(argv("a", "b")[0] if tool != "pv-redirect" else "pv"), \
+        f"{tool} is not installed (tools/install-deps)"
     flag = shortdir / "fail.flag"
     srv, old = failing_server(server, shm, flag, kind)
     m = mount(srv, "--request-size", "256K", expect_rc=None,
@@ -157,31 +158,40 @@ VHD_TOOLS = {
 }
 
 
+VIEW_IMAGES = {
+    "vhd": ("nbd.vhd", ["-O", "vpc", "-o", "subformat=dynamic,force_size=on"]),
+    "vmdk": ("nbd.vmdk", ["-O", "vmdk", "-o", "subformat=streamOptimized"]),
+}
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["write", "zero"])
 @pytest.mark.parametrize("tool", list(VHD_TOOLS))
-def test_matrix_vhd_view(server, mount, shm, shortdir, tally, tool, kind,
-                         mode):
-    """A dynamic VHD (qemu-img) landed through MNT/nbd.vhd: the disk is
-    the VHD's disk, then zeros, or the copy tool fails."""
+@pytest.mark.parametrize("fmt", list(VIEW_IMAGES))
+def test_matrix_view(server, mount, shm, shortdir, tally, fmt, tool, kind,
+                     mode):
+    """A dynamic VHD or a streamOptimized VMDK (qemu-img) landed through
+    MNT/nbd.vhd or MNT/nbd.vmdk: the disk is the image's disk, then zeros,
+    or the copy tool fails."""
+    name, opts = VIEW_IMAGES[fmt]
     flag = shortdir / "fail.flag"
     srv, _ = failing_server(server, shm, flag, kind)
     m = mount(srv, "--request-size", "256K", expect_rc=None,
               expect_errors=True)
     img = source(shm)
-    vhd = shm / "src.vhd"
-    qemu_img("convert", "-f", "raw", "-O", "vpc", "-o",
-             "subformat=dynamic,force_size=on", img.path, vhd)
+    packed = shm / f"src.{fmt}"
+    qemu_img("convert", "-f", "raw", *opts, img.path, packed)
     want = sha256_file(img.path, pad_to=EXPORT)
     timer = switch_off_later(flag, mode)
-    r = run(VHD_TOOLS[tool](str(vhd), str(Path(m.mp) / "nbd.vhd")),
+    r = run(VHD_TOOLS[tool](str(packed), str(Path(m.mp) / name)),
             timeout=120)
-    judge_cell(tally, f"matrix-vhd-{tool}-{kind}-{mode}", m, srv, r, want,
+    judge_cell(tally, f"matrix-{fmt}-{tool}-{kind}-{mode}", m, srv, r, want,
                flag, timer)
 
 
 def test_matrix_cell_count():
-    """The closing count: copy tools x request kinds x modes, and the VHD
-    cells (pv joins when installed)."""
-    n = len(TOOLS) * len(KINDS) * len(MODES) + len(VHD_TOOLS) * 2 * 2
-    assert n >= 104 + 12, n
+    """The closing count: 14 copy tools x 4 request kinds x 2 modes, and
+    2 formats x 3 tools x 2 kinds x 2 modes view cells: 136."""
+    n = len(TOOLS) * len(KINDS) * len(MODES) + \
+        len(VIEW_IMAGES) * len(VHD_TOOLS) * 2 * 2
+    assert n == 136, n

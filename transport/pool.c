@@ -109,6 +109,8 @@
 #define MAX_FAILURES 1024
 #define DAMAGE_RANGES 4096        /* bound of the damage and unflushed sets;
                                    * past it they merge to a covering range */
+#define UNFLUSHED_WRITE 0
+#define UNFLUSHED_ZERO 1
 #define EIO_RETRIES 2             /* an EIO write or zero is sent again this
                                    * many times before it counts */
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
@@ -206,11 +208,13 @@ struct pool {
     int damage_err;               /* errno of the latest damage */
     bool flush_failed;
     uint64_t repairs;             /* failures repaired */
-    /* Acknowledged writes and zeroes no successful NBD flush covers yet:
-     * unflushed since the flush in progress (if any) was sent, flushing
-     * before it.  A reconnect makes them damage: a volatile server may
-     * have restarted without them.  Bounded like damage. */
-    struct extmap unflushed, flushing;
+    /* Acknowledged writes ([UNFLUSHED_WRITE]) and zeroes
+     * ([UNFLUSHED_ZERO]) no successful NBD flush covers yet: unflushed
+     * since the flush in progress (if any) was sent, flushing before it.
+     * At a reconnect a volatile server may have restarted without them:
+     * the writes become damage, the zeroes (which need no data) are made
+     * pending again.  Bounded like damage. */
+    struct extmap unflushed[2], flushing[2];
     uint64_t reconnects_seen;     /* nbdx_reconnects() as last seen */
     pthread_mutex_t flush_lock;   /* one NBD flush at a time: flushing is
                                    * the set the one in flight covers */
@@ -405,6 +409,60 @@ static void lose_set_locked(struct pool *p, struct extmap *m, unsigned *logged)
     set_clear(m);
 }
 
+static int add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
+
+/* A request made since (queued, in flight or filling) overlaps [start,
+ * end): zeroing it again now would go after it. */
+static bool newer_overlap_locked(const struct pool *p, uint64_t start,
+                                 uint64_t end)
+{
+    for (const struct pool_req *r = p->queue.head; r; r = r->next)
+        if (overlaps(r->off, r->len, start, end - start))
+            return true;
+    for (const struct pool_req *r = p->filling.head; r; r = r->next)
+        if (overlaps(r->off, r->len, start, end - start))
+            return true;
+    return false;
+}
+
+/* Zeroes acknowledged by the old server and not flushed: zero them again
+ * (pending, sent at the next drain), but where an unflushed write
+ * overlaps them (it may have come after: that is damage already) or the
+ * pending map has no room (never waits: this runs on an I/O thread), or
+ * a request made since overlaps them: those become damage. */
+static void rezero_lost_locked(struct pool *p, struct extmap *m,
+                               unsigned *logged)
+{
+    struct ext e;
+
+    for (uint64_t pos = 0; extmap_next(m, pos, &e); pos = e.end) {
+        if (extmap_covered(&p->damage, e.start, e.end) ||
+            newer_overlap_locked(p, e.start, e.end) ||
+            extmap_count(&p->pending_zero) + 2 > p->map_max) {
+            uint64_t d = extmap_covered(&p->damage, e.start, e.end);
+            if (d == e.end - e.start)
+                continue;                 /* all of it damage already */
+            note_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, EIO,
+                                true);
+            if ((*logged)++ < 16)
+                log_err("zero of %" PRIu64 " bytes at offset %" PRIu64
+                        " may be lost: acknowledged, then the connection "
+                        "was made again before an NBD flush covered it",
+                        e.end - e.start, e.start);
+            continue;
+        }
+        extmap_remove(&p->known_zero, e.start, e.end);   /* lossy */
+        if (add_pending_locked(p, e.start, e.end) < 0)
+            note_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, EIO,
+                                true);
+        else
+            log_info("zeroing %" PRIu64 " bytes at offset %" PRIu64 " again:"
+                     " the old connection had zeroed them without a flush",
+                     e.end - e.start, e.start);
+    }
+    set_clear(m);
+}
+
 /* nbdx reconnected since we last looked: a volatile server (nbdkit
  * memory, a RAM disk) may have restarted empty, so every write it
  * acknowledged and no flush covered may be gone.  Checked before a
@@ -419,8 +477,10 @@ static void check_reconnect_locked(struct pool *p)
     if (n == p->reconnects_seen)
         return;
     p->reconnects_seen = n;
-    lose_set_locked(p, &p->flushing, &logged);
-    lose_set_locked(p, &p->unflushed, &logged);
+    lose_set_locked(p, &p->flushing[UNFLUSHED_WRITE], &logged);
+    lose_set_locked(p, &p->unflushed[UNFLUSHED_WRITE], &logged);
+    rezero_lost_locked(p, &p->flushing[UNFLUSHED_ZERO], &logged);
+    rezero_lost_locked(p, &p->unflushed[UNFLUSHED_ZERO], &logged);
     if (logged > 16)
         log_err("... and %u more ranges that may be lost", logged - 16);
 }
@@ -627,7 +687,11 @@ static void req_done(struct nbdx_op *op, int err)
             extmap_remove(&p->known_zero, r->off, r->off + r->len);
     } else {
         damage_clear_locked(p, r->off, r->len);
-        set_add_cover_locked(p, &p->unflushed, r->off, r->off + r->len);
+        set_add_cover_locked(p, &p->unflushed[r->kind == REQ_WRITE ||
+                                              !p->can_zero
+                                              ? UNFLUSHED_WRITE
+                                              : UNFLUSHED_ZERO],
+                             r->off, r->off + r->len);
         if (r->kind == REQ_WRITE) {
             p->st.bytes_acked += r->len;
             p->st.requests[POOL_WRITE]++;
@@ -1738,10 +1802,10 @@ int pool_flush(struct pool *p)
     check_reconnect_locked(p);
     uint64_t changes = p->changes;
     bool clean = changes == p->flushed_changes && !p->flush_failed;
-    if (!clean) {
-        struct extmap t = p->flushing;    /* empty: the last flush is done */
-        p->flushing = p->unflushed;
-        p->unflushed = t;
+    for (unsigned i = 0; !clean && i < 2; i++) {
+        struct extmap t = p->flushing[i]; /* empty: the last flush is done */
+        p->flushing[i] = p->unflushed[i];
+        p->unflushed[i] = t;
     }
     pthread_mutex_unlock(&p->lock);
     if (clean) {
@@ -1754,9 +1818,10 @@ int pool_flush(struct pool *p)
     if (r < 0) {
         record_failure_locked(p, POOL_FLUSH, 0, 0, -r);
         struct ext e;                     /* still not covered by a flush */
-        for (uint64_t pos = 0; extmap_next(&p->flushing, pos, &e);
-             pos = e.end)
-            set_add_cover_locked(p, &p->unflushed, e.start, e.end);
+        for (unsigned i = 0; i < 2; i++)
+            for (uint64_t pos = 0; extmap_next(&p->flushing[i], pos, &e);
+                 pos = e.end)
+                set_add_cover_locked(p, &p->unflushed[i], e.start, e.end);
     } else {
         p->st.requests[POOL_FLUSH]++;
         if (p->flushed_changes < changes)
@@ -1766,7 +1831,8 @@ int pool_flush(struct pool *p)
             mark_repaired_locked(p, 0, 0, true);
         }
     }
-    set_clear(&p->flushing);
+    set_clear(&p->flushing[UNFLUSHED_WRITE]);
+    set_clear(&p->flushing[UNFLUSHED_ZERO]);
     pthread_mutex_unlock(&p->lock);
     pthread_mutex_unlock(&p->flush_lock);
     return r;
@@ -2059,8 +2125,10 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     extmap_init(&p->known_zero, p->map_max, true);
     extmap_init(&p->pending_zero, p->map_max, false);
     extmap_init(&p->damage, DAMAGE_RANGES, false);
-    extmap_init(&p->unflushed, DAMAGE_RANGES, false);
-    extmap_init(&p->flushing, DAMAGE_RANGES, false);
+    for (unsigned i = 0; i < 2; i++) {
+        extmap_init(&p->unflushed[i], DAMAGE_RANGES, false);
+        extmap_init(&p->flushing[i], DAMAGE_RANGES, false);
+    }
     pthread_mutex_init(&p->flush_lock, NULL);
     p->reconnects_seen = nbdx_reconnects(x);
     p->idle_since_ns = 0;
@@ -2145,8 +2213,10 @@ void pool_destroy(struct pool *p)
     extmap_free(&p->known_zero);
     extmap_free(&p->pending_zero);
     extmap_free(&p->damage);
-    extmap_free(&p->unflushed);
-    extmap_free(&p->flushing);
+    for (unsigned i = 0; i < 2; i++) {
+        extmap_free(&p->unflushed[i]);
+        extmap_free(&p->flushing[i]);
+    }
     pthread_mutex_destroy(&p->flush_lock);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
