@@ -411,37 +411,53 @@ static void lose_set_locked(struct pool *p, struct extmap *m, unsigned *logged)
 
 static int add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
 
-/* A request made since (queued, in flight or filling) overlaps [start,
- * end): zeroing it again now would go after it. */
-static bool newer_overlap_locked(const struct pool *p, uint64_t start,
-                                 uint64_t end)
+/* Of [start, end), keep in t what neither damage nor a request made
+ * since (queued, in flight or filling: it rewrites its range) covers.
+ * -ENOMEM/-ENOSPC if t cannot hold it. */
+static int rezero_pieces_locked(struct pool *p, uint64_t start, uint64_t end,
+                                struct extmap *t)
 {
-    for (const struct pool_req *r = p->queue.head; r; r = r->next)
-        if (overlaps(r->off, r->len, start, end - start))
-            return true;
-    for (const struct pool_req *r = p->filling.head; r; r = r->next)
-        if (overlaps(r->off, r->len, start, end - start))
-            return true;
-    return false;
+    struct ext d;
+    int r = extmap_add(t, start, end);
+
+    for (uint64_t pos = start; r == 0 && extmap_next(&p->damage, pos, &d) &&
+                               d.start < end; pos = d.end)
+        r = extmap_remove(t, d.start, d.end);
+    for (const struct pool_req *q = p->queue.head; r == 0 && q; q = q->next)
+        if (overlaps(q->off, q->len, start, end - start))
+            r = extmap_remove(t, q->off, q->off + q->len);
+    for (const struct pool_req *q = p->filling.head; r == 0 && q;
+         q = q->next)
+        if (overlaps(q->off, q->len, start, end - start))
+            r = extmap_remove(t, q->off, q->off + q->len);
+    return r;
 }
 
-/* Zeroes acknowledged by the old server and not flushed: zero them again
- * (pending, sent at the next drain), but where an unflushed write
- * overlaps them (it may have come after: that is damage already) or the
- * pending map has no room (never waits: this runs on an I/O thread), or
- * a request made since overlaps them: those become damage. */
+/* Zeroes acknowledged by the old server and not flushed: they need no
+ * data, so zero them again (pending, sent at the next drain), but not
+ * where damage is (a lost write: a zero landing there would pass for its
+ * repair) nor where a request made since will write anyway.  Never
+ * waits (this runs on an I/O thread): when the pending map has no room,
+ * they are damage instead. */
 static void rezero_lost_locked(struct pool *p, struct extmap *m,
                                unsigned *logged)
 {
-    struct ext e;
+    struct ext e, k;
+    struct extmap t;
 
+    extmap_init(&t, p->map_max, false);
     for (uint64_t pos = 0; extmap_next(m, pos, &e); pos = e.end) {
-        if (extmap_covered(&p->damage, e.start, e.end) ||
-            newer_overlap_locked(p, e.start, e.end) ||
-            extmap_count(&p->pending_zero) + 2 > p->map_max) {
-            uint64_t d = extmap_covered(&p->damage, e.start, e.end);
-            if (d == e.end - e.start)
-                continue;                 /* all of it damage already */
+        set_clear(&t);
+        int r = rezero_pieces_locked(p, e.start, e.end, &t);
+        if (r == 0 && extmap_count(&p->pending_zero) + extmap_count(&t) + 2 >
+                      p->map_max)
+            r = -ENOSPC;
+        for (uint64_t q = e.start; r == 0 && extmap_next(&t, q, &k);
+             q = k.end) {
+            extmap_remove(&p->known_zero, k.start, k.end);   /* lossy */
+            r = add_pending_locked(p, k.start, k.end);
+        }
+        if (r < 0) {
             note_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, EIO,
                                 true);
             if ((*logged)++ < 16)
@@ -449,17 +465,12 @@ static void rezero_lost_locked(struct pool *p, struct extmap *m,
                         " may be lost: acknowledged, then the connection "
                         "was made again before an NBD flush covered it",
                         e.end - e.start, e.start);
-            continue;
-        }
-        extmap_remove(&p->known_zero, e.start, e.end);   /* lossy */
-        if (add_pending_locked(p, e.start, e.end) < 0)
-            note_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, EIO,
-                                true);
-        else
+        } else
             log_info("zeroing %" PRIu64 " bytes at offset %" PRIu64 " again:"
                      " the old connection had zeroed them without a flush",
                      e.end - e.start, e.start);
     }
+    extmap_free(&t);
     set_clear(m);
 }
 

@@ -214,8 +214,9 @@ static void test_reconnect_loses_unflushed(void)
 }
 
 /* Zeroes acknowledged, not flushed, then a reconnect: they need no data,
- * so they are zeroed again at the next drain instead of counting as lost;
- * one that a write made since overlaps is damage. */
+ * so they are zeroed again at the next drain instead of counting as lost,
+ * but for the part that a write made since covers (it writes it) and the
+ * part a lost write covers (damage: a zero must not pass for its repair). */
 static void test_reconnect_rezeroes(void)
 {
     struct nbdx *x = fake_open(8 * MiB, true, 0);
@@ -231,28 +232,35 @@ static void test_reconnect_rezeroes(void)
     memset(buf, 0x5A, sizeof buf);
     assert(pool_write(p, 512 * KiB, buf, sizeof buf) == sizeof buf);
     fake_reconnect(x);                        /* the write is filling */
-    struct pool_stats s = stats(p);
-    assert(pool_damage(p) == EIO && s.nfailures == 1 && s.failures[0].lost);
-    assert(s.failures[0].kind == POOL_ZERO);
-    /* Without the write: zeroed again, no damage. */
+    assert(pool_damage(p) == 0 && stats(p).nfailures == 0);
+    assert(stats(p).pending_zero == 1 * MiB - sizeof buf);
     start(&j, p, false);
-    fake_complete(x, fake_wait_op(x, NBDX_OP_WRITE), 0);
+    for (int i = 0; i < 3; i++)               /* the write, two zeroes */
+        fake_complete(x, fake_wait_op(x, -1), 0);
     join(&j);
+    unsigned char *d = fake_disk(x);
+    assert(d[0] == 0 && d[512 * KiB - 1] == 0 && d[512 * KiB] == 0x5A &&
+           d[516 * KiB - 1] == 0x5A && d[516 * KiB] == 0 &&
+           d[1 * MiB - 1] == 0);
+    /* A lost write inside a lost zero: the write is damage, the rest of
+     * the zero is zeroed again. */
+    flush_answered(x, p, 0);
     assert(pool_zero_lazy(p, 2 * MiB, 1 * MiB) == 0);
     start(&j, p, false);
     fake_complete(x, fake_wait_op(x, NBDX_OP_ZERO), 0);
     join(&j);
-    memset(fake_disk(x) + 2 * MiB, 0xAA, 1 * MiB);
-    uint64_t failures = stats(p).nfailures;
+    write_answered(x, p, 2 * MiB, 64 * KiB, 0x66, (int[]){ 0 }, 1);
     fake_reconnect(x);
-    assert(stats(p).nfailures == failures + 1);   /* the write: lost */
-    assert(stats(p).pending_zero == 1 * MiB);
+    struct pool_stats s = stats(p);
+    assert(s.nfailures == 1 && s.failures[0].lost &&
+           s.failures[0].kind == POOL_WRITE && s.damaged_bytes == 64 * KiB);
+    assert(s.pending_zero == 1 * MiB - 64 * KiB);
     start(&j, p, false);
     struct nbdx_op *op = fake_wait_op(x, NBDX_OP_ZERO);
-    assert(op->off == 2 * MiB && op->len == 1 * MiB);
+    assert(op->off == 2 * MiB + 64 * KiB);
     fake_complete(x, op, 0);
     join(&j);
-    assert(fake_disk(x)[2 * MiB] == 0 && fake_disk(x)[3 * MiB - 1] == 0);
+    assert(pool_damage(p) == EIO && stats(p).damaged_bytes == 64 * KiB);
     pool_destroy(p);
     fake_close(x);
 }
