@@ -496,18 +496,6 @@ static void check_reconnect_locked(struct pool *p)
         log_err("... and %u more ranges that may be lost", logged - 16);
 }
 
-int pool_damage(struct pool *p)
-{
-    LOCK_FOR_SCOPE(&p->lock);
-    check_reconnect_locked(p);
-    if (!damaged_locked(p))
-        return 0;
-    return p->damage_err == ENOTCONN || p->damage_err == ESHUTDOWN ||
-           p->damage_err == ECONNRESET || p->damage_err == EPIPE ||
-           p->damage_err == ECONNABORTED || p->damage_err == 0
-           ? EIO : p->damage_err;
-}
-
 uint64_t pool_error_seq(struct pool *p)
 {
     LOCK_FOR_SCOPE(&p->lock);
@@ -521,6 +509,15 @@ static int tool_errno(int err)
 {
     return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
            err == EPIPE || err == ECONNABORTED ? EIO : err;
+}
+
+int pool_damage(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    check_reconnect_locked(p);
+    if (!damaged_locked(p))
+        return 0;
+    return tool_errno(p->damage_err ? p->damage_err : EIO);
 }
 
 static int error_since_locked(struct pool *p, uint64_t seq)
