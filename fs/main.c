@@ -840,7 +840,11 @@ static void stop_watchers(struct fs *fs)
         fs->tcp = NULL;
     }
     digest_get(fs->digest, rawfile_size(fs), &di);
-    if (di.state == DIGEST_COMPLETE)
+    struct pool_stats st;
+    pool_get_stats(fs->pool, &st);
+    /* The digest is of what was written, not of what a failed or lost
+     * request left on the disk. */
+    if (di.state == DIGEST_COMPLETE && !st.nfailures)
         log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
     readback_destroy(fs->readback);
     fs->readback = NULL;
@@ -848,22 +852,37 @@ static void stop_watchers(struct fs *fs)
     fs->digest = NULL;
 }
 
-/* Drain and flush after the mount is gone.  Returns the exit status. */
+/* Drain and flush after the mount is gone.  Returns the exit status: 1
+ * if any failure is left unrepaired (the disk may not hold what was
+ * written), 0 when every failed range was written again (or zeroed)
+ * successfully, with a notice saying so. */
 static int finish(struct fs *fs)
 {
     struct pool_stats st;
 
     int r = pool_flush(fs->pool);
     pool_get_stats(fs->pool, &st);
-    if (st.errors || r < 0) {
-        log_err("%" PRIu64 " NBD request(s) failed during this mount; the "
-                "disk may not hold what was written (first: %s of %" PRIu64
-                " bytes at %" PRIu64 ")", st.errors + (r < 0),
-                st.nfailures ? pool_kind_name(st.failures[0].kind) : "flush",
-                st.nfailures ? st.failures[0].len : 0,
-                st.nfailures ? st.failures[0].off : 0);
+    if (st.unrepaired || r < 0) {
+        const struct pool_failure *f = NULL;
+        for (unsigned i = 0; i < st.nfailures && !f; i++)
+            if (!st.failures[i].repaired)
+                f = &st.failures[i];
+        log_err("%" PRIu64 " NBD request(s) failed during this mount and "
+                "%" PRIu64 " byte(s) in %" PRIu64 " range(s)%s were not "
+                "repaired; the disk may not hold what was written (first: "
+                "%s of %" PRIu64 " bytes at %" PRIu64 ")",
+                st.errors, st.damaged_bytes, st.damaged_ranges,
+                st.flush_failed ? " and the last flush" : "",
+                !f ? "flush" : f->lost ? "lost write"
+                   : pool_kind_name(f->kind),
+                f ? f->len : 0, f ? f->off : 0);
         return EXIT_FAILURE;
     }
+    if (st.errors)
+        log_notice("%" PRIu64 " NBD request(s) failed during this mount; "
+                   "every range they left wrong was written again "
+                   "successfully (%" PRIu64 " repaired)", st.errors,
+                   st.repairs);
     if (readback_at_unmount(fs) < 0)          /* --verify-readback */
         return EXIT_FAILURE;
     log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",

@@ -67,6 +67,15 @@ static int cut(struct fs *fs, uint64_t off, uint64_t len)
     return r;
 }
 
+/* Damage past the new size: zeroed again (the disk reads as zero there
+ * once the zeroing lands, which repairs it). */
+static int rezero_damage(struct fs *fs, uint64_t from)
+{
+    int r = pool_zero_damage(fs->pool, from);
+    ra_invalidate(fs->ra, from, fs->export_size - from);
+    return r;
+}
+
 static int too_big(struct fs *fs, uint64_t size, const char *what)
 {
     log_notice("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
@@ -82,8 +91,11 @@ int rawfile_truncate(struct fs *fs, uint64_t size)
     uint64_t old = set_size(fs, size);
     digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
     progress_truncate(fs->progress, size);
-    /* Bytes past the old size already read as zero. */
+    /* Bytes past the old size already read as zero, but where a zeroing
+     * (or a write) failed: those are zeroed again. */
     int r = size < old ? cut(fs, size, old - size) : 0;
+    if (r == 0)
+        r = rezero_damage(fs, size);
     pthread_rwlock_unlock(&fs->size_lock);
     return r;
 }
@@ -95,6 +107,8 @@ int rawfile_replace(struct fs *fs, uint64_t size)
     pthread_rwlock_wrlock(&fs->size_lock);
     uint64_t old = set_size(fs, size);
     int r = cut(fs, 0, old);
+    if (r == 0)
+        r = rezero_damage(fs, 0);
     pthread_rwlock_unlock(&fs->size_lock);
     return r;
 }
@@ -356,17 +370,29 @@ void rawfile_writer(struct fs *fs, pid_t pid)
 
 /* ---- handles ------------------------------------------------------------ */
 
+/* Every close and fsync of every handle (of the raw file and of the
+ * views) fails while the disk holds damage (pool_damage()): a failure
+ * told once is lost to a close nobody checks, such as the one a shell's
+ * redirection or dd's dup2 makes.  A handle is first told of the
+ * failures since it was last told (errseq), then of the damage left. */
+static int told(struct fs *fs, struct fs_fh *fh)
+{
+    int err = pool_error_take(fs->pool, &fh->err_seq);
+    if (!err)
+        err = pool_damage(fs->pool);
+    return err;
+}
+
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
-    if (!wrote)
-        return 0;
-    pool_drain(fs->pool);
-    return -pool_error_take(fs->pool, &fh->err_seq);
+    if (wrote)
+        pool_drain(fs->pool);
+    return -told(fs, fh);
 }
 
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh)
 {
     int r = pool_flush(fs->pool);
-    int err = pool_error_take(fs->pool, &fh->err_seq);
+    int err = told(fs, fh);
     return err ? -err : r < 0 ? -EIO : 0;
 }

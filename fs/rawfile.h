@@ -91,8 +91,9 @@ void rawfile_writer(struct fs *fs, pid_t pid);
 
 /* ---- handles ------------------------------------------------------------ */
 
-/* close(2) and fsync(2) of any view that writes the disk: every write is
- * acknowledged (flushed) first.  The first pool error this handle was not
- * told of yet, as -errno. */
+/* close(2) and fsync(2) of any view of the disk: every write is
+ * acknowledged (flushed) first.  -errno: the first pool error this handle
+ * was not told of yet, else the damage left on the disk (pool_damage()),
+ * which every close and fsync of every handle reports until repaired. */
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote);
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh);

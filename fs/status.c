@@ -52,13 +52,39 @@ static void put_string(FILE *f, const char *s)
 static void put_nbd_failures(FILE *f, const struct pool_stats *s)
 {
     for (unsigned i = 0; i < s->nfailures; i++) {
+        const struct pool_failure *e = &s->failures[i];
         fprintf(f, "%s\n    {\"kind\": \"%s\", \"offset\": %" PRIu64
-                   ", \"length\": %" PRIu64 ", \"errno\": %d, \"message\": ",
-                i ? "," : "", pool_kind_name(s->failures[i].kind),
-                s->failures[i].off, s->failures[i].len, s->failures[i].err);
-        put_string(f, strerror(s->failures[i].err));
+                   ", \"length\": %" PRIu64 ", \"errno\": %d, \"time\": %lld"
+                   ", \"lost_at_reconnect\": %s, \"repaired\": %s",
+                i ? "," : "", pool_kind_name(e->kind), e->off, e->len, e->err,
+                (long long) e->time_s, e->lost ? "true" : "false",
+                e->repaired ? "true" : "false");
+        if (e->repaired)
+            fprintf(f, ", \"repaired_time\": %lld", (long long) e->repaired_s);
+        fputs(", \"message\": ", f);
+        put_string(f, e->lost ? "acknowledged, then the connection was made "
+                                "again before an NBD flush covered it"
+                              : strerror(e->err));
         fputc('}', f);
     }
+}
+
+/* What the disk may not hold now: every close and fsync fails until
+ * it is empty. */
+static void put_damage(FILE *f, const struct pool_stats *s)
+{
+    fprintf(f, "  \"damage\": {\"unrepaired\": %s, \"bytes\": %" PRIu64
+               ", \"ranges\": %" PRIu64 ", \"flush_failed\": %s"
+               ", \"everything\": %s, \"repaired\": %" PRIu64
+               ", \"first\": [",
+            s->unrepaired ? "true" : "false", s->damaged_bytes,
+            s->damaged_ranges, s->flush_failed ? "true" : "false",
+            s->damage_everything ? "true" : "false", s->repairs);
+    for (unsigned i = 0; i < s->ndamage; i++)
+        fprintf(f, "%s{\"offset\": %" PRIu64 ", \"length\": %" PRIu64 "}",
+                i ? ", " : "", s->damage[i].start,
+                s->damage[i].end - s->damage[i].start);
+    fputs("]},\n", f);
 }
 
 static void put_failures(FILE *f, const struct pool_stats *s,
@@ -230,6 +256,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors + log_errors);
     fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
     put_failures(f, &s, recent, nrecent);
+    put_damage(f, &s);
     put_progress(f, fs, &s, uptime);
     readback_put_status(f, fs);
     put_digest(f, fs, &s, apparent);

@@ -108,6 +108,7 @@ struct nbdx {
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
     atomic_uint_fast64_t ops[NBDX_NKINDS], bytes[NBDX_NKINDS], errors;
+    atomic_uint_fast64_t reconnects;      /* nbdx_reconnects() */
     atomic_bool lost;                     /* a connection gave up on the
                                            * server: all of them fail now */
     char *ca_dir;                         /* private: ca-cert.pem -> the
@@ -898,6 +899,9 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
     nbd_close(old);
     c->dead = false;
     c->closing = false;
+    /* Before the resends: a reply counted after this comes from the new
+     * server (the pool's damage accounting relies on it). */
+    atomic_fetch_add(&c->x->reconnects, 1);
     log_warn("connection %u: reconnected after %u attempt(s); resending "
              "the unacknowledged requests", c->index, c->attempts);
     struct nbdx_op *op = c->retry_head;
@@ -1240,6 +1244,11 @@ int nbdx_conn_fd(void *opaque, unsigned i)
 {
     struct nbdx *x = opaque;
     return i < x->nconns ? atomic_load(&x->conns[i].fd) : -1;
+}
+
+uint64_t nbdx_reconnects(const struct nbdx *x)
+{
+    return atomic_load(&((struct nbdx *) x)->reconnects);
 }
 
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)

@@ -108,6 +108,12 @@ int nbdx_run(struct nbdx *x, struct nbdx_op *op);
 unsigned nbdx_connections(const struct nbdx *x);
 int nbdx_conn_fd(void *opaque, unsigned i);
 
+/* Reconnections made so far (any connection).  Bumped before the
+ * resends, so a reply seen after a change of this count came from the
+ * new server.  The pool reads it to learn that writes acknowledged but
+ * not flushed may be lost. */
+uint64_t nbdx_reconnects(const struct nbdx *x);
+
 /* TCP_INFO-style counters, for the status. */
 struct nbdx_stats {
     uint64_t ops[NBDX_NKINDS];    /* by enum nbdx_kind */

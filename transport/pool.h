@@ -9,7 +9,9 @@
  *    reach the server in the order they were made;
  *  - memory is bounded: writers wait for a free buffer;
  *  - no failure is lost: each failed request is recorded with its range
- *    and an error sequence number that fs/ uses to report it (errseq-like).
+ *    and an error sequence number (errseq-like), and its range stays
+ *    damage until a later request over it succeeds: while any damage is
+ *    left, pool_damage() says so, and fs/ fails every close and fsync.
  *
  * All offsets are disk offsets, already checked against the export size.
  */
@@ -50,7 +52,18 @@ struct pool_failure {
     uint64_t off, len;
     int err;                  /* positive errno */
     enum pool_counter_kind kind;
+    bool lost;                /* POOL_WRITE: acknowledged, then perhaps lost
+                               * when a reconnect came before a flush */
+    bool repaired;            /* a later request over all of it succeeded
+                               * (a flush: a later flush did) */
+    int64_t time_s, repaired_s;   /* CLOCK_REALTIME seconds */
 };
+
+struct pool_range {
+    uint64_t start, end;
+};
+
+#define POOL_DAMAGE_LISTED 16
 
 struct pool_stats {
     uint64_t bytes_written;   /* accepted from the copy tool */
@@ -73,6 +86,14 @@ struct pool_stats {
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
     struct pool_failure failures[16];   /* the first ones */
+    /* Damage left now (pool_damage()): */
+    bool unrepaired;          /* any of the three below */
+    uint64_t damaged_bytes, damaged_ranges;
+    bool damage_everything;   /* the set overflowed memory: all of it */
+    bool flush_failed;        /* the last NBD flush failed */
+    uint64_t repairs;         /* failures repaired since the mount */
+    unsigned ndamage;         /* entries in damage[] */
+    struct pool_range damage[POOL_DAMAGE_LISTED];   /* the first ones */
 };
 
 int  pool_create(const struct pool_config *cfg, struct nbdx *x,
@@ -191,6 +212,11 @@ int pool_zero(struct pool *p, uint64_t off, uint64_t len);
  * for truncate and O_TRUNC.  May wait for zero requests to complete. */
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 
+/* A truncate to from: the damaged ranges at or past from must read as
+ * zero too (the disk past the size does), and a failed zeroing there may
+ * have left anything: zero them again, lazily, as pool_zero_lazy(). */
+int pool_zero_damage(struct pool *p, uint64_t from);
+
 /* Read, seeing every write and zero made before the call. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
 
@@ -243,6 +269,25 @@ uint64_t pool_error_seq(struct pool *p);
 int pool_error_peek(struct pool *p, const uint64_t *seq);
 int pool_error_take(struct pool *p, uint64_t *seq);
 
+/* Damage: 0 if the disk holds everything the server acknowledged, else
+ * the positive errno (EIO for a lost connection) of the latest failure
+ * left unrepaired.  A range is damaged when its write or zero failed
+ * (after the retries below), or when nbdx reconnected while writes it
+ * acknowledged were not yet covered by a successful NBD flush (a
+ * volatile server may have restarted without them); it is repaired when
+ * a later write or zero of it succeeds (a rewrite, or a truncate's
+ * zeroing landing).  A failed NBD flush is damage until a flush
+ * succeeds.  The copy tool must be told at every close and fsync until
+ * then: an error told once is lost to a close nobody checks (a shell's
+ * redirection, dd's dup2).
+ *
+ * Retries: a write or zero the server answers with EIO is sent again
+ * at once, up to twice, in its place in the queue and from its buffer;
+ * a flush's EIO twice, 10 ms apart.  Every other errno (ENOSPC, EINVAL,
+ * EROFS, EPERM, ...) counts at once.  A connection that drops is
+ * nbdx's: it reconnects and resends within --retry-timeout. */
+int pool_damage(struct pool *p);
+
 /* SEEK_DATA / SEEK_HOLE over [0, size).  -ENXIO past the last data. */
 int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
 
@@ -251,9 +296,6 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
  * either side): at most n ranges, and no more once they hold want bytes.
  * Returns how many were stored in v.  A guide only (the next write may
  * change it): the read-ahead plans its chunks over them. */
-struct pool_range {
-    uint64_t start, end;
-};
 unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
                           uint64_t merge, uint64_t want,
                           struct pool_range *v, unsigned n);
