@@ -811,7 +811,8 @@ static int start_watchers(struct fs *fs, const struct options *o)
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,
-                            o->blkhash_block, &fs->readback);
+                            o->blkhash_block, !o->no_extents,
+                            &fs->readback);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */

@@ -258,6 +258,14 @@ unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
                           uint64_t merge, uint64_t want,
                           struct pool_range *v, unsigned n);
 
+/* The first range that ends after pos of the ranges this pool ever sent
+ * a write or a write-zeroes for (sent, whatever the answer); false if
+ * none.  Exact: a range that was touched is never missed (when the map
+ * would pass its bound, every byte counts as touched from then on).  The
+ * read-back reads these instead of trusting block status: a server that
+ * acknowledges a zeroing it did not do reports the range as zero too. */
+bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out);
+
 /* Bytes of [0, size) that may hold data (not known to read as zero). */
 uint64_t pool_allocated(struct pool *p, uint64_t size);
 
