@@ -731,6 +731,37 @@ static bool has_fuse_opt(const char *opts, const char *name)
     return false;
 }
 
+/* Mount what fs/cli.c checked (THE PIN there).  As root, through
+ * /proc/self/fd/N: the kernel follows it to the pinned inode, whatever
+ * the path names now.  Otherwise fusermount3 mounts by path (it resolves
+ * /proc/self/fd/N in its own process): the path is re-checked right
+ * before and right after.  Nothing may stat the path once mounted: the
+ * kernel would ask this daemon, which does not serve yet. */
+static int mount_pinned(struct fuse_session *se,
+                        const struct cli_mountpoint *mp)
+{
+    char msg[CLI_MSG_MAX], path[64];
+
+    if (cli_mountpoint_recheck(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        return -1;
+    }
+    bool root = geteuid() == 0;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", mp->fd);
+    if (fuse_session_mount(se, root ? path : mp->mountpoint) == -1) {
+        log_err("cannot mount on %s", mp->mountpoint);
+        return -1;
+    }
+    if (cli_mountpoint_landed(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        fuse_session_unmount(se);
+        return -1;
+    }
+    log_debug("mounted on %s through %s", mp->mountpoint,
+              root ? path : "its path");
+    return 0;
+}
+
 static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
 {
     struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
@@ -767,9 +798,7 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
         log_err("cannot start FUSE (bad -o option?)");
         return NULL;
     }
-    if (fuse_set_signal_handlers(se) == -1 ||
-        fuse_session_mount(se, o->mp.mountpoint) == -1) {
-        log_err("cannot mount on %s", o->mp.mountpoint);
+    if (fuse_set_signal_handlers(se) == -1 || mount_pinned(se, &o->mp) < 0) {
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
         return NULL;
