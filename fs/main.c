@@ -602,8 +602,10 @@ static void parse_args(struct options *o, int argc, char **argv)
                     "add -f, or use --progress=FD");
     if (fstab_form(o, argc - optind, argv + optind))
         return;
-    parse_mountpoint(o, argv[optind]);
+    /* The server first: --fd N must be checked before the mountpoint's
+     * pinned descriptor could take the number N. */
     parse_server(o, argc - optind - 1, argv + optind + 1);
+    parse_mountpoint(o, argv[optind]);
     o->nbd.debug = log_verbosity >= 2;
 }
 
