@@ -15,6 +15,7 @@ Everything runs inside a private mount namespace (tests/lib/privatens.py);
 the symlink's target is a scratch directory of the test's.
 """
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -58,10 +59,11 @@ def need_setpriv():
         pytest.fail("setpriv (util-linux) is required")
 
 
-def waiting_server(flag):
-    """A socket-activated nbdkit that starts only once flag exists: the
-    daemon is between its checks and its mount until then."""
-    body = f"while [ ! -e {flag} ]; do sleep 0.05; done; exec nbdkit memory 16M"
+def waiting_server(flag, disk):
+    """A socket-activated nbdkit serving disk that starts only once flag
+    exists: the daemon is between its checks and its mount until then."""
+    body = (f"while [ ! -e {flag} ]; do sleep 0.05; done; "
+            f"exec nbdkit file {disk}")
     return f"[ sh -c {q(body)} ]"
 
 
@@ -98,6 +100,9 @@ def test_swap_after_the_check_is_refused(shortdir, public, target):
     (qd / "r" / "mnt").mkdir(parents=True)
     os.chown(qd, NOBODY, NOBODY)
     mp = qd / "r" / "mnt"
+    disk = shortdir / "disk.img"
+    disk.write_bytes(os.urandom(4 << 20))
+    before = hashlib.sha256(disk.read_bytes()).hexdigest()
     swapper = shortdir / "swap.py"
     swapper.write_text(SWAPPER)
     ready, done = public / "ready", public / "swapped"
@@ -105,7 +110,7 @@ def test_swap_after_the_check_is_refused(shortdir, public, target):
 {as_nobody(f'/usr/bin/python3 {q(swapper)} {q(mp)} {q(qd / "r")} {q(target)} {q(ready)} {q(done)}')} &
 i=0; while [ ! -e {q(ready)} ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
 [ -e {q(ready)} ] || echo "swapper not ready"
-$NBDFERRY {q(mp)} {waiting_server(q(done))}
+$NBDFERRY {q(mp)} {waiting_server(q(done), q(disk))}
 echo "rc=$?"
 [ -e {q(done)} ] && echo "swapped"
 [ -L {q(qd / 'r')} ] && echo "symlinked"
@@ -124,6 +129,7 @@ unmount_all {q(target / 'mnt')} {q(qd / 'r.old' / 'mnt')} {q(mp)} {q(target)}
     assert "changed after it was checked" in lines[0] and str(mp) in lines[0]
     assert os.listdir(target / "mnt") == ["keep"]
     assert (target / "mnt" / "keep").read_text() == "keep me\n"
+    assert hashlib.sha256(disk.read_bytes()).hexdigest() == before
 
 
 def test_swap_by_path_would_land_elsewhere(shortdir, public, target):
