@@ -252,22 +252,31 @@ static bool is_system_dir(const struct stat *st)
 }
 
 /* File mode: the system tree the directory dfd is in or below (NULL if
- * none); a user tree, $HOME or $TMPDIR on the way up ends the search. */
+ * none); a user tree, $HOME or $TMPDIR on the way up ends the search.  A
+ * directory on the way that cannot be examined counts as a system one. */
 static const char *system_tree_of(int dfd)
 {
-    const char *tree = NULL;
+    static const char unknown[] = "a directory that cannot be examined";
+    const char *tree = unknown;
     struct stat st, up;
     int cur = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
 
-    while (cur >= 0 && fstat(cur, &st) == 0 &&
-           !in_list(&st, user_trees, NELEMS(user_trees)) &&
-           !is_users_dir(&st) &&
-           !(tree = in_list(&st, system_trees, NELEMS(system_trees)))) {
+    while (cur >= 0 && fstat(cur, &st) == 0) {
+        const char *t = in_list(&st, system_trees, NELEMS(system_trees));
+        if (t || in_list(&st, user_trees, NELEMS(user_trees)) ||
+            is_users_dir(&st)) {
+            tree = t;
+            break;
+        }
         int next = openat(cur, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
         close(cur);
         cur = next;
-        if (cur >= 0 && fstat(cur, &up) == 0 && same_inode(&st, &up))
-            break;                    /* "/": its parent is itself */
+        if (cur < 0 || fstat(cur, &up) == -1)
+            break;
+        if (same_inode(&st, &up)) {   /* "/": its parent is itself */
+            tree = NULL;
+            break;
+        }
     }
     if (cur >= 0)
         close(cur);
@@ -343,11 +352,10 @@ static int check_owner(const char *path, int fd, int parent, char *msg,
     if (st.st_uid != me)
         return fail(EPERM, msg, msglen, "refusing to mount on %s: it "
                     "belongs to %s, not to %s (its owner could replace it "
-                    "while nbdferry starts); mount on a %s of your own, or "
-                    "run nbdferry as %s", path, user_name(st.st_uid, a,
-                    sizeof a), user_name(me, b, sizeof b),
-                    S_ISDIR(st.st_mode) ? "directory" : "file",
-                    user_name(st.st_uid, a, sizeof a));
+                    "while nbdferry starts); mount on a %s of your own",
+                    path, user_name(st.st_uid, a, sizeof a),
+                    user_name(me, b, sizeof b),
+                    S_ISDIR(st.st_mode) ? "directory" : "file");
     if (me != 0)
         return 0;
     if (up.st_uid != 0)
@@ -455,14 +463,15 @@ static int pin(const char *resolved, int dirfd, const char *name, int flags,
                int *out, char *msg, size_t msglen)
 {
     *out = openat(dirfd, name, PIN_FLAGS | flags);
-    if (*out < 0)
-        return fail(errno == ELOOP || errno == ENOTDIR ? EAGAIN : errno,
-                    msg, msglen, "mountpoint %s: %s", resolved,
-                    errno == ELOOP || errno == ENOTDIR
-                    ? "changed while being checked (now a symlink or not a "
-                      "directory); nothing was mounted"
-                    : strerror(errno));
-    return 0;
+    if (*out >= 0)
+        return 0;
+    int err = errno;
+    if (err == ELOOP || err == ENOTDIR)
+        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while being "
+                    "checked (now a symlink or not a directory); nothing was "
+                    "mounted", resolved);
+    return fail(err, msg, msglen, "mountpoint %s: %s", resolved,
+                strerror(err));
 }
 
 /* File mode's file: not the system's, not a FUSE mount, not another

@@ -19,6 +19,9 @@ directories from anyone else.
 import hashlib
 import os
 import shlex
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -336,3 +339,29 @@ unmount_all {q(f)}
     assert not any(l.startswith("mounted ") for l in out), r.stdout
     assert disk.read_bytes()[:len(data)] == data
     assert f.read_bytes() == b"the user's own bytes\n"
+
+
+@pytest.mark.parametrize("base", ["/var/tmp", "/dev/shm"])
+def test_file_mode_in_user_trees_still_mounts(shortdir, base):
+    """Below /var and /dev, the places users keep files (/var/tmp,
+    /dev/shm) still take a file-mode mount."""
+    d = tempfile.mkdtemp(prefix="nf-fm-", dir=base)
+    try:
+        f = Path(d) / "disk.raw"
+        f.write_bytes(b"")
+        pidfile = shortdir / "ut.pid"
+        r = run_private(f"""
+$NBDFERRY -P {q(pidfile)} {q(f)} [ nbdkit memory 16M ]
+echo "rc=$?"
+stat -c 'size=%s' {q(f)}
+pid=$(cat {q(pidfile)})
+fusermount3 -u {q(f)}
+wait_gone $pid
+unmount_all {q(f)}
+""", shortdir)
+        out = r.stdout.splitlines()
+        assert "rc=0" in out and f"size={EXPORT}" in out, \
+            r.stdout + r.stderr
+        assert not any(l.startswith("mounted ") for l in out), r.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
