@@ -701,6 +701,7 @@ static int open_pool(struct fs *fs, const struct options *o)
         .write_through = o->write_through,
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
+        .track_touched = o->verify_readback != READBACK_OFF,
     };
     if (pc.pool_size < 2 * pc.request_size) {
         log_info("pool size raised to two requests");

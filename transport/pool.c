@@ -69,8 +69,9 @@
  * ranges past its bound (costing a read or a zeroing, never skipping
  * one); pending_zero is turned into zero requests early, oldest range
  * first, when it nears its bound.  touched: every range a write or zero
- * request was sent for, for the read-back (pool_touched_next); exact,
- * and once it would pass the same bound, replaced by "everything".
+ * request was sent for, for the read-back (pool_touched_next; kept only
+ * with cfg.track_touched); exact, and once it would pass the same bound,
+ * replaced by "everything".
  */
 #include "transport/pool.h"
 
@@ -354,7 +355,7 @@ static void send_req_locked(struct pool *p, struct pool_req *r)
         op->kind = NBDX_OP_ZERO;
         op->flags = p->fast_zero ? LIBNBD_CMD_FLAG_FAST_ZERO : 0;
     }
-    if (!p->touched_all &&
+    if (p->cfg.track_touched && !p->touched_all &&
         extmap_add(&p->touched, r->off, r->off + r->len) < 0)
         p->touched_all = true;        /* too fragmented: assume all */
     r->state = REQ_IN_FLIGHT;
@@ -1641,7 +1642,7 @@ bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out)
     bool found;
 
     pthread_mutex_lock(&p->lock);
-    if (p->touched_all) {
+    if (p->touched_all || !p->cfg.track_touched) {
         e = (struct ext) { 0, UINT64_MAX };
         found = true;
     } else {

@@ -33,6 +33,8 @@ struct pool_config {
     bool scan_extents;        /* learn zero ranges from block status */
     size_t zero_map_ranges;   /* most ranges each zero map holds (0:
                                * POOL_ZERO_MAP_RANGES) */
+    bool track_touched;       /* keep pool_touched_next()'s map (the
+                               * read-back); the same bound */
 };
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
@@ -261,7 +263,8 @@ unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
 /* The first range that ends after pos of the ranges this pool ever sent
  * a write or a write-zeroes for (sent, whatever the answer); false if
  * none.  Exact: a range that was touched is never missed (when the map
- * would pass its bound, every byte counts as touched from then on).  The
+ * would pass its bound, or without cfg.track_touched, every byte counts
+ * as touched).  The
  * read-back reads these instead of trusting block status: a server that
  * acknowledges a zeroing it did not do reports the range as zero too. */
 bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out);
