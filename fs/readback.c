@@ -818,13 +818,20 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
 
 /* The verification was asked for and cannot run: that is no pass. */
 static int cannot_verify(struct readback *rb, const char *at,
-                         const char *why)
+                         const struct rb_key *k, const char *why)
 {
     set_state(rb, RB_SKIPPED);
-    set_message(rb, "at %s: could not verify the disk: the inline digest "
-                "does not cover the file (%s); copy it again through the "
-                "raw file in one forward pass (or with --blkhash), or check "
-                "the disk with nbdferry-verify", at, why);
+    if (k->errors)
+        set_message(rb, "at %s: could not verify the disk: %s during this "
+                    "mount (the status's failures say where); fix the "
+                    "server, copy again on a new mount, or check the disk "
+                    "with nbdferry-verify", at, why);
+    else
+        set_message(rb, "at %s: could not verify the disk: the inline "
+                    "digest does not cover the file (%s); copy it again "
+                    "through the raw file in one forward pass (or with "
+                    "--blkhash), or check the disk with nbdferry-verify",
+                    at, why);
     log_err("read-back: %s", rb->message);
     return -EIO;
 }
@@ -852,7 +859,7 @@ static int verify(struct fs *fs, const char *at, bool final)
         set_message(rb, "at %s: nothing to verify yet (%s)", at, why);
         r = 0;
     } else if (cover == COVER_CANNOT) {
-        r = cannot_verify(rb, at, why);
+        r = cannot_verify(rb, at, &k, why);
     } else if (rb->have_key && memcmp(&k, &rb->key, sizeof k) == 0) {
         r = rb->verdict;
     } else {
