@@ -143,7 +143,8 @@ static void usage(void)
 "The mountpoint must be an empty directory of yours: a directory that\n"
 "holds files is refused unless -o nonempty; a system directory (/, /etc,\n"
 "/tmp, /usr, /var, $HOME, $TMPDIR, ...) and a FUSE mount always; a dead\n"
-"mount is named with the fusermount3 -u that clears it.\n"
+"mount is named with the fusermount3 -u that clears it.  File mode's FILE\n"
+"must be an empty file of yours (or -o nonempty), never a system file.\n"
 "\n"
 "Without -f the command returns once the mount is ready and the daemon\n"
 "runs on (nbdfuse stays in the foreground: use -f to wait on the process,\n"
@@ -601,8 +602,10 @@ static void parse_args(struct options *o, int argc, char **argv)
                     "add -f, or use --progress=FD");
     if (fstab_form(o, argc - optind, argv + optind))
         return;
-    parse_mountpoint(o, argv[optind]);
+    /* The server first: --fd N must be checked before the mountpoint's
+     * pinned descriptor could take the number N. */
     parse_server(o, argc - optind - 1, argv + optind + 1);
+    parse_mountpoint(o, argv[optind]);
     o->nbd.debug = log_verbosity >= 2;
 }
 
@@ -698,6 +701,7 @@ static int open_pool(struct fs *fs, const struct options *o)
         .write_through = o->write_through,
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
+        .track_touched = o->verify_readback != READBACK_OFF,
     };
     if (pc.pool_size < 2 * pc.request_size) {
         log_info("pool size raised to two requests");
@@ -729,6 +733,37 @@ static bool has_fuse_opt(const char *opts, const char *name)
             return true;
     }
     return false;
+}
+
+/* Mount what fs/cli.c checked (THE PIN there).  As root, through
+ * /proc/self/fd/N: the kernel follows it to the pinned inode, whatever
+ * the path names now.  Otherwise fusermount3 mounts by path (it resolves
+ * /proc/self/fd/N in its own process): the path is re-checked right
+ * before and right after.  Nothing may stat the path once mounted: the
+ * kernel would ask this daemon, which does not serve yet. */
+static int mount_pinned(struct fuse_session *se,
+                        const struct cli_mountpoint *mp)
+{
+    char msg[CLI_MSG_MAX], path[64];
+
+    if (cli_mountpoint_recheck(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        return -1;
+    }
+    bool root = geteuid() == 0;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", mp->fd);
+    if (fuse_session_mount(se, root ? path : mp->mountpoint) == -1) {
+        log_err("cannot mount on %s", mp->mountpoint);
+        return -1;
+    }
+    if (cli_mountpoint_landed(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        fuse_session_unmount(se);
+        return -1;
+    }
+    log_debug("mounted on %s through %s", mp->mountpoint,
+              root ? path : "its path");
+    return 0;
 }
 
 static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
@@ -767,9 +802,7 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
         log_err("cannot start FUSE (bad -o option?)");
         return NULL;
     }
-    if (fuse_set_signal_handlers(se) == -1 ||
-        fuse_session_mount(se, o->mp.mountpoint) == -1) {
-        log_err("cannot mount on %s", o->mp.mountpoint);
+    if (fuse_set_signal_handlers(se) == -1 || mount_pinned(se, &o->mp) < 0) {
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
         return NULL;
@@ -811,7 +844,8 @@ static int start_watchers(struct fs *fs, const struct options *o)
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,
-                            o->blkhash_block, &fs->readback);
+                            o->blkhash_block, !o->no_extents,
+                            &fs->readback);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */

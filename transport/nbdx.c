@@ -41,6 +41,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -430,16 +431,44 @@ static int x509_policy(struct nbdx *x, int tls)
     return 0;
 }
 
-/* A key file must be the owner's alone, as ssh insists for its keys.
- * from_uri: the path came from the URI, whose tls-psk-file value every
- * message redacts, so this one does not name it either.  A file that
- * cannot be stat'ed is left to libnbd's connect to report. */
+/* A key file another user owns: they can read the keys (and so act as
+ * the server) or replace them whatever its mode.  -EPERM, logged. */
+static int psk_owner(const char *file, const struct stat *st, bool from_uri)
+{
+    uid_t me = geteuid();
+
+    if (st->st_uid == me || st->st_uid == 0)
+        return 0;
+    struct passwd *pw = getpwuid(me);
+    char name[64];
+    if (pw)
+        snprintf(name, sizeof name, "%s", pw->pw_name);
+    else
+        snprintf(name, sizeof name, "%u", (unsigned) me);
+    if (from_uri)
+        log_err("the URI's tls-psk-file belongs to uid %u, not to this "
+                "user or root (that user can read and replace the keys): "
+                "run chown %s on it", (unsigned) st->st_uid, name);
+    else
+        log_err("TLS key file %s belongs to uid %u, not to this user or "
+                "root (that user can read and replace the keys): run "
+                "chown %s %s", file, (unsigned) st->st_uid, name, file);
+    return -EPERM;
+}
+
+/* A key file must be the owner's alone, as ssh insists for its keys, and
+ * owned by the daemon's user or root.  from_uri: the path came from the
+ * URI, whose tls-psk-file value every message redacts, so this one does
+ * not name it either.  A file that cannot be stat'ed is left to libnbd's
+ * connect to report. */
 static int psk_policy(const char *file, bool from_uri)
 {
     struct stat st;
 
     if (stat(file, &st) == -1)
         return 0;
+    if (psk_owner(file, &st, from_uri) < 0)
+        return -EPERM;
     if (st.st_mode & (S_IRWXG | S_IRWXO)) {
         if (from_uri)
             log_err("the URI's tls-psk-file is open to group or others "

@@ -68,7 +68,10 @@
  * (cfg.zero_map_ranges ranges, O(log n) updates): known_zero forgets
  * ranges past its bound (costing a read or a zeroing, never skipping
  * one); pending_zero is turned into zero requests early, oldest range
- * first, when it nears its bound.
+ * first, when it nears its bound.  touched: every range a write or zero
+ * request was sent for, for the read-back (pool_touched_next; kept only
+ * with cfg.track_touched); exact, and once it would pass the same bound,
+ * replaced by "everything".
  */
 #include "transport/pool.h"
 
@@ -188,6 +191,9 @@ struct pool {
 
     struct extmap known_zero, pending_zero;
     size_t map_max;               /* bound of each zero map, ranges */
+    struct extmap touched;        /* every write and zero ever sent (exact;
+                                   * past its bound, touched_all) */
+    bool touched_all;
 
     bool lost;                    /* connection lost: refuse new writes */
     uint64_t err_seq;
@@ -576,6 +582,9 @@ static void send_req_locked(struct pool *p, struct pool_req *r)
         op->kind = NBDX_OP_ZERO;
         op->flags = p->fast_zero ? LIBNBD_CMD_FLAG_FAST_ZERO : 0;
     }
+    if (p->cfg.track_touched && !p->touched_all &&
+        extmap_add(&p->touched, r->off, r->off + r->len) < 0)
+        p->touched_all = true;        /* too fragmented: assume all */
     r->state = REQ_IN_FLIGHT;
     if (p->in_flight++ == 0 && p->idle_since_ns) {
         p->st.idle_ns += mono_now_ns() - p->idle_since_ns;
@@ -1943,6 +1952,24 @@ uint64_t pool_allocated(struct pool *p, uint64_t size)
     return z < size ? size - z : 0;
 }
 
+bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out)
+{
+    struct ext e;
+    bool found;
+
+    pthread_mutex_lock(&p->lock);
+    if (p->touched_all || !p->cfg.track_touched) {
+        e = (struct ext) { 0, UINT64_MAX };
+        found = true;
+    } else {
+        found = extmap_next(&p->touched, pos, &e);
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (found)
+        *out = (struct pool_range) { e.start, e.end };
+    return found;
+}
+
 /* ---- the idle thread ------------------------------------------------- */
 
 static void *idle_thread(void *arg)
@@ -2139,6 +2166,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     }
     pthread_mutex_init(&p->flush_lock, NULL);
     p->reconnects_seen = nbdx_reconnects(x);
+    extmap_init(&p->touched, p->map_max, false);
     p->idle_since_ns = 0;
 
     if (cfg->destination_is_zero)
@@ -2226,6 +2254,7 @@ void pool_destroy(struct pool *p)
         extmap_free(&p->flushing[i]);
     }
     pthread_mutex_destroy(&p->flush_lock);
+    extmap_free(&p->touched);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
     pthread_cond_destroy(&p->idle_cond);

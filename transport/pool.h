@@ -35,6 +35,8 @@ struct pool_config {
     bool scan_extents;        /* learn zero ranges from block status */
     size_t zero_map_ranges;   /* most ranges each zero map holds (0:
                                * POOL_ZERO_MAP_RANGES) */
+    bool track_touched;       /* keep pool_touched_next()'s map (the
+                               * read-back); the same bound */
 };
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
@@ -299,6 +301,15 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
 unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
                           uint64_t merge, uint64_t want,
                           struct pool_range *v, unsigned n);
+
+/* The first range that ends after pos of the ranges this pool ever sent
+ * a write or a write-zeroes for (sent, whatever the answer); false if
+ * none.  Exact: a range that was touched is never missed (when the map
+ * would pass its bound, or without cfg.track_touched, every byte counts
+ * as touched).  The
+ * read-back reads these instead of trusting block status: a server that
+ * acknowledges a zeroing it did not do reports the range as zero too. */
+bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out);
 
 /* Bytes of [0, size) that may hold data (not known to read as zero). */
 uint64_t pool_allocated(struct pool *p, uint64_t size);
