@@ -139,6 +139,11 @@ static bool changes_disk(const struct nbdx_op *op)
 
 const struct nbdx_info *nbdx_info(const struct nbdx *x) { return &x->info; }
 
+/* The fake never loses its server for good: nothing to heal, and a pool
+ * that latched a loss stays lost (EIO), as a mount in a mode that cannot
+ * reconnect does. */
+int nbdx_heal(struct nbdx *x) { (void) x; return -EIO; }
+
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
 {
     struct pending_op *p = __real_calloc(1, sizeof *p);   /* never fails */
