@@ -144,9 +144,8 @@ struct nbdx {
     struct nbdx_first first;              /* the first connection's view
                                            * of the server: a reconnect
                                            * must see the same */
-    pthread_mutex_t heal_lock;            /* one nbdx_heal() try at a time;
-                                           * protects heal_tried_ns */
-    uint64_t heal_tried_ns;
+    pthread_mutex_t heal_lock;            /* one nbdx_heal() try at a time */
+    atomic_uint heal_tries;               /* tries so far */
     pthread_mutex_t health_lock;          /* a leaf: protects why */
     char why[200];
     atomic_llong lost_at, healed_at;      /* CLOCK_REALTIME seconds */
@@ -1588,8 +1587,6 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
 
 /* ---- healing ------------------------------------------------------- */
 
-/* Tries of nbdx_heal() are at least this far apart. */
-#define HEAL_INTERVAL_NS (1000 * NS_PER_MS)
 /* Before the connections are used again, the sockets given up on must
  * have been quiet this long: a resumed server first carries out what
  * they still held (the ops failed), and the pool's next writes must
@@ -1661,20 +1658,22 @@ int nbdx_heal(struct nbdx *x)
 
     if (!atomic_load(&x->lost))
         return 0;
+    unsigned tries = atomic_load(&x->heal_tries);
     LOCK_FOR_SCOPE(&x->heal_lock);
     if (!atomic_load(&x->lost))
         return 0;                         /* healed while we waited */
-    uint64_t now = mono_now_ns();
-    if (!mode_reconnects(&x->cfg) ||
-        (x->heal_tried_ns && now - x->heal_tried_ns < HEAL_INTERVAL_NS)) {
+    /* A try that failed while we waited for it is our answer too: the
+     * writers queued behind a paused server do not each wait out their
+     * own handshake timeout. */
+    if (!mode_reconnects(&x->cfg) || atomic_load(&x->heal_tries) != tries) {
         pthread_mutex_lock(&x->health_lock);
         snprintf(why, sizeof why, "%s", x->why);
         pthread_mutex_unlock(&x->health_lock);
         heal_refused(x, why);
         return -EIO;
     }
-    x->heal_tried_ns = now;
     int r = heal_probe(x, why, sizeof why);
+    atomic_fetch_add(&x->heal_tries, 1);
     if (r < 0) {
         heal_refused(x, why);
         pthread_mutex_lock(&x->health_lock);

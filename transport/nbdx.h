@@ -124,8 +124,9 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
  * fresh connection within --request-timeout, checked against the first
  * one (size, read-only, multi-conn, flush, FUA, block sizes).  When it
  * answers, the connections reconnect on their next request and 0 is
- * returned.  -EIO while the server stays unreachable or changed (at most
- * one try a second; callers in between get -EIO at once) and always in
+ * returned.  -EIO while the server stays unreachable or changed (one try
+ * at a time: callers that waited for a try that failed get -EIO without
+ * trying again) and always in
  * the modes that cannot reconnect (--command, --fd, socket activation).
  * Every refusal is logged with the time the server was given up on.
  * 0 at once when nothing was given up on.  Blocks: call it with no lock
