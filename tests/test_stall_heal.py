@@ -40,11 +40,11 @@ FAST = ("--request-timeout", str(REQ_T), "--retry-timeout", str(RETRY_T),
         "--request-size", "512K")
 
 
-def memory_kit(kit, params=(), name="mem"):
+def memory_kit(kit, params=(), name="mem", tcp=False):
     """nbdkit memory with a write delay: a copy is still running when the
     test acts."""
     return kit(name, ["--filter=delay", "memory", f"size={EXPORT}",
-                      "wdelay=4ms", *params])
+                      "wdelay=4ms", *params], tcp=tcp)
 
 
 def nbdkit_alive(k):
@@ -92,16 +92,21 @@ def healed_copy(bg, shm, m, k, src, tally, case):
     return took
 
 
-@pytest.mark.parametrize("direction", ["write", "read"])
+@pytest.mark.parametrize("direction,tcp", [("write", False), ("read", False),
+                                           ("read", True)],
+                         ids=["write", "read", "read-tcp"])
 def test_stall_paused_resumed_server_survives_and_mount_heals(
-        kit, mount, shm, bg, tally, direction):
+        kit, mount, shm, bg, tally, direction, tcp):
     """Paused mid-copy (onto the mount, or out of it: nbdkit 1.32 aborts
     on resume when a client closed with read replies pending), resumed
     once the copy failed: the server survives with its disk intact, and
     the next copy through the same mount lands byte-exact."""
-    k = memory_kit(kit, params=["rdelay=4ms"])
-    m = mount(k.target, *FAST, "-C", "1", "--readahead", "64M", expect_rc=None,
-              expect_errors=True)
+    k = memory_kit(kit, params=["rdelay=4ms", "wdelay=20ms"], tcp=tcp)
+    # One connection: reads pile up on it (a deep read-ahead), writes go
+    # two at a time, so the copy is still running at the pause.
+    depth = ["--depth", "2"] if direction == "write" else []
+    m = mount(k.target, *FAST, "-C", "1", "--readahead", "64M", *depth,
+              expect_rc=None, expect_errors=True)
     src = random_file(shm / "src.img", SRC)
     if direction == "read":
         prep = copy(bg, shm, src, m.file, "prep")
@@ -155,8 +160,10 @@ def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally):
     """The server dies mid-copy and stays down past the retry window: the
     copy fails; started again on the same socket, the next copy onto the
     same mount lands byte-exact."""
-    k = memory_kit(kit)
-    m = mount(k.target, *FAST, expect_rc=1, expect_errors=True)
+    k = memory_kit(kit, params=["wdelay=20ms"])
+    # Two requests at a time: the copy is still running at the kill.
+    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", expect_rc=1,
+              expect_errors=True)
     src = random_file(shm / "src.img", SRC)
     cp = copy(bg, shm, src, m.file)
     wait_progress(cp, written_bytes, 8 * MiB)

@@ -994,6 +994,12 @@ static void retire_conn(struct nbdx_conn *c)
     log_info("connection %u: given up on with %d request(s) at the server; "
              "its socket stays open until the server closes it", c->index,
              nbd_aio_in_flight(c->h));
+    /* The kernel must not reset it either: a paused server's kernel
+     * stops taking our bytes, and TCP_USER_TIMEOUT would then drop the
+     * connection under it. */
+    if (c->x->info.tcp && cfg->request_timeout_s)
+        set_int_opt(keep, IPPROTO_TCP, TCP_USER_TIMEOUT, 0,
+                    "TCP_USER_TIMEOUT");
     park_socket(c, keep);
     while (c->wire) {
         struct nbdx_op *op = c->wire;
