@@ -22,17 +22,20 @@ import errno
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from lib.digest import sha256_file
-from lib.env import MiB
+from lib.env import TOP, MiB
 from lib.faults import (children, judge, sha256_mount, status_json,
                         wait_progress, written_bytes)
 from lib.images import random_file
 from lib.nbd import sha256_nbd
 
+TOOL = TOP / "tools" / "status" / "nbdferry-status"
 EXPORT = 96 * MiB
 SRC = 32 * MiB
 REQ_T, RETRY_T = 2, 3                  # --request-timeout, --retry-timeout
@@ -60,17 +63,29 @@ def copy(bg, shm, src, dst, name="cp"):
               shm / f"{name}.err")
 
 
+def status_tool(m):
+    """nbdferry-status's summary of the mount."""
+    r = subprocess.run([sys.executable, str(TOOL), str(m.mp)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def watch_status(m, until, secs=60):
     """Poll the status every 0.1 s until until() is true; returns the
-    (elapsed, server_answers) samples."""
-    t0, seen = time.monotonic(), []
+    (elapsed, server_answers) samples and nbdferry-status's summary at
+    the first late one."""
+    t0, seen, summary = time.monotonic(), [], None
     while not until():
         assert time.monotonic() - t0 < secs, "gave up waiting"
         st = status_json(m)
         if st:
             seen.append((time.monotonic() - t0, st["server_answers"]))
+            if summary is None and st["server_answers"]["state"] in (
+                    "late", "stalled"):
+                summary = status_tool(m)
         time.sleep(0.1)
-    return seen
+    return seen, summary
 
 
 def healed_copy(bg, shm, m, k, src, tally, case):
@@ -121,7 +136,7 @@ def test_stall_paused_resumed_server_survives_and_mount_heals(
     os.kill(k.proc.pid, signal.SIGSTOP)
     t_pause = time.monotonic()
     try:
-        seen = watch_status(m, lambda: cp.poll() is not None)
+        seen, summary = watch_status(m, lambda: cp.poll() is not None)
         t_fail = time.monotonic() - t_pause
         rc = cp.returncode
         if direction == "write":
@@ -137,6 +152,8 @@ def test_stall_paused_resumed_server_survives_and_mount_heals(
         assert re.match(r"no reply for \d+ s from the server .* the copy "
                         r"fails in \d+ s unless it answers", first["message"]), first
         assert 0 <= first["fails_in_s"] <= REQ_T + RETRY_T, first
+        assert re.search(r"^  server +(late|stalled): no reply for \d+ s from the "
+                         r"server", summary or "", re.M), summary
         lost = status_json(m)["server_answers"]
         assert lost["state"] == "lost" and lost["lost_at"], lost
         assert "the next open or write tries it again" in lost["message"], lost
