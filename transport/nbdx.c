@@ -18,6 +18,10 @@
  *
  * Lock order: callers' locks (pool->lock) may be held across
  * nbdx_submit(); conn->lock is a leaf and is never held while calling out.
+ * nbdx_heal() runs on the caller's thread with no lock of the caller's
+ * held: it takes x->heal_lock (one try at a time), makes its own probe
+ * handle, and hands the result to the I/O threads through x->lost and a
+ * kick; x->health_lock is a leaf protecting the reason string.
  *
  * NOTHING WAITS FOREVER
  * A server that stops answering (paused process, partitioned network, no
@@ -25,9 +29,11 @@
  * - handshakes (first connect and reconnects) are driven with a deadline
  *   of --request-timeout (and never past the retry deadline);
  * - a connection with requests outstanding and no traffic on its socket
- *   for --request-timeout is aborted as if the server had dropped it
- *   (abort_conn), so its requests wait for a reconnection like those of a
- *   connection that died, for up to --retry-timeout, then fail;
+ *   for --request-timeout is stalled: it takes no new requests and the
+ *   server has --retry-timeout more to answer or to drop it (then the
+ *   reconnect path); still silent, it is given up on (retire_conn: its
+ *   socket stays open, never closed under a server that may answer) and
+ *   its requests fail;
  * - on TCP, keepalive probes and TCP_USER_TIMEOUT let the kernel notice a
  *   partition even on an idle connection.
  */
@@ -1132,7 +1138,10 @@ static void give_up(struct nbdx_conn *c, const char *why)
 {
     if (why && !atomic_load(&c->x->lost))
         log_err("connection %u: %s; failing the requests that were not "
-                "acknowledged", c->index, why);
+                "acknowledged%s", c->index, why,
+                mode_reconnects(&c->x->cfg) ? ""
+                : "; this mount cannot reconnect (--command, --fd or "
+                  "socket activation): unmount and mount again");
     c->gave_up = true;
     c->stalled = false;
     note_lost(c->x, why ? why : "the server was given up on");
