@@ -136,7 +136,7 @@ int nbdx_heal(struct nbdx *x);
 /* What the status shows about the server's answers (any thread). */
 struct nbdx_health {
     double silent_s;          /* longest time a connection with requests
-                               * outstanding has heard nothing (0: none
+                               * outstanding has moved no byte (0: none
                                * is outstanding); "late" past 1 s */
     double fails_in_s;        /* until those requests fail unless the
                                * server answers; -1: nothing waits */
