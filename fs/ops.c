@@ -305,6 +305,11 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     TRACE(req, "open ino=%" PRIu64 " flags=%#x", (uint64_t) ino, (unsigned) fi->flags);
     int err;
+    /* A mount whose server was given up on tries it again here, so that
+     * a new copy finds it healed.  The open succeeds either way: the
+     * handle's writes and reads report a server still gone. */
+    if (fs_view_of(ino) != &fs_status_view)
+        pool_heal(fs_of(req)->pool);
     struct fs_fh *fh = open_fh(req, ino, fi->flags, &err);
 
     if (!fh) {

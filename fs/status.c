@@ -179,6 +179,101 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
     fputs("}\n", f);
 }
 
+/* ---- does the server answer? ----------------------------------------- */
+
+/* A request outstanding with nothing heard from the server for longer
+ * than this is late: the status says so at once, long before the request
+ * timeout gives up on it. */
+#define LATE_S 1.0
+
+static void put_time(FILE *f, const char *key, time_t t)
+{
+    char buf[64];
+    struct tm tm;
+
+    fprintf(f, ", \"%s\": ", key);
+    if (!t || !localtime_r(&t, &tm) ||
+        !strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm)) {
+        fputs("null", f);
+        return;
+    }
+    put_string(f, buf);
+}
+
+static const char *health_state(const struct nbdx_health *h)
+{
+    if (h->lost)
+        return "lost";
+    if (h->reconnecting)
+        return "reconnecting";
+    if (h->stalled)
+        return "stalled";
+    if (h->silent_s > LATE_S)
+        return "late";
+    return h->heals ? "healed" : "ok";
+}
+
+static void health_message(const struct nbdx_health *h, const char *state,
+                           char *buf, size_t len)
+{
+    char lost_at[64] = "", healed_at[64] = "";
+    struct tm tm;
+
+    if (h->lost_at && localtime_r(&h->lost_at, &tm))
+        strftime(lost_at, sizeof lost_at, "%Y-%m-%d %H:%M:%S", &tm);
+    if (h->healed_at && localtime_r(&h->healed_at, &tm))
+        strftime(healed_at, sizeof healed_at, "%Y-%m-%d %H:%M:%S", &tm);
+    if (strcmp(state, "lost") == 0 && h->can_heal)
+        snprintf(buf, len, "the server was given up on at %s (%s): every "
+                 "request fails with EIO; the next open or write tries it "
+                 "again", lost_at, h->why);
+    else if (strcmp(state, "lost") == 0)
+        snprintf(buf, len, "the server was given up on at %s (%s) and this "
+                 "mount cannot reconnect (--command, --fd or socket "
+                 "activation): unmount and mount again", lost_at, h->why);
+    else if (strcmp(state, "reconnecting") == 0)
+        snprintf(buf, len, "the connection to the server was lost: "
+                 "reconnecting; the copy fails in %.0f s unless it "
+                 "succeeds", h->fails_in_s);
+    else if (strcmp(state, "ok") == 0)
+        snprintf(buf, len, "the server answers");
+    else if (strcmp(state, "healed") == 0)
+        snprintf(buf, len, "healed at %s: the server answers again (it was "
+                 "given up on at %s: %s)", healed_at, lost_at, h->why);
+    else if (h->fails_in_s >= 0)
+        snprintf(buf, len, "no reply for %.0f s from the server (%u "
+                 "request(s) waiting); the copy fails in %.0f s unless it "
+                 "answers", h->silent_s, h->outstanding, h->fails_in_s);
+    else
+        snprintf(buf, len, "no reply for %.0f s from the server (%u "
+                 "request(s) waiting; no --request-timeout: waiting for "
+                 "ever)", h->silent_s, h->outstanding);
+}
+
+static void put_health(FILE *f, struct fs *fs)
+{
+    struct nbdx_health h;
+    char msg[512];
+
+    nbdx_get_health(fs->x, &h);
+    const char *state = health_state(&h);
+    health_message(&h, state, msg, sizeof msg);
+    fprintf(f, "  \"server_answers\": {\"state\": \"%s\", "
+               "\"no_reply_s\": %.1f, \"outstanding\": %u, ",
+            state, h.silent_s > LATE_S ? h.silent_s : 0.0, h.outstanding);
+    if (h.fails_in_s >= 0 && !h.lost && h.silent_s > LATE_S)
+        fprintf(f, "\"fails_in_s\": %.1f, ", h.fails_in_s);
+    else
+        fputs("\"fails_in_s\": null, ", f);
+    fprintf(f, "\"can_heal\": %s, \"losses\": %u, \"heals\": %u",
+            h.can_heal ? "true" : "false", h.losses, h.heals);
+    put_time(f, "lost_at", h.lost_at);
+    put_time(f, "healed_at", h.healed_at);
+    fputs(", \"message\": ", f);
+    put_string(f, msg);
+    fputs("},\n", f);
+}
+
 /* Stall diagnostics of TCP connections (transport/tcpinfo.h): samples
  * where less than one MSS waits unsent behind unacknowledged segments are
  * the Nagle/delayed-ACK signature. */
@@ -249,6 +344,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
     put_tcp(f, fs);
+    put_health(f, fs);
     put_requests(f, &s, &n);
     struct log_entry recent[LOG_RECENT];
     uint64_t log_errors, log_warnings;

@@ -536,6 +536,28 @@ static int error_since_locked(struct pool *p, uint64_t seq)
     return tool_errno(p->last_err);   /* past the recorded ones */
 }
 
+/* After the connection was lost (p->lost), the next write, read or open
+ * tries the server again (nbdx_heal; it blocks, so the lock is dropped
+ * meanwhile).  0 once it answers: the latch is cleared and requests are
+ * sent again; -EIO while it stays lost. */
+static int heal_locked(struct pool *p)
+{
+    if (!p->lost)
+        return 0;
+    pthread_mutex_unlock(&p->lock);
+    int r = nbdx_heal(p->x);
+    pthread_mutex_lock(&p->lock);
+    if (r == 0)
+        p->lost = false;
+    return p->lost ? -EIO : 0;
+}
+
+int pool_heal(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    return heal_locked(p);
+}
+
 int pool_error_peek(struct pool *p, const uint64_t *seq)
 {
     LOCK_FOR_SCOPE(&p->lock);
@@ -1090,7 +1112,7 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
 {
     size_t done = 0;
     while (done < len) {
-        if (p->lost)
+        if (heal_locked(p) < 0)
             return -EIO;
         ssize_t r = absorb_locked(p, off + done, data + done, len - done);
         if (r < 0)
@@ -1290,7 +1312,7 @@ int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
         return -EAGAIN;
     pthread_mutex_lock(&p->lock);
     do
-        r = p->lost ? -EIO : reserve_locked(p, f);
+        r = heal_locked(p) < 0 ? -EIO : reserve_locked(p, f);
     while (r == 1);
     dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
@@ -1664,6 +1686,10 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
     int r;
 
     pthread_mutex_lock(&p->lock);
+    if (heal_locked(p) < 0) {
+        pthread_mutex_unlock(&p->lock);
+        return -EIO;
+    }
     seal_overlapping_locked(p, off, len, NULL);
     dispatch_locked(p);
     while (queue_overlaps(p, off, len))
@@ -1678,6 +1704,8 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
         memset(buf, 0, len);
     else if (r == 0) {
         r = read_server(p, off, buf, len);
+        if (r < 0)
+            r = -tool_errno(-r);  /* a lost connection reads as EIO */
         overlay_snapshot(&snap, off, buf);
     }
 

@@ -265,6 +265,12 @@ int pool_flush(struct pool *p);
  * one it has been told about.  pool_error_seq() is the current number;
  * pool_error_take() returns the first error (positive errno) recorded
  * after *seq, or 0, and moves *seq to the current number. */
+/* The connection was lost (every request fails): try the server again
+ * now (transport/nbdx.h nbdx_heal).  0 if it answers, or nothing was
+ * lost; -EIO otherwise.  Writes and reads do this themselves; fs/ calls
+ * it at open, so that a new copy finds a healed mount. */
+int pool_heal(struct pool *p);
+
 uint64_t pool_error_seq(struct pool *p);
 /* *seq is read (peek) or read and moved (take) under the pool's lock, so
  * one handle may be used by several threads at once. */

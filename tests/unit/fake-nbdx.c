@@ -149,6 +149,10 @@ void fake_reconnect(struct nbdx *x)
 {
     __atomic_add_fetch(&x->reconnects, 1, __ATOMIC_SEQ_CST);
 }
+/* The fake never loses its server for good: nothing to heal, and a pool
+ * that latched a loss stays lost (EIO), as a mount in a mode that cannot
+ * reconnect does. */
+int nbdx_heal(struct nbdx *x) { (void) x; return -EIO; }
 
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
 {
