@@ -1739,6 +1739,11 @@ int nbdx_heal(struct nbdx *x)
     wall_clock((time_t) atomic_load(&x->lost_at), at, sizeof at);
     atomic_store(&x->healed_at, (long long) time(NULL));
     atomic_fetch_add(&x->heals, 1);
+    /* A heal is a reconnect too: writes the old connections acknowledged
+     * and no flush covered may be gone with a restarted server, and the
+     * pool counts them lost when this number moves (before any request
+     * reaches the new connection). */
+    atomic_fetch_add(&x->reconnects, 1);
     atomic_store(&x->lost, false);
     for (unsigned i = 0; i < x->nconns; i++)
         kick(&x->conns[i]);
