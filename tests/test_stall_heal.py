@@ -179,7 +179,7 @@ def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally):
     same mount lands byte-exact."""
     k = memory_kit(kit, params=["wdelay=20ms"])
     # Two requests at a time: the copy is still running at the kill.
-    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", expect_rc=1,
+    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", expect_rc=0,
               expect_errors=True)
     src = random_file(shm / "src.img", SRC)
     cp = copy(bg, shm, src, m.file)
@@ -212,7 +212,12 @@ def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally):
     print(f"restarted server: copy failed {t_fail:.1f} s after the kill; "
           f"healed copy took {took:.1f} s ({time.monotonic() - t1:.1f} s "
           f"after the restart)")
-    assert m.unmount(check=True) == 1
+    # The healed copy rewrote every range the failed one left wrong (and
+    # those acknowledged before the loss, counted lost at the heal): the
+    # verdict is that nothing was left unrepaired.
+    assert m.unmount(check=True) == 0
+    assert re.search(r"every range they left wrong was written again", m.stderr), \
+        m.stderr
 
 
 def test_stall_command_mode_cannot_heal_says_so(mount, shm, bg, tally):
@@ -274,7 +279,7 @@ def test_stall_reads_on_lost_connection_are_eio(kit, mount, shm):
 
 
 def test_stall_reconnect_refuses_changed_server(kit, mount, shm, bg, tally):
-    """The server restarts read-only, then without multi-conn: the reconnection
+    """The server restarts read-only, then with other block sizes: the reconnection
     (and the try to heal) is refused with the reason in the log, and the
     write fails; the server's disk is not written."""
     k = memory_kit(kit)
@@ -284,9 +289,13 @@ def test_stall_reconnect_refuses_changed_server(kit, mount, shm, bg, tally):
     plain = ["--filter=delay", "memory", f"size={EXPORT}", "wdelay=4ms"]
     for i, (extra, args, why) in enumerate([
             (["-r"], plain, "the export is now read-only"),
-            ([], ["--filter=delay", "--filter=multi-conn", "memory",
-                  f"size={EXPORT}", "wdelay=4ms", "multi-conn-mode=disable"],
-             "the server no longer offers multi-conn")]):
+            # Not the multi-conn filter: nbdkit 1.32's aborts in its
+            # finalize (h->group) when a client leaves after the handshake.
+            ([], ["--filter=delay", "--filter=blocksize-policy", "memory",
+                  f"size={EXPORT}", "wdelay=4ms",
+                  "blocksize-minimum=4096", "blocksize-preferred=65536",
+                  "blocksize-maximum=1048576"],
+             "the block sizes")]):
         k.kill()
         k.extra, k.args = extra, args
         k.start()
