@@ -94,7 +94,8 @@ def test_reconnect_restarted_too_late(kit, mount, shm, bg, tally):
     """--retry-timeout 2 and the server stays away: the copy fails, the
     log names the lost ranges, later writes fail at once with EIO while it
     is away; once it is back, the next write heals the mount and lands
-    (tests/test_stall_heal.py covers healing in full).  The daemon exits 1:
+    (tests/test_stall_heal.py covers healing in full), while every fsync
+    still fails: the first copy's ranges are not written again.  The daemon exits 1:
     the first copy's writes were lost."""
     k = slow_file_kit(kit, shm)
     m = mount(k.target, "--retry-timeout", "2", "--request-size", "512K",
@@ -118,9 +119,11 @@ def test_reconnect_restarted_too_late(kit, mount, shm, bg, tally):
             k.start()                      # back, too late for the copy
         fd = os.open(m.file, os.O_WRONLY)
         try:
-            if back:                       # healed: the write lands
-                os.pwrite(fd, data, 0)
-                os.fsync(fd)
+            if back:                       # healed: the write lands, but
+                os.pwrite(fd, data, 0)     # the first copy's damage is not
+                with pytest.raises(OSError) as ei:     # repaired: fsync
+                    os.fsync(fd)                       # still says so
+                assert ei.value.errno == 5, ei.value
             else:                          # still away: EIO at once
                 with pytest.raises(OSError) as ei:
                     os.pwrite(fd, data, 0)
