@@ -687,6 +687,39 @@ static uint64_t clamp_request_size(const struct options *o,
     return rs;
 }
 
+/* The block status scan got no reply in time and gave the server up
+ * (transport/pool.c): nothing is written yet, so connect again and go on
+ * without the scan, or fail where the server cannot be connected to
+ * again (a command, socket activation, --fd).  Logs one line. */
+static int reopen_without_extents(struct fs *fs, const struct options *o,
+                                  struct pool_config *pc)
+{
+    enum nbdx_mode m = o->nbd.mode;
+
+    if (m != NBDX_URI && m != NBDX_UNIX && m != NBDX_TCP) {
+        log_err("the server did not answer block status in time and this "
+                "mode cannot connect again; mount with --no-extents");
+        return -ETIMEDOUT;
+    }
+    nbdx_close(fs->x);
+    fs->x = NULL;
+    if (nbdx_open(&o->nbd, &fs->x) < 0)   /* logged */
+        return -ENOTCONN;
+    if (nbdx_info(fs->x)->size != fs->export_size) {
+        log_err("the export changed size after connecting again");
+        return -ENOTCONN;
+    }
+    log_warn("the server did not answer block status in time: connected "
+             "again, mounted without it (nothing known to read as zero; "
+             "--no-extents skips the wait)");
+    pc->scan_extents = false;
+    pc->scan_timed_out = true;
+    int r = pool_create(pc, fs->x, fs->export_size, &fs->pool);
+    if (r < 0)
+        log_err("cannot create the write-back pool: %s", strerror(-r));
+    return r;
+}
+
 static int open_pool(struct fs *fs, const struct options *o)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
@@ -698,13 +731,22 @@ static int open_pool(struct fs *fs, const struct options *o)
         .write_through = o->write_through,
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
+        /* A reply to block status is waited for no longer than any other
+         * reply (--request-timeout), and 15 s at most. */
+        .scan_wait_ms = o->nbd.request_timeout_s &&
+                        o->nbd.request_timeout_s < 15
+                        ? o->nbd.request_timeout_s * 1000u : 15000u,
     };
     if (pc.pool_size < 2 * pc.request_size) {
         log_info("pool size raised to two requests");
         pc.pool_size = 2 * pc.request_size;
     }
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
-    if (r < 0) {
+    if (r == -ETIMEDOUT) {
+        r = reopen_without_extents(fs, o, &pc);
+        if (r < 0)
+            return r;             /* logged */
+    } else if (r < 0) {
         log_err("cannot create the write-back pool: %s", strerror(-r));
         return r;
     }

@@ -1670,7 +1670,14 @@ static void *idle_thread(void *arg)
  * from the op itself.  Extent callbacks run on I/O threads, several at
  * once, so they take pool->lock; nothing else uses the pool yet. */
 #define SCAN_DEPTH 32
-#define SCAN_BUDGET_NS (10ull * 1000000000u)
+#define SCAN_BUDGET_NS (10ull * NS_PER_S)   /* no request sent after it */
+/* A block status request that never comes back (a hung server, a broken
+ * extents implementation) would hold the mount, then be timed out and
+ * fail the connection for good.  So no reply for cfg->scan_wait_ms, or
+ * none past the budget plus that, gives the server up: the connections
+ * are dropped (nbdx_abandon()) and pool_create() fails with -ETIMEDOUT;
+ * the daemon connects again without the scan. */
+#define SCAN_WAIT_MS 15000u
 
 struct scan {
     struct nbdx_op op;
@@ -1732,16 +1739,56 @@ static bool scan_reply_locked(struct pool *p, struct scan *s)
     return true;
 }
 
+/* The connection is gone for good (nbdx fails an op with these only when
+ * it cannot reconnect): going on would mount a disk every write to which
+ * fails. */
+static bool scan_lost(int err)
+{
+    return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
+           err == EPIPE || err == ECONNABORTED;
+}
+
+/* Wait for a scan reply, the last one having come at *last (or the scan
+ * begun at t0), up to the scan's deadlines; past one of them give the
+ * server up (its requests then fail at once) and return true. */
+static bool scan_wait_locked(struct pool *p, uint64_t t0, uint64_t last,
+                             bool abandoned)
+{
+    uint64_t wait = (uint64_t) (p->cfg.scan_wait_ms ? p->cfg.scan_wait_ms
+                                                    : SCAN_WAIT_MS) *
+                    NS_PER_MS;
+    uint64_t due = last + wait, now = mono_now_ns();
+
+    if (abandoned) {
+        cond_wait_locked(p, "scan");
+        return false;
+    }
+    if (due > t0 + SCAN_BUDGET_NS + wait)
+        due = t0 + SCAN_BUDGET_NS + wait;
+    if (now >= due) {
+        log_info("block status: no reply from the server for %.1f s: "
+                 "dropping the connections", (double) (now - last) / 1e9);
+        nbdx_abandon(p->x);
+        return true;
+    }
+    pool_test_before_wait(p, "scan");
+    struct timespec ts = mono_deadline_ns(due - now);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+    return false;
+}
+
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
- * mount exists and before the idle thread starts. */
-static void scan_extents(struct pool *p)
+ * mount exists and before the idle thread starts.  0, or -ETIMEDOUT: the
+ * server did not answer in time and was given up (nbdx_abandon()). */
+static int scan_extents(struct pool *p)
 {
     struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
     uint64_t pos = 0, t0 = mono_now_ns(), win = max_request(p, SCAN_MAX_LEN);
-    bool stop = false;
+    uint64_t last = t0;               /* the last reply */
+    bool stop = false, abandoned = false;
 
     if (!slots)
-        return;                       /* nothing known: correct, slower */
+        return 0;                     /* nothing known: correct, slower */
     pthread_mutex_lock(&p->lock);
     for (;;) {
         unsigned busy = 0;
@@ -1753,6 +1800,11 @@ static void scan_extents(struct pool *p)
         for (unsigned i = 0; i < SCAN_DEPTH; i++) {
             struct scan *s = &slots[i];
             if (!s->busy && s->op.len) {
+                last = mono_now_ns();
+                if (scan_lost(s->err) && !abandoned) {
+                    nbdx_abandon(p->x);   /* the others fail at once */
+                    abandoned = stop = true;
+                }
                 if (stop)
                     s->op.len = 0;    /* what it found is recorded */
                 else if (!scan_reply_locked(p, s))
@@ -1767,13 +1819,19 @@ static void scan_extents(struct pool *p)
         }
         if (busy == 0)
             break;
-        cond_wait_locked(p, "scan");
+        if (scan_wait_locked(p, t0, last, abandoned))
+            abandoned = stop = true;
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
-    log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
-             extmap_covered(&p->known_zero, 0, p->size), p->size);
+    if (abandoned)
+        extmap_remove(&p->known_zero, 0, UINT64_MAX);
+    else
+        log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as "
+                 "zero", extmap_covered(&p->known_zero, 0, p->size), p->size);
+    p->st.scan = abandoned ? "timed out" : stop ? "partial" : "complete";
     pthread_mutex_unlock(&p->lock);
     free(slots);
+    return abandoned ? -ETIMEDOUT : 0;
 }
 
 int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
@@ -1808,7 +1866,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
         return -ENOMEM;
     }
     pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->cond, NULL);
+    mono_cond_init(&p->cond);         /* the scan's wait is timed */
     mono_cond_init(&p->idle_cond);
     p->map_max = cfg->zero_map_ranges ? cfg->zero_map_ranges
                                       : POOL_ZERO_MAP_RANGES;
@@ -1818,10 +1876,17 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     extmap_init(&p->pending_zero, p->map_max, false);
     p->idle_since_ns = 0;
 
+    p->st.scan = cfg->scan_timed_out ? "timed out"
+                 : cfg->scan_extents && !info->can_extents ? "unsupported"
+                 : "off";
     if (cfg->destination_is_zero)
         extmap_add(&p->known_zero, 0, size);
-    else if (cfg->scan_extents && info->can_extents)
-        scan_extents(p);
+    else if (cfg->scan_extents && info->can_extents &&
+             scan_extents(p) < 0) {
+        p->stopping = true;           /* no idle thread to stop */
+        pool_destroy(p);
+        return -ETIMEDOUT;
+    }
 
     int r = pthread_create(&p->idle_thread, NULL, idle_thread, p);
     if (r != 0) {

@@ -31,6 +31,10 @@ struct pool_config {
                                * waits for its reply (benchmarks) */
     bool destination_is_zero; /* trust the user: the disk reads as zero */
     bool scan_extents;        /* learn zero ranges from block status */
+    unsigned scan_wait_ms;    /* the scan gives the server up after this
+                               * long without a reply (0: 15 s) */
+    bool scan_timed_out;      /* an earlier pool's scan got no reply (the
+                               * status says so); no scan now */
     size_t zero_map_ranges;   /* most ranges each zero map holds (0:
                                * POOL_ZERO_MAP_RANGES) */
 };
@@ -73,6 +77,11 @@ struct pool_stats {
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
     struct pool_failure failures[16];   /* the first ones */
+    const char *scan;         /* the block status scan at mount: "complete",
+                               * "partial" (its 10 s budget or an error),
+                               * "timed out" (no reply: the connections
+                               * were dropped, nothing is known zero),
+                               * "unsupported", "off" */
 };
 
 int  pool_create(const struct pool_config *cfg, struct nbdx *x,
