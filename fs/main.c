@@ -42,6 +42,7 @@
 #include "fs/fuseloop.h"
 #include "fs/readback.h"
 #include "fs/pidfile.h"
+#include "fs/stopsig.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
@@ -975,6 +976,8 @@ int main(int argc, char **argv)
             goto out_unmount;
         }
     }
+    if (stopsig_start(se, fs.pool) < 0)   /* libfuse's handlers stay */
+        log_info("a second stop signal will not abandon the final drain");
     detach();
     serve(&fs, se, o.single_thread);
     status = EXIT_SUCCESS;
@@ -982,18 +985,23 @@ int main(int argc, char **argv)
 out_unmount:
     fuse_session_unmount(se);
     fuse_remove_signal_handlers(se);
+    stopsig_session_end();
     fuse_session_destroy(se);
 out_pool:
     /* libfuse's handlers are gone: a SIGTERM now would kill the final
      * drain and flush and lose acknowledged-to-the-kernel writes.  The
-     * mount is already down; ignore it (SIGKILL still works). */
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
+     * mount is already down; ignore it (SIGKILL still works), but for the
+     * second stop signal that abandons the zeroing (fs/stopsig.c). */
+    if (!stopsig_started()) {
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+    }
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
     stop_watchers(&fs);
     pool_destroy(fs.pool);
+    stopsig_stop();
 out_nbd:
     fs_close_all(&fs);
     ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */

@@ -193,6 +193,14 @@ struct pool {
     uint64_t flushed_changes;     /* ... as of the last good flush */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
     unsigned areads;              /* pool_read_start() reads not done */
+
+    /* The zeroing of a drain, for the status: drains running, and what
+     * was pending when the first began (total) against the zeroing
+     * acknowledged or found unneeded since (base: the counters then). */
+    unsigned zero_drains;
+    uint64_t zeroing_total, zeroing_base;
+    bool zeroing_abandoned;       /* pool_abandon_zeroing(): for good */
+    bool abandon_reported;
 };
 
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
@@ -542,12 +550,47 @@ static void wait_zero_slot_locked(struct pool *p)
  * in the same locked step that queues its zero request, so a write made
  * while this waits for a zero slot still removes its range from what is
  * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending). */
+/* At most this many ranges left unzeroed are logged one by one. */
+#define ABANDON_LOG_RANGES 16
+
+/* The zeroing was given up (pool_abandon_zeroing()): what is still
+ * pending stays so.  Logged once, range by range, and recorded once as a
+ * failure of the whole span, so that close, fsync and the exit status
+ * say the disk does not read as asked.  -ECANCELED. */
+static int abandoned_locked(struct pool *p)
+{
+    struct ext e;
+    uint64_t pos = 0, first = UINT64_MAX, last = 0, bytes = 0;
+    size_t n = 0;
+
+    if (p->abandon_reported || !extmap_count(&p->pending_zero))
+        return -ECANCELED;
+    p->abandon_reported = true;
+    while (extmap_next(&p->pending_zero, pos, &e)) {
+        if (n++ < ABANDON_LOG_RANGES)
+            log_err("zeroing abandoned: %" PRIu64 " bytes at offset %" PRIu64
+                    " not zeroed (they may hold old data)", e.end - e.start,
+                    e.start);
+        first = first < e.start ? first : e.start;
+        last = e.end;
+        bytes += e.end - e.start;
+        pos = e.end;
+    }
+    if (n > ABANDON_LOG_RANGES)
+        log_err("zeroing abandoned: %zu more ranges not zeroed; %" PRIu64
+                " bytes in all", n - ABANDON_LOG_RANGES, bytes);
+    record_failure_locked(p, POOL_ZERO, first, last - first, ECANCELED);
+    return -ECANCELED;
+}
+
 static int materialize_locked(struct pool *p, size_t down_to)
 {
     struct ext e;
 
     while (extmap_count(&p->pending_zero) > down_to &&
            extmap_next(&p->pending_zero, 0, &e)) {
+        if (p->zeroing_abandoned)
+            return abandoned_locked(p);
         uint64_t pos = e.start;
         int r = zero_piece_locked(p, &pos, e.end, false);
         if (r == -EAGAIN) {
@@ -1493,13 +1536,32 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
 
 /* ---- draining and flushing ------------------------------------------- */
 
+/* Zeroing done (acknowledged, or found unneeded) since base. */
+static uint64_t zeroing_count_locked(const struct pool *p)
+{
+    return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
+}
+
 void pool_drain(struct pool *p)
 {
     pthread_mutex_lock(&p->lock);
     seal_all_locked(p);
+    if (p->zero_drains++ == 0) {
+        p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
+        p->zeroing_base = zeroing_count_locked(p);
+    }
     materialize_locked(p, 0);             /* a failure is recorded */
     dispatch_locked(p);
     wait_seq_locked(p, p->next_seq);
+    p->zero_drains--;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_abandon_zeroing(struct pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->zeroing_abandoned = true;
+    pthread_cond_broadcast(&p->cond);     /* a drain waiting for a slot */
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -1918,6 +1980,11 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
     out->pending_zero_ranges = extmap_count(&p->pending_zero);
     out->known_zero_ranges = extmap_count(&p->known_zero);
+    out->zeroing_active = p->zero_drains > 0 && p->zeroing_total > 0;
+    out->zeroing_total = p->zeroing_total;
+    uint64_t done = zeroing_count_locked(p) - p->zeroing_base;
+    out->zeroing_done = done < p->zeroing_total ? done : p->zeroing_total;
+    out->zeroing_abandoned = p->zeroing_abandoned;
     out->nfailures = MIN(p->nfailures, (unsigned) (sizeof out->failures /
                                                    sizeof out->failures[0]));
     memcpy(out->failures, p->failures,

@@ -77,6 +77,11 @@ struct pool_stats {
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
     struct pool_failure failures[16];   /* the first ones */
+    /* The zeroing of the last drain (close, fsync, unmount): what was
+     * pending when it began, and how much of it is done (acknowledged,
+     * or found unneeded); active while a drain runs. */
+    bool zeroing_active, zeroing_abandoned;
+    uint64_t zeroing_done, zeroing_total;
     const char *scan;         /* the block status scan at mount: "complete",
                                * "partial" (its 10 s budget or an error),
                                * "timed out" (no reply: the connections
@@ -237,6 +242,13 @@ size_t pool_read_max(struct pool *p);
 /* Return once everything accepted before the call has been answered by
  * the server (success or failure), pending zeroes included. */
 void pool_drain(struct pool *p);
+
+/* Give up the zeroing of pending zeroes, for good (a second stop signal
+ * during the final drain): a drain waiting to queue zero requests returns
+ * once those already queued are answered.  What is left is logged, range
+ * by range, and recorded as one failure (ECANCELED), so later closes,
+ * fsyncs and the exit status report it.  Never waits for the server. */
+void pool_abandon_zeroing(struct pool *p);
 
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
 int pool_flush(struct pool *p);
