@@ -18,9 +18,9 @@ import sys
 import pytest
 
 from lib.copytools import status
-from lib.env import MiB, timeout
+from lib.env import TOP, MiB, timeout
 from lib.nbd import read_nbd, write_nbd
-from lib.procs import wait_for
+from lib.procs import run, wait_for
 
 TiB = 1 << 40
 OLD_AT = (0, 600 << 30)           # old data near the start and far in
@@ -67,6 +67,9 @@ def test_second_signal_abandons_zeroing(server, mount, sig):
         wait_for(lambda: zeroing(m)["bytes_done"] > first["bytes_done"],
                  closer, "more zeroing progress")
         assert zeroing(m)["bytes_done"] <= TiB
+        shown = run(["/usr/bin/python3", TOP / "tools" / "status" /
+                     "nbdferry-status", m.mp], check=True).stdout
+        assert re.search(r"zeroing .* of 1\.0 TiB \(draining", shown), shown
         m.proc.send_signal(sig)
         # Two signals sent while the first is pending would be one.
         wait_for(lambda: not signal_pending(m.pid, sig), m.proc,
