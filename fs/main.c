@@ -891,11 +891,18 @@ static void stop_watchers(struct fs *fs)
     fs->digest = NULL;
 }
 
+#define FINISH_ZEROING_NOTICE (1ull << 30)  /* seconds of zeroing, or more */
+
 /* Drain and flush after the mount is gone.  Returns the exit status. */
 static int finish(struct fs *fs)
 {
     struct pool_stats st;
 
+    /* A long zeroing says so before it starts (fs/stopsig.c). */
+    pool_get_stats(fs->pool, &st);
+    if (st.pending_zero >= FINISH_ZEROING_NOTICE && stopsig_started())
+        log_notice("zeroing %" PRIu64 " bytes before exiting; a second "
+                   "SIGTERM or SIGINT abandons it", st.pending_zero);
     int r = pool_flush(fs->pool);
     pool_get_stats(fs->pool, &st);
     if (st.errors || r < 0) {

@@ -92,3 +92,27 @@ def test_second_signal_abandons_zeroing(server, mount, sig):
     assert read_nbd(srv.uri, OLD_AT[0], MiB) == bytes(MiB)
     assert read_nbd(srv.uri, OLD_AT[1], MiB) == old
     m.check(rc)
+
+
+def test_second_signal_abandons_final_drain(server, mount):
+    """The truncating file still open at the first SIGTERM: the zeroing is
+    the unmount's (said in the log), and a SIGINT after it gives it up."""
+    srv = server("memory", "size=1T", "delay-zero=50ms", filters=["delay"])
+    m = mount(srv, "--no-extents", expect_rc=1, expect_errors=True)
+    fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+    try:
+        assert status(m)["pending_zero_bytes"] == TiB
+        m.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "before exiting" in m.stderr, m.proc,
+                 "the final drain's notice")
+        m.proc.send_signal(signal.SIGINT)
+        rc = m.wait_exit(30)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass                  # the mount is gone
+    assert rc == 1, f"daemon exited {rc}\n{m.stderr}"
+    assert re.search(r"zeroing abandoned: \d+ bytes at offset \d+ not "
+                     r"zeroed", m.stderr), m.stderr
+    m.check(rc)
