@@ -545,11 +545,6 @@ static void wait_zero_slot_locked(struct pool *p)
     cond_wait_locked(p, "zero-slot");
 }
 
-/* Turn pending zeroes into zero requests, oldest (lowest) range first,
- * until at most down_to ranges are left.  A range leaves pending_zero
- * in the same locked step that queues its zero request, so a write made
- * while this waits for a zero slot still removes its range from what is
- * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending). */
 /* At most this many ranges left unzeroed are logged one by one. */
 #define ABANDON_LOG_RANGES 16
 
@@ -583,6 +578,12 @@ static int abandoned_locked(struct pool *p)
     return -ECANCELED;
 }
 
+/* Turn pending zeroes into zero requests, oldest (lowest) range first,
+ * until at most down_to ranges are left.  A range leaves pending_zero
+ * in the same locked step that queues its zero request, so a write made
+ * while this waits for a zero slot still removes its range from what is
+ * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending), or
+ * -ECANCELED once the zeroing was abandoned. */
 static int materialize_locked(struct pool *p, size_t down_to)
 {
     struct ext e;
@@ -1885,9 +1886,7 @@ static int scan_extents(struct pool *p)
             abandoned = stop = true;
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
-    if (abandoned)
-        extmap_remove(&p->known_zero, 0, UINT64_MAX);
-    else
+    if (!abandoned)                   /* else this pool is not used */
         log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as "
                  "zero", extmap_covered(&p->known_zero, 0, p->size), p->size);
     p->st.scan = abandoned ? "timed out" : stop ? "partial" : "complete";
