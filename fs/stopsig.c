@@ -53,7 +53,8 @@ static void *stop_main(void *arg)
 
     block_stop_signals();
     while (read(stop_pipe[0], &c, 1) == 1) {
-        log_warn("second stop signal: abandoning the zeroing still to do");
+        log_notice("second stop signal: any zeroing still to do is "
+                   "abandoned");
         pool_abandon_zeroing(p);
     }
     return NULL;                  /* the write end was closed */
