@@ -42,6 +42,7 @@
 #include "fs/fuseloop.h"
 #include "fs/readback.h"
 #include "fs/pidfile.h"
+#include "fs/stopsig.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
@@ -691,6 +692,39 @@ static uint64_t clamp_request_size(const struct options *o,
     return rs;
 }
 
+/* The block status scan got no reply in time and gave the server up
+ * (transport/pool.c): nothing is written yet, so connect again and go on
+ * without the scan, or fail where the server cannot be connected to
+ * again (a command, socket activation, --fd).  Logs one line. */
+static int reopen_without_extents(struct fs *fs, const struct options *o,
+                                  struct pool_config *pc)
+{
+    enum nbdx_mode m = o->nbd.mode;
+
+    if (m != NBDX_URI && m != NBDX_UNIX && m != NBDX_TCP) {
+        log_err("the server did not answer block status in time and this "
+                "mode cannot connect again; mount with --no-extents");
+        return -ETIMEDOUT;
+    }
+    nbdx_close(fs->x);
+    fs->x = NULL;
+    if (nbdx_open(&o->nbd, &fs->x) < 0)   /* logged */
+        return -ENOTCONN;
+    if (nbdx_info(fs->x)->size != fs->export_size) {
+        log_err("the export changed size after connecting again");
+        return -ENOTCONN;
+    }
+    log_warn("the server did not answer block status in time: connected "
+             "again, mounted without it (nothing known to read as zero; "
+             "--no-extents skips the wait)");
+    pc->scan_extents = false;
+    pc->scan_timed_out = true;
+    int r = pool_create(pc, fs->x, fs->export_size, &fs->pool);
+    if (r < 0)
+        log_err("cannot create the write-back pool: %s", strerror(-r));
+    return r;
+}
+
 static int open_pool(struct fs *fs, const struct options *o)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
@@ -703,13 +737,22 @@ static int open_pool(struct fs *fs, const struct options *o)
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
         .track_touched = o->verify_readback != READBACK_OFF,
+        /* A reply to block status is waited for no longer than any other
+         * reply (--request-timeout), and 15 s at most. */
+        .scan_wait_ms = o->nbd.request_timeout_s &&
+                        o->nbd.request_timeout_s < 15
+                        ? o->nbd.request_timeout_s * 1000u : 15000u,
     };
     if (pc.pool_size < 2 * pc.request_size) {
         log_info("pool size raised to two requests");
         pc.pool_size = 2 * pc.request_size;
     }
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
-    if (r < 0) {
+    if (r == -ETIMEDOUT) {
+        r = reopen_without_extents(fs, o, &pc);
+        if (r < 0)
+            return r;             /* logged */
+    } else if (r < 0) {
         log_err("cannot create the write-back pool: %s", strerror(-r));
         return r;
     }
@@ -887,6 +930,8 @@ static void stop_watchers(struct fs *fs)
     fs->digest = NULL;
 }
 
+#define FINISH_ZEROING_NOTICE (1ull << 30)  /* seconds of zeroing, or more */
+
 /* Drain and flush after the mount is gone.  Returns the exit status: 1
  * if any failure is left unrepaired (the disk may not hold what was
  * written), 0 when every failed range was written again (or zeroed)
@@ -895,6 +940,11 @@ static int finish(struct fs *fs)
 {
     struct pool_stats st;
 
+    /* A long zeroing says so before it starts (fs/stopsig.c). */
+    pool_get_stats(fs->pool, &st);
+    if (st.pending_zero >= FINISH_ZEROING_NOTICE && stopsig_started())
+        log_notice("zeroing %" PRIu64 " bytes before exiting; a second "
+                   "SIGTERM or SIGINT abandons it", st.pending_zero);
     int r = pool_flush(fs->pool);
     pool_get_stats(fs->pool, &st);
     if (st.unrepaired || r < 0) {
@@ -987,6 +1037,8 @@ int main(int argc, char **argv)
             goto out_unmount;
         }
     }
+    if (stopsig_start(se, fs.pool) < 0)   /* libfuse's handlers stay */
+        log_info("a second stop signal will not abandon the final drain");
     detach();
     serve(&fs, se, o.single_thread);
     status = EXIT_SUCCESS;
@@ -994,18 +1046,23 @@ int main(int argc, char **argv)
 out_unmount:
     fuse_session_unmount(se);
     fuse_remove_signal_handlers(se);
+    stopsig_session_end();
     fuse_session_destroy(se);
 out_pool:
     /* libfuse's handlers are gone: a SIGTERM now would kill the final
      * drain and flush and lose acknowledged-to-the-kernel writes.  The
-     * mount is already down; ignore it (SIGKILL still works). */
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
+     * mount is already down; ignore it (SIGKILL still works), but for the
+     * second stop signal that abandons the zeroing (fs/stopsig.c). */
+    if (!stopsig_started()) {
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+    }
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
     stop_watchers(&fs);
     pool_destroy(fs.pool);
+    stopsig_stop();
 out_nbd:
     fs_close_all(&fs);
     ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */

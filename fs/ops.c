@@ -6,7 +6,8 @@
  *
  * THREAD MODEL
  * The receive loop (fs/fuseloop.c) calls these handlers: writes on its
- * receiver thread, everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
+ * receiver thread (a durable one, O_DSYNC or O_SYNC, on a worker),
+ * everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
  * fs/rawfile.c, the apparent size and times); it is never held across a
  * view's hook nor across fuse_reply_*().
  */
@@ -401,6 +402,20 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         fuse_reply_err(req, EINVAL);
 }
 
+/* O_DSYNC or O_SYNC (the open's flags, or pwritev2()'s RWF_DSYNC and
+ * RWF_SYNC: the kernel passes both in each write's flags): the write is
+ * durable before it is answered, as fdatasync() would make it (every
+ * write drained, then an NBD flush).  fs/fuseloop.c serves such writes
+ * on a worker.  An error of the drain or the flush is the write's. */
+static ssize_t write_synced(struct fs *fs, struct fs_fh *fh, int flags,
+                            ssize_t n)
+{
+    if (n < 0 || !(flags & O_DSYNC))
+        return n;
+    int r = rawfile_fsync(fs, fh);
+    return r < 0 ? r : n;
+}
+
 static void reply_written(fuse_req_t req, ssize_t n)
 {
     if (n < 0)
@@ -418,8 +433,9 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs_fh *fh = fh_of(fi);
 
     fs_fh_mark_wrote(fh);
-    reply_written(req, v && v->write ? v->write(fs_of(req), fh, buf, size, off)
-                                     : -EBADF);
+    ssize_t n = v && v->write ? v->write(fs_of(req), fh, buf, size, off)
+                              : -EBADF;
+    reply_written(req, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* Copy the payload into memory and take op_write()'s path (the VHD view,
@@ -464,7 +480,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     if (n == -EAGAIN)
         write_buf_copied(req, ino, bufv, off, fi);
     else
-        reply_written(req, n);
+        reply_written(req, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */

@@ -331,6 +331,12 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"pending_zero_ranges\": %" PRIu64 ",\n",
             s.pending_zero_ranges);
     fprintf(f, "  \"known_zero_ranges\": %" PRIu64 ",\n", s.known_zero_ranges);
+    fprintf(f, "  \"block_status_scan\": \"%s\",\n", s.scan);
+    fprintf(f, "  \"zeroing\": {\"active\": %s, \"abandoned\": %s, "
+               "\"bytes_done\": %" PRIu64 ", \"bytes_total\": %" PRIu64 "},\n",
+            s.zeroing_active ? "true" : "false",
+            s.zeroing_abandoned ? "true" : "false", s.zeroing_done,
+            s.zeroing_total);
     fprintf(f, "  \"in_flight\": %u,\n", s.in_flight);
     fprintf(f, "  \"in_flight_peak\": %u,\n", s.in_flight_peak);
     struct ra_stats ra;

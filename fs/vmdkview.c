@@ -23,7 +23,9 @@
  * Reading: at open, the allocation of the disk (from the zero maps) is
  * frozen into a synthesizer that produces a streamOptimized VMDK of
  * stored deflate blocks (size known at open; see docs/vmdk-format.md);
- * grain data is read through the pool.
+ * grain data is read through the pool.  Handles that see the same disk
+ * state share one, and at most SYNTHCACHE_MAX distinct ones live
+ * (fs/synthcache.h).
  *
  * THREAD MODEL
  * view->lock serializes everything about the ingest (the decoder is not
@@ -31,8 +33,8 @@
  * pool_write() (which may wait for a buffer: the writer is throttled, as
  * on the raw file) but never across fuse_reply_*().  The kernel sends a
  * writer's requests in order because async direct I/O is off (fs/ops.c).
- * view->read_lock serializes reads of synthesizers (each caches a grain);
- * it is taken without view->lock held.  Inflater threads take jobs from
+ * view->read_lock serializes reads of synthesizers (each caches a grain,
+ * and handles share them); it is taken without view->lock held.  Inflater threads take jobs from
  * view->q under q.lock (a leaf: held only to move jobs and counters, never
  * across inflate or pool_write()).  The writing FUSE thread, holding
  * view->lock, runs queued jobs itself when the queue is full or must
@@ -57,6 +59,7 @@
 #include "common/iszero.h"
 #include "common/log.h"
 #include "fs/rawfile.h"
+#include "fs/synthcache.h"
 #include "vmdk/vmdk.h"
 
 #define QMAX 8                    /* compressed grains waiting (bounded memory) */
@@ -92,9 +95,11 @@ struct vmdkview {
     struct inflaters q;
     struct vmdk_inflater *z;      /* the writer's own, under lock */
     uint8_t *zout;                /* its output, a maximal grain */
+    struct synthcache *synths;    /* the read side's, shared */
 };
 
 static const struct vmdk_sink sink;
+static const struct synthcache_ops synth_ops;
 
 static struct vmdkview *vmdk_of(struct fs *fs)
 {
@@ -274,7 +279,12 @@ static int vmdkview_init(struct fs *fs)
     if (v->cid == 0xffffffffu)
         v->cid = 1;                   /* "no parent" in a descriptor */
     fs->view_state[FS_INO_VMDK] = v;
-    int r = start_inflaters(v);
+    int r = synthcache_new(&synth_ops, vmdk_name(fs), &v->synths);
+    if (r < 0) {
+        vmdkview_fini(fs);
+        return r;
+    }
+    r = start_inflaters(v);
     if (r < 0) {
         log_err("%s: cannot start inflater threads: %s", vmdk_name(fs),
                 strerror(-r));
@@ -294,6 +304,7 @@ static void vmdkview_fini(struct fs *fs)
     vmdk_inflater_free(v->z);
     free(v->zout);
     vmdk_stream_free(v->stream);
+    synthcache_free(v->synths);
     pthread_mutex_destroy(&v->lock);
     pthread_mutex_destroy(&v->read_lock);
     pthread_mutex_destroy(&v->q.lock);
@@ -335,6 +346,19 @@ static int build_synth(struct fs *fs, struct vmdk_synth **out)
     *out = s;
     return 0;
 }
+
+static int synth_build(struct fs *fs, void **out)
+{
+    return build_synth(fs, (struct vmdk_synth **) out);
+}
+
+static void synth_free(void *synth)
+{
+    vmdk_synth_free(synth);
+}
+
+static const struct synthcache_ops synth_ops = { .build = synth_build,
+                                                 .free = synth_free };
 
 /* The synthesized file's size from the zero maps, counting grains and
  * tables without a synthesizer (getattr is frequent; a synthesizer holds
@@ -476,10 +500,9 @@ static int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags,
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
     if (!writing) {
-        struct vmdk_synth *s = NULL;
-        int r = build_synth(fs, &s);
-        fh->view_data = s;
-        return r;
+        int err;
+        fh->view_data = synthcache_get(v->synths, fs, false, &err);
+        return fh->view_data ? 0 : err;
     }
     pthread_mutex_lock(&v->lock);
     if (v->stream && v->writer) {
@@ -630,7 +653,7 @@ static void vmdkview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    vmdk_synth_free(fh->view_data);
+    synthcache_put(v->synths, fh->view_data);
     fh->view_data = NULL;
 }
 

@@ -1818,6 +1818,15 @@ static void disconnect(struct nbd_handle *h, uint64_t due)
     }
 }
 
+void nbdx_abandon(struct nbdx *x)
+{
+    /* Each I/O thread sees lost, aborts its socket and fails everything
+     * (conn_thread); give_up() logs nothing once lost is set. */
+    if (!atomic_exchange(&x->lost, true))
+        for (unsigned i = 0; i < x->nconns; i++)
+            kick(&x->conns[i]);
+}
+
 void nbdx_close(struct nbdx *x)
 {
     if (!x)

@@ -172,6 +172,13 @@ bool nbdx_uri_is_tcp(const char *uri);
  * bytes).  False if absent or too long. */
 bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
 
+/* Give up on the server at once: every connection is dropped, every op
+ * outstanding or submitted later fails with ENOTCONN, and none
+ * reconnects (as when the retry deadline passes, without waiting for
+ * it).  For a server that stopped answering before anything was written
+ * (the block status scan at mount).  Never blocks. */
+void nbdx_abandon(struct nbdx *x);
+
 /* Stop the I/O threads once every op submitted has completed (answered,
  * or failed as any op can: nothing is dropped unanswered), disconnect
  * cleanly and free.  No op may be submitted once this has begun. */

@@ -230,6 +230,14 @@ struct pool {
     uint64_t flushed_changes;     /* ... as of the last good flush */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
     unsigned areads;              /* pool_read_start() reads not done */
+
+    /* The zeroing of a drain, for the status: drains running, and what
+     * was pending when the first began (total) against the zeroing
+     * acknowledged or found unneeded since (base: the counters then). */
+    unsigned zero_drains;
+    uint64_t zeroing_total, zeroing_base;
+    bool zeroing_abandoned;       /* pool_abandon_zeroing(): for good */
+    bool abandon_reported;
 };
 
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
@@ -823,17 +831,53 @@ static void wait_zero_slot_locked(struct pool *p)
     cond_wait_locked(p, "zero-slot");
 }
 
+/* At most this many ranges left unzeroed are logged one by one. */
+#define ABANDON_LOG_RANGES 16
+
+/* The zeroing was given up (pool_abandon_zeroing()): what is still
+ * pending stays so.  Logged once, range by range, and recorded once as a
+ * failure of the whole span, so that close, fsync and the exit status
+ * say the disk does not read as asked.  -ECANCELED. */
+static int abandoned_locked(struct pool *p)
+{
+    struct ext e;
+    uint64_t pos = 0, first = UINT64_MAX, last = 0, bytes = 0;
+    size_t n = 0;
+
+    if (p->abandon_reported || !extmap_count(&p->pending_zero))
+        return -ECANCELED;
+    p->abandon_reported = true;
+    while (extmap_next(&p->pending_zero, pos, &e)) {
+        if (n++ < ABANDON_LOG_RANGES)
+            log_err("zeroing abandoned: %" PRIu64 " bytes at offset %" PRIu64
+                    " not zeroed (they may hold old data)", e.end - e.start,
+                    e.start);
+        first = first < e.start ? first : e.start;
+        last = e.end;
+        bytes += e.end - e.start;
+        pos = e.end;
+    }
+    if (n > ABANDON_LOG_RANGES)
+        log_err("zeroing abandoned: %zu more ranges not zeroed; %" PRIu64
+                " bytes in all", n - ABANDON_LOG_RANGES, bytes);
+    record_failure_locked(p, POOL_ZERO, first, last - first, ECANCELED);
+    return -ECANCELED;
+}
+
 /* Turn pending zeroes into zero requests, oldest (lowest) range first,
  * until at most down_to ranges are left.  A range leaves pending_zero
  * in the same locked step that queues its zero request, so a write made
  * while this waits for a zero slot still removes its range from what is
- * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending). */
+ * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending), or
+ * -ECANCELED once the zeroing was abandoned. */
 static int materialize_locked(struct pool *p, size_t down_to)
 {
     struct ext e;
 
     while (extmap_count(&p->pending_zero) > down_to &&
            extmap_next(&p->pending_zero, 0, &e)) {
+        if (p->zeroing_abandoned)
+            return abandoned_locked(p);
         uint64_t pos = e.start;
         int r = zero_piece_locked(p, &pos, e.end, false);
         if (r == -EAGAIN) {
@@ -1803,13 +1847,32 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
 
 /* ---- draining and flushing ------------------------------------------- */
 
+/* Zeroing done (acknowledged, or found unneeded) since base. */
+static uint64_t zeroing_count_locked(const struct pool *p)
+{
+    return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
+}
+
 void pool_drain(struct pool *p)
 {
     pthread_mutex_lock(&p->lock);
     seal_all_locked(p);
+    if (p->zero_drains++ == 0) {
+        p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
+        p->zeroing_base = zeroing_count_locked(p);
+    }
     materialize_locked(p, 0);             /* a failure is recorded */
     dispatch_locked(p);
     wait_seq_locked(p, p->next_seq);
+    p->zero_drains--;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_abandon_zeroing(struct pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->zeroing_abandoned = true;
+    pthread_cond_broadcast(&p->cond);     /* a drain waiting for a slot */
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -2041,7 +2104,14 @@ static void *idle_thread(void *arg)
  * from the op itself.  Extent callbacks run on I/O threads, several at
  * once, so they take pool->lock; nothing else uses the pool yet. */
 #define SCAN_DEPTH 32
-#define SCAN_BUDGET_NS (10ull * 1000000000u)
+#define SCAN_BUDGET_NS (10ull * NS_PER_S)   /* no request sent after it */
+/* A block status request that never comes back (a hung server, a broken
+ * extents implementation) would hold the mount, then be timed out and
+ * fail the connection for good.  So no reply for cfg->scan_wait_ms, or
+ * none past the budget plus that, gives the server up: the connections
+ * are dropped (nbdx_abandon()) and pool_create() fails with -ETIMEDOUT;
+ * the daemon connects again without the scan. */
+#define SCAN_WAIT_MS 15000u
 
 struct scan {
     struct nbdx_op op;
@@ -2103,16 +2173,56 @@ static bool scan_reply_locked(struct pool *p, struct scan *s)
     return true;
 }
 
+/* The connection is gone for good (nbdx fails an op with these only when
+ * it cannot reconnect): going on would mount a disk every write to which
+ * fails. */
+static bool scan_lost(int err)
+{
+    return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
+           err == EPIPE || err == ECONNABORTED;
+}
+
+/* Wait for a scan reply, the last one having come at *last (or the scan
+ * begun at t0), up to the scan's deadlines; past one of them give the
+ * server up (its requests then fail at once) and return true. */
+static bool scan_wait_locked(struct pool *p, uint64_t t0, uint64_t last,
+                             bool abandoned)
+{
+    uint64_t wait = (uint64_t) (p->cfg.scan_wait_ms ? p->cfg.scan_wait_ms
+                                                    : SCAN_WAIT_MS) *
+                    NS_PER_MS;
+    uint64_t due = last + wait, now = mono_now_ns();
+
+    if (abandoned) {
+        cond_wait_locked(p, "scan");
+        return false;
+    }
+    if (due > t0 + SCAN_BUDGET_NS + wait)
+        due = t0 + SCAN_BUDGET_NS + wait;
+    if (now >= due) {
+        log_info("block status: no reply from the server for %.1f s: "
+                 "dropping the connections", (double) (now - last) / 1e9);
+        nbdx_abandon(p->x);
+        return true;
+    }
+    pool_test_before_wait(p, "scan");
+    struct timespec ts = mono_deadline_ns(due - now);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+    return false;
+}
+
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
- * mount exists and before the idle thread starts. */
-static void scan_extents(struct pool *p)
+ * mount exists and before the idle thread starts.  0, or -ETIMEDOUT: the
+ * server did not answer in time and was given up (nbdx_abandon()). */
+static int scan_extents(struct pool *p)
 {
     struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
     uint64_t pos = 0, t0 = mono_now_ns(), win = max_request(p, SCAN_MAX_LEN);
-    bool stop = false;
+    uint64_t last = t0;               /* the last reply */
+    bool stop = false, abandoned = false;
 
     if (!slots)
-        return;                       /* nothing known: correct, slower */
+        return 0;                     /* nothing known: correct, slower */
     pthread_mutex_lock(&p->lock);
     for (;;) {
         unsigned busy = 0;
@@ -2124,6 +2234,11 @@ static void scan_extents(struct pool *p)
         for (unsigned i = 0; i < SCAN_DEPTH; i++) {
             struct scan *s = &slots[i];
             if (!s->busy && s->op.len) {
+                last = mono_now_ns();
+                if (scan_lost(s->err) && !abandoned) {
+                    nbdx_abandon(p->x);   /* the others fail at once */
+                    abandoned = stop = true;
+                }
                 if (stop)
                     s->op.len = 0;    /* what it found is recorded */
                 else if (!scan_reply_locked(p, s))
@@ -2138,13 +2253,17 @@ static void scan_extents(struct pool *p)
         }
         if (busy == 0)
             break;
-        cond_wait_locked(p, "scan");
+        if (scan_wait_locked(p, t0, last, abandoned))
+            abandoned = stop = true;
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
-    log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
-             extmap_covered(&p->known_zero, 0, p->size), p->size);
+    if (!abandoned)                   /* else this pool is not used */
+        log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as "
+                 "zero", extmap_covered(&p->known_zero, 0, p->size), p->size);
+    p->st.scan = abandoned ? "timed out" : stop ? "partial" : "complete";
     pthread_mutex_unlock(&p->lock);
     free(slots);
+    return abandoned ? -ETIMEDOUT : 0;
 }
 
 int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
@@ -2179,7 +2298,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
         return -ENOMEM;
     }
     pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->cond, NULL);
+    mono_cond_init(&p->cond);         /* the scan's wait is timed */
     mono_cond_init(&p->idle_cond);
     p->map_max = cfg->zero_map_ranges ? cfg->zero_map_ranges
                                       : POOL_ZERO_MAP_RANGES;
@@ -2197,10 +2316,17 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     extmap_init(&p->touched, p->map_max, false);
     p->idle_since_ns = 0;
 
+    p->st.scan = cfg->scan_timed_out ? "timed out"
+                 : cfg->scan_extents && !info->can_extents ? "unsupported"
+                 : "off";
     if (cfg->destination_is_zero)
         extmap_add(&p->known_zero, 0, size);
-    else if (cfg->scan_extents && info->can_extents)
-        scan_extents(p);
+    else if (cfg->scan_extents && info->can_extents &&
+             scan_extents(p) < 0) {
+        p->stopping = true;           /* no idle thread to stop */
+        pool_destroy(p);
+        return -ETIMEDOUT;
+    }
 
     int r = pthread_create(&p->idle_thread, NULL, idle_thread, p);
     if (r != 0) {
@@ -2245,6 +2371,11 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
     out->pending_zero_ranges = extmap_count(&p->pending_zero);
     out->known_zero_ranges = extmap_count(&p->known_zero);
+    out->zeroing_active = p->zero_drains > 0 && p->zeroing_total > 0;
+    out->zeroing_total = p->zeroing_total;
+    uint64_t done = zeroing_count_locked(p) - p->zeroing_base;
+    out->zeroing_done = done < p->zeroing_total ? done : p->zeroing_total;
+    out->zeroing_abandoned = p->zeroing_abandoned;
     out->nfailures = MIN(p->nfailures, (unsigned) (sizeof out->failures /
                                                    sizeof out->failures[0]));
     memcpy(out->failures, p->failures,

@@ -33,6 +33,10 @@ struct pool_config {
                                * waits for its reply (benchmarks) */
     bool destination_is_zero; /* trust the user: the disk reads as zero */
     bool scan_extents;        /* learn zero ranges from block status */
+    unsigned scan_wait_ms;    /* the scan gives the server up after this
+                               * long without a reply (0: 15 s) */
+    bool scan_timed_out;      /* an earlier pool's scan got no reply (the
+                               * status says so); no scan now */
     size_t zero_map_ranges;   /* most ranges each zero map holds (0:
                                * POOL_ZERO_MAP_RANGES) */
     bool track_touched;       /* keep pool_touched_next()'s map (the
@@ -96,6 +100,16 @@ struct pool_stats {
     uint64_t repairs;         /* failures repaired since the mount */
     unsigned ndamage;         /* entries in damage[] */
     struct pool_range damage[POOL_DAMAGE_LISTED];   /* the first ones */
+    /* The zeroing of the last drain (close, fsync, unmount): what was
+     * pending when it began, and how much of it is done (acknowledged,
+     * or found unneeded); active while a drain runs. */
+    bool zeroing_active, zeroing_abandoned;
+    uint64_t zeroing_done, zeroing_total;
+    const char *scan;         /* the block status scan at mount: "complete",
+                               * "partial" (its 10 s budget or an error),
+                               * "timed out" (no reply: the connections
+                               * were dropped, nothing is known zero),
+                               * "unsupported", "off" */
 };
 
 int  pool_create(const struct pool_config *cfg, struct nbdx *x,
@@ -256,6 +270,13 @@ size_t pool_read_max(struct pool *p);
 /* Return once everything accepted before the call has been answered by
  * the server (success or failure), pending zeroes included. */
 void pool_drain(struct pool *p);
+
+/* Give up the zeroing of pending zeroes, for good (a second stop signal
+ * during the final drain): a drain waiting to queue zero requests returns
+ * once those already queued are answered.  What is left is logged, range
+ * by range, and recorded as one failure (ECANCELED), so later closes,
+ * fsyncs and the exit status report it.  Never waits for the server. */
+void pool_abandon_zeroing(struct pool *p);
 
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
 int pool_flush(struct pool *p);

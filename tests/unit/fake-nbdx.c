@@ -153,6 +153,9 @@ void fake_reconnect(struct nbdx *x)
  * that latched a loss stays lost (EIO), as a mount in a mode that cannot
  * reconnect does. */
 int nbdx_heal(struct nbdx *x) { (void) x; return -EIO; }
+/* Only the block status scan calls it, and the fake offers no block
+ * status. */
+void nbdx_abandon(struct nbdx *x) { (void) x; }
 
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
 {
