@@ -23,13 +23,13 @@
 
 static char dir[64];
 
-static void mkscratch(void)
+static inline void mkscratch(void)
 {
     snprintf(dir, sizeof dir, "/tmp/qcow2-test-XXXXXX");
     CHECK(mkdtemp(dir));
 }
 
-static void rmscratch(void)
+static inline void rmscratch(void)
 {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -37,7 +37,7 @@ static void rmscratch(void)
 }
 
 __attribute__((format(printf, 1, 2)))
-static void sh(const char *fmt, ...)
+static inline void sh(const char *fmt, ...)
 {
     char cmd[2048];
     va_list ap;
@@ -50,7 +50,7 @@ static void sh(const char *fmt, ...)
     }
 }
 
-static uint8_t *load(const char *name, size_t *len)
+static inline uint8_t *load(const char *name, size_t *len)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -66,7 +66,7 @@ static uint8_t *load(const char *name, size_t *len)
     return b;
 }
 
-static void save(const char *name, const void *buf, size_t len)
+static inline void save(const char *name, const void *buf, size_t len)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -74,7 +74,7 @@ static void save(const char *name, const void *buf, size_t len)
     CHECK(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0);
 }
 
-static uint64_t rnd(uint64_t *x)
+static inline uint64_t rnd(uint64_t *x)
 {
     *x ^= *x >> 12;
     *x ^= *x << 25;
@@ -86,7 +86,7 @@ static uint64_t rnd(uint64_t *x)
  * piece half zero, pieces of one repeated byte (they compress to a few
  * dozen bytes, so compressed clusters share sectors), a short tail. */
 #define RAW_SIZE ((5u << 20) + 12800u)
-static uint8_t *make_raw(const char *name)
+static inline uint8_t *make_raw(const char *name)
 {
     uint8_t *raw = calloc(1, RAW_SIZE);
     uint64_t x = 42;
@@ -109,7 +109,7 @@ static uint8_t *make_raw(const char *name)
     return raw;
 }
 
-static uint64_t qcow2_be64_t(const uint8_t *p)
+static inline uint64_t qcow2_be64_t(const uint8_t *p)
 {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
@@ -117,7 +117,7 @@ static uint64_t qcow2_be64_t(const uint8_t *p)
     return v;
 }
 
-static void qcow2_put64_t(uint8_t *p, uint64_t v)
+static inline void qcow2_put64_t(uint8_t *p, uint64_t v)
 {
     for (int i = 7; i >= 0; i--, v >>= 8)
         p[i] = (uint8_t) v;
@@ -138,7 +138,7 @@ struct disk {
     uint8_t *zout;
 };
 
-static int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
+static inline int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
 {
     struct disk *d = o;
     CHECK(!d->began);
@@ -151,7 +151,7 @@ static int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
     return 0;
 }
 
-static void d_mark(struct disk *d, uint64_t off, uint64_t len)
+static inline void d_mark(struct disk *d, uint64_t off, uint64_t len)
 {
     CHECK(d->began);
     CHECK(off + len <= d->size);
@@ -161,7 +161,7 @@ static void d_mark(struct disk *d, uint64_t off, uint64_t len)
     }
 }
 
-static int d_data(void *o, uint64_t off, const void *buf, size_t len)
+static inline int d_data(void *o, uint64_t off, const void *buf, size_t len)
 {
     struct disk *d = o;
     d_mark(d, off, len);
@@ -170,7 +170,7 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
     return 0;
 }
 
-static int d_zero(void *o, uint64_t off, uint64_t len)
+static inline int d_zero(void *o, uint64_t off, uint64_t len)
 {
     struct disk *d = o;
     CHECK(d->kind == QCOW2_OVERLAY);
@@ -182,7 +182,7 @@ static int d_zero(void *o, uint64_t off, uint64_t len)
 
 /* The view decompresses on worker threads; here, at once, but through
  * the same hook and qcow2_compressed_decode(). */
-static int d_compressed(void *o, const struct qcow2_compressed *c)
+static inline int d_compressed(void *o, const struct qcow2_compressed *c)
 {
     struct disk *d = o;
     struct qcow2_err e = { "" };
@@ -202,7 +202,7 @@ static const struct qcow2_sink sink_sync = { d_begin, d_data, d_zero, NULL };
 static const struct qcow2_sink sink_async = { d_begin, d_data, d_zero,
                                               d_compressed };
 
-static void disk_init(struct disk *d, uint64_t cap, const uint8_t *initial)
+static inline void disk_init(struct disk *d, uint64_t cap, const uint8_t *initial)
 {
     memset(d, 0, sizeof *d);
     d->cap = cap;
@@ -215,7 +215,7 @@ static void disk_init(struct disk *d, uint64_t cap, const uint8_t *initial)
         memset(d->buf, 0xee, cap);                  /* begin() must zero */
 }
 
-static void disk_free(struct disk *d)
+static inline void disk_free(struct disk *d)
 {
     free(d->buf);
     free(d->written);
@@ -230,7 +230,7 @@ struct mspool {
     size_t n, cap, live, peak;
 };
 
-static int ms_put(void *o, uint64_t key, const void *buf, size_t len)
+static inline int ms_put(void *o, uint64_t key, const void *buf, size_t len)
 {
     struct mspool *m = o;
     for (size_t i = 0; i < m->n; i++)
@@ -252,7 +252,7 @@ static int ms_put(void *o, uint64_t key, const void *buf, size_t len)
     return 0;
 }
 
-static int ms_get(void *o, uint64_t key, void *buf, size_t len)
+static inline int ms_get(void *o, uint64_t key, void *buf, size_t len)
 {
     struct mspool *m = o;
     for (size_t i = 0; i < m->n; i++)
@@ -265,7 +265,7 @@ static int ms_get(void *o, uint64_t key, void *buf, size_t len)
     return -ENOENT;
 }
 
-static void ms_drop(void *o, uint64_t key)
+static inline void ms_drop(void *o, uint64_t key)
 {
     struct mspool *m = o;
     for (size_t i = 0; i < m->n; i++)
@@ -280,7 +280,7 @@ static void ms_drop(void *o, uint64_t key)
 
 static const struct qcow2_spool mspool_ops = { ms_put, ms_get, ms_drop };
 
-static void ms_free(struct mspool *m)
+static inline void ms_free(struct mspool *m)
 {
     for (size_t i = 0; i < m->n; i++)
         free(m->e[i].buf);
