@@ -590,9 +590,9 @@ static void check_complete(struct qcow2_stream *s)
 /* A table entry naming cluster off: if the stream has passed it, parse or
  * place it now from the spool, else wait for it. */
 static int want_table(struct qcow2_stream *s, uint64_t off, int kind,
-                      uint32_t index)
+                      uint32_t index, bool claimed)
 {
-    if (claim(s, off, s->C, kind) < 0)
+    if (!claimed && claim(s, off, s->C, kind) < 0)
         return s->err;
     if (off >= s->pos)
         return push_item(s, off, kind, index, (uint32_t) s->C);
@@ -626,6 +626,11 @@ static int l1_parse(struct qcow2_stream *s, const uint8_t *b)
                         "has reserved bits set", i, e);
         if (check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
             return s->err;
+        /* Claimed before begin: an L2 table on other metadata or named
+         * twice is refused before the disk changes. */
+        if ((e & QCOW2_L1_OFFSET_MASK) &&
+            claim(s, e & QCOW2_L1_OFFSET_MASK, s->C, IT_L2) < 0)
+            return s->err;
     }
     s->l1_seen = true;
     if (begin(s) < 0)
@@ -635,7 +640,7 @@ static int l1_parse(struct qcow2_stream *s, const uint8_t *b)
         if (off == 0)
             continue;
         s->pending_l2++;
-        if (want_table(s, off, IT_L2, i) < 0)
+        if (want_table(s, off, IT_L2, i, true) < 0)
             return s->err;
     }
     check_complete(s);
@@ -663,7 +668,7 @@ static int rt_parse(struct qcow2_stream *s, const uint8_t *b)
                 return fail(s, -EINVAL, "refcount block %" PRIu64 " at byte %"
                             PRIu64 " lies past 2^56", i, s->reftable[i]);
             s->pending_rb++;
-            if (want_table(s, s->reftable[i], IT_RB, (uint32_t) i) < 0)
+            if (want_table(s, s->reftable[i], IT_RB, (uint32_t) i, false) < 0)
                 return s->err;
         }
     s->rt_seen = true;
