@@ -248,6 +248,28 @@ static void relocated(const char *src, const uint8_t *raw)
            spooled);
 }
 
+/* qemu-img convert -c packs compressed clusters byte by byte; the first
+ * one of a new L2 table goes into the tail of the previous host cluster,
+ * before the table, and a tiny one (a cluster of one byte value) lies
+ * wholly inside the last sector of the compressed cluster before it.
+ * 4 KiB clusters: an L2 table every 2 MiB.  Each cluster has 2 bits of
+ * entropy per byte (about 1 KiB compressed), those at 2 and 4 MiB are
+ * constant (a few bytes). */
+static void tail_sector(void)
+{
+    uint64_t spooled, x = 99, size = 6u << 20;
+    uint8_t *b = malloc(size);
+    for (uint64_t i = 0; i < size; i++)
+        b[i] = (uint8_t) (rnd(&x) & 3);
+    memset(b + (2u << 20), 0x41, 4096);
+    memset(b + (4u << 20), 0x42, 4096);
+    save("pack.raw", b, size);
+    free(b);
+    sh("cd %s && qemu-img convert -q -c -f raw -O qcow2 -o cluster_size=4k "
+       "pack.raw pack.qcow2", dir);
+    decode_ok("pack.qcow2", NULL, 1u << 20, &spooled);
+}
+
 /* ---- variants -------------------------------------------------------------- */
 
 static const struct { const char *name, *opts; } variants[] = {
@@ -323,6 +345,7 @@ int main(void)
     decode_ok("top-zlib.qcow2", raw, 0, &spooled);
 
     relocated("src.raw", raw);
+    tail_sector();
 
     free(raw);
     rmscratch();
