@@ -43,6 +43,10 @@ enum st { ST_HEAD, ST_BODY };
 enum { IT_NONE = 0, IT_L1, IT_RT, IT_RB, IT_L2, IT_DATA, IT_SKIP, IT_HEAD };
 #define IT_MASK ((uint64_t) 0xf)
 
+/* Two-level bitmaps: pages of 2^15 bits (4 KiB) made when first touched,
+ * so a far-away claim costs a page, not a bitmap up to it. */
+#define PAGE_SHIFT 15
+#define NPAGES (QCOW2_MAX_HOST_CLUSTERS >> PAGE_SHIFT)
 #define NGAPS 32
 #define NLOOK 4                       /* passed compressed clusters kept */
 #define MAX_ACTIVE 64                 /* compressed ranges open at once */
@@ -101,7 +105,7 @@ struct qcow2_stream {
     struct item cur;                  /* the current cluster's item */
     uint64_t cur_end;                 /* end of cur (file offset) */
     uint8_t *mbuf;                    /* cur's metadata bytes */
-    uint64_t mgot, mlen;
+    uint64_t mgot, mlen, mcap;
     uint8_t *cbuf;                    /* an unknown cluster, assembled */
     bool c_nonzero, c_uncovered;      /* any byte / any uncovered byte != 0 */
     uint8_t *tbuf, *xbuf;             /* a cluster each: spool, inflate */
@@ -114,8 +118,9 @@ struct qcow2_stream {
     uint64_t *reftable;               /* refcount block offsets */
     uint64_t rt_entries;
 
-    uint64_t *used, *comp;            /* a bit per host cluster */
-    uint64_t bits_cap;                /* bits allocated */
+    uint64_t **used, **comp;          /* a bit per host cluster, paged */
+    uint64_t **pages;                 /* every page made, to free */
+    size_t npages, pages_cap;
 
     struct spent *sp;                 /* increasing off */
     size_t nsp, sp_cap;
@@ -194,11 +199,14 @@ void qcow2_stream_free(struct qcow2_stream *s)
     free(s->cbuf);
     free(s->tbuf);
     free(s->xbuf);
-    for (unsigned i = 0; i < s->nact; i++)
+    for (unsigned i = 0; i < MAX_ACTIVE; i++)
         free(s->act[i].buf);
     free(s->reftable);
     for (unsigned i = 0; i < NLOOK; i++)
         free(s->look[i].buf);
+    for (size_t i = 0; i < s->npages; i++)
+        free(s->pages[i]);
+    free(s->pages);
     free(s->used);
     free(s->comp);
     qcow2_decompressor_free(s->dz);
@@ -337,31 +345,41 @@ static int emit_zero(struct qcow2_stream *s, uint64_t disk_off, uint64_t len)
 
 /* ---- ownership of host clusters ------------------------------------------- */
 
-static int grow_bits(struct qcow2_stream *s, uint64_t hc)
+static int page_of(struct qcow2_stream *s, uint64_t **pages, uint64_t hc,
+                   uint64_t **out)
 {
-    if (hc < s->bits_cap)
-        return 0;
     if (hc >= QCOW2_MAX_HOST_CLUSTERS)
         return fail(s, -EFBIG, "a cluster at byte %" PRIu64 " lies past the "
-                    "decoder's limit of 2^30 host clusters",
-                    hc << s->cb);
-    uint64_t cap = MAX(s->bits_cap * 2, ROUND_UP(hc + 1, 4096));
-    cap = MIN(cap, QCOW2_MAX_HOST_CLUSTERS);
-    uint64_t *u = realloc(s->used, cap / 8), *c = realloc(s->comp, cap / 8);
-    if (u)
-        s->used = u;
-    if (c)
-        s->comp = c;
-    if (!u || !c)
-        return fail(s, -ENOMEM, "out of memory for the cluster bitmap");
-    memset((uint8_t *) s->used + s->bits_cap / 8, 0, (cap - s->bits_cap) / 8);
-    memset((uint8_t *) s->comp + s->bits_cap / 8, 0, (cap - s->bits_cap) / 8);
-    s->bits_cap = cap;
+                    "decoder's limit of 2^30 host clusters", hc << s->cb);
+    uint64_t **p = &pages[hc >> PAGE_SHIFT];
+    if (!*p) {
+        if (s->npages == s->pages_cap) {
+            size_t cap = s->pages_cap ? s->pages_cap * 2 : 16;
+            uint64_t **l = realloc(s->pages, cap * sizeof *l);
+            if (!l)
+                return fail(s, -ENOMEM, "out of memory for the cluster bitmap");
+            s->pages = l;
+            s->pages_cap = cap;
+        }
+        if (!(*p = calloc(1, (1u << PAGE_SHIFT) / 8)))
+            return fail(s, -ENOMEM, "out of memory for the cluster bitmap");
+        s->pages[s->npages++] = *p;
+    }
+    *out = *p;
     return 0;
 }
 
-static bool bit(const uint64_t *m, uint64_t i) { return m[i / 64] >> (i % 64) & 1; }
-static void set_bit(uint64_t *m, uint64_t i) { m[i / 64] |= 1ull << (i % 64); }
+static bool bit(const uint64_t *m, uint64_t hc)
+{
+    uint64_t i = hc & ((1u << PAGE_SHIFT) - 1);
+    return m[i / 64] >> (i % 64) & 1;
+}
+
+static void set_bit(uint64_t *m, uint64_t hc)
+{
+    uint64_t i = hc & ((1u << PAGE_SHIFT) - 1);
+    m[i / 64] |= 1ull << (i % 64);
+}
 
 /* Claim host clusters [off, off+len) for 'what' (a kind; compressed ranges
  * share clusters with each other only). */
@@ -369,14 +387,15 @@ static int claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
 {
     uint64_t first = off >> s->cb, last = (off + len - 1) >> s->cb;
     for (uint64_t hc = first; hc <= last; hc++) {
-        if (grow_bits(s, hc) < 0)
+        uint64_t *u, *c;
+        if (page_of(s, s->used, hc, &u) < 0 || page_of(s, s->comp, hc, &c) < 0)
             return s->err;
         bool compressed = what == IT_NONE;
-        if (bit(s->used, hc) || (!compressed && bit(s->comp, hc)))
+        if (bit(u, hc) || (!compressed && bit(c, hc)))
             return fail(s, -EINVAL, "the cluster at byte %" PRIu64 " is "
                         "claimed twice (the second time by %s)", hc << s->cb,
                         kind_name(what));
-        set_bit(compressed ? s->comp : s->used, hc);
+        set_bit(compressed ? c : u, hc);
     }
     return 0;
 }
@@ -802,9 +821,10 @@ static int l2_parse(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
 
 static int header_done(struct qcow2_stream *s)
 {
-    int r = qcow2_header_decode(s->hbuf, s->hgot, &s->h, &s->e);
+    struct qcow2_err e = { "" };
+    int r = qcow2_header_decode(s->hbuf, s->hgot, &s->h, &e);
     if (r < 0)
-        return fail(s, r, "%s", s->e.msg);
+        return fail(s, r, "%s", e.msg);
     if (s->o.max_size && s->h.size > s->o.max_size)
         return fail(s, -ENOSPC, "the image's disk is %" PRIu64 " bytes, "
                     "larger than the destination (%" PRIu64 ")", s->h.size,
@@ -815,6 +835,10 @@ static int header_done(struct qcow2_stream *s)
     s->E = qcow2_l2_entries(&s->h);
     s->extl2 = qcow2_extended_l2(&s->h);
     s->overlay = s->h.backing_file_offset != 0;
+    s->used = calloc(NPAGES, sizeof *s->used);
+    s->comp = calloc(NPAGES, sizeof *s->comp);
+    if (!s->used || !s->comp)
+        return fail(s, -ENOMEM, "out of memory for the cluster bitmap");
     s->cbuf = malloc(s->C);
     s->tbuf = malloc(s->C);
     s->xbuf = malloc(s->C);
@@ -903,10 +927,13 @@ static int start_cluster(struct qcow2_stream *s)
     }
     s->mlen = ilen(&it);
     s->mgot = 0;
-    free(s->mbuf);
-    s->mbuf = malloc(s->mlen);
-    if (!s->mbuf)
-        return fail(s, -ENOMEM, "out of memory for %s", kind_name(kind));
+    if (s->mlen > s->mcap) {
+        free(s->mbuf);
+        s->mcap = 0;
+        if (!(s->mbuf = malloc(s->mlen)))
+            return fail(s, -ENOMEM, "out of memory for %s", kind_name(kind));
+        s->mcap = s->mlen;
+    }
     return 0;
 }
 
@@ -974,9 +1001,10 @@ static int activate(struct qcow2_stream *s, const struct citem *c,
         return fail(s, -EINVAL, "more than %u compressed clusters overlap at "
                     "byte %" PRIu64, MAX_ACTIVE, s->pos);
     struct active *a = &s->act[s->nact];
-    a->buf = malloc(c->len);
-    if (!a->buf)
+    /* Buffers stay with their slot: a range is at most two clusters. */
+    if (!a->buf && !(a->buf = malloc(2 * s->C)))
         return fail(s, -ENOMEM, "out of memory for a compressed cluster");
+    assert(c->len <= 2 * s->C);
     a->c = *c;
     a->got = 0;
     s->nact++;
@@ -995,8 +1023,9 @@ static int feed_active(struct qcow2_stream *s, const uint8_t *buf, uint64_t n)
             continue;
         }
         int r = dispatch(s, &a->c, a->buf, a->c.len);
-        free(a->buf);
-        s->act[i] = s->act[--s->nact];
+        struct active t = *a;         /* keep the buffer in the spare slot */
+        *a = s->act[--s->nact];
+        s->act[s->nact] = t;
         if (r < 0)
             return r;
     }
@@ -1191,7 +1220,6 @@ static int finish_active(struct qcow2_stream *s)
     while (s->nact > 0) {
         struct active *a = &s->act[--s->nact];
         int r = dispatch(s, &a->c, a->buf, a->got);
-        free(a->buf);
         if (r < 0)
             return r;
     }
