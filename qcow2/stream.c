@@ -40,7 +40,8 @@
 enum st { ST_HEAD, ST_BODY };
 
 /* Item kinds, kept in the low bits of a cluster-aligned offset. */
-enum { IT_NONE = 0, IT_L1, IT_RT, IT_RB, IT_L2, IT_DATA, IT_SKIP, IT_HEAD };
+enum { IT_NONE = 0, IT_L1, IT_RT, IT_RB, IT_L2, IT_DATA, IT_SKIP, IT_HEAD,
+       IT_ANY };
 #define IT_MASK ((uint64_t) 0xf)
 
 /* Two-level bitmaps: pages of 2^15 bits (4 KiB) made when first touched,
@@ -119,6 +120,9 @@ struct qcow2_stream {
     uint64_t rt_entries;
 
     uint64_t **used, **comp;          /* a bit per host cluster, paged */
+    uint64_t **rczero;                /* refcount 0, from blocks arrived */
+    uint8_t *rb_seen;                 /* a byte per refcount table entry */
+    unsigned rb_shift;                /* log2(refcount entries per block) */
     uint64_t **pages;                 /* every page made, to free */
     size_t npages, pages_cap;
 
@@ -207,6 +211,8 @@ void qcow2_stream_free(struct qcow2_stream *s)
     for (size_t i = 0; i < s->npages; i++)
         free(s->pages[i]);
     free(s->pages);
+    free(s->rczero);
+    free(s->rb_seen);
     free(s->used);
     free(s->comp);
     qcow2_decompressor_free(s->dz);
@@ -320,6 +326,7 @@ static const char *kind_name(int k)
     case IT_DATA: return "a data cluster";
     case IT_SKIP: return "a preallocated zero cluster";
     case IT_HEAD: return "the header";
+    case IT_ANY: return "the image";
     default: return "a compressed cluster";
     }
 }
@@ -381,6 +388,32 @@ static void set_bit(uint64_t *m, uint64_t hc)
     m[i / 64] |= 1ull << (i % 64);
 }
 
+static bool claimed(const struct qcow2_stream *s, uint64_t hc)
+{
+    const uint64_t *u = s->used[hc >> PAGE_SHIFT], *c = s->comp[hc >> PAGE_SHIFT];
+    return (u && bit(u, hc)) || (c && bit(c, hc));
+}
+
+/* Refcounts that matter: a cluster the image uses must not have refcount
+ * 0 (qemu would hand it out again: the image is damaged).  Checked when
+ * the claim, the refcount table and the cluster's refcount block are all
+ * known, whichever comes last. */
+static int rc_check(struct qcow2_stream *s, uint64_t hc, int what)
+{
+    if (!s->reftable)
+        return 0;                     /* checked when the table arrives */
+    uint64_t k = hc >> s->rb_shift;
+    const uint64_t *z = s->rczero[hc >> PAGE_SHIFT];
+    bool zero = k >= s->rt_entries || s->reftable[k] == 0 ||
+                (s->rb_seen[k] && z && bit(z, hc));
+    if (!zero)
+        return 0;
+    return fail(s, -EINVAL, "the cluster at byte %" PRIu64 " is in use (by %s)"
+                " but its refcount is 0: the refcounts are inconsistent "
+                "(qemu-img check -r all repairs them)", hc << s->cb,
+                kind_name(what));
+}
+
 /* Claim host clusters [off, off+len) for 'what' (a kind; compressed ranges
  * share clusters with each other only). */
 static int claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
@@ -396,6 +429,8 @@ static int claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
                         "claimed twice (the second time by %s)", hc << s->cb,
                         kind_name(what));
         set_bit(compressed ? c : u, hc);
+        if (rc_check(s, hc, what) < 0)
+            return s->err;
     }
     return 0;
 }
@@ -681,6 +716,16 @@ static int rt_parse(struct qcow2_stream *s, const uint8_t *b)
         if (check_cluster_off(s, s->reftable[i], "refcount table entry", i) < 0)
             return s->err;
     }
+    if (!(s->rb_seen = calloc(s->rt_entries, 1)))
+        return fail(s, -ENOMEM, "out of memory for the refcount table");
+    /* What was claimed before the table arrived. */
+    for (uint64_t p = 0; p < NPAGES; p++) {
+        if (!s->used[p] && !s->comp[p])
+            continue;
+        for (uint64_t hc = p << PAGE_SHIFT; hc < (p + 1) << PAGE_SHIFT; hc++)
+            if (claimed(s, hc) && rc_check(s, hc, IT_ANY) < 0)
+                return s->err;
+    }
     for (uint64_t i = 0; i < s->rt_entries; i++)
         if (s->reftable[i]) {
             if (s->reftable[i] >= QCOW2_MAX_HOST_OFFSET)
@@ -695,10 +740,54 @@ static int rt_parse(struct qcow2_stream *s, const uint8_t *b)
     return 0;
 }
 
+/* Is entry i of a refcount block 0?  Sub-byte widths count from the
+ * least significant bit; wider ones are big-endian. */
+static bool rc_zero(const uint8_t *b, uint64_t i, unsigned order)
+{
+    if (order < 3) {
+        unsigned per = 8u >> order, w = 1u << order;
+        return !((b[i / per] >> (w * (i % per))) & ((1u << w) - 1));
+    }
+    unsigned n = 1u << (order - 3);
+    return is_zero(b + i * n, n);
+}
+
+/* A word of the bitmap page m for clusters hc..hc+63 (hc a multiple of
+ * 64), 0 if the page does not exist. */
+static uint64_t word(uint64_t *const *pages, uint64_t hc)
+{
+    const uint64_t *m = pages[hc >> PAGE_SHIFT];
+    return m ? m[(hc & ((1u << PAGE_SHIFT) - 1)) / 64] : 0;
+}
+
+/* Refcount block rti: remember its zero entries, 64 at a time (a bitmap
+ * word; the entries of an all-zero stretch at once), and refuse one that
+ * a claimed cluster has. */
 static int rb_parse(struct qcow2_stream *s, uint32_t rti, const uint8_t *b)
 {
-    (void) rti;
-    (void) b;
+    uint64_t n = 1ull << s->rb_shift, base = (uint64_t) rti << s->rb_shift;
+    unsigned order = s->h.refcount_order;
+    size_t gbytes = (size_t) 8 << order;          /* 64 entries */
+
+    s->rb_seen[rti] = 1;
+    for (uint64_t i = 0; i < n && base + i < QCOW2_MAX_HOST_CLUSTERS; i += 64) {
+        const uint8_t *g = b + (i / 64) * gbytes;
+        uint64_t zw = 0, hc = base + i, *z;
+        if (is_zero(g, gbytes))
+            zw = UINT64_MAX;
+        else
+            for (unsigned k = 0; k < 64; k++)
+                if (rc_zero(g, k, order))
+                    zw |= 1ull << k;
+        if (zw == 0)
+            continue;
+        if (page_of(s, s->rczero, hc, &z) < 0)
+            return s->err;
+        z[(hc & ((1u << PAGE_SHIFT) - 1)) / 64] |= zw;
+        uint64_t bad = zw & (word(s->used, hc) | word(s->comp, hc));
+        if (bad)
+            return rc_check(s, hc + (uint64_t) __builtin_ctzll(bad), IT_ANY);
+    }
     s->pending_rb--;
     s->stats.refcount_blocks++;
     return 0;
@@ -837,7 +926,9 @@ static int header_done(struct qcow2_stream *s)
     s->overlay = s->h.backing_file_offset != 0;
     s->used = calloc(NPAGES, sizeof *s->used);
     s->comp = calloc(NPAGES, sizeof *s->comp);
-    if (!s->used || !s->comp)
+    s->rczero = calloc(NPAGES, sizeof *s->rczero);
+    s->rb_shift = s->cb + 3 - s->h.refcount_order;
+    if (!s->used || !s->comp || !s->rczero)
         return fail(s, -ENOMEM, "out of memory for the cluster bitmap");
     s->cbuf = malloc(s->C);
     s->tbuf = malloc(s->C);

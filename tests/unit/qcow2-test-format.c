@@ -232,6 +232,19 @@ int main(void)
     qcow2_put64_t(f + l1, (1ull << 63) | h.refcount_table_offset);
     damaged("L1 names the refcount table", f, img_len, -EINVAL, false);
     damaged("cut inside the L1 table", f, (size_t) l1 + 4, -EINVAL, false);
+    /* Refcounts that matter: a cluster in use with refcount 0. */
+    uint64_t rb = qcow2_be64_t(img + h.refcount_table_offset);
+    uint64_t d0 = qcow2_be64_t(img + l2) & 0x00fffffffffffe00ull;
+    RESET();
+    f[rb + (d0 >> 16) * 2] = 0, f[rb + (d0 >> 16) * 2 + 1] = 0;
+    damaged("data cluster with refcount 0", f, img_len, -EINVAL, true);
+    CHECK(stream(f, img_len, &(bool) { 0 }, (char[256]) { 0 }) == -EINVAL);
+    RESET();
+    f[rb + (l1 >> 16) * 2] = 0, f[rb + (l1 >> 16) * 2 + 1] = 0;
+    damaged("L1 table with refcount 0", f, img_len, -EINVAL, false);
+    RESET();
+    qcow2_put64_t(f + h.refcount_table_offset, 0);
+    damaged("no refcount block", f, img_len, -EINVAL, false);
     RESET();
     damaged("a raw disk", raw, 65536, -EMEDIUMTYPE, false);
     free(f);
