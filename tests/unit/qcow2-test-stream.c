@@ -100,8 +100,7 @@ static void decode_ok(const char *name, const uint8_t *initial,
     size_t len, rlen;
     uint8_t *f = load(name, &len);
     snprintf(ref, sizeof ref, "%s.raw", name);
-    sh("cd %s && qemu-img check -q %s && qemu-img convert -q -O raw %s %s",
-       dir, name, name, ref);
+    sh("cd %s && qemu-img convert -q -O raw %s %s", dir, name, ref);
     uint8_t *want = load(ref, &rlen);
     *spooled = 0;
     for (size_t i = 0; i < sizeof feeds / sizeof *feeds; i++) {
@@ -211,6 +210,7 @@ static void relocated(const char *src, const uint8_t *raw)
     f = relocate(f, &len, l2, l1, 16);
     save("late-l2.qcow2", f, len);
     free(f);
+    sh("cd %s && qemu-img check -q late-l2.qcow2", dir);   /* still valid */
     decode_ok("late-l2.qcow2", NULL, 64u << 20, &spooled);
     CHECK(spooled > 0);
     printf("  late L2: %" PRIu64 " clusters spooled\n", spooled);
@@ -242,6 +242,7 @@ static void relocated(const char *src, const uint8_t *raw)
     f = relocate(f, &len, l1, 40, 16);
     save("late-l1.qcow2", f, len);
     free(f);
+    sh("cd %s && qemu-img check -q late-l1.qcow2", dir);
     decode_ok("late-l1.qcow2", NULL, 64u << 20, &spooled);
     CHECK(spooled > 0);
     printf("  late L1 and L2 (compressed): %" PRIu64 " clusters spooled\n",
@@ -344,8 +345,38 @@ int main(void)
        "top.qcow2 top-zlib.qcow2", dir);
     decode_ok("top-zlib.qcow2", raw, 0, &spooled);
 
+    /* A chain base <- mid <- top lands as base, then mid, then top; after
+     * `qemu-img rebase` top lands on base alone, after `qemu-img commit`
+     * mid holds top's writes. */
+    sh("cd %s && qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 mid.qcow2 "
+       "&& qemu-io -f qcow2 -c 'write -P 0x21 0 1M' -c 'write -z 2M 64k' "
+       "mid.qcow2 >/dev/null && qemu-img create -q -f qcow2 -b mid.qcow2 -F "
+       "qcow2 chain-top.qcow2 && qemu-io -f qcow2 -c 'write -P 0x42 512k 1M' "
+       "-c 'write -z 4M 4k' chain-top.qcow2 >/dev/null && qemu-img convert -q "
+       "-O raw mid.qcow2 mid.raw", dir);
+    size_t midlen;
+    uint8_t *mid = load("mid.raw", &midlen);
+    decode_ok("mid.qcow2", raw, 0, &spooled);
+    decode_ok("chain-top.qcow2", mid, 0, &spooled);
+    free(mid);
+    sh("cd %s && cp chain-top.qcow2 rebased.qcow2 && qemu-img rebase -q -b "
+       "base.qcow2 -F qcow2 rebased.qcow2", dir);
+    decode_ok("rebased.qcow2", raw, 0, &spooled);
+    sh("cd %s && qemu-img commit -q chain-top.qcow2 && cp mid.qcow2 "
+       "committed.qcow2", dir);         /* into mid, base unchanged */
+    decode_ok("committed.qcow2", raw, 1u << 20, &spooled);
+
     relocated("src.raw", raw);
     tail_sector();
+
+    /* A discarded cluster reused by a later write whose L2 table lies
+     * after it (4 KiB clusters: an L2 table per 2 MiB). */
+    sh("cd %s && qemu-img create -q -f qcow2 -o cluster_size=4k reuse.qcow2 "
+       "8M && qemu-io -f qcow2 -c 'write -P 1 0 4k' -c 'write -P 2 4k 4k' "
+       "-c 'write -P 3 4M 4k' -c 'discard 0 4k' -c 'write -P 4 4100k 4k' "
+       "reuse.qcow2 >/dev/null", dir);
+    decode_ok("reuse.qcow2", NULL, 1u << 20, &spooled);
+    CHECK(spooled == 1);
 
     free(raw);
     rmscratch();
