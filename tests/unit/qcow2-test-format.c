@@ -247,6 +247,32 @@ int main(void)
     damaged("no refcount block", f, img_len, -EINVAL, false);
     RESET();
     damaged("a raw disk", raw, 65536, -EMEDIUMTYPE, false);
+
+    /* A disk larger than the destination: -ENOSPC at the header.  A
+     * write that goes backwards over data: -EINVAL; zeros rewritten over
+     * a gap the stream skipped are a no-op. */
+    {
+        struct disk d;
+        struct qcow2_stream *st;
+        struct qcow2_stream_opts o = { .max_size = RAW_SIZE - 1 };
+        disk_init(&d, RAW_SIZE, NULL);
+        CHECK(qcow2_stream_new(&sink_sync, &d, &o, &st) == 0);
+        CHECK(qcow2_stream_feed(st, 0, img, 65536) == -ENOSPC);
+        CHECK(strstr(qcow2_stream_error(st), "larger than"));
+        CHECK(!d.began);
+        qcow2_stream_free(st);
+        o.max_size = 0;
+        CHECK(qcow2_stream_new(&sink_sync, &d, &o, &st) == 0);
+        CHECK(qcow2_stream_feed(st, 0, img, 200000) == 0);
+        CHECK(qcow2_stream_hole(st, 300000, 1000) == 0);  /* gap 200000.. */
+        uint8_t zeros[4096] = { 0 };
+        CHECK(qcow2_stream_feed(st, 250000, zeros, sizeof zeros) == 0);
+        CHECK(qcow2_stream_feed(st, 100000, img + 100000, 4096) == -EINVAL);
+        CHECK(strstr(qcow2_stream_error(st), "backwards"));
+        qcow2_stream_free(st);
+        disk_free(&d);
+        printf("  stream: a larger disk -ENOSPC, a backwards write -EINVAL\n");
+    }
     free(f);
 
     free(raw);
