@@ -194,10 +194,11 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  *
  * Any order qemu writes: an L2 table, a refcount block or the L1 table may
  * arrive after clusters it places.  A cluster whose role is not known when
- * it passes (not metadata, not mapped by a table that has arrived) and
- * that is not all zero is handed to the spool; once the L1 table and
- * every L2 table it lists have arrived, the map is complete and spooled
- * clusters nobody claimed are dropped.  Spooled bytes are bounded by
+ * it passes (not metadata, not mapped by a table that has arrived, not
+ * free by a refcount block that has arrived) and that is not all zero is
+ * handed to the spool; once the refcount table, the L1 table and every L2
+ * table it lists have arrived, the map is complete and spooled clusters
+ * nobody claimed are dropped.  Spooled bytes are bounded by
  * opts.spool_max; a file that needs more fails with a message naming
  * opts.spool_option.
  *
@@ -297,6 +298,7 @@ struct qcow2_stream_stats {
     uint64_t compressed_clusters;
     uint64_t zero_clusters;                       /* zero flag or subclusters */
     uint64_t spooled_clusters;                    /* put into the spool */
+    uint64_t free_clusters;                       /* refcount 0: not kept */
     uint64_t spool_peak;                          /* bytes held at most */
     uint64_t l2_tables, refcount_blocks;
     bool     began;

@@ -1062,10 +1062,27 @@ static int data_bytes(struct qcow2_stream *s, uint64_t in, const uint8_t *buf,
 }
 
 /* End of a cluster nobody claimed (yet). */
+/* Is cluster hc free by the refcounts that have arrived?  (A table that
+ * names it later is refused for the refcount, so it need not be kept.) */
+static bool known_free(const struct qcow2_stream *s, uint64_t hc)
+{
+    if (!s->reftable || hc >= QCOW2_MAX_HOST_CLUSTERS)
+        return false;
+    uint64_t k = hc >> s->rb_shift;
+    if (k >= s->rt_entries || s->reftable[k] == 0)
+        return true;
+    const uint64_t *z = s->rczero[hc >> PAGE_SHIFT];
+    return s->rb_seen[k] && z && bit(z, hc);
+}
+
 static int unknown_done(struct qcow2_stream *s, uint64_t start)
 {
     if (s->map_complete)
         return 0;
+    if (s->c_uncovered && known_free(s, start >> s->cb)) {
+        s->stats.free_clusters++;     /* discarded: stale bytes */
+        return 0;
+    }
     if (s->c_uncovered)
         return spool_put(s, start, s->cbuf);
     if (!s->c_nonzero)
