@@ -49,6 +49,17 @@
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
  *
+ * THE PASS OVER A VIEW'S DISK (digest_replace)
+ * An image written through the VHD or VMDK view that replaces the disk
+ * (fixed, dynamic, streamOptimized, monolithicSparse) starts a pass as a
+ * truncate to 0 then to its size would; the decoded data and zeroes
+ * follow (fs/rawfile.c) and the view's close closes it.  blkhash takes
+ * them in any order; sha256 only while they come in disk order (a VHD
+ * written by qemu-img; not streamOptimized grains, which the view's
+ * inflater threads place as they finish), and the reason then names the
+ * view and --blkhash.  A differencing VHD is applied over the old
+ * content: no pass.
+ *
  * XXX Writes of one single-threaded tool arrive in order (the kernel sends
  * a direct-I/O write() as sequential requests).  Tools writing from
  * several threads at once (qemu-img convert -W) may be reported as
@@ -114,6 +125,8 @@ struct digest {
     bool zero_beyond;
     uint64_t gen;                 /* bumped when a pass starts or ends */
     uint64_t pos;
+    const char *via;              /* the view whose decoded disk this pass
+                                   * hashes (digest_replace()), or NULL */
     char reason[BLKPASS_REASON_MAX];
 
     struct item *head, *tail;
@@ -570,11 +583,9 @@ static void start_pass_locked(struct digest *d)
     push_zero_locked(d, 0);       /* so an empty pass has a digest too */
 }
 
-void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
+/* Caller holds d->lock. */
+static void truncate_locked(struct digest *d, uint64_t size, uint64_t old)
 {
-    if (!d)
-        return;
-    pthread_mutex_lock(&d->lock);
     if (d->bp)
         blk_truncate_locked(d, size, old);
     else if (size == 0)
@@ -590,6 +601,26 @@ void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
             d->zero_beyond = true;
         d->closed = false;
     }
+}
+
+void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (size == 0)
+        d->via = NULL;            /* the raw file's own pass */
+    truncate_locked(d, size, old);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_replace(struct digest *d, uint64_t size)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    truncate_locked(d, 0, 0);     /* a new pass, every byte zero ... */
+    truncate_locked(d, size, 0);  /* ... of a file this long */
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -601,7 +632,10 @@ static bool advance_to_locked(struct digest *d, uint64_t off,
         return false;
     if (off < d->pos) {
         fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64
-                    " is before the position %" PRIu64, what, off, d->pos);
+                    " is before the position %" PRIu64 "%s%s%s", what, off,
+                    d->pos, d->via ? " (the disk written through " : "",
+                    d->via ? d->via : "", d->via ? "; --blkhash takes any "
+                                                   "order)" : "");
         return false;
     }
     if (off > d->pos && !d->zero_beyond) {
@@ -692,6 +726,7 @@ void digest_foreign(struct digest *d, const char *what)
     if (d->state != DIGEST_NOT_FORWARD)
         fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written through %s",
                     what);
+    d->via = what;
     pthread_mutex_unlock(&d->lock);
 }
 
