@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -190,6 +191,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     double uptime = elapsed_s(&fs->started);
 
     fprintf(f, "{\n");
+    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
     fprintf(f, "  \"export_size\": %" PRIu64 ",\n", fs->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
     fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
