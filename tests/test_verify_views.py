@@ -216,3 +216,21 @@ def test_views_export_the_raw_file_size(server, mount, shm):
         assert r.returncode == 0 and "identical" in r.stdout, r
         assert verify(src, out).returncode == 0
         out.unlink()
+
+
+def test_image_on_a_pipe_refused(images):
+    """`tar -xOf vm.ova disk.vmdk | nbdferry-verify -`: a pipe cannot be
+    decoded, so a VMDK there is refused, not hashed as its container."""
+    raw, files = images
+    for name in ("vmdk-stream", "vhd-dynamic"):
+        img = files[name]
+        r = run(["sh", "-c", f"cat '{img}' | '{VERIFY}' -"])
+        assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+        assert "on a pipe" in r.stderr and "--format=raw" in r.stderr, r.stderr
+        r = run(["sh", "-c", f"cat '{img}' | '{VERIFY}' --format=raw -"])
+        assert r.returncode == 0, r.stderr
+        want = run(["sha256sum", str(img)], check=True).stdout.split()[0]
+        assert r.stdout.split()[0] == want
+    r = run(["sh", "-c", f"cat '{raw}' | '{VERIFY}' -"])
+    assert r.returncode == 0 and r.stdout.split()[0] == \
+        verify(raw).stdout.split()[0]

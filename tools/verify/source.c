@@ -50,19 +50,10 @@ static bool bytes_at(const unsigned char *head, size_t n, size_t off,
     return off + len <= n && memcmp(head + off, magic, len) == 0;
 }
 
-/* PROBED_* or -errno. */
-static int probe(int fd, uint64_t size)
+/* PROBED_* from the first n bytes (a VHD only by its footer copy). */
+static int probe_head(const unsigned char *head, size_t n)
 {
-    unsigned char head[512];
-    ssize_t got = pread(fd, head, sizeof head, 0);
-
-    if (got < 0)
-        return -errno;
-    size_t n = (size_t) got;
-    int vhd = src_vhd_probe(fd, size);
-    if (vhd < 0)
-        return vhd;
-    if (vhd)
+    if (bytes_at(head, n, 0, "conectix", 8))
         return PROBED_VHD;
     if (bytes_at(head, n, 0, "KDMV", 4))
         return PROBED_VMDK;
@@ -75,6 +66,26 @@ static int probe(int fd, uint64_t size)
     if (bytes_at(head, n, 257, "ustar", 5))
         return PROBED_TAR;
     return PROBED_RAW;
+}
+
+/* PROBED_* or -errno. */
+static int probe(int fd, uint64_t size)
+{
+    unsigned char head[512];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+
+    if (got < 0)
+        return -errno;
+    int vhd = src_vhd_probe(fd, size);
+    if (vhd < 0)
+        return vhd;
+    return vhd ? PROBED_VHD : probe_head(head, (size_t) got);
+}
+
+const char *source_probe_stream(const void *head, size_t n)
+{
+    int p = probe_head(head, n);
+    return p == PROBED_RAW ? NULL : probed_names[p];
 }
 
 /* The format to read fd as, or -errno (logged). */

@@ -177,6 +177,9 @@ struct verify_source {
 int  source_open(const char *operand, const struct source_options *opt,
                  bool is_source, struct verify_source **out);
 int  source_run(struct verify_source *s, struct sink *k);
+/* What the first n bytes of a pipe say it is (an image or archive), or
+ * NULL for raw bytes: a pipe cannot be decoded (no random access). */
+const char *source_probe_stream(const void *head, size_t n);
 void source_close(struct verify_source *s);   /* NULL is fine */
 
 /* source-stream.c: a pipe (the operand "-" when stdin is not a file or
