@@ -1,5 +1,5 @@
-"""Every EXAMPLES block of docs/nbdferry.1 and docs/nbdferry-verify.1 runs
-as the page prints it.
+"""Every EXAMPLES block of the man pages (docs/*.1) runs as the page
+prints it.
 
 Each block is taken from the page (troff escapes undone), its paths and
 servers replaced by the test's (/mnt/disk by a mountpoint, the URIs and
@@ -49,7 +49,8 @@ def man_examples(page):
             blocks.append(cur)
             cur = None
         elif cur is not None and not line.startswith((".RS", ".RE")):
-            cur.append(line.replace("\\-", "-").replace("\\(aq", "'"))
+            cur.append(line.replace("\\-", "-").replace("\\(aq", "'")
+                       .replace("\\e", "\\"))
     return blocks
 
 
@@ -323,3 +324,68 @@ def test_verify_example_digest_of_an_export(server, runner):
     runner.sub("nbd://storage/vm1", srv.uri)
     r = runner(VERIFY[5])
     assert r.stdout.split()[0] == sha256_nbd(srv.uri), r.stdout
+
+
+# ---- nbdferry-vhd(1), nbdferry-vmdk(1) -----------------------------------
+
+VHD = man_examples("nbdferry-vhd.1")
+VMDK = man_examples("nbdferry-vmdk.1")
+VHD_RAW_SHA = "5078c01df7148d118cd10b25b2e686eb05f336b684ebc84a4dc18df35a709c14"
+
+
+def test_every_vhd_and_vmdk_example_has_a_case():
+    assert len(VHD) == 3 and len(VMDK) == 1, (VHD, VMDK)
+
+
+def test_vhd_example_snapshot_over_its_parent(runner):
+    w = runner.work
+    shutil.copy(fixture("tap-diff-64m.vhd", w), w / "child.vhd")
+    fixture("tap-dyn-64m.vhd", w)        # the parent its locators name
+    r = runner(VHD[0])
+    assert "ok" in r.stdout, r.stdout
+    assert sha256_file(w / "disk.raw") == VHD_RAW_SHA
+
+
+def test_vhd_example_delta_over_base(runner):
+    w = runner.work
+    shutil.copy(fixture("vhdtool-delta-64m.vhd", w), w / "delta.vhd")
+    shutil.copy(fixture("tap-dyn-64m.vhd", w), w / "base.vhd")
+    runner(VHD[1])
+    assert sha256_file(w / "disk.raw") == VHD_RAW_SHA
+
+
+def test_vhd_example_export_compared_by_qemu(runner):
+    disk(runner.work / "disk.raw", size=SIZE + 3 * 512)   # not CHS-exact
+    r = runner(VHD[2])
+    assert r.stdout.count("Images are identical") == 2, r.stdout
+
+
+def test_vmdk_example(server, mount, runner):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    w = runner.work
+    first = disk(w / "first.img", seed=5)
+    qemu(first, w / "disk1.vmdk", "vmdk", "subformat=streamOptimized")
+    other = disk(w / "other.img", seed=6)
+    qemu(other, w / "vm-disk1.vmdk", "vmdk", "subformat=streamOptimized")
+    run(["tar", "-cf", str(w / "vm.ova"), "-C", str(w), "vm-disk1.vmdk"],
+        check=True)
+    (w / "vm-disk1.vmdk").unlink()
+    runner.sub("/mnt/disk", m.mp)
+    runner(VMDK[0])
+    assert_content(first, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=SIZE, what="nbdferry-vmdk(1) example")
+    assert sha256_file(w / "disk.raw") == sha256_file(other)
+    back = w / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "vmdk", "-O", "raw",
+             str(w / "disk.vmdk"), str(back)])
+    assert r.returncode == 0 and sha256_file(back) == sha256_file(other)
+
+
+def test_every_man_page_with_examples_is_here():
+    covered = {"nbdferry.1", "nbdferry-verify.1", "nbdferry-vhd.1",
+               "nbdferry-vmdk.1"}
+    pages = {p.name for p in DOCS.glob("*.1")
+             if "\n.SH EXAMPLES\n" in p.read_text()}
+    assert pages == covered, pages ^ covered
