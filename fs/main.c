@@ -225,7 +225,8 @@ static void usage(void)
 "                         caches nothing); see --fuse-help for the rest\n"
 "      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
 "                         and flush, print its verdict (failed ranges, the\n"
-"                         digest) and exit with its status\n"
+"                         digest) and exit with its status (with -P FILE:\n"
+"                         the daemon's pidfile, for a file-mode mount)\n"
 "      --log-file FILE    also append every message to FILE (created 0600;\n"
 "                         a link there is refused), daemon or not\n"
 "  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
@@ -617,7 +618,7 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->unmount) {
         if (argc - optind != 1)
             usage_error("--unmount takes one MOUNTPOINT and nothing else");
-        exit(verdict_unmount(argv[optind]));
+        exit(verdict_unmount(argv[optind], o->pidfile));
     }
     if (optind >= argc)
         usage_error("missing the mountpoint");

@@ -171,11 +171,15 @@ void verdict_write(struct fs *fs, int status)
 
 /* ---- the unmounter ------------------------------------------------------ */
 
-/* The daemon's pid, from the mount's status file.  -errno (logged). */
-static int daemon_pid(const char *mp, pid_t *pid)
+/* The daemon's pid, from its pidfile if given, else from the mount's
+ * status file.  -errno (logged). */
+static int daemon_pid(const char *mp, const char *pidfile, pid_t *pid)
 {
     char path[PATH_MAX], buf[512];
-    snprintf(path, sizeof path, "%s/%s", mp, FS_STATUS_NAME);
+    if (pidfile)
+        snprintf(path, sizeof path, "%s", pidfile);
+    else
+        snprintf(path, sizeof path, "%s/%s", mp, FS_STATUS_NAME);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
     int err = errno;
@@ -183,13 +187,14 @@ static int daemon_pid(const char *mp, pid_t *pid)
     if (fd >= 0)
         close(fd);
     if (n < 0) {
-        fprintf(stderr, "nbdferry: %s: %s (is %s an nbdferry mount?)\n",
-                path, strerror(err), mp);
+        fprintf(stderr, "nbdferry: %s: %s (is %s an nbdferry mount?%s)\n",
+                path, strerror(err), mp, pidfile ? ""
+                : " A file-mode mount has no status: give its -P PIDFILE");
         return -err;
     }
     buf[n] = '\0';
-    const char *p = strstr(buf, "\"pid\": ");
-    long v = p ? strtol(p + 7, NULL, 10) : 0;
+    const char *p = pidfile ? buf : strstr(buf, "\"pid\": ");
+    long v = p ? strtol(p + (pidfile ? 0 : 7), NULL, 10) : 0;
     if (v <= 0) {
         fprintf(stderr, "nbdferry: %s names no daemon pid (an older "
                 "nbdferry?): unmount with fusermount3 -u\n", path);
@@ -267,13 +272,13 @@ static int print_verdict(int fd)
     return status;
 }
 
-int verdict_unmount(const char *mp)
+int verdict_unmount(const char *mp, const char *pidfile)
 {
     char dir[PATH_MAX], name[32];
     const char *why = "";
     pid_t pid = 0;
 
-    if (daemon_pid(mp, &pid) < 0)
+    if (daemon_pid(mp, pidfile, &pid) < 0)
         return EXIT_FAILURE;
     int dfd = dir_open(true, dir, sizeof dir, &why);
     if (dfd < 0) {

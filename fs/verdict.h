@@ -24,5 +24,7 @@ struct fs;
 void verdict_write(struct fs *fs, int status);
 
 /* nbdferry --unmount MOUNTPOINT: unmount, wait for the daemon, print its
- * verdict.  Returns the exit status (the daemon's; 1 when it gave none). */
-int verdict_unmount(const char *mountpoint);
+ * verdict.  The daemon's pid comes from pidfile if not NULL (-P; a
+ * file-mode mount has no status file), else from the status file.
+ * Returns the exit status (the daemon's; 1 when it gave none). */
+int verdict_unmount(const char *mountpoint, const char *pidfile);

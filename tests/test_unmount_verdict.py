@@ -107,3 +107,24 @@ def test_unmount_of_a_busy_or_foreign_directory(server, mount, shortdir):
         r = unmount(m.mp)
         assert r.returncode == 1 and "still mounted" in r.stderr, r.stderr
     assert is_mounted(m.mp)
+
+
+def test_unmount_file_mode_with_pidfile(server, shortdir, shm):
+    """A file-mode mount has no status file: -P names the daemon."""
+    srv = server("memory", f"size={EXPORT}")
+    disk = shortdir / "disk.raw"
+    disk.write_bytes(b"")
+    pidfile = shortdir / "d.pid"
+    r = run(daemon_cmd("-P", pidfile, disk, srv.uri), timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        src = random_file(shm / "src.img", 3 * MiB)
+        run(["cp", str(src), str(disk)], check=True)
+        r = unmount(disk)                     # no status beside a file
+        assert r.returncode == 1 and "-P PIDFILE" in r.stderr, r.stderr
+        assert is_mounted(disk)
+    finally:
+        r = run(daemon_cmd("-P", pidfile, "--unmount", disk), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"digest: sha256 {sha256_file(src)}" in r.stdout, r.stdout
+    assert not is_mounted(disk)
