@@ -234,3 +234,18 @@ def test_image_on_a_pipe_refused(images):
     r = run(["sh", "-c", f"cat '{raw}' | '{VERIFY}' -"])
     assert r.returncode == 0 and r.stdout.split()[0] == \
         verify(raw).stdout.split()[0]
+
+
+def test_damaged_vmdk_is_an_error(images, shm):
+    """A corrupt grain or a cut file: exit 2 naming the rule, no digest."""
+    _, files = images
+    data = bytearray(files["vmdk-stream"].read_bytes())
+    bad = shm / "bad.vmdk"
+    data[70000] ^= 0xFF                  # inside the first grain's deflate
+    bad.write_bytes(bytes(data))
+    r = verify(bad, rc=2)
+    assert r.stdout == "" and "grain for LBA" in r.stderr, r.stderr
+    cut = shm / "cut.vmdk"
+    cut.write_bytes(files["vmdk-sparse"].read_bytes()[:300000])
+    r = verify(cut, rc=2)
+    assert r.stdout == "" and "past the end of the file" in r.stderr, r.stderr
