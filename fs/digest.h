@@ -81,6 +81,10 @@ void digest_foreign(struct digest *d, const char *what);
  * raw file's writes (sha256 while they come in disk order, blkhash in
  * any), closed by digest_close() when the image is complete. */
 void digest_replace(struct digest *d, uint64_t size);
+/* A view's request is done: every write of it has been reported (sha256
+ * holds out-of-order writes of a view's pass until then; see digest.c,
+ * THE REORDER HOLD). */
+void digest_barrier(struct digest *d);
 
 /* Wait until the digest thread has taken in everything queued so far
  * (a close's value is then known), for at most timeout_s seconds.

@@ -340,11 +340,13 @@ void rawfile_view_open(struct fs *fs, const char *what)
 
 void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len)
 {
+    digest_barrier(fs->digest);   /* the request's data are all placed */
     progress_write(fs->progress, off, len);
 }
 
 void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len)
 {
+    digest_barrier(fs->digest);
     progress_zero(fs->progress, off, len);
 }
 
