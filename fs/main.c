@@ -46,6 +46,7 @@
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/verdict.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
@@ -89,6 +90,8 @@ struct options {
     enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
+    bool unmount;             /* --unmount MOUNTPOINT */
+    const char *log_file;     /* --log-file FILE */
 };
 
 #define FUSE_WORKERS 16   /* threads serving requests other than writes */
@@ -131,13 +134,21 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
 "  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
+"  nbdferry --unmount MOUNTPOINT\n"
 "  nbdferry --help | --fuse-help | --version | --long-options |\n"
 "           --short-options\n"
 "\n"
 "The export appears as MOUNTPOINT/FILENAME (default: nbd), or over FILE\n"
 "when FILE is an existing regular file (file mode, as nbdfuse).  Copy a\n"
-"disk image into it with cp, dd, rsync --inplace or qemu-img; unmount\n"
-"with fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with\n"
+"raw disk image into it with cp, dd, rsync --inplace or qemu-img.  Beside\n"
+"it, the same disk in other formats: write a VHD into FILENAME.vhd or a\n"
+"VMDK (streamOptimized, as in an OVA, or monolithicSparse) into\n"
+"FILENAME.vmdk and the decoded disk lands; read them to export the disk\n"
+"(at the raw file's size) in that format.  MOUNTPOINT/.nbdferry-status is\n"
+"the live status (JSON: progress, errors, the inline digest); the\n"
+"nbdferry-status program summarises it.  Unmount with nbdferry --unmount\n"
+"MOUNTPOINT to wait for the final flush and see the verdict (or\n"
+"fusermount3 -u MOUNTPOINT).  [ CMD ARGS ] starts a server with\n"
 "systemd socket activation (also: --socket-activation CMD ARGS);\n"
 "--command runs one on stdin/stdout.  Options go before MOUNTPOINT.\n"
 "\n"
@@ -215,6 +226,12 @@ static void usage(void)
 "                         owner), block_device, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
+"      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
+"                         and flush, print its verdict (failed ranges, the\n"
+"                         digest) and exit with its status (with -P FILE:\n"
+"                         the daemon's pidfile, for a file-mode mount)\n"
+"      --log-file FILE    also append every message to FILE (created 0600;\n"
+"                         a link there is refused), daemon or not\n"
 "  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
 "                         mount is ready; removed at exit\n"
 "  -r, --readonly, --read-only  read-only mount\n"
@@ -291,7 +308,7 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
-    OPT_BLKHASH, OPT_VERIFY_READBACK,
+    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -324,6 +341,8 @@ static const struct option long_options[] = {
     { "pidfile", required_argument, NULL, 'P' },
     { "pid-file", required_argument, NULL, 'P' },
     { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
+    { "unmount", no_argument, NULL, OPT_UNMOUNT },
+    { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
     { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
@@ -573,6 +592,8 @@ static void parse_args(struct options *o, int argc, char **argv)
             log_verbosity += 2;
             break;
         case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
+        case OPT_UNMOUNT: o->unmount = true; break;
+        case OPT_LOG_FILE: o->log_file = optarg; break;
         case 'V': version();
         case OPT_FUSE_HELP: fuse_help();
         case OPT_LONG_OPTIONS: list_long_options();
@@ -597,6 +618,11 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->verify_readback && o->no_digest)
         usage_error("--verify-readback compares with the inline digest: "
                     "not with --no-digest");
+    if (o->unmount) {
+        if (argc - optind != 1)
+            usage_error("--unmount takes one MOUNTPOINT and nothing else");
+        exit(verdict_unmount(argv[optind], o->pidfile));
+    }
     if (optind >= argc)
         usage_error("missing the mountpoint");
     if (o->progress_bar && !o->foreground)
@@ -991,6 +1017,14 @@ int main(int argc, char **argv)
             usage_error("--pidfile %s: %s", o.pidfile, strerror(-r));
     }
     log_set_context(o.mp.mountpoint);    /* syslog lines name the mount */
+    if (o.log_file) {                    /* opened here: a relative path */
+        int r = log_set_file(o.log_file);
+        if (r < 0)
+            usage_error("--log-file %s: %s", o.log_file,
+                        r == -EPERM ? "not a regular file of ours with one "
+                        "link (a planted link is never followed)"
+                        : strerror(-r));
+    }
     if (!o.foreground)
         daemonize_early();
 
@@ -1060,6 +1094,7 @@ out_pool:
     }
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
+    verdict_write(&fs, status);       /* for nbdferry --unmount */
     stop_watchers(&fs);
     pool_destroy(fs.pool);
     stopsig_stop();

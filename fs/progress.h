@@ -18,6 +18,11 @@
  * Holes the copy tool skipped count as done once the frontier passes
  * them.  100% needs done == total and the pool settled: every written
  * byte acknowledged, nothing in flight, no zeroing pending.
+ * When the total is the writer's source, its data map (SEEK_DATA and
+ * SEEK_HOLE, read at the writer's open) makes the percent and the ETA
+ * count data only: data_done = data of the source below min(frontier,
+ * total) - unacknowledged, of data_total, so a thin disk whose data come
+ * late shows them still to come.
  */
 #pragma once
 #include <stdbool.h>
@@ -54,7 +59,16 @@ struct progress_info {
     double percent;           /* 0..100; below 100 unless settled */
     double rate_1s, rate_5s, rate_10s;  /* acknowledged bytes per second */
     double done_rate;         /* done bytes per second, last 5 s */
-    double eta_s;             /* < 0: unknown */
+    double eta_s;             /* < 0: unknown; remaining / done_rate */
+    /* The data still to come: when the total is the writer's source and
+     * its data map is known (by_data), the source's holes count neither
+     * in data_done nor in data_total; else they equal done and total.
+     * percent, done_rate and eta_s count these. */
+    bool by_data;
+    uint64_t data_done, data_total, remaining;
+    /* This pass's (since its truncate to 0 or a view's open) bytes
+     * written and acknowledged; the pool's counters are the mount's. */
+    uint64_t pass_written, pass_acked;
 };
 
 /* Starts the sampling thread; fs->pool must exist. */

@@ -106,6 +106,9 @@ int rawfile_replace(struct fs *fs, uint64_t size)
         return too_big(fs, size, "replacing the disk");
     pthread_rwlock_wrlock(&fs->size_lock);
     uint64_t old = set_size(fs, size);
+    /* A new pass over a disk of size bytes that reads as zero: the view's
+     * decoded data and zeroes follow (rawfile_place*()). */
+    digest_replace(fs->digest, size);
     int r = cut(fs, 0, old);
     if (r == 0)
         r = rezero_damage(fs, 0);
@@ -321,6 +324,8 @@ int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     if (r >= 0)
         changed(fs, off, len, true);
     pthread_rwlock_unlock(&fs->size_lock);
+    if (r >= 0)
+        digest_write(fs->digest, off, buf, len);          /* copies */
     return r < 0 ? (int) r : 0;
 }
 
@@ -332,12 +337,16 @@ int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
     if (r == 0)
         extend_to(fs, off + len);
     pthread_rwlock_unlock(&fs->size_lock);
+    if (r == 0)
+        digest_zero(fs->digest, off, len, rawfile_size(fs));
     return r;
 }
 
 void rawfile_view_open(struct fs *fs, const char *what)
 {
-    /* The raw file's inline digest cannot follow a view's bytes. */
+    /* The raw file's pass is over.  An image that replaces the disk
+     * starts a new one (rawfile_replace()) that the decoded data feed; a
+     * differencing image, applied over the old content, leaves it over. */
     digest_foreign(fs->digest, what);
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(fs->progress, 0);
@@ -345,11 +354,13 @@ void rawfile_view_open(struct fs *fs, const char *what)
 
 void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len)
 {
+    digest_barrier(fs->digest);   /* the request's data are all placed */
     progress_write(fs->progress, off, len);
 }
 
 void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len)
 {
+    digest_barrier(fs->digest);
     progress_zero(fs->progress, off, len);
 }
 
@@ -360,6 +371,7 @@ void rawfile_view_length(struct fs *fs, uint64_t len)
 
 void rawfile_view_close(struct fs *fs, uint64_t len)
 {
+    digest_close(fs->digest, rawfile_size(fs));  /* the disk that landed */
     progress_close(fs->progress, len);
 }
 

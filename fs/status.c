@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -141,12 +142,21 @@ static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
                "\"last_10s\": %.0f, \"average\": %.0f},\n",
             pi.rate_1s, pi.rate_5s, pi.rate_10s,
             uptime > 0 ? (double) s->bytes_acked / uptime : 0.0);
+    /* percent, remaining and eta_s count data ("counts": "data": the
+     * source's holes left out) when the source's map is known; written
+     * and acknowledged are this copy's (the top-level bytes_* are the
+     * mount's, every copy since it began). */
     fprintf(f, "  \"progress\": {\"done\": %" PRIu64 ", \"total\": %" PRIu64
                ", \"total_from\": \"%s\", \"percent\": %.1f, "
                "\"frontier\": %" PRIu64 ", \"settled\": %s, "
-               "\"eta_s\": %.1f},\n",
+               "\"counts\": \"%s\", \"data_done\": %" PRIu64
+               ", \"data_total\": %" PRIu64 ", \"remaining\": %" PRIu64
+               ", \"written\": %" PRIu64 ", \"acknowledged\": %" PRIu64
+               ", \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
-            pi.percent, pi.frontier, pi.settled ? "true" : "false", pi.eta_s);
+            pi.percent, pi.frontier, pi.settled ? "true" : "false",
+            pi.by_data ? "data" : "bytes", pi.data_done, pi.data_total,
+            pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
 }
 
 /* The digest describes what was written through the file; once an NBD
@@ -311,6 +321,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     double uptime = elapsed_s(&fs->started);
 
     fprintf(f, "{\n");
+    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
     fprintf(f, "  \"export_size\": %" PRIu64 ",\n", fs->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
     fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);

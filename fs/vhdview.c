@@ -110,13 +110,14 @@ static void vhdview_fini(struct fs *fs)
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-/* Freeze the disk's allocation into a synthesizer.  -EFBIG past the VHD
- * size limit. */
+/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
+ * file's apparent size (what `cp src.img MNT/nbd` made it), as the raw
+ * file shows it.  -EFBIG past the VHD size limit; -EINVAL for size 0. */
 static int build_synth(struct fs *fs, struct vhd_synth **out)
 {
     struct vhd_err e = { "" };
     struct vhd_synth *s;
-    uint64_t size = fs->export_size, pos = 0;
+    uint64_t size = rawfile_size(fs), pos = 0;
 
     struct vhdview *v = vhd_of(fs);
     int r = vhd_synth_new(size, v->uuid, v->timestamp, &s, &e);

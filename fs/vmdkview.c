@@ -315,12 +315,13 @@ static void vmdkview_fini(struct fs *fs)
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-/* Freeze the disk's allocation into a synthesizer. */
+/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
+ * file's apparent size, as the raw file shows it. */
 static int build_synth(struct fs *fs, struct vmdk_synth **out)
 {
     struct vmdk_err e = { "" };
     struct vmdk_synth *s;
-    uint64_t size = fs->export_size, pos = 0;
+    uint64_t size = rawfile_size(fs), pos = 0;
 
     int r = vmdk_synth_new(size, vmdk_of(fs)->cid, vmdk_name(fs), &s, &e);
     if (r < 0) {
@@ -366,7 +367,7 @@ static const struct synthcache_ops synth_ops = { .build = synth_build,
 static uint64_t synth_size(struct fs *fs)
 {
     const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
-    uint64_t size = fs->export_size, pos = 0, grains = 0, tables = 0;
+    uint64_t size = rawfile_size(fs), pos = 0, grains = 0, tables = 0;
     uint64_t last_g = UINT64_MAX, last_t = UINT64_MAX;
 
     if (vmdk_synth_size(size, 0, 0) == 0)

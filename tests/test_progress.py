@@ -314,3 +314,53 @@ def test_progress_total_of_a_vhd_landing(server, mount, shm):
     assert p["total"] == p["done"] == os.path.getsize(vhd), p
     assert sha256_nbd(srv.uri, VIRTUAL["qemu-dyn-10m"]) == \
         SHA["qemu-dyn-10m.raw"]
+
+
+def test_progress_thin_disk_counts_the_data_to_come(server, mount, shm):
+    """A 64 MiB image whose 12 MiB of data lie in its second half, copied
+    with cp (which skips the holes) onto a server taking 200 ms a write,
+    one 1 MiB write at a time: once the data begin to arrive, the status
+    counts the data still to come (the holes before them are no progress),
+    so the percent stays low and the ETA is not ~0.  After an earlier
+    copy, `written` is this copy's, the top-level bytes_written the
+    mount's."""
+    data_off, data_len, size = 44 * MiB, 12 * MiB, 64 * MiB
+    src = shm / "thin.img"
+    with open(src, "wb") as f:
+        f.truncate(size)
+        f.seek(data_off)
+        f.write(os.urandom(data_len))
+    srv = server("memory", f"size={2 * size}", "wdelay=200ms",
+                 filters=["delay"])
+    m = mount(srv, "-C", "1", "--depth", "1", "--request-size", "1M",
+              "--pool-size", "2M")
+    small = random_file(shm / "small.img", MiB)     # an earlier copy
+    run(["cp", str(small), str(m.file)], check=True)
+    cp = subprocess.Popen(["cp", str(src), str(m.file)])
+    try:
+        deadline = time.monotonic() + timeout(60)
+        while True:
+            p = status(m)["progress"]
+            if (p.get("data_total") == data_len and p["data_done"] >= MiB
+                    or cp.poll() is not None):
+                break
+            assert time.monotonic() < deadline, p
+            time.sleep(0.02)
+        assert cp.poll() is None, "cp ended before the check"
+        assert p["counts"] == "data" and p["data_total"] == data_len, p
+        assert p["remaining"] >= data_len // 2, p
+        assert p["percent"] < 50, p
+        # The data arrive at 5 MiB/s at most (1 MiB per 200 ms): an
+        # honest ETA is at least what is left at four times that rate.
+        assert p["eta_s"] < 0 or p["eta_s"] >= p["remaining"] / (20 * MiB), p
+    finally:
+        assert cp.wait(timeout(120)) == 0
+    st = status(m)
+    p = st["progress"]
+    assert p["settled"] and p["percent"] == 100, p
+    assert p["data_done"] == p["data_total"] == data_len, p
+    assert p["done"] == p["total"] == size and p["remaining"] == 0, p
+    assert p["written"] == data_len, p         # this copy's
+    assert st["bytes_written"] == data_len + MiB, st   # the mount's
+    assert_content(src, 2 * size, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="thin cp")
