@@ -63,6 +63,7 @@ def bindir(tmp_path):
                        ("nbdferry-verify", BUILD / "tools" / "nbdferry-verify"),
                        ("nbdferry-vhd", BUILD / "tools" / "nbdferry-vhd"),
                        ("nbdferry-vmdk", BUILD / "tools" / "nbdferry-vmdk"),
+                       ("nbdferry-vhdx", BUILD / "tools" / "nbdferry-vhdx"),
                        ("nbdferry-status",
                         TOP / "tools" / "status" / "nbdferry-status")):
         assert path.exists(), f"{path} not built"
@@ -383,9 +384,53 @@ def test_vmdk_example(server, mount, runner):
     assert r.returncode == 0 and sha256_file(back) == sha256_file(other)
 
 
+# ---- nbdferry-vhdx(1), nbdferry-status(1) --------------------------------
+
+VHDX = man_examples("nbdferry-vhdx.1")
+STATUS = man_examples("nbdferry-status.1")
+
+
+def test_every_vhdx_and_status_example_has_a_case():
+    assert len(VHDX) == 1 and len(STATUS) == 1, (VHDX, STATUS)
+
+
+def test_vhdx_example(runner):
+    w = runner.work
+    src = disk(w / "src.raw", seed=8)
+    qemu(src, w / "disk.vhdx", "vhdx")
+    r = runner(VHDX[0])
+    assert r.stdout.startswith("ok: dynamic VHDX"), r.stdout
+    for out in ("disk.raw", "disk2.raw"):
+        assert sha256_file(w / out) == sha256_file(src), out
+    # export wrote disk.vhdx again from disk.raw, checked by qemu-img
+    back = w / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "vhdx", "-O", "raw",
+             str(w / "disk.vhdx"), str(back)])
+    assert r.returncode == 0 and sha256_file(back) == sha256_file(src)
+
+
+def test_status_example(server, runner, shortdir):
+    srv = server("memory", f"size={EXPORT}", tcp=True)
+    fill_random(srv.uri, EXPORT)
+    mp = shortdir / "disk"
+    mp.mkdir()
+    runner.mps.append(mp)
+    img = disk(runner.work / "vm1.img", seed=9)
+    runner.sub("/mnt/disk", mp)
+    runner.sub("nbd://dest.example.com/vm1", srv.uri)
+    r = runner(STATUS[0])
+    assert "mount" in r.stdout or "written" in r.stdout, r.stdout
+    import json
+    doc = json.loads((runner.work / "status.json").read_text())
+    assert doc["progress"]["written"] >= 0, doc
+    assert not is_mounted(mp)
+    assert_content(img, EXPORT, uri=srv.uri, mount_size=SIZE,
+                   what="nbdferry-status(1) example")
+
+
 def test_every_man_page_with_examples_is_here():
     covered = {"nbdferry.1", "nbdferry-verify.1", "nbdferry-vhd.1",
-               "nbdferry-vmdk.1"}
+               "nbdferry-vmdk.1", "nbdferry-vhdx.1", "nbdferry-status.1"}
     pages = {p.name for p in DOCS.glob("*.1")
              if "\n.SH EXAMPLES\n" in p.read_text()}
     assert pages == covered, pages ^ covered
