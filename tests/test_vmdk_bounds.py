@@ -1,9 +1,11 @@
 """Every bound the VMDK stream decoder checks, through MNT/nbd.vmdk.
 
-tests/unit/vmdk-test-stream.c checks each rule of a grain marker and of
-the metadata after the grains on the decoder alone; here each one lands a
-crafted streamOptimized file through the view, with cp and through a pipe,
-and expects a clean refusal: the copy fails (write or close), the daemon
+tests/unit/vmdk-test-stream.c and vmdk-test-format.c check each rule of a
+grain marker, of the metadata after the grains and of the header's
+layout on the decoder alone; here each one lands a crafted file through
+the view (test_vmdk_view.py covers the magic, version, newline test,
+grain size, create type, delta disk, extent size and the sparse grain
+map's overhead and overlaps the same way), and expects a clean refusal: the copy fails (write or close), the daemon
 logs exactly one nbd.vmdk line naming the rule, and the disk is untouched
 (sha256 of the server's bytes before and after, read from the server and
 through the mount).  The crafted files start from python3-vmdkstream's
@@ -84,6 +86,32 @@ FIRST = {
         "compressed bytes"),
 }
 
+# The header's layout (offsets from the VMDK sparse header): refused
+# before anything reaches the disk.  (file, mutation, message)
+HEADER = {
+    "capacity-zero": ("vmdkstream", lambda d: patch(d, 12, struct.pack("<Q", 0)),
+                      "capacity is 0"),
+    "gtes-per-gt": ("qemu-sparse", lambda d: patch(d, 44, struct.pack("<I", 1024)),
+                    "grain table"),
+    "compression-2": ("vmdkstream", lambda d: patch(d, 77, struct.pack("<H", 2)),
+                      "compression algorithm 2"),
+    "overhead-zero": ("vmdkstream", lambda d: patch(d, 64, struct.pack("<Q", 0)),
+                      "overhead"),
+    "descriptor-size-0": ("vmdkstream",
+                          lambda d: patch(d, 36, struct.pack("<Q", 0)), "size 0"),
+    "descriptor-outside-overhead": (
+        "qemu-sparse", lambda d: patch(d, 28, struct.pack(
+            "<Q", struct.unpack_from("<Q", d, 64)[0] + 8)),
+        "not inside the overhead"),
+    "gd-on-descriptor": (
+        "qemu-sparse", lambda d: patch(d, 56, d[28:36]), "descriptor"),
+    "gt-outside-overhead": (
+        "qemu-sparse", lambda d: patch(
+            d, struct.unpack_from("<Q", d, 56)[0] * 512, struct.pack(
+                "<I", struct.unpack_from("<Q", d, 64)[0] + 64)),
+        "not inside the overhead"),
+}
+
 # The rule is broken after some grains: they may have landed.
 LATER = {
     "grain-twice": (
@@ -128,6 +156,19 @@ def test_first_grain_bound_refused_disk_untouched(victim, fx, tmp_path,
     refused(m, tool, bad, message)
     assert_untouched(srv, m, old)
     land(m, files["vmdkstream"], "cp")          # the view works afterwards
+    assert sha256_nbd(srv.uri) == sha256_file(raw, pad_to=EXPORT)
+
+
+@pytest.mark.parametrize("case", sorted(HEADER))
+def test_header_bound_refused_disk_untouched(victim, fx, tmp_path, case):
+    srv, m, old = victim
+    _, raw, files = fx
+    name, fn, message = HEADER[case]
+    bad = tmp_path / "bad.vmdk"
+    bad.write_bytes(fn(files[name].read_bytes()))
+    refused(m, "cp", bad, message)
+    assert_untouched(srv, m, old)
+    land(m, files[name], "cp")
     assert sha256_nbd(srv.uri) == sha256_file(raw, pad_to=EXPORT)
 
 
