@@ -130,6 +130,69 @@ def test_progress_100_only_after_last_reply(server, mount, shm, shortdir):
     assert lines.percents()[-1] == 100
 
 
+BAR = re.compile(r"^\[ *[\d.]+%\] \[[#.]+\] .* (\S+ \S+)/s  (ETA \S+)")
+
+
+def last_bar(m):
+    """(rate, ETA) of the last --progress bar drawn on stderr."""
+    bars = [BAR.match(seg.strip("\n"))
+            for seg in m.stderr_path.read_bytes().decode().split("\r")]
+    bars = [b for b in bars if b]
+    assert bars, "no progress bar on stderr"
+    return bars[-1].group(1), bars[-1].group(2)
+
+
+def test_progress_rates_count_acknowledged_bytes(server, mount, shm, shortdir):
+    """The throughput counts what the server acknowledged, never what the
+    pool took: with the server paused after the pool accepted 8 MiB, every
+    figure (the status's last 1/5/10 s and average, the bar's rate) is 0 and
+    there is no ETA.  Once it runs, the average is the acknowledged bytes
+    over the uptime and the 10 s window holds them all."""
+    size = 8 * MiB
+    ctl = shortdir / "pause.ctl"
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(EXPORT)
+    srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
+    m = mount(srv, "--progress", "--expected-size", str(size))
+    data = os.urandom(size)
+    pause = PauseControl(ctl)
+    pause.pause()
+    fd = os.open(m.file, os.O_WRONLY)
+    try:
+        for i in range(0, size, MiB):          # the pool takes it all
+            assert os.pwrite(fd, data[i:i + MiB], i) == MiB
+        time.sleep(timeout(1.5))               # samples every 250 ms
+        st = status(m)
+        assert st["bytes_written"] == size, st
+        assert st["bytes_acknowledged"] == 0, st
+        assert st["throughput"] == {"last_1s": 0, "last_5s": 0,
+                                    "last_10s": 0, "average": 0}, \
+            f"throughput with nothing acknowledged: {st['throughput']}"
+        assert st["progress"]["done"] == 0, st["progress"]
+        assert st["progress"]["eta_s"] < 0, \
+            f"an ETA with nothing acknowledged: {st['progress']}"
+        assert last_bar(m) == ("0 B", "ETA --:--"), last_bar(m)
+    finally:
+        pause.resume()
+        os.close(fd)                           # drains: all acknowledged
+    deadline = time.monotonic() + timeout(5)   # the next samples see it
+    st = status(m)
+    while st["throughput"]["last_10s"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        st = status(m)
+    assert st["bytes_acknowledged"] == size, st
+    thr, up = st["throughput"], st["uptime_s"]
+    assert abs(thr["average"] - size / up) <= 1 + size / up * 1e-3, (thr, up)
+    # Every acknowledged byte arrived after a sample that saw none, within
+    # the last 10 s: the window's rate covers them all.
+    assert thr["last_10s"] * 10.5 >= size, thr
+    if up < 9:                                 # the window reaches the start
+        assert thr["last_10s"] >= thr["average"] * 0.99, (thr, up)
+    assert_content(data, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=EXPORT, what="paused then resumed copy")
+
+
 def test_progress_slow_copy_lines(server, mount, shm):
     """A copy against a slow server: lines climb, the last is 100, and no
     100 line arrives before the writer calls close()."""
