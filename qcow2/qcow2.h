@@ -223,6 +223,13 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  *   the caller can decompress on several threads with
  *   qcow2_compressed_decode() (clusters are independent; c->cdata is valid
  *   during the call only).  The caller then reports decompression errors.
+ * map(disk_off, len, what, file_off): optional, for an inspector: what
+ *   each L2 entry says, when its table is parsed (tables arrive in file
+ *   order, so not in disk order), clipped to the disk: QCOW2_MAP_DATA
+ *   (file_off: where the bytes lie; with extended L2 entries, one call
+ *   per allocated subcluster), QCOW2_MAP_ZERO (the zero flag or zero
+ *   subclusters; file_off 0), QCOW2_MAP_COMPRESSED (file_off: of the
+ *   compressed data).  Disk ranges never reported are unallocated.
  *
  * Spool (optional; without one, or with spool_max 0, a file that needs
  * spooling fails): put(key, buf, len) stores one cluster (len = cluster
@@ -231,12 +238,15 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  * decoder counts the bytes held against spool_max before calling put.
  */
 enum qcow2_kind { QCOW2_STANDALONE = 1, QCOW2_OVERLAY = 2 };
+enum qcow2_map { QCOW2_MAP_DATA = 1, QCOW2_MAP_ZERO, QCOW2_MAP_COMPRESSED };
 
 struct qcow2_sink {
     int (*begin)(void *opaque, enum qcow2_kind kind, uint64_t size);
     int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
     int (*zero)(void *opaque, uint64_t disk_off, uint64_t len);
     int (*compressed)(void *opaque, const struct qcow2_compressed *c);
+    int (*map)(void *opaque, uint64_t disk_off, uint64_t len,
+               enum qcow2_map what, uint64_t file_off);
 };
 
 struct qcow2_spool {

@@ -135,6 +135,9 @@ const char *qcow2_kind_name(int kind);
 int qcow2_emit_data(struct qcow2_stream *s, uint64_t disk_off,
                     const void *buf, uint64_t len);
 int qcow2_emit_zero(struct qcow2_stream *s, uint64_t disk_off, uint64_t len);
+/* Tell the sink's optional map hook what an L2 entry says. */
+int qcow2_emit_map(struct qcow2_stream *s, uint64_t disk_off, uint64_t len,
+                   enum qcow2_map what, uint64_t file_off);
 
 /* Claim host clusters [off, off+len) for a kind (IT_NONE: compressed,
  * shared with other compressed ranges only); refuses a second claim and

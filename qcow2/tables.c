@@ -116,6 +116,17 @@ int qcow2_emit_zero(struct qcow2_stream *s, uint64_t disk_off, uint64_t len)
     return qcow2_emit_data(s, disk_off, NULL, len);
 }
 
+int qcow2_emit_map(struct qcow2_stream *s, uint64_t disk_off, uint64_t len,
+                   enum qcow2_map what, uint64_t file_off)
+{
+    if (!s->sink->map || disk_off >= s->h.size)
+        return 0;
+    int r = s->sink->map(s->opaque, disk_off, MIN(len, s->h.size - disk_off),
+                         what, file_off);
+    return r < 0 ? qcow2_fail(s, r, "mapping disk offset %" PRIu64 ": %s",
+                              disk_off, strerror(-r)) : 0;
+}
+
 /* ---- ownership of host clusters ------------------------------------------- */
 
 static int page_of(struct qcow2_stream *s, uint64_t **pages, uint64_t hc,
@@ -353,7 +364,8 @@ static int add_compressed(struct qcow2_stream *s, uint64_t entry, uint64_t g)
         return qcow2_fail(s, -EINVAL, "compressed cluster for disk offset %" PRIu64
                     " at file byte %" PRIu64 " (inside the header or past "
                     "2^56)", g << s->cb, off);
-    if (qcow2_claim(s, off, len, IT_NONE) < 0)
+    if (qcow2_claim(s, off, len, IT_NONE) < 0 ||
+        qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_COMPRESSED, off) < 0)
         return s->err;
     struct citem c = { off, (uint32_t) g, (uint32_t) len };
     if (off >= s->pos) {
@@ -593,7 +605,8 @@ static int l2_standard(struct qcow2_stream *s, uint64_t g, uint64_t e)
                         "the zero flag, which version 2 does not have",
                         g << s->cb);
         s->stats.zero_clusters++;
-        if (qcow2_emit_zero(s, g << s->cb, s->C) < 0)
+        if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_ZERO, 0) < 0 ||
+            qcow2_emit_zero(s, g << s->cb, s->C) < 0)
             return s->err;
         if (off == 0)
             return 0;
@@ -603,6 +616,8 @@ static int l2_standard(struct qcow2_stream *s, uint64_t g, uint64_t e)
     }
     if (off == 0)
         return 0;                     /* unallocated */
+    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_DATA, off) < 0)
+        return s->err;
     return place_data(s, g, off, UINT32_MAX);
 }
 
@@ -627,10 +642,16 @@ static int l2_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
                     "allocated subclusters but no cluster offset", g << s->cb);
     if (zero)
         s->stats.zero_clusters++;
-    for (unsigned k = 0; k < 32; k++)
+    for (unsigned k = 0; k < 32; k++) {
+        uint64_t d = (g << s->cb) + k * sc;
         if (zero >> k & 1)
-            if (qcow2_emit_zero(s, (g << s->cb) + k * sc, sc) < 0)
+            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_ZERO, 0) < 0 ||
+                qcow2_emit_zero(s, d, sc) < 0)
                 return s->err;
+        if (alloc >> k & 1)
+            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_DATA, off + k * sc) < 0)
+                return s->err;
+    }
     if (off == 0)
         return 0;
     if (alloc)

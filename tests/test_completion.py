@@ -17,6 +17,7 @@ PROGRAMS = {
     "nbdferry": NBDFERRY,
     "nbdferry-vhd": BUILD / "tools" / "nbdferry-vhd",
     "nbdferry-vmdk": BUILD / "tools" / "nbdferry-vmdk",
+    "nbdferry-qcow2": BUILD / "tools" / "nbdferry-qcow2",
     "nbdferry-verify": BUILD / "tools" / "nbdferry-verify",
 }
 

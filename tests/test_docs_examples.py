@@ -64,6 +64,7 @@ def bindir(tmp_path):
                        ("nbdferry-vhd", BUILD / "tools" / "nbdferry-vhd"),
                        ("nbdferry-vmdk", BUILD / "tools" / "nbdferry-vmdk"),
                        ("nbdferry-vhdx", BUILD / "tools" / "nbdferry-vhdx"),
+                       ("nbdferry-qcow2", BUILD / "tools" / "nbdferry-qcow2"),
                        ("nbdferry-status",
                         TOP / "tools" / "status" / "nbdferry-status")):
         assert path.exists(), f"{path} not built"
@@ -409,6 +410,31 @@ def test_vhdx_example(runner):
     assert r.returncode == 0 and sha256_file(back) == sha256_file(src)
 
 
+# ---- nbdferry-qcow2(1) --------------------------------------------------
+
+QCOW2 = man_examples("nbdferry-qcow2.1")
+
+
+def test_every_qcow2_example_has_a_case():
+    assert len(QCOW2) == 1, QCOW2
+
+
+def test_qcow2_example(runner):
+    w = runner.work
+    src = disk(w / "src.raw", seed=10)
+    qemu(src, w / "vm.qcow2", "qcow2")
+    r = runner(QCOW2[0])
+    assert r.stdout.startswith("ok: qcow2 version 3"), r.stdout
+    assert " allocated " in r.stdout and " unallocated" in r.stdout, r.stdout
+    for out in ("disk.raw", "disk2.raw"):
+        assert sha256_file(w / out) == sha256_file(src), out
+    # export wrote vm.qcow2 again from disk.raw, checked by qemu-img
+    back = w / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw",
+             str(w / "vm.qcow2"), str(back)])
+    assert r.returncode == 0 and sha256_file(back) == sha256_file(src)
+
+
 def test_status_example(server, runner, shortdir):
     srv = server("memory", f"size={EXPORT}", tcp=True)
     fill_random(srv.uri, EXPORT)
@@ -430,7 +456,8 @@ def test_status_example(server, runner, shortdir):
 
 def test_every_man_page_with_examples_is_here():
     covered = {"nbdferry.1", "nbdferry-verify.1", "nbdferry-vhd.1",
-               "nbdferry-vmdk.1", "nbdferry-vhdx.1", "nbdferry-status.1"}
+               "nbdferry-vmdk.1", "nbdferry-vhdx.1", "nbdferry-qcow2.1",
+               "nbdferry-status.1"}
     pages = {p.name for p in DOCS.glob("*.1")
              if "\n.SH EXAMPLES\n" in p.read_text()}
     assert pages == covered, pages ^ covered

@@ -144,9 +144,22 @@ static void sp_drop(void *o, uint64_t key)
     st->held -= st->lens[i];
 }
 
-static const struct qcow2_sink sink_sync = { s_begin, s_data, s_zero, NULL };
+/* The map hook reports inside the disk, once the disk's size is known. */
+static int s_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
+                 uint64_t file_off)
+{
+    struct state *st = o;
+    if (len == 0 || off + len < off || (st->began && off + len > st->size) ||
+        what < QCOW2_MAP_DATA || what > QCOW2_MAP_COMPRESSED ||
+        (what == QCOW2_MAP_ZERO && file_off != 0))
+        abort();
+    return 0;
+}
+
+static const struct qcow2_sink sink_sync = { s_begin, s_data, s_zero, NULL,
+                                             NULL };
 static const struct qcow2_sink sink_hook = { s_begin, s_data, s_zero,
-                                             s_compressed };
+                                             s_compressed, s_map };
 static const struct qcow2_spool spool = { sp_put, sp_get, sp_drop };
 
 static uint32_t next(uint32_t *x)

@@ -198,9 +198,9 @@ static inline int d_compressed(void *o, const struct qcow2_compressed *c)
     return d_data(o, c->disk_off, d->zout, (size_t) n);
 }
 
-static const struct qcow2_sink sink_sync = { d_begin, d_data, d_zero, NULL };
+static const struct qcow2_sink sink_sync = { d_begin, d_data, d_zero, NULL, NULL };
 static const struct qcow2_sink sink_async = { d_begin, d_data, d_zero,
-                                              d_compressed };
+                                              d_compressed, NULL };
 
 static inline void disk_init(struct disk *d, uint64_t cap, const uint8_t *initial)
 {

@@ -2,7 +2,8 @@
 # programs: bash-completion loads completions/NAME on first use of NAME,
 # so the one script is installed under each program's name.
 include(GNUInstallDirs)
-foreach(prog nbdferry nbdferry-vhd nbdferry-vmdk nbdferry-vhdx nbdferry-verify)
+foreach(prog nbdferry nbdferry-vhd nbdferry-vmdk nbdferry-vhdx nbdferry-qcow2
+    nbdferry-verify)
   install(FILES ${CMAKE_CURRENT_LIST_DIR}/nbdferry
           DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
           RENAME ${prog})

@@ -1,0 +1,520 @@
+/* tools/qcow2/nbdferry-qcow2.c: qcow2 inspector over the qcow2/ library.
+ *
+ *   nbdferry-qcow2 info FILE
+ *   nbdferry-qcow2 check FILE
+ *   nbdferry-qcow2 map FILE
+ *   nbdferry-qcow2 cat FILE [-o OUT]
+ *   nbdferry-qcow2 export RAW -o OUT
+ *
+ * FILE may be "-" (standard input): every verb reads the qcow2 front to
+ * back with the library's stream decoder, so a file that check accepts is
+ * one a landing can decode, and cat decodes exactly as a landing would.
+ * Clusters that arrive before the tables that place them are spooled to a
+ * temporary file in $TMPDIR (keyed by their file offset), at most
+ * --spool-max bytes.  Single-threaded: the decoder decompresses
+ * compressed clusters itself.
+ * Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/optlist.h"
+#include "config.h"
+#include "qcow2/qcow2.h"
+#include "tools/imgtool/imgtool.h"
+
+const char *imgtool_prog = "nbdferry-qcow2";
+
+static uint64_t spool_max = 1ull << 30;
+
+/* What map collects: one extent per run, in the order tables arrive. */
+struct extent {
+    uint64_t disk_off, len, file_off;
+    enum qcow2_map what;
+};
+
+struct decode {
+    const char *path;
+    struct imgtool_out out;
+    int spool_fd;                       /* -1 until the first put */
+    size_t spool_unit;                  /* bytes per key (a cluster) */
+    struct qcow2_stream *s;
+    bool refuse_backing;                /* cat: an overlay needs its base */
+    bool refused;                       /* begin refused it (message given) */
+    bool sink_failed;                   /* the output said why already */
+    struct extent *ext;                 /* map only */
+    size_t next, cap;
+    bool collect;
+};
+
+static int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
+{
+    struct decode *d = o;
+    (void) size;
+    if (d->refuse_backing && kind == QCOW2_OVERLAY) {
+        imgtool_msg("%s: an image with a backing file (%s) holds only what "
+                    "changed from it: land it onto a disk that holds the "
+                    "backing chain (cp it into the mount's nbd.qcow2 after "
+                    "its backing file), or flatten it first with qemu-img "
+                    "convert", d->path,
+                    qcow2_stream_header(d->s)->backing_file);
+        d->refused = true;
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
+static int d_data(void *o, uint64_t off, const void *buf, size_t len)
+{
+    struct decode *d = o;
+    int r = imgtool_out_write(&d->out, off, buf, len);
+    d->sink_failed |= r < 0;
+    return r;
+}
+
+/* Overlay only (cat refuses overlays): nothing to write. */
+static int d_zero(void *o, uint64_t off, uint64_t len)
+{
+    (void) o, (void) off, (void) len;
+    return 0;
+}
+
+static int d_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
+                 uint64_t file_off)
+{
+    struct decode *d = o;
+    if (!d->collect)
+        return 0;
+    struct extent *l = d->next ? &d->ext[d->next - 1] : NULL;
+    if (l && l->what == what && l->disk_off + l->len == off &&
+        (what != QCOW2_MAP_DATA || l->file_off + l->len == file_off)) {
+        l->len += len;                  /* the run goes on */
+        return 0;
+    }
+    if (d->next == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 1024;
+        struct extent *e = realloc(d->ext, cap * sizeof *e);
+        if (!e)
+            return -ENOMEM;
+        d->ext = e, d->cap = cap;
+    }
+    d->ext[d->next++] = (struct extent) { off, len, file_off, what };
+    return 0;
+}
+
+static const struct qcow2_sink sink = { .begin = d_begin, .data = d_data,
+                                        .zero = d_zero, .map = d_map };
+
+/* The spool: a file made on first use, deleted already (O_TMPFILE, else
+ * mkstemp + unlink), in $TMPDIR.  Keys are file offsets of the qcow2, so
+ * the spool file is as sparse as the part of the qcow2 it holds; a
+ * dropped cluster's space is punched out. */
+static int spool_open(struct decode *d)
+{
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    d->spool_fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (d->spool_fd >= 0)
+        return 0;
+    char tmpl[4096];
+    if (snprintf(tmpl, sizeof tmpl, "%s/nbdferry-qcow2-XXXXXX", dir) >=
+        (int) sizeof tmpl)
+        return -ENAMETOOLONG;
+    d->spool_fd = mkostemp(tmpl, O_CLOEXEC);
+    if (d->spool_fd < 0)
+        return -errno;
+    unlink(tmpl);
+    return 0;
+}
+
+static int sp_put(void *o, uint64_t key, const void *buf, size_t len)
+{
+    struct decode *d = o;
+    int r;
+    if (d->spool_fd < 0 && (r = spool_open(d)) < 0) {
+        imgtool_msg("spool in $TMPDIR: %s", strerror(-r));
+        return r;
+    }
+    d->spool_unit = len;
+    ssize_t n = pwrite(d->spool_fd, buf, len, (off_t) key);
+    return n == (ssize_t) len ? 0 : n < 0 ? -errno : -ENOSPC;
+}
+
+static int sp_get(void *o, uint64_t key, void *buf, size_t len)
+{
+    struct decode *d = o;
+    return imgtool_pread_full(d->spool_fd, buf, len, key);
+}
+
+static void sp_drop(void *o, uint64_t key)
+{
+    struct decode *d = o;
+    /* Best effort: a file system without hole punching keeps the bytes. */
+    (void) fallocate(d->spool_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     (off_t) key, (off_t) d->spool_unit);
+}
+
+static const struct qcow2_spool spool = { sp_put, sp_get, sp_drop };
+
+/* Map a library error to the exit status. */
+static int exit_status(const struct decode *d, int r)
+{
+    if (d->refused || d->sink_failed)
+        return IMGTOOL_EXIT_USAGE;
+    return r == -EINVAL || r == -EMEDIUMTYPE || r == -EFBIG || r == -ENOSPC
+           ? IMGTOOL_EXIT_INVALID : IMGTOOL_EXIT_USAGE;
+}
+
+/* Decode the whole input.  0, or the exit status. */
+static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
+{
+    d->spool_fd = -1;
+    int fd = imgtool_open_in(d->path);
+    if (fd < 0)
+        return IMGTOOL_EXIT_USAGE;
+    struct qcow2_stream_opts opts = { .spool = &spool, .spool_opaque = d,
+                                      .spool_max = spool_max,
+                                      .spool_option = "--spool-max" };
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    if (!buf || qcow2_stream_new(&sink, d, &opts, &d->s) < 0) {
+        imgtool_msg("out of memory");
+        free(buf);
+        if (fd != STDIN_FILENO)
+            close(fd);
+        return IMGTOOL_EXIT_USAGE;
+    }
+    uint64_t off = 0;
+    int r = 0;
+    for (;;) {
+        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
+        if (n < 0) {
+            imgtool_msg("%s: %s", d->path, strerror((int) -n));
+            free(buf);
+            if (fd != STDIN_FILENO)
+                close(fd);
+            return IMGTOOL_EXIT_USAGE;
+        }
+        if (n == 0 || (r = qcow2_stream_feed(d->s, off, buf, (size_t) n)) < 0)
+            break;
+        off += (uint64_t) n;
+    }
+    free(buf);
+    if (fd != STDIN_FILENO)
+        close(fd);
+    if (r == 0)
+        r = qcow2_stream_finish(d->s);
+    if (st)
+        qcow2_stream_stats(d->s, st);
+    if (r < 0) {
+        const char *e = qcow2_stream_error(d->s);
+        if (!d->refused && !d->sink_failed)
+            imgtool_msg("%s: %s", d->path, e[0] ? e : strerror(-r));
+        return exit_status(d, r);
+    }
+    return 0;
+}
+
+static void decode_free(struct decode *d)
+{
+    qcow2_stream_free(d->s);
+    if (d->spool_fd >= 0)
+        close(d->spool_fd);
+    free(d->ext);
+}
+
+static const char *compression_name(const struct qcow2_header *h)
+{
+    return h->compression_type == QCOW2_COMPRESS_ZSTD ? "zstd" : "zlib";
+}
+
+static void print_note(void *opaque, const char *msg)
+{
+    if (opaque)
+        printf("%-22s %s\n", "note", msg);
+    else
+        imgtool_msg("note: %s", msg);
+}
+
+static int cmd_info(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 } };
+    struct qcow2_stream_stats st;
+    int r = run_decode(&d, &st);
+    const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
+    if (h) {
+        printf("%-22s %u\n", "version", h->version);
+        printf("%-22s %" PRIu64 "\n", "virtual size", h->size);
+        printf("%-22s %" PRIu64 "\n", "cluster size", qcow2_cluster_size(h));
+        printf("%-22s %s\n", "compression type", compression_name(h));
+        printf("%-22s %u bits\n", "refcount width", qcow2_refcount_bits(h));
+        if (qcow2_extended_l2(h))
+            printf("%-22s yes (32 subclusters of %" PRIu64 " bytes)\n",
+                   "extended L2", qcow2_cluster_size(h) / 32);
+        else
+            printf("%-22s no\n", "extended L2");
+        if (h->backing_file_offset)
+            printf("%-22s %s%s%s%s\n", "backing file", h->backing_file,
+                   h->backing_format[0] ? " (format " : "", h->backing_format,
+                   h->backing_format[0] ? ")" : "");
+        else
+            printf("%-22s none\n", "backing file");
+        printf("%-22s %u%s\n", "internal snapshots", h->nb_snapshots,
+               h->nb_snapshots ? " (not landed: only the active disk)" : "");
+        printf("%-22s %u entries at %" PRIu64 "\n", "L1 table", h->l1_size,
+               h->l1_table_offset);
+        printf("%-22s %u clusters at %" PRIu64 "\n", "refcount table",
+               h->refcount_table_clusters, h->refcount_table_offset);
+        printf("%-22s %" PRIu64 " data, %" PRIu64 " compressed, %" PRIu64
+               " zero\n", "clusters", st.data_clusters, st.compressed_clusters,
+               st.zero_clusters);
+        printf("%-22s %" PRIu64 " L2, %" PRIu64 " refcount blocks\n",
+               "tables", st.l2_tables, st.refcount_blocks);
+        printf("%-22s %" PRIu64 " clusters (peak %" PRIu64 " bytes)\n",
+               "spooled", st.spooled_clusters, st.spool_peak);
+        qcow2_lint(h, print_note, &d);
+    }
+    decode_free(&d);
+    return r;
+}
+
+static int cmd_check(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 } };
+    struct qcow2_stream_stats st;
+    int r = run_decode(&d, &st);
+    const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
+    if (r == 0 && h) {
+        qcow2_lint(h, print_note, NULL);
+        printf("ok: qcow2 version %u%s, virtual size %" PRIu64 ", cluster "
+               "size %" PRIu64 ", %" PRIu64 " data, %" PRIu64 " compressed, %"
+               PRIu64 " zero clusters\n", h->version,
+               h->backing_file_offset ? " with a backing file" : "", h->size,
+               qcow2_cluster_size(h), st.data_clusters,
+               st.compressed_clusters, st.zero_clusters);
+    }
+    decode_free(&d);
+    return r;
+}
+
+static int extent_cmp(const void *a, const void *b)
+{
+    const struct extent *x = a, *y = b;
+    return x->disk_off < y->disk_off ? -1 : x->disk_off > y->disk_off;
+}
+
+static const char *map_name(enum qcow2_map w)
+{
+    switch (w) {
+    case QCOW2_MAP_DATA: return "allocated";
+    case QCOW2_MAP_ZERO: return "zero";
+    case QCOW2_MAP_COMPRESSED: return "compressed";
+    }
+    return "?";
+}
+
+static void print_run(uint64_t off, uint64_t len, const char *what,
+                      const struct extent *e)
+{
+    printf("%" PRIu64 " %" PRIu64 " %s", off, len, what);
+    if (e && e->what == QCOW2_MAP_DATA)
+        printf(" %" PRIu64, e->file_off);
+    printf("\n");
+}
+
+/* One line per run in disk order: disk offset, length, what (allocated
+ * runs also contiguous in the file, with their file offset); the gaps are
+ * unallocated (zero, or the backing file's bytes for an overlay). */
+static int cmd_map(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 }, .collect = true };
+    int r = run_decode(&d, NULL);
+    const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
+    if (r == 0 && h) {
+        qsort(d.ext, d.next, sizeof *d.ext, extent_cmp);
+        uint64_t pos = 0;
+        for (size_t i = 0; i < d.next; i++) {
+            struct extent e = d.ext[i];
+            while (i + 1 < d.next && d.ext[i + 1].what == e.what &&
+                   d.ext[i + 1].disk_off == e.disk_off + e.len &&
+                   (e.what != QCOW2_MAP_DATA ||
+                    d.ext[i + 1].file_off == e.file_off + e.len))
+                e.len += d.ext[++i].len;         /* tables out of order */
+            if (e.disk_off > pos)
+                print_run(pos, e.disk_off - pos, "unallocated", NULL);
+            print_run(e.disk_off, e.len, map_name(e.what), &e);
+            pos = e.disk_off + e.len;
+        }
+        if (pos < h->size)
+            print_run(pos, h->size - pos, "unallocated", NULL);
+    }
+    decode_free(&d);
+    return r;
+}
+
+static int cmd_cat(const char *path, const char *out)
+{
+    struct decode d = { .path = path, .refuse_backing = true };
+    if (imgtool_out_open(&d.out, out) < 0)
+        return IMGTOOL_EXIT_USAGE;
+    int r = run_decode(&d, NULL);
+    const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
+    if (r == 0 && h && imgtool_out_finish(&d.out, h->size) < 0)
+        r = IMGTOOL_EXIT_USAGE;
+    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
+        close(d.out.fd);
+    decode_free(&d);
+    return r;
+}
+
+static int add_range(void *opaque, uint64_t off, uint64_t len)
+{
+    return qcow2_synth_allocate(opaque, off, len);
+}
+
+/* RAW as a qcow2 v3 with 64 KiB clusters, in one pass, metadata first;
+ * the raw file's holes (SEEK_DATA) are not stored. */
+static int cmd_export(const char *raw, const char *out)
+{
+    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
+    struct qcow2_synth *s = NULL;
+    struct qcow2_err e = { "" };
+    struct imgtool_out o = { .fd = -1 };
+    struct stat st;
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    int rr;
+    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
+        if (fd >= 0)
+            imgtool_msg("%s: %s", raw, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+        imgtool_msg("%s: not a non-empty regular file (export reads a raw "
+                    "disk image)", raw);
+        goto out;
+    }
+    if (qcow2_synth_new((uint64_t) st.st_size, 16, &s, &e) < 0) {
+        imgtool_msg("%s: %s", raw, e.msg);
+        goto out;
+    }
+    if ((rr = imgtool_data_ranges(fd, (uint64_t) st.st_size, add_range, s))
+        < 0 || (rr = qcow2_synth_seal(s)) < 0) {
+        imgtool_msg("%s: %s", raw, strerror(-rr));
+        goto out;
+    }
+    if (imgtool_out_open(&o, out) < 0)
+        goto out;
+    for (uint64_t off = 0;;) {
+        int64_t n = qcow2_synth_read(s, off, buf, IMGTOOL_CHUNK,
+                                     imgtool_raw_read, &fd);
+        if (n < 0) {
+            imgtool_msg("%s: %s", raw, strerror((int) -n));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        if (imgtool_out_write(&o, off, buf, (size_t) n) < 0)
+            goto out;
+        off += (uint64_t) n;
+    }
+    r = imgtool_out_finish(&o, qcow2_synth_file_size(s)) < 0
+        ? IMGTOOL_EXIT_USAGE : 0;
+out:
+    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
+        close(o.fd);
+    if (fd >= 0 && fd != STDIN_FILENO)
+        close(fd);
+    qcow2_synth_free(s);
+    free(buf);
+    return r;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: %s info FILE\n"
+        "       %s check FILE\n"
+        "       %s map FILE\n"
+        "       %s cat FILE [-o OUT]\n"
+        "       %s export RAW -o OUT\n"
+        "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
+        "         the tables that place them have not arrived.\n"
+        "FILE may be - (standard input).\n"
+        "Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.\n",
+        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    }
+    if (errno || end == s || *end || s[0] == '-' ||
+        (v << shift) >> shift != v)
+        return -EINVAL;
+    *out = (uint64_t) v << shift;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "output", required_argument, NULL, 'o' },
+        { "spool-max", required_argument, NULL, 258 },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { "long-options", no_argument, NULL, 256 },
+        { "short-options", no_argument, NULL, 257 },
+        { NULL, 0, NULL, 0 },
+    };
+    static const char short_opts[] = "o:hV";
+    const char *out = NULL;
+    int c;
+    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 258:
+            if (parse_size(optarg, &spool_max) < 0) {
+                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
+                return IMGTOOL_EXIT_USAGE;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
+        case 256: optlist_long(opts); return 0;         /* completion */
+        case 257: optlist_short(short_opts); return 0;
+        default: usage(stderr); return IMGTOOL_EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 2) {
+        usage(stderr);
+        return IMGTOOL_EXIT_USAGE;
+    }
+    const char *cmd = argv[optind], *file = argv[optind + 1];
+    if (strcmp(cmd, "cat") == 0)
+        return cmd_cat(file, out);
+    if (strcmp(cmd, "export") == 0 && out)
+        return cmd_export(file, out);
+    if (!out && strcmp(cmd, "info") == 0)
+        return cmd_info(file);
+    if (!out && strcmp(cmd, "check") == 0)
+        return cmd_check(file);
+    if (!out && strcmp(cmd, "map") == 0)
+        return cmd_map(file);
+    usage(stderr);
+    return IMGTOOL_EXIT_USAGE;
+}
