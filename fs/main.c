@@ -46,6 +46,7 @@
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/listexports.h"
 #include "fs/verdict.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
@@ -91,6 +92,7 @@ struct options {
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
     bool unmount;             /* --unmount MOUNTPOINT */
+    bool list;                /* --list URI */
     const char *log_file;     /* --log-file FILE */
 };
 
@@ -135,6 +137,7 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
 "  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
 "  nbdferry --unmount MOUNTPOINT\n"
+"  nbdferry --list URI\n"
 "  nbdferry --help | --fuse-help | --version | --long-options |\n"
 "           --short-options\n"
 "\n"
@@ -226,6 +229,8 @@ static void usage(void)
 "                         owner), block_device, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
+"      --list URI         print the server's exports, one per line:\n"
+"                         NAME, SIZE, DESCRIPTION separated by tabs\n"
 "      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
 "                         and flush, print its verdict (failed ranges, the\n"
 "                         digest) and exit with its status (with -P FILE:\n"
@@ -308,7 +313,7 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
-    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE,
+    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -342,6 +347,7 @@ static const struct option long_options[] = {
     { "pid-file", required_argument, NULL, 'P' },
     { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
     { "unmount", no_argument, NULL, OPT_UNMOUNT },
+    { "list", no_argument, NULL, OPT_LIST },
     { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
@@ -593,6 +599,7 @@ static void parse_args(struct options *o, int argc, char **argv)
             break;
         case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
         case OPT_UNMOUNT: o->unmount = true; break;
+        case OPT_LIST: o->list = true; break;
         case OPT_LOG_FILE: o->log_file = optarg; break;
         case 'V': version();
         case OPT_FUSE_HELP: fuse_help();
@@ -618,6 +625,12 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->verify_readback && o->no_digest)
         usage_error("--verify-readback compares with the inline digest: "
                     "not with --no-digest");
+    if (o->list) {
+        if (argc - optind != 1 || !strstr(argv[optind], "://"))
+            usage_error("--list takes one URI (nbd://HOST[:PORT], "
+                        "nbd+unix:///?socket=SOCKET, nbds://...)");
+        exit(list_exports(argv[optind]));
+    }
     if (o->unmount) {
         if (argc - optind != 1)
             usage_error("--unmount takes one MOUNTPOINT and nothing else");
