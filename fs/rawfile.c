@@ -8,10 +8,13 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <time.h>
 
 #include "common/log.h"
 #include "fs/digest.h"
+#include "fs/foreign.h"
 #include "fs/progress.h"
 #include "fs/readahead.h"
 
@@ -69,7 +72,7 @@ static int cut(struct fs *fs, uint64_t off, uint64_t len)
 
 static int too_big(struct fs *fs, uint64_t size, const char *what)
 {
-    log_notice("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
+    log_err("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
                what, size, fs->export_size);
     return -EFBIG;
 }
@@ -106,10 +109,12 @@ int rawfile_replace(struct fs *fs, uint64_t size)
 static ssize_t write_size(struct fs *fs, struct fs_fh *fh, size_t size,
                           uint64_t off)
 {
+    if (fh && fh->refused)
+        return -fh->refused;      /* said at its open */
     if (off >= fs->export_size) {
         if (size == 0)
             return 0;
-        log_notice("write of %zu bytes at offset %" PRIu64 " is past the "
+        log_err("write of %zu bytes at offset %" PRIu64 " is past the "
                    "end of the export (%" PRIu64 " bytes)", size, off,
                    fs->export_size);
         return -ENOSPC;
@@ -154,6 +159,7 @@ ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
     pthread_rwlock_unlock(&fs->size_lock);
     if (n > 0) {
         land_note(fs, off + (uint64_t) n);
+        foreign_raw_write(fs, off, buf, (size_t) n);
         digest_write(fs->digest, off, buf, (size_t) n);   /* copies */
         progress_write(fs->progress, off, (uint64_t) n);
     }
@@ -230,6 +236,8 @@ ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
     if (n >= 0 && (size_t) n != size)
         n = -EAGAIN;              /* short or empty: the usual path says so */
     if (n > 0)
+        foreign_raw_write(fs, off, fs->land.mem, (size_t) n);
+    if (n > 0)
         n = pool_land_commit(fs->pool, &fs->land, off, (size_t) n,
                              fs->digest != NULL, &f);
     if (n > 0)
@@ -253,8 +261,10 @@ ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
     int r = size <= 0 ? (int) size
             : pool_fill_begin(fs->pool, off, (size_t) size, &f);
     if (r == 0 && size > 0) {
-        r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
-                                   fs->digest != NULL);
+        int filled = fill_from(&f, bufv);
+        if (filled == 0 && f.nseg)
+            foreign_raw_write(fs, off, f.seg[0].mem, f.seg[0].len);
+        r = (int) pool_fill_commit(fs->pool, &f, filled, fs->digest != NULL);
         if (r == -EAGAIN)
             r = -EIO;             /* not the caller's cue: bufv is spent */
     }
@@ -321,22 +331,41 @@ int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
     return r;
 }
 
-void rawfile_view_open(struct fs *fs, const char *what)
+/* The handle whose copy the progress counts. */
+static void set_pass(struct fs *fs, const struct fs_fh *fh)
+{
+    __atomic_store_n(&fs->pass_fh, fh->serial, __ATOMIC_RELAXED);
+}
+
+static bool is_pass(struct fs *fs, const struct fs_fh *fh)
+{
+    return fh && fh->serial == __atomic_load_n(&fs->pass_fh,
+                                               __ATOMIC_RELAXED);
+}
+
+void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        const char *what)
 {
     /* The raw file's inline digest cannot follow a view's bytes. */
     digest_foreign(fs->digest, what);
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(fs->progress, 0);
+    progress_writer(fs->progress, pid);
+    set_pass(fs, fh);
 }
 
-void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len)
+void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                        uint64_t len)
 {
-    progress_write(fs->progress, off, len);
+    if (is_pass(fs, fh))          /* not before begin: another's pass */
+        progress_write(fs->progress, off, len);
 }
 
-void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len)
+void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                         uint64_t len)
 {
-    progress_zero(fs->progress, off, len);
+    if (is_pass(fs, fh))
+        progress_zero(fs->progress, off, len);
 }
 
 void rawfile_view_length(struct fs *fs, uint64_t len)
@@ -349,9 +378,49 @@ void rawfile_view_close(struct fs *fs, uint64_t len)
     progress_close(fs->progress, len);
 }
 
-void rawfile_writer(struct fs *fs, pid_t pid)
+/* The source is larger than the export: every change through this handle
+ * fails with ENOSPC, and the disk is not touched (not even truncated). */
+static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                          const char *path, uint64_t size)
 {
-    progress_writer(fs->progress, pid);
+    log_err("%s: the writer, pid %d (%s), reads %s, %" PRIu64 " bytes, "
+            "larger than the export (%" PRIu64 " bytes): its writes fail "
+            "with ENOSPC and the disk is left as it was", 
+            fs->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
+            fs->export_size);
+    fh->refused = ENOSPC;
+    progress_truncate(fs->progress, 0);       /* this copy's pass, failed */
+    progress_set_source(fs->progress, pid, size);
+    set_pass(fs, fh);
+    progress_fail(fs->progress);
+}
+
+int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        bool trunc)
+{
+    char path[PATH_MAX];
+    /* Before the open's truncate: the source decides whether there is
+     * one.  Tools that open their input first (cp, dd, qemu-img) have it
+     * open now; a shell redirection opens the file before the tool runs,
+     * so the truncate has happened by the time the tool's writes fail. */
+    uint64_t src = progress_source(fs->progress, pid, path, sizeof path);
+    if (src > fs->export_size) {
+        refuse_source(fs, fh, pid, path, src);
+        return 0;
+    }
+    int r = trunc ? rawfile_truncate(fs, 0) : 0;
+    if (r < 0)
+        return r;
+    set_pass(fs, fh);
+    progress_set_source(fs->progress, pid, src);
+    foreign_raw_pass(fs);
+    return 0;
+}
+
+void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err)
+{
+    if (err < 0 && fh && fh->writer && is_pass(fs, fh))
+        progress_fail(fs->progress);
 }
 
 /* ---- handles ------------------------------------------------------------ */

@@ -35,15 +35,13 @@ static int raw_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
 {
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
-    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr. */
-    if (writing && (flags & O_TRUNC)) {
-        int r = rawfile_truncate(fs, 0);
+    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr.  The
+     * writer's input file, if visible, is the progress's total. */
+    if (writing) {
+        int r = rawfile_open_writer(fs, fh, pid, flags & O_TRUNC);
         if (r < 0)
             return r;
     }
-    /* The writer's input file, if visible, is the progress's total. */
-    if (writing)
-        rawfile_writer(fs, pid);
     fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
     return 0;
 }
@@ -142,6 +140,8 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
         return -EINVAL;
     if (fs->readonly)
         return -EROFS;
+    if (fh && fh->refused)
+        return -fh->refused;
     if (kind != 0 && kind != FALLOC_FL_PUNCH_HOLE &&
         kind != FALLOC_FL_ZERO_RANGE)
         return -EOPNOTSUPP;
@@ -155,6 +155,8 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
 
 static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
 {
+    if (fh && fh->refused)
+        return -fh->refused;          /* said at its open */
     int r = rawfile_truncate(fs, size);
     fs_fh_mark_wrote(fh);
     return r;

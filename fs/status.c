@@ -118,9 +118,10 @@ static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
     fprintf(f, "  \"progress\": {\"done\": %" PRIu64 ", \"total\": %" PRIu64
                ", \"total_from\": \"%s\", \"percent\": %.1f, "
                "\"frontier\": %" PRIu64 ", \"settled\": %s, "
-               "\"eta_s\": %.1f},\n",
+               "\"failed\": %s, \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
-            pi.percent, pi.frontier, pi.settled ? "true" : "false", pi.eta_s);
+            pi.percent, pi.frontier, pi.settled ? "true" : "false",
+            pi.failed ? "true" : "false", pi.eta_s);
 }
 
 /* The digest describes what was written through the file; once an NBD
