@@ -7,10 +7,12 @@
 #include "fs/rawfile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "fs/digest.h"
@@ -395,6 +397,20 @@ static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
     progress_fail(fs->progress);
 }
 
+/* A source in an image format (qcow2 with snapshots, a compressed or
+ * sparse container) may be larger than the disk it holds: its size says
+ * nothing, the tool converts it.  Only a raw source is judged by size. */
+static bool is_container(const char *path)
+{
+    unsigned char sec[512];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd == -1)
+        return true;              /* cannot tell: do not refuse */
+    ssize_t n = pread(fd, sec, sizeof sec, 0);
+    close(fd);
+    return n < 0 || image_kind(sec, (size_t) n) != IMAGE_UNKNOWN;
+}
+
 int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
                         bool trunc)
 {
@@ -404,7 +420,7 @@ int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
      * open now; a shell redirection opens the file before the tool runs,
      * so the truncate has happened by the time the tool's writes fail. */
     uint64_t src = progress_source(fs->progress, pid, path, sizeof path);
-    if (src > fs->export_size) {
+    if (src > fs->export_size && !is_container(path)) {
         refuse_source(fs, fh, pid, path, src);
         return 0;
     }

@@ -9,10 +9,12 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/falloc.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
 #include "fs/readback.h"
@@ -146,8 +148,12 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
         kind != FALLOC_FL_ZERO_RANGE)
         return -EOPNOTSUPP;
     uint64_t start = (uint64_t) off, end = start + (uint64_t) len;
-    if (end < start || (!keep_size && end > fs->export_size))
+    if (end < start || (!keep_size && end > fs->export_size)) {
+        log_err("fallocate of %jd bytes at offset %jd is past the end of "
+                "the export (%" PRIu64 " bytes)", (intmax_t) len,
+                (intmax_t) off, fs->export_size);
         return -ENOSPC;
+    }
     if (end > fs->export_size)
         end = fs->export_size;    /* keep-size: nothing exists past it */
     return rawfile_zero(fs, start, end, kind != 0, keep_size);

@@ -268,6 +268,21 @@ def test_source_larger_than_export_fails_before_the_disk_changes(
     assert not pg["failed"] and pg["percent"] == 100
 
 
+def test_container_source_larger_than_export_is_converted(victim, shm):
+    """A qcow2 file larger than the export whose disk fits (preallocated:
+    metadata on top of the whole disk) is the converter's business."""
+    srv, m, _ = victim()
+    raw = shm / "disk.raw"
+    raw.write_bytes(os.urandom(EXPORT))
+    img = shm / "full.qcow2"
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", "-o",
+             "preallocation=full", raw, img)
+    assert img.stat().st_size > EXPORT
+    qemu_img("convert", "-n", "-f", "qcow2", "-O", "raw", img, m.file)
+    assert sha256_nbd(srv.uri) == hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert "larger than the export" not in m.stderr
+
+
 def test_write_past_the_export_is_counted_and_fails_the_progress(victim):
     """ENOSPC at the end of the export is an error of the copy: counted,
     and the progress of that copy is failed."""
@@ -384,19 +399,24 @@ def test_view_refuses_another_format_naming_it(victim, shm, fixed):
     assert status(m)["errors"] >= len(VIEW_CASES)
 
 
-def test_qemu_img_writing_a_vmdk_into_the_view_says_why(victim, shm):
-    """qemu-img writes a VMDK's descriptor last, seeking back: the view
-    (file order) cannot take it, and says so; the disk is untouched."""
+@pytest.mark.parametrize("view,fmt,what", [
+    ("nbd.vmdk", "vmdk", "the descriptor is empty (zeros)"),
+    ("nbd.vhd", "vpc", "the dynamic header is empty (zeros)"),
+])
+def test_qemu_img_writing_into_a_view_says_why(victim, shm, view, fmt, what):
+    """qemu-img writes a VMDK's descriptor or a VHD's dynamic header after
+    the rest, seeking back: a view (file order) cannot take it, and says
+    so; the disk is untouched."""
     srv, m, before = victim()
     raw = shm / "disk.raw"
     raw.write_bytes(os.urandom(2 * MiB))
-    r = qemu_img("convert", "-f", "raw", "-O", "vmdk", raw, m.mp / "nbd.vmdk",
+    r = qemu_img("convert", "-f", "raw", "-O", fmt, raw, m.mp / view,
                  check=False)
     assert r.returncode != 0
     assert sha256_nbd(srv.uri) == before
-    assert "the descriptor is empty (zeros)" in m.stderr
+    assert f"{view}: {what}" in m.stderr
     assert "qemu-img convert -n -O raw SRC MNT/nbd" in m.stderr
-    assert "no createType" not in m.stderr
+    assert "no createType" not in m.stderr and "cookie" not in m.stderr
 
 
 # ------------------------------------- a refusal leaves the last copy alone

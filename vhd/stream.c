@@ -365,6 +365,15 @@ static int64_t step_fixed(struct vhd_stream *s, const uint8_t *buf,
 static int header_done(struct vhd_stream *s)
 {
     struct vhd_err e = { "" };
+    /* qemu-img (convert -O vpc, create) writes the footer copy first and
+     * the dynamic header after, seeking back: in file order it is still
+     * zeros.  Say so, rather than "bad dynamic header cookie". */
+    if (is_zero(s->hdr, VHD_HEADER_SIZE))
+        return sfail(s, -EINVAL, "the dynamic header is empty (zeros): its "
+                     "writer fills it in later, seeking back (qemu-img "
+                     "does); a view takes a VHD in file order only: copy a "
+                     "VHD file in, or qemu-img convert -n -O raw SRC "
+                     "MNT/nbd");
     int r = vhd_header_decode(s->hdr, &s->h, &e);
     if (r == 0)
         r = vhd_header_check(&s->f, &s->h, &e);

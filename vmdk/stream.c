@@ -322,12 +322,11 @@ static int desc_done(struct vmdk_stream *s)
      * first and the descriptor after, seeking back: in file order the
      * descriptor is still zeros.  Say so, rather than "no createType". */
     if (is_zero(s->descbuf, s->desc_len))
-        return fail(s, -EINVAL, "the descriptor is empty (zeros): the "
+        return fail(s, -EINVAL, "the descriptor is empty (zeros): its "
                     "writer fills it in later, seeking back (qemu-img "
-                    "writing a VMDK does), which a view written in file "
-                    "order cannot take; write the VMDK to a file and copy "
-                    "that in, or write the disk raw (qemu-img convert -n "
-                    "-O raw SRC MNT/nbd)");
+                    "does); a view takes a VMDK in file order only: copy a "
+                    "VMDK file in, or qemu-img convert -n -O raw SRC "
+                    "MNT/nbd");
     struct vmdk_err e = { "" };
     int r = vmdk_desc_parse(s->descbuf, s->desc_len, &s->h, &s->desc, &e);
     if (r < 0)
