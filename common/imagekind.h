@@ -11,7 +11,9 @@
  *          or differencing VHD's footer copy; a fixed VHD has its footer
  *          only at the end)
  *   tar    "ustar" at 257 (POSIX and GNU; an OVA is one)
- *   gzip   1f 8b at 0                  xz    fd 37 7a 58 5a 00 at 0
+ *   gzip   1f 8b 08 at 0, flags' reserved bits clear
+ *   xz     fd 37 7a 58 5a 00 at 0
+ * (gzip's two magic bytes alone would match one random disk in 65536.)
  * A buffer shorter than a signature's end does not match it. */
 #pragma once
 #include <stddef.h>
@@ -48,12 +50,16 @@ static inline enum image_kind image_kind(const void *buf, size_t len)
         { 0, 8, "vhdxfile", IMAGE_VHDX },
         { 0, 8, "conectix", IMAGE_VHD },
         { 257, 5, "ustar", IMAGE_TAR },
-        { 0, 2, "\x1f\x8b", IMAGE_GZIP },
+        { 0, 3, "\x1f\x8b\x08", IMAGE_GZIP },   /* deflate: all there is */
         { 0, 6, "\xfd" "7zXZ\0", IMAGE_XZ },
     };
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        if (image_sig_at(buf, len, sigs[i].off, sigs[i].sig, sigs[i].n))
+        if (image_sig_at(buf, len, sigs[i].off, sigs[i].sig, sigs[i].n)) {
+            if (sigs[i].kind == IMAGE_GZIP &&
+                (len < 4 || (((const unsigned char *) buf)[3] & 0xe0)))
+                continue;         /* reserved flag bits: not gzip */
             return sigs[i].kind;
+        }
     return IMAGE_UNKNOWN;
 }
 

@@ -31,7 +31,7 @@ int main(void)
         { 0, 8, "conectix", IMAGE_VHD, 7 },
         { 257, 6, "ustar\0", IMAGE_TAR, 261 },   /* POSIX */
         { 257, 8, "ustar  \0", IMAGE_TAR, 261 }, /* GNU */
-        { 0, 3, "\x1f\x8b\x08", IMAGE_GZIP, 1 },
+        { 0, 4, "\x1f\x8b\x08\x00", IMAGE_GZIP, 3 },
         { 0, 6, "\xfd\x37\x7a\x58\x5a\x00", IMAGE_XZ, 5 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -47,6 +47,8 @@ int main(void)
     assert(with(1, "KDMV", 4, sizeof buf) == IMAGE_UNKNOWN);
     assert(with(0, "conectiX", 8, sizeof buf) == IMAGE_UNKNOWN);
     assert(with(256, "ustar", 5, sizeof buf) == IMAGE_UNKNOWN);
+    assert(with(0, "\x1f\x8b\x07\x00", 4, sizeof buf) == IMAGE_UNKNOWN);
+    assert(with(0, "\x1f\x8b\x08\x20", 4, sizeof buf) == IMAGE_UNKNOWN);
     assert(with(0, "\xfd\x37\x7a\x58\x5a\x01", 6, sizeof buf) ==
            IMAGE_UNKNOWN);
     memset(buf, 0, sizeof buf);
