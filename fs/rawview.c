@@ -184,10 +184,12 @@ static int raw_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
     int r = rawfile_drain(fs, fh, wrote);
     /* The pass covers the file up to its size (cp's final ftruncate).  A
-     * reader closing (sha256sum during a copy) ends nobody's pass. */
-    if (fh->writer)
+     * reader closing (sha256sum during a copy) ends nobody's pass, nor
+     * does a writer that was refused (its source did not fit). */
+    bool passed = fh->writer && !fh->refused;
+    if (passed)
         rawfile_close_pass(fs);
-    if (fh->writer && r == 0)
+    if (passed && r == 0)
         r = readback_at_close(fs);          /* --verify-readback */
     return r;
 }
