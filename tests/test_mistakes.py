@@ -45,6 +45,8 @@ from lib.procs import oserror_errno, run, wait_for
 from lib.vhd import qemu_img
 
 EXPORT = 32 * MiB
+STATUS_TOOL = (os.path.dirname(os.path.abspath(__file__)) +
+               "/../tools/status/nbdferry-status")
 
 
 def status(m):
@@ -258,6 +260,8 @@ def test_source_larger_than_export_fails_before_the_disk_changes(
     pg = st["progress"]
     assert pg["failed"] and not pg["settled"] and pg["percent"] < 100
     assert pg["total"] == 48 * MiB and pg["total_from"] == "source"
+    shown = run(["/usr/bin/python3", STATUS_TOOL, m.mp], check=True).stdout
+    assert "FAILED" in shown and "larger than the export" in shown, shown
     # The next copy, of the right size, works and is not failed.
     good = shm / "good.raw"
     good.write_bytes(os.urandom(EXPORT))
