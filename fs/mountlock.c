@@ -116,8 +116,11 @@ static int open_dir(char *path, size_t n)
     if (mkdir(path, 0700) == -1 && errno != EEXIST)
         return -1;                /* no run directory: nothing to lock */
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd == -1)
-        return -errno;
+    if (fd == -1) {
+        int err = errno;          /* ELOOP: a link planted there */
+        log_err("%s: %s: cannot lock the export", path, strerror(err));
+        return -err;
+    }
     if (fstat(fd, &st) == -1 || st.st_uid != uid || (st.st_mode & 022)) {
         log_err("%s: not a directory of ours closed to others: cannot lock "
                 "the export", path);
