@@ -70,6 +70,8 @@ struct fs {
                                * is pending or known zero on the disk */
     struct timespec mtime;
     struct fs_fh *open_files; /* every handle between open and release */
+    pthread_cond_t released;  /* a handle left open_files (fs/writers.h);
+                               * CLOCK_MONOTONIC (mono_cond_init) */
     uint64_t fh_serial;       /* the last handle's serial */
     uint64_t pass_fh;         /* the serial of the handle whose copy the
                                * progress counts (fs/rawfile.c) */

@@ -36,6 +36,7 @@
 
 #include "common/blkhash.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/optlist.h"
 #include "fs/cli.h"
 #include "fs/mountlock.h"
@@ -929,6 +930,7 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_REALTIME, &fs.started);
     fs.mtime = fs.started;
     pthread_mutex_init(&fs.lock, NULL);
+    mono_cond_init(&fs.released);
     pthread_rwlock_init(&fs.size_lock, NULL);
     log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
              info->size, info->connections, info->tcp ? ", tcp" : "",

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/minmax.h"
 #include "fs/fuseloop.h"
 #include "fs/rawfile.h"
@@ -264,6 +265,7 @@ static void forget_fh(struct fs *fs, struct fs_fh *fh)
         fs->open_files = fh->next;
     if (fh->next)
         fh->next->prev = fh->prev;
+    pthread_cond_broadcast(&fs->released);      /* fs/writers.h */
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -279,13 +281,25 @@ static void close_fh(struct fs *fs, struct fs_fh *fh)
 }
 
 /* A writer joins the open handles before its view opens it (so that two
- * opens at once cannot both be admitted), if fs/writers.c admits it. */
+ * opens at once cannot both be admitted), if fs/writers.c admits it.  A
+ * writer that only closed (its release still on the way) is waited for,
+ * up to WRITERS_RELEASE_WAIT_MS. */
 static int admit_writer(struct fs *fs, struct fs_fh *fh)
 {
     char why[512];
+    struct timespec deadline =
+        mono_deadline_ns(WRITERS_RELEASE_WAIT_MS * NS_PER_MS);
+    int r;
 
     pthread_mutex_lock(&fs->lock);
-    int r = writers_admit_locked(fs, fh, why, sizeof why);
+    while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
+        if (pthread_cond_timedwait(&fs->released, &fs->lock, &deadline) ==
+            ETIMEDOUT) {
+            r = writers_admit_locked(fs, fh, why, sizeof why);
+            break;
+        }
+    if (r == -EAGAIN)
+        r = -EBUSY;               /* still open elsewhere (a dup of it) */
     if (r == 0)
         remember_fh_locked(fs, fh);
     pthread_mutex_unlock(&fs->lock);

@@ -63,16 +63,33 @@ static bool process_gone(pid_t tgid)
     return gone;
 }
 
+static bool closed(const struct fs_fh *o)
+{
+    return __atomic_load_n(&o->idle, __ATOMIC_RELAXED);
+}
+
 /* o's copy is over: closed, nothing written since, its process gone. */
 static bool finished(const struct fs_fh *o)
 {
-    return __atomic_load_n(&o->idle, __ATOMIC_RELAXED) && o->tgid > 0 &&
-           process_gone(o->tgid);
+    return closed(o) && o->tgid > 0 && process_gone(o->tgid);
+}
+
+static void say_busy(const struct fs *fs, const struct fs_fh *fh,
+                     const struct fs_fh *o, char *why, size_t n)
+{
+    snprintf(why, n, "%s: a second writer refused: pid %d (%s) opens %s "
+             "for writing while pid %d (%s) has %s open for writing; one "
+             "writer at a time (the mount option -o multiwriter allows "
+             "several)", fs->view_name[fh->ino], (int) fh->tgid, fh->comm,
+             fs->view_name[fh->ino], (int) o->tgid, o->comm,
+             fs->view_name[o->ino]);
 }
 
 int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
                          size_t n)
 {
+    int r = 0;
+
     if (fs->multiwriter)
         return 0;
     for (const struct fs_fh *o = fs->open_files; o; o = o->next) {
@@ -82,14 +99,10 @@ int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
             continue;                 /* one process: one copy */
         if (finished(o))
             continue;                 /* only its release is late */
-        snprintf(why, n, "%s: a second writer refused: pid %d (%s) opens "
-                 "%s for writing while pid %d (%s) has %s open for "
-                 "writing; one writer at a time (the mount option "
-                 "-o multiwriter allows several)",
-                 fs->view_name[fh->ino], (int) fh->tgid, fh->comm,
-                 fs->view_name[fh->ino], (int) o->tgid, o->comm,
-                 fs->view_name[o->ino]);
-        return -EBUSY;
+        say_busy(fs, fh, o, why, n);
+        if (!closed(o))
+            return -EBUSY;
+        r = -EAGAIN;                  /* its release may be on its way */
     }
-    return 0;
+    return r;
 }

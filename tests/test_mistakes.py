@@ -135,6 +135,27 @@ def test_same_process_may_open_a_second_writable_handle(victim):
     assert "second writer" not in m.stderr
 
 
+def test_a_closed_writer_of_a_live_process_lets_the_next_copy_in(victim,
+                                                                 shm):
+    """A script writes the file, closes it and runs cp at once: the
+    kernel's release of the script's handle may not have arrived when cp
+    opens, and the script is still alive; cp is let in (its release is
+    waited for), many times over."""
+    srv, m, _ = victim()
+    for i in range(20):
+        head, data = os.urandom(4096), os.urandom(MiB)
+        with open(m.file, "r+b") as f:
+            f.write(head)
+        src = shm / "src.raw"
+        src.write_bytes(data)
+        r = run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "seek=1",
+                 "conv=notrunc", "status=none"])
+        assert r.returncode == 0, (i, r.stderr)
+        assert read_nbd(srv.uri, 0, 4096) == head
+        assert read_nbd(srv.uri, MiB, MiB) == data
+    assert "second writer" not in m.stderr
+
+
 def test_multiwriter_allows_parallel_writers(victim, shm):
     srv, m, _ = victim("-o", "multiwriter")
     halves = [shm / "a", shm / "b"]
