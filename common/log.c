@@ -7,11 +7,14 @@
  */
 #include "common/log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@ int log_verbosity;
 static bool use_syslog;
 static const char *program = "nbdferry";
 static const char *context;
+static int log_fd = -1;           /* --log-file, or -1 */
 
 struct site {
     const char *fmt;              /* the call site's identity */
@@ -47,8 +51,47 @@ void log_set_syslog(bool on)
     use_syslog = on;
 }
 
+/* The --log-file line: UTC time, program, pid, the mount. */
+static void emit_file(const char *tag, const char *msg)
+{
+    char line[1300], when[32];
+    struct timespec ts;
+    struct tm tm;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof line, "%s %s[%ld]: %s%s%s%s\n", when,
+                     program, (long) getpid(), context ? context : "",
+                     context ? ": " : "", tag, msg);
+    if (n > (int) sizeof line)
+        n = sizeof line;
+    if (write(log_fd, line, (size_t) n) < 0) {
+        /* nowhere left to report it */
+    }
+}
+
+int log_set_file(const char *path)
+{
+    struct stat st;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW |
+                  O_NONBLOCK | O_CLOEXEC, 0600);
+
+    if (fd == -1)
+        return errno == ELOOP ? -EPERM : -errno;
+    if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid() || st.st_nlink != 1) {
+        close(fd);
+        return -EPERM;
+    }
+    log_fd = fd;
+    return 0;
+}
+
 static void emit(int prio, const char *tag, const char *msg)
 {
+    if (log_fd >= 0)
+        emit_file(tag, msg);
     if (use_syslog) {
         if (context)
             syslog(prio, "%s: %s%s", context, tag, msg);

@@ -1,7 +1,8 @@
 /* common/log.h: the daemon's log (the tools print their own messages).
  *
  * Messages go to stderr while it is the user's terminal (foreground, or
- * before daemonizing) and to syslog afterwards, prefixed with the
+ * before daemonizing) and to syslog afterwards (and to a --log-file in
+ * both cases), prefixed with the
  * mountpoint (log_set_context) so that the journal says which mount
  * spoke.  log_err(), log_warn() and log_notice() always print; log_info()
  * only with -v; log_debug() only with -vv; log_trace(), one line per
@@ -32,6 +33,11 @@ void log_set_program(const char *name);
 /* Prefix of syslog lines, e.g. the mountpoint; borrowed, must outlive
  * the log (NULL: none). */
 void log_set_context(const char *context);
+/* Also append every line to path (--log-file), whatever goes to stderr
+ * or syslog, with the UTC time and the pid.  Created 0600 if missing;
+ * -EPERM unless it is a regular file of ours with one link (O_NOFOLLOW:
+ * a planted symlink or hard link is never written through). */
+int  log_set_file(const char *path);
 /* Print the counts of lines still held back by the rate limit. */
 void log_flush(void);
 

@@ -182,12 +182,22 @@ int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
 
 /* ---- mountpoint ------------------------------------------------------ */
 
+/* THE PIN
+ * The mountpoint is resolved once (realpath: the name in messages and in
+ * the mount table), then opened with O_PATH|O_NOFOLLOW before any check.
+ * Every check is made on that descriptor (fstat, fstatfs, openat(fd,
+ * ".") for the listing, openat(fd, "..") for the parent), and main()
+ * mounts through it (/proc/self/fd/N) after cli_mountpoint_recheck(): a
+ * mountpoint swapped (for a symlink, another directory) between the
+ * checks and the mount is refused, never mounted elsewhere. */
+
 #define FUSE_SUPER_MAGIC 0x65735546
+#define PIN_FLAGS (O_PATH | O_NOFOLLOW | O_CLOEXEC)
 
 /* Never mounted over, even with -o nonempty: hiding one of these breaks
  * every program on the machine (fusermount3 -u itself locks a file under
- * /etc).  Compared with the resolved mountpoint both as written and
- * resolved (/bin is /usr/bin on merged-/usr systems). */
+ * /etc).  Compared by device and inode (/bin is /usr/bin on merged-/usr
+ * systems). */
 static const char *const system_dirs[] = {
     "/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib",
     "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run", "/sbin",
@@ -195,55 +205,112 @@ static const char *const system_dirs[] = {
     "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/tmp",
 };
 
-static bool same_dir(const char *resolved, const char *dir)
-{
-    char r[PATH_MAX];
+/* File mode: no file in or below these (their files are the system's:
+ * /etc/passwd, /usr/bin/ls), but for the user_trees within them. */
+static const char *const system_trees[] = {
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+    "/proc", "/run", "/sbin", "/sys", "/usr", "/var",
+};
+static const char *const user_trees[] = { "/dev/shm", "/run/user",
+                                          "/var/tmp" };
 
-    if (!dir || !dir[0])
-        return false;
-    if (strcmp(resolved, dir) == 0)
-        return true;
-    return realpath(dir, r) && strcmp(resolved, r) == 0;
+#define NELEMS(v) (sizeof (v) / sizeof (v)[0])
+
+static bool same_inode(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-static bool is_system_dir(const char *resolved)
+static bool is_path(const struct stat *st, const char *path)
 {
-    for (size_t i = 0; i < sizeof system_dirs / sizeof system_dirs[0]; i++)
-        if (same_dir(resolved, system_dirs[i]))
-            return true;
-    /* The user's home and temporary directories, wherever they are. */
+    struct stat p;
+
+    return path && path[0] && stat(path, &p) == 0 && same_inode(st, &p);
+}
+
+static const char *in_list(const struct stat *st, const char *const *v,
+                           size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (is_path(st, v[i]))
+            return v[i];
+    return NULL;
+}
+
+/* The user's home and temporary directories, wherever they are. */
+static bool is_users_dir(const struct stat *st)
+{
     struct passwd *pw = getpwuid(getuid());
-    return same_dir(resolved, getenv("HOME")) ||
-           same_dir(resolved, getenv("TMPDIR")) ||
-           (pw && same_dir(resolved, pw->pw_dir));
+
+    return is_path(st, getenv("HOME")) || is_path(st, getenv("TMPDIR")) ||
+           (pw && is_path(st, pw->pw_dir));
 }
 
-/* Is the resolved path the root of a FUSE mount (another nbdferry, or any
- * FUSE filesystem)?  A mount root lives on another device than its
- * parent. */
-static bool is_fuse_mount(const char *resolved)
+static bool is_system_dir(const struct stat *st)
+{
+    return in_list(st, system_dirs, NELEMS(system_dirs)) || is_users_dir(st);
+}
+
+/* File mode: the system tree the directory dfd is in or below (NULL if
+ * none); a user tree, $HOME or $TMPDIR on the way up ends the search.  A
+ * directory on the way that cannot be examined counts as a system one. */
+static const char *system_tree_of(int dfd)
+{
+    static const char unknown[] = "a directory that cannot be examined";
+    const char *tree = unknown;
+    struct stat st, up;
+    int cur = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+
+    while (cur >= 0 && fstat(cur, &st) == 0) {
+        const char *t = in_list(&st, system_trees, NELEMS(system_trees));
+        if (t || in_list(&st, user_trees, NELEMS(user_trees)) ||
+            is_users_dir(&st)) {
+            tree = t;
+            break;
+        }
+        int next = openat(cur, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        close(cur);
+        cur = next;
+        if (cur < 0 || fstat(cur, &up) == -1)
+            break;
+        if (same_inode(&st, &up)) {   /* "/": its parent is itself */
+            tree = NULL;
+            break;
+        }
+    }
+    if (cur >= 0)
+        close(cur);
+    return tree;
+}
+
+/* Is fd the root of a FUSE mount (another nbdferry, or any FUSE
+ * filesystem)?  A mount root lives on another device than its parent. */
+static bool is_fuse_mount(int fd, int parent)
 {
     struct statfs sf;
-    struct stat st, parent;
-    char up[PATH_MAX];
+    struct stat st, up;
 
-    if (statfs(resolved, &sf) == -1 || sf.f_type != FUSE_SUPER_MAGIC)
+    if (fstatfs(fd, &sf) == -1 || sf.f_type != FUSE_SUPER_MAGIC)
         return false;
-    if (snprintf(up, sizeof up, "%s/..", resolved) >= (int) sizeof up)
-        return true;
-    return stat(resolved, &st) == -1 || stat(up, &parent) == -1 ||
-           st.st_dev != parent.st_dev;
+    return fstat(fd, &st) == -1 || fstat(parent, &up) == -1 ||
+           st.st_dev != up.st_dev;
 }
 
-/* 1 if dir holds an entry besides . and .., 0 if not, -errno. */
-static int dir_has_entries(const char *dir)
+/* 1 if the directory fd holds an entry besides . and .., 0 if not,
+ * -errno. */
+static int dir_has_entries(int fd)
 {
-    DIR *d = opendir(dir);
+    int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     struct dirent *e;
     int r = 0;
 
-    if (!d)
-        return -errno;
+    if (!d) {
+        r = -errno;
+        if (dfd >= 0)
+            close(dfd);
+        return r;
+    }
     errno = 0;
     while ((e = readdir(d)) != NULL)
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
@@ -256,27 +323,96 @@ static int dir_has_entries(const char *dir)
     return r;
 }
 
-/* The directory a mount would hide: refused when it is a system
- * directory, a FUSE mount already, or (without -o nonempty) not empty. */
-static int check_dir(const char *resolved, bool nonempty, char *msg,
-                     size_t msglen)
+static const char *user_name(uid_t uid, char *buf, size_t n)
 {
-    if (is_system_dir(resolved))
-        return fail(EPERM, msg, msglen,
-                    "refusing to mount on %s: a system directory (its "
-                    "files would be hidden from every program); mount on "
-                    "an empty directory of your own", resolved);
-    if (is_fuse_mount(resolved))
-        return fail(EBUSY, msg, msglen,
-                    "%s is already a FUSE mount: unmount it first "
-                    "(fusermount3 -u %s) or choose another directory",
-                    resolved, resolved);
-    if (nonempty)
+    struct passwd *pw = getpwuid(uid);
+
+    if (pw)
+        snprintf(buf, n, "%s", pw->pw_name);
+    else
+        snprintf(buf, n, "uid %u", (unsigned) uid);
+    return buf;
+}
+
+/* The mountpoint must be the daemon's user's; for root, also in a
+ * directory no other user can change: root's, and not writable by
+ * others unless sticky (as /tmp, where only an entry's owner may rename
+ * it).  Otherwise another user could swap it (for a symlink to /etc)
+ * between the checks and the mount. */
+static int check_owner(const char *path, int fd, int parent, char *msg,
+                       size_t msglen)
+{
+    struct stat st, up;
+    uid_t me = geteuid();
+    char a[64], b[64];
+
+    if (fstat(fd, &st) == -1 || fstat(parent, &up) == -1)
+        return fail(errno, msg, msglen, "mountpoint %s: %s", path,
+                    strerror(errno));
+    if (st.st_uid != me)
+        return fail(EPERM, msg, msglen, "refusing to mount on %s: it "
+                    "belongs to %s, not to %s (its owner could replace it "
+                    "while nbdferry starts); mount on a %s of your own",
+                    path, user_name(st.st_uid, a, sizeof a),
+                    user_name(me, b, sizeof b),
+                    S_ISDIR(st.st_mode) ? "directory" : "file");
+    if (me != 0)
         return 0;
-    int r = dir_has_entries(resolved);
+    if (up.st_uid != 0)
+        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
+                    "directory belongs to %s, who could replace it while "
+                    "nbdferry starts; mount in a directory of root's",
+                    path, user_name(up.st_uid, a, sizeof a));
+    if ((up.st_mode & (S_IWGRP | S_IWOTH)) && !(up.st_mode & S_ISVTX))
+        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
+                    "directory is writable by other users (mode %04o, not "
+                    "sticky), who could replace it while nbdferry starts; "
+                    "chmod go-w (or +t) its directory, or mount elsewhere",
+                    path, (unsigned) (up.st_mode & 07777));
+    return 0;
+}
+
+/* The directory a mount would hide: refused when it is a system
+ * directory, a FUSE mount already, another user's or replaceable, or
+ * (without -o nonempty) not empty.  missing: the FILENAME that was taken
+ * from the argument because it does not exist (NULL for DIR). */
+static int check_dir(const char *resolved, int fd, bool nonempty,
+                     const char *missing, char *msg, size_t msglen)
+{
+    struct stat st;
+    int parent = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int r = 0;
+
+    if (parent < 0 || fstat(fd, &st) == -1)
+        r = fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
+                 strerror(errno));
+    else if (is_system_dir(&st))
+        r = fail(EPERM, msg, msglen,
+                 "refusing to mount on %s: a system directory (its "
+                 "files would be hidden from every program); mount on "
+                 "an empty directory of your own", resolved);
+    else if (is_fuse_mount(fd, parent))
+        r = fail(EBUSY, msg, msglen,
+                 "%s is already a FUSE mount: unmount it first "
+                 "(fusermount3 -u %s) or choose another directory",
+                 resolved, resolved);
+    else
+        r = check_owner(resolved, fd, parent, msg, msglen);
+    if (parent >= 0)
+        close(parent);
+    if (r < 0 || nonempty)
+        return r;
+    r = dir_has_entries(fd);
     if (r < 0)
         return fail(-r, msg, msglen, "mountpoint %s: %s (add -o nonempty "
                     "to mount without looking)", resolved, strerror(-r));
+    if (r > 0 && missing)
+        return fail(ENOTEMPTY, msg, msglen,
+                    "%s/%s does not exist, so '%s' was taken as the "
+                    "FILENAME to show in %s, but %s is not empty: check the "
+                    "spelling, or mount on an empty directory, or name an "
+                    "existing file for file mode, or add -o nonempty",
+                    resolved, missing, missing, resolved, resolved);
     if (r > 0)
         return fail(ENOTEMPTY, msg, msglen,
                     "%s is not empty: mount on an empty directory, or name "
@@ -322,29 +458,93 @@ static int resolve(const char *path, char **out, char *msg, size_t msglen)
     return 0;
 }
 
+/* Open what was resolved, not following a symlink put there since. */
+static int pin(const char *resolved, int dirfd, const char *name, int flags,
+               int *out, char *msg, size_t msglen)
+{
+    *out = openat(dirfd, name, PIN_FLAGS | flags);
+    if (*out >= 0)
+        return 0;
+    int err = errno;
+    if (err == ELOOP || err == ENOTDIR)
+        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while being "
+                    "checked (now a symlink or not a directory); nothing was "
+                    "mounted", resolved);
+    return fail(err, msg, msglen, "mountpoint %s: %s", resolved,
+                strerror(err));
+}
+
+/* File mode's file: not the system's, not a FUSE mount, not another
+ * user's or replaceable, and (without -o nonempty) empty: a file with
+ * bytes in it is most likely the source image named by mistake. */
+static int check_file(const char *resolved, int fd, int dfd, bool nonempty,
+                      char *msg, size_t msglen)
+{
+    struct stat st, dir;
+    const char *tree = system_tree_of(dfd);
+
+    if (fstat(fd, &st) == -1 || fstat(dfd, &dir) == -1)
+        return fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
+                    strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while "
+                    "being checked (no longer a regular file); nothing was "
+                    "mounted", resolved);
+    struct stat up;
+    bool top = fstatat(dfd, "..", &up, 0) == 0 && same_inode(&dir, &up);
+    if (tree || top)
+        return fail(EPERM, msg, msglen, "refusing to mount over %s: a "
+                    "system file (in %s; programs would see the disk "
+                    "instead); name an empty file of your own for file "
+                    "mode, or an empty directory", resolved,
+                    tree ? tree : "/");
+    if (is_fuse_mount(fd, dfd))
+        return fail(EBUSY, msg, msglen,
+                    "%s is already a FUSE mount: unmount it first "
+                    "(fusermount3 -u %s)", resolved, resolved);
+    int r = check_owner(resolved, fd, dfd, msg, msglen);
+    if (r < 0 || nonempty || st.st_size == 0)
+        return r;
+    return fail(ENOTEMPTY, msg, msglen, "refusing to mount over %s: it "
+                "holds %lld bytes, which file mode would hide until the "
+                "unmount (is it the source image? the mountpoint comes "
+                "first: nbdferry MOUNTPOINT URI); name an empty file or a "
+                "directory, or add -o nonempty", resolved,
+                (long long) st.st_size);
+}
+
 /* FILE: file mode, the disk appears over that regular file. */
-static int file_mode(const char *arg, struct cli_mountpoint *out,
-                     char *msg, size_t msglen)
+static int file_mode(const char *arg, bool nonempty,
+                     struct cli_mountpoint *out, char *msg, size_t msglen)
 {
     int r = resolve(arg, &out->mountpoint, msg, msglen);
 
     if (r < 0)
         return r;
-    if (is_fuse_mount(out->mountpoint))
-        return fail(EBUSY, msg, msglen,
-                    "%s is already a FUSE mount: unmount it first "
-                    "(fusermount3 -u %s)", out->mountpoint, out->mountpoint);
     char *base = strrchr(out->mountpoint, '/');
-    out->filename = strdup(base ? base + 1 : out->mountpoint);
-    if (!out->filename)
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    out->filename = strdup(base + 1);
+    char *dir = strndup(out->mountpoint, base == out->mountpoint ? 1
+                        : (size_t) (base - out->mountpoint));
+    int dfd = -1;
+    if (!out->filename || !dir)
+        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+    else
+        r = pin(dir, AT_FDCWD, dir, O_DIRECTORY, &dfd, msg, msglen);
+    if (r == 0)
+        r = pin(out->mountpoint, dfd, out->filename, 0, &out->fd, msg,
+                msglen);
+    if (r == 0)
+        r = check_file(out->mountpoint, out->fd, dfd, nonempty, msg, msglen);
+    if (dfd >= 0)
+        close(dfd);
+    free(dir);
     out->file_mode = true;
-    return 0;
+    return r;
 }
 
 /* DIR: the disk appears as DIR/nbd. */
-static int dir_mode(const char *arg, bool nonempty, struct cli_mountpoint *out,
-                    char *msg, size_t msglen)
+static int dir_mode(const char *arg, bool nonempty, const char *missing,
+                    struct cli_mountpoint *out, char *msg, size_t msglen)
 {
     int r = resolve(arg, &out->mountpoint, msg, msglen);
 
@@ -353,7 +553,10 @@ static int dir_mode(const char *arg, bool nonempty, struct cli_mountpoint *out,
     out->filename = strdup("nbd");
     if (!out->filename)
         return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    return check_dir(out->mountpoint, nonempty, msg, msglen);
+    r = pin(out->mountpoint, AT_FDCWD, out->mountpoint, O_DIRECTORY,
+            &out->fd, msg, msglen);
+    return r < 0 ? r : check_dir(out->mountpoint, out->fd, nonempty, missing,
+                                 msg, msglen);
 }
 
 /* DIR/FILENAME with FILENAME missing: the disk appears as DIR/FILENAME. */
@@ -384,7 +587,7 @@ static int name_mode(const char *arg, const char *reserved_name,
     else if (!S_ISDIR(st.st_mode))
         r = fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory", dir);
     else
-        r = dir_mode(dir, nonempty, out, msg, msglen);
+        r = dir_mode(dir, nonempty, fn, out, msg, msglen);
     free(dir);
     if (r == 0) {                 /* dir_mode() set the default name */
         free(out->filename);
@@ -403,11 +606,14 @@ int cli_parse_mountpoint(const char *arg, const char *reserved_name,
     int r;
 
     memset(out, 0, sizeof *out);
+    out->fd = -1;
     if (!arg[0])
         r = fail(EINVAL, msg, msglen, "the mountpoint is an empty string");
     else if (stat(arg, &st) == 0)
-        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, out, msg, msglen)
-            : S_ISREG(st.st_mode) ? file_mode(arg, out, msg, msglen)
+        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, NULL, out, msg,
+                                           msglen)
+            : S_ISREG(st.st_mode) ? file_mode(arg, nonempty, out, msg,
+                                              msglen)
             : fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory "
                    "or a regular file", arg);
     else if (errno == ENOTCONN)
@@ -422,8 +628,45 @@ int cli_parse_mountpoint(const char *arg, const char *reserved_name,
     return r;
 }
 
+int cli_mountpoint_recheck(const struct cli_mountpoint *m, char *msg,
+                           size_t msglen)
+{
+    struct stat pinned, now;
+
+    if (fstat(m->fd, &pinned) == -1)
+        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
+                    strerror(errno));
+    if (lstat(m->mountpoint, &now) == 0 && same_inode(&pinned, &now))
+        return 0;
+    return fail(EAGAIN, msg, msglen, "mountpoint %s changed after it was "
+                "checked (%s); nothing was mounted: make sure no one else "
+                "can write to its directory, and try again", m->mountpoint,
+                errno == ENOENT ? "it is gone" : "replaced");
+}
+
+int cli_mountpoint_landed(const struct cli_mountpoint *m, char *msg,
+                          size_t msglen)
+{
+    char link[64], now[PATH_MAX];
+
+    snprintf(link, sizeof link, "/proc/self/fd/%d", m->fd);
+    ssize_t n = readlink(link, now, sizeof now - 1);
+    if (n < 0)
+        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
+                    strerror(errno));
+    now[n] = '\0';
+    if (strcmp(now, m->mountpoint) == 0)
+        return 0;
+    return fail(EAGAIN, msg, msglen, "mountpoint %s moved during the mount "
+                "(now %s): unmounted; make sure no one else can write to "
+                "its directory, and try again", m->mountpoint, now);
+}
+
 void cli_mountpoint_free(struct cli_mountpoint *m)
 {
+    if (m->fd >= 0)
+        close(m->fd);
+    m->fd = -1;
     free(m->mountpoint);
     free(m->filename);
     m->mountpoint = m->filename = NULL;

@@ -39,24 +39,40 @@ int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
                   size_t msglen);
 
 /* MOUNTPOINT, MOUNTPOINT/FILENAME or FILE, resolved once (symlinks, ".."
- * and relative paths) so that the daemon mounts exactly what was checked:
+ * and relative paths) and pinned (opened O_PATH|O_NOFOLLOW) before any
+ * check, so that the daemon mounts exactly what was checked:
  *   DIR (a directory): the disk is DIR/nbd;
  *   DIR/FILENAME (FILENAME missing): the disk is DIR/FILENAME;
  *   FILE (an existing regular file): file mode, the disk appears over it.
  * The directory a mount would hide is refused when it is a system
- * directory (always), already a FUSE mount, or not empty (unless
- * nonempty); a dead FUSE mount (ENOTCONN) is named with the fusermount3
- * command that clears it.  Reads the file system (stat, realpath,
- * opendir, statfs), changes nothing. */
+ * directory (always), already a FUSE mount, not the daemon's user's (for
+ * root also: in a directory another user owns, or may write to without
+ * the sticky bit), or not empty (unless nonempty); a dead FUSE mount
+ * (ENOTCONN) is named with the fusermount3 command that clears it.  File
+ * mode's file likewise: refused in or below a system directory (/etc,
+ * /usr, ...; not /dev/shm, /var/tmp, $HOME, $TMPDIR), as a FUSE mount,
+ * another user's, or not empty (unless nonempty).  Every check is made
+ * on the pinned descriptor (fstat, fstatfs, openat).  Reads the file
+ * system, changes nothing. */
 struct cli_mountpoint {
     char *mountpoint;         /* absolute; the caller frees */
     char *filename;           /* the disk file's name; the caller frees */
     bool file_mode;           /* mountpoint is the file itself */
+    int fd;                   /* O_PATH|O_CLOEXEC: what was checked (mount
+                               * through /proc/self/fd/FD); -1 if none */
 };
 int cli_parse_mountpoint(const char *arg, const char *reserved_name,
                          bool nonempty, struct cli_mountpoint *out,
                          char *msg, size_t msglen);
-void cli_mountpoint_free(struct cli_mountpoint *m);
+/* Right before the mount: the path still names the pinned inode (not a
+ * symlink or another file put there since).  -EAGAIN if not. */
+int cli_mountpoint_recheck(const struct cli_mountpoint *m, char *msg,
+                           size_t msglen);
+/* Right after the mount through the pin: the pinned inode is still at
+ * the path (it was not renamed meanwhile).  -EAGAIN if not: unmount. */
+int cli_mountpoint_landed(const struct cli_mountpoint *m, char *msg,
+                          size_t msglen);
+void cli_mountpoint_free(struct cli_mountpoint *m);   /* closes fd */
 
 /* -o OPTIONS: the items nbdferry handles itself are taken out, the rest
  * collected (comma-separated) for libfuse.  Repeatable; a backslash

@@ -49,6 +49,28 @@
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
  *
+ * THE PASS OVER A VIEW'S DISK (digest_replace)
+ * An image written through the VHD or VMDK view that replaces the disk
+ * (fixed, dynamic, streamOptimized, monolithicSparse) starts a pass as a
+ * truncate to 0 then to its size would; the decoded data and zeroes
+ * follow (fs/rawfile.c) and the view's close closes it.  blkhash takes
+ * them in any order; sha256 only in disk order across the view's
+ * requests (within one, the reorder hold below sorts them), and the
+ * reason then names the view and --blkhash.  A differencing VHD is applied over the old
+ * content: no pass.
+ *
+ * THE REORDER HOLD (sha256, a view's pass)
+ * The VMDK view's inflater threads place one request's grains in the
+ * order they finish.  A write beyond pos is held (a copy, in offset
+ * order, at most queue_limit bytes: past that the pass ends) instead of
+ * deciding at once that the gap before it is a hole; a write at pos
+ * releases the held ones that follow it.  digest_barrier(), after each
+ * request to the view (every grain of it placed), and a zeroing or a
+ * close release the rest: a gap still open then is a hole (the image's
+ * zeros since it began).  A grain that arrives after its barrier (two
+ * requests served at once) lands below pos and ends the pass: never a
+ * wrong value.
+ *
  * XXX Writes of one single-threaded tool arrive in order (the kernel sends
  * a direct-I/O write() as sequential requests).  Tools writing from
  * several threads at once (qemu-img convert -W) may be reported as
@@ -100,6 +122,15 @@ struct item {
     void *ref;                    /* ... with release(ref); else owned */
 };
 
+/* A write of a view's pass that came before the bytes below it (THE
+ * REORDER HOLD); data[] is its copy. */
+struct held {
+    struct held *next;
+    uint64_t off;
+    size_t len;
+    char data[];
+};
+
 struct digest {
     pthread_mutex_t lock;
     pthread_cond_t cond;          /* work queued, or stopping */
@@ -114,6 +145,11 @@ struct digest {
     bool zero_beyond;
     uint64_t gen;                 /* bumped when a pass starts or ends */
     uint64_t pos;
+    const char *via;              /* the view whose decoded disk this pass
+                                   * hashes (digest_replace()), or NULL */
+    struct held *held;            /* sha256, via a view: writes beyond pos
+                                   * waiting for a barrier, by offset */
+    size_t held_bytes;
     char reason[BLKPASS_REASON_MAX];
 
     struct item *head, *tail;
@@ -180,6 +216,16 @@ static bool active_locked(const struct digest *d)
     return d->state == DIGEST_IDLE || d->state == DIGEST_COMPUTING;
 }
 
+static void drop_held_locked(struct digest *d)
+{
+    while (d->held) {
+        struct held *h = d->held;
+        d->held = h->next;
+        free(h);
+    }
+    d->held_bytes = 0;
+}
+
 /* End the pass: no value will be shown until the next truncate to 0. */
 static void fail_locked(struct digest *d, enum digest_state state,
                         const char *fmt, ...)
@@ -195,6 +241,7 @@ static void fail_locked(struct digest *d, enum digest_state state,
     d->state = state;
     d->gen++;                     /* the thread drops what it is hashing */
     free_queue_locked(d);
+    drop_held_locked(d);
     log_info("inline digest: %s: %s", digest_state_name(state), d->reason);
 }
 
@@ -561,6 +608,7 @@ static void blk_get_locked(struct digest *d, uint64_t apparent,
 static void start_pass_locked(struct digest *d)
 {
     free_queue_locked(d);
+    drop_held_locked(d);
     d->gen++;
     d->state = DIGEST_COMPUTING;
     d->pos = d->hashed = 0;
@@ -570,11 +618,9 @@ static void start_pass_locked(struct digest *d)
     push_zero_locked(d, 0);       /* so an empty pass has a digest too */
 }
 
-void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
+/* Caller holds d->lock. */
+static void truncate_locked(struct digest *d, uint64_t size, uint64_t old)
 {
-    if (!d)
-        return;
-    pthread_mutex_lock(&d->lock);
     if (d->bp)
         blk_truncate_locked(d, size, old);
     else if (size == 0)
@@ -590,6 +636,26 @@ void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
             d->zero_beyond = true;
         d->closed = false;
     }
+}
+
+void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (size == 0)
+        d->via = NULL;            /* the raw file's own pass */
+    truncate_locked(d, size, old);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void digest_replace(struct digest *d, uint64_t size)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    truncate_locked(d, 0, 0);     /* a new pass, every byte zero ... */
+    truncate_locked(d, size, 0);  /* ... of a file this long */
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -601,7 +667,10 @@ static bool advance_to_locked(struct digest *d, uint64_t off,
         return false;
     if (off < d->pos) {
         fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64
-                    " is before the position %" PRIu64, what, off, d->pos);
+                    " is before the position %" PRIu64 "%s%s%s", what, off,
+                    d->pos, d->via ? " (the disk written through " : "",
+                    d->via ? d->via : "", d->via ? "; --blkhash takes any "
+                                                   "order)" : "");
         return false;
     }
     if (off > d->pos && !d->zero_beyond) {
@@ -620,15 +689,104 @@ static bool advance_to_locked(struct digest *d, uint64_t off,
     return d->state == DIGEST_COMPUTING;
 }
 
+/* ---- the reorder hold (sha256, a view's pass) ------------------------ */
+
+/* Queue a held write (the thread frees it when hashed). */
+static bool push_held_locked(struct digest *d, struct held *h)
+{
+    if (!advance_to_locked(d, h->off, "write")) {
+        free(h);
+        return false;
+    }
+    push_data_locked(d, h->off, h->data, h->len, free, h);
+    return active_locked(d);
+}
+
+/* Queue the held writes that now follow pos without a gap. */
+static void drain_contiguous_locked(struct digest *d)
+{
+    while (d->held && d->held->off <= d->pos && active_locked(d)) {
+        struct held *h = d->held;
+        d->held = h->next;
+        d->held_bytes -= h->len;
+        push_held_locked(d, h);   /* below pos: ends the pass */
+    }
+}
+
+/* A write beyond pos of a view's pass: keep it, in offset order, until
+ * the bytes before it arrive or a barrier says the gap is a hole. */
+static void hold_locked(struct digest *d, uint64_t off, const void *buf,
+                        size_t len)
+{
+    struct held *h = malloc(sizeof *h + len);
+
+    if (d->held_bytes + len > d->limit) {
+        free(h);
+        fail_locked(d, DIGEST_NOT_FORWARD, "write at offset %" PRIu64
+                    " is more than %zu bytes ahead of the position %" PRIu64
+                    " (the disk written through %s; --blkhash takes any "
+                    "order)", off, d->limit, d->pos, d->via);
+        return;
+    }
+    if (!h) {
+        fail_locked(d, DIGEST_ABANDONED, "out of memory");
+        return;
+    }
+    *h = (struct held) { .off = off, .len = len };
+    memcpy(h->data, buf, len);
+    struct held **p = &d->held;
+    while (*p && (*p)->off < off)
+        p = &(*p)->next;
+    h->next = *p;
+    *p = h;
+    d->held_bytes += len;
+}
+
+/* Every write before the barrier has arrived: what is still held
+ * follows holes (zeros since the image began). */
+static void flush_held_locked(struct digest *d)
+{
+    struct held *list = d->held;  /* detached: queueing may wait */
+
+    d->held = NULL;
+    d->held_bytes = 0;
+    while (list) {
+        struct held *h = list;
+        list = h->next;
+        if (!active_locked(d) || !push_held_locked(d, h))
+            break;
+    }
+    while (list) {
+        struct held *h = list;
+        list = h->next;
+        free(h);
+    }
+}
+
+void digest_barrier(struct digest *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (!d->bp && d->held)
+        flush_held_locked(d);
+    pthread_mutex_unlock(&d->lock);
+}
+
 void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
 {
     if (!d || len == 0)
         return;
     pthread_mutex_lock(&d->lock);
-    if (d->bp)
+    if (d->bp) {
         blk_write_locked(d, off, buf, len, NULL, NULL);
-    else if (advance_to_locked(d, off, "write"))
+    } else if (d->via && active_locked(d) && off > d->pos) {
+        hold_locked(d, off, buf, len);
+    } else if (advance_to_locked(d, off, "write")) {
         push_data_locked(d, off, buf, len, NULL, NULL);
+        if (d->via)
+            drain_contiguous_locked(d);
+    }
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -655,6 +813,8 @@ void digest_zero(struct digest *d, uint64_t off, uint64_t len,
     if (!d || len == 0)
         return;
     pthread_mutex_lock(&d->lock);
+    if (!d->bp && d->held)
+        flush_held_locked(d);     /* a view's zeroes come in file order */
     if (d->bp) {
         blk_push_locked(d, ITEM_BLK_ZERO, off, len);
     } else if (d->zero_beyond) {
@@ -674,6 +834,8 @@ void digest_close(struct digest *d, uint64_t apparent)
     if (!d)
         return;
     pthread_mutex_lock(&d->lock);
+    if (!d->bp && d->held)
+        flush_held_locked(d);
     if (d->bp) {
         blk_close_locked(d, apparent);
     } else if (d->state == DIGEST_COMPUTING) {
@@ -692,6 +854,7 @@ void digest_foreign(struct digest *d, const char *what)
     if (d->state != DIGEST_NOT_FORWARD)
         fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written through %s",
                     what);
+    d->via = what;
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -831,6 +994,7 @@ void digest_destroy(struct digest *d)
     pthread_mutex_unlock(&d->lock);
     pthread_join(d->thread, NULL);
     free_queue_locked(d);
+    drop_held_locked(d);
     blkpass_free(d->bp);
     pthread_mutex_destroy(&d->lock);
     pthread_mutex_destroy(&d->bp_lock);

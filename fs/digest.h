@@ -72,9 +72,19 @@ void digest_zero(struct digest *d, uint64_t off, uint64_t len,
  * covers the file up to it. */
 void digest_close(struct digest *d, uint64_t apparent);
 
-/* The disk was changed another way (through the VHD view): the raw
- * file's pass, if any, is over.  what names it for the status. */
+/* The disk is about to be changed another way (through the VHD or VMDK
+ * view): the raw file's pass, if any, is over.  what (a static string)
+ * names it for the status. */
 void digest_foreign(struct digest *d, const char *what);
+/* That view's image replaces the disk by one of size bytes that reads as
+ * zero: a new pass starts, which the decoded data and zeroes feed like a
+ * raw file's writes (sha256 while they come in disk order, blkhash in
+ * any), closed by digest_close() when the image is complete. */
+void digest_replace(struct digest *d, uint64_t size);
+/* A view's request is done: every write of it has been reported (sha256
+ * holds out-of-order writes of a view's pass until then; see digest.c,
+ * THE REORDER HOLD). */
+void digest_barrier(struct digest *d);
 
 /* Wait until the digest thread has taken in everything queued so far
  * (a close's value is then known), for at most timeout_s seconds.

@@ -14,7 +14,9 @@
  *
  * THREAD MODEL
  * The receiver is the thread that calls fuseloop_run(): the only reader
- * of /dev/fuse.  It serves WRITE, and the requests that never wait
+ * of /dev/fuse.  It serves WRITE (but for a durable one, O_DSYNC or
+ * O_SYNC, which waits for the server: a worker serves it), and the
+ * requests that never wait
  * (FORGET, BATCH_FORGET, INTERRUPT) or must be served in order before or
  * after everything else (INIT, DESTROY, RELEASE), with
  * fuse_session_process_buf() on its buffer.  RELEASE: the kernel sends it
@@ -75,6 +77,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fuse.h>
 #include <pthread.h>
 #include <signal.h>
@@ -140,6 +143,21 @@ static bool served_inline(uint32_t opcode)
     default:
         return false;
     }
+}
+
+/* A write that must be durable before its reply: O_DSYNC or O_SYNC (which
+ * includes it), from the file's open flags or pwritev2()'s RWF_DSYNC or
+ * RWF_SYNC; the kernel passes both in every write's flags.  Such a write
+ * waits for the server's flush, so it is served by a worker and the
+ * receiver goes on reading; it is never landed (a landing is served on
+ * the receiver). */
+static bool write_is_sync(const void *mem, size_t size)
+{
+    const struct fuse_in_header *in = mem;
+    const struct fuse_write_in *w = (const void *) (in + 1);
+
+    return size >= sizeof *in + sizeof *w && in->opcode == FUSE_WRITE &&
+           (w->flags & O_DSYNC);
 }
 
 static void *worker_main(void *arg)
@@ -263,7 +281,8 @@ static void dispatch(struct loop *l, struct fuse_buf *b)
         read_inline(l, b))
         return;
     if ((b->flags & FUSE_BUF_IS_FD) || b->size < sizeof *in ||
-        served_inline(in->opcode) || hand_off(l, b) < 0) {
+        (served_inline(in->opcode) && !write_is_sync(b->mem, b->size)) ||
+        hand_off(l, b) < 0) {
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
         fuse_session_process_buf(l->se, b);
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
@@ -367,7 +386,8 @@ static void serve_split(struct loop *l, const struct fuseloop_landing *land,
     const struct fuse_write_in *w = (const void *) (hdr + sizeof *in);
 
     if (in->opcode == FUSE_WRITE && n >= HDR_SIZE && in->len == n &&
-        w->size == n - HDR_SIZE && w->size <= room) {
+        w->size == n - HDR_SIZE && w->size <= room &&
+        !write_is_sync(hdr, n)) {
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
         ssize_t r = land->write(land->opaque, in->nodeid, w->fh, w->offset,
                                 w->size, in->pid);

@@ -44,9 +44,11 @@
 #include "fs/fuseloop.h"
 #include "fs/readback.h"
 #include "fs/pidfile.h"
+#include "fs/stopsig.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/verdict.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
@@ -90,6 +92,8 @@ struct options {
     enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
+    bool unmount;             /* --unmount MOUNTPOINT */
+    const char *log_file;     /* --log-file FILE */
 };
 
 #define FUSE_WORKERS 16   /* threads serving requests other than writes */
@@ -132,20 +136,29 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
 "  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
+"  nbdferry --unmount MOUNTPOINT\n"
 "  nbdferry --help | --fuse-help | --version | --long-options |\n"
 "           --short-options\n"
 "\n"
 "The export appears as MOUNTPOINT/FILENAME (default: nbd), or over FILE\n"
 "when FILE is an existing regular file (file mode, as nbdfuse).  Copy a\n"
-"disk image into it with cp, dd, rsync --inplace or qemu-img; unmount\n"
-"with fusermount3 -u MOUNTPOINT.  [ CMD ARGS ] starts a server with\n"
+"raw disk image into it with cp, dd, rsync --inplace or qemu-img.  Beside\n"
+"it, the same disk in other formats: write a VHD into FILENAME.vhd or a\n"
+"VMDK (streamOptimized, as in an OVA, or monolithicSparse) into\n"
+"FILENAME.vmdk and the decoded disk lands; read them to export the disk\n"
+"(at the raw file's size) in that format.  MOUNTPOINT/.nbdferry-status is\n"
+"the live status (JSON: progress, errors, the inline digest); the\n"
+"nbdferry-status program summarises it.  Unmount with nbdferry --unmount\n"
+"MOUNTPOINT to wait for the final flush and see the verdict (or\n"
+"fusermount3 -u MOUNTPOINT).  [ CMD ARGS ] starts a server with\n"
 "systemd socket activation (also: --socket-activation CMD ARGS);\n"
 "--command runs one on stdin/stdout.  Options go before MOUNTPOINT.\n"
 "\n"
 "The mountpoint must be an empty directory of yours: a directory that\n"
 "holds files is refused unless -o nonempty; a system directory (/, /etc,\n"
 "/tmp, /usr, /var, $HOME, $TMPDIR, ...) and a FUSE mount always; a dead\n"
-"mount is named with the fusermount3 -u that clears it.\n"
+"mount is named with the fusermount3 -u that clears it.  File mode's FILE\n"
+"must be an empty file of yours (or -o nonempty), never a system file.\n"
 "\n"
 "Without -f the command returns once the mount is ready and the daemon\n"
 "runs on (nbdfuse stays in the foreground: use -f to wait on the process,\n"
@@ -193,9 +206,10 @@ static void usage(void)
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
-"      --request-timeout S  no reply for S seconds with requests outstanding\n"
-"                         (or a handshake that slow) counts as a lost\n"
-"                         connection (0: wait forever; default %u)\n"
+"      --request-timeout S  no reply for S seconds with requests outstanding:\n"
+"                         the server gets --retry-timeout more, then they\n"
+"                         fail (a handshake that slow fails; 0: wait\n"
+"                         forever; default %u)\n"
 "      --tls=require|allow|off  TLS (default: as the URI says; nbds://\n"
 "                         requires it); require refuses a server\n"
 "                         that cannot do TLS\n"
@@ -218,6 +232,12 @@ static void usage(void)
 "                         owner), block_device, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
+"      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
+"                         and flush, print its verdict (failed ranges, the\n"
+"                         digest) and exit with its status (with -P FILE:\n"
+"                         the daemon's pidfile, for a file-mode mount)\n"
+"      --log-file FILE    also append every message to FILE (created 0600;\n"
+"                         a link there is refused), daemon or not\n"
 "  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
 "                         mount is ready; removed at exit\n"
 "  -r, --readonly, --read-only  read-only mount\n"
@@ -294,7 +314,8 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
-    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_MULTIWRITER,
+    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE,
+    OPT_MULTIWRITER,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -328,6 +349,8 @@ static const struct option long_options[] = {
     { "pidfile", required_argument, NULL, 'P' },
     { "pid-file", required_argument, NULL, 'P' },
     { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
+    { "unmount", no_argument, NULL, OPT_UNMOUNT },
+    { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
     { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
@@ -580,6 +603,8 @@ static void parse_args(struct options *o, int argc, char **argv)
             log_verbosity += 2;
             break;
         case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
+        case OPT_UNMOUNT: o->unmount = true; break;
+        case OPT_LOG_FILE: o->log_file = optarg; break;
         case 'V': version();
         case OPT_FUSE_HELP: fuse_help();
         case OPT_LONG_OPTIONS: list_long_options();
@@ -604,6 +629,11 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->verify_readback && o->no_digest)
         usage_error("--verify-readback compares with the inline digest: "
                     "not with --no-digest");
+    if (o->unmount) {
+        if (argc - optind != 1)
+            usage_error("--unmount takes one MOUNTPOINT and nothing else");
+        exit(verdict_unmount(argv[optind], o->pidfile));
+    }
     if (optind >= argc)
         usage_error("missing the mountpoint");
     if (o->progress_bar && !o->foreground)
@@ -611,8 +641,10 @@ static void parse_args(struct options *o, int argc, char **argv)
                     "add -f, or use --progress=FD");
     if (fstab_form(o, argc - optind, argv + optind))
         return;
-    parse_mountpoint(o, argv[optind]);
+    /* The server first: --fd N must be checked before the mountpoint's
+     * pinned descriptor could take the number N. */
     parse_server(o, argc - optind - 1, argv + optind + 1);
+    parse_mountpoint(o, argv[optind]);
     o->nbd.debug = log_verbosity >= 2;
 }
 
@@ -697,6 +729,39 @@ static uint64_t clamp_request_size(const struct options *o,
     return rs;
 }
 
+/* The block status scan got no reply in time and gave the server up
+ * (transport/pool.c): nothing is written yet, so connect again and go on
+ * without the scan, or fail where the server cannot be connected to
+ * again (a command, socket activation, --fd).  Logs one line. */
+static int reopen_without_extents(struct fs *fs, const struct options *o,
+                                  struct pool_config *pc)
+{
+    enum nbdx_mode m = o->nbd.mode;
+
+    if (m != NBDX_URI && m != NBDX_UNIX && m != NBDX_TCP) {
+        log_err("the server did not answer block status in time and this "
+                "mode cannot connect again; mount with --no-extents");
+        return -ETIMEDOUT;
+    }
+    nbdx_close(fs->x);
+    fs->x = NULL;
+    if (nbdx_open(&o->nbd, &fs->x) < 0)   /* logged */
+        return -ENOTCONN;
+    if (nbdx_info(fs->x)->size != fs->export_size) {
+        log_err("the export changed size after connecting again");
+        return -ENOTCONN;
+    }
+    log_warn("the server did not answer block status in time: connected "
+             "again, mounted without it (nothing known to read as zero; "
+             "--no-extents skips the wait)");
+    pc->scan_extents = false;
+    pc->scan_timed_out = true;
+    int r = pool_create(pc, fs->x, fs->export_size, &fs->pool);
+    if (r < 0)
+        log_err("cannot create the write-back pool: %s", strerror(-r));
+    return r;
+}
+
 static int open_pool(struct fs *fs, const struct options *o)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
@@ -708,13 +773,23 @@ static int open_pool(struct fs *fs, const struct options *o)
         .write_through = o->write_through,
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
+        .track_touched = o->verify_readback != READBACK_OFF,
+        /* A reply to block status is waited for no longer than any other
+         * reply (--request-timeout), and 15 s at most. */
+        .scan_wait_ms = o->nbd.request_timeout_s &&
+                        o->nbd.request_timeout_s < 15
+                        ? o->nbd.request_timeout_s * 1000u : 15000u,
     };
     if (pc.pool_size < 2 * pc.request_size) {
         log_info("pool size raised to two requests");
         pc.pool_size = 2 * pc.request_size;
     }
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
-    if (r < 0) {
+    if (r == -ETIMEDOUT) {
+        r = reopen_without_extents(fs, o, &pc);
+        if (r < 0)
+            return r;             /* logged */
+    } else if (r < 0) {
         log_err("cannot create the write-back pool: %s", strerror(-r));
         return r;
     }
@@ -739,6 +814,37 @@ static bool has_fuse_opt(const char *opts, const char *name)
             return true;
     }
     return false;
+}
+
+/* Mount what fs/cli.c checked (THE PIN there).  As root, through
+ * /proc/self/fd/N: the kernel follows it to the pinned inode, whatever
+ * the path names now.  Otherwise fusermount3 mounts by path (it resolves
+ * /proc/self/fd/N in its own process): the path is re-checked right
+ * before and right after.  Nothing may stat the path once mounted: the
+ * kernel would ask this daemon, which does not serve yet. */
+static int mount_pinned(struct fuse_session *se,
+                        const struct cli_mountpoint *mp)
+{
+    char msg[CLI_MSG_MAX], path[64];
+
+    if (cli_mountpoint_recheck(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        return -1;
+    }
+    bool root = geteuid() == 0;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", mp->fd);
+    if (fuse_session_mount(se, root ? path : mp->mountpoint) == -1) {
+        log_err("cannot mount on %s", mp->mountpoint);
+        return -1;
+    }
+    if (cli_mountpoint_landed(mp, msg, sizeof msg) < 0) {
+        log_err("%s", msg);
+        fuse_session_unmount(se);
+        return -1;
+    }
+    log_debug("mounted on %s through %s", mp->mountpoint,
+              root ? path : "its path");
+    return 0;
 }
 
 static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
@@ -777,9 +883,7 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct options *o)
         log_err("cannot start FUSE (bad -o option?)");
         return NULL;
     }
-    if (fuse_set_signal_handlers(se) == -1 ||
-        fuse_session_mount(se, o->mp.mountpoint) == -1) {
-        log_err("cannot mount on %s", o->mp.mountpoint);
+    if (fuse_set_signal_handlers(se) == -1 || mount_pinned(se, &o->mp) < 0) {
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
         return NULL;
@@ -821,7 +925,8 @@ static int start_watchers(struct fs *fs, const struct options *o)
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,
-                            o->blkhash_block, &fs->readback);
+                            o->blkhash_block, !o->no_extents,
+                            &fs->readback);
     if (r == 0)
         r = progress_create(fs, &pc, &fs->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */
@@ -850,7 +955,11 @@ static void stop_watchers(struct fs *fs)
         fs->tcp = NULL;
     }
     digest_get(fs->digest, rawfile_size(fs), &di);
-    if (di.state == DIGEST_COMPLETE)
+    struct pool_stats st;
+    pool_get_stats(fs->pool, &st);
+    /* The digest is of what was written, not of what a failed or lost
+     * request left on the disk. */
+    if (di.state == DIGEST_COMPLETE && !st.nfailures)
         log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
     readback_destroy(fs->readback);
     fs->readback = NULL;
@@ -858,22 +967,44 @@ static void stop_watchers(struct fs *fs)
     fs->digest = NULL;
 }
 
-/* Drain and flush after the mount is gone.  Returns the exit status. */
+#define FINISH_ZEROING_NOTICE (1ull << 30)  /* seconds of zeroing, or more */
+
+/* Drain and flush after the mount is gone.  Returns the exit status: 1
+ * if any failure is left unrepaired (the disk may not hold what was
+ * written), 0 when every failed range was written again (or zeroed)
+ * successfully, with a notice saying so. */
 static int finish(struct fs *fs)
 {
     struct pool_stats st;
 
+    /* A long zeroing says so before it starts (fs/stopsig.c). */
+    pool_get_stats(fs->pool, &st);
+    if (st.pending_zero >= FINISH_ZEROING_NOTICE && stopsig_started())
+        log_notice("zeroing %" PRIu64 " bytes before exiting; a second "
+                   "SIGTERM or SIGINT abandons it", st.pending_zero);
     int r = pool_flush(fs->pool);
     pool_get_stats(fs->pool, &st);
-    if (st.errors || r < 0) {
-        log_err("%" PRIu64 " NBD request(s) failed during this mount; the "
-                "disk may not hold what was written (first: %s of %" PRIu64
-                " bytes at %" PRIu64 ")", st.errors + (r < 0),
-                st.nfailures ? pool_kind_name(st.failures[0].kind) : "flush",
-                st.nfailures ? st.failures[0].len : 0,
-                st.nfailures ? st.failures[0].off : 0);
+    if (st.unrepaired || r < 0) {
+        const struct pool_failure *f = NULL;
+        for (unsigned i = 0; i < st.nfailures && !f; i++)
+            if (!st.failures[i].repaired)
+                f = &st.failures[i];
+        log_err("%" PRIu64 " NBD request(s) failed during this mount and "
+                "%" PRIu64 " byte(s) in %" PRIu64 " range(s)%s were not "
+                "repaired; the disk may not hold what was written (first: "
+                "%s of %" PRIu64 " bytes at %" PRIu64 ")",
+                st.errors, st.damaged_bytes, st.damaged_ranges,
+                st.flush_failed ? " and the last flush" : "",
+                !f ? "flush" : f->lost ? "lost write"
+                   : pool_kind_name(f->kind),
+                f ? f->len : 0, f ? f->off : 0);
         return EXIT_FAILURE;
     }
+    if (st.errors)
+        log_notice("%" PRIu64 " NBD request(s) failed during this mount; "
+                   "every range they left wrong was written again "
+                   "successfully (%" PRIu64 " repaired)", st.errors,
+                   st.repairs);
     if (readback_at_unmount(fs) < 0)          /* --verify-readback */
         return EXIT_FAILURE;
     log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",
@@ -898,6 +1029,14 @@ int main(int argc, char **argv)
             usage_error("--pidfile %s: %s", o.pidfile, strerror(-r));
     }
     log_set_context(o.mp.mountpoint);    /* syslog lines name the mount */
+    if (o.log_file) {                    /* opened here: a relative path */
+        int r = log_set_file(o.log_file);
+        if (r < 0)
+            usage_error("--log-file %s: %s", o.log_file,
+                        r == -EPERM ? "not a regular file of ours with one "
+                        "link (a planted link is never followed)"
+                        : strerror(-r));
+    }
     if (!o.foreground)
         daemonize_early();
     /* After the fork (the lock file names the daemon's pid), before the
@@ -951,6 +1090,8 @@ int main(int argc, char **argv)
             goto out_unmount;
         }
     }
+    if (stopsig_start(se, fs.pool) < 0)   /* libfuse's handlers stay */
+        log_info("a second stop signal will not abandon the final drain");
     detach();
     serve(&fs, se, o.single_thread);
     status = EXIT_SUCCESS;
@@ -958,18 +1099,24 @@ int main(int argc, char **argv)
 out_unmount:
     fuse_session_unmount(se);
     fuse_remove_signal_handlers(se);
+    stopsig_session_end();
     fuse_session_destroy(se);
 out_pool:
     /* libfuse's handlers are gone: a SIGTERM now would kill the final
      * drain and flush and lose acknowledged-to-the-kernel writes.  The
-     * mount is already down; ignore it (SIGKILL still works). */
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
+     * mount is already down; ignore it (SIGKILL still works), but for the
+     * second stop signal that abandons the zeroing (fs/stopsig.c). */
+    if (!stopsig_started()) {
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+    }
     if (status == EXIT_SUCCESS)
         status = finish(&fs);
+    verdict_write(&fs, status);       /* for nbdferry --unmount */
     stop_watchers(&fs);
     pool_destroy(fs.pool);
+    stopsig_stop();
 out_nbd:
     fs_close_all(&fs);
     ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */

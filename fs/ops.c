@@ -6,7 +6,8 @@
  *
  * THREAD MODEL
  * The receive loop (fs/fuseloop.c) calls these handlers: writes on its
- * receiver thread, everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
+ * receiver thread (a durable one, O_DSYNC or O_SYNC, on a worker),
+ * everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
  * fs/rawfile.c, the apparent size and times); it is never held across a
  * view's hook nor across fuse_reply_*().
  */
@@ -354,6 +355,11 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     TRACE(req, "open ino=%" PRIu64 " flags=%#x", (uint64_t) ino, (unsigned) fi->flags);
     int err;
+    /* A mount whose server was given up on tries it again here, so that
+     * a new copy finds it healed.  The open succeeds either way: the
+     * handle's writes and reads report a server still gone. */
+    if (fs_view_of(ino) != &fs_status_view)
+        pool_heal(fs_of(req)->pool);
     struct fs_fh *fh = open_fh(req, ino, fi->flags, &err);
 
     if (!fh) {
@@ -451,6 +457,20 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         fuse_reply_err(req, EINVAL);
 }
 
+/* O_DSYNC or O_SYNC (the open's flags, or pwritev2()'s RWF_DSYNC and
+ * RWF_SYNC: the kernel passes both in each write's flags): the write is
+ * durable before it is answered, as fdatasync() would make it (every
+ * write drained, then an NBD flush).  fs/fuseloop.c serves such writes
+ * on a worker.  An error of the drain or the flush is the write's. */
+static ssize_t write_synced(struct fs *fs, struct fs_fh *fh, int flags,
+                            ssize_t n)
+{
+    if (n < 0 || !(flags & O_DSYNC))
+        return n;
+    int r = rawfile_fsync(fs, fh);
+    return r < 0 ? r : n;
+}
+
 static void reply_written(fuse_req_t req, struct fs_fh *fh, ssize_t n)
 {
     rawfile_failed(fs_of(req), fh, n < 0 ? (int) n : 0);
@@ -469,9 +489,9 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     struct fs_fh *fh = fh_of(fi);
 
     fs_fh_mark_wrote(fh);
-    reply_written(req, fh, v && v->write ? v->write(fs_of(req), fh, buf,
-                                                    size, off)
-                                         : -EBADF);
+    ssize_t n = v && v->write ? v->write(fs_of(req), fh, buf, size, off)
+                              : -EBADF;
+    reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* Copy the payload into memory and take op_write()'s path (the VHD view,
@@ -516,7 +536,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     if (n == -EAGAIN)
         write_buf_copied(req, ino, bufv, off, fi);
     else
-        reply_written(req, fh, n);
+        reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */

@@ -36,6 +36,8 @@
 #include "fs/fs.h"
 
 #define NSAMPLES 64               /* 16 s of samples at 250 ms */
+#define MAP_MAX (1u << 16)        /* data extents of a source we keep
+                                   * (16 bytes each); more: no map */
 #define BAR_WIDTH 24
 
 struct sample {
@@ -57,6 +59,15 @@ struct progress {
     uint64_t source;              /* the writer's input file, or 0 */
     uint64_t vhd_len;             /* the VHD being landed, or 0 */
     bool failed;                  /* the copy tool was told of an error */
+    /* The source's data extents (SEEK_DATA/SEEK_HOLE at the writer's
+     * open), so holes do not count as progress: map[i] starts at
+     * map[i].off, and below[i] data bytes lie before it.  NULL: unknown. */
+    struct { uint64_t off, len; } *map;
+    uint64_t *below;
+    size_t nmap;
+    uint64_t map_data;            /* data bytes of the source */
+    uint64_t pass_written, pass_acked;  /* the pool's counters at the
+                                         * pass's start */
     struct sample ring[NSAMPLES];
     unsigned nsamples, next;
 
@@ -77,18 +88,121 @@ const char *progress_total_name(enum progress_total t)
     return names[t];
 }
 
+/* ---- the source's data map ------------------------------------------- */
+
+static void free_map_locked(struct progress *pg)
+{
+    free(pg->map);
+    free(pg->below);
+    pg->map = NULL;
+    pg->below = NULL;
+    pg->nmap = 0;
+    pg->map_data = 0;
+}
+
+/* Data bytes of the source in [0, x) (locked, map known). */
+static uint64_t data_below_locked(const struct progress *pg, uint64_t x)
+{
+    size_t lo = 0, hi = pg->nmap;  /* first extent starting at or after x */
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pg->map[mid].off < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return 0;
+    uint64_t in = x - pg->map[lo - 1].off;  /* into the extent before x */
+    if (in > pg->map[lo - 1].len)
+        in = pg->map[lo - 1].len;
+    return pg->below[lo - 1] + in;
+}
+
+/* Append [off, off + len) to the map being built; false when full. */
+static bool map_add(struct progress *pg, uint64_t off, uint64_t len)
+{
+    if (pg->nmap == MAP_MAX)
+        return false;
+    if (pg->nmap % 1024 == 0) {
+        size_t n = pg->nmap + 1024;
+        void *m = realloc(pg->map, n * sizeof *pg->map);
+        if (m)
+            pg->map = m;
+        void *b = m ? realloc(pg->below, n * sizeof *pg->below) : NULL;
+        if (b)
+            pg->below = b;
+        if (!m || !b)
+            return false;
+    }
+    pg->map[pg->nmap].off = off;
+    pg->map[pg->nmap].len = len;
+    pg->below[pg->nmap] = pg->map_data;
+    pg->map_data += len;
+    pg->nmap++;
+    return true;
+}
+
+/* Scan the source (fd, size bytes) with SEEK_DATA/SEEK_HOLE into a map,
+ * built aside and installed under the lock.  No map when the file
+ * system cannot say or the source is too fragmented. */
+static void scan_map(struct progress *pg, int fd, uint64_t size)
+{
+    struct progress m = { 0 };
+    off_t pos = 0;
+    bool ok = true;
+
+    while (ok && (uint64_t) pos < size) {
+        off_t d = lseek(fd, pos, SEEK_DATA);
+        if (d == -1) {
+            ok = errno == ENXIO;          /* no more data */
+            break;
+        }
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h == -1 || h <= d)
+            h = (off_t) size;
+        ok = map_add(&m, (uint64_t) d, (uint64_t) (h - d));
+        pos = h;
+    }
+    if (ok && m.nmap == 0)
+        ok = map_add(&m, size, 0);        /* all hole: an empty map */
+    pthread_mutex_lock(&pg->lock);
+    free_map_locked(pg);
+    if (ok) {
+        pg->map = m.map;
+        pg->below = m.below;
+        pg->nmap = m.nmap;
+        pg->map_data = m.map_data;
+    }
+    pthread_mutex_unlock(&pg->lock);
+    if (!ok) {
+        free(m.map);
+        free(m.below);
+        log_info("progress: the source's data map is unknown (too "
+                 "fragmented, or no SEEK_DATA): holes count as progress");
+    }
+}
+
 /* ---- events from ops.c ----------------------------------------------- */
 
 void progress_truncate(struct progress *pg, uint64_t size)
 {
+    struct pool_stats s;
+
     if (!pg)
         return;
+    if (size == 0)
+        pool_get_stats(pg->fs->pool, &s);
     pthread_mutex_lock(&pg->lock);
     if (size == 0) {              /* a new pass */
         pg->frontier = 0;
         pg->source = 0;
         pg->vhd_len = 0;
         pg->failed = false;
+        free_map_locked(pg);
+        pg->pass_written = s.bytes_written;
+        pg->pass_acked = s.bytes_acked;
     }
     pg->truncated = size;
     pg->closed = 0;
@@ -188,11 +302,12 @@ static uint64_t source_size(struct progress *pg, pid_t pid, const char *fd,
 }
 
 uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
-                         size_t n)
+                         size_t n, long *fdnum)
 {
     char dir[64], target[PATH_MAX];
     uint64_t best = 0;
 
+    *fdnum = -1;
     if (n)
         path[0] = '\0';
     if (!pg || pid <= 0)
@@ -207,6 +322,7 @@ uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
         uint64_t size = source_size(pg, pid, e->d_name, target);
         if (size > best) {
             best = size;
+            *fdnum = strtol(e->d_name, NULL, 10);
             if (n)
                 snprintf(path, n, "%s", target);
         }
@@ -217,11 +333,16 @@ uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
 
 void progress_writer(struct progress *pg, pid_t pid)
 {
-    progress_set_source(pg, pid, progress_source(pg, pid, NULL, 0));
+    long fdnum;
+    uint64_t best = progress_source(pg, pid, NULL, 0, &fdnum);
+    progress_set_source(pg, pid, best, fdnum);
 }
 
-void progress_set_source(struct progress *pg, pid_t pid, uint64_t best)
+void progress_set_source(struct progress *pg, pid_t pid, uint64_t best,
+                         long fdnum)
 {
+    char best_link[64];
+
     if (!pg || !best)
         return;
     log_info("progress: the writer (pid %d) reads a file of %" PRIu64
@@ -229,6 +350,17 @@ void progress_set_source(struct progress *pg, pid_t pid, uint64_t best)
     pthread_mutex_lock(&pg->lock);
     pg->source = best;
     pthread_mutex_unlock(&pg->lock);
+    if (fdnum < 0)
+        return;
+    /* Reopened through /proc (permission checked against the file): the
+     * writer's own offset is not touched. */
+    snprintf(best_link, sizeof best_link, "/proc/%d/fd/%ld", (int) pid,
+             fdnum);
+    int fd = open(best_link, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) {
+        scan_map(pg, fd, best);
+        close(fd);
+    }
 }
 
 void progress_vhd_length(struct progress *pg, uint64_t len)
@@ -289,6 +421,22 @@ static void total_locked(const struct progress *pg, uint64_t export_size,
     }
 }
 
+/* The data still to come: with the source's map, holes not counted
+ * (locked). */
+static void data_locked(const struct progress *pg, uint64_t reach,
+                        struct progress_info *out)
+{
+    out->by_data = pg->map && out->total_from == PROGRESS_TOTAL_SOURCE;
+    if (!out->by_data) {
+        out->data_done = out->done;
+        out->data_total = out->total;
+        return;
+    }
+    uint64_t d = data_below_locked(pg, reach);
+    out->data_total = pg->map_data;
+    out->data_done = d > out->unacknowledged ? d - out->unacknowledged : 0;
+}
+
 void progress_get(struct progress *pg, struct progress_info *out)
 {
     struct pool_stats s;
@@ -313,8 +461,14 @@ void progress_get(struct progress *pg, struct progress_info *out)
     out->settled = !failed && out->unacknowledged == 0 &&
                    s.in_flight == 0 && s.pending_zero == 0 &&
                    s.bufs_in_use == 0;
-    out->percent = out->total ? 100.0 * (double) out->done /
-                                    (double) out->total : 100.0;
+    pthread_mutex_lock(&pg->lock);
+    data_locked(pg, reach, out);
+    out->pass_written = s.bytes_written - pg->pass_written;
+    out->pass_acked = s.bytes_acked - pg->pass_acked;
+    pthread_mutex_unlock(&pg->lock);
+    out->remaining = out->data_total - out->data_done;
+    out->percent = out->data_total ? 100.0 * (double) out->data_done /
+                                         (double) out->data_total : 100.0;
     if (!(out->settled && out->done == out->total) && out->percent > 99.9)
         out->percent = 99.9;
 
@@ -325,8 +479,8 @@ void progress_get(struct progress *pg, struct progress_info *out)
     out->done_rate = rate_locked(pg, 5, true);
     pthread_mutex_unlock(&pg->lock);
     out->eta_s = out->done_rate > 0
-                     ? (double) (out->total - out->done) / out->done_rate
-                     : (out->done == out->total ? 0 : -1);
+                     ? (double) out->remaining / out->done_rate
+                     : (out->remaining == 0 ? 0 : -1);
 }
 
 static void sample(struct progress *pg, const struct progress_info *pi)
@@ -336,7 +490,7 @@ static void sample(struct progress *pg, const struct progress_info *pi)
     pool_get_stats(pg->fs->pool, &s);
     pthread_mutex_lock(&pg->lock);
     pg->ring[pg->next] = (struct sample) {
-        .t = mono_now_s(), .acked = s.bytes_acked, .done = pi->done,
+        .t = mono_now_s(), .acked = s.bytes_acked, .done = pi->data_done,
     };
     pg->next = (pg->next + 1) % NSAMPLES;
     if (pg->nsamples < NSAMPLES)
@@ -393,8 +547,8 @@ static void draw_bar(struct progress *pg, const struct progress_info *pi,
     for (int i = 0; i < BAR_WIDTH; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[BAR_WIDTH] = '\0';
-    human(done, sizeof done, (double) pi->done);
-    human(total, sizeof total, (double) pi->total);
+    human(done, sizeof done, (double) pi->data_done);
+    human(total, sizeof total, (double) pi->data_total);
     human(rate, sizeof rate, pi->rate_5s);
     if (pi->eta_s >= 0 && pi->eta_s < 360000)
         snprintf(eta, sizeof eta, "ETA %d:%02d:%02d", (int) pi->eta_s / 3600,
@@ -403,7 +557,8 @@ static void draw_bar(struct progress *pg, const struct progress_info *pi,
     int n = snprintf(line, sizeof line, "\r[%5.1f%%] [%s] %s / %s%s  %s/s  %s",
                      pi->percent, bar, done, total,
                      pi->total_from == PROGRESS_TOTAL_EXPORT
-                         ? " (whole export, ETA at most)" : "",
+                         ? " (whole export, ETA at most)"
+                         : pi->by_data ? " of data" : "",
                      rate, eta);
     size_t len = (size_t) n < sizeof line ? (size_t) n : sizeof line - 1;
     size_t width = len;
@@ -483,6 +638,7 @@ void progress_destroy(struct progress *pg)
     pthread_mutex_unlock(&pg->lock);
     pthread_join(pg->thread, NULL);
     tick(pg, true);
+    free_map_locked(pg);          /* the thread is gone */
     pthread_mutex_destroy(&pg->lock);
     pthread_cond_destroy(&pg->cond);
     free(pg);

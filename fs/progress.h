@@ -19,6 +19,11 @@
  * them.  100% needs done == total and the pool settled: every written
  * byte acknowledged, nothing in flight, no zeroing pending, and no error
  * reported to the copy tool in this pass.
+ * When the total is the writer's source, its data map (SEEK_DATA and
+ * SEEK_HOLE, read at the writer's open) makes the percent and the ETA
+ * count data only: data_done = data of the source below min(frontier,
+ * total) - unacknowledged, of data_total, so a thin disk whose data come
+ * late shows them still to come.
  */
 #pragma once
 #include <stdbool.h>
@@ -56,7 +61,16 @@ struct progress_info {
     double percent;           /* 0..100; below 100 unless settled */
     double rate_1s, rate_5s, rate_10s;  /* acknowledged bytes per second */
     double done_rate;         /* done bytes per second, last 5 s */
-    double eta_s;             /* < 0: unknown */
+    double eta_s;             /* < 0: unknown; remaining / done_rate */
+    /* The data still to come: when the total is the writer's source and
+     * its data map is known (by_data), the source's holes count neither
+     * in data_done nor in data_total; else they equal done and total.
+     * percent, done_rate and eta_s count these. */
+    bool by_data;
+    uint64_t data_done, data_total, remaining;
+    /* This pass's (since its truncate to 0 or a view's open) bytes
+     * written and acknowledged; the pool's counters are the mount's. */
+    uint64_t pass_written, pass_acked;
 };
 
 /* Starts the sampling thread; fs->pool must exist. */
@@ -78,11 +92,13 @@ void progress_close(struct progress *pg, uint64_t apparent);
  * (another user's process, a pipe, rsync's separate receiver): no change.
  * Call after the open's truncate. */
 void progress_writer(struct progress *pg, pid_t pid);
-/* The same in two steps: the largest such file's size (0: none) and its
- * path in path (n bytes, may be 0), then taking a size as the total. */
+/* The same in two steps: the largest such file's size (0: none), its
+ * path in path (n bytes, may be 0) and its descriptor number in *fdnum
+ * (-1: none), then taking it as the total (and its data map). */
 uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
-                         size_t n);
-void progress_set_source(struct progress *pg, pid_t pid, uint64_t size);
+                         size_t n, long *fdnum);
+void progress_set_source(struct progress *pg, pid_t pid, uint64_t size,
+                         long fdnum);
 /* The copy tool was told of an error (a failed write, truncate or close
  * of this pass's writer): never settled nor 100% until a new pass. */
 void progress_fail(struct progress *pg);

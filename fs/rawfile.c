@@ -72,6 +72,15 @@ static int cut(struct fs *fs, uint64_t off, uint64_t len)
     return r;
 }
 
+/* Damage past the new size: zeroed again (the disk reads as zero there
+ * once the zeroing lands, which repairs it). */
+static int rezero_damage(struct fs *fs, uint64_t from)
+{
+    int r = pool_zero_damage(fs->pool, from);
+    ra_invalidate(fs->ra, from, fs->export_size - from);
+    return r;
+}
+
 static int too_big(struct fs *fs, uint64_t size, const char *what)
 {
     log_err("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
@@ -87,8 +96,11 @@ int rawfile_truncate(struct fs *fs, uint64_t size)
     uint64_t old = set_size(fs, size);
     digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
     progress_truncate(fs->progress, size);
-    /* Bytes past the old size already read as zero. */
+    /* Bytes past the old size already read as zero, but where a zeroing
+     * (or a write) failed: those are zeroed again. */
     int r = size < old ? cut(fs, size, old - size) : 0;
+    if (r == 0)
+        r = rezero_damage(fs, size);
     pthread_rwlock_unlock(&fs->size_lock);
     return r;
 }
@@ -99,7 +111,12 @@ int rawfile_replace(struct fs *fs, uint64_t size)
         return too_big(fs, size, "replacing the disk");
     pthread_rwlock_wrlock(&fs->size_lock);
     uint64_t old = set_size(fs, size);
+    /* A new pass over a disk of size bytes that reads as zero: the view's
+     * decoded data and zeroes follow (rawfile_place*()). */
+    digest_replace(fs->digest, size);
     int r = cut(fs, 0, old);
+    if (r == 0)
+        r = rezero_damage(fs, 0);
     pthread_rwlock_unlock(&fs->size_lock);
     return r;
 }
@@ -319,6 +336,8 @@ int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     if (r >= 0)
         changed(fs, off, len, true);
     pthread_rwlock_unlock(&fs->size_lock);
+    if (r >= 0)
+        digest_write(fs->digest, off, buf, len);          /* copies */
     return r < 0 ? (int) r : 0;
 }
 
@@ -330,6 +349,8 @@ int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
     if (r == 0)
         extend_to(fs, off + len);
     pthread_rwlock_unlock(&fs->size_lock);
+    if (r == 0)
+        digest_zero(fs->digest, off, len, rawfile_size(fs));
     return r;
 }
 
@@ -348,7 +369,9 @@ static bool is_pass(struct fs *fs, const struct fs_fh *fh)
 void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
                         const char *what)
 {
-    /* The raw file's inline digest cannot follow a view's bytes. */
+    /* The raw file's pass is over.  An image that replaces the disk
+     * starts a new one (rawfile_replace()) that the decoded data feed; a
+     * differencing image, applied over the old content, leaves it over. */
     digest_foreign(fs->digest, what);
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(fs->progress, 0);
@@ -359,6 +382,7 @@ void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
 void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
                         uint64_t len)
 {
+    digest_barrier(fs->digest);   /* the request's data are all placed */
     if (is_pass(fs, fh))          /* not before begin: another's pass */
         progress_write(fs->progress, off, len);
 }
@@ -366,6 +390,7 @@ void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
 void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
                          uint64_t len)
 {
+    digest_barrier(fs->digest);
     if (is_pass(fs, fh))
         progress_zero(fs->progress, off, len);
 }
@@ -377,22 +402,23 @@ void rawfile_view_length(struct fs *fs, uint64_t len)
 
 void rawfile_view_close(struct fs *fs, uint64_t len)
 {
+    digest_close(fs->digest, rawfile_size(fs));  /* the disk that landed */
     progress_close(fs->progress, len);
 }
 
 /* The source is larger than the export: every change through this handle
  * fails with ENOSPC, and the disk is not touched (not even truncated). */
 static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
-                          const char *path, uint64_t size)
+                          const char *path, uint64_t size, long fdnum)
 {
     log_err("%s: the writer, pid %d (%s), reads %s, %" PRIu64 " bytes, "
             "larger than the export (%" PRIu64 " bytes): its writes fail "
-            "with ENOSPC and the disk is left as it was", 
+            "with ENOSPC and the disk is left as it was",
             fs->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
             fs->export_size);
     fh->refused = ENOSPC;
     progress_truncate(fs->progress, 0);       /* this copy's pass, failed */
-    progress_set_source(fs->progress, pid, size);
+    progress_set_source(fs->progress, pid, size, fdnum);
     set_pass(fs, fh);
     progress_fail(fs->progress);
 }
@@ -419,16 +445,18 @@ int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
      * one.  Tools that open their input first (cp, dd, qemu-img) have it
      * open now; a shell redirection opens the file before the tool runs,
      * so the truncate has happened by the time the tool's writes fail. */
-    uint64_t src = progress_source(fs->progress, pid, path, sizeof path);
+    long fdnum;
+    uint64_t src = progress_source(fs->progress, pid, path, sizeof path,
+                                   &fdnum);
     if (src > fs->export_size && !is_container(path)) {
-        refuse_source(fs, fh, pid, path, src);
+        refuse_source(fs, fh, pid, path, src, fdnum);
         return 0;
     }
     int r = trunc ? rawfile_truncate(fs, 0) : 0;
     if (r < 0)
         return r;
     set_pass(fs, fh);
-    progress_set_source(fs->progress, pid, src);
+    progress_set_source(fs->progress, pid, src, fdnum);
     foreign_raw_pass(fs);
     return 0;
 }
@@ -441,17 +469,29 @@ void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err)
 
 /* ---- handles ------------------------------------------------------------ */
 
+/* Every close and fsync of every handle (of the raw file and of the
+ * views) fails while the disk holds damage (pool_damage()): a failure
+ * told once is lost to a close nobody checks, such as the one a shell's
+ * redirection or dd's dup2 makes.  A handle is first told of the
+ * failures since it was last told (errseq), then of the damage left. */
+static int told(struct fs *fs, struct fs_fh *fh)
+{
+    int err = pool_error_take(fs->pool, &fh->err_seq);
+    if (!err)
+        err = pool_damage(fs->pool);
+    return err;
+}
+
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
-    if (!wrote)
-        return 0;
-    pool_drain(fs->pool);
-    return -pool_error_take(fs->pool, &fh->err_seq);
+    if (wrote)
+        pool_drain(fs->pool);
+    return -told(fs, fh);
 }
 
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh)
 {
     int r = pool_flush(fs->pool);
-    int err = pool_error_take(fs->pool, &fh->err_seq);
+    int err = told(fs, fh);
     return err ? -err : r < 0 ? -EIO : 0;
 }

@@ -6,7 +6,8 @@
  * watchers of each change from one place: the read-ahead (its chunks of a
  * changed range are dropped), the digest (the raw file's inline hash, with
  * blkpass under it) and the progress (the pass of the file being written,
- * which for the VHD and VMDK views is their file, not the disk).
+ * which for the VHD and VMDK views is their file, not the disk; the
+ * digest follows the disk, the views' decoded data included).
  *
  * Errors, the same for every view: a size past the export (truncate, a
  * view's disk replacing the content) is EFBIG; data past the export's end
@@ -71,12 +72,17 @@ void rawfile_close_pass(struct fs *fs);
 /* ---- other views' writes ------------------------------------------------ */
 
 /* Decoded bytes of a view's file placed on the disk.  The caller checked
- * [off, off + len) lies within the export. */
+ * [off, off + len) lies within the export.  The digest copies the data
+ * (after a rawfile_replace() it is a pass over the decoded disk: blkhash
+ * in any order, sha256 in disk order; rawfile_view_wrote() and _zeroed()
+ * end a request: the digest's barrier). */
 int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len);
 int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len);
 
 /* The pass through a view's file (the progress counts its bytes; the
- * digest, which follows only the raw file, is told it lost track).
+ * digest's pass over the raw file ends when the view's stream begins,
+ * and a new one over the decoded disk starts if the image replaces the
+ * disk, closed at close).
  * begin: the view's decoder accepted the stream (before the disk
  * changes; a stream refused before that leaves the digest, the progress
  * and the status of the last copy as they were); what names the view for
@@ -105,8 +111,9 @@ void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err);
 
 /* ---- handles ------------------------------------------------------------ */
 
-/* close(2) and fsync(2) of any view that writes the disk: every write is
- * acknowledged (flushed) first.  The first pool error this handle was not
- * told of yet, as -errno. */
+/* close(2) and fsync(2) of any view of the disk: every write is
+ * acknowledged (flushed) first.  -errno: the first pool error this handle
+ * was not told of yet, else the damage left on the disk (pool_damage()),
+ * which every close and fsync of every handle reports until repaired. */
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote);
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh);

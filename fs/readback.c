@@ -69,6 +69,8 @@ struct rb_key {
 struct readback {
     enum readback_when when;
     bool blkhash;
+    bool extents;                     /* may trust block status (not
+                                       * --no-extents) */
     char md[BLKHASH_NAME_MAX];
     uint64_t bs;
     pthread_mutex_t run;              /* one verification at a time */
@@ -356,6 +358,7 @@ struct slot {
 struct run {
     struct readback *rb;
     struct nbdx *x;
+    struct pool *pool;                /* what this mount touched */
     uint64_t size, end;               /* the file, the export */
     uint64_t chunk, window;
     bool extents;
@@ -443,6 +446,25 @@ static void fetch_extents(struct run *run)
         run->n = 0;
 }
 
+/* A zero extent is trusted only where this mount never wrote or zeroed:
+ * a server that acknowledges a write-zeroes it did not do reports the
+ * range as zero too, so what the daemon touched is read.  Shortens *len
+ * to a run that is all touched or all untouched; true if touched. */
+static bool touched_run(struct run *run, uint64_t off, uint64_t *len)
+{
+    struct pool_range t;
+
+    if (!pool_touched_next(run->pool, off, &t) || t.start >= off + *len)
+        return false;
+    if (t.start > off) {
+        *len = t.start - off;
+        return false;
+    }
+    if (t.end - off < *len)
+        *len = t.end - off;
+    return true;
+}
+
 /* The next piece in disk order; false at the end. */
 static bool next_piece(struct run *run, uint64_t *off, uint64_t *len,
                        bool *zero)
@@ -464,7 +486,9 @@ static bool next_piece(struct run *run, uint64_t *off, uint64_t *len,
     *off = run->pos;
     *zero = e->zero;
     *len = e_end - run->pos;
-    if (!e->zero && *len > run->chunk)
+    if (*zero && touched_run(run, *off, len))
+        *zero = false;
+    if (!*zero && *len > run->chunk)
         *len = run->chunk;
     /* Stop at the file's end: past it, only zero is right. */
     if (*off < run->size && *off + *len > run->size)
@@ -569,9 +593,10 @@ static int run_init(struct run *run, struct fs *fs, uint64_t size)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
 
-    *run = (struct run) { .rb = fs->readback, .x = fs->x, .size = size,
-                          .end = fs->export_size, .chunk = READBACK_CHUNK,
-                          .window = BS_WINDOW, .extents = info->can_extents,
+    *run = (struct run) { .rb = fs->readback, .x = fs->x, .pool = fs->pool,
+                          .size = size, .end = fs->export_size,
+                          .chunk = READBACK_CHUNK, .window = BS_WINDOW,
+                          .extents = info->can_extents && fs->readback->extents,
                           .tail_nonzero = UINT64_MAX };
     if (info->block_max && info->block_max < run->chunk)
         run->chunk = info->block_max;
@@ -661,9 +686,19 @@ static uint64_t file_size(struct fs *fs)
     return size;
 }
 
-/* The digest as it stands, and what the pool has done: false (with why)
- * if the digest does not know the whole file. */
-static bool get_key(struct fs *fs, struct rb_key *k, char *why, size_t n)
+/* What the digest knows of the file. */
+enum rb_cover {
+    COVER_WHOLE,                      /* complete, no request failed */
+    COVER_NOTHING_YET,                /* nothing written, or a pass still
+                                       * being written: nothing to verify */
+    COVER_CANNOT,                     /* changed, and the digest cannot say
+                                       * into what: cannot be verified */
+};
+
+/* The digest as it stands, and what the pool has done; unless
+ * COVER_WHOLE, why says why not. */
+static enum rb_cover get_key(struct fs *fs, struct rb_key *k, char *why,
+                             size_t n)
 {
     struct digest_info di;
     struct pool_stats st;
@@ -680,10 +715,13 @@ static bool get_key(struct fs *fs, struct rb_key *k, char *why, size_t n)
     k->skipped = st.bytes_zero_skipped;
     k->errors = st.errors;
     if (di.state == DIGEST_COMPLETE && !st.errors)
-        return true;
+        return COVER_WHOLE;
     snprintf(why, n, "%s", st.errors ? "an NBD request failed"
              : di.reason[0] ? di.reason : digest_state_name(di.state));
-    return false;
+    if (!st.errors &&
+        (di.state == DIGEST_IDLE || di.state == DIGEST_COMPUTING))
+        return COVER_NOTHING_YET;
+    return COVER_CANNOT;
 }
 
 static void reset_status(struct readback *rb, const struct rb_key *k,
@@ -778,8 +816,29 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     return r;
 }
 
-/* Verify unless this disk state was verified already.  at: for the log. */
-static int verify(struct fs *fs, const char *at)
+/* The verification was asked for and cannot run: that is no pass. */
+static int cannot_verify(struct readback *rb, const char *at,
+                         const struct rb_key *k, const char *why)
+{
+    set_state(rb, RB_SKIPPED);
+    if (k->errors)
+        set_message(rb, "at %s: could not verify the disk: %s during this "
+                    "mount (the status's failures say where); fix the "
+                    "server, copy again on a new mount, or check the disk "
+                    "with nbdferry-verify", at, why);
+    else
+        set_message(rb, "at %s: could not verify the disk: the inline "
+                    "digest does not cover the file (%s); copy it again "
+                    "through the raw file in one forward pass (or with "
+                    "--blkhash), or check the disk with nbdferry-verify",
+                    at, why);
+    log_err("read-back: %s", rb->message);
+    return -EIO;
+}
+
+/* Verify unless this disk state was verified already.  at: for the log.
+ * final: the unmount (a pass still open there is no pass to wait for). */
+static int verify(struct fs *fs, const char *at, bool final)
 {
     struct readback *rb = fs->readback;
     struct rb_key k, after;
@@ -792,22 +851,29 @@ static int verify(struct fs *fs, const char *at)
     if (digest_settle(fs->digest, SETTLE_S) < 0)
         log_notice("read-back: the digest is still hashing after %d s",
                    SETTLE_S);
-    if (!get_key(fs, &k, why, sizeof why)) {
-        set_state(rb, RB_SKIPPED);
-        set_message(rb, "at %s: the inline digest does not cover the "
-                    "file: %s", at, why);
+    enum rb_cover cover = get_key(fs, &k, why, sizeof why);
+    if (cover == COVER_NOTHING_YET && final && k.writes + k.zeroes > 0)
+        cover = COVER_CANNOT;
+    if (cover == COVER_NOTHING_YET) {
+        set_state(rb, RB_IDLE);       /* never "passed" for a new pass */
+        set_message(rb, "at %s: nothing to verify yet (%s)", at, why);
         r = 0;
+    } else if (cover == COVER_CANNOT) {
+        r = cannot_verify(rb, at, &k, why);
     } else if (rb->have_key && memcmp(&k, &rb->key, sizeof k) == 0) {
         r = rb->verdict;
     } else {
         r = verify_locked(fs, &k);
         get_key(fs, &after, why, sizeof why);
         if (memcmp(&k, &after, sizeof k) != 0) {
-            /* Written meanwhile: what was read is no one's content. */
+            /* Written meanwhile: what was read is no one's content, and
+             * the writer that asked has no verdict. */
             set_state(rb, RB_INTERRUPTED);
-            set_message(rb, "the file changed during the read-back");
+            set_message(rb, "the file changed during the read-back: "
+                        "verified again at the next close or fsync");
+            log_err("read-back at %s: %s", at, rb->message);
             rb->have_key = false;
-            r = 0;
+            r = -EIO;
         } else if (rb->state == RB_PASSED || rb->state == RB_FAILED) {
             rb->key = k;
             rb->have_key = true;
@@ -830,7 +896,7 @@ int readback_at_close(struct fs *fs)
      * descriptor once), not one ending: the unmount checks it. */
     if (file_size(fs) == 0)
         return 0;
-    return verify(fs, "close");
+    return verify(fs, "close", false);
 }
 
 int readback_at_unmount(struct fs *fs)
@@ -838,12 +904,10 @@ int readback_at_unmount(struct fs *fs)
     if (!fs->readback)
         return 0;
     struct readback *rb = fs->readback;
-    int r = verify(fs, "unmount");
+    int r = verify(fs, "unmount", true);
 
     pthread_mutex_lock(&rb->lock);
-    if (rb->state == RB_SKIPPED)
-        log_notice("read-back: skipped: %s", rb->message);
-    else if (r < 0)
+    if (r < 0)
         log_err("read-back: the disk does not hold what was written (%s); "
                 "exiting 1", rb->message);
     pthread_mutex_unlock(&rb->lock);
@@ -864,7 +928,7 @@ int readback_parse_when(const char *s, enum readback_when *out)
 }
 
 int readback_create(enum readback_when when, const char *md,
-                    uint64_t block_size, struct readback **out)
+                    uint64_t block_size, bool extents, struct readback **out)
 {
     *out = NULL;
     if (when == READBACK_OFF)
@@ -875,6 +939,7 @@ int readback_create(enum readback_when when, const char *md,
     rb->when = when;
     rb->blkhash = md != NULL;
     rb->bs = block_size;
+    rb->extents = extents;
     rb->tail_nonzero = UINT64_MAX;
     if (md)
         snprintf(rb->md, sizeof rb->md, "%s", md);

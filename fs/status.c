@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -52,13 +53,39 @@ static void put_string(FILE *f, const char *s)
 static void put_nbd_failures(FILE *f, const struct pool_stats *s)
 {
     for (unsigned i = 0; i < s->nfailures; i++) {
+        const struct pool_failure *e = &s->failures[i];
         fprintf(f, "%s\n    {\"kind\": \"%s\", \"offset\": %" PRIu64
-                   ", \"length\": %" PRIu64 ", \"errno\": %d, \"message\": ",
-                i ? "," : "", pool_kind_name(s->failures[i].kind),
-                s->failures[i].off, s->failures[i].len, s->failures[i].err);
-        put_string(f, strerror(s->failures[i].err));
+                   ", \"length\": %" PRIu64 ", \"errno\": %d, \"time\": %lld"
+                   ", \"lost_at_reconnect\": %s, \"repaired\": %s",
+                i ? "," : "", pool_kind_name(e->kind), e->off, e->len, e->err,
+                (long long) e->time_s, e->lost ? "true" : "false",
+                e->repaired ? "true" : "false");
+        if (e->repaired)
+            fprintf(f, ", \"repaired_time\": %lld", (long long) e->repaired_s);
+        fputs(", \"message\": ", f);
+        put_string(f, e->lost ? "acknowledged, then the connection was made "
+                                "again before an NBD flush covered it"
+                              : strerror(e->err));
         fputc('}', f);
     }
+}
+
+/* What the disk may not hold now: every close and fsync fails until
+ * it is empty. */
+static void put_damage(FILE *f, const struct pool_stats *s)
+{
+    fprintf(f, "  \"damage\": {\"unrepaired\": %s, \"bytes\": %" PRIu64
+               ", \"ranges\": %" PRIu64 ", \"flush_failed\": %s"
+               ", \"everything\": %s, \"repaired\": %" PRIu64
+               ", \"first\": [",
+            s->unrepaired ? "true" : "false", s->damaged_bytes,
+            s->damaged_ranges, s->flush_failed ? "true" : "false",
+            s->damage_everything ? "true" : "false", s->repairs);
+    for (unsigned i = 0; i < s->ndamage; i++)
+        fprintf(f, "%s{\"offset\": %" PRIu64 ", \"length\": %" PRIu64 "}",
+                i ? ", " : "", s->damage[i].start,
+                s->damage[i].end - s->damage[i].start);
+    fputs("]},\n", f);
 }
 
 static void put_failures(FILE *f, const struct pool_stats *s,
@@ -115,13 +142,23 @@ static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
                "\"last_10s\": %.0f, \"average\": %.0f},\n",
             pi.rate_1s, pi.rate_5s, pi.rate_10s,
             uptime > 0 ? (double) s->bytes_acked / uptime : 0.0);
+    /* percent, remaining and eta_s count data ("counts": "data": the
+     * source's holes left out) when the source's map is known; written
+     * and acknowledged are this copy's (the top-level bytes_* are the
+     * mount's, every copy since it began). */
     fprintf(f, "  \"progress\": {\"done\": %" PRIu64 ", \"total\": %" PRIu64
                ", \"total_from\": \"%s\", \"percent\": %.1f, "
                "\"frontier\": %" PRIu64 ", \"settled\": %s, "
-               "\"failed\": %s, \"eta_s\": %.1f},\n",
+               "\"failed\": %s, "
+               "\"counts\": \"%s\", \"data_done\": %" PRIu64
+               ", \"data_total\": %" PRIu64 ", \"remaining\": %" PRIu64
+               ", \"written\": %" PRIu64 ", \"acknowledged\": %" PRIu64
+               ", \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
             pi.percent, pi.frontier, pi.settled ? "true" : "false",
-            pi.failed ? "true" : "false", pi.eta_s);
+            pi.failed ? "true" : "false",
+            pi.by_data ? "data" : "bytes", pi.data_done, pi.data_total,
+            pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
 }
 
 /* The digest describes what was written through the file; once an NBD
@@ -152,6 +189,101 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
         put_string(f, reason);
     }
     fputs("}\n", f);
+}
+
+/* ---- does the server answer? ----------------------------------------- */
+
+/* A request outstanding with nothing heard from the server for longer
+ * than this is late: the status says so at once, long before the request
+ * timeout gives up on it. */
+#define LATE_S 1.0
+
+static void put_time(FILE *f, const char *key, time_t t)
+{
+    char buf[64];
+    struct tm tm;
+
+    fprintf(f, ", \"%s\": ", key);
+    if (!t || !localtime_r(&t, &tm) ||
+        !strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm)) {
+        fputs("null", f);
+        return;
+    }
+    put_string(f, buf);
+}
+
+static const char *health_state(const struct nbdx_health *h)
+{
+    if (h->lost)
+        return "lost";
+    if (h->reconnecting)
+        return "reconnecting";
+    if (h->stalled)
+        return "stalled";
+    if (h->silent_s > LATE_S)
+        return "late";
+    return h->heals ? "healed" : "ok";
+}
+
+static void health_message(const struct nbdx_health *h, const char *state,
+                           char *buf, size_t len)
+{
+    char lost_at[64] = "", healed_at[64] = "";
+    struct tm tm;
+
+    if (h->lost_at && localtime_r(&h->lost_at, &tm))
+        strftime(lost_at, sizeof lost_at, "%Y-%m-%d %H:%M:%S", &tm);
+    if (h->healed_at && localtime_r(&h->healed_at, &tm))
+        strftime(healed_at, sizeof healed_at, "%Y-%m-%d %H:%M:%S", &tm);
+    if (strcmp(state, "lost") == 0 && h->can_heal)
+        snprintf(buf, len, "the server was given up on at %s (%s): every "
+                 "request fails with EIO; the next open or write tries it "
+                 "again", lost_at, h->why);
+    else if (strcmp(state, "lost") == 0)
+        snprintf(buf, len, "the server was given up on at %s (%s) and this "
+                 "mount cannot reconnect (--command, --fd or socket "
+                 "activation): unmount and mount again", lost_at, h->why);
+    else if (strcmp(state, "reconnecting") == 0)
+        snprintf(buf, len, "the connection to the server was lost: "
+                 "reconnecting; the copy fails in %.0f s unless it "
+                 "succeeds", h->fails_in_s);
+    else if (strcmp(state, "ok") == 0)
+        snprintf(buf, len, "the server answers");
+    else if (strcmp(state, "healed") == 0)
+        snprintf(buf, len, "healed at %s: the server answers again (it was "
+                 "given up on at %s: %s)", healed_at, lost_at, h->why);
+    else if (h->fails_in_s >= 0)
+        snprintf(buf, len, "no reply for %.0f s from the server (%u "
+                 "request(s) waiting); the copy fails in %.0f s unless it "
+                 "answers", h->silent_s, h->outstanding, h->fails_in_s);
+    else
+        snprintf(buf, len, "no reply for %.0f s from the server (%u "
+                 "request(s) waiting; no --request-timeout: waiting for "
+                 "ever)", h->silent_s, h->outstanding);
+}
+
+static void put_health(FILE *f, struct fs *fs)
+{
+    struct nbdx_health h;
+    char msg[512];
+
+    nbdx_get_health(fs->x, &h);
+    const char *state = health_state(&h);
+    health_message(&h, state, msg, sizeof msg);
+    fprintf(f, "  \"server_answers\": {\"state\": \"%s\", "
+               "\"no_reply_s\": %.1f, \"outstanding\": %u, ",
+            state, h.silent_s > LATE_S ? h.silent_s : 0.0, h.outstanding);
+    if (h.fails_in_s >= 0 && !h.lost && h.silent_s > LATE_S)
+        fprintf(f, "\"fails_in_s\": %.1f, ", h.fails_in_s);
+    else
+        fputs("\"fails_in_s\": null, ", f);
+    fprintf(f, "\"can_heal\": %s, \"losses\": %u, \"heals\": %u",
+            h.can_heal ? "true" : "false", h.losses, h.heals);
+    put_time(f, "lost_at", h.lost_at);
+    put_time(f, "healed_at", h.healed_at);
+    fputs(", \"message\": ", f);
+    put_string(f, msg);
+    fputs("},\n", f);
 }
 
 /* Stall diagnostics of TCP connections (transport/tcpinfo.h): samples
@@ -191,6 +323,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     double uptime = elapsed_s(&fs->started);
 
     fprintf(f, "{\n");
+    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
     fprintf(f, "  \"export_size\": %" PRIu64 ",\n", fs->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
     fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
@@ -211,6 +344,12 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"pending_zero_ranges\": %" PRIu64 ",\n",
             s.pending_zero_ranges);
     fprintf(f, "  \"known_zero_ranges\": %" PRIu64 ",\n", s.known_zero_ranges);
+    fprintf(f, "  \"block_status_scan\": \"%s\",\n", s.scan);
+    fprintf(f, "  \"zeroing\": {\"active\": %s, \"abandoned\": %s, "
+               "\"bytes_done\": %" PRIu64 ", \"bytes_total\": %" PRIu64 "},\n",
+            s.zeroing_active ? "true" : "false",
+            s.zeroing_abandoned ? "true" : "false", s.zeroing_done,
+            s.zeroing_total);
     fprintf(f, "  \"in_flight\": %u,\n", s.in_flight);
     fprintf(f, "  \"in_flight_peak\": %u,\n", s.in_flight_peak);
     struct ra_stats ra;
@@ -224,6 +363,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
     put_tcp(f, fs);
+    put_health(f, fs);
     put_requests(f, &s, &n);
     struct log_entry recent[LOG_RECENT];
     uint64_t log_errors, log_warnings;
@@ -231,6 +371,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"errors\": %" PRIu64 ",\n", s.errors + log_errors);
     fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
     put_failures(f, &s, recent, nrecent);
+    put_damage(f, &s);
     put_progress(f, fs, &s, uptime);
     readback_put_status(f, fs);
     put_digest(f, fs, &s, apparent);

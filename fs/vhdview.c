@@ -13,11 +13,10 @@
  * Reading: the allocation of the disk (from the zero maps: block status
  * and everything written since) is frozen into a synthesizer that
  * produces a dynamic VHD; block data is read through the pool.  One
- * synthesizer serves every open and stat of one disk state: it is built
- * on first need and rebuilt only once the disk has changed (its mtime or
- * the pool's counters moved), so memory does not grow with the number of
- * readers.  Handles keep the one they opened (a consistent file) until
- * they close; a replaced one is freed with its last handle.
+ * synthesizer serves every open and stat of one disk state, and at most
+ * SYNTHCACHE_MAX distinct ones live (fs/synthcache.h), so memory does not
+ * grow with the number of readers nor with changes between opens.
+ * Handles keep the one they opened (a consistent file) until they close.
  *
  * Refusal: the decoder is told the export's size and whether fixed VHDs
  * are taken (--vhd-fixed), so that anything that does not begin like a
@@ -29,10 +28,9 @@
  * view->lock serializes everything about the ingest (the decoder is not
  * thread-safe, and its input must stay in order).  It is held across
  * pool_write() (which may wait for a buffer: the writer is throttled, as
- * on the raw file) but never across fuse_reply_*().  view->synth_lock
- * protects the shared synthesizers; building one holds it (so concurrent
- * stats wait for one build rather than making several).  Neither lock is
- * taken while holding the other.  The disk is changed through
+ * on the raw file) but never across fuse_reply_*().  The synthesizers
+ * have their own lock (fs/synthcache.c), never taken with view->lock
+ * held nor the other way round.  The disk is changed through
  * fs/rawfile.c, whose size lock is taken after view->lock (the decoder's
  * sink runs under it), never the other way round.  The kernel sends a
  * writer's requests in order because async direct I/O is off (fs/ops.c).
@@ -54,27 +52,11 @@
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/synthcache.h"
 #include "vhd/vhd.h"
 
-/* A synthesized VHD of one disk state, shared by the handles that opened
- * it.  refs: open handles, plus one while it is the current one. */
-struct synth_key {
-    struct timespec mtime;
-    uint64_t written, zeroed, skipped, known_zero, pending_zero;
-};
-
-struct synth_ref {
-    struct vhd_synth *synth;      /* NULL: building failed with err */
-    int err;
-    unsigned refs;
-    struct synth_key key;
-    struct synth_ref *next;       /* retired list */
-};
-
 struct vhdview {
-    pthread_mutex_t synth_lock;
-    struct synth_ref *current;    /* the latest disk state's, or NULL */
-    struct synth_ref *retired;    /* replaced, still open somewhere */
+    struct synthcache *synths;    /* the read side's, shared */
 
     pthread_mutex_t lock;
     struct vhd_stream *stream;    /* the ingest in progress, or NULL */
@@ -88,7 +70,7 @@ struct vhdview {
 };
 
 static struct vhd_sink sink;
-static void unref_locked(struct vhdview *v, struct synth_ref *r);
+static const struct synthcache_ops synth_ops;
 
 static struct vhdview *vhd_of(struct fs *fs)
 {
@@ -101,8 +83,13 @@ static int vhdview_init(struct fs *fs)
 
     if (!v)
         return -ENOMEM;
+    int r = synthcache_new(&synth_ops, fs->view_name[FS_INO_VHD],
+                           &v->synths);
+    if (r < 0) {
+        free(v);
+        return r;
+    }
     pthread_mutex_init(&v->lock, NULL);
-    pthread_mutex_init(&v->synth_lock, NULL);
     /* A per-mount identity: re-reads of the view agree within a mount. */
     uuid_v4(v->uuid);
     v->timestamp = (uint32_t) (time(NULL) - VHD_EPOCH_UNIX);
@@ -117,28 +104,22 @@ static void vhdview_fini(struct fs *fs)
     if (!v)
         return;
     vhd_stream_free(v->stream);
-    unref_locked(v, v->current);
-    while (v->retired) {          /* handles the kernel never released */
-        struct synth_ref *r = v->retired;
-        v->retired = r->next;
-        vhd_synth_free(r->synth);
-        free(r);
-    }
+    synthcache_free(v->synths);
     pthread_mutex_destroy(&v->lock);
-    pthread_mutex_destroy(&v->synth_lock);
     free(v);
     fs->view_state[FS_INO_VHD] = NULL;
 }
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-/* Freeze the disk's allocation into a synthesizer.  -EFBIG past the VHD
- * size limit. */
+/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
+ * file's apparent size (what `cp src.img MNT/nbd` made it), as the raw
+ * file shows it.  -EFBIG past the VHD size limit; -EINVAL for size 0. */
 static int build_synth(struct fs *fs, struct vhd_synth **out)
 {
     struct vhd_err e = { "" };
     struct vhd_synth *s;
-    uint64_t size = fs->export_size, pos = 0;
+    uint64_t size = rawfile_size(fs), pos = 0;
 
     struct vhdview *v = vhd_of(fs);
     int r = vhd_synth_new(size, v->uuid, v->timestamp, &s, &e);
@@ -164,112 +145,18 @@ static int build_synth(struct fs *fs, struct vhd_synth **out)
     return 0;
 }
 
-/* What identifies a disk state: every change stamps the mtime (fs/rawfile.c)
- * and moves the pool's counters; the block status scan moves known_zero. */
-static void disk_key(struct fs *fs, struct synth_key *k)
+static int synth_build(struct fs *fs, void **out)
 {
-    struct pool_stats st;
-
-    pool_get_stats(fs->pool, &st);
-    memset(k, 0, sizeof *k);
-    uint64_t size;
-    rawfile_stat(fs, &size, &k->mtime);
-    k->written = st.bytes_written;
-    k->zeroed = st.bytes_zeroed;
-    k->skipped = st.bytes_zero_skipped;
-    k->known_zero = st.known_zero;
-    k->pending_zero = st.pending_zero;
+    return build_synth(fs, (struct vhd_synth **) out);
 }
 
-static bool same_key(const struct synth_key *a, const struct synth_key *b)
+static void synth_free(void *synth)
 {
-    return a->mtime.tv_sec == b->mtime.tv_sec &&
-           a->mtime.tv_nsec == b->mtime.tv_nsec && a->written == b->written &&
-           a->zeroed == b->zeroed && a->skipped == b->skipped &&
-           a->known_zero == b->known_zero &&
-           a->pending_zero == b->pending_zero;
+    vhd_synth_free(synth);
 }
 
-static void unref_locked(struct vhdview *v, struct synth_ref *r)
-{
-    if (!r || --r->refs > 0)
-        return;
-    if (v->current == r)
-        v->current = NULL;
-    for (struct synth_ref **p = &v->retired; *p; p = &(*p)->next)
-        if (*p == r) {
-            *p = r->next;
-            break;
-        }
-    vhd_synth_free(r->synth);
-    free(r);
-}
-
-/* Retire the current synthesizer (its handles keep it) and build one for
- * the disk as it is now. */
-static int replace_locked(struct fs *fs, struct vhdview *v,
-                          const struct synth_key *key)
-{
-    struct synth_ref *r = calloc(1, sizeof *r);
-
-    if (!r)
-        return -ENOMEM;
-    if (v->current) {
-        struct synth_ref *old = v->current;
-        if (old->refs > 1) {
-            old->next = v->retired;
-            v->retired = old;
-        }
-        unref_locked(v, old);
-        v->current = NULL;
-    }
-    r->key = *key;
-    r->refs = 1;
-    r->err = build_synth(fs, &r->synth);
-    v->current = r;
-    return 0;
-}
-
-/* The synthesizer of the disk as it is now, with a reference for the
- * caller (unref_locked), or NULL and -errno. */
-static struct synth_ref *synth_get(struct fs *fs, int *err)
-{
-    struct vhdview *v = vhd_of(fs);
-    struct synth_key key;
-
-    disk_key(fs, &key);
-    pthread_mutex_lock(&v->synth_lock);
-    if (!v->current || !same_key(&v->current->key, &key))
-        *err = replace_locked(fs, v, &key);
-    else
-        *err = 0;
-    struct synth_ref *r = *err ? NULL : v->current;
-    if (r && r->err)
-        *err = r->err;
-    if (r && !r->err)
-        r->refs++;
-    else
-        r = NULL;
-    pthread_mutex_unlock(&v->synth_lock);
-    return r;
-}
-
-static void synth_put(struct fs *fs, struct vhd_synth *s)
-{
-    struct vhdview *v = vhd_of(fs);
-
-    if (!s)
-        return;
-    pthread_mutex_lock(&v->synth_lock);
-    struct synth_ref *r = v->current && v->current->synth == s ? v->current
-                                                               : NULL;
-    for (struct synth_ref *p = v->retired; !r && p; p = p->next)
-        if (p->synth == s)
-            r = p;
-    assert(r);
-    unref_locked(v, r);
-    pthread_mutex_unlock(&v->synth_lock);
-}
+static const struct synthcache_ops synth_ops = { .build = synth_build,
+                                                 .free = synth_free };
 
 static uint64_t vhdview_size(struct fs *fs)
 {
@@ -282,11 +169,12 @@ static uint64_t vhdview_size(struct fs *fs)
     pthread_mutex_unlock(&v->lock);
     if (ingesting)
         return written;
-    struct synth_ref *r = synth_get(fs, &err);
-    if (!r)
+    /* At the cap, the newest synthesizer's size (an open says why). */
+    struct vhd_synth *s = synthcache_get(v->synths, fs, true, &err);
+    if (!s)
         return 0;
-    uint64_t n = vhd_synth_file_size(r->synth);
-    synth_put(fs, r->synth);
+    uint64_t n = vhd_synth_file_size(s);
+    synthcache_put(v->synths, s);
     return n;
 }
 
@@ -421,11 +309,10 @@ static int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags,
 
     if (!writing) {
         int err;
-        struct synth_ref *r = synth_get(fs, &err);
-        fh->view_data = r ? r->synth : NULL;
-        if (r)
+        fh->view_data = synthcache_get(v->synths, fs, false, &err);
+        if (fh->view_data)
             fh->ra = ra_stream_open(fs->ra);  /* NULL: reads on demand */
-        return r ? 0 : err;
+        return fh->view_data ? 0 : err;
     }
     pthread_mutex_lock(&v->lock);
     if (v->stream && v->writer) {
@@ -558,7 +445,7 @@ static void vhdview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    synth_put(fs, fh->view_data);
+    synthcache_put(v->synths, fh->view_data);
     fh->view_data = NULL;
     ra_stream_close(fh->ra);
     fh->ra = NULL;

@@ -23,7 +23,9 @@
  * Reading: at open, the allocation of the disk (from the zero maps) is
  * frozen into a synthesizer that produces a streamOptimized VMDK of
  * stored deflate blocks (size known at open; see docs/vmdk-format.md);
- * grain data is read through the pool.
+ * grain data is read through the pool.  Handles that see the same disk
+ * state share one, and at most SYNTHCACHE_MAX distinct ones live
+ * (fs/synthcache.h).
  *
  * THREAD MODEL
  * view->lock serializes everything about the ingest (the decoder is not
@@ -31,8 +33,8 @@
  * pool_write() (which may wait for a buffer: the writer is throttled, as
  * on the raw file) but never across fuse_reply_*().  The kernel sends a
  * writer's requests in order because async direct I/O is off (fs/ops.c).
- * view->read_lock serializes reads of synthesizers (each caches a grain);
- * it is taken without view->lock held.  Inflater threads take jobs from
+ * view->read_lock serializes reads of synthesizers (each caches a grain,
+ * and handles share them); it is taken without view->lock held.  Inflater threads take jobs from
  * view->q under q.lock (a leaf: held only to move jobs and counters, never
  * across inflate or pool_write()).  The writing FUSE thread, holding
  * view->lock, runs queued jobs itself when the queue is full or must
@@ -58,6 +60,7 @@
 #include "common/log.h"
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
+#include "fs/synthcache.h"
 #include "vmdk/vmdk.h"
 
 #define QMAX 8                    /* compressed grains waiting (bounded memory) */
@@ -94,9 +97,11 @@ struct vmdkview {
     struct inflaters q;
     struct vmdk_inflater *z;      /* the writer's own, under lock */
     uint8_t *zout;                /* its output, a maximal grain */
+    struct synthcache *synths;    /* the read side's, shared */
 };
 
 static const struct vmdk_sink sink;
+static const struct synthcache_ops synth_ops;
 
 static struct vmdkview *vmdk_of(struct fs *fs)
 {
@@ -276,7 +281,12 @@ static int vmdkview_init(struct fs *fs)
     if (v->cid == 0xffffffffu)
         v->cid = 1;                   /* "no parent" in a descriptor */
     fs->view_state[FS_INO_VMDK] = v;
-    int r = start_inflaters(v);
+    int r = synthcache_new(&synth_ops, vmdk_name(fs), &v->synths);
+    if (r < 0) {
+        vmdkview_fini(fs);
+        return r;
+    }
+    r = start_inflaters(v);
     if (r < 0) {
         log_err("%s: cannot start inflater threads: %s", vmdk_name(fs),
                 strerror(-r));
@@ -296,6 +306,7 @@ static void vmdkview_fini(struct fs *fs)
     vmdk_inflater_free(v->z);
     free(v->zout);
     vmdk_stream_free(v->stream);
+    synthcache_free(v->synths);
     pthread_mutex_destroy(&v->lock);
     pthread_mutex_destroy(&v->read_lock);
     pthread_mutex_destroy(&v->q.lock);
@@ -306,12 +317,13 @@ static void vmdkview_fini(struct fs *fs)
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-/* Freeze the disk's allocation into a synthesizer. */
+/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
+ * file's apparent size, as the raw file shows it. */
 static int build_synth(struct fs *fs, struct vmdk_synth **out)
 {
     struct vmdk_err e = { "" };
     struct vmdk_synth *s;
-    uint64_t size = fs->export_size, pos = 0;
+    uint64_t size = rawfile_size(fs), pos = 0;
 
     int r = vmdk_synth_new(size, vmdk_of(fs)->cid, vmdk_name(fs), &s, &e);
     if (r < 0) {
@@ -338,13 +350,26 @@ static int build_synth(struct fs *fs, struct vmdk_synth **out)
     return 0;
 }
 
+static int synth_build(struct fs *fs, void **out)
+{
+    return build_synth(fs, (struct vmdk_synth **) out);
+}
+
+static void synth_free(void *synth)
+{
+    vmdk_synth_free(synth);
+}
+
+static const struct synthcache_ops synth_ops = { .build = synth_build,
+                                                 .free = synth_free };
+
 /* The synthesized file's size from the zero maps, counting grains and
  * tables without a synthesizer (getattr is frequent; a synthesizer holds
  * 4 bytes per allocated grain). */
 static uint64_t synth_size(struct fs *fs)
 {
     const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
-    uint64_t size = fs->export_size, pos = 0, grains = 0, tables = 0;
+    uint64_t size = rawfile_size(fs), pos = 0, grains = 0, tables = 0;
     uint64_t last_g = UINT64_MAX, last_t = UINT64_MAX;
 
     if (vmdk_synth_size(size, 0, 0) == 0)
@@ -489,10 +514,9 @@ static int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags,
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
     if (!writing) {
-        struct vmdk_synth *s = NULL;
-        int r = build_synth(fs, &s);
-        fh->view_data = s;
-        return r;
+        int err;
+        fh->view_data = synthcache_get(v->synths, fs, false, &err);
+        return fh->view_data ? 0 : err;
     }
     pthread_mutex_lock(&v->lock);
     if (v->stream && v->writer) {
@@ -642,7 +666,7 @@ static void vmdkview_release(struct fs *fs, struct fs_fh *fh)
         v->writer = NULL;
     }
     pthread_mutex_unlock(&v->lock);
-    vmdk_synth_free(fh->view_data);
+    synthcache_put(v->synths, fh->view_data);
     fh->view_data = NULL;
 }
 

@@ -2,11 +2,17 @@
 
 The reference below is the definition (blksum's, libblkhash's, nbdcopy
 --blkhash's): DIGEST of each BLOCK-byte block, then DIGEST over those
-digests in order and the length as a little-endian 64-bit integer.  The
-tool must agree with it on random sparse images of odd lengths for every
-digest and block size tried, whatever the operand (file, NBD URI, stdin as
-a file or a pipe, a VHD decoded to its virtual disk), and agree with the
-published check values.  Helpers and the nbdkit fixture come from
+digests in order and the length as a little-endian 64-bit integer.  It is
+a few lines over hashlib, independent of common/blkhash.c, which both the
+tool and the mount's inline digest use (so comparing those two with each
+other could not see a wrong construction).  The tool must agree with it on
+random sparse images of odd lengths for every digest and block size tried,
+on the shapes of the last block that the construction treats specially
+(short, all zero, written or a hole; TAIL_SHAPES, also used by
+test_digest_blkhash.py for the inline digest) for every fixed-size digest
+and every form of block size the option takes, whatever the operand (file,
+NBD URI, stdin as a file or a pipe, a VHD decoded to its virtual disk),
+and agree with the published check values.  Helpers and the nbdkit fixture come from
 test_verify.py.
 
 Run: /usr/bin/python3 -m pytest tests/test_blkhash.py
@@ -34,6 +40,48 @@ def blkhash(data, alg="sha256", block=64 * KiB):
         outer.update(hashlib.new(alg, data[off:off + block]).digest())
     outer.update(len(data).to_bytes(8, "little"))
     return outer.hexdigest()
+
+
+# --blkhash=DIGEST: OpenSSL's name -> hashlib's, every fixed-size digest
+# both always have (not the XOFs, which the option refuses).
+DIGESTS = {"md5": "md5", "sha1": "sha1", "sha224": "sha224",
+           "sha256": "sha256", "sha384": "sha384", "sha512": "sha512",
+           "sha512-224": "sha512_224", "sha512-256": "sha512_256",
+           "sha3-224": "sha3_224", "sha3-256": "sha3_256",
+           "sha3-384": "sha3_384", "sha3-512": "sha3_512",
+           "blake2b512": "blake2b", "blake2s256": "blake2s"}
+# --blkhash=sha256/SIZE: every way of writing a size, smallest to largest.
+BLOCK_FORMS = [("1", 1), ("511", 511), ("4k", 4 * KiB), ("4K", 4 * KiB),
+               ("64k", 64 * KiB), ("1m", MiB), ("1M", MiB),
+               ("64M", 64 * MiB)]
+
+
+def tail_shapes(block, seed):
+    """{name: bytes}: contents whose last block the construction treats
+    specially, for this block size.  u is a block, or 64 KiB of one."""
+    rng = random.Random(seed)
+    u = min(block, 64 * KiB)
+    return {
+        "short-zero-tail": rng.randbytes(2 * u) + bytes(u // 3 + 1),
+        "short-data-tail": rng.randbytes(2 * u + u // 3 + 1),
+        "full-zero-tail": rng.randbytes(u) + bytes(u),
+        "all-zero-odd": bytes(2 * u + 7),
+        "one-byte": rng.randbytes(1),
+    }
+
+
+def write_shape(path, data, sparse):
+    """data at path; with sparse, its zero runs of 4 KiB or more (and its
+    zero tail) are holes, never written."""
+    with open(path, "wb") as f:
+        f.truncate(len(data))
+        if not sparse:
+            f.write(data)
+            return
+        for off in range(0, len(data), 4 * KiB):
+            piece = data[off:off + 4 * KiB]
+            if piece.count(0) != len(piece) or len(piece) < 4 * KiB:
+                os.pwrite(f.fileno(), piece, off)
 
 
 @pytest.fixture(autouse=True)
@@ -117,6 +165,46 @@ def test_blkhash_all_zero_and_holes(tmp_path):
         f.write(bytes(5 * MiB))                  # zeros written as data
     assert one("--blkhash=sha1/1M", img) == blkhash(bytes(64 * MiB + 3),
                                                     "sha1", MiB)
+
+
+@pytest.mark.parametrize("digest", sorted(DIGESTS))
+def test_blkhash_tail_shapes_every_digest(tmp_path, digest):
+    """Short and all-zero last blocks, written or holes, for every digest:
+    a short zero block is hashed at its length, and the length is in."""
+    for name, data in tail_shapes(4 * KiB, seed=len(digest)).items():
+        want = blkhash(data, DIGESTS[digest], 4 * KiB)
+        for sparse in (False, True):
+            img = tmp_path / f"{name}-{sparse}"
+            write_shape(img, data, sparse)
+            assert one(f"--blkhash={digest}/4k", img) == want, (name, sparse)
+    # the digest of the default block size too (one operand is enough)
+    data = tail_shapes(64 * KiB, seed=3)["short-zero-tail"]
+    img = tmp_path / "default-block"
+    write_shape(img, data, True)
+    assert one(f"--blkhash={digest}", img) == blkhash(data, DIGESTS[digest])
+
+
+@pytest.mark.parametrize("spec,block", BLOCK_FORMS,
+                         ids=[f for f, _ in BLOCK_FORMS])
+def test_blkhash_tail_shapes_every_block_form(tmp_path, spec, block):
+    for name, data in tail_shapes(block, seed=block).items():
+        want = blkhash(data, "sha256", block)
+        for sparse in (False, True):
+            img = tmp_path / f"{name}-{sparse}"
+            write_shape(img, data, sparse)
+            assert one(f"--blkhash=sha256/{spec}", img) == want, \
+                (name, sparse)
+
+
+def test_blkhash_tail_shapes_over_nbd(tmp_path, kits):
+    """The NBD reader (block status: a hole at the end is never read)."""
+    for name, data in tail_shapes(64 * KiB, seed=8).items():
+        img = tmp_path / name
+        write_shape(img, data, True)
+        kit = kits.memory_with(img)
+        assert one("--blkhash", kit.uri) == blkhash(data), name
+        assert one("--blkhash=sha1/4k", kit.uri) == \
+            blkhash(data, "sha1", 4 * KiB), name
 
 
 # ---------------------------------------------------------------- operands

@@ -184,6 +184,10 @@ def bad_cases(mp, uri):
          (NOSOCK, "No such file", "connect")),
         ("bad-uri", [mp, "http://example.invalid/"],
          ("uri", "http", "scheme")),
+        # The lowest free descriptor: the mountpoint's pinned descriptor
+        # must not pass for it.
+        ("fd-lowest-free", [mp, "--fd", "3"],
+         ("--fd 3", "not an open file descriptor")),
         ("child-command-fails", [mp, "--command", "false"], ()),
         ("child-command-missing-binary",
          [mp, "--command", "/nonexistent-nbdferry-dir/server"],

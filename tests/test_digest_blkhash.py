@@ -23,7 +23,8 @@ from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, daemon_cmd
 from lib.images import make_sparse_image, random_file
 from lib.nbd import fill_random
 from lib.procs import punch_hole, run
-from test_blkhash import blkhash as reference
+from test_blkhash import DIGESTS, blkhash as reference, tail_shapes, \
+    write_shape
 from test_digest_inline import settled_digest
 
 pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
@@ -137,6 +138,37 @@ def test_blkhash_truncate_then_writes_in_any_order(target):
     assert_blkhash(m, bytes(content))
     assert_content(bytes(content), EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=size, what="shuffled pwrite")
+
+
+@pytest.mark.parametrize("spec", [
+    "", "=md5/1", "=sha3-256/511", "=blake2s256/4K", "=sha384/4k",
+    "=sha512-256/1m", "=sha1/64M"])
+def test_blkhash_tail_shapes(target, shm, spec):
+    """The last block's shapes (short, all zero; test_blkhash.tail_shapes)
+    written as data and left as holes by cp --sparse=always, one pass
+    each: the inline value is the reference's, for digests and each form
+    of block size (the verifier's tests take every digest)."""
+    alg, _, size = spec.lstrip("=").partition("/")
+    alg = alg or "sha256"
+    block = {"": 64 * KiB, "1": 1, "511": 511, "4K": 4 * KiB,
+             "4k": 4 * KiB, "1m": MiB, "64M": 64 * MiB}[size]
+    srv, m = target(f"--blkhash{spec}", size=4 * MiB)
+    for name, data in tail_shapes(block, seed=block + len(alg)).items():
+        src = shm / name
+        write_shape(src, data, sparse=True)
+        with open(m.file, "wb") as f:         # O_TRUNC: zeros written
+            f.write(data)
+        d = settled_digest(m)
+        assert d["value"] == reference(data, DIGESTS[alg], block), \
+            (name, "written", d)
+        run(["cp", "--sparse=always", src, m.file], check=True)
+        d = settled_digest(m)
+        assert d["algorithm"] == f"blkhash/{alg}/{block}", d
+        assert d["state"] == "complete" and d["size"] == len(data), d
+        assert d["value"] == reference(data, DIGESTS[alg], block), \
+            (name, "cp --sparse=always", d)
+        assert_content(data, 4 * MiB, mount_file=m.file, uri=srv.uri,
+                       mount_size=len(data), what=name)
 
 
 def test_blkhash_second_pass_and_empty_file(target, shm):

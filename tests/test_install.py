@@ -19,11 +19,17 @@ from lib.procs import run
 
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-            "nbdferry-status"]
-# Programs with a --version option (nbdferry-status, a script, has none).
-VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
+            "nbdferry-vhdx", "nbdferry-status"]
+# Programs with a bash completion script (nbdferry-status has none); every
+# program answers --version.
+VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
+             "nbdferry-vhdx"]
 # The tools' own pages; every docs/*.1 is checked as well.
-PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk"]
+PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
+         "nbdferry-vhdx", "nbdferry-status"]
+# The docs installed into share/doc/nbdferry (docs/CMakeLists.txt).
+DOCS = ["README.md", "user-guide.md", "design.md", "security.md",
+        "servers.md", "copy-tools.md", "verify.md", "vhd-view.md"]
 
 pytestmark = pytest.mark.skipif(
     not (BUILD / "CMakeCache.txt").exists() or shutil.which("cmake") is None,
@@ -61,8 +67,17 @@ def test_install_nothing_but_programs_and_pages(prefix):
              if p.is_file()}
     expected = {f"bin/{n}" for n in PROGRAMS} | {
         f"share/man/man1/{p.name}" for p in (SRC / "docs").glob("*.1")} | {
-        f"share/bash-completion/completions/{n}" for n in VERSIONED}
+        f"share/bash-completion/completions/{n}" for n in VERSIONED} | {
+        f"share/doc/nbdferry/{d}" for d in DOCS} | {
+        "lib/systemd/system/nbdferry@.service"}
     assert files == expected
+
+
+def test_install_unit_runs_the_installed_daemon(prefix):
+    """The installed unit names PREFIX/bin/nbdferry, not /usr/local/bin."""
+    unit = (prefix / "lib/systemd/system/nbdferry@.service").read_text()
+    execs = re.findall(r"^ExecStart=(\S+)", unit, re.M)
+    assert execs == [f"{prefix}/bin/nbdferry"], execs
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -74,7 +89,7 @@ def test_install_program_help(prefix, name):
     assert name in out and re.search(r"usage", out, re.I), out
 
 
-@pytest.mark.parametrize("name", VERSIONED)
+@pytest.mark.parametrize("name", PROGRAMS)
 def test_install_program_version(prefix, name):
     r = run([prefix / "bin" / name, "--version"], timeout=30)
     assert r.returncode == 0, f"{name} --version exited {r.returncode}"

@@ -5,6 +5,9 @@
   close, every byte is there.
 * fsync() also sends NBD flush, after the writes it covers completed (a
   flush only covers completed writes), and returns after its reply.
+* Every time, not only the first: several write-then-fsync rounds on one
+  handle each send their own flush after their own writes; several
+  open-write-close rounds each find their bytes on the server at close.
 * Creating, renaming and deleting files fail with an errno; chmod, chown
   and utimes are accepted as no-ops (rsync -a --inplace needs that)."""
 
@@ -14,6 +17,7 @@ import re
 import pytest
 
 from lib.content import assert_content
+from lib.copytools import log_mark
 from lib.env import MiB
 from lib.nbd import fill_random, read_nbd
 
@@ -22,10 +26,14 @@ EXPORT = 32 * MiB
 REQ = re.compile(r"connection=(\d+) (\.\.\.)?(Write|Zero|Trim|Flush) id=(\d+)")
 
 
-def log_events(log):
-    """[(kind, is_reply, conn, id)] in log order."""
+def log_events(log, since=0):
+    """[(kind, is_reply, conn, id)] in log order, from byte offset since
+    (lib.copytools.log_mark)."""
     out = []
-    for line in open(log, errors="replace"):
+    with open(log, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
         m = REQ.search(line)
         if m:
             out.append((m.group(3), bool(m.group(2)), m.group(1), m.group(4)))
@@ -81,6 +89,73 @@ def test_fdatasync_sends_flush(server, mount):
         assert flush_after_writes(log_events(srv.log)), "no flush"
     finally:
         os.close(fd)
+
+
+def unanswered_writes(events):
+    """Write and Zero requests whose reply is not in events."""
+    replied = {(c, n) for k, r, c, n in events if r}
+    return [e for e in events if e[0] != "Flush" and not e[1]
+            and (e[2], e[3]) not in replied]
+
+
+ROUNDS = 4
+
+
+def test_every_fsync_flushes_after_its_writes(server, mount):
+    """Four write-then-fsync rounds on one handle: each fsync issues its own
+    NBD flush after that round's writes were answered, and returns after
+    the flush's reply, with the round's bytes on the server."""
+    srv = server("memory", f"size={EXPORT}", "wdelay=20ms",
+                 filters=["delay"], log=True)
+    m = mount(srv)
+    fd = os.open(m.file, os.O_RDWR)
+    try:
+        for i in range(ROUNDS):
+            mark = log_mark(srv)
+            data = os.urandom(MiB + 7 * i)
+            off = i * 3 * MiB + 11
+            assert os.pwrite(fd, data, off) == len(data)
+            os.fsync(fd)
+            ev = log_events(srv.log, mark)
+            assert any(k == "Write" for k, _, _, _ in ev), \
+                f"round {i}: no writes logged before fsync returned"
+            assert flush_after_writes(ev), (
+                f"fsync {i + 1} of {ROUNDS} on one handle returned without an "
+                f"NBD flush issued after its writes were answered: {ev}")
+            assert read_nbd(srv.uri, off, len(data)) == data, \
+                f"round {i}: data not on the server when fsync returned"
+    finally:
+        os.close(fd)
+
+
+def test_every_close_returns_after_its_writes_are_answered(server, mount):
+    """Four open-write-close rounds: each close returns only once every
+    write of its round has been answered (the log has every reply), and the
+    round's bytes are on the server.  (close drains; only fsync flushes.)"""
+    srv = server("memory", f"size={EXPORT}", "wdelay=50ms",
+                 filters=["delay"], log=True)
+    m = mount(srv)
+    rounds = []
+    for i in range(ROUNDS):
+        mark = log_mark(srv)
+        data = os.urandom(2 * MiB + 5 * i)
+        off = i * 4 * MiB + 3
+        fd = os.open(m.file, os.O_WRONLY)
+        try:
+            assert os.pwrite(fd, data, off) == len(data)
+        finally:
+            os.close(fd)
+        ev = log_events(srv.log, mark)
+        assert any(k == "Write" for k, _, _, _ in ev), \
+            f"close {i + 1}: no writes logged before close returned"
+        assert not unanswered_writes(ev), (
+            f"close {i + 1} of {ROUNDS} returned before the server answered "
+            f"{unanswered_writes(ev)}")
+        assert read_nbd(srv.uri, off, len(data)) == data, \
+            f"close {i + 1}: data not on the server when close returned"
+        rounds.append((off, data))
+    for off, data in rounds:              # no round undid another
+        assert read_nbd(srv.uri, off, len(data)) == data
 
 
 @pytest.mark.parametrize("handles", [1, 3])

@@ -2,9 +2,13 @@
 touches nothing.
 
 A directory that holds files is refused (both `DIR URI` and `DIR/FILENAME
-URI` with FILENAME missing) unless `-o nonempty`; a system directory
+URI` with FILENAME missing, which says that FILENAME does not exist and
+was taken as the file name) unless `-o nonempty`; a system directory
 always; a directory that is already a FUSE mount always; a dead mount is
-named with the fusermount3 command that clears it.  The checks come
+named with the fusermount3 command that clears it.  File mode refuses a
+file in or below a system directory (/etc/passwd, /usr/bin/ls) always,
+and a non-empty file (the source image named as the mountpoint) unless
+`-o nonempty`.  The checks come
 before anything starts: no server command runs, no pidfile is left.
 
 Every nbdferry command here runs inside a private mount namespace
@@ -15,6 +19,9 @@ directories from anyone else.
 import hashlib
 import os
 import shlex
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -83,8 +90,12 @@ def test_nonempty_directory_refused(shortdir, full, form):
     }[form]
     rc, lines, mounted = refused(shortdir, target, cd=cd)
     assert rc != 0
-    assert_one_line(lines, str(full), "not empty", "-o nonempty",
-                    "empty directory", "file mode")
+    line = assert_one_line(lines, str(full), "not empty", "-o nonempty",
+                           "empty directory", "file mode")
+    if form != "dir":             # a typo'd mountpoint: say what was taken
+        assert "nosuch does not exist" in line, line
+        assert "taken as the FILENAME" in line, line
+        assert "spelling" in line, line
     assert not mounted, f"mounted: {mounted}"
     assert sorted(os.listdir(full)) == ["a.txt"]
     assert (full / "a.txt").read_text() == "keep me\n"
@@ -257,3 +268,100 @@ wait_gone $pid
     assert out.count("rc=0") == 3, r.stdout + r.stderr
     assert out.count(f"size={EXPORT}") == 3, r.stdout
     assert not any(l.startswith("mounted ") for l in out), r.stdout
+
+
+# ------------------------------------------------------------ file mode
+
+def sha(p):
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/hostname",
+                                    "/usr/bin/ls", "/bin/ls",
+                                    "DIR/link/passwd"])
+def test_file_mode_system_file_refused(shortdir, target):
+    """A system file is never mounted over, even with -o nonempty: every
+    program would read the disk instead of /etc/passwd or run it instead
+    of ls."""
+    (shortdir / "link").symlink_to("/etc")
+    target = target.replace("DIR", str(shortdir))
+    real = os.path.realpath(target)
+    before = sha(real)
+    rc, lines, mounted = refused(shortdir, target, "-o", "nonempty",
+                                 extra_mounts=[real])
+    assert rc != 0
+    line = assert_one_line(lines, "system file", real)
+    assert "empty file of your own" in line, line
+    assert not mounted, f"mounted: {mounted}"
+    assert sha(real) == before
+
+
+def test_file_mode_nonempty_file_refused(shortdir):
+    """`nbdferry disk.img URI`, the source image named by mistake as the
+    mountpoint: refused with the reason and the fix, the image untouched,
+    no server started (the disk is untouched)."""
+    img = shortdir / "disk.img"
+    img.write_bytes(os.urandom(MiB + 3))
+    before = sha(img)
+    rc, lines, mounted = refused(shortdir, img, extra_mounts=[img])
+    assert rc != 0
+    line = assert_one_line(lines, str(img), f"holds {MiB + 3} bytes",
+                           "source image", "-o nonempty", "empty file")
+    assert "nbdferry MOUNTPOINT URI" in line, line
+    assert not mounted, f"mounted: {mounted}"
+    assert sha(img) == before
+
+
+def test_file_mode_nonempty_opt_in(shortdir):
+    """-o nonempty mounts over a file that holds bytes; the copy lands on
+    the server, and after the unmount the file is unchanged."""
+    f = shortdir / "over.raw"
+    f.write_bytes(b"the user's own bytes\n")
+    disk = shortdir / "disk.img"
+    disk.write_bytes(b"\0" * EXPORT)
+    data = os.urandom(2 * MiB + 5)
+    src = shortdir / "src"
+    src.write_bytes(data)
+    pidfile = shortdir / "fm.pid"
+    r = run_private(f"""
+$NBDFERRY -P {q(pidfile)} -o nonempty {q(f)} [ nbdkit file {q(disk)} ]
+echo "rc=$?"
+stat -c 'size=%s' {q(f)}
+dd if={q(src)} of={q(f)} bs=1M conv=notrunc,fsync status=none && echo copied
+pid=$(cat {q(pidfile)})
+fusermount3 -u {q(f)}
+wait_gone $pid
+unmount_all {q(f)}
+""", shortdir)
+    out = r.stdout.splitlines()
+    assert "rc=0" in out and f"size={EXPORT}" in out, r.stdout + r.stderr
+    assert "copied" in out, r.stderr
+    assert not any(l.startswith("mounted ") for l in out), r.stdout
+    assert disk.read_bytes()[:len(data)] == data
+    assert f.read_bytes() == b"the user's own bytes\n"
+
+
+@pytest.mark.parametrize("base", ["/var/tmp", "/dev/shm"])
+def test_file_mode_in_user_trees_still_mounts(shortdir, base):
+    """Below /var and /dev, the places users keep files (/var/tmp,
+    /dev/shm) still take a file-mode mount."""
+    d = tempfile.mkdtemp(prefix="nf-fm-", dir=base)
+    try:
+        f = Path(d) / "disk.raw"
+        f.write_bytes(b"")
+        pidfile = shortdir / "ut.pid"
+        r = run_private(f"""
+$NBDFERRY -P {q(pidfile)} {q(f)} [ nbdkit memory 16M ]
+echo "rc=$?"
+stat -c 'size=%s' {q(f)}
+pid=$(cat {q(pidfile)})
+fusermount3 -u {q(f)}
+wait_gone $pid
+unmount_all {q(f)}
+""", shortdir)
+        out = r.stdout.splitlines()
+        assert "rc=0" in out and f"size={EXPORT}" in out, \
+            r.stdout + r.stderr
+        assert not any(l.startswith("mounted ") for l in out), r.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

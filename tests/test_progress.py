@@ -130,6 +130,69 @@ def test_progress_100_only_after_last_reply(server, mount, shm, shortdir):
     assert lines.percents()[-1] == 100
 
 
+BAR = re.compile(r"^\[ *[\d.]+%\] \[[#.]+\] .* (\S+ \S+)/s  (ETA \S+)")
+
+
+def last_bar(m):
+    """(rate, ETA) of the last --progress bar drawn on stderr."""
+    bars = [BAR.match(seg.strip("\n"))
+            for seg in m.stderr_path.read_bytes().decode().split("\r")]
+    bars = [b for b in bars if b]
+    assert bars, "no progress bar on stderr"
+    return bars[-1].group(1), bars[-1].group(2)
+
+
+def test_progress_rates_count_acknowledged_bytes(server, mount, shm, shortdir):
+    """The throughput counts what the server acknowledged, never what the
+    pool took: with the server paused after the pool accepted 8 MiB, every
+    figure (the status's last 1/5/10 s and average, the bar's rate) is 0 and
+    there is no ETA.  Once it runs, the average is the acknowledged bytes
+    over the uptime and the 10 s window holds them all."""
+    size = 8 * MiB
+    ctl = shortdir / "pause.ctl"
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(EXPORT)
+    srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
+    m = mount(srv, "--progress", "--expected-size", str(size))
+    data = os.urandom(size)
+    pause = PauseControl(ctl)
+    pause.pause()
+    fd = os.open(m.file, os.O_WRONLY)
+    try:
+        for i in range(0, size, MiB):          # the pool takes it all
+            assert os.pwrite(fd, data[i:i + MiB], i) == MiB
+        time.sleep(timeout(1.5))               # samples every 250 ms
+        st = status(m)
+        assert st["bytes_written"] == size, st
+        assert st["bytes_acknowledged"] == 0, st
+        assert st["throughput"] == {"last_1s": 0, "last_5s": 0,
+                                    "last_10s": 0, "average": 0}, \
+            f"throughput with nothing acknowledged: {st['throughput']}"
+        assert st["progress"]["done"] == 0, st["progress"]
+        assert st["progress"]["eta_s"] < 0, \
+            f"an ETA with nothing acknowledged: {st['progress']}"
+        assert last_bar(m) == ("0 B", "ETA --:--"), last_bar(m)
+    finally:
+        pause.resume()
+        os.close(fd)                           # drains: all acknowledged
+    deadline = time.monotonic() + timeout(5)   # the next samples see it
+    st = status(m)
+    while st["throughput"]["last_10s"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        st = status(m)
+    assert st["bytes_acknowledged"] == size, st
+    thr, up = st["throughput"], st["uptime_s"]
+    assert abs(thr["average"] - size / up) <= 1 + size / up * 1e-3, (thr, up)
+    # Every acknowledged byte arrived after a sample that saw none, within
+    # the last 10 s: the window's rate covers them all.
+    assert thr["last_10s"] * 10.5 >= size, thr
+    if up < 9:                                 # the window reaches the start
+        assert thr["last_10s"] >= thr["average"] * 0.99, (thr, up)
+    assert_content(data, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=EXPORT, what="paused then resumed copy")
+
+
 def test_progress_slow_copy_lines(server, mount, shm):
     """A copy against a slow server: lines climb, the last is 100, and no
     100 line arrives before the writer calls close()."""
@@ -314,3 +377,53 @@ def test_progress_total_of_a_vhd_landing(server, mount, shm):
     assert p["total"] == p["done"] == os.path.getsize(vhd), p
     assert sha256_nbd(srv.uri, VIRTUAL["qemu-dyn-10m"]) == \
         SHA["qemu-dyn-10m.raw"]
+
+
+def test_progress_thin_disk_counts_the_data_to_come(server, mount, shm):
+    """A 64 MiB image whose 12 MiB of data lie in its second half, copied
+    with cp (which skips the holes) onto a server taking 200 ms a write,
+    one 1 MiB write at a time: once the data begin to arrive, the status
+    counts the data still to come (the holes before them are no progress),
+    so the percent stays low and the ETA is not ~0.  After an earlier
+    copy, `written` is this copy's, the top-level bytes_written the
+    mount's."""
+    data_off, data_len, size = 44 * MiB, 12 * MiB, 64 * MiB
+    src = shm / "thin.img"
+    with open(src, "wb") as f:
+        f.truncate(size)
+        f.seek(data_off)
+        f.write(os.urandom(data_len))
+    srv = server("memory", f"size={2 * size}", "wdelay=200ms",
+                 filters=["delay"])
+    m = mount(srv, "-C", "1", "--depth", "1", "--request-size", "1M",
+              "--pool-size", "2M")
+    small = random_file(shm / "small.img", MiB)     # an earlier copy
+    run(["cp", str(small), str(m.file)], check=True)
+    cp = subprocess.Popen(["cp", str(src), str(m.file)])
+    try:
+        deadline = time.monotonic() + timeout(60)
+        while True:
+            p = status(m)["progress"]
+            if (p.get("data_total") == data_len and p["data_done"] >= MiB
+                    or cp.poll() is not None):
+                break
+            assert time.monotonic() < deadline, p
+            time.sleep(0.02)
+        assert cp.poll() is None, "cp ended before the check"
+        assert p["counts"] == "data" and p["data_total"] == data_len, p
+        assert p["remaining"] >= data_len // 2, p
+        assert p["percent"] < 50, p
+        # The data arrive at 5 MiB/s at most (1 MiB per 200 ms): an
+        # honest ETA is at least what is left at four times that rate.
+        assert p["eta_s"] < 0 or p["eta_s"] >= p["remaining"] / (20 * MiB), p
+    finally:
+        assert cp.wait(timeout(120)) == 0
+    st = status(m)
+    p = st["progress"]
+    assert p["settled"] and p["percent"] == 100, p
+    assert p["data_done"] == p["data_total"] == data_len, p
+    assert p["done"] == p["total"] == size and p["remaining"] == 0, p
+    assert p["written"] == data_len, p         # this copy's
+    assert st["bytes_written"] == data_len + MiB, st   # the mount's
+    assert_content(src, 2 * size, mount_file=m.file, uri=srv.uri,
+                   mount_size=size, what="thin cp")

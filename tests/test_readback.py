@@ -280,3 +280,108 @@ def test_readback_names_a_block_folded_long_ago(liar, mount, shm):
     assert rb["ranges"] == [{"offset": flip // BLOCK * BLOCK,
                              "length": BLOCK}], rb
     assert m.unmount(check=False) == 1
+
+
+# ------------------------------------ what the daemon touched is read back
+
+def test_readback_reads_the_ranges_it_zeroed(liar, mount, shm):
+    """A server that acknowledges write-zeroes without doing them and then
+    reports those ranges as zero in block status (zerolie): cp
+    --sparse=always onto a dirty disk leaves the old bytes in the holes.
+    The read-back reads every range the daemon wrote or zeroed instead of
+    trusting block status there: cp's close fails with EIO, the status
+    says failed, the daemon exits 1."""
+    size, isize = 64 * MiB, 24 * MiB + 4097
+    srv = liar(size, zerolie=1)
+    fill_random(srv.uri, size)
+    img = make_sparse_image(shm / "src.img", isize,
+                            [(0, 2 * MiB), (10 * MiB, MiB),
+                             (isize - 4097, 4097)], seed=9)
+    m = mount(srv, "--verify-readback", "--blkhash", expect_rc=1,
+              expect_errors=True)
+    r = copy(["cp", "--sparse=always", img.path, m.file])
+    assert_eio(r, "cp")
+    rb = status(m)["readback"]
+    assert rb["state"] == "failed", rb
+    # The truncate zeroed the whole export: nothing is taken on trust.
+    assert rb["zero_bytes_not_read"] == 0 and rb["bytes_read"] == size, rb
+    holes = [(2 * MiB, 10 * MiB), (11 * MiB, isize - 4097)]
+    for rg in rb["ranges"]:
+        assert any(a <= rg["offset"] < b for a, b in holes), rg
+    out = run(["/usr/bin/python3", TOOL, m.mp], check=True).stdout
+    assert "read-back   failed" in out and "passed" not in out, out
+    assert m.unmount(check=False) == 1
+    # The server did lie: its bytes are not the image's.
+    assert sha256_nbd(srv.uri) != sha256_file(img.path, pad_to=size)
+
+
+def test_readback_no_extents_reads_everything(server, mount, shm):
+    """With --no-extents block status is never trusted: even the ranges
+    the daemon skipped (--destination-is-zero: it zeroes nothing) are read
+    back."""
+    size = 32 * MiB
+    srv = server("memory", f"size={size}")
+    img = make_sparse_image(shm / "src.img", 8 * MiB,
+                            [(0, MiB), (8 * MiB - 5, 5)], seed=10)
+    m = mount(srv, "--verify-readback", "--no-extents",
+              "--destination-is-zero")
+    r = copy(["cp", "--sparse=always", img.path, m.file])
+    assert r.returncode == 0, r.stderr
+    rb = status(m)["readback"]
+    assert rb["state"] == "passed", rb
+    assert rb["zero_bytes_not_read"] == 0 and rb["bytes_read"] == size, rb
+    m.unmount()
+    assert sha256_nbd(srv.uri) == sha256_file(img.path, pad_to=size)
+
+
+def test_readback_after_a_failed_write_fails_close(liar, mount, shortdir):
+    """A read-back that cannot run is no pass: after a write the server
+    failed, the close of that writer and of every later writer fail with
+    EIO (the digest cannot vouch for the disk), the status says skipped
+    with the reason, never passed."""
+    size = 16 * MiB
+    flag = shortdir / "failwrite"
+    srv = liar(size, failwrite=flag)
+    m = mount(srv, "--verify-readback", expect_rc=1, expect_errors=True)
+    data = os.urandom(2 * MiB)
+    fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+    flag.write_text("")
+    os.write(fd, data)
+    with pytest.raises(OSError) as e:
+        os.fsync(fd)                  # the write's own error
+    assert e.value.errno == errno.EIO
+    flag.unlink()
+    with pytest.raises(OSError) as e:
+        os.close(fd)                  # the error was reported: the check
+    assert e.value.errno == errno.EIO
+    fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, data)
+    with pytest.raises(OSError) as e:
+        os.close(fd)                  # a new writer, the server fine now
+    assert e.value.errno == errno.EIO
+    rb = status(m)["readback"]
+    assert rb["state"] == "skipped", rb
+    assert "could not verify" in rb["message"], rb
+    assert "request failed" in rb["message"], rb
+    assert m.unmount(check=False) == 1
+
+
+def test_readback_not_a_forward_pass_fails_close(server, mount, shm):
+    """sha256 needs one forward pass: a writer that wrote out of order
+    cannot be verified, and its close says so (EIO) instead of passing;
+    the daemon exits 1.  The bytes still land."""
+    size = 16 * MiB
+    srv = server("memory", f"size={size}")
+    m = mount(srv, "--verify-readback", expect_rc=1, expect_errors=True)
+    a, b = os.urandom(MiB), os.urandom(MiB)
+    fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+    os.pwrite(fd, b, MiB)
+    os.pwrite(fd, a, 0)
+    with pytest.raises(OSError) as e:
+        os.close(fd)
+    assert e.value.errno == errno.EIO
+    rb = status(m)["readback"]
+    assert rb["state"] == "skipped" and "--blkhash" in rb["message"], rb
+    assert m.unmount(check=False) == 1
+    assert "could not verify" in m.stderr, m.stderr
+    assert_content(a + b, size, uri=srv.uri, what="out of order")

@@ -1,5 +1,6 @@
-"""Secrets: a TLS key file open to group or others is refused (with the
-chmod that fixes it; the path is named only when it came from the
+"""Secrets: a TLS key file open to group or others, or owned by another
+user than the daemon's (or root), is refused (with the chmod or chown
+that fixes it; the path is named only when it came from the
 option, not from the URI, whose tls-psk-file values are redacted), and while a key is loaded the daemon cannot dump
 core (a core file would carry the key).
 
@@ -8,6 +9,7 @@ unlimited in a scratch directory: without a key a core file appears (the
 control: proves this machine writes cores where the test looks), with a
 PSK loaded none does."""
 
+import os
 import resource
 import signal
 import subprocess
@@ -36,6 +38,26 @@ def test_secrets_psk_file_open_to_others_refused(server, shm, shortdir,
                              f"&tls-psk-file={keys}"])
     assert "tls-psk-file is open to group or others" in err, err
     assert "chmod 600" in err and str(keys) not in err, err
+
+
+def test_secrets_psk_file_of_another_user_refused(server, shm, shortdir):
+    """A key file another user owns is refused even at mode 0600: that
+    user can read the keys (and act as the server) or replace them.  The
+    fix is named; nothing is mounted and the disk is untouched."""
+    keys = make_psk(shortdir)
+    disk = random_file(shm / "disk.img", 16 * MiB)
+    before = disk.read_bytes()
+    srv = server("file", disk, extra=["--tls=require", f"--tls-psk={keys}"])
+    keys.chmod(0o600)
+    os.chown(keys, 65534, 65534)
+    err = refused(shortdir, "--tls=require", "--tls-psk-file", keys,
+                  "--tls-username", "alice", ["--unix", srv.sock])
+    assert "belongs to uid 65534" in err and f"chown root {keys}" in err, err
+    err = refused(shortdir, [f"nbds+unix://alice@/?socket={srv.sock}"
+                             f"&tls-psk-file={keys}"])
+    assert "tls-psk-file belongs to uid 65534" in err, err
+    assert "chown root" in err and str(keys) not in err, err
+    assert disk.read_bytes() == before
 
 
 def crash_and_look_for_core(shortdir, name, *args):

@@ -11,17 +11,30 @@
   as a shell script onto an export full of old data, find the source's
   blkhash in the status and the read-back matches; with one byte of the
   export changed behind the daemon's back the read-back says so.
+- Every line of "Migrate a raw disk" (cp, dd, rsync, qemu-img raw and
+  qcow2), the VHD chain, the VMDK and OVA block and the Verify lines, run
+  as printed (paths and the URI replaced, the build's programs on PATH)
+  onto an export full of old data, each checked on the server; the "Exit
+  status" block with `nbdferry --unmount`.
+- The README's "Using it" block from the top of the tree after the quick
+  start (programs in build/, no install).
+- `nbdferry --help` names the views, the status file, nbdferry-status and
+  --unmount; every program answers --version with the project's version.
 
 Run: /usr/bin/python3 -m pytest tests/test_user_guide.py
 """
 
 import os
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from lib.content import assert_content
 from lib.env import BUILD, MiB
 from lib.images import make_sparse_image
+from lib.mounts import is_mounted
 from lib.nbd import fill_random, write_nbd
 from lib.procs import run
 
@@ -128,3 +141,204 @@ def test_guide_blkhash_end_to_end(server, mount, shm):
         byte = f.read(1)
     write_nbd(srv.uri, bytes([byte[0] ^ 1]), 0)
     assert run(readback).returncode == 1
+
+
+# ---- the guide's migration commands, each run as printed -------------------
+
+from test_docs_examples import Runner, bindir, disk, qemu  # noqa: E402,F401
+from lib.vhd import fixture  # noqa: E402
+import shutil  # noqa: E402
+
+README = GUIDE.parent.parent / "README.md"
+def gline(pattern):
+    """The guide's command line matching pattern (on the line without its
+    indent and comment)."""
+    for line in GUIDE.read_text().splitlines():
+        cmd = line.split("  #")[0].strip()
+        if line.startswith("    ") and re.search(pattern, cmd):
+            return cmd
+    raise AssertionError(f"no line matching {pattern!r} in {GUIDE}")
+
+
+def gblock(first, last):
+    """The guide's command lines from the one matching first to the next
+    one matching last."""
+    lines = [l.split("  #")[0].strip() for l in
+             GUIDE.read_text().splitlines() if l.startswith("    ")]
+    i = next(n for n, l in enumerate(lines) if re.search(first, l))
+    j = next(n for n, l in enumerate(lines) if n >= i and re.search(last, l))
+    return lines[i:j + 1]
+
+
+RAW_LINES = [r"^cp --sparse=always disk.img", r"^dd .*conv=fsync",
+             r"^dd .*conv=sparse", r"^rsync --inplace --sparse",
+             r"^rsync -a --inplace --no-whole-file", r"^truncate -s .*qemu-img"]
+
+
+@pytest.fixture
+def runner(bindir, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = Runner(bindir, work)
+    yield r
+    r.cleanup()
+
+
+@pytest.mark.parametrize("pattern", RAW_LINES)
+def test_guide_raw_migration_lines(server, mount, runner, pattern):
+    """Each line of "Migrate a raw disk", onto an export full of old data:
+    the source then zeros, on the server."""
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    img = disk(runner.work / "disk.img")
+    runner.sub("/mnt/disk", m.mp)
+    runner([gline(pattern)])
+    assert_content(img, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=os.path.getsize(img), what=pattern)
+
+
+def test_guide_qcow2_line_on_a_dirty_disk(server, mount, runner):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    img = disk(runner.work / "disk.img")
+    qemu(img, runner.work / "vm.qcow2", "qcow2")
+    runner.sub("/mnt/disk", m.mp)
+    runner([gline(r"^qemu-img convert -f qcow2")])
+    r = runner(["qemu-img compare -f qcow2 -F raw vm.qcow2 /mnt/disk/nbd"])
+    assert "Images are identical" in r.stdout
+    assert_content(img, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=os.path.getsize(img), what="guide qcow2 line")
+
+
+def test_guide_vhd_chain(server, mount, runner):
+    srv = server("memory", f"size={96 * MiB}")
+    fill_random(srv.uri, 96 * MiB)
+    m = mount(srv)
+    w = runner.work
+    shutil.copy(fixture("tap-dyn-64m.vhd", w), w / "base.vhd")
+    shutil.copy(fixture("tap-diff-64m.vhd", w), w / "snap1.vhd")
+    runner.sub("/mnt/disk", m.mp)
+    runner(gblock(r"^cp base.vhd", r"^cp snap1.vhd"))
+    want = fixture("tap-diff-64m.raw", w)
+    assert_content(want, 96 * MiB, mount_file=m.file, uri=srv.uri,
+                   mount_size=64 * MiB, what="the guide's VHD chain")
+    # ... and the guide's verify line for it
+    runner.sub("'nbd+unix:///?socket=/tmp/nbd.sock'", srv.uri)
+    r = runner(["nbdferry-verify --zero-tail snap1.vhd "
+                "'nbd+unix:///?socket=/tmp/nbd.sock'"])
+    assert "result       MATCH" in r.stdout, r.stdout
+
+
+def test_guide_vmdk_and_ova(server, mount, runner):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    w = runner.work
+    first = disk(w / "first.img", seed=3)
+    qemu(first, w / "vm-disk1.vmdk", "vmdk", "subformat=streamOptimized")
+    run(["tar", "-cf", str(w / "vm.ova"), "-C", str(w), "vm-disk1.vmdk"],
+        check=True)
+    img = disk(w / "disk.img", seed=4)
+    qemu(img, w / "disk.vmdk", "vmdk", "subformat=monolithicSparse")
+    runner.sub("/mnt/disk", m.mp)
+    block = gblock(r"^tar -tf vm.ova", r"^nbdferry-vmdk check")
+    runner(block[:2])                  # tar -tf, tar -xOf into the view
+    assert_content(first, EXPORT, uri=srv.uri, what="the OVA's disk")
+    r = runner(block[2:])              # cp disk.vmdk, nbdferry-vmdk check
+    assert "ok: monolithicSparse" in r.stdout, r.stdout
+    assert_content(img, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=SIZE_OF(img), what="cp disk.vmdk")
+    runner.sub("'nbd+unix:///?socket=/tmp/nbd.sock'", srv.uri)
+    r = runner([gline(r"^nbdferry-verify --zero-tail disk.vmdk")])
+    assert "result       MATCH" in r.stdout, r.stdout
+
+
+def SIZE_OF(p):
+    return os.path.getsize(p)
+
+
+def test_guide_verify_lines(server, mount, runner):
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    img = disk(runner.work / "disk.img")
+    run(["cp", "--sparse=always", str(img), str(m.file)], check=True)
+    runner.sub("'nbd+unix:///?socket=/tmp/nbd.sock'", srv.uri)
+    runner.sub("/mnt/disk", m.mp)
+    for pattern in (r"^nbdferry-verify --zero-tail disk.img 'nbd",
+                    r"^nbdferry-verify disk.img /mnt/disk/nbd"):
+        r = runner([gline(pattern)])
+        assert "result       MATCH" in r.stdout, (pattern, r.stdout)
+
+
+def test_guide_unmount_and_exit_status_block(server, runner, shortdir):
+    """"Exit status": mount, copy, nbdferry --unmount && echo."""
+    srv = server("memory", f"size={EXPORT}")
+    mp = shortdir / "disk"
+    mp.mkdir()
+    runner.mps.append(mp)
+    img = disk(runner.work / "disk.img")
+    runner.sub("/mnt/disk", mp)
+    runner.sub("'nbd+unix:///?socket=/tmp/nbd.sock'", srv.uri)
+    block = gblock(r"^nbdferry --unmount /mnt/disk &&", r".")
+    lines = [l.split("  #")[0].strip() for l in
+             GUIDE.read_text().splitlines() if l.startswith("    ")]
+    j = lines.index(block[0])
+    block = lines[j - 2:j + 1]
+    assert block[0].startswith("nbdferry /mnt/disk 'nbd+unix"), block
+    assert block[1].startswith("cp "), block
+    r = runner(block)
+    assert "all acknowledged and flushed" in r.stdout, r.stdout
+    assert_content(img, EXPORT, uri=srv.uri, what="the guide's --unmount")
+
+
+def test_readme_using_it_after_the_quick_start(server, tmp_path, shortdir):
+    """The README's "Using it" block, from the top of the tree, with the
+    build tree the quick start leaves (build/): no install needed."""
+    text = README.read_text()
+    sec = text.split("## Using it", 1)[1]
+    block = sec.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    lines = [l.split("  #")[0].strip() for l in block]
+    assert lines[0].startswith("export PATH=") and "build/fs" in lines[0]
+    srv = server("memory", f"size={EXPORT}")
+    mp = shortdir / "MNT"
+    mp.mkdir()
+    img = disk(tmp_path / "disk.img")
+    script = "set -e\n" + "\n".join(
+        l.replace("$PWD/build", str(BUILD)).replace("MNT", str(mp))
+         .replace("nbd+unix:///?socket=/run/nbd.sock", srv.uri)
+         .replace("disk.img", str(img)) for l in lines)
+    env = dict(os.environ, PATH="/usr/bin:/bin:/usr/sbin:/sbin")
+    try:
+        r = subprocess.run(["bash", "-c", script], cwd=GUIDE.parent.parent,
+                           env=env, stdin=subprocess.DEVNULL,
+                           stdout=open(tmp_path / "out", "w"),
+                           stderr=open(tmp_path / "err", "w"), timeout=120)
+    finally:
+        if is_mounted(mp):
+            run(["fusermount3", "-u", "-z", str(mp)])
+    out = (tmp_path / "out").read_text()
+    assert r.returncode == 0, (script, out, (tmp_path / "err").read_text())
+    assert "nbd: ok:" in out and "progress" in out, out
+    assert_content(img, EXPORT, uri=srv.uri, what="README Using it")
+
+
+# ---- --help and --version ------------------------------------------------------
+
+def test_help_names_the_views_the_status_and_nbdferry_status(bindir):
+    out = run([str(bindir / "nbdferry"), "--help"], check=True).stdout
+    for word in ("FILENAME.vhd", "FILENAME.vmdk", ".nbdferry-status",
+                 "nbdferry-status", "--unmount"):
+        assert word in out, word
+
+
+def test_every_program_answers_version(bindir):
+    version = re.search(r"project\(nbdferry VERSION ([0-9.]+)",
+                        (GUIDE.parent.parent / "CMakeLists.txt").read_text()
+                        ).group(1)
+    for name in ("nbdferry", "nbdferry-verify", "nbdferry-vhd",
+                 "nbdferry-vmdk", "nbdferry-status"):
+        r = run([str(bindir / name), "--version"])
+        assert r.returncode == 0, (name, r.stderr)
+        assert r.stdout.startswith(f"{name} {version}"), (name, r.stdout)

@@ -430,6 +430,25 @@ def test_verify_zero_tail_rejects_data_in_the_tail(tmp_path, kits, two_sizes):
     assert re.search(rf"^tail\s+not zero: destination byte {tail_off} ", p.stdout, re.M)
 
 
+def test_verify_zero_tail_stop_leaves_the_server_alive(tmp_path, kits,
+                                                      two_sizes):
+    """A non-zero tail stops the run with reads still in flight (a tail of
+    data, slow reads): the verifier reads their replies before closing, so
+    Debian's nbdkit 1.32 (which aborts when a client closes while read
+    replies are being sent) still serves afterwards."""
+    t = two_sizes
+    dst = tmp_path / "dst.img"
+    dst.write_bytes(t.data + os.urandom(64 * MiB))
+    kit = kits.start("file", dst, "rdelay=20ms", filters=["delay"])
+    rc, rep = verify_json("--zero-tail", t.src, kit.uri)
+    assert rc == 1
+    assert rep["tail_nonzero_offset"] == len(t.data)
+    time.sleep(1)                          # replies sent after the close
+    assert kit.proc.poll() is None, kit.proc.stderr.read().decode()
+    rc, rep = verify_json("--size", str(len(t.data)), t.src, kit.uri)
+    assert rc == 0, rep                    # still serving, same bytes
+
+
 def test_verify_zero_tail_rejects_smaller_destination(tmp_path, kits, two_sizes):
     t = two_sizes
     small = kits.start("memory", f"size={MiB}")

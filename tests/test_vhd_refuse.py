@@ -190,3 +190,12 @@ def test_vhd_larger_than_export_refused_before_bat(server, mount, shm):
     assert sha256_nbd(srv.uri) == before
     errs = vhd_errors(m)
     assert len(errs) == 1 and "larger than the export" in errs[0], m.stderr
+    # At its first sector: the write of the footer copy itself fails,
+    # before the BAT (4 MiB in the file, 1M entries) is read or held.
+    fd = os.open(m.mp / "nbd.vhd", os.O_WRONLY | os.O_TRUNC)
+    try:
+        assert oserror_errno(os.write, fd, vhd.read_bytes()[:512]) == \
+            errno.ENOSPC, "the first sector of a VHD too large was taken"
+    finally:
+        oserror_errno(os.close, fd)       # close reports it again
+    assert sha256_nbd(srv.uri) == before

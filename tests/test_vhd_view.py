@@ -325,8 +325,13 @@ def test_qemu_blocks_out_of_order(server, mount, shm):
 
 def export_checks(m, srv, shm, export):
     """cp MNT/nbd.vhd out; check it with qemu-img and the inspector against
-    the disk read from the server.  Returns (out.vhd, disk bytes)."""
-    disk = read_nbd(srv.uri)
+    the disk read from the server, up to the raw file's size (the size the
+    views export; past it the export reads as zero).  Returns (out.vhd,
+    disk bytes up to that size)."""
+    whole = read_nbd(srv.uri)
+    export = os.stat(m.file).st_size
+    disk = whole[:export]
+    assert whole[export:] == bytes(len(whole) - export)
     raw = shm / "disk.raw"
     raw.write_bytes(disk)
     out = shm / "out.vhd"
@@ -339,7 +344,7 @@ def export_checks(m, srv, shm, export):
     fields = vhd_tool_info(out)
     assert fields["kind"] == "dynamic"
     assert fields["current size"] == str(cur)
-    assert fields["creator"].startswith('"nbdf"')
+    assert fields["creator"].startswith('"win "')
     vhd_tool("check", out)
     cat = shm / "cat.raw"
     vhd_tool("cat", out, "-o", cat)
@@ -350,15 +355,15 @@ def export_checks(m, srv, shm, export):
     assert set(nonzero_blocks(disk)) <= allocated
     # our own reader agrees
     v = VhdFile(out.read_bytes())
-    assert v.size == cur and v.creator == b"nbdf"
+    assert v.size == cur and v.creator == b"win "
     if HAVE_QEMU:
         info = json.loads(qemu_img("info", "--output=json", out).stdout)
         assert info["format"] == "vpc"
         assert qemu_size(vpc_spec(out)) == cur
         r = qemu_img("compare", "-f", "raw", raw, vpc_spec(out), check=False)
         assert r.returncode == 0 and "identical" in r.stdout, (r.stdout, r.stderr)
-        # without force_size_calc qemu reads the CHS size: never more
-        assert qemu_size(vpc_spec(out, force_current=False)) <= cur
+        # without options too (the creator "win ": current_size)
+        assert qemu_size(vpc_spec(out, force_current=False)) == cur
     raw.unlink()
     return out, disk
 
@@ -377,7 +382,8 @@ def test_export_after_landing_and_round_trip(server, mount, shm, name):
     srv2, _ = random_export(server, export)
     m2 = mount(srv2)
     land(m2, out, "cp-sparse-always")
-    assert sha256_nbd(srv2.uri) == hashlib.sha256(disk).hexdigest()
+    assert sha256_nbd(srv2.uri) == hashlib.sha256(
+        disk + bytes(export - len(disk))).hexdigest()
     assert sha256_nbd(srv2.uri, VIRTUAL[name]) == SHA[f"{name}.raw"]
 
 

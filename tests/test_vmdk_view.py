@@ -430,9 +430,13 @@ def test_second_writer_refused_while_ingesting(victim, fx):
 # ---- export: reading nbd.vmdk --------------------------------------------
 
 def export_checks(m, srv, tmp_path, export):
-    """cp MNT/nbd.vmdk out; qemu-img and vmdkinfo read it as the disk.
-    Returns (out.vmdk, disk bytes)."""
-    disk = read_nbd(srv.uri)
+    """cp MNT/nbd.vmdk out; qemu-img and vmdkinfo read it as the disk up
+    to the raw file's size (the size the views export; past it the export
+    reads as zero).  Returns (out.vmdk, disk bytes up to that size)."""
+    whole = read_nbd(srv.uri)
+    export = os.stat(m.file).st_size
+    disk = whole[:export]
+    assert whole[export:] == bytes(len(whole) - export)
     out = tmp_path / "out.vmdk"
     r = run(["cp", m.mp / "nbd.vmdk", out])
     assert r.returncode == 0, r.stderr
@@ -467,7 +471,8 @@ def test_export_after_landing_and_round_trip(server, mount, fx, tmp_path):
     srv2, _ = random_export(server, export)
     m2 = mount(srv2)
     land(m2, out, "pipe")
-    assert sha256_nbd(srv2.uri) == hashlib.sha256(disk).hexdigest()
+    assert sha256_nbd(srv2.uri) == hashlib.sha256(
+        disk + bytes(export - len(disk))).hexdigest()
     assert sha256_nbd(srv2.uri, RAW_SIZE) == sha256_file(raw)
 
 

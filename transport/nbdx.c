@@ -18,6 +18,10 @@
  *
  * Lock order: callers' locks (pool->lock) may be held across
  * nbdx_submit(); conn->lock is a leaf and is never held while calling out.
+ * nbdx_heal() runs on the caller's thread with no lock of the caller's
+ * held: it takes x->heal_lock (one try at a time), makes its own probe
+ * handle, and hands the result to the I/O threads through x->lost and a
+ * kick; x->health_lock is a leaf protecting the reason string.
  *
  * NOTHING WAITS FOREVER
  * A server that stops answering (paused process, partitioned network, no
@@ -25,9 +29,11 @@
  * - handshakes (first connect and reconnects) are driven with a deadline
  *   of --request-timeout (and never past the retry deadline);
  * - a connection with requests outstanding and no traffic on its socket
- *   for --request-timeout is aborted as if the server had dropped it
- *   (abort_conn), so its requests wait for a reconnection like those of a
- *   connection that died, for up to --retry-timeout, then fail;
+ *   for --request-timeout is stalled: it takes no new requests and the
+ *   server has --retry-timeout more to answer or to drop it (then the
+ *   reconnect path); still silent, it is given up on (retire_conn: its
+ *   socket stays open, never closed under a server that may answer) and
+ *   its requests fail;
  * - on TCP, keepalive probes and TCP_USER_TIMEOUT let the kernel notice a
  *   partition even on an idle connection.
  */
@@ -36,11 +42,13 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <libnbd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -56,10 +64,24 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/signals.h"
+
+/* Sockets of handles given up on that a connection keeps open at once;
+ * past that the oldest is closed. */
+#define NBDX_PARKED_MAX 8
+
+/* What a reconnection must find again: a server that comes back
+ * read-only, without multi-conn or flush, with other block sizes or
+ * another size is another server (or another disk), not ours back. */
+struct nbdx_first {
+    uint64_t size;
+    bool readonly, can_multi_conn, can_flush, can_fua;
+    uint32_t block_min, block_pref, block_max;
+};
 
 struct nbdx_conn {
     struct nbdx *x;
@@ -83,9 +105,22 @@ struct nbdx_conn {
                                            * more, drop the connection
                                            * once the replies are in */
 
-    uint64_t progress_ns;                 /* I/O thread only: last time
-                                           * the socket moved bytes, or
-                                           * the connection became busy */
+    atomic_uint_fast64_t progress_ns;     /* last time the socket moved
+                                           * bytes, or the connection
+                                           * became busy (written by the
+                                           * I/O thread and nbdx_submit,
+                                           * read by the status) */
+    bool stalled;                         /* I/O thread only: silent past
+                                           * --request-timeout; new ops
+                                           * wait in retry_*, the ops at
+                                           * the server are not resent */
+    struct nbdx_op *wire;                 /* I/O thread only: ops libnbd
+                                           * holds (and their buffers) */
+    int parked[NBDX_PARKED_MAX];          /* I/O thread only: sockets of */
+    unsigned nparked;                     /* handles given up on, read and
+                                           * discarded until the server
+                                           * closes them */
+    atomic_uint_fast64_t parked_rx_ns;    /* last byte read from one */
 
     /* Reconnection (I/O thread only).  Ops that failed because the
      * connection died wait in retry_* and are sent again, in the same
@@ -95,10 +130,12 @@ struct nbdx_conn {
      * again, so a server that accepts connections but fails every
      * request with ESHUTDOWN still meets the retry deadline. */
     struct nbdx_op *retry_head, *retry_tail;
-    uint64_t outage_ns;                   /* 0: no outage */
+    atomic_uint_fast64_t outage_ns;       /* 0: no outage (read by the
+                                           * status) */
     uint64_t next_try_ns;                 /* backoff: no connect before */
     unsigned attempts;                    /* connects in this outage */
     bool gave_up;                         /* past the deadline: fail all */
+    char refused[160];                    /* why a reconnection was refused */
 };
 
 struct nbdx {
@@ -108,8 +145,19 @@ struct nbdx {
     struct nbdx_conn *conns;
     atomic_uint next;                     /* round-robin tie breaker */
     atomic_uint_fast64_t ops[NBDX_NKINDS], bytes[NBDX_NKINDS], errors;
+    atomic_uint_fast64_t reconnects;      /* nbdx_reconnects() */
     atomic_bool lost;                     /* a connection gave up on the
-                                           * server: all of them fail now */
+                                           * server: all of them fail now,
+                                           * until nbdx_heal() */
+    struct nbdx_first first;              /* the first connection's view
+                                           * of the server: a reconnect
+                                           * must see the same */
+    pthread_mutex_t heal_lock;            /* one nbdx_heal() try at a time */
+    atomic_uint heal_tries;               /* tries so far */
+    pthread_mutex_t health_lock;          /* a leaf: protects why */
+    char why[200];
+    atomic_llong lost_at, healed_at;      /* CLOCK_REALTIME seconds */
+    atomic_uint losses, heals;
     char *ca_dir;                         /* private: ca-cert.pem -> the
                                            * system CA bundle; or NULL */
     int dumpable;                         /* before a key was loaded; -1:
@@ -429,16 +477,44 @@ static int x509_policy(struct nbdx *x, int tls)
     return 0;
 }
 
-/* A key file must be the owner's alone, as ssh insists for its keys.
- * from_uri: the path came from the URI, whose tls-psk-file value every
- * message redacts, so this one does not name it either.  A file that
- * cannot be stat'ed is left to libnbd's connect to report. */
+/* A key file another user owns: they can read the keys (and so act as
+ * the server) or replace them whatever its mode.  -EPERM, logged. */
+static int psk_owner(const char *file, const struct stat *st, bool from_uri)
+{
+    uid_t me = geteuid();
+
+    if (st->st_uid == me || st->st_uid == 0)
+        return 0;
+    struct passwd *pw = getpwuid(me);
+    char name[64];
+    if (pw)
+        snprintf(name, sizeof name, "%s", pw->pw_name);
+    else
+        snprintf(name, sizeof name, "%u", (unsigned) me);
+    if (from_uri)
+        log_err("the URI's tls-psk-file belongs to uid %u, not to this "
+                "user or root (that user can read and replace the keys): "
+                "run chown %s on it", (unsigned) st->st_uid, name);
+    else
+        log_err("TLS key file %s belongs to uid %u, not to this user or "
+                "root (that user can read and replace the keys): run "
+                "chown %s %s", file, (unsigned) st->st_uid, name, file);
+    return -EPERM;
+}
+
+/* A key file must be the owner's alone, as ssh insists for its keys, and
+ * owned by the daemon's user or root.  from_uri: the path came from the
+ * URI, whose tls-psk-file value every message redacts, so this one does
+ * not name it either.  A file that cannot be stat'ed is left to libnbd's
+ * connect to report. */
 static int psk_policy(const char *file, bool from_uri)
 {
     struct stat st;
 
     if (stat(file, &st) == -1)
         return 0;
+    if (psk_owner(file, &st, from_uri) < 0)
+        return -EPERM;
     if (st.st_mode & (S_IRWXG | S_IRWXO)) {
         if (from_uri)
             log_err("the URI's tls-psk-file is open to group or others "
@@ -606,6 +682,58 @@ static int conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
     return 0;
 }
 
+static void read_first(struct nbd_handle *h, struct nbdx_first *f)
+{
+    int64_t v;
+
+    f->size = (uint64_t) nbd_get_size(h);
+    f->readonly = nbd_is_read_only(h) == 1;
+    f->can_multi_conn = nbd_can_multi_conn(h) == 1;
+    f->can_flush = nbd_can_flush(h) == 1;
+    f->can_fua = nbd_can_fua(h) == 1;
+    v = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
+    f->block_min = v > 0 ? (uint32_t) v : 0;
+    v = nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
+    f->block_pref = v > 0 ? (uint32_t) v : 0;
+    v = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+    f->block_max = v > 0 ? (uint32_t) v : 0;
+}
+
+/* Does the server behind h differ from the one first connected to?  If
+ * so, why says how (for the log). */
+static bool server_changed(const struct nbdx *x, struct nbd_handle *h,
+                           char *why, size_t len)
+{
+    const struct nbdx_first *a = &x->first;
+    struct nbdx_first b;
+
+    read_first(h, &b);
+    if (b.size != a->size)
+        snprintf(why, len, "the export's size is now %" PRIu64 " bytes, "
+                 "not %" PRIu64, b.size, a->size);
+    else if (b.readonly != a->readonly)
+        snprintf(why, len, "the export is now %s",
+                 b.readonly ? "read-only" : "writable");
+    else if (b.can_multi_conn != a->can_multi_conn)
+        snprintf(why, len, "the server %s multi-conn now",
+                 b.can_multi_conn ? "offers" : "no longer offers");
+    else if (b.can_flush != a->can_flush)
+        snprintf(why, len, "the server %s flush now",
+                 b.can_flush ? "offers" : "no longer offers");
+    else if (b.can_fua != a->can_fua)
+        snprintf(why, len, "the server %s FUA now",
+                 b.can_fua ? "offers" : "no longer offers");
+    else if (b.block_min != a->block_min || b.block_pref != a->block_pref ||
+             b.block_max != a->block_max)
+        snprintf(why, len, "the block sizes (minimum, preferred, maximum) "
+                 "are now %" PRIu32 "/%" PRIu32 "/%" PRIu32 ", not %" PRIu32
+                 "/%" PRIu32 "/%" PRIu32, b.block_min, b.block_pref,
+                 b.block_max, a->block_min, a->block_pref, a->block_max);
+    else
+        return false;
+    return true;
+}
+
 static void read_info(struct nbdx *x, struct nbd_handle *h,
                       const struct nbdx_config *cfg)
 {
@@ -627,6 +755,7 @@ static void read_info(struct nbdx *x, struct nbd_handle *h,
     v = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
     i->block_max = v > 0 ? (uint32_t) v : 0;
     i->tcp = tune_socket(nbd_aio_get_fd(h), cfg);
+    read_first(h, &x->first);
 }
 
 /* ---- the I/O thread -------------------------------------------------- */
@@ -637,12 +766,39 @@ static void push_done(struct nbdx_conn *c, struct nbdx_op *op)
     QUEUE_APPEND(c->done_head, c->done_tail, op);
 }
 
+/* The ops libnbd holds, so that a handle given up on can hand them back
+ * (retire_conn). */
+static void wire_add(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    op->on_wire = true;
+    op->wprev = NULL;
+    op->wnext = c->wire;
+    if (c->wire)
+        c->wire->wprev = op;
+    c->wire = op;
+}
+
+static void wire_remove(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    if (!op->on_wire)
+        return;
+    op->on_wire = false;
+    if (op->wprev)
+        op->wprev->wnext = op->wnext;
+    else
+        c->wire = op->wnext;
+    if (op->wnext)
+        op->wnext->wprev = op->wprev;
+    op->wprev = op->wnext = NULL;
+}
+
 /* libnbd completion callback: runs inside libnbd, records only. */
 static int op_completed(void *user_data, int *error)
 {
     struct nbdx_op *op = user_data;
 
     op->err = *error;
+    wire_remove(op->conn, op);
     push_done(op->conn, op);
     return 1;                             /* retire the command */
 }
@@ -687,11 +843,17 @@ static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)
     return -1;
 }
 
+static void push_retry(struct nbdx_conn *c, struct nbdx_op *op);
+
 static void issue(struct nbdx_conn *c, struct nbdx_op *op)
 {
     op->conn = c;
     op->completed = false;
     op->err = 0;
+    if (c->stalled && !c->dead) {
+        push_retry(c, op);                /* sent once the server answers */
+        return;
+    }
     if (c->dead || c->closing) {
         op->err = ENOTCONN;               /* run_done() may queue a retry */
         push_done(c, op);
@@ -700,8 +862,10 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     /* The request timeout runs from the moment the connection has
      * something outstanding. */
     if (nbd_aio_in_flight(c->h) <= 0)
-        c->progress_ns = mono_now_ns();
+        atomic_store(&c->progress_ns, mono_now_ns());
+    wire_add(c, op);
     if (start_op(c, op) == -1 && !op->completed) {
+        wire_remove(c, op);
         int err = nbd_get_errno();
         log_err("nbd %s %" PRIu64 "@%" PRIu64 ": %s", kind_name[op->kind],
                 op->len, op->off, nbd_get_error());
@@ -710,14 +874,23 @@ static void issue(struct nbdx_conn *c, struct nbdx_op *op)
     }
 }
 
+/* The modes that know where the server is: the others were handed one
+ * connection (--fd) or started a server of their own. */
+static bool mode_reconnects(const struct nbdx_config *cfg)
+{
+    return cfg->mode == NBDX_URI || cfg->mode == NBDX_UNIX ||
+           cfg->mode == NBDX_TCP;
+}
+
 static bool can_reconnect(const struct nbdx_conn *c)
 {
     const struct nbdx_config *cfg = &c->x->cfg;
     return cfg->retry_timeout_s > 0 && !c->gave_up &&
-           !atomic_load(&c->x->lost) &&
-           (cfg->mode == NBDX_URI || cfg->mode == NBDX_UNIX ||
-            cfg->mode == NBDX_TCP);
+           !atomic_load(&c->x->lost) && mode_reconnects(cfg);
 }
+
+static void note_lost(struct nbdx *x, const char *why);
+static void kick(struct nbdx_conn *c);
 
 static bool connection_error(int err)
 {
@@ -735,21 +908,28 @@ static void check_dead(struct nbdx_conn *c)
     if (c->dead || !(nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))
         return;
     c->dead = true;
+    c->stalled = false;                   /* the ops come back: resent */
     atomic_store(&c->fd, -1);
     const char *why = nbd_get_error() ? nbd_get_error() : "closed";
     if (can_reconnect(c)) {
         log_warn("connection %u to the server was lost (%s): reconnecting "
                  "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
-        if (!c->outage_ns)
-            c->outage_ns = mono_now_ns();
+        if (!atomic_load(&c->outage_ns))
+            atomic_store(&c->outage_ns, mono_now_ns());
     } else if (atomic_load(&c->x->lost) || c->gave_up)
         log_info("connection %u closed: the server was given up on",
                  c->index);
-    else
+    else {
+        bool healable = mode_reconnects(&c->x->cfg);
         log_err("connection %u to the server was lost: %s%s", c->index, why,
-                c->x->cfg.retry_timeout_s == 0 ? ""
+                healable ? ""
                 : "; this mode (command, socket activation, --fd) cannot "
-                  "reconnect");
+                  "reconnect: unmount and mount again");
+        /* No resending (--retry-timeout 0, or a mode that cannot): the
+         * server is given up on at once (conn_thread), and the next open
+         * or write tries it again where the mode can. */
+        note_lost(c->x, why);
+    }
 }
 
 /* Fail every request on the connection as if the server had dropped it:
@@ -779,6 +959,114 @@ static void abort_conn(struct nbdx_conn *c)
         /* Not seen in practice; do not spin on it. */
         log_err("connection %u: could not abort the connection", c->index);
         c->progress_ns = mono_now_ns();
+    }
+}
+
+/* ---- retiring a connection without provoking the server ------------- */
+
+/* Keep fd open, read and discarded, until the server closes it. */
+static void park_socket(struct nbdx_conn *c, int fd)
+{
+    if (c->nparked == NBDX_PARKED_MAX) {
+        log_info("connection %u: closing the oldest socket given up on",
+                 c->index);
+        close(c->parked[0]);
+        memmove(c->parked, c->parked + 1,
+                (NBDX_PARKED_MAX - 1) * sizeof c->parked[0]);
+        c->nparked--;
+    }
+    c->parked[c->nparked++] = fd;
+}
+
+/* Read whatever the server still sends on parked socket i; close it once
+ * the server has closed its end.  Returns true if it was closed. */
+static bool drain_parked(struct nbdx_conn *c, unsigned i)
+{
+    char buf[16384];
+
+    for (;;) {
+        ssize_t n = recv(c->parked[i], buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) {
+            atomic_store(&c->parked_rx_ns, mono_now_ns());
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return false;
+        log_info("connection %u: the server closed a socket given up on",
+                 c->index);
+        close(c->parked[i]);
+        c->parked[i] = c->parked[--c->nparked];
+        return true;
+    }
+}
+
+/* Give up on a live connection without provoking the server.  nbdkit
+ * 1.32 aborts (connections.c, raw_send_socket: assertion 'sock >= 0')
+ * when a reply cannot be sent while another worker still sends one: a
+ * client that closes or shuts down its socket with requests outstanding
+ * kills a paused server the moment it resumes, and with it every other
+ * client and a memory disk.  So the socket stays open (a duplicate is
+ * parked and drained, until the server closes it or nbdx_close()), and
+ * only the libnbd handle is closed: libnbd forgets its commands, so the
+ * ops' buffers are ours again, and the ops fail with ENOTCONN (they may
+ * still be carried out if the server resumes; docs/design.md).  A
+ * request half sent stays half sent: the server waits for its rest and
+ * answers the others.  Modes where libnbd owns a server process (it
+ * waits for it in nbd_close, and a paused one never exits) and
+ * connections with nothing outstanding are aborted instead: then no
+ * reply is pending. */
+static void retire_conn(struct nbdx_conn *c)
+{
+    const struct nbdx_config *cfg = &c->x->cfg;
+    int fd = nbd_aio_get_fd(c->h), keep = -1;
+
+    if (nbd_aio_in_flight(c->h) > 0 && fd >= 0 &&
+        cfg->mode != NBDX_COMMAND && cfg->mode != NBDX_SOCKET_ACTIVATION)
+        keep = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (keep < 0) {
+        abort_conn(c);
+        return;
+    }
+    log_info("connection %u: given up on with %d request(s) at the server; "
+             "its socket stays open until the server closes it", c->index,
+             nbd_aio_in_flight(c->h));
+    /* The kernel must not reset it either: a paused server's kernel
+     * stops taking our bytes, and TCP_USER_TIMEOUT would then drop the
+     * connection under it. */
+    if (c->x->info.tcp && cfg->request_timeout_s)
+        set_int_opt(keep, IPPROTO_TCP, TCP_USER_TIMEOUT, 0,
+                    "TCP_USER_TIMEOUT");
+    park_socket(c, keep);
+    while (c->wire) {
+        struct nbdx_op *op = c->wire;
+        wire_remove(c, op);
+        op->err = ENOTCONN;
+        push_done(c, op);
+    }
+    nbd_close(c->h);                      /* closes only its descriptor */
+    c->h = NULL;
+    c->dead = true;
+    c->closing = false;
+    atomic_store(&c->fd, -1);
+}
+
+/* The server answered a connection that was silent past the request
+ * timeout: send what waited. */
+static void unstall(struct nbdx_conn *c)
+{
+    uint64_t since = atomic_load(&c->outage_ns);
+
+    log_warn("connection %u: the server answers again after %.1f s without "
+             "a reply", c->index,
+             since ? (double) (mono_now_ns() - since) / 1e9 +
+                     c->x->cfg.request_timeout_s : 0.0);
+    c->stalled = false;
+    struct nbdx_op *op = c->retry_head;
+    c->retry_head = c->retry_tail = NULL;
+    while (op) {
+        struct nbdx_op *next = op->next;
+        issue(c, op);
+        op = next;
     }
 }
 
@@ -813,7 +1101,9 @@ static void run_done(struct nbdx_conn *c)
             continue;
         }
         if (!op->err && !c->dead) {
-            c->outage_ns = 0;             /* the server works again */
+            if (c->stalled)
+                unstall(c);
+            atomic_store(&c->outage_ns, 0);   /* the server works again */
             c->attempts = 0;
             c->next_try_ns = 0;
         }
@@ -845,23 +1135,49 @@ static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
 
 static void kick(struct nbdx_conn *c);
 
-/* Fail every op waiting for a reconnection, and tell the other
- * connections: one server, so when one connection cannot reach it within
- * the deadline, the others fail at once too instead of each running its
- * own timeout and deadline, one after the other. */
-static void give_up(struct nbdx_conn *c)
+static void wall_clock(time_t t, char *buf, size_t len)
 {
-    struct nbdx_op *op = c->retry_head;
+    struct tm tm;
+    if (!t || !localtime_r(&t, &tm) ||
+        !strftime(buf, len, "%Y-%m-%d %H:%M:%S %Z", &tm))
+        snprintf(buf, len, "never");
+}
 
-    if (!atomic_load(&c->x->lost))
-        log_err("connection %u: could not reconnect within %u s; failing "
-                "the requests that were not acknowledged", c->index,
-                c->x->cfg.retry_timeout_s);
+/* The first connection to give up latches the loss for all, with the
+ * time and the reason for the status, and wakes the others. */
+static void note_lost(struct nbdx *x, const char *why)
+{
+    if (atomic_exchange(&x->lost, true))
+        return;
+    atomic_store(&x->lost_at, (long long) time(NULL));
+    atomic_fetch_add(&x->losses, 1);
+    pthread_mutex_lock(&x->health_lock);
+    snprintf(x->why, sizeof x->why, "%s", why);
+    pthread_mutex_unlock(&x->health_lock);
+    for (unsigned i = 0; i < x->nconns; i++)
+        kick(&x->conns[i]);
+}
+
+/* Fail every op waiting for a reconnection (or held back while the
+ * server was silent), retire the connection if it is still up, and tell
+ * the other connections: one server, so when one connection cannot reach
+ * it within the deadline, the others fail at once too instead of each
+ * running its own timeout and deadline, one after the other.  why: the
+ * reason, logged (NULL: another connection gave up first). */
+static void give_up(struct nbdx_conn *c, const char *why)
+{
+    if (why && !atomic_load(&c->x->lost))
+        log_err("connection %u: %s; failing the requests that were not "
+                "acknowledged%s", c->index, why,
+                mode_reconnects(&c->x->cfg) ? ""
+                : "; this mount cannot reconnect (--command, --fd or "
+                  "socket activation): unmount and mount again");
     c->gave_up = true;
-    if (!atomic_exchange(&c->x->lost, true))
-        for (unsigned i = 0; i < c->x->nconns; i++)
-            if (&c->x->conns[i] != c)
-                kick(&c->x->conns[i]);
+    c->stalled = false;
+    note_lost(c->x, why ? why : "the server was given up on");
+    if (!c->dead)
+        retire_conn(c);                   /* fail what is on the wire */
+    struct nbdx_op *op = c->retry_head;
     c->retry_head = c->retry_tail = NULL;
     while (op) {
         struct nbdx_op *next = op->next;
@@ -870,6 +1186,18 @@ static void give_up(struct nbdx_conn *c)
         push_done(c, op);
         op = next;
     }
+}
+
+/* After nbdx_heal(): the server answers again.  The connection stays
+ * dead until its next op, which takes the reconnect path with a fresh
+ * outage. */
+static void revive(struct nbdx_conn *c)
+{
+    c->gave_up = false;
+    c->stalled = false;
+    atomic_store(&c->outage_ns, 0);
+    c->attempts = 0;
+    c->next_try_ns = 0;
 }
 
 /* Try once to replace the dead handle, spending at most timeout_ms on
@@ -885,19 +1213,25 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
         c->h = old;
         return false;
     }
-    if ((uint64_t) nbd_get_size(c->h) != c->x->info.size) {
-        log_err("connection %u: the export changed size after reconnecting",
-                c->index);
+    char why[160];
+    if (server_changed(c->x, c->h, why, sizeof why)) {
+        log_err("connection %u: refusing the server after reconnecting: %s",
+                c->index, why);
         nbd_close(c->h);
         c->h = old;
         c->gave_up = true;
+        snprintf(c->refused, sizeof c->refused, "%s", why);
         return false;
     }
     tune_socket(nbd_aio_get_fd(c->h), &c->x->cfg);
     atomic_store(&c->fd, nbd_aio_get_fd(c->h));
-    nbd_close(old);
+    if (old)
+        nbd_close(old);
     c->dead = false;
     c->closing = false;
+    /* Before the resends: a reply counted after this comes from the new
+     * server (the pool's damage accounting relies on it). */
+    atomic_fetch_add(&c->x->reconnects, 1);
     log_warn("connection %u: reconnected after %u attempt(s); resending "
              "the unacknowledged requests", c->index, c->attempts);
     struct nbdx_op *op = c->retry_head;
@@ -946,12 +1280,15 @@ static void reconnect_step(struct nbdx_conn *c)
     const struct nbdx_config *cfg = &c->x->cfg;
     uint64_t now = mono_now_ns();
 
-    if (!c->outage_ns)
-        c->outage_ns = now;
-    uint64_t deadline = c->outage_ns + (uint64_t) cfg->retry_timeout_s *
-                                       NS_PER_S;
+    if (!atomic_load(&c->outage_ns))
+        atomic_store(&c->outage_ns, now);
+    uint64_t deadline = atomic_load(&c->outage_ns) +
+                        (uint64_t) cfg->retry_timeout_s * NS_PER_S;
     if (now >= deadline) {
-        give_up(c);
+        char why[96];
+        snprintf(why, sizeof why, "could not reconnect within %u s "
+                 "(--retry-timeout)", cfg->retry_timeout_s);
+        give_up(c, why);
         return;
     }
     if (now < c->next_try_ns) {
@@ -965,38 +1302,72 @@ static void reconnect_step(struct nbdx_conn *c)
                          (int64_t) cfg->request_timeout_s * 1000 : left_ms;
     if (timeout_ms > left_ms)
         timeout_ms = left_ms;
-    if (!try_reconnect(c, timeout_ms) && c->gave_up)
-        give_up(c);
+    if (!try_reconnect(c, timeout_ms) && c->gave_up) {
+        char why[200];
+        snprintf(why, sizeof why, "the server changed (%s)", c->refused);
+        give_up(c, why);
+    }
 }
 
-/* How long poll() may sleep before the request timeout expires: -1 when
- * it is not running (nothing outstanding, or no timeout), 0 when it has
+/* How long poll() may sleep before the request timeout expires (or, on
+ * a connection already silent past it, the retry deadline): -1 when it
+ * is not running (nothing outstanding, or no timeout), 0 when it has
  * expired. */
 static int stall_wait_ms(struct nbdx_conn *c)
 {
-    unsigned s = c->x->cfg.request_timeout_s;
+    const struct nbdx_config *cfg = &c->x->cfg;
+    uint64_t due, now = mono_now_ns();
 
-    if (s == 0 || nbd_aio_in_flight(c->h) <= 0)
+    if (cfg->request_timeout_s == 0 ||
+        (!c->stalled && nbd_aio_in_flight(c->h) <= 0))
         return -1;
-    uint64_t due = c->progress_ns + (uint64_t) s * NS_PER_S, now = mono_now_ns();
+    if (c->stalled)
+        due = atomic_load(&c->outage_ns) +
+              (uint64_t) cfg->retry_timeout_s * NS_PER_S;
+    else
+        due = atomic_load(&c->progress_ns) +
+              (uint64_t) cfg->request_timeout_s * NS_PER_S;
     if (now >= due)
         return 0;
     return (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
 }
 
+/* No reply progress for --request-timeout: hold new requests back and
+ * wait for the server, without resending what it has (it may still
+ * carry it out) and without closing (which would provoke it, see
+ * retire_conn).  Still silent --retry-timeout later: give up.  A server
+ * that drops the connection meanwhile takes the reconnect path with the
+ * same deadline. */
 static void stalled(struct nbdx_conn *c)
 {
+    const struct nbdx_config *cfg = &c->x->cfg;
+
+    if (c->stalled) {
+        char why[160];
+        snprintf(why, sizeof why, "no reply from the server for %u s "
+                 "(--request-timeout %u s + --retry-timeout %u s)",
+                 cfg->request_timeout_s + cfg->retry_timeout_s,
+                 cfg->request_timeout_s, cfg->retry_timeout_s);
+        give_up(c, why);
+        return;
+    }
     log_warn("connection %u: no reply from the server for %u s with %d "
-             "request(s) outstanding (--request-timeout): treating the "
-             "connection as lost", c->index, c->x->cfg.request_timeout_s,
-             nbd_aio_in_flight(c->h));
-    abort_conn(c);
+             "request(s) outstanding (--request-timeout): waiting %u s more "
+             "(--retry-timeout) before failing them", c->index,
+             cfg->request_timeout_s, nbd_aio_in_flight(c->h),
+             cfg->retry_timeout_s);
+    c->stalled = true;
+    if (!atomic_load(&c->outage_ns))
+        atomic_store(&c->outage_ns, mono_now_ns());
 }
 
+/* Poll the eventfd, the handle's socket (while it is up) and the parked
+ * sockets. */
 static void wait_for_io(struct nbdx_conn *c)
 {
-    struct pollfd fds[2] = { { .fd = c->efd, .events = POLLIN } };
-    nfds_t n = 1;
+    struct pollfd fds[2 + NBDX_PARKED_MAX] = {
+        { .fd = c->efd, .events = POLLIN },
+        { .fd = -1 } };
     unsigned dir = 0;
     int timeout = -1;
 
@@ -1010,22 +1381,27 @@ static void wait_for_io(struct nbdx_conn *c)
         fds[1].fd = nbd_aio_get_fd(c->h);
         fds[1].events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0) |
                         (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0);
-        n = fds[1].fd >= 0 ? 2 : 1;
     }
-    if (poll(fds, n, timeout) == -1) {
+    for (unsigned i = 0; i < c->nparked; i++)
+        fds[2 + i] = (struct pollfd) { .fd = c->parked[i], .events = POLLIN };
+    unsigned nparked = c->nparked;
+    if (poll(fds, 2 + nparked, timeout) == -1) {
         if (errno != EINTR)
             log_err("poll: %m");
         return;
     }
     if (fds[0].revents & POLLIN)
         drain_kicks(c);
-    if (n < 2)
+    for (unsigned i = nparked; i-- > 0;)  /* from the end: closing moves */
+        if (fds[2 + i].revents)           /* the last one into i */
+            drain_parked(c, i);
+    if (fds[1].fd < 0)
         return;
     /* Bytes move on the socket: the server is alive.  A paused server
      * stops reading (our sends block once the buffers are full) and stops
      * replying. */
     if (fds[1].revents)
-        c->progress_ns = mono_now_ns();
+        atomic_store(&c->progress_ns, mono_now_ns());
     /* Same dispatch as libnbd's own nbd_poll(). */
     if (fds[1].revents & (POLLIN | POLLHUP))
         nbd_aio_notify_read(c->h);
@@ -1043,6 +1419,10 @@ static void *conn_thread(void *arg)
 
     for (;;) {
         bool stopping;
+        /* Before taking the queue: an op submitted after nbdx_heal()
+         * cleared the loss must find the connection revived. */
+        if (c->gave_up && !atomic_load(&c->x->lost))
+            revive(c);
         struct nbdx_op *q = take_queue(c, &stopping);
         while (q) {
             struct nbdx_op *next = q->next;
@@ -1052,11 +1432,8 @@ static void *conn_thread(void *arg)
         check_dead(c);
         run_done(c);
         drop_if_drained(c);
-        if (atomic_load(&c->x->lost) && !c->gave_up) {
-            if (!c->dead)
-                abort_conn(c);            /* fail what is on the wire */
-            give_up(c);
-        }
+        if (atomic_load(&c->x->lost) && !c->gave_up)
+            give_up(c, NULL);
         run_done(c);
         if (stopping && atomic_load(&c->outstanding) == 0)
             break;
@@ -1125,6 +1502,8 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
         return -ENOMEM;
     x->cfg = *cfg;
     x->dumpable = -1;
+    pthread_mutex_init(&x->heal_lock, NULL);
+    pthread_mutex_init(&x->health_lock, NULL);
     x->conns = calloc(want, sizeof *x->conns);
     if (!x->conns) {
         free(x);
@@ -1192,7 +1571,10 @@ void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
         if (atomic_load(&c->outstanding) < atomic_load(&best->outstanding))
             best = c;
     }
-    atomic_fetch_add(&best->outstanding, 1);
+    /* Busy from now: the request timeout and the status's silence run
+     * from here, not from the last reply of an earlier busy spell. */
+    if (atomic_fetch_add(&best->outstanding, 1) == 0)
+        atomic_store(&best->progress_ns, mono_now_ns());
     pthread_mutex_lock(&best->lock);
     QUEUE_APPEND(best->q_head, best->q_tail, op);
     pthread_mutex_unlock(&best->lock);
@@ -1242,6 +1624,11 @@ int nbdx_conn_fd(void *opaque, unsigned i)
     return i < x->nconns ? atomic_load(&x->conns[i].fd) : -1;
 }
 
+uint64_t nbdx_reconnects(const struct nbdx *x)
+{
+    return atomic_load(&((struct nbdx *) x)->reconnects);
+}
+
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
 {
     for (int k = 0; k < NBDX_NKINDS; k++) {
@@ -1249,6 +1636,163 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
         out->bytes[k] = atomic_load(&x->bytes[k]);
     }
     out->errors = atomic_load(&x->errors);
+}
+
+/* ---- healing ------------------------------------------------------- */
+
+/* Before the connections are used again, the sockets given up on must
+ * have been quiet this long: a resumed server first carries out what
+ * they still held (the ops failed), and the pool's next writes must
+ * not race with those. */
+#define HEAL_QUIET_NS (500 * NS_PER_MS)
+
+static void disconnect(struct nbd_handle *h, uint64_t due);
+
+/* One connection to the server, compared with the first: 0, or -errno
+ * with why set. */
+static int heal_probe(struct nbdx *x, char *why, size_t len)
+{
+    const struct nbdx_config *cfg = &x->cfg;
+    struct nbdx_conn probe = { .x = x, .index = x->nconns };
+    int64_t ms = (int64_t) (cfg->request_timeout_s ? cfg->request_timeout_s
+                                                   : 30) * 1000;
+    int r = conn_connect(&probe, cfg, true, ms);
+
+    if (r < 0)
+        snprintf(why, len, "reconnecting failed: %s", strerror(-r));
+    else if (server_changed(x, probe.h, why, len)) {
+        log_err("refusing the server: %s", why);
+        r = -EIO;
+    }
+    if (probe.h) {
+        if (r == 0)
+            disconnect(probe.h, mono_now_ns() + (uint64_t) ms * NS_PER_MS);
+        nbd_close(probe.h);
+    }
+    return r;
+}
+
+/* Wait (up to a few seconds) until no parked socket has received a byte
+ * for HEAL_QUIET_NS.  The parked sockets are the I/O threads'; only
+ * their last-byte times are read here. */
+static void wait_parked_quiet(struct nbdx *x)
+{
+    uint64_t give_up_at = mono_now_ns() + 5 * NS_PER_S;
+
+    for (;;) {
+        uint64_t last = 0, now = mono_now_ns();
+        for (unsigned i = 0; i < x->nconns; i++) {
+            uint64_t t = atomic_load(&x->conns[i].parked_rx_ns);
+            last = t > last ? t : last;
+        }
+        if (now >= last + HEAL_QUIET_NS || now >= give_up_at)
+            return;
+        usleep(50000);
+    }
+}
+
+static void heal_refused(struct nbdx *x, const char *why)
+{
+    char at[64];
+
+    wall_clock((time_t) atomic_load(&x->lost_at), at, sizeof at);
+    if (!mode_reconnects(&x->cfg))
+        log_err("the server was given up on at %s and this mount cannot "
+                "reconnect (--command, --fd or socket activation): every "
+                "request fails; unmount and mount again", at);
+    else
+        log_err("the server was given up on at %s; trying again: %s (the "
+                "next open or write tries again)", at, why);
+}
+
+int nbdx_heal(struct nbdx *x)
+{
+    char why[200];
+
+    if (!atomic_load(&x->lost))
+        return 0;
+    unsigned tries = atomic_load(&x->heal_tries);
+    LOCK_FOR_SCOPE(&x->heal_lock);
+    if (!atomic_load(&x->lost))
+        return 0;                         /* healed while we waited */
+    /* A try that failed while we waited for it is our answer too: the
+     * writers queued behind a paused server do not each wait out their
+     * own handshake timeout. */
+    if (!mode_reconnects(&x->cfg) || atomic_load(&x->heal_tries) != tries) {
+        pthread_mutex_lock(&x->health_lock);
+        snprintf(why, sizeof why, "%s", x->why);
+        pthread_mutex_unlock(&x->health_lock);
+        heal_refused(x, why);
+        return -EIO;
+    }
+    int r = heal_probe(x, why, sizeof why);
+    atomic_fetch_add(&x->heal_tries, 1);
+    if (r < 0) {
+        heal_refused(x, why);
+        pthread_mutex_lock(&x->health_lock);
+        snprintf(x->why, sizeof x->why, "%s", why);
+        pthread_mutex_unlock(&x->health_lock);
+        return -EIO;
+    }
+    wait_parked_quiet(x);
+    char at[64];
+    wall_clock((time_t) atomic_load(&x->lost_at), at, sizeof at);
+    atomic_store(&x->healed_at, (long long) time(NULL));
+    atomic_fetch_add(&x->heals, 1);
+    /* A heal is a reconnect too: writes the old connections acknowledged
+     * and no flush covered may be gone with a restarted server, and the
+     * pool counts them lost when this number moves (before any request
+     * reaches the new connection). */
+    atomic_fetch_add(&x->reconnects, 1);
+    atomic_store(&x->lost, false);
+    for (unsigned i = 0; i < x->nconns; i++)
+        kick(&x->conns[i]);
+    log_warn("the server answers again: the mount is healed (the server was "
+             "given up on at %s); requests are sent again", at);
+    return 0;
+}
+
+void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
+{
+    const struct nbdx_config *cfg = &x->cfg;
+    uint64_t now = mono_now_ns(), fail_at = 0;
+
+    memset(out, 0, sizeof *out);
+    out->fails_in_s = -1;
+    out->lost = atomic_load(&x->lost);
+    out->can_heal = mode_reconnects(cfg);
+    out->lost_at = (time_t) atomic_load(&x->lost_at);
+    out->healed_at = (time_t) atomic_load(&x->healed_at);
+    out->losses = atomic_load(&x->losses);
+    out->heals = atomic_load(&x->heals);
+    pthread_mutex_lock(&x->health_lock);
+    snprintf(out->why, sizeof out->why, "%s", x->why);
+    pthread_mutex_unlock(&x->health_lock);
+    if (out->lost)
+        return;
+    for (unsigned i = 0; i < x->nconns; i++) {
+        struct nbdx_conn *c = &x->conns[i];
+        unsigned n = atomic_load(&c->outstanding);
+        uint64_t p = atomic_load(&c->progress_ns),
+                 o = atomic_load(&c->outage_ns);
+        if (n == 0)
+            continue;
+        out->outstanding += n;
+        double silent = now > p ? (double) (now - p) / 1e9 : 0;
+        if (silent > out->silent_s)
+            out->silent_s = silent;
+        if (o && atomic_load(&c->fd) < 0)
+            out->reconnecting = true;
+        else if (o)
+            out->stalled = true;
+        uint64_t at = o ? o + (uint64_t) cfg->retry_timeout_s * NS_PER_S
+                        : p + (uint64_t) (cfg->request_timeout_s +
+                                          cfg->retry_timeout_s) * NS_PER_S;
+        if (cfg->request_timeout_s && (!fail_at || at < fail_at))
+            fail_at = at;
+    }
+    if (fail_at)
+        out->fails_in_s = fail_at > now ? (double) (fail_at - now) / 1e9 : 0;
 }
 
 /* A polite NBD_CMD_DISC, then wait for the server to close until due.
@@ -1272,6 +1816,15 @@ static void disconnect(struct nbd_handle *h, uint64_t due)
             -1)
             return;
     }
+}
+
+void nbdx_abandon(struct nbdx *x)
+{
+    /* Each I/O thread sees lost, aborts its socket and fails everything
+     * (conn_thread); give_up() logs nothing once lost is set. */
+    if (!atomic_exchange(&x->lost, true))
+        for (unsigned i = 0; i < x->nconns; i++)
+            kick(&x->conns[i]);
 }
 
 void nbdx_close(struct nbdx *x)
@@ -1298,8 +1851,14 @@ void nbdx_close(struct nbdx *x)
         }
         if (c->efd >= 0)
             close(c->efd);
+        /* XXX a server still paused now meets a closed socket when it
+         * resumes (retire_conn); the daemon cannot wait forever. */
+        for (unsigned k = 0; k < c->nparked; k++)
+            close(c->parked[k]);
         pthread_mutex_destroy(&c->lock);
     }
+    pthread_mutex_destroy(&x->heal_lock);
+    pthread_mutex_destroy(&x->health_lock);
     remove_ca_dir(x);
     if (x->dumpable >= 0)                 /* every key is released now */
         prctl(PR_SET_DUMPABLE, x->dumpable);

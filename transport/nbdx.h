@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 enum nbdx_mode {
     NBDX_URI,                 /* nbd://, nbd+unix://, nbds:// ... */
@@ -84,9 +85,11 @@ struct nbdx_op {
 
     /* Private to nbdx. */
     struct nbdx_op *next;
+    struct nbdx_op *wprev, *wnext;    /* on the wire: libnbd holds buf */
     struct nbdx_conn *conn;
     int err;
     bool completed;
+    bool on_wire;
 };
 
 struct nbdx;
@@ -108,6 +111,12 @@ int nbdx_run(struct nbdx *x, struct nbdx_op *op);
 unsigned nbdx_connections(const struct nbdx *x);
 int nbdx_conn_fd(void *opaque, unsigned i);
 
+/* Reconnections made so far (any connection).  Bumped before the
+ * resends, so a reply seen after a change of this count came from the
+ * new server.  The pool reads it to learn that writes acknowledged but
+ * not flushed may be lost. */
+uint64_t nbdx_reconnects(const struct nbdx *x);
+
 /* TCP_INFO-style counters, for the status. */
 struct nbdx_stats {
     uint64_t ops[NBDX_NKINDS];    /* by enum nbdx_kind */
@@ -115,6 +124,39 @@ struct nbdx_stats {
     uint64_t errors;
 };
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
+
+/* After the server was given up on (every request fails with EIO, see
+ * docs/design.md "Servers that stop answering"), try it once more: one
+ * fresh connection within --request-timeout, checked against the first
+ * one (size, read-only, multi-conn, flush, FUA, block sizes).  When it
+ * answers, the connections reconnect on their next request and 0 is
+ * returned.  -EIO while the server stays unreachable or changed (one try
+ * at a time: callers that waited for a try that failed get -EIO without
+ * trying again) and always in
+ * the modes that cannot reconnect (--command, --fd, socket activation).
+ * Every refusal is logged with the time the server was given up on.
+ * 0 at once when nothing was given up on.  Blocks: call it with no lock
+ * held. */
+int nbdx_heal(struct nbdx *x);
+
+/* What the status shows about the server's answers (any thread). */
+struct nbdx_health {
+    double silent_s;          /* longest time a connection with requests
+                               * outstanding has moved no byte (0: none
+                               * is outstanding); "late" past 1 s */
+    double fails_in_s;        /* until those requests fail unless the
+                               * server answers; -1: nothing waits */
+    unsigned outstanding;     /* requests queued or at the server */
+    bool stalled;             /* past --request-timeout: new requests wait */
+    bool reconnecting;        /* a connection is down and being retried */
+    bool lost;                /* given up on: requests fail until healed */
+    bool can_heal;            /* this mode can reconnect */
+    time_t lost_at, healed_at;/* CLOCK_REALTIME seconds; 0: never */
+    unsigned losses, heals;
+    char why[200];            /* why it was given up on, or why the last
+                               * try to heal failed */
+};
+void nbdx_get_health(struct nbdx *x, struct nbdx_health *out);
 
 /* The URI without secrets, for messages: a password in the authority and
  * the values of query parameters whose keys start with "password",
@@ -129,6 +171,13 @@ bool nbdx_uri_is_tcp(const char *uri);
 /* The percent-decoded value of query parameter key, into val (len
  * bytes).  False if absent or too long. */
 bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
+
+/* Give up on the server at once: every connection is dropped, every op
+ * outstanding or submitted later fails with ENOTCONN, and none
+ * reconnects (as when the retry deadline passes, without waiting for
+ * it).  For a server that stopped answering before anything was written
+ * (the block status scan at mount).  Never blocks. */
+void nbdx_abandon(struct nbdx *x);
 
 /* Stop the I/O threads once every op submitted has completed (answered,
  * or failed as any op can: nothing is dropped unanswered), disconnect

@@ -68,7 +68,10 @@
  * (cfg.zero_map_ranges ranges, O(log n) updates): known_zero forgets
  * ranges past its bound (costing a read or a zeroing, never skipping
  * one); pending_zero is turned into zero requests early, oldest range
- * first, when it nears its bound.
+ * first, when it nears its bound.  touched: every range a write or zero
+ * request was sent for, for the read-back (pool_touched_next; kept only
+ * with cfg.track_touched); exact, and once it would pass the same bound,
+ * replaced by "everything".
  */
 #include "transport/pool.h"
 
@@ -107,6 +110,12 @@
 #define READ_MAX_LEN (32u << 20)  /* largest read request */
 #define SCAN_MAX_LEN (1u << 31)   /* largest block status request */
 #define MAX_FAILURES 1024
+#define DAMAGE_RANGES 4096        /* bound of the damage and unflushed sets;
+                                   * past it they merge to a covering range */
+#define UNFLUSHED_WRITE 0
+#define UNFLUSHED_ZERO 1
+#define EIO_RETRIES 2             /* an EIO write or zero is sent again this
+                                   * many times before it counts */
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
                                    * alignment become write-zeroes */
 
@@ -127,6 +136,7 @@ struct pool_req {
     bool from_tool;               /* ZERO: an all-zero run the copy tool
                                    * wrote; counts as acknowledged data */
     bool replied;                 /* the server answered (invariant 3) */
+    unsigned retries;             /* EIO answers resent so far */
     uint64_t off, len;            /* the range; a FILLING buffer grows */
     char *data;                   /* WRITE: owned buffer of request_size;
                                    * ZERO via writes: the shared zero page */
@@ -181,6 +191,9 @@ struct pool {
 
     struct extmap known_zero, pending_zero;
     size_t map_max;               /* bound of each zero map, ranges */
+    struct extmap touched;        /* every write and zero ever sent (exact;
+                                   * past its bound, touched_all) */
+    bool touched_all;
 
     bool lost;                    /* connection lost: refuse new writes */
     uint64_t err_seq;
@@ -188,11 +201,43 @@ struct pool {
     struct pool_failure *failures;/* the first MAX_FAILURES */
     int last_err;
 
+    /* DAMAGE: what the disk may not hold.  damage: ranges whose last
+     * write or zero failed (or whose acknowledged writes a reconnect may
+     * have lost), until a later request over them succeeds; by invariant
+     * 2 overlapping requests complete in the order they were made, so the
+     * last to complete is the last made and the set is exact (bounded:
+     * past DAMAGE_RANGES it merges into one covering range, more damage,
+     * never less).  flush_failed: the last NBD flush failed.  While either
+     * holds, every close and fsync fails (pool_damage()). */
+    struct extmap damage;
+    bool damage_everything;       /* the set could not be kept: all of it */
+    int damage_err;               /* errno of the latest damage */
+    bool flush_failed;
+    uint64_t repairs;             /* failures repaired */
+    /* Acknowledged writes ([UNFLUSHED_WRITE]) and zeroes
+     * ([UNFLUSHED_ZERO]) no successful NBD flush covers yet: unflushed
+     * since the flush in progress (if any) was sent, flushing before it.
+     * At a reconnect a volatile server may have restarted without them:
+     * the writes become damage, the zeroes (which need no data) are made
+     * pending again.  Bounded like damage. */
+    struct extmap unflushed[2], flushing[2];
+    uint64_t reconnects_seen;     /* nbdx_reconnects() as last seen */
+    pthread_mutex_t flush_lock;   /* one NBD flush at a time: flushing is
+                                   * the set the one in flight covers */
+
     struct pool_stats st;
     uint64_t changes;             /* write and zero requests completed */
     uint64_t flushed_changes;     /* ... as of the last good flush */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
     unsigned areads;              /* pool_read_start() reads not done */
+
+    /* The zeroing of a drain, for the status: drains running, and what
+     * was pending when the first began (total) against the zeroing
+     * acknowledged or found unneeded since (base: the counters then). */
+    unsigned zero_drains;
+    uint64_t zeroing_total, zeroing_base;
+    bool zeroing_abandoned;       /* pool_abandon_zeroing(): for good */
+    bool abandon_reported;
 };
 
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
@@ -261,8 +306,79 @@ const char *pool_kind_name(enum pool_counter_kind k)
     return names[k];
 }
 
-static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
-                                  uint64_t off, uint64_t len, int err)
+/* ---- damage ---------------------------------------------------------- */
+
+/* Add [start, end) to a bounded set.  Past its bound the set becomes one
+ * range covering all it held and the new one: more damage, never less.
+ * Only a failed allocation of that one range loses the set, and then all
+ * of the disk counts as damaged. */
+static void set_add_cover_locked(struct pool *p, struct extmap *m,
+                                 uint64_t start, uint64_t end)
+{
+    struct ext e;
+    uint64_t lo = start, hi = end;
+
+    if (start >= end || extmap_add(m, start, end) == 0)
+        return;
+    for (uint64_t pos = 0; extmap_next(m, pos, &e); pos = e.end) {
+        lo = MIN(lo, e.start);
+        hi = MAX(hi, e.end);
+    }
+    extmap_remove(m, 0, UINT64_MAX);          /* no split: cannot fail */
+    if (extmap_add(m, lo, hi) < 0) {
+        if (!p->damage_everything)
+            log_err("out of memory: every byte of the disk now counts as "
+                    "possibly wrong");
+        p->damage_everything = true;
+        p->damage_err = EIO;
+    }
+}
+
+static void set_clear(struct extmap *m)
+{
+    extmap_remove(m, 0, UINT64_MAX);
+}
+
+static bool damaged_locked(const struct pool *p)
+{
+    return p->damage_everything || p->flush_failed ||
+           extmap_count(&p->damage) > 0;
+}
+
+/* Mark the failures no damage covers any more as repaired. */
+static void mark_repaired_locked(struct pool *p, uint64_t off, uint64_t len,
+                                 bool flush)
+{
+    for (unsigned i = 0; i < p->nfailures; i++) {
+        struct pool_failure *f = &p->failures[i];
+        if (f->repaired || (f->kind == POOL_FLUSH) != flush)
+            continue;
+        if (!flush && (!overlaps(f->off, f->len, off, len) ||
+                       extmap_covered(&p->damage, f->off, f->off + f->len)))
+            continue;
+        f->repaired = true;
+        f->repaired_s = time(NULL);
+        p->repairs++;
+        log_info("%s of %" PRIu64 " bytes at offset %" PRIu64 " repaired",
+                 f->lost ? "lost write" : pool_kind_name(f->kind), f->len,
+                 f->off);
+    }
+}
+
+/* A write or zero over [off, off+len) succeeded: what it covers is
+ * repaired (it is the last request made there: invariant 2). */
+static void damage_clear_locked(struct pool *p, uint64_t off, uint64_t len)
+{
+    if (extmap_covered(&p->damage, off, off + len) == 0)
+        return;
+    if (extmap_remove(&p->damage, off, off + len) < 0)
+        return;                   /* a split past the bound: stays damaged */
+    mark_repaired_locked(p, off, len, false);
+}
+
+static void note_failure_locked(struct pool *p, enum pool_counter_kind kind,
+                                uint64_t off, uint64_t len, int err,
+                                bool lost)
 {
     p->err_seq++;
     p->last_err = err;
@@ -270,12 +386,128 @@ static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
     if (p->nfailures < MAX_FAILURES)
         p->failures[p->nfailures++] = (struct pool_failure){
             .seq = p->err_seq, .off = off, .len = len, .err = err,
-            .kind = kind };
+            .kind = kind, .lost = lost, .time_s = time(NULL) };
+    p->damage_err = err;
+    if (kind == POOL_FLUSH)
+        p->flush_failed = true;
+    else if (kind != POOL_READ)
+        set_add_cover_locked(p, &p->damage, off, off + len);
+}
+
+static void record_failure_locked(struct pool *p, enum pool_counter_kind kind,
+                                  uint64_t off, uint64_t len, int err)
+{
+    note_failure_locked(p, kind, off, len, err, false);
     if (err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
         err == EPIPE || err == ECONNABORTED)
         p->lost = true;               /* reconnecting failed: latch it */
     log_err("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s",
             pool_kind_name(kind), len, off, strerror(err));
+}
+
+/* The ranges of m, acknowledged by a server that a reconnect replaced
+ * before an NBD flush covered them, become damage. */
+static void lose_set_locked(struct pool *p, struct extmap *m, unsigned *logged)
+{
+    struct ext e;
+
+    for (uint64_t pos = 0; extmap_next(m, pos, &e); pos = e.end) {
+        note_failure_locked(p, POOL_WRITE, e.start, e.end - e.start, EIO,
+                            true);
+        if ((*logged)++ < 16)
+            log_err("write of %" PRIu64 " bytes at offset %" PRIu64 " may "
+                    "be lost: acknowledged, then the connection was made "
+                    "again before an NBD flush covered it",
+                    e.end - e.start, e.start);
+    }
+    set_clear(m);
+}
+
+static int add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
+
+/* Of [start, end), keep in t what neither damage nor a request made
+ * since (queued, in flight or filling: it rewrites its range) covers.
+ * -ENOMEM/-ENOSPC if t cannot hold it. */
+static int rezero_pieces_locked(struct pool *p, uint64_t start, uint64_t end,
+                                struct extmap *t)
+{
+    struct ext d;
+    int r = extmap_add(t, start, end);
+
+    for (uint64_t pos = start; r == 0 && extmap_next(&p->damage, pos, &d) &&
+                               d.start < end; pos = d.end)
+        r = extmap_remove(t, d.start, d.end);
+    for (const struct pool_req *q = p->queue.head; r == 0 && q; q = q->next)
+        if (overlaps(q->off, q->len, start, end - start))
+            r = extmap_remove(t, q->off, q->off + q->len);
+    for (const struct pool_req *q = p->filling.head; r == 0 && q;
+         q = q->next)
+        if (overlaps(q->off, q->len, start, end - start))
+            r = extmap_remove(t, q->off, q->off + q->len);
+    return r;
+}
+
+/* Zeroes acknowledged by the old server and not flushed: they need no
+ * data, so zero them again (pending, sent at the next drain), but not
+ * where damage is (a lost write: a zero landing there would pass for its
+ * repair) nor where a request made since will write anyway.  Never
+ * waits (this runs on an I/O thread): when the pending map has no room,
+ * they are damage instead. */
+static void rezero_lost_locked(struct pool *p, struct extmap *m,
+                               unsigned *logged)
+{
+    struct ext e, k;
+    struct extmap t;
+
+    extmap_init(&t, p->map_max, false);
+    for (uint64_t pos = 0; extmap_next(m, pos, &e); pos = e.end) {
+        set_clear(&t);
+        int r = rezero_pieces_locked(p, e.start, e.end, &t);
+        if (r == 0 && extmap_count(&p->pending_zero) + extmap_count(&t) + 2 >
+                      p->map_max)
+            r = -ENOSPC;
+        for (uint64_t q = e.start; r == 0 && extmap_next(&t, q, &k);
+             q = k.end) {
+            extmap_remove(&p->known_zero, k.start, k.end);   /* lossy */
+            r = add_pending_locked(p, k.start, k.end);
+        }
+        if (r < 0) {
+            note_failure_locked(p, POOL_ZERO, e.start, e.end - e.start, EIO,
+                                true);
+            if ((*logged)++ < 16)
+                log_err("zero of %" PRIu64 " bytes at offset %" PRIu64
+                        " may be lost: acknowledged, then the connection "
+                        "was made again before an NBD flush covered it",
+                        e.end - e.start, e.start);
+        } else
+            log_info("zeroing %" PRIu64 " bytes at offset %" PRIu64 " again:"
+                     " the old connection had zeroed them without a flush",
+                     e.end - e.start, e.start);
+    }
+    extmap_free(&t);
+    set_clear(m);
+}
+
+/* nbdx reconnected since we last looked: a volatile server (nbdkit
+ * memory, a RAM disk) may have restarted empty, so every write it
+ * acknowledged and no flush covered may be gone.  Checked before a
+ * completion is counted and before a flush's result is: a reply after
+ * the reconnect came from the new server (nbdx bumps its counter before
+ * it resends), a reply before it from the old one. */
+static void check_reconnect_locked(struct pool *p)
+{
+    uint64_t n = nbdx_reconnects(p->x);
+    unsigned logged = 0;
+
+    if (n == p->reconnects_seen)
+        return;
+    p->reconnects_seen = n;
+    lose_set_locked(p, &p->flushing[UNFLUSHED_WRITE], &logged);
+    lose_set_locked(p, &p->unflushed[UNFLUSHED_WRITE], &logged);
+    rezero_lost_locked(p, &p->flushing[UNFLUSHED_ZERO], &logged);
+    rezero_lost_locked(p, &p->unflushed[UNFLUSHED_ZERO], &logged);
+    if (logged > 16)
+        log_err("... and %u more ranges that may be lost", logged - 16);
 }
 
 uint64_t pool_error_seq(struct pool *p)
@@ -293,6 +525,15 @@ static int tool_errno(int err)
            err == EPIPE || err == ECONNABORTED ? EIO : err;
 }
 
+int pool_damage(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    check_reconnect_locked(p);
+    if (!damaged_locked(p))
+        return 0;
+    return tool_errno(p->damage_err ? p->damage_err : EIO);
+}
+
 static int error_since_locked(struct pool *p, uint64_t seq)
 {
     if (p->err_seq <= seq)
@@ -301,6 +542,28 @@ static int error_since_locked(struct pool *p, uint64_t seq)
         if (p->failures[i].seq > seq)
             return tool_errno(p->failures[i].err);
     return tool_errno(p->last_err);   /* past the recorded ones */
+}
+
+/* After the connection was lost (p->lost), the next write, read or open
+ * tries the server again (nbdx_heal; it blocks, so the lock is dropped
+ * meanwhile).  0 once it answers: the latch is cleared and requests are
+ * sent again; -EIO while it stays lost. */
+static int heal_locked(struct pool *p)
+{
+    if (!p->lost)
+        return 0;
+    pthread_mutex_unlock(&p->lock);
+    int r = nbdx_heal(p->x);
+    pthread_mutex_lock(&p->lock);
+    if (r == 0)
+        p->lost = false;
+    return p->lost ? -EIO : 0;
+}
+
+int pool_heal(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    return heal_locked(p);
 }
 
 int pool_error_peek(struct pool *p, const uint64_t *seq)
@@ -349,6 +612,9 @@ static void send_req_locked(struct pool *p, struct pool_req *r)
         op->kind = NBDX_OP_ZERO;
         op->flags = p->fast_zero ? LIBNBD_CMD_FLAG_FAST_ZERO : 0;
     }
+    if (p->cfg.track_touched && !p->touched_all &&
+        extmap_add(&p->touched, r->off, r->off + r->len) < 0)
+        p->touched_all = true;        /* too fragmented: assume all */
     r->state = REQ_IN_FLIGHT;
     if (p->in_flight++ == 0 && p->idle_since_ns) {
         p->st.idle_ns += mono_now_ns() - p->idle_since_ns;
@@ -441,19 +707,47 @@ static void req_done(struct nbdx_op *op, int err)
         pthread_mutex_unlock(&p->lock);
         return;
     }
+    /* Nothing made before r overlaps it: its result is the range's
+     * latest, which keeps the damage set exact (invariant 2). */
+    assert(!overlaps_earlier(r));
+    check_reconnect_locked(p);
+    if (err == EIO && r->retries < EIO_RETRIES) {
+        /* A server's EIO may be passing (a busy disk, a hiccup): send it
+         * again, keeping its buffer and its place in the queue. */
+        r->retries++;
+        log_warn("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s; "
+                 "sending it again (%u of %u)",
+                 r->kind == REQ_WRITE ? "write" : "zero", r->len, r->off,
+                 strerror(err), r->retries, EIO_RETRIES);
+        p->in_flight--;
+        r->state = REQ_QUEUED;
+        dispatch_locked(p);
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
     if (err) {
         record_failure_locked(p, r->kind == REQ_WRITE ? POOL_WRITE : POOL_ZERO,
                               r->off, r->len, err);
+        /* A zero's range joined known_zero when it was queued: it may
+         * hold anything now, so a later truncate must zero it again. */
         if (r->kind == REQ_ZERO)
             extmap_remove(&p->known_zero, r->off, r->off + r->len);
-    } else if (r->kind == REQ_WRITE) {
-        p->st.bytes_acked += r->len;
-        p->st.requests[POOL_WRITE]++;
     } else {
-        p->st.bytes_zeroed += r->len;
-        p->st.requests[POOL_ZERO]++;
-        if (r->from_tool)
+        damage_clear_locked(p, r->off, r->len);
+        set_add_cover_locked(p, &p->unflushed[r->kind == REQ_WRITE ||
+                                              !p->can_zero
+                                              ? UNFLUSHED_WRITE
+                                              : UNFLUSHED_ZERO],
+                             r->off, r->off + r->len);
+        if (r->kind == REQ_WRITE) {
             p->st.bytes_acked += r->len;
+            p->st.requests[POOL_WRITE]++;
+        } else {
+            p->st.bytes_zeroed += r->len;
+            p->st.requests[POOL_ZERO]++;
+            if (r->from_tool)
+                p->st.bytes_acked += r->len;
+        }
     }
     p->changes++;
     r->replied = true;
@@ -537,17 +831,53 @@ static void wait_zero_slot_locked(struct pool *p)
     cond_wait_locked(p, "zero-slot");
 }
 
+/* At most this many ranges left unzeroed are logged one by one. */
+#define ABANDON_LOG_RANGES 16
+
+/* The zeroing was given up (pool_abandon_zeroing()): what is still
+ * pending stays so.  Logged once, range by range, and recorded once as a
+ * failure of the whole span, so that close, fsync and the exit status
+ * say the disk does not read as asked.  -ECANCELED. */
+static int abandoned_locked(struct pool *p)
+{
+    struct ext e;
+    uint64_t pos = 0, first = UINT64_MAX, last = 0, bytes = 0;
+    size_t n = 0;
+
+    if (p->abandon_reported || !extmap_count(&p->pending_zero))
+        return -ECANCELED;
+    p->abandon_reported = true;
+    while (extmap_next(&p->pending_zero, pos, &e)) {
+        if (n++ < ABANDON_LOG_RANGES)
+            log_err("zeroing abandoned: %" PRIu64 " bytes at offset %" PRIu64
+                    " not zeroed (they may hold old data)", e.end - e.start,
+                    e.start);
+        first = first < e.start ? first : e.start;
+        last = e.end;
+        bytes += e.end - e.start;
+        pos = e.end;
+    }
+    if (n > ABANDON_LOG_RANGES)
+        log_err("zeroing abandoned: %zu more ranges not zeroed; %" PRIu64
+                " bytes in all", n - ABANDON_LOG_RANGES, bytes);
+    record_failure_locked(p, POOL_ZERO, first, last - first, ECANCELED);
+    return -ECANCELED;
+}
+
 /* Turn pending zeroes into zero requests, oldest (lowest) range first,
  * until at most down_to ranges are left.  A range leaves pending_zero
  * in the same locked step that queues its zero request, so a write made
  * while this waits for a zero slot still removes its range from what is
- * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending). */
+ * zeroed.  -ENOMEM (recorded as a failure; the rest stays pending), or
+ * -ECANCELED once the zeroing was abandoned. */
 static int materialize_locked(struct pool *p, size_t down_to)
 {
     struct ext e;
 
     while (extmap_count(&p->pending_zero) > down_to &&
            extmap_next(&p->pending_zero, 0, &e)) {
+        if (p->zeroing_abandoned)
+            return abandoned_locked(p);
         uint64_t pos = e.start;
         int r = zero_piece_locked(p, &pos, e.end, false);
         if (r == -EAGAIN) {
@@ -648,6 +978,24 @@ int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
         ;
     if (r == 0)
         r = add_pending_locked(p, off, off + len);
+    dispatch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+int pool_zero_damage(struct pool *p, uint64_t from)
+{
+    struct ext e;
+    int r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    for (uint64_t pos = from; r == 0 && extmap_next(&p->damage, pos, &e);
+         pos = e.end) {
+        while (r == 0 && pending_room_locked(p, &r))
+            ;
+        if (r == 0)
+            r = add_pending_locked(p, MAX(e.start, from), e.end);
+    }
     dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
     return r;
@@ -808,7 +1156,7 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
 {
     size_t done = 0;
     while (done < len) {
-        if (p->lost)
+        if (heal_locked(p) < 0)
             return -EIO;
         ssize_t r = absorb_locked(p, off + done, data + done, len - done);
         if (r < 0)
@@ -1008,7 +1356,7 @@ int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
         return -EAGAIN;
     pthread_mutex_lock(&p->lock);
     do
-        r = p->lost ? -EIO : reserve_locked(p, f);
+        r = heal_locked(p) < 0 ? -EIO : reserve_locked(p, f);
     while (r == 1);
     dispatch_locked(p);
     pthread_mutex_unlock(&p->lock);
@@ -1382,6 +1730,10 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
     int r;
 
     pthread_mutex_lock(&p->lock);
+    if (heal_locked(p) < 0) {
+        pthread_mutex_unlock(&p->lock);
+        return -EIO;
+    }
     seal_overlapping_locked(p, off, len, NULL);
     dispatch_locked(p);
     while (queue_overlaps(p, off, len))
@@ -1396,6 +1748,8 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
         memset(buf, 0, len);
     else if (r == 0) {
         r = read_server(p, off, buf, len);
+        if (r < 0)
+            r = -tool_errno(-r);  /* a lost connection reads as EIO */
         overlay_snapshot(&snap, off, buf);
     }
 
@@ -1493,14 +1847,53 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
 
 /* ---- draining and flushing ------------------------------------------- */
 
+/* Zeroing done (acknowledged, or found unneeded) since base. */
+static uint64_t zeroing_count_locked(const struct pool *p)
+{
+    return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
+}
+
 void pool_drain(struct pool *p)
 {
     pthread_mutex_lock(&p->lock);
     seal_all_locked(p);
+    if (p->zero_drains++ == 0) {
+        p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
+        p->zeroing_base = zeroing_count_locked(p);
+    }
     materialize_locked(p, 0);             /* a failure is recorded */
     dispatch_locked(p);
     wait_seq_locked(p, p->next_seq);
+    p->zero_drains--;
     pthread_mutex_unlock(&p->lock);
+}
+
+void pool_abandon_zeroing(struct pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->zeroing_abandoned = true;
+    pthread_cond_broadcast(&p->cond);     /* a drain waiting for a slot */
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* One NBD flush; a server's EIO is tried again twice, 10 ms apart. */
+static int flush_once(struct pool *p)
+{
+    int r = 0;
+
+    for (unsigned i = 0; i <= EIO_RETRIES; i++) {
+        struct nbdx_op op = { .kind = NBDX_OP_FLUSH };
+        if (i > 0) {
+            log_warn("flush failed: %s; sending it again (%u of %u)",
+                     strerror(-r), i, EIO_RETRIES);
+            nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 },
+                      NULL);
+        }
+        r = nbdx_run(p->x, &op);
+        if (r != -EIO)
+            break;
+    }
+    return r;
 }
 
 int pool_flush(struct pool *p)
@@ -1508,25 +1901,48 @@ int pool_flush(struct pool *p)
     pool_drain(p);
     if (!nbdx_info(p->x)->can_flush)
         return 0;
-    /* Nothing written since the last flush: nothing to make durable (and
-     * an unmount after the server went away need not wait to reconnect). */
+    /* One flush at a time: p->flushing is what the one in flight covers. */
+    pthread_mutex_lock(&p->flush_lock);
+    /* Nothing written since the last good flush: nothing to make durable
+     * (and an unmount after the server went away need not wait to
+     * reconnect). */
     pthread_mutex_lock(&p->lock);
+    check_reconnect_locked(p);
     uint64_t changes = p->changes;
-    bool clean = changes == p->flushed_changes;
+    bool clean = changes == p->flushed_changes && !p->flush_failed;
+    for (unsigned i = 0; !clean && i < 2; i++) {
+        struct extmap t = p->flushing[i]; /* empty: the last flush is done */
+        p->flushing[i] = p->unflushed[i];
+        p->unflushed[i] = t;
+    }
     pthread_mutex_unlock(&p->lock);
-    if (clean)
+    if (clean) {
+        pthread_mutex_unlock(&p->flush_lock);
         return 0;
-    struct nbdx_op op = { .kind = NBDX_OP_FLUSH };
-    int r = nbdx_run(p->x, &op);
+    }
+    int r = flush_once(p);
     pthread_mutex_lock(&p->lock);
-    if (r < 0)
+    check_reconnect_locked(p);            /* before the flush counts */
+    if (r < 0) {
         record_failure_locked(p, POOL_FLUSH, 0, 0, -r);
-    else {
+        struct ext e;                     /* still not covered by a flush */
+        for (unsigned i = 0; i < 2; i++)
+            for (uint64_t pos = 0; extmap_next(&p->flushing[i], pos, &e);
+                 pos = e.end)
+                set_add_cover_locked(p, &p->unflushed[i], e.start, e.end);
+    } else {
         p->st.requests[POOL_FLUSH]++;
         if (p->flushed_changes < changes)
             p->flushed_changes = changes;
+        if (p->flush_failed) {
+            p->flush_failed = false;
+            mark_repaired_locked(p, 0, 0, true);
+        }
     }
+    set_clear(&p->flushing[UNFLUSHED_WRITE]);
+    set_clear(&p->flushing[UNFLUSHED_ZERO]);
     pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->flush_lock);
     return r;
 }
 
@@ -1627,6 +2043,24 @@ uint64_t pool_allocated(struct pool *p, uint64_t size)
     return z < size ? size - z : 0;
 }
 
+bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out)
+{
+    struct ext e;
+    bool found;
+
+    pthread_mutex_lock(&p->lock);
+    if (p->touched_all || !p->cfg.track_touched) {
+        e = (struct ext) { 0, UINT64_MAX };
+        found = true;
+    } else {
+        found = extmap_next(&p->touched, pos, &e);
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (found)
+        *out = (struct pool_range) { e.start, e.end };
+    return found;
+}
+
 /* ---- the idle thread ------------------------------------------------- */
 
 static void *idle_thread(void *arg)
@@ -1670,7 +2104,14 @@ static void *idle_thread(void *arg)
  * from the op itself.  Extent callbacks run on I/O threads, several at
  * once, so they take pool->lock; nothing else uses the pool yet. */
 #define SCAN_DEPTH 32
-#define SCAN_BUDGET_NS (10ull * 1000000000u)
+#define SCAN_BUDGET_NS (10ull * NS_PER_S)   /* no request sent after it */
+/* A block status request that never comes back (a hung server, a broken
+ * extents implementation) would hold the mount, then be timed out and
+ * fail the connection for good.  So no reply for cfg->scan_wait_ms, or
+ * none past the budget plus that, gives the server up: the connections
+ * are dropped (nbdx_abandon()) and pool_create() fails with -ETIMEDOUT;
+ * the daemon connects again without the scan. */
+#define SCAN_WAIT_MS 15000u
 
 struct scan {
     struct nbdx_op op;
@@ -1732,16 +2173,56 @@ static bool scan_reply_locked(struct pool *p, struct scan *s)
     return true;
 }
 
+/* The connection is gone for good (nbdx fails an op with these only when
+ * it cannot reconnect): going on would mount a disk every write to which
+ * fails. */
+static bool scan_lost(int err)
+{
+    return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
+           err == EPIPE || err == ECONNABORTED;
+}
+
+/* Wait for a scan reply, the last one having come at *last (or the scan
+ * begun at t0), up to the scan's deadlines; past one of them give the
+ * server up (its requests then fail at once) and return true. */
+static bool scan_wait_locked(struct pool *p, uint64_t t0, uint64_t last,
+                             bool abandoned)
+{
+    uint64_t wait = (uint64_t) (p->cfg.scan_wait_ms ? p->cfg.scan_wait_ms
+                                                    : SCAN_WAIT_MS) *
+                    NS_PER_MS;
+    uint64_t due = last + wait, now = mono_now_ns();
+
+    if (abandoned) {
+        cond_wait_locked(p, "scan");
+        return false;
+    }
+    if (due > t0 + SCAN_BUDGET_NS + wait)
+        due = t0 + SCAN_BUDGET_NS + wait;
+    if (now >= due) {
+        log_info("block status: no reply from the server for %.1f s: "
+                 "dropping the connections", (double) (now - last) / 1e9);
+        nbdx_abandon(p->x);
+        return true;
+    }
+    pool_test_before_wait(p, "scan");
+    struct timespec ts = mono_deadline_ns(due - now);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+    return false;
+}
+
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
- * mount exists and before the idle thread starts. */
-static void scan_extents(struct pool *p)
+ * mount exists and before the idle thread starts.  0, or -ETIMEDOUT: the
+ * server did not answer in time and was given up (nbdx_abandon()). */
+static int scan_extents(struct pool *p)
 {
     struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
     uint64_t pos = 0, t0 = mono_now_ns(), win = max_request(p, SCAN_MAX_LEN);
-    bool stop = false;
+    uint64_t last = t0;               /* the last reply */
+    bool stop = false, abandoned = false;
 
     if (!slots)
-        return;                       /* nothing known: correct, slower */
+        return 0;                     /* nothing known: correct, slower */
     pthread_mutex_lock(&p->lock);
     for (;;) {
         unsigned busy = 0;
@@ -1753,6 +2234,11 @@ static void scan_extents(struct pool *p)
         for (unsigned i = 0; i < SCAN_DEPTH; i++) {
             struct scan *s = &slots[i];
             if (!s->busy && s->op.len) {
+                last = mono_now_ns();
+                if (scan_lost(s->err) && !abandoned) {
+                    nbdx_abandon(p->x);   /* the others fail at once */
+                    abandoned = stop = true;
+                }
                 if (stop)
                     s->op.len = 0;    /* what it found is recorded */
                 else if (!scan_reply_locked(p, s))
@@ -1767,13 +2253,17 @@ static void scan_extents(struct pool *p)
         }
         if (busy == 0)
             break;
-        cond_wait_locked(p, "scan");
+        if (scan_wait_locked(p, t0, last, abandoned))
+            abandoned = stop = true;
     }
     extmap_remove(&p->known_zero, p->size, UINT64_MAX);
-    log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as zero",
-             extmap_covered(&p->known_zero, 0, p->size), p->size);
+    if (!abandoned)                   /* else this pool is not used */
+        log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as "
+                 "zero", extmap_covered(&p->known_zero, 0, p->size), p->size);
+    p->st.scan = abandoned ? "timed out" : stop ? "partial" : "complete";
     pthread_mutex_unlock(&p->lock);
     free(slots);
+    return abandoned ? -ETIMEDOUT : 0;
 }
 
 int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
@@ -1808,7 +2298,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
         return -ENOMEM;
     }
     pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->cond, NULL);
+    mono_cond_init(&p->cond);         /* the scan's wait is timed */
     mono_cond_init(&p->idle_cond);
     p->map_max = cfg->zero_map_ranges ? cfg->zero_map_ranges
                                       : POOL_ZERO_MAP_RANGES;
@@ -1816,12 +2306,27 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
         p->map_max = 16;
     extmap_init(&p->known_zero, p->map_max, true);
     extmap_init(&p->pending_zero, p->map_max, false);
+    extmap_init(&p->damage, DAMAGE_RANGES, false);
+    for (unsigned i = 0; i < 2; i++) {
+        extmap_init(&p->unflushed[i], DAMAGE_RANGES, false);
+        extmap_init(&p->flushing[i], DAMAGE_RANGES, false);
+    }
+    pthread_mutex_init(&p->flush_lock, NULL);
+    p->reconnects_seen = nbdx_reconnects(x);
+    extmap_init(&p->touched, p->map_max, false);
     p->idle_since_ns = 0;
 
+    p->st.scan = cfg->scan_timed_out ? "timed out"
+                 : cfg->scan_extents && !info->can_extents ? "unsupported"
+                 : "off";
     if (cfg->destination_is_zero)
         extmap_add(&p->known_zero, 0, size);
-    else if (cfg->scan_extents && info->can_extents)
-        scan_extents(p);
+    else if (cfg->scan_extents && info->can_extents &&
+             scan_extents(p) < 0) {
+        p->stopping = true;           /* no idle thread to stop */
+        pool_destroy(p);
+        return -ETIMEDOUT;
+    }
 
     int r = pthread_create(&p->idle_thread, NULL, idle_thread, p);
     if (r != 0) {
@@ -1837,7 +2342,20 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
 void pool_get_stats(struct pool *p, struct pool_stats *out)
 {
     pthread_mutex_lock(&p->lock);
+    check_reconnect_locked(p);
     *out = p->st;
+    out->damaged_bytes = p->damage_everything ? p->size
+                         : extmap_covered(&p->damage, 0, UINT64_MAX);
+    out->damaged_ranges = extmap_count(&p->damage);
+    out->ndamage = 0;
+    struct ext e;
+    for (uint64_t pos = 0; out->ndamage < POOL_DAMAGE_LISTED &&
+                           extmap_next(&p->damage, pos, &e); pos = e.end)
+        out->damage[out->ndamage++] = (struct pool_range){ e.start, e.end };
+    out->damage_everything = p->damage_everything;
+    out->flush_failed = p->flush_failed;
+    out->repairs = p->repairs;
+    out->unrepaired = damaged_locked(p);
     out->in_flight = p->in_flight;
     out->nbufs = p->nbufs;
     out->bufs_in_use = p->nallocated - p->nfree;
@@ -1853,6 +2371,11 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->known_zero = extmap_covered(&p->known_zero, 0, p->size);
     out->pending_zero_ranges = extmap_count(&p->pending_zero);
     out->known_zero_ranges = extmap_count(&p->known_zero);
+    out->zeroing_active = p->zero_drains > 0 && p->zeroing_total > 0;
+    out->zeroing_total = p->zeroing_total;
+    uint64_t done = zeroing_count_locked(p) - p->zeroing_base;
+    out->zeroing_done = done < p->zeroing_total ? done : p->zeroing_total;
+    out->zeroing_abandoned = p->zeroing_abandoned;
     out->nfailures = MIN(p->nfailures, (unsigned) (sizeof out->failures /
                                                    sizeof out->failures[0]));
     memcpy(out->failures, p->failures,
@@ -1884,6 +2407,13 @@ void pool_destroy(struct pool *p)
     free(p->zero_buf);
     extmap_free(&p->known_zero);
     extmap_free(&p->pending_zero);
+    extmap_free(&p->damage);
+    for (unsigned i = 0; i < 2; i++) {
+        extmap_free(&p->unflushed[i]);
+        extmap_free(&p->flushing[i]);
+    }
+    pthread_mutex_destroy(&p->flush_lock);
+    extmap_free(&p->touched);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
     pthread_cond_destroy(&p->idle_cond);

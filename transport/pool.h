@@ -9,7 +9,9 @@
  *    reach the server in the order they were made;
  *  - memory is bounded: writers wait for a free buffer;
  *  - no failure is lost: each failed request is recorded with its range
- *    and an error sequence number that fs/ uses to report it (errseq-like).
+ *    and an error sequence number (errseq-like), and its range stays
+ *    damage until a later request over it succeeds: while any damage is
+ *    left, pool_damage() says so, and fs/ fails every close and fsync.
  *
  * All offsets are disk offsets, already checked against the export size.
  */
@@ -31,8 +33,14 @@ struct pool_config {
                                * waits for its reply (benchmarks) */
     bool destination_is_zero; /* trust the user: the disk reads as zero */
     bool scan_extents;        /* learn zero ranges from block status */
+    unsigned scan_wait_ms;    /* the scan gives the server up after this
+                               * long without a reply (0: 15 s) */
+    bool scan_timed_out;      /* an earlier pool's scan got no reply (the
+                               * status says so); no scan now */
     size_t zero_map_ranges;   /* most ranges each zero map holds (0:
                                * POOL_ZERO_MAP_RANGES) */
+    bool track_touched;       /* keep pool_touched_next()'s map (the
+                               * read-back); the same bound */
 };
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
@@ -50,7 +58,18 @@ struct pool_failure {
     uint64_t off, len;
     int err;                  /* positive errno */
     enum pool_counter_kind kind;
+    bool lost;                /* POOL_WRITE: acknowledged, then perhaps lost
+                               * when a reconnect came before a flush */
+    bool repaired;            /* a later request over all of it succeeded
+                               * (a flush: a later flush did) */
+    int64_t time_s, repaired_s;   /* CLOCK_REALTIME seconds */
 };
+
+struct pool_range {
+    uint64_t start, end;
+};
+
+#define POOL_DAMAGE_LISTED 16
 
 struct pool_stats {
     uint64_t bytes_written;   /* accepted from the copy tool */
@@ -73,6 +92,24 @@ struct pool_stats {
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
     struct pool_failure failures[16];   /* the first ones */
+    /* Damage left now (pool_damage()): */
+    bool unrepaired;          /* any of the three below */
+    uint64_t damaged_bytes, damaged_ranges;
+    bool damage_everything;   /* the set overflowed memory: all of it */
+    bool flush_failed;        /* the last NBD flush failed */
+    uint64_t repairs;         /* failures repaired since the mount */
+    unsigned ndamage;         /* entries in damage[] */
+    struct pool_range damage[POOL_DAMAGE_LISTED];   /* the first ones */
+    /* The zeroing of the last drain (close, fsync, unmount): what was
+     * pending when it began, and how much of it is done (acknowledged,
+     * or found unneeded); active while a drain runs. */
+    bool zeroing_active, zeroing_abandoned;
+    uint64_t zeroing_done, zeroing_total;
+    const char *scan;         /* the block status scan at mount: "complete",
+                               * "partial" (its 10 s budget or an error),
+                               * "timed out" (no reply: the connections
+                               * were dropped, nothing is known zero),
+                               * "unsupported", "off" */
 };
 
 int  pool_create(const struct pool_config *cfg, struct nbdx *x,
@@ -191,6 +228,11 @@ int pool_zero(struct pool *p, uint64_t off, uint64_t len);
  * for truncate and O_TRUNC.  May wait for zero requests to complete. */
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 
+/* A truncate to from: the damaged ranges at or past from must read as
+ * zero too (the disk past the size does), and a failed zeroing there may
+ * have left anything: zero them again, lazily, as pool_zero_lazy(). */
+int pool_zero_damage(struct pool *p, uint64_t from);
+
 /* Read, seeing every write and zero made before the call. */
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len);
 
@@ -229,6 +271,13 @@ size_t pool_read_max(struct pool *p);
  * the server (success or failure), pending zeroes included. */
 void pool_drain(struct pool *p);
 
+/* Give up the zeroing of pending zeroes, for good (a second stop signal
+ * during the final drain): a drain waiting to queue zero requests returns
+ * once those already queued are answered.  What is left is logged, range
+ * by range, and recorded as one failure (ECANCELED), so later closes,
+ * fsyncs and the exit status report it.  Never waits for the server. */
+void pool_abandon_zeroing(struct pool *p);
+
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
 int pool_flush(struct pool *p);
 
@@ -237,11 +286,36 @@ int pool_flush(struct pool *p);
  * one it has been told about.  pool_error_seq() is the current number;
  * pool_error_take() returns the first error (positive errno) recorded
  * after *seq, or 0, and moves *seq to the current number. */
+/* The connection was lost (every request fails): try the server again
+ * now (transport/nbdx.h nbdx_heal).  0 if it answers, or nothing was
+ * lost; -EIO otherwise.  Writes and reads do this themselves; fs/ calls
+ * it at open, so that a new copy finds a healed mount. */
+int pool_heal(struct pool *p);
+
 uint64_t pool_error_seq(struct pool *p);
 /* *seq is read (peek) or read and moved (take) under the pool's lock, so
  * one handle may be used by several threads at once. */
 int pool_error_peek(struct pool *p, const uint64_t *seq);
 int pool_error_take(struct pool *p, uint64_t *seq);
+
+/* Damage: 0 if the disk holds everything the server acknowledged, else
+ * the positive errno (EIO for a lost connection) of the latest failure
+ * left unrepaired.  A range is damaged when its write or zero failed
+ * (after the retries below), or when nbdx reconnected while writes it
+ * acknowledged were not yet covered by a successful NBD flush (a
+ * volatile server may have restarted without them); it is repaired when
+ * a later write or zero of it succeeds (a rewrite, or a truncate's
+ * zeroing landing).  A failed NBD flush is damage until a flush
+ * succeeds.  The copy tool must be told at every close and fsync until
+ * then: an error told once is lost to a close nobody checks (a shell's
+ * redirection, dd's dup2).
+ *
+ * Retries: a write or zero the server answers with EIO is sent again
+ * at once, up to twice, in its place in the queue and from its buffer;
+ * a flush's EIO twice, 10 ms apart.  Every other errno (ENOSPC, EINVAL,
+ * EROFS, EPERM, ...) counts at once.  A connection that drops is
+ * nbdx's: it reconnects and resends within --retry-timeout. */
+int pool_damage(struct pool *p);
 
 /* SEEK_DATA / SEEK_HOLE over [0, size).  -ENXIO past the last data. */
 int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
@@ -251,12 +325,18 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size);
  * either side): at most n ranges, and no more once they hold want bytes.
  * Returns how many were stored in v.  A guide only (the next write may
  * change it): the read-ahead plans its chunks over them. */
-struct pool_range {
-    uint64_t start, end;
-};
 unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
                           uint64_t merge, uint64_t want,
                           struct pool_range *v, unsigned n);
+
+/* The first range that ends after pos of the ranges this pool ever sent
+ * a write or a write-zeroes for (sent, whatever the answer); false if
+ * none.  Exact: a range that was touched is never missed (when the map
+ * would pass its bound, or without cfg.track_touched, every byte counts
+ * as touched).  The
+ * read-back reads these instead of trusting block status: a server that
+ * acknowledges a zeroing it did not do reports the range as zero too. */
+bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out);
 
 /* Bytes of [0, size) that may hold data (not known to read as zero). */
 uint64_t pool_allocated(struct pool *p, uint64_t size);

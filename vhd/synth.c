@@ -58,7 +58,7 @@ int vhd_synth_new(uint64_t disk_size, const uint8_t uuid[16],
     struct vhd_footer f = {
         .cookie = "conectix", .features = VHD_FEATURE_RESERVED,
         .version = VHD_VERSION, .data_offset = VHD_SECTOR,
-        .timestamp = timestamp, .creator_app = "nbdf",
+        .timestamp = timestamp, .creator_app = "win ",
         .creator_version = 0x00010000, .creator_os = 0,
         .original_size = s->size, .current_size = s->size,
         .disk_type = VHD_DYNAMIC,

@@ -357,10 +357,12 @@ void vhd_stream_free(struct vhd_stream *s);
 /* Layout (vhd-tool-like): footer copy at 0, header at 512, BAT at 1536,
  * then for each allocated 2 MiB block in increasing virtual order an
  * all-ones bitmap sector and the block's data, then the footer.  Creator
- * "nbdf" version 0x00010000, OS 0, geometry from vhd_geometry(): because
- * qemu derives the size from CHS for unknown creators, qemu users must pass
- * force_size_calc=current_size for sizes that are not CHS-exact (see
- * docs/vhd-notes.md).  disk bytes past disk_size read as zero. */
+ * "win " (the Hyper-V convention: current_size is the size) version
+ * 0x00010000, OS 0, geometry from vhd_geometry(): qemu 7.2 derives the
+ * size from CHS for creators it does not know ("vpc ", "qemu" and any
+ * other) and would read a disk that is not CHS-exact short; for "win "
+ * it reads current_size (see docs/vhd-notes.md).  disk bytes past
+ * disk_size read as zero. */
 struct vhd_synth;
 
 /* disk_size: bytes of the disk (current_size = disk_size rounded up to 512);

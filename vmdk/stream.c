@@ -582,16 +582,20 @@ static int marker_head(struct vmdk_stream *s)
 {
     struct vmdk_marker_disk m;
 
-    /* streamOptimized: header and descriptor are all there is to check up
-     * front; waiting for the first marker also leaves the disk alone when
-     * the file ends inside the overhead. */
-    if (!s->began && begin(s) < 0)
-        return s->err;
     memcpy(&m, s->sect, VMDK_GRAIN_MARKER_SIZE);
     uint32_t size = le32toh(m.size);
-    if (size)
-        return grain_marker(s, le64toh(m.lba), size);
-    s->st = ST_META;                  /* collect the rest of the sector */
+    if (size) {
+        int r = grain_marker(s, le64toh(m.lba), size);
+        if (r < 0)
+            return r;
+    } else
+        s->st = ST_META;              /* collect the rest of the sector */
+    /* streamOptimized: header and descriptor are all there is to check up
+     * front; waiting for the first marker, and checking it, also leaves
+     * the disk alone when the file ends inside the overhead or its first
+     * grain marker breaks a rule (past the capacity, say). */
+    if (!s->began && begin(s) < 0)
+        return s->err;
     return 0;
 }
 

@@ -90,11 +90,11 @@ static void mountpoint(const char *arg, bool nonempty)
                                  sizeof msg);
     check_msg(r, msg);
     if (r < 0) {
-        if (m.mountpoint || m.filename)
+        if (m.mountpoint || m.filename || m.fd != -1)
             abort();
         return;
     }
-    if (!m.mountpoint || m.mountpoint[0] != '/' || !m.filename ||
+    if (m.fd < 0 || !m.mountpoint || m.mountpoint[0] != '/' || !m.filename ||
         !m.filename[0] || strchr(m.filename, '/') ||
         strlen(m.filename) > 255 ||
         strcmp(m.filename, ".nbdferry-status") == 0 ||

@@ -217,7 +217,7 @@ def qemu_io(img, *cmds, fmt="vpc"):
 def vpc_spec(path, force_current=True):
     """A qemu json: filename for a VPC file; with force_size_calc=
     current_size qemu uses the footer's current size instead of the size
-    it derives from CHS geometry for most creators (ours is "nbdf")."""
+    it derives from CHS geometry for most creators (not for ours, "win ")."""
     spec = {"driver": "vpc", "file": {"driver": "file", "filename": str(path)}}
     if force_current:
         spec["force_size_calc"] = "current_size"

@@ -8,6 +8,13 @@
  * to the backing file with pwrite, so a flush failure loses nothing here:
  * it only tests that the failure is reported.
  *
+ *   ... fail-once=1
+ *
+ * A passing server error instead: while the flag exists, the first write
+ * and the first zero at each offset fail with EIO and every later one
+ * there succeeds, and every other flush fails (the first fails): the
+ * daemon's retries of EIO must hide all of it.
+ *
  * THREAD MODEL: nbdkit's worker threads call every callback concurrently;
  * pread/pwrite on the one descriptor need no lock, the random seed is per
  * thread.
@@ -16,6 +23,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,8 +34,44 @@
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
 static const char *file, *flag;
-static int rate = 100, fd = -1;
+static int rate = 100, fd = -1, fail_once;
 static __thread unsigned seed;
+
+/* fail-once: the offsets that failed already (a small open hash set). */
+#define SEEN_SLOTS 65536
+static uint64_t seen[SEEN_SLOTS];     /* offset + 1; 0: empty */
+static unsigned flushes;
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* True the first time off is asked about (while the flag exists). */
+static int first_time(uint64_t off, int zero)
+{
+  uint64_t key = (off << 1 | (uint64_t) zero) + 1;
+  unsigned i = (unsigned) ((key * 0x9e3779b97f4a7c15ull) >> 48) % SEEN_SLOTS;
+  int first = 0;
+
+  if (!flag || access(flag, F_OK) != 0)
+    return 0;
+  pthread_mutex_lock(&seen_lock);
+  for (unsigned n = 0; n < SEEN_SLOTS; n++, i = (i + 1) % SEEN_SLOTS) {
+    if (seen[i] == key)
+      break;
+    if (seen[i] == 0) {
+      seen[i] = key;
+      first = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&seen_lock);
+  return first;
+}
+
+static int injected(const char *what)
+{
+  nbdkit_error("injected %s failure", what);
+  errno = EIO;
+  return -1;
+}
 
 static int f_config(const char *key, const char *value)
 {
@@ -37,6 +81,8 @@ static int f_config(const char *key, const char *value)
     flag = value;
   else if (strcmp(key, "flush-error-rate") == 0)
     rate = atoi(value);
+  else if (strcmp(key, "fail-once") == 0)
+    fail_once = atoi(value);
   else {
     nbdkit_error("unknown parameter %s", key);
     return -1;
@@ -76,6 +122,8 @@ static int f_pread(void *h, void *b, uint32_t n, uint64_t o, uint32_t fl)
 static int f_pwrite(void *h, const void *b, uint32_t n, uint64_t o,
                     uint32_t fl)
 {
+  if (fail_once && first_time(o, 0))
+    return injected("write");
   return pwrite(fd, b, n, o) == (ssize_t) n ? 0 : -1;
 }
 
@@ -83,6 +131,8 @@ static int f_zero(void *h, uint32_t n, uint64_t o, uint32_t fl)
 {
   static const char z[65536];
 
+  if (fail_once && first_time(o, 1))
+    return injected("zero");
   while (n) {
     uint32_t k = n < sizeof z ? n : sizeof z;
     if (pwrite(fd, z, k, o) != (ssize_t) k)
@@ -95,6 +145,14 @@ static int f_zero(void *h, uint32_t n, uint64_t o, uint32_t fl)
 
 static int f_flush(void *h, uint32_t fl)
 {
+  if (fail_once) {
+    pthread_mutex_lock(&seen_lock);
+    int odd = flag && access(flag, F_OK) == 0 && flushes++ % 2 == 0;
+    pthread_mutex_unlock(&seen_lock);
+    if (odd)
+      return injected("flush");
+    return fdatasync(fd);
+  }
   if (seed == 0)
     seed = (unsigned) getpid() ^ (unsigned) (uintptr_t) &seed;
   if (flag && access(flag, F_OK) == 0 && (int) (rand_r(&seed) % 100) < rate) {

@@ -39,6 +39,7 @@ struct nbdx {
     bool auto_busy;               /* completing an op, done() included */
     unsigned delay_us;            /* before each automatic reply */
     struct fake_counts counts;
+    uint64_t reconnects;          /* fake_reconnect(); __atomic builtins */
 };
 
 volatile bool fake_fail_alloc;
@@ -138,6 +139,23 @@ static bool changes_disk(const struct nbdx_op *op)
 }
 
 const struct nbdx_info *nbdx_info(const struct nbdx *x) { return &x->info; }
+
+uint64_t nbdx_reconnects(const struct nbdx *x)
+{
+    return __atomic_load_n(&x->reconnects, __ATOMIC_SEQ_CST);
+}
+
+void fake_reconnect(struct nbdx *x)
+{
+    __atomic_add_fetch(&x->reconnects, 1, __ATOMIC_SEQ_CST);
+}
+/* The fake never loses its server for good: nothing to heal, and a pool
+ * that latched a loss stays lost (EIO), as a mount in a mode that cannot
+ * reconnect does. */
+int nbdx_heal(struct nbdx *x) { (void) x; return -EIO; }
+/* Only the block status scan calls it, and the fake offers no block
+ * status. */
+void nbdx_abandon(struct nbdx *x) { (void) x; }
 
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
 {

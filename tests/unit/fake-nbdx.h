@@ -44,6 +44,9 @@ void fake_complete(struct nbdx *x, struct nbdx_op *op, int err);
 /* Complete everything in flight, oldest first, until nothing is left. */
 void fake_complete_all(struct nbdx *x);
 
+/* As if a connection was made again (nbdx_reconnects() counts it). */
+void fake_reconnect(struct nbdx *x);
+
 /* Who completes ops: the test alone (FAKE_MANUAL: replies are held
  * back), or also an auto-completer thread, oldest first or at random.
  * Switching to FAKE_MANUAL lets a reply already being sent finish. */

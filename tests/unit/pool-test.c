@@ -498,6 +498,51 @@ static void test_buffer_freed_after_reply(void)
     printf("ok buffer_freed_after_reply\n");
 }
 
+/* The touched map (the read-back's): every write and zero sent, exact;
+ * past its bound, or when not kept, everything. */
+static bool touched(struct pool *p, uint64_t pos, uint64_t start,
+                    uint64_t end)
+{
+    struct pool_range t;
+    return pool_touched_next(p, pos, &t) && t.start == start && t.end == end;
+}
+
+static void test_touched_ranges(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool_config cfg = {
+        .request_size = 64 * KiB, .pool_size = 1 * MiB, .depth = 4,
+        .idle_ms = 3600 * 1000, .zero_map_ranges = 16,
+        .track_touched = true,
+    };
+    struct pool *p;
+    unsigned char data[4096];
+    struct pool_range t;
+
+    memset(data, 0x5a, sizeof data);
+    assert(pool_create(&cfg, x, nbdx_info(x)->size, &p) == 0);
+    assert(!pool_touched_next(p, 0, &t));
+    assert(pool_write(p, 0, data, sizeof data) == sizeof data);
+    assert(pool_zero(p, 1 * MiB, 64 * KiB) == 0);
+    finish(x, p);
+    assert(touched(p, 0, 0, 4096));
+    assert(touched(p, 4096, 1 * MiB, 1 * MiB + 64 * KiB));
+    assert(!pool_touched_next(p, 2 * MiB, &t));
+    for (unsigned i = 0; i < 20; i++)   /* past the bound of 16 */
+        assert(pool_write(p, 2 * MiB + i * 128 * KiB, data, sizeof data) ==
+               sizeof data);
+    finish(x, p);
+    assert(touched(p, 7 * MiB, 0, UINT64_MAX));
+    pool_destroy(p);
+
+    cfg.track_touched = false;          /* not kept: all touched */
+    assert(pool_create(&cfg, x, nbdx_info(x)->size, &p) == 0);
+    assert(touched(p, 0, 0, UINT64_MAX));
+    pool_destroy(p);
+    fake_close(x);
+    printf("ok touched_ranges\n");
+}
+
 /* pool-test [NAME | SEEDS]: every test, one by name, or more seeds. */
 int main(int argc, char **argv)
 {
@@ -510,6 +555,7 @@ int main(int argc, char **argv)
         { "alloc_fail_pending_split", test_alloc_fail_pending_split },
         { "overlap_waits_for_reply", test_overlap_waits_for_reply },
         { "buffer_freed_after_reply", test_buffer_freed_after_reply },
+        { "touched_ranges", test_touched_ranges },
     };
     const char *only = argc > 1 && (argv[1][0] < '0' || argv[1][0] > '9')
                            ? argv[1] : NULL;

@@ -15,7 +15,9 @@ add_test(NAME extmap COMMAND extmap-test)
 # injection (--wrap) the fake provides: pool-test (interleavings, the
 # model), pool-test-fill (zero-copy writes, holds), pool-test-aread
 # (reads started without waiting), pool-test-land (writes received
-# straight into their buffer).
+# straight into their buffer), pool-test-damage (failures kept as damage
+# until repaired, retries, writes lost at a reconnect), pool-test-own (lent
+# memory keeps its bytes while the rest of the pool is reused).
 function(pool_unit_test name exe timeout)
   add_executable(${exe} ${POOL_TEST_DIR}/${exe}.c
                  ${POOL_TEST_DIR}/fake-nbdx.c ${TRANSPORT_DIR}/pool.c
@@ -35,3 +37,5 @@ pool_unit_test(pool pool-test 900)
 pool_unit_test(pool-fill pool-test-fill 300)
 pool_unit_test(pool-aread pool-test-aread 300)
 pool_unit_test(pool-land pool-test-land 300)
+pool_unit_test(pool-damage pool-test-damage 120)
+pool_unit_test(pool-own pool-test-own 300)

@@ -1,6 +1,6 @@
 """Markdown report: machine, command, tables, ratios, raw runs.
 
-docs/benchmarks.md may hold hand-written text (method, tuning notes); the
+docs/benchmarks-results.md may hold hand-written text (method, tuning notes); the
 bench replaces only what lies between BEGIN and END below.
 """
 

@@ -40,13 +40,13 @@ struct options {
     uint64_t size;                      /* --size, if have_size */
     bool have_size;
     bool zero_tail;
-    bool raw;
     bool json;
     bool quiet;
     uint64_t block_size;
     size_t max_ranges;
     const char *parents[VHDFILE_CHAIN_MAX];  /* --parent, borrowed from argv */
     struct source_options src;
+    struct source_options dst;          /* src without the --parent list */
 };
 
 struct side {
@@ -70,12 +70,16 @@ static const char usage_text[] =
 "standard input: a file or block device there is read like any other, a\n"
 "pipe is read once to its end (one operand only).\n"
 "\n"
-"A SOURCE file with a VHD footer (cookie \"conectix\") is decoded: fixed,\n"
-"dynamic and differencing VHDs are hashed as their virtual disk (the\n"
-"footer's current size), unallocated blocks and sectors as zeros without\n"
-"reading.  A differencing VHD's parents are found through its locators,\n"
-"inside its own directory, or given with --parent.  A malformed VHD is an\n"
-"error naming the broken rule.\n"
+"A file that is a disk image, SOURCE or DESTINATION, is decoded to its\n"
+"virtual disk: VHD (fixed, dynamic and differencing: the footer's current\n"
+"size) and VMDK (streamOptimized, as in an OVA, and monolithicSparse: the\n"
+"header's capacity), unallocated blocks as zeros without reading.  A\n"
+"differencing VHD's parents are found through its locators, inside its own\n"
+"directory, or given with --parent.  A malformed image is an error naming\n"
+"the broken rule.  An image or archive it recognises but does not decode\n"
+"(qcow2, VHDX, a VMDK descriptor, tar/OVA) is refused with the reason,\n"
+"never hashed as raw bytes unless --format=raw says so.  NBD exports are\n"
+"always the disk itself.\n"
 "\n"
 "Without --size or --zero-tail the sizes must be equal: if they differ the\n"
 "result is a mismatch and no data is read.\n"
@@ -98,7 +102,10 @@ static const char usage_text[] =
 "  -m, --max-ranges=N      list at most N mismatch ranges (default 10, 0: all)\n"
 "  -j, --json              print a JSON report instead of text\n"
 "  -q, --quiet             print nothing; only the exit status\n"
-"      --raw               hash a VHD SOURCE file as it is, not decoded\n"
+"  -f, --format=FMT        read file operands as FMT: auto (default: decode\n"
+"                          VHD and VMDK, refuse other images), raw (the\n"
+"                          file's bytes as they are), vhd or vmdk\n"
+"      --raw               the same as --format=raw\n"
 "      --parent=FILE       parent of a differencing VHD SOURCE; repeat for\n"
 "                          the parent's parent and so on (levels not given\n"
 "                          are found through the locators)\n"
@@ -116,7 +123,7 @@ static const char usage_text[] =
 enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT, OPT_LONG_OPTIONS,
        OPT_SHORT_OPTIONS, OPT_BLKHASH };
 
-#define SHORT_OPTIONS ":d:s:zb:m:jqr:R:C:t:hV"
+#define SHORT_OPTIONS ":d:f:s:zb:m:jqr:R:C:t:hV"
 
 static const struct option long_options[] = {
     { "digest",       required_argument, NULL, 'd' },
@@ -128,6 +135,7 @@ static const struct option long_options[] = {
     { "max-ranges",   required_argument, NULL, 'm' },
     { "json",         no_argument,       NULL, 'j' },
     { "quiet",        no_argument,       NULL, 'q' },
+    { "format",       required_argument, NULL, 'f' },
     { "raw",          no_argument,       NULL, OPT_RAW },
     { "parent",       required_argument, NULL, OPT_PARENT },
     { "no-extents",   no_argument,       NULL, OPT_NO_EXTENTS },
@@ -261,6 +269,22 @@ static int block_size_arg(struct options *o)
     return r;
 }
 
+static int format_arg(struct options *o)
+{
+    static const char *const names[] = {
+        [SOURCE_FORMAT_AUTO] = "auto", [SOURCE_FORMAT_RAW] = "raw",
+        [SOURCE_FORMAT_VHD] = "vhd", [SOURCE_FORMAT_VMDK] = "vmdk",
+    };
+
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(optarg, names[i]) == 0) {
+            o->src.format = (enum source_format) i;
+            return 0;
+        }
+    return usage_err("--format: unknown format '%s' (auto, raw, vhd, vmdk)",
+                     optarg);
+}
+
 static int parent_arg(struct options *o)
 {
     size_t n = o->src.vhd_nparents;
@@ -297,7 +321,8 @@ static int parse_one(struct options *o, int c, char **argv)
     case 'm': return SIZE_ARG("--max-ranges", 0, 1u << 30, o->max_ranges);
     case 'j': o->json = true; return 0;
     case 'q': o->quiet = true; return 0;
-    case OPT_RAW: o->raw = true; return 0;
+    case 'f': return format_arg(o);
+    case OPT_RAW: o->src.format = SOURCE_FORMAT_RAW; return 0;
     case OPT_PARENT: return parent_arg(o);
     case OPT_NO_EXTENTS: o->src.use_extents = false; return 0;
     case 'r': return SIZE_ARG("--requests", 1, 1024, o->src.requests);
@@ -338,14 +363,19 @@ static int parse_options(struct options *o, int argc, char **argv)
             return r == PARSE_DONE ? 0 : r;
     if (o->have_size && o->zero_tail)
         return usage_err("--size and --zero-tail cannot be combined");
-    if (o->raw && o->src.vhd_nparents)
-        return usage_err("--parent and --raw cannot be combined");
+    if (o->src.vhd_nparents && o->src.format != SOURCE_FORMAT_AUTO &&
+        o->src.format != SOURCE_FORMAT_VHD)
+        return usage_err("--parent needs a VHD SOURCE; --format=%s says it "
+                         "is not one", o->src.format == SOURCE_FORMAT_RAW
+                         ? "raw" : "vmdk");
     if (o->blkhash && o->have_digest)
         return usage_err("--digest and --blkhash cannot be combined "
                          "(--blkhash=DIGEST picks the digest)");
     if (o->blkhash)
         o->algorithm = o->bh_algorithm;
     o->src.vhd_parents = o->parents;
+    o->dst = o->src;
+    o->dst.vhd_nparents = 0;
     if (argc - optind < 1)
         return usage_err("missing operand");
     if (argc - optind > 2)
@@ -540,10 +570,10 @@ int main(int argc, char **argv)
         return nops == 0 ? (fflush(stdout) == EOF ? VERIFY_EXIT_ERROR : 0)
                          : VERIFY_EXIT_ERROR;
     if (nops == 1) {
-        if (source_open(argv[optind], &o.src, !o.raw, &sd[0].s) == 0)
+        if (source_open(argv[optind], &o.src, true, &sd[0].s) == 0)
             r = digest_one(&o, &sd[0], t0);
-    } else if (source_open(argv[optind], &o.src, !o.raw, &sd[0].s) == 0 &&
-               source_open(argv[optind + 1], &o.src, false, &sd[1].s) == 0) {
+    } else if (source_open(argv[optind], &o.src, true, &sd[0].s) == 0 &&
+               source_open(argv[optind + 1], &o.dst, false, &sd[1].s) == 0) {
         r = verify_two(&o, sd, t0);
     }
     for (int i = 0; i < 2; i++) {

@@ -21,13 +21,18 @@
  * A buffer belongs to libnbd from nbd_aio_pread() until read_done() runs;
  * it returns to the free stack only after it has been hashed.  If the run
  * stops with reads or block status still in flight (error, abort, non-zero
- * tail), the handles are closed first, abandoning those commands, and only
- * then are the buffers and the pipeline (the callbacks' user_data) freed.
+ * tail), their replies are read and dropped first (drain): nbdkit 1.32
+ * aborts (raw_send_socket assertion) when a client closes while read
+ * replies are still being sent, and takes every other client and a memory
+ * disk with it.  Only a server silent for DRAIN_WAIT_MS is abandoned: the
+ * handles are closed first, and only then are the buffers and the
+ * pipeline (the callbacks' user_data) freed.
  */
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <libnbd.h>
 
@@ -44,6 +49,8 @@
  * servers mishandle longer requests), but no more than this. */
 #define BS_SPAN        (1ull << 30)
 #define DEFAULT_MAX    (32u << 20)
+/* How long replies still on their way are waited for before closing. */
+#define DRAIN_WAIT_MS  30000
 
 struct nbd_src {
     struct verify_source s;             /* first: the ops see this */
@@ -425,6 +432,43 @@ static bool pipe_busy(const struct pipe *p)
     return false;
 }
 
+static unsigned in_flight(const struct nbd_src *ns)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < ns->nconn; i++) {
+        int k = nbd_aio_in_flight(ns->h[i]);
+        n += k > 0 ? (unsigned) k : 0;
+    }
+    return n;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t) t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Read the replies of the commands still in flight (their results are
+ * dropped), for up to DRAIN_WAIT_MS: see OWNERSHIP above. */
+static void drain(struct pipe *p)
+{
+    int64_t due = mono_ms() + DRAIN_WAIT_MS;
+    unsigned n;
+
+    while ((n = in_flight(p->ns)) > 0) {
+        int64_t left = due - mono_ms();
+        if (left <= 0) {
+            verify_err("%s: abandoning %u request(s): no reply within %d s",
+                       p->ns->s.name, n, DRAIN_WAIT_MS / 1000);
+            return;
+        }
+        if (wait_io(p, (int) left) < 0)
+            return;                     /* the connection is gone */
+    }
+}
+
 static void close_handles(struct nbd_src *ns)
 {
     for (unsigned i = 0; i < ns->nconn; i++) {
@@ -454,8 +498,11 @@ static int nbd_run(struct verify_source *s, struct sink *k)
 
     if (r == 0)
         r = pipe_run(&p);
-    if (pipe_busy(&p))
-        close_handles(ns);
+    if (pipe_busy(&p)) {
+        drain(&p);
+        if (in_flight(ns) > 0)
+            close_handles(ns);          /* abandoned: buffers freed after */
+    }
     pipe_free(&p);
     return r;
 }

@@ -35,6 +35,22 @@ static ssize_t read_full(struct stream_src *f, unsigned char *buf, size_t n)
     return (ssize_t) got;
 }
 
+/* An image on a pipe would be hashed as its container: refused, unless
+ * --format=raw. */
+static int refuse_image(struct stream_src *f, const unsigned char *buf,
+                        size_t n)
+{
+    const char *what = f->s.opt->format == SOURCE_FORMAT_RAW
+                       ? NULL : source_probe_stream(buf, n);
+
+    if (!what)
+        return 0;
+    verify_err("%s: a %s on a pipe: decoding it needs a file (save it "
+               "first: nbdferry-verify reads images at random), or pass "
+               "--format=raw to hash the bytes as they are", f->s.name, what);
+    return -EMEDIUMTYPE;
+}
+
 static int stream_run(struct verify_source *s, struct sink *k)
 {
     struct stream_src *f = (struct stream_src *) s;
@@ -51,6 +67,8 @@ static int stream_run(struct verify_source *s, struct sink *k)
         ssize_t n = read_full(f, buf, want);
         if (n < 0)
             r = (int) n;
+        else if (k->pos == 0 && (r = refuse_image(f, buf, (size_t) n)) < 0)
+            ;
         else if (n > 0)
             r = sink_data(k, buf, (size_t) n);
         if (r == 0 && sink_aborted(k))

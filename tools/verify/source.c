@@ -28,8 +28,106 @@ static int open_fd(const char *path, bool *stream)
     return fd;
 }
 
+/* What a file holds, from its first bytes (and a VHD's footer at its
+ * end).  The images and archives a user may mistake for a disk are
+ * named, so that they are never hashed as raw bytes unasked. */
+enum probed {
+    PROBED_RAW, PROBED_VHD, PROBED_VMDK, PROBED_VMDK_DESCRIPTOR,
+    PROBED_QCOW2, PROBED_VHDX, PROBED_TAR,
+};
+
+static const char *const probed_names[] = {
+    [PROBED_RAW] = "raw", [PROBED_VHD] = "VHD", [PROBED_VMDK] = "VMDK",
+    [PROBED_VMDK_DESCRIPTOR] = "VMDK descriptor (its extents are other "
+                               "files)",
+    [PROBED_QCOW2] = "qcow2 image", [PROBED_VHDX] = "VHDX image",
+    [PROBED_TAR] = "tar archive (an OVA?)",
+};
+
+static bool bytes_at(const unsigned char *head, size_t n, size_t off,
+                     const char *magic, size_t len)
+{
+    return off + len <= n && memcmp(head + off, magic, len) == 0;
+}
+
+/* PROBED_* from the first n bytes (a VHD only by its footer copy). */
+static int probe_head(const unsigned char *head, size_t n)
+{
+    if (bytes_at(head, n, 0, "conectix", 8))
+        return PROBED_VHD;
+    if (bytes_at(head, n, 0, "KDMV", 4))
+        return PROBED_VMDK;
+    if (bytes_at(head, n, 0, "# Disk DescriptorFile", 21))
+        return PROBED_VMDK_DESCRIPTOR;
+    if (bytes_at(head, n, 0, "QFI\xfb", 4))
+        return PROBED_QCOW2;
+    if (bytes_at(head, n, 0, "vhdxfile", 8))
+        return PROBED_VHDX;
+    if (bytes_at(head, n, 257, "ustar", 5))
+        return PROBED_TAR;
+    return PROBED_RAW;
+}
+
+/* PROBED_* or -errno. */
+static int probe(int fd, uint64_t size)
+{
+    unsigned char head[512];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+
+    if (got < 0)
+        return -errno;
+    int vhd = src_vhd_probe(fd, size);
+    if (vhd < 0)
+        return vhd;
+    return vhd ? PROBED_VHD : probe_head(head, (size_t) got);
+}
+
+const char *source_probe_stream(const void *head, size_t n)
+{
+    int p = probe_head(head, n);
+    return p == PROBED_RAW ? NULL : probed_names[p];
+}
+
+/* The format to read fd as, or -errno (logged). */
+static int choose_format(const char *path, int fd, uint64_t size,
+                         enum source_format want)
+{
+    if (want == SOURCE_FORMAT_RAW)
+        return SOURCE_FORMAT_RAW;
+    int p = probe(fd, size);
+    if (p < 0) {
+        verify_err("%s: %s", path, strerror(-p));
+        return p;
+    }
+    if (want == SOURCE_FORMAT_VHD || want == SOURCE_FORMAT_VMDK) {
+        bool vhd = want == SOURCE_FORMAT_VHD;
+        if (p == (vhd ? PROBED_VHD : PROBED_VMDK))
+            return want;
+        verify_err("%s: --format=%s, but this is %s %s", path,
+                   vhd ? "vhd" : "vmdk", p == PROBED_RAW ? "not a" : "a",
+                   p == PROBED_RAW ? (vhd ? "VHD" : "VMDK") : probed_names[p]);
+        return -EMEDIUMTYPE;
+    }
+    switch (p) {
+    case PROBED_RAW:  return SOURCE_FORMAT_RAW;
+    case PROBED_VHD:  return SOURCE_FORMAT_VHD;
+    case PROBED_VMDK: return SOURCE_FORMAT_VMDK;
+    }
+    verify_err("%s: a %s, which nbdferry-verify does not decode: its digest "
+               "would be the container's, not the disk's.  %s, or pass "
+               "--format=raw to hash the file's bytes as they are", path,
+               probed_names[p], p == PROBED_TAR
+               ? "Verify the disk inside it (tar -xf the .vmdk out)"
+               : p == PROBED_VMDK_DESCRIPTOR
+               ? "Verify its extent file (the -flat.vmdk holds the raw disk)"
+               : "Convert it to raw first (qemu-img convert -O raw)");
+    return -EMEDIUMTYPE;
+}
+
+/* The file source found the size (block devices too): probe with it, and
+ * reopen through a decoder if one applies. */
 static int open_path(const char *path, const struct source_options *opt,
-                     bool probe_vhd, struct verify_source **out)
+                     struct verify_source **out)
 {
     bool stream;
     int fd = open_fd(path, &stream);
@@ -38,32 +136,28 @@ static int open_path(const char *path, const struct source_options *opt,
     if (stream)
         return src_stream_open(path, fd, opt, out);
     int r = src_file_open(path, fd, opt, out);
-    if (r < 0 || !probe_vhd)
+    if (r < 0)
         return r;
-
-    /* The file source found the size (block devices too): probe with it. */
-    r = src_vhd_probe(fd, (*out)->size);
-    if (r <= 0) {
-        if (r < 0) {
-            verify_err("%s: %s", path, strerror(-r));
-            source_close(*out);
-            *out = NULL;
-        }
-        return r;
-    }
-    int vfd = dup(fd);
+    uint64_t size = (*out)->size;
+    int f = choose_format(path, fd, size, opt->format);
+    if (f == SOURCE_FORMAT_RAW)
+        return 0;
+    int dfd = f < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 3);
     int err = errno;
     source_close(*out);
     *out = NULL;
-    if (vfd == -1) {
+    if (f < 0)
+        return f;
+    if (dfd == -1) {
         verify_err("%s: dup: %s", path, strerror(err));
         return -err;
     }
-    return src_vhd_open(path, vfd, opt, out);
+    return f == SOURCE_FORMAT_VHD ? src_vhd_open(path, dfd, opt, out)
+                                  : src_vmdk_open(path, dfd, size, opt, out);
 }
 
 int source_open(const char *operand, const struct source_options *opt,
-                bool probe_vhd, struct verify_source **out)
+                bool is_source, struct verify_source **out)
 {
     int r;
 
@@ -71,8 +165,8 @@ int source_open(const char *operand, const struct source_options *opt,
     if (strstr(operand, "://"))
         r = src_nbd_open(operand, opt, out);
     else
-        r = open_path(operand, opt, probe_vhd, out);
-    if (r == 0 && probe_vhd && opt->vhd_nparents &&
+        r = open_path(operand, opt, out);
+    if (r == 0 && is_source && opt->vhd_nparents &&
         strcmp((*out)->ops->kind, "vhd") != 0) {
         verify_err("%s: --parent given, but this is not a VHD", operand);
         source_close(*out);

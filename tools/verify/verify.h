@@ -125,7 +125,16 @@ bool sink_aborted(const struct sink *k); /* the other side failed */
 void sink_free(struct sink *k);
 
 /* source.c: the interface every kind of operand implements. */
+enum source_format {
+    SOURCE_FORMAT_AUTO,                  /* decode VHD and VMDK files, refuse
+                                            other images (the default) */
+    SOURCE_FORMAT_RAW,                   /* every file as its bytes (--raw) */
+    SOURCE_FORMAT_VHD,
+    SOURCE_FORMAT_VMDK,
+};
+
 struct source_options {
+    enum source_format format;           /* of file operands (not NBD) */
     size_t request_size;                 /* bytes per read request */
     unsigned requests;                   /* NBD reads in flight per side */
     unsigned connections;                /* NBD connections, if multi-conn */
@@ -137,7 +146,7 @@ struct source_options {
 struct verify_source;
 
 struct verify_source_ops {
-    const char *kind;                    /* "file", "nbd", "vhd" */
+    const char *kind;                    /* "file", "nbd", "vhd", "vmdk" */
     /* Pipelined sources (NBD) deliver [0, k->end) to the sink themselves.
      * Simple sources (file, VHD) leave run NULL and implement extent() and
      * read(); source_run() drives them. */
@@ -159,13 +168,18 @@ struct verify_source {
     const struct source_options *opt;    /* borrowed, outlives s */
 };
 
-/* Opens an operand: an NBD URI if it contains "://", else a path.  When
- * probe_vhd is set, a file that looks like a VHD is opened through the VHD
- * reader, and opt->vhd_parents given for anything else is an error.  Logs
- * the reason on failure. */
+/* Opens an operand: an NBD URI if it contains "://", else a path.  A file
+ * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD or a VMDK
+ * and refuses (-EMEDIUMTYPE) an image or archive it recognises but does
+ * not decode (qcow2, VHDX, a VMDK descriptor, tar/OVA), naming it.  The
+ * operand that is_source names may take opt->vhd_parents (a VHD only).
+ * Logs the reason on failure. */
 int  source_open(const char *operand, const struct source_options *opt,
-                 bool probe_vhd, struct verify_source **out);
+                 bool is_source, struct verify_source **out);
 int  source_run(struct verify_source *s, struct sink *k);
+/* What the first n bytes of a pipe say it is (an image or archive), or
+ * NULL for raw bytes: a pipe cannot be decoded (no random access). */
+const char *source_probe_stream(const void *head, size_t n);
 void source_close(struct verify_source *s);   /* NULL is fine */
 
 /* source-stream.c: a pipe (the operand "-" when stdin is not a file or
@@ -186,6 +200,13 @@ int src_file_open(const char *path, int fd, const struct source_options *opt,
 int src_vhd_probe(int fd, uint64_t size);
 int src_vhd_open(const char *path, int fd, const struct source_options *opt,
                  struct verify_source **out);    /* takes fd, even on error */
+
+/* source-vmdk.c: streamOptimized and monolithicSparse VMDKs, decoded to
+ * the virtual disk through the grain tables; unallocated grains known
+ * zero without reading. */
+int src_vmdk_open(const char *path, int fd, uint64_t file_size,
+                  const struct source_options *opt,
+                  struct verify_source **out);   /* takes fd, even on error */
 
 /* source-nbd.c: libnbd, pipelined reads, base:allocation block status. */
 int src_nbd_open(const char *uri, const struct source_options *opt,

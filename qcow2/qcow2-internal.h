@@ -1,0 +1,90 @@
+/* qcow2/qcow2-internal.h: private to qcow2/.  Other modules include
+ * qcow2/qcow2.h. */
+#ifndef NBDFERRY_QCOW2_INTERNAL_H
+#define NBDFERRY_QCOW2_INTERNAL_H
+
+#include <endian.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "common/iszero.h"
+#include "common/minmax.h"
+#include "common/rounding.h"
+#include "qcow2/qcow2.h"
+
+/* ---- on-disk layout (big-endian, converted once in format.c) ------------ */
+
+struct qcow2_header_disk {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t backing_file_offset;
+    uint32_t backing_file_size;
+    uint32_t cluster_bits;
+    uint64_t size;
+    uint32_t crypt_method;
+    uint32_t l1_size;
+    uint64_t l1_table_offset;
+    uint64_t refcount_table_offset;
+    uint32_t refcount_table_clusters;
+    uint32_t nb_snapshots;
+    uint64_t snapshots_offset;
+    /* version 3 */
+    uint64_t incompatible_features;
+    uint64_t compatible_features;
+    uint64_t autoclear_features;
+    uint32_t refcount_order;
+    uint32_t header_length;
+    uint8_t  compression_type;                    /* if header_length > 104 */
+    uint8_t  pad[7];
+} __attribute__((packed));
+_Static_assert(sizeof(struct qcow2_header_disk) == 112, "v3 header + type");
+_Static_assert(__builtin_offsetof(struct qcow2_header_disk,
+                                  incompatible_features) == 72, "v2 ends at 72");
+
+/* L1 entry: bits 9..55 the L2 table's offset, bit 63 "copied". */
+#define QCOW2_OFLAG_COPIED     ((uint64_t) 1 << 63)
+#define QCOW2_OFLAG_COMPRESSED ((uint64_t) 1 << 62)
+#define QCOW2_OFLAG_ZERO       ((uint64_t) 1)
+#define QCOW2_L1_OFFSET_MASK   ((uint64_t) 0x00fffffffffffe00)
+#define QCOW2_L1_RESERVED      ((uint64_t) 0x7f000000000001ff)
+/* Standard L2 entry: bits 9..55 offset; 1..8 and 56..61 reserved. */
+#define QCOW2_L2_OFFSET_MASK   ((uint64_t) 0x00fffffffffffe00)
+#define QCOW2_L2_RESERVED      ((uint64_t) 0x3f000000000001fe)
+/* Refcount table entry: bits 9..63 the block's offset, 0..8 reserved. */
+#define QCOW2_RT_OFFSET_MASK   ((uint64_t) 0xfffffffffffffe00)
+
+/* Printf into err (if any) and return code.  Always returns code. */
+int qcow2_errf(struct qcow2_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static inline uint64_t qcow2_be64(const void *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+static inline uint32_t qcow2_be32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+static inline void qcow2_put64(void *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+
+/* A compressed L2 entry's host byte offset and the length its sectors
+ * cover (to the end of the last one), for clusters of 2^cluster_bits. */
+static inline void qcow2_compressed_range(uint64_t entry, uint32_t cluster_bits,
+                                          uint64_t *off, uint64_t *len)
+{
+    unsigned x = 62 - (cluster_bits - 8);
+    uint64_t sectors = ((entry >> x) & ((1ull << (cluster_bits - 8)) - 1)) + 1;
+    *off = entry & ((1ull << x) - 1);
+    *len = sectors * 512 - (*off & 511);
+}
+
+#endif /* NBDFERRY_QCOW2_INTERNAL_H */

@@ -1,0 +1,130 @@
+"""`nbdferry --unmount MNT`: unmount, wait for the daemon's final drain
+and flush, print its verdict and exit with its status; `--log-file`.
+
+A copy's verdict (the failed ranges, the inline digest) is known only
+after the unmount's final flush, when fusermount3 -u has long returned.
+--unmount waits for it and prints it: a good copy exits 0 with the
+digest that sha256sum gives for the source; a server that fails every
+write exits 1 naming the failed range.  A background daemon (no -f) is
+found through its status file.  --log-file gets every line with a time
+stamp, daemon or not, and refuses a planted symlink or hard link.
+
+Run: /usr/bin/python3 -m pytest tests/test_unmount_verdict.py
+"""
+
+import os
+import subprocess
+
+from lib.digest import sha256_file
+from lib.env import MiB, daemon_cmd
+from lib.images import random_file
+from lib.mounts import is_mounted
+from lib.procs import run, wait_for
+
+EXPORT = 32 * MiB
+
+
+def unmount(mp):
+    return run(daemon_cmd("--unmount", mp), timeout=120)
+
+
+def test_unmount_prints_the_verdict(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    src = random_file(shm / "src.img", 5 * MiB + 123)
+    run(["cp", str(src), str(m.file)], check=True)
+    r = unmount(m.mp)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert not is_mounted(m.mp)
+    assert m.proc.poll() is not None, "--unmount returned before the exit"
+    assert f"nbd: ok: {5 * MiB + 123} bytes written" in r.stdout, r.stdout
+    assert f"digest: sha256 {sha256_file(src)} of {5 * MiB + 123} bytes" \
+        in r.stdout, r.stdout
+    m.check(m.wait_exit())
+
+
+def test_unmount_failed_writes_exit_1(server, mount, shm):
+    srv = server("memory", f"size={EXPORT}", "error-pwrite=EIO",
+                 "error-pwrite-rate=100%", filters=["error"])
+    m = mount(srv, "--retry-timeout", "0", expect_rc=1, expect_errors=True)
+    src = random_file(shm / "src.img", 3 * MiB)
+    assert run(["cp", str(src), str(m.file)]).returncode != 0
+    r = unmount(m.mp)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "nbd: FAILED" in r.stdout, r.stdout
+    assert "failed: write of" in r.stdout and "Input/output error" in \
+        r.stdout, r.stdout
+    m.check(m.wait_exit())
+
+
+def test_background_daemon_and_log_file(server, shortdir, shm):
+    """No -f: the command returns once mounted; --unmount finds the daemon
+    through the status file, and the log file holds its lines."""
+    srv = server("memory", f"size={EXPORT}")
+    mp = shortdir / "bg"
+    mp.mkdir()
+    log = shortdir / "daemon.log"
+    r = run(daemon_cmd("-v", "--log-file", log, mp, srv.uri), timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert is_mounted(mp)
+        src = random_file(shm / "src.img", 2 * MiB)
+        run(["cp", str(src), str(mp / "nbd")], check=True)
+    finally:
+        r = unmount(mp)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"digest: sha256 {sha256_file(src)}" in r.stdout, r.stdout
+    assert not is_mounted(mp)
+    assert (os.stat(log).st_mode & 0o777) == 0o600
+    text = log.read_text()
+    assert f"nbdferry[" in text and f"{mp}: " in text, text
+    assert "unmounted:" in text, text            # the line after the flush
+
+
+def test_log_file_never_follows_a_link(server, shortdir):
+    srv = server("memory", f"size={EXPORT}")
+    target = shortdir / "victim"
+    target.write_text("keep\n")
+    for kind in ("symlink", "hardlink"):
+        link = shortdir / f"log-{kind}"
+        (os.symlink if kind == "symlink" else os.link)(target, link)
+        mp = shortdir / f"mnt-{kind}"
+        mp.mkdir()
+        r = run(daemon_cmd("-f", "--log-file", link, mp, srv.uri),
+                timeout=60)
+        assert r.returncode != 0 and "--log-file" in r.stderr, r.stderr
+        assert "link" in r.stderr, r.stderr
+        assert not is_mounted(mp)
+    assert target.read_text() == "keep\n"
+
+
+def test_unmount_of_a_busy_or_foreign_directory(server, mount, shortdir):
+    r = unmount(shortdir)
+    assert r.returncode == 1 and "nbdferry mount" in r.stderr, r.stderr
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv)
+    with open(m.file, "rb"):
+        r = unmount(m.mp)
+        assert r.returncode == 1 and "still mounted" in r.stderr, r.stderr
+    assert is_mounted(m.mp)
+
+
+def test_unmount_file_mode_with_pidfile(server, shortdir, shm):
+    """A file-mode mount has no status file: -P names the daemon."""
+    srv = server("memory", f"size={EXPORT}")
+    disk = shortdir / "disk.raw"
+    disk.write_bytes(b"")
+    pidfile = shortdir / "d.pid"
+    r = run(daemon_cmd("-P", pidfile, disk, srv.uri), timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        src = random_file(shm / "src.img", 3 * MiB)
+        run(["cp", str(src), str(disk)], check=True)
+        r = unmount(disk)                     # no status beside a file
+        assert r.returncode == 1 and "-P PIDFILE" in r.stderr, r.stderr
+        assert is_mounted(disk)
+    finally:
+        r = run(daemon_cmd("-P", pidfile, "--unmount", disk), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"digest: sha256 {sha256_file(src)}" in r.stdout, r.stdout
+    assert not is_mounted(disk)

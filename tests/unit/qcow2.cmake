@@ -1,0 +1,16 @@
+# qcow2 library unit tests (included from tests/CMakeLists.txt).  Images
+# are made at test time by qemu-img and qemu-io.
+set(QCOW2_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+foreach(t format stream synth)
+  if(EXISTS ${QCOW2_TEST_DIR}/qcow2-test-${t}.c)
+    add_executable(qcow2-test-${t} ${QCOW2_TEST_DIR}/qcow2-test-${t}.c)
+    target_link_libraries(qcow2-test-${t} PRIVATE qcow2)
+    add_test(NAME qcow2-${t} COMMAND qcow2-test-${t})
+    set_tests_properties(qcow2-${t} PROPERTIES TIMEOUT 600)
+  endif()
+endforeach()
+
+if(FUZZ)
+  include(${QCOW2_TEST_DIR}/../fuzz/qcow2-fuzz.cmake)
+endif()

@@ -1,0 +1,16 @@
+# VHDX library unit tests (included from tests/CMakeLists.txt).  Files are
+# made at test time by qemu-img, and built by the test for what qemu-img
+# cannot write.
+add_executable(vhdx-test-stream ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-stream.c)
+target_link_libraries(vhdx-test-stream PRIVATE vhdx)
+add_test(NAME vhdx-stream COMMAND vhdx-test-stream)
+set_tests_properties(vhdx-stream PROPERTIES TIMEOUT 600)
+
+if(FUZZ)
+  include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/vhdx-fuzz.cmake)
+endif()
+
+add_executable(vhdx-test-synth ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-synth.c)
+target_link_libraries(vhdx-test-synth PRIVATE vhdx)
+add_test(NAME vhdx-synth COMMAND vhdx-test-synth)
+set_tests_properties(vhdx-synth PROPERTIES TIMEOUT 600)

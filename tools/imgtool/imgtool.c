@@ -1,0 +1,163 @@
+/* tools/imgtool/imgtool.c: see imgtool.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/iszero.h"
+#include "tools/imgtool/imgtool.h"
+
+void imgtool_msg(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", imgtool_prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int imgtool_open_in(const char *path)
+{
+    if (strcmp(path, "-") == 0)
+        return STDIN_FILENO;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        imgtool_msg("%s: %s", path, strerror(errno));
+    return fd;
+}
+
+ssize_t imgtool_read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *) buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        got += (size_t) n;
+    }
+    return (ssize_t) got;
+}
+
+int imgtool_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    while (len) {
+        ssize_t n = pread(fd, buf, len, (off_t) off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        buf = (char *) buf + n, off += (uint64_t) n, len -= (size_t) n;
+    }
+    return 0;
+}
+
+int imgtool_raw_read(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    return imgtool_pread_full(*(int *) opaque, buf, len, off);
+}
+
+int imgtool_out_open(struct imgtool_out *o, const char *path)
+{
+    o->name = path ? path : "stdout";
+    o->pos = 0;
+    o->fd = path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+                 : STDOUT_FILENO;
+    if (o->fd < 0) {
+        imgtool_msg("%s: %s", path, strerror(errno));
+        return -errno;
+    }
+    o->seekable = lseek(o->fd, 0, SEEK_CUR) >= 0;
+    return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len, off_t off, bool at)
+{
+    while (len) {
+        ssize_t n = at ? pwrite(fd, buf, len, off) : write(fd, buf, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        buf = (const char *) buf + n, off += n, len -= (size_t) n;
+    }
+    return 0;
+}
+
+int imgtool_out_write(struct imgtool_out *o, uint64_t off, const void *buf,
+                      size_t len)
+{
+    static const uint8_t zeros[65536];
+    int r;
+    if (o->fd < 0)
+        return 0;
+    if (o->seekable) {
+        if (buf == NULL || is_zero(buf, len))
+            return 0;                   /* holes stay holes */
+        r = write_all(o->fd, buf, len, (off_t) off, true);
+    } else {
+        if (off < o->pos) {
+            imgtool_msg("%s: the image places data out of disk order: to a "
+                        "pipe it needs them in order (use -o FILE)", o->name);
+            return -ESPIPE;
+        }
+        r = 0;
+        while (r == 0 && o->pos < off) {             /* the gap: zeros */
+            size_t n = off - o->pos < sizeof zeros ? off - o->pos : sizeof zeros;
+            r = write_all(o->fd, zeros, n, 0, false);
+            o->pos += n;
+        }
+        if (r == 0 && len) {
+            r = buf ? write_all(o->fd, buf, len, 0, false) : 0;
+            for (size_t k = 0; !buf && r == 0 && k < len; k += sizeof zeros)
+                r = write_all(o->fd, zeros, len - k < sizeof zeros
+                              ? len - k : sizeof zeros, 0, false);
+            o->pos += len;
+        }
+    }
+    if (r < 0)
+        imgtool_msg("%s: %s", o->name, strerror(-r));
+    return r;
+}
+
+int imgtool_out_finish(struct imgtool_out *o, uint64_t size)
+{
+    int r = 0;
+    if (o->fd < 0)
+        return 0;
+    if (o->seekable && ftruncate(o->fd, (off_t) size) < 0)
+        r = -errno;
+    else if (!o->seekable && o->pos < size)
+        r = imgtool_out_write(o, size, NULL, 0);
+    if (o->fd != STDOUT_FILENO && close(o->fd) < 0 && r == 0)
+        r = -errno;
+    if (r < 0 && r != -ESPIPE)
+        imgtool_msg("%s: %s", o->name, strerror(-r));
+    o->fd = -1;
+    return r;
+}
+
+int imgtool_data_ranges(int fd, uint64_t size,
+                        int (*add)(void *opaque, uint64_t off, uint64_t len),
+                        void *opaque)
+{
+    for (off_t pos = 0; (uint64_t) pos < size;) {
+        off_t d = lseek(fd, pos, SEEK_DATA);
+        if (d < 0)
+            return errno == ENXIO ? 0 : -errno;
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h <= d || (uint64_t) h > size)
+            h = (off_t) size;
+        int r = add(opaque, (uint64_t) d, (uint64_t) (h - d));
+        if (r < 0)
+            return r;
+        pos = h;
+    }
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* tools/imgtool/imgtool.h: what the image inspectors (nbdferry-vhdx, and
+ * the VHD and VMDK ones as they move here) share: reading a whole input
+ * (a file or standard input), writing decoded disk bytes to a file
+ * (sparse, any order) or a pipe (in order, holes as zeros), and reading a
+ * raw file for an export.  Functions return 0 or -errno; messages go to
+ * stderr prefixed with the program's name (imgtool_prog). */
+#ifndef NBDFERRY_IMGTOOL_H
+#define NBDFERRY_IMGTOOL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define IMGTOOL_EXIT_INVALID 1          /* the image is not valid */
+#define IMGTOOL_EXIT_USAGE   2          /* usage or I/O error */
+#define IMGTOOL_CHUNK        (1u << 20)
+
+extern const char *imgtool_prog;
+
+void imgtool_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* "-" is standard input.  -1 (and a message) on failure. */
+int imgtool_open_in(const char *path);
+
+/* read() until len bytes or end of input: the count, or -errno. */
+ssize_t imgtool_read_full(int fd, void *buf, size_t len);
+
+/* pread() exactly len bytes: 0, -errno, or -EIO at end of file. */
+int imgtool_pread_full(int fd, void *buf, size_t len, uint64_t off);
+
+/* Decoded disk bytes out.  A seekable output takes writes anywhere and
+ * skips all-zero ones (holes stay holes); a pipe takes them in disk order
+ * only (-ESPIPE otherwise, with a message), with the gaps as zeros. */
+struct imgtool_out {
+    int fd;                             /* -1: discard */
+    const char *name;
+    bool seekable;
+    uint64_t pos;                       /* pipe: bytes written */
+};
+int  imgtool_out_open(struct imgtool_out *o, const char *path);   /* NULL: stdout */
+int  imgtool_out_write(struct imgtool_out *o, uint64_t off, const void *buf,
+                       size_t len);
+/* Make the output size bytes long (the disk's size) and close it. */
+int  imgtool_out_finish(struct imgtool_out *o, uint64_t size);
+
+/* The data ranges of a raw file (SEEK_DATA/SEEK_HOLE), for an export's
+ * allocation: calls add(opaque, off, len) for each. */
+int imgtool_data_ranges(int fd, uint64_t size,
+                        int (*add)(void *opaque, uint64_t off, uint64_t len),
+                        void *opaque);
+/* A read_disk callback over a raw file's descriptor (opaque: int *). */
+int imgtool_raw_read(void *opaque, uint64_t off, void *buf, size_t len);
+
+#endif /* NBDFERRY_IMGTOOL_H */

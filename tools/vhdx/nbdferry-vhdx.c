@@ -1,0 +1,404 @@
+/* tools/vhdx/nbdferry-vhdx.c: VHDX inspector over the vhdx/ library.
+ *
+ *   nbdferry-vhdx info FILE
+ *   nbdferry-vhdx check FILE
+ *   nbdferry-vhdx map FILE
+ *   nbdferry-vhdx cat FILE [-o OUT]
+ *   nbdferry-vhdx export RAW -o OUT
+ *
+ * FILE may be "-" (standard input): every verb reads the VHDX front to
+ * back with the library's stream decoder, so a file that check accepts is
+ * one a landing can decode, and cat decodes exactly as a landing would.
+ * Bytes that arrive before the tables that place them are spooled to a
+ * temporary file (in $TMPDIR), at most --spool-max bytes.
+ * Exit status: 0 ok, 1 invalid VHDX, 2 usage or I/O error.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/optlist.h"
+#include "config.h"
+#include "tools/imgtool/imgtool.h"
+#include "vhdx/vhdx.h"
+
+const char *imgtool_prog = "nbdferry-vhdx";
+
+static uint64_t spool_max = 1ull << 30;
+
+struct decode {
+    const char *path;
+    struct imgtool_out out;
+    FILE *spool;                        /* a temporary file, made on demand */
+    struct vhdx_stream *s;
+    bool refuse_parent;                 /* cat: a child needs its parent */
+};
+
+static int d_begin(void *o, const struct vhdx_info *info)
+{
+    struct decode *d = o;
+    if (d->refuse_parent && info->meta.has_parent) {
+        imgtool_msg("%s: a differencing VHDX holds only what changed from "
+                    "its parent: land it onto a disk that holds the parent "
+                    "(cp it into the mount's nbd.vhdx after the parent)",
+                    d->path);
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
+static int d_data(void *o, uint64_t off, const void *buf, size_t len)
+{
+    return imgtool_out_write(&((struct decode *) o)->out, off, buf, len);
+}
+
+static int d_put(void *o, uint64_t off, const void *buf, size_t len)
+{
+    struct decode *d = o;
+    if (!d->spool && !(d->spool = tmpfile()))
+        return -errno;
+    ssize_t n = pwrite(fileno(d->spool), buf, len, (off_t) off);
+    return n == (ssize_t) len ? 0 : n < 0 ? -errno : -EIO;
+}
+
+static int d_get(void *o, uint64_t off, void *buf, size_t len)
+{
+    struct decode *d = o;
+    return imgtool_pread_full(fileno(d->spool), buf, len, off);
+}
+
+static const struct vhdx_sink sink = { .begin = d_begin, .data = d_data,
+                                       .spool_put = d_put, .spool_get = d_get };
+
+/* Decode the whole input.  0, or the exit status. */
+static int run_decode(struct decode *d, struct vhdx_stream_stats *st)
+{
+    int fd = imgtool_open_in(d->path);
+    if (fd < 0)
+        return IMGTOOL_EXIT_USAGE;
+    struct vhdx_stream_config cfg = { spool_max, "--spool-max" };
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    if (!buf || vhdx_stream_new(&sink, d, &cfg, &d->s) < 0) {
+        free(buf);
+        return IMGTOOL_EXIT_USAGE;
+    }
+    uint64_t off = 0;
+    int r = 0;
+    for (;;) {
+        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
+        if (n < 0) {
+            imgtool_msg("%s: %s", d->path, strerror((int) -n));
+            r = IMGTOOL_EXIT_USAGE;
+            break;
+        }
+        if (n == 0 || (r = vhdx_stream_feed(d->s, off, buf, (size_t) n)) < 0)
+            break;
+        off += (uint64_t) n;
+    }
+    free(buf);
+    if (fd != STDIN_FILENO)
+        close(fd);
+    if (r == 0)
+        r = vhdx_stream_finish(d->s);
+    if (r < 0) {
+        const char *e = vhdx_stream_error(d->s);
+        if (e[0] && !strstr(e, "the sink failed"))
+            imgtool_msg("%s: %s", d->path, e);
+        r = r == -EINVAL || r == -ENOTSUP || r == -EFBIG
+            ? (r == -ENOTSUP && d->refuse_parent && vhdx_stream_info(d->s) &&
+               vhdx_stream_info(d->s)->meta.has_parent ? IMGTOOL_EXIT_USAGE
+                                                       : IMGTOOL_EXIT_INVALID)
+            : IMGTOOL_EXIT_USAGE;
+    }
+    if (st)
+        vhdx_stream_stats(d->s, st);
+    return r;
+}
+
+static void decode_free(struct decode *d)
+{
+    vhdx_stream_free(d->s);
+    if (d->spool)
+        fclose(d->spool);
+}
+
+static const char *kind(const struct vhdx_meta *m)
+{
+    return m->has_parent ? "differencing"
+         : m->leave_blocks_allocated ? "fixed" : "dynamic";
+}
+
+static void print_guid(const char *label, const uint8_t *g)
+{
+    printf("%-22s %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x\n", label, g[3], g[2], g[1], g[0],
+           g[5], g[4], g[7], g[6], g[8], g[9], g[10], g[11], g[12], g[13],
+           g[14], g[15]);
+}
+
+static int cmd_info(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 } };
+    struct vhdx_stream_stats st;
+    int r = run_decode(&d, &st);
+    const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
+    if (i) {
+        const struct vhdx_meta *m = &i->meta;
+        printf("%-22s %s\n", "type", kind(m));
+        printf("%-22s %" PRIu64 "\n", "virtual size", m->disk_size);
+        printf("%-22s %u\n", "block size", m->block_size);
+        printf("%-22s %u / %u\n", "sector size", m->logical_sector,
+               m->physical_sector);
+        printf("%-22s %" PRIu64 "\n", "header sequence", i->header.seq);
+        print_guid("data write guid", i->header.data_write_guid);
+        if (m->have_page83)
+            print_guid("page 83 id", m->page83);
+        printf("%-22s %u bytes at %" PRIu64 "\n", "log",
+               i->header.log_length, i->header.log_offset);
+        printf("%-22s %" PRIu64 " bytes at %" PRIu64 "\n", "metadata region",
+               i->regions.meta.len, i->regions.meta.off);
+        printf("%-22s %" PRIu64 " bytes at %" PRIu64 " (%" PRIu64 " entries)\n",
+               "BAT", i->regions.bat.len, i->regions.bat.off,
+               i->geom.bat_entries);
+        printf("%-22s %" PRIu64 " of %" PRIu64 " present, %" PRIu64
+               " zero\n", "blocks", i->present_blocks, i->geom.payload_blocks,
+               i->zero_blocks);
+        for (unsigned k = 0; k < m->parent_pairs; k++)
+            printf("%-22s %s = %s\n", k ? "" : "parent locator",
+                   m->parent[k].key, m->parent[k].value);
+        printf("%-22s %" PRIu64 " bytes (peak %" PRIu64 ")\n", "spooled",
+               st.spooled_bytes, st.spool_peak);
+    }
+    decode_free(&d);
+    return r;
+}
+
+static int cmd_check(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 } };
+    struct vhdx_stream_stats st;
+    int r = run_decode(&d, &st);
+    const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
+    if (r == 0 && i)
+        printf("ok: %s VHDX, virtual size %" PRIu64 ", %" PRIu64 " of %"
+               PRIu64 " blocks present, %" PRIu64 " data bytes\n",
+               kind(&i->meta), i->meta.disk_size, i->present_blocks,
+               i->geom.payload_blocks, st.data_bytes);
+    decode_free(&d);
+    return r;
+}
+
+static const char *state_name(unsigned st)
+{
+    switch (st) {
+    case VHDX_PB_NOT_PRESENT: return "not-present";
+    case VHDX_PB_UNDEFINED: return "undefined";
+    case VHDX_PB_ZERO: return "zero";
+    case VHDX_PB_UNMAPPED: case VHDX_PB_UNMAPPED_QEMU: return "unmapped";
+    case VHDX_PB_FULLY_PRESENT: return "present";
+    case VHDX_PB_PARTIALLY_PRESENT: return "partial";
+    }
+    return "?";
+}
+
+/* One line per run of blocks in the same state (present runs also
+ * contiguous in the file): disk offset, length, state, file offset. */
+static int cmd_map(const char *path)
+{
+    struct decode d = { .path = path, .out = { .fd = -1 } };
+    int r = run_decode(&d, NULL);
+    const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
+    if (r == 0 && i) {
+        uint64_t bs = i->meta.block_size, n = i->geom.payload_blocks;
+        uint64_t start = 0, foff0 = 0;
+        unsigned st0 = 0;
+        for (uint64_t b = 0; b <= n; b++) {
+            unsigned st = 0;
+            uint64_t foff = 0;
+            bool present = false;
+            if (b < n) {
+                vhdx_stream_block(d.s, b, &st, &foff);
+                present = st == VHDX_PB_FULLY_PRESENT ||
+                          st == VHDX_PB_PARTIALLY_PRESENT;
+            }
+            bool same = b > start && b < n && st == st0 &&
+                        (!present || foff == foff0 + (b - start) * bs);
+            if (b > 0 && !same) {
+                uint64_t len = (b * bs < i->meta.disk_size ? b * bs
+                                : i->meta.disk_size) - start * bs;
+                bool p0 = st0 == VHDX_PB_FULLY_PRESENT ||
+                          st0 == VHDX_PB_PARTIALLY_PRESENT;
+                printf("%" PRIu64 " %" PRIu64 " %s", start * bs, len,
+                       state_name(st0));
+                if (p0)
+                    printf(" %" PRIu64, foff0);
+                printf("\n");
+            }
+            if (!same) {
+                start = b;
+                st0 = st;
+                foff0 = foff;
+            }
+        }
+    }
+    decode_free(&d);
+    return r;
+}
+
+static int cmd_cat(const char *path, const char *out)
+{
+    struct decode d = { .path = path, .refuse_parent = true };
+    if (imgtool_out_open(&d.out, out) < 0)
+        return IMGTOOL_EXIT_USAGE;
+    int r = run_decode(&d, NULL);
+    const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
+    if (r == 0 && i && imgtool_out_finish(&d.out, i->meta.disk_size) < 0)
+        r = IMGTOOL_EXIT_USAGE;
+    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
+        close(d.out.fd);
+    decode_free(&d);
+    return r;
+}
+
+static int add_range(void *opaque, uint64_t off, uint64_t len)
+{
+    return vhdx_synth_allocate(opaque, off, len);
+}
+
+static int cmd_export(const char *raw, const char *out)
+{
+    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
+    struct vhdx_synth *s = NULL;
+    struct vhdx_err e = { "" };
+    struct imgtool_out o = { .fd = -1 };
+    struct stat st;
+    uint8_t guid[16];
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
+        if (fd >= 0)
+            imgtool_msg("%s: %s", raw, strerror(errno));
+        goto out;
+    }
+    if (getrandom(guid, sizeof guid, 0) != sizeof guid)
+        memset(guid, 0x5a, sizeof guid);
+    guid[7] = (uint8_t) ((guid[7] & 0x0f) | 0x40);      /* version 4 */
+    guid[8] = (uint8_t) ((guid[8] & 0x3f) | 0x80);
+    if (vhdx_synth_new((uint64_t) st.st_size, guid, &s, &e) < 0) {
+        imgtool_msg("%s: %s", raw, e.msg);
+        goto out;
+    }
+    if (imgtool_data_ranges(fd, (uint64_t) st.st_size, add_range, s) < 0 ||
+        vhdx_synth_seal(s) < 0 || imgtool_out_open(&o, out) < 0)
+        goto out;
+    for (uint64_t off = 0;;) {
+        int64_t n = vhdx_synth_read(s, off, buf, IMGTOOL_CHUNK,
+                                    imgtool_raw_read, &fd);
+        if (n < 0) {
+            imgtool_msg("%s: %s", raw, strerror((int) -n));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        if (imgtool_out_write(&o, off, buf, (size_t) n) < 0)
+            goto out;
+        off += (uint64_t) n;
+    }
+    r = imgtool_out_finish(&o, vhdx_synth_file_size(s)) < 0
+        ? IMGTOOL_EXIT_USAGE : 0;
+out:
+    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
+        close(o.fd);
+    if (fd >= 0 && fd != STDIN_FILENO)
+        close(fd);
+    vhdx_synth_free(s);
+    free(buf);
+    return r;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: %s info FILE\n"
+        "       %s check FILE\n"
+        "       %s map FILE\n"
+        "       %s cat FILE [-o OUT]\n"
+        "       %s export RAW -o OUT\n"
+        "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
+        "         the tables that place them have not arrived.\n"
+        "FILE may be - (standard input).\n"
+        "Exit status: 0 ok, 1 invalid VHDX, 2 usage or I/O error.\n",
+        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    }
+    if (errno || end == s || *end || (v << shift) >> shift != v)
+        return -EINVAL;
+    *out = (uint64_t) v << shift;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "output", required_argument, NULL, 'o' },
+        { "spool-max", required_argument, NULL, 258 },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { "long-options", no_argument, NULL, 256 },
+        { "short-options", no_argument, NULL, 257 },
+        { NULL, 0, NULL, 0 },
+    };
+    static const char short_opts[] = "o:hV";
+    const char *out = NULL;
+    int c;
+    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 258:
+            if (parse_size(optarg, &spool_max) < 0) {
+                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
+                return IMGTOOL_EXIT_USAGE;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
+        case 256: optlist_long(opts); return 0;         /* completion */
+        case 257: optlist_short(short_opts); return 0;
+        default: usage(stderr); return IMGTOOL_EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 2) {
+        usage(stderr);
+        return IMGTOOL_EXIT_USAGE;
+    }
+    const char *cmd = argv[optind], *file = argv[optind + 1];
+    if (strcmp(cmd, "cat") == 0)
+        return cmd_cat(file, out);
+    if (strcmp(cmd, "export") == 0 && out)
+        return cmd_export(file, out);
+    if (!out && strcmp(cmd, "info") == 0)
+        return cmd_info(file);
+    if (!out && strcmp(cmd, "check") == 0)
+        return cmd_check(file);
+    if (!out && strcmp(cmd, "map") == 0)
+        return cmd_map(file);
+    usage(stderr);
+    return IMGTOOL_EXIT_USAGE;
+}

@@ -1,0 +1,297 @@
+/* vhdx/vhdx.h: everything other modules may know about the VHDX library.
+ *
+ * The library does no I/O.  Callers hand it bytes of a VHDX file and get
+ * back decoded structures or raw-disk writes.  See docs/vhdx-format.md for
+ * the format in our words and what each producer writes.
+ *
+ * Scope: VHDX version 1 (Hyper-V 2012 and later, qemu-img), fixed,
+ * dynamic and differencing; block sizes 1 to 256 MiB; 512- and 4096-byte
+ * logical sectors.  A file with a log to replay (not closed cleanly) is
+ * refused by the stream decoder with how to clean it.
+ *
+ * Conventions: every function that can fail returns 0 (or a count) or a
+ * negative errno; validating functions take an optional 'struct vhdx_err *'
+ * that receives a one-line message naming the rule that was broken.
+ * Everything on disk is little-endian; GUIDs are stored in Microsoft's
+ * mixed-endian layout and handled here as 16 opaque bytes.
+ */
+#ifndef NBDFERRY_VHDX_H
+#define NBDFERRY_VHDX_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VHDX_MiB               (1ull << 20)
+#define VHDX_HEADER_SECTION    VHDX_MiB             /* file id .. region tables */
+#define VHDX_FILE_ID_OFF       0u
+#define VHDX_HEADER1_OFF       (64u << 10)
+#define VHDX_HEADER2_OFF       (128u << 10)
+#define VHDX_REGION1_OFF       (192u << 10)
+#define VHDX_REGION2_OFF       (256u << 10)
+#define VHDX_HEADER_BYTES      4096u                /* CRC covers 4 KiB */
+#define VHDX_REGION_BYTES      (64u << 10)          /* CRC covers 64 KiB */
+#define VHDX_REGION_MAX_ENTRIES 2047u
+#define VHDX_META_MAX_ENTRIES  2047u
+#define VHDX_META_ITEM_MAX     VHDX_MiB             /* one metadata item */
+#define VHDX_BLOCK_MIN         VHDX_MiB
+#define VHDX_BLOCK_MAX         (256ull << 20)
+#define VHDX_DISK_MAX          (64ull << 40)        /* the spec's limit */
+#define VHDX_BITMAP_BYTES      VHDX_MiB             /* one sector bitmap block */
+#define VHDX_SECTORS_PER_CHUNK (1ull << 23)         /* bits of a bitmap block */
+
+/* Payload block states (the low 3 bits of a BAT entry).  The spec numbers
+ * UNMAPPED 3; qemu's header says 5: both are taken. */
+enum vhdx_block_state {
+    VHDX_PB_NOT_PRESENT = 0,
+    VHDX_PB_UNDEFINED = 1,
+    VHDX_PB_ZERO = 2,
+    VHDX_PB_UNMAPPED = 3,
+    VHDX_PB_UNMAPPED_QEMU = 5,
+    VHDX_PB_FULLY_PRESENT = 6,
+    VHDX_PB_PARTIALLY_PRESENT = 7,
+};
+/* Sector bitmap block states. */
+#define VHDX_SB_NOT_PRESENT 0u
+#define VHDX_SB_PRESENT     6u
+
+struct vhdx_err {
+    char msg[256];                                /* "" when no error */
+};
+
+/* CRC-32C (Castagnoli), as every VHDX checksum uses: crc starts at 0. */
+uint32_t vhdx_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* ---- the header section ---------------------------------------------- */
+
+/* The first 8 bytes are "vhdxfile".  -EINVAL otherwise. */
+int vhdx_file_id_check(const void *buf, size_t len, struct vhdx_err *err);
+
+struct vhdx_header {
+    uint64_t seq;
+    uint8_t file_write_guid[16], data_write_guid[16], log_guid[16];
+    uint16_t log_version, version;
+    uint32_t log_length;
+    uint64_t log_offset;
+    bool log_pending;                             /* log_guid not all zero */
+};
+
+/* Decode one 4 KiB header: signature "head", CRC-32C over the 4 KiB with
+ * the checksum field zero, version 1, log offset and length multiples of
+ * 1 MiB (the log after the header section).  -EINVAL on a violation. */
+int vhdx_header_decode(const void *buf4k, struct vhdx_header *out,
+                       struct vhdx_err *err);
+
+/* The current header of the two (h1 and h2 may be NULL when that copy did
+ * not decode): the valid one with the larger sequence number.  Returns 1
+ * or 2, or -EINVAL if neither is valid. */
+int vhdx_header_pick(const struct vhdx_header *h1, const struct vhdx_header *h2,
+                     struct vhdx_err *err);
+
+struct vhdx_region {
+    uint64_t off;                                 /* bytes, 1 MiB aligned */
+    uint64_t len;                                 /* bytes, 1 MiB multiple */
+};
+struct vhdx_regions {
+    struct vhdx_region bat, meta;
+};
+
+/* Decode a 64 KiB region table: signature "regi", CRC-32C, at most 2047
+ * entries, the BAT and the metadata region each exactly once, offsets and
+ * lengths 1 MiB multiples past the header section, no two regions
+ * overlapping; an unknown entry marked required is -ENOTSUP (the file
+ * needs a feature we do not know), an unknown optional one is ignored. */
+int vhdx_region_table_decode(const void *buf64k, struct vhdx_regions *out,
+                             struct vhdx_err *err);
+
+/* ---- the metadata region ---------------------------------------------- */
+
+#define VHDX_PARENT_MAX_PAIRS 16
+struct vhdx_meta {
+    uint32_t block_size;                          /* bytes, power of 2 */
+    bool leave_blocks_allocated;                  /* a fixed VHDX */
+    bool has_parent;                              /* differencing */
+    uint64_t disk_size;                           /* bytes */
+    uint32_t logical_sector, physical_sector;     /* 512 or 4096 */
+    uint8_t page83[16];
+    bool have_page83;
+    /* The parent locator (differencing): key=value pairs as UTF-8,
+     * truncated to fit; shown by the inspector, never followed. */
+    unsigned parent_pairs;
+    struct { char key[64], value[256]; } parent[VHDX_PARENT_MAX_PAIRS];
+};
+
+/* Decode the metadata region's table and its items (buf holds len bytes
+ * of the region): signature "metadata", at most 2047 entries, every item
+ * inside the region at or past 64 KiB and at most 1 MiB long, items not
+ * overlapping; the file parameters, virtual disk size and logical and
+ * physical sector size present and valid (block size a power of 2 in [1,
+ * 256] MiB, sectors 512 or 4096, disk size a positive multiple of the
+ * logical sector and at most 64 TiB), and a parent locator when the file
+ * has a parent.  An unknown item marked required is -ENOTSUP. */
+int vhdx_metadata_decode(const void *buf, size_t len, struct vhdx_meta *out,
+                         struct vhdx_err *err);
+
+/* ---- the block allocation table --------------------------------------- */
+
+/* Geometry derived from validated metadata. */
+struct vhdx_geom {
+    uint64_t chunk_ratio;          /* payload blocks per sector bitmap block */
+    uint64_t payload_blocks;       /* ceil(disk_size / block_size) */
+    uint64_t bitmap_blocks;        /* ceil(payload_blocks / chunk_ratio) */
+    uint64_t bat_entries;          /* payload and bitmap entries, interleaved */
+};
+void vhdx_geom(const struct vhdx_meta *m, struct vhdx_geom *out);
+
+/* BAT entry i (interleaved: chunk_ratio payload entries, then one bitmap
+ * entry, and so on).  Is it a bitmap entry; which payload block / chunk. */
+static inline bool vhdx_bat_is_bitmap(const struct vhdx_geom *g, uint64_t i)
+{
+    return (i + 1) % (g->chunk_ratio + 1) == 0;
+}
+static inline uint64_t vhdx_bat_index(const struct vhdx_geom *g,
+                                      uint64_t block)     /* payload block */
+{
+    return block + block / g->chunk_ratio;
+}
+static inline uint64_t vhdx_bat_bitmap_index(const struct vhdx_geom *g,
+                                             uint64_t chunk)
+{
+    return (chunk + 1) * (g->chunk_ratio + 1) - 1;
+}
+static inline unsigned vhdx_bat_state(uint64_t e) { return e & 7; }
+static inline uint64_t vhdx_bat_offset(uint64_t e)          /* bytes */
+{
+    return (e >> 20) << 20;
+}
+
+/* ---- forward-only stream decoder ----------------------------------------
+ * Turns a VHDX file arriving in file order (cp, dd, cat, a pipe) into
+ * raw-disk writes.  The header section comes first (it is at offset 0);
+ * the metadata region, the BAT and the blocks may come in any order the
+ * specification allows.  Bytes that arrive before the decoder can place
+ * them (blocks before the BAT or the metadata, a partially present block
+ * before its sector bitmap) are handed to the caller's spool, bounded by
+ * spool_max; past the bound decoding fails with a message naming
+ * spool_option.  Memory: the BAT (8 bytes a block), the metadata region
+ * and a sorted map of present blocks (32 bytes each), at most
+ * VHDX_BAT_MAX_BYTES of BAT.
+ *
+ * Callbacks run on the thread calling feed/hole/finish; a negative return
+ * aborts decoding and is returned from that call (sticky).
+ *
+ * begin(info): exactly once, before any data() or zero(), once the
+ *   headers, region table, metadata and BAT have all arrived and been
+ *   checked (BAT entries inside the file's reach, no block overlapping
+ *   metadata or another block).  A malformed file is refused before
+ *   anything reaches the disk.  For a file without a parent the caller
+ *   makes [0, disk_size) read as zero and only present data is emitted;
+ *   for a differencing file the disk keeps its content and zero() names
+ *   what must become zero.
+ * data(disk_off, buf, len): place these bytes; buf is valid during the
+ *   call only.  Never outside [0, disk_size); each byte at most once.
+ * zero(disk_off, len): differencing files only: blocks in state ZERO,
+ *   UNDEFINED or UNMAPPED read as zero, not as the parent.
+ * spool_put(file_off, buf, len) / spool_get(file_off, buf, len): keep
+ *   file bytes for later / give them back (exactly what was put, possibly
+ *   in pieces).  Either NULL: nothing can be spooled, and a file that
+ *   needs it fails with a message saying so.
+ */
+#define VHDX_BAT_MAX_BYTES (128ull << 20)
+
+struct vhdx_info {
+    struct vhdx_header header;
+    struct vhdx_regions regions;
+    struct vhdx_meta meta;
+    struct vhdx_geom geom;
+    uint64_t present_blocks;          /* fully or partially present */
+    uint64_t zero_blocks;             /* ZERO, UNDEFINED, UNMAPPED */
+};
+
+struct vhdx_sink {
+    int (*begin)(void *opaque, const struct vhdx_info *info);
+    int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
+    int (*zero)(void *opaque, uint64_t disk_off, uint64_t len);
+    int (*spool_put)(void *opaque, uint64_t file_off, const void *buf,
+                     size_t len);
+    int (*spool_get)(void *opaque, uint64_t file_off, void *buf, size_t len);
+};
+
+struct vhdx_stream_config {
+    uint64_t spool_max;               /* bytes the spool may hold at once */
+    const char *spool_option;         /* named in the error, e.g. "--spool-max" */
+};
+
+struct vhdx_stream;
+int vhdx_stream_new(const struct vhdx_sink *sink, void *opaque,
+                    const struct vhdx_stream_config *cfg,
+                    struct vhdx_stream **out);
+
+/* The next len bytes of the file, at file_off (in file order: file_off at
+ * or past every byte already fed; a gap between is file zeros).  buf NULL
+ * means len zero bytes.  A copy tool may leave the file's last bytes as a
+ * hole (cp --sparse, then ftruncate): feed 0 bytes at the file's size
+ * before finishing, so that they count as zeros.  0 or a sticky -errno: -EINVAL malformed,
+ * -ENOTSUP unsupported (a log to replay, an unknown required region or
+ * item), -EFBIG past a limit or the spool bound, or the sink's. */
+int vhdx_stream_feed(struct vhdx_stream *s, uint64_t file_off,
+                     const void *buf, size_t len);
+
+/* End of input: every region and every present block must have arrived
+ * (a file cut short is -EINVAL), and every spooled byte been placed. */
+int vhdx_stream_finish(struct vhdx_stream *s);
+
+const char *vhdx_stream_error(const struct vhdx_stream *s);
+uint64_t vhdx_stream_position(const struct vhdx_stream *s);
+/* After begin(), else NULL. */
+const struct vhdx_info *vhdx_stream_info(const struct vhdx_stream *s);
+/* After begin(): payload block blk's BAT state and file offset (bytes).
+ * -EINVAL before begin() or past the last block. */
+int vhdx_stream_block(const struct vhdx_stream *s, uint64_t blk,
+                      unsigned *state, uint64_t *file_off);
+
+struct vhdx_stream_stats {
+    uint64_t data_bytes;              /* emitted through data() */
+    uint64_t zero_bytes;              /* emitted through zero() */
+    uint64_t spooled_bytes;           /* put into the spool, in all */
+    uint64_t spool_peak;              /* most held at once */
+};
+void vhdx_stream_stats(const struct vhdx_stream *s,
+                       struct vhdx_stream_stats *out);
+void vhdx_stream_free(struct vhdx_stream *s);
+
+/* ---- synthesizer: a dynamic VHDX of a raw disk ---------------------------
+ * Layout, metadata first: the header section (file identifier, two headers,
+ * two region tables), an empty 1 MiB log at 1 MiB, the metadata region at
+ * 2 MiB, the BAT at 3 MiB, then one payload block per allocated block in
+ * disk order.  Blocks are VHDX_SYNTH_BLOCK (2 MiB), larger for disks past
+ * 4 TiB so that the BAT stays at most 16 MiB; a block not allocated is
+ * NOT_PRESENT (reads as zero).  512-byte logical, 4096-byte physical
+ * sectors.  The BAT is computed as it is read (a bit per block in memory),
+ * so the file size is known once the allocation is sealed. */
+#define VHDX_SYNTH_BLOCK (2ull << 20)
+struct vhdx_synth;
+
+/* disk_size: bytes (a multiple of 512, at most 64 TiB); guid: 16 bytes
+ * used for the write GUIDs and page 83 data (a disk's identity: the same
+ * disk should get the same one).  -EINVAL with a message otherwise. */
+int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
+                   struct vhdx_synth **out, struct vhdx_err *err);
+/* Mark every block touched by [disk_off, disk_off+len) allocated.  Only
+ * before seal; -EINVAL otherwise. */
+int vhdx_synth_allocate(struct vhdx_synth *s, uint64_t disk_off, uint64_t len);
+int vhdx_synth_seal(struct vhdx_synth *s);          /* idempotent */
+uint64_t vhdx_synth_file_size(const struct vhdx_synth *s);   /* sealed */
+uint32_t vhdx_synth_block_size(const struct vhdx_synth *s);
+uint64_t vhdx_synth_blocks_allocated(const struct vhdx_synth *s);
+
+/* Fill buf with the file's bytes [off, off+len) (clipped to the file size;
+ * returns the count, 0 at or past the end).  read_disk is called only for
+ * allocated blocks, only inside [0, disk_size), and must fill the range or
+ * return -errno (returned as is).  Sealed only. */
+typedef int (*vhdx_read_disk_fn)(void *opaque, uint64_t disk_off, void *buf,
+                                 size_t len);
+int64_t vhdx_synth_read(const struct vhdx_synth *s, uint64_t off, void *buf,
+                        size_t len, vhdx_read_disk_fn read_disk, void *opaque);
+void vhdx_synth_free(struct vhdx_synth *s);
+
+#endif /* NBDFERRY_VHDX_H */
