@@ -83,6 +83,8 @@ struct cli_fuse_opts {
     bool kernel_cache;        /* accepted; every file is direct I/O */
     bool block_device;        /* O_TRUNC and truncate leave the disk */
     bool vhd_fixed;           /* FILENAME.vhd also takes fixed VHDs */
+    bool multiwriter;         /* several writers at once, a second
+                               * writable mount of the export */
     bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
     unsigned uid, gid;
 };

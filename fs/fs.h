@@ -43,6 +43,10 @@ struct fs {
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
     bool file_mode;           /* the disk is the mount's root (fs/modes.c) */
     bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
+    bool multiwriter;         /* -o multiwriter: several writers at once
+                               * (fs/writers.c) */
+    bool foreign_warned;      /* fs/foreign.c: this copy's header warned
+                               * about; __atomic builtins */
     uid_t uid;
     gid_t gid;
     struct timespec started;
@@ -66,6 +70,11 @@ struct fs {
                                * is pending or known zero on the disk */
     struct timespec mtime;
     struct fs_fh *open_files; /* every handle between open and release */
+    pthread_cond_t released;  /* a handle left open_files (fs/writers.h);
+                               * CLOCK_MONOTONIC (mono_cond_init) */
+    uint64_t fh_serial;       /* the last handle's serial */
+    uint64_t pass_fh;         /* the serial of the handle whose copy the
+                               * progress counts (fs/rawfile.c) */
 
     /* The receive loop's landing (fs/rawfile.c, rawfile_land_*()): used
      * by the loop's receiving thread only.  land_next: where the last
@@ -99,6 +108,17 @@ struct fs_fh {
                                * only then does its close drain the pool.
                                * Set and read with __atomic builtins. */
     uint64_t err_seq;         /* last pool error this handle was told of */
+    uint64_t serial;          /* unique per mount, from 1 */
+    /* Who opened it (fs/writers.c): the thread group of the request's
+     * pid and its command, from /proc at open; 0 and "?" when the
+     * daemon cannot see them (another PID namespace). */
+    pid_t tgid;
+    char comm[16];
+    bool idle;                /* a writer closed (flush) since it last
+                               * changed the file; __atomic builtins */
+    int refused;              /* positive errno every change through this
+                               * handle fails with (a source larger than
+                               * the export: ENOSPC), else 0; set at open */
     void *view_data;          /* the view's, from its open to its release
                                * (the status text, a frozen VHD, ...) */
     struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */

@@ -36,8 +36,10 @@
 
 #include "common/blkhash.h"
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/optlist.h"
 #include "fs/cli.h"
+#include "fs/mountlock.h"
 #include "fs/digest.h"
 #include "fs/fuseloop.h"
 #include "fs/readback.h"
@@ -46,6 +48,7 @@
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
+#include "fs/listexports.h"
 #include "fs/verdict.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
@@ -91,6 +94,7 @@ struct options {
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
     bool unmount;             /* --unmount MOUNTPOINT */
+    bool list;                /* --list URI */
     const char *log_file;     /* --log-file FILE */
 };
 
@@ -135,6 +139,7 @@ static void usage(void)
 "  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
 "  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
 "  nbdferry --unmount MOUNTPOINT\n"
+"  nbdferry --list URI\n"
 "  nbdferry --help | --fuse-help | --version | --long-options |\n"
 "           --short-options\n"
 "\n"
@@ -197,6 +202,10 @@ static void usage(void)
 "      --vhd-fixed        FILENAME.vhd also takes fixed VHDs (-o vhd_fixed);\n"
 "                         without it, anything that does not begin like a\n"
 "                         dynamic or differencing VHD is refused\n"
+"      --multiwriter      several processes may write the disk at once, and\n"
+"                         another writable mount of the export may exist\n"
+"                         (-o multiwriter); without it a second writer\n"
+"                         fails with EBUSY and a second mount is refused\n"
 "      --retry-timeout S  when a connection fails, reconnect and resend\n"
 "                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
 "                         at once; default %u)\n"
@@ -226,6 +235,8 @@ static void usage(void)
 "                         owner), block_device, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
+"      --list URI         print the server's exports, one per line:\n"
+"                         NAME, SIZE, DESCRIPTION separated by tabs\n"
 "      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
 "                         and flush, print its verdict (failed ranges, the\n"
 "                         digest) and exit with its status (with -P FILE:\n"
@@ -308,7 +319,8 @@ enum {
     OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
-    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE,
+    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
+    OPT_MULTIWRITER,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -330,6 +342,7 @@ static const struct option long_options[] = {
     { "progress", optional_argument, NULL, OPT_PROGRESS },
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
+    { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
     { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
@@ -342,6 +355,7 @@ static const struct option long_options[] = {
     { "pid-file", required_argument, NULL, 'P' },
     { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
     { "unmount", no_argument, NULL, OPT_UNMOUNT },
+    { "list", no_argument, NULL, OPT_LIST },
     { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
@@ -581,6 +595,9 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_VHD_FIXED:
             o->fo.vhd_fixed = true;
             break;
+        case OPT_MULTIWRITER:
+            o->fo.multiwriter = true;
+            break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
         case 'r': o->nbd.readonly = true; break;
@@ -593,6 +610,7 @@ static void parse_args(struct options *o, int argc, char **argv)
             break;
         case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
         case OPT_UNMOUNT: o->unmount = true; break;
+        case OPT_LIST: o->list = true; break;
         case OPT_LOG_FILE: o->log_file = optarg; break;
         case 'V': version();
         case OPT_FUSE_HELP: fuse_help();
@@ -618,6 +636,12 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->verify_readback && o->no_digest)
         usage_error("--verify-readback compares with the inline digest: "
                     "not with --no-digest");
+    if (o->list) {
+        if (argc - optind != 1 || !strstr(argv[optind], "://"))
+            usage_error("--list takes one URI (nbd://HOST[:PORT], "
+                        "nbd+unix:///?socket=SOCKET, nbds://...)");
+        exit(list_exports(argv[optind]));
+    }
     if (o->unmount) {
         if (argc - optind != 1)
             usage_error("--unmount takes one MOUNTPOINT and nothing else");
@@ -1005,6 +1029,7 @@ int main(int argc, char **argv)
 {
     struct options o = { 0 };
     struct fs fs = { 0 };
+    struct mountlock *ml = NULL;
     int status = EXIT_FAILURE;
 
     log_set_program(program);
@@ -1027,6 +1052,11 @@ int main(int argc, char **argv)
     }
     if (!o.foreground)
         daemonize_early();
+    /* After the fork (the lock file names the daemon's pid), before the
+     * server: a second writable mount of the export stops here. */
+    if (!o.nbd.readonly && !o.fo.multiwriter &&
+        mountlock_take(&o.nbd, o.mp.mountpoint, &ml) < 0)
+        goto out_nbd;
 
 
     if (nbdx_open(&o.nbd, &fs.x) < 0)
@@ -1039,6 +1069,7 @@ int main(int argc, char **argv)
     fs.file_mode = o.mp.file_mode;
     fs.block_device = o.fo.block_device;
     fs.vhd_fixed = o.fo.vhd_fixed;
+    fs.multiwriter = o.fo.multiwriter;
     if (fs_views_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
@@ -1051,6 +1082,7 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_REALTIME, &fs.started);
     fs.mtime = fs.started;
     pthread_mutex_init(&fs.lock, NULL);
+    mono_cond_init(&fs.released);
     pthread_rwlock_init(&fs.size_lock, NULL);
     log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
              info->size, info->connections, info->tcp ? ", tcp" : "",
@@ -1104,6 +1136,7 @@ out_nbd:
     fs_views_fini(&fs);
     nbdx_close(fs.x);
     pidfile_remove(o.pf);     /* only if it still holds our pid */
+    mountlock_release(ml);
     cli_mountpoint_free(&o.mp);
     cli_fuse_opts_free(&o.fo);
     free(o.vsock_uri);

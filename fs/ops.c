@@ -24,10 +24,12 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/monotime.h"
 #include "common/minmax.h"
 #include "fs/fuseloop.h"
 #include "fs/rawfile.h"
 #include "fs/trace.h"
+#include "fs/writers.h"
 
 #define FS_BLKSIZE (1u << 20)     /* st_blksize: cp and dd use it as their
                                    * buffer size, so writes arrive large */
@@ -126,6 +128,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
           (unsigned) to_set, (intmax_t) attr->st_size);
     int r = set_attr(fs_of(req), ino, attr, to_set, fi);
 
+    rawfile_failed(fs_of(req), fh_of(fi), r);
     if (r < 0)
         fuse_reply_err(req, -r);
     else
@@ -239,13 +242,18 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 /* ---- open and close -------------------------------------------------- */
 
-static void remember_fh(struct fs *fs, struct fs_fh *fh)
+static void remember_fh_locked(struct fs *fs, struct fs_fh *fh)
 {
-    pthread_mutex_lock(&fs->lock);
     fh->next = fs->open_files;
     if (fh->next)
         fh->next->prev = fh;
     fs->open_files = fh;
+}
+
+static void remember_fh(struct fs *fs, struct fs_fh *fh)
+{
+    pthread_mutex_lock(&fs->lock);
+    remember_fh_locked(fs, fh);
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -258,6 +266,7 @@ static void forget_fh(struct fs *fs, struct fs_fh *fh)
         fs->open_files = fh->next;
     if (fh->next)
         fh->next->prev = fh->prev;
+    pthread_cond_broadcast(&fs->released);      /* fs/writers.h */
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -270,6 +279,34 @@ static void close_fh(struct fs *fs, struct fs_fh *fh)
         v->release(fs, fh);
     forget_fh(fs, fh);
     free(fh);
+}
+
+/* A writer joins the open handles before its view opens it (so that two
+ * opens at once cannot both be admitted), if fs/writers.c admits it.  A
+ * writer that only closed (its release still on the way) is waited for,
+ * up to WRITERS_RELEASE_WAIT_MS. */
+static int admit_writer(struct fs *fs, struct fs_fh *fh)
+{
+    char why[512];
+    struct timespec deadline =
+        mono_deadline_ns(WRITERS_RELEASE_WAIT_MS * NS_PER_MS);
+    int r;
+
+    pthread_mutex_lock(&fs->lock);
+    while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
+        if (pthread_cond_timedwait(&fs->released, &fs->lock, &deadline) ==
+            ETIMEDOUT) {
+            r = writers_admit_locked(fs, fh, why, sizeof why);
+            break;
+        }
+    if (r == -EAGAIN)
+        r = -EBUSY;               /* still open elsewhere (a dup of it) */
+    if (r == 0)
+        remember_fh_locked(fs, fh);
+    pthread_mutex_unlock(&fs->lock);
+    if (r < 0)
+        log_err("%s", why);
+    return r;
 }
 
 /* A new handle, opened by its view; NULL and -errno in *err. */
@@ -288,17 +325,29 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
         *err = *err ? *err : -ENOMEM;
         return NULL;
     }
+    pid_t pid = fuse_req_ctx(req)->pid;
     fh->ino = (enum fs_ino) ino;
     fh->writer = writing;
     fh->err_seq = pool_error_seq(fs->pool);
+    fh->serial = __atomic_add_fetch(&fs->fh_serial, 1, __ATOMIC_RELAXED);
     if (writing && (flags & O_TRUNC))
         fh->wrote = true;
-    *err = v->open ? v->open(fs, fh, flags, fuse_req_ctx(req)->pid) : 0;
+    if (writing) {
+        writers_identify(fh, pid);
+        if ((*err = admit_writer(fs, fh)) < 0) {
+            free(fh);
+            return NULL;
+        }
+    }
+    *err = v->open ? v->open(fs, fh, flags, pid) : 0;
     if (*err < 0) {               /* the view undid its part */
+        if (writing)
+            forget_fh(fs, fh);
         free(fh);
         return NULL;
     }
-    remember_fh(fs, fh);
+    if (!writing)
+        remember_fh(fs, fh);
     return fh;
 }
 
@@ -338,6 +387,11 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
      * pending zeroes the writer's own close will send. */
     int r = v && v->flush ? v->flush(fs_of(req), fh, fs_fh_has_written(fh))
                           : 0;
+    /* Closed: unless it writes again (another descriptor of the same open
+     * file), its copy is over once its process is (fs/writers.h). */
+    if (fh && fh->writer)
+        __atomic_store_n(&fh->idle, true, __ATOMIC_RELAXED);
+    rawfile_failed(fs_of(req), fh, r);
     fuse_reply_err(req, -r);
 }
 
@@ -348,6 +402,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     const struct fs_view *v = fs_view_of(ino);
     int r = v && v->fsync ? v->fsync(fs_of(req), fh_of(fi)) : 0;
 
+    rawfile_failed(fs_of(req), fh_of(fi), r);
     fuse_reply_err(req, -r);
 }
 
@@ -416,8 +471,9 @@ static ssize_t write_synced(struct fs *fs, struct fs_fh *fh, int flags,
     return r < 0 ? r : n;
 }
 
-static void reply_written(fuse_req_t req, ssize_t n)
+static void reply_written(fuse_req_t req, struct fs_fh *fh, ssize_t n)
 {
+    rawfile_failed(fs_of(req), fh, n < 0 ? (int) n : 0);
     if (n < 0)
         fuse_reply_err(req, (int) -n);
     else
@@ -435,7 +491,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     fs_fh_mark_wrote(fh);
     ssize_t n = v && v->write ? v->write(fs_of(req), fh, buf, size, off)
                               : -EBADF;
-    reply_written(req, write_synced(fs_of(req), fh, fi->flags, n));
+    reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* Copy the payload into memory and take op_write()'s path (the VHD view,
@@ -480,7 +536,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     if (n == -EAGAIN)
         write_buf_copied(req, ino, bufv, off, fi);
     else
-        reply_written(req, write_synced(fs_of(req), fh, fi->flags, n));
+        reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */
@@ -525,6 +581,7 @@ static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
     if (n == -EAGAIN)
         return n;
     fs_fh_mark_wrote(fh);
+    rawfile_failed(fs, fh, n < 0 ? (int) n : 0);
     loop_trace("write", pid, ino, off, size);
     return n;
 }
@@ -578,6 +635,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     fs_fh_mark_wrote(fh);
     int r = v && v->fallocate ? v->fallocate(fs_of(req), fh, mode, off, len)
                               : -EINVAL;
+    rawfile_failed(fs_of(req), fh, r);
     fuse_reply_err(req, -r);
 }
 

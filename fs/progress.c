@@ -58,6 +58,7 @@ struct progress {
     uint64_t closed;              /* size at close, 0 after a change */
     uint64_t source;              /* the writer's input file, or 0 */
     uint64_t vhd_len;             /* the VHD being landed, or 0 */
+    bool failed;                  /* the copy tool was told of an error */
     /* The source's data extents (SEEK_DATA/SEEK_HOLE at the writer's
      * open), so holes do not count as progress: map[i] starts at
      * map[i].off, and below[i] data bytes lie before it.  NULL: unknown. */
@@ -198,6 +199,7 @@ void progress_truncate(struct progress *pg, uint64_t size)
         pg->frontier = 0;
         pg->source = 0;
         pg->vhd_len = 0;
+        pg->failed = false;
         free_map_locked(pg);
         pg->pass_written = s.bytes_written;
         pg->pass_acked = s.bytes_acked;
@@ -240,12 +242,21 @@ void progress_close(struct progress *pg, uint64_t apparent)
     pthread_mutex_unlock(&pg->lock);
 }
 
+void progress_fail(struct progress *pg)
+{
+    if (!pg)
+        return;
+    pthread_mutex_lock(&pg->lock);
+    pg->failed = true;
+    pthread_mutex_unlock(&pg->lock);
+}
+
 /* ---- the writer's source (as pv -d) ---------------------------------- */
 
 /* Flags of fd in pid's fdinfo, or -1. */
 static int fd_flags(pid_t pid, const char *fd)
 {
-    char path[64], line[128];
+    char path[300], line[128];           /* fd: a d_name, up to 255 */
     int flags = -1;
 
     snprintf(path, sizeof path, "/proc/%d/fdinfo/%s", (int) pid, fd);
@@ -267,14 +278,16 @@ static bool on_mount(const char *mountpoint, const char *target)
            (target[n] == '/' || target[n] == '\0');
 }
 
-/* Size of one of pid's fds if it is a read-only regular file elsewhere. */
-static uint64_t source_size(struct progress *pg, pid_t pid, const char *fd)
+/* Size of one of pid's fds if it is a read-only regular file elsewhere
+ * (its path in target, PATH_MAX bytes). */
+static uint64_t source_size(struct progress *pg, pid_t pid, const char *fd,
+                            char *target)
 {
-    char link[64], target[PATH_MAX];
+    char link[300];                      /* fd: a d_name, up to 255 */
     struct stat st;
 
     snprintf(link, sizeof link, "/proc/%d/fd/%s", (int) pid, fd);
-    ssize_t n = readlink(link, target, sizeof target - 1);
+    ssize_t n = readlink(link, target, PATH_MAX - 1);
     if (n <= 0 || target[0] != '/')
         return 0;                 /* pipe:[..], socket:[..], anon_inode */
     target[n] = '\0';
@@ -288,39 +301,61 @@ static uint64_t source_size(struct progress *pg, pid_t pid, const char *fd)
     return (uint64_t) st.st_size;
 }
 
-void progress_writer(struct progress *pg, pid_t pid)
+uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
+                         size_t n, long *fdnum)
 {
-    char path[64], best_link[64];
-    long best_fd = -1;
+    char dir[64], target[PATH_MAX];
     uint64_t best = 0;
 
+    *fdnum = -1;
+    if (n)
+        path[0] = '\0';
     if (!pg || pid <= 0)
-        return;
-    snprintf(path, sizeof path, "/proc/%d/fd", (int) pid);
-    DIR *d = opendir(path);
+        return 0;
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int) pid);
+    DIR *d = opendir(dir);
     if (!d)
-        return;                   /* gone, or another user's process */
+        return 0;                 /* gone, or another user's process */
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (e->d_name[0] == '.')
             continue;
-        uint64_t size = source_size(pg, pid, e->d_name);
+        uint64_t size = source_size(pg, pid, e->d_name, target);
         if (size > best) {
             best = size;
-            best_fd = strtol(e->d_name, NULL, 10);
+            *fdnum = strtol(e->d_name, NULL, 10);
+            if (n)
+                snprintf(path, n, "%s", target);
         }
     }
     closedir(d);
-    if (!best)
+    return best;
+}
+
+void progress_writer(struct progress *pg, pid_t pid)
+{
+    long fdnum;
+    uint64_t best = progress_source(pg, pid, NULL, 0, &fdnum);
+    progress_set_source(pg, pid, best, fdnum);
+}
+
+void progress_set_source(struct progress *pg, pid_t pid, uint64_t best,
+                         long fdnum)
+{
+    char best_link[64];
+
+    if (!pg || !best)
         return;
     log_info("progress: the writer (pid %d) reads a file of %" PRIu64
              " bytes: the total", (int) pid, best);
     pthread_mutex_lock(&pg->lock);
     pg->source = best;
     pthread_mutex_unlock(&pg->lock);
+    if (fdnum < 0)
+        return;
     /* Reopened through /proc (permission checked against the file): the
      * writer's own offset is not touched. */
     snprintf(best_link, sizeof best_link, "/proc/%d/fd/%ld", (int) pid,
-             best_fd);
+             fdnum);
     int fd = open(best_link, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd >= 0) {
         scan_map(pg, fd, best);
@@ -413,6 +448,7 @@ void progress_get(struct progress *pg, struct progress_info *out)
     pthread_mutex_lock(&pg->lock);
     out->frontier = pg->frontier;         /* first: see THREAD MODEL */
     total_locked(pg, pg->fs->export_size, out);
+    bool failed = pg->failed;
     pthread_mutex_unlock(&pg->lock);
     pool_get_stats(pg->fs->pool, &s);
 
@@ -420,8 +456,11 @@ void progress_get(struct progress *pg, struct progress_info *out)
                               ? s.bytes_written - s.bytes_acked : 0;
     uint64_t reach = out->frontier < out->total ? out->frontier : out->total;
     out->done = reach > out->unacknowledged ? reach - out->unacknowledged : 0;
-    out->settled = out->unacknowledged == 0 && s.in_flight == 0 &&
-                   s.pending_zero == 0 && s.bufs_in_use == 0;
+    out->failed = failed;
+    /* A failed copy is never settled nor 100%, whatever the pool says. */
+    out->settled = !failed && out->unacknowledged == 0 &&
+                   s.in_flight == 0 && s.pending_zero == 0 &&
+                   s.bufs_in_use == 0;
     pthread_mutex_lock(&pg->lock);
     data_locked(pg, reach, out);
     out->pass_written = s.bytes_written - pg->pass_written;

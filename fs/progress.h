@@ -17,7 +17,8 @@
  * For a VHD landing the frontier counts bytes of the VHD file consumed.
  * Holes the copy tool skipped count as done once the frontier passes
  * them.  100% needs done == total and the pool settled: every written
- * byte acknowledged, nothing in flight, no zeroing pending.
+ * byte acknowledged, nothing in flight, no zeroing pending, and no error
+ * reported to the copy tool in this pass.
  * When the total is the writer's source, its data map (SEEK_DATA and
  * SEEK_HOLE, read at the writer's open) makes the percent and the ETA
  * count data only: data_done = data of the source below min(frontier,
@@ -55,7 +56,8 @@ struct progress_info {
     uint64_t frontier, done, total;
     enum progress_total total_from;
     uint64_t unacknowledged;  /* written, not yet acknowledged */
-    bool settled;             /* see above */
+    bool settled;             /* see above; never after a failure */
+    bool failed;              /* the copy tool saw an error this pass */
     double percent;           /* 0..100; below 100 unless settled */
     double rate_1s, rate_5s, rate_10s;  /* acknowledged bytes per second */
     double done_rate;         /* done bytes per second, last 5 s */
@@ -90,6 +92,16 @@ void progress_close(struct progress *pg, uint64_t apparent);
  * (another user's process, a pipe, rsync's separate receiver): no change.
  * Call after the open's truncate. */
 void progress_writer(struct progress *pg, pid_t pid);
+/* The same in two steps: the largest such file's size (0: none), its
+ * path in path (n bytes, may be 0) and its descriptor number in *fdnum
+ * (-1: none), then taking it as the total (and its data map). */
+uint64_t progress_source(struct progress *pg, pid_t pid, char *path,
+                         size_t n, long *fdnum);
+void progress_set_source(struct progress *pg, pid_t pid, uint64_t size,
+                         long fdnum);
+/* The copy tool was told of an error (a failed write, truncate or close
+ * of this pass's writer): never settled nor 100% until a new pass. */
+void progress_fail(struct progress *pg);
 /* A VHD landing: its file's length is known from its metadata. */
 void progress_vhd_length(struct progress *pg, uint64_t len);
 

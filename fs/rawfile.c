@@ -7,11 +7,16 @@
 #include "fs/rawfile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "fs/digest.h"
+#include "fs/foreign.h"
 #include "fs/progress.h"
 #include "fs/readahead.h"
 
@@ -78,7 +83,7 @@ static int rezero_damage(struct fs *fs, uint64_t from)
 
 static int too_big(struct fs *fs, uint64_t size, const char *what)
 {
-    log_notice("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
+    log_err("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
                what, size, fs->export_size);
     return -EFBIG;
 }
@@ -123,10 +128,12 @@ int rawfile_replace(struct fs *fs, uint64_t size)
 static ssize_t write_size(struct fs *fs, struct fs_fh *fh, size_t size,
                           uint64_t off)
 {
+    if (fh && fh->refused)
+        return -fh->refused;      /* said at its open */
     if (off >= fs->export_size) {
         if (size == 0)
             return 0;
-        log_notice("write of %zu bytes at offset %" PRIu64 " is past the "
+        log_err("write of %zu bytes at offset %" PRIu64 " is past the "
                    "end of the export (%" PRIu64 " bytes)", size, off,
                    fs->export_size);
         return -ENOSPC;
@@ -171,6 +178,7 @@ ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
     pthread_rwlock_unlock(&fs->size_lock);
     if (n > 0) {
         land_note(fs, off + (uint64_t) n);
+        foreign_raw_write(fs, off, buf, (size_t) n);
         digest_write(fs->digest, off, buf, (size_t) n);   /* copies */
         progress_write(fs->progress, off, (uint64_t) n);
     }
@@ -247,6 +255,8 @@ ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
     if (n >= 0 && (size_t) n != size)
         n = -EAGAIN;              /* short or empty: the usual path says so */
     if (n > 0)
+        foreign_raw_write(fs, off, fs->land.mem, (size_t) n);
+    if (n > 0)
         n = pool_land_commit(fs->pool, &fs->land, off, (size_t) n,
                              fs->digest != NULL, &f);
     if (n > 0)
@@ -270,8 +280,10 @@ ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
     int r = size <= 0 ? (int) size
             : pool_fill_begin(fs->pool, off, (size_t) size, &f);
     if (r == 0 && size > 0) {
-        r = (int) pool_fill_commit(fs->pool, &f, fill_from(&f, bufv),
-                                   fs->digest != NULL);
+        int filled = fill_from(&f, bufv);
+        if (filled == 0 && f.nseg)
+            foreign_raw_write(fs, off, f.seg[0].mem, f.seg[0].len);
+        r = (int) pool_fill_commit(fs->pool, &f, filled, fs->digest != NULL);
         if (r == -EAGAIN)
             r = -EIO;             /* not the caller's cue: bufv is spent */
     }
@@ -342,7 +354,20 @@ int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
     return r;
 }
 
-void rawfile_view_open(struct fs *fs, const char *what)
+/* The handle whose copy the progress counts. */
+static void set_pass(struct fs *fs, const struct fs_fh *fh)
+{
+    __atomic_store_n(&fs->pass_fh, fh->serial, __ATOMIC_RELAXED);
+}
+
+static bool is_pass(struct fs *fs, const struct fs_fh *fh)
+{
+    return fh && fh->serial == __atomic_load_n(&fs->pass_fh,
+                                               __ATOMIC_RELAXED);
+}
+
+void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        const char *what)
 {
     /* The raw file's pass is over.  An image that replaces the disk
      * starts a new one (rawfile_replace()) that the decoded data feed; a
@@ -350,18 +375,24 @@ void rawfile_view_open(struct fs *fs, const char *what)
     digest_foreign(fs->digest, what);
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(fs->progress, 0);
+    progress_writer(fs->progress, pid);
+    set_pass(fs, fh);
 }
 
-void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len)
+void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                        uint64_t len)
 {
     digest_barrier(fs->digest);   /* the request's data are all placed */
-    progress_write(fs->progress, off, len);
+    if (is_pass(fs, fh))          /* not before begin: another's pass */
+        progress_write(fs->progress, off, len);
 }
 
-void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len)
+void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                         uint64_t len)
 {
     digest_barrier(fs->digest);
-    progress_zero(fs->progress, off, len);
+    if (is_pass(fs, fh))
+        progress_zero(fs->progress, off, len);
 }
 
 void rawfile_view_length(struct fs *fs, uint64_t len)
@@ -375,9 +406,65 @@ void rawfile_view_close(struct fs *fs, uint64_t len)
     progress_close(fs->progress, len);
 }
 
-void rawfile_writer(struct fs *fs, pid_t pid)
+/* The source is larger than the export: every change through this handle
+ * fails with ENOSPC, and the disk is not touched (not even truncated). */
+static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                          const char *path, uint64_t size, long fdnum)
 {
-    progress_writer(fs->progress, pid);
+    log_err("%s: the writer, pid %d (%s), reads %s, %" PRIu64 " bytes, "
+            "larger than the export (%" PRIu64 " bytes): its writes fail "
+            "with ENOSPC and the disk is left as it was",
+            fs->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
+            fs->export_size);
+    fh->refused = ENOSPC;
+    progress_truncate(fs->progress, 0);       /* this copy's pass, failed */
+    progress_set_source(fs->progress, pid, size, fdnum);
+    set_pass(fs, fh);
+    progress_fail(fs->progress);
+}
+
+/* A source in an image format (qcow2 with snapshots, a compressed or
+ * sparse container) may be larger than the disk it holds: its size says
+ * nothing, the tool converts it.  Only a raw source is judged by size. */
+static bool is_container(const char *path)
+{
+    unsigned char sec[512];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd == -1)
+        return true;              /* cannot tell: do not refuse */
+    ssize_t n = pread(fd, sec, sizeof sec, 0);
+    close(fd);
+    return n < 0 || image_kind(sec, (size_t) n) != IMAGE_UNKNOWN;
+}
+
+int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        bool trunc)
+{
+    char path[PATH_MAX];
+    /* Before the open's truncate: the source decides whether there is
+     * one.  Tools that open their input first (cp, dd, qemu-img) have it
+     * open now; a shell redirection opens the file before the tool runs,
+     * so the truncate has happened by the time the tool's writes fail. */
+    long fdnum;
+    uint64_t src = progress_source(fs->progress, pid, path, sizeof path,
+                                   &fdnum);
+    if (src > fs->export_size && !is_container(path)) {
+        refuse_source(fs, fh, pid, path, src, fdnum);
+        return 0;
+    }
+    int r = trunc ? rawfile_truncate(fs, 0) : 0;
+    if (r < 0)
+        return r;
+    set_pass(fs, fh);
+    progress_set_source(fs->progress, pid, src, fdnum);
+    foreign_raw_pass(fs);
+    return 0;
+}
+
+void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err)
+{
+    if (err < 0 && fh && fh->writer && is_pass(fs, fh))
+        progress_fail(fs->progress);
 }
 
 /* ---- handles ------------------------------------------------------------ */

@@ -80,19 +80,34 @@ int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len);
 int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len);
 
 /* The pass through a view's file (the progress counts its bytes; the
- * digest's pass over the raw file ends at open, and a new one over the
- * decoded disk starts if the image replaces the disk, closed at close).
- * open: what names the view for the status.  length: the file's length,
- * when its metadata tell it. */
-void rawfile_view_open(struct fs *fs, const char *what);
-void rawfile_view_wrote(struct fs *fs, uint64_t off, uint64_t len);
-void rawfile_view_zeroed(struct fs *fs, uint64_t off, uint64_t len);
+ * digest's pass over the raw file ends when the view's stream begins,
+ * and a new one over the decoded disk starts if the image replaces the
+ * disk, closed at close).
+ * begin: the view's decoder accepted the stream (before the disk
+ * changes; a stream refused before that leaves the digest, the progress
+ * and the status of the last copy as they were); what names the view for
+ * the status, pid is the writer (its input file is the pass's total).
+ * wrote, zeroed: bytes of the view's file, counted once fh's stream
+ * began.  length: the file's length, when its metadata tell it. */
+void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        const char *what);
+void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                        uint64_t len);
+void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                         uint64_t len);
 void rawfile_view_length(struct fs *fs, uint64_t len);
 void rawfile_view_close(struct fs *fs, uint64_t len);
 
-/* A process opened a view for writing (after the open's truncate): its
- * input file, if one is visible, is the pass's total. */
-void rawfile_writer(struct fs *fs, pid_t pid);
+/* A process opened the raw file for writing (trunc: with O_TRUNC).  Its
+ * input file, if one is visible, is the pass's total; one larger than the
+ * export fails every change through fh with ENOSPC (logged here) and the
+ * open does not truncate.  0 or the truncate's -errno. */
+int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
+                        bool trunc);
+
+/* A request through fh failed with err (< 0; else nothing): if fh is
+ * writing the pass the progress counts, that copy failed. */
+void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err);
 
 /* ---- handles ------------------------------------------------------------ */
 

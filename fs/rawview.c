@@ -9,10 +9,12 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/falloc.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
 #include "fs/readback.h"
@@ -35,15 +37,13 @@ static int raw_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
 {
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
-    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr. */
-    if (writing && (flags & O_TRUNC)) {
-        int r = rawfile_truncate(fs, 0);
+    /* libfuse enables atomic O_TRUNC: the kernel sends no setattr.  The
+     * writer's input file, if visible, is the progress's total. */
+    if (writing) {
+        int r = rawfile_open_writer(fs, fh, pid, flags & O_TRUNC);
         if (r < 0)
             return r;
     }
-    /* The writer's input file, if visible, is the progress's total. */
-    if (writing)
-        rawfile_writer(fs, pid);
     fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
     return 0;
 }
@@ -142,12 +142,18 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
         return -EINVAL;
     if (fs->readonly)
         return -EROFS;
+    if (fh && fh->refused)
+        return -fh->refused;
     if (kind != 0 && kind != FALLOC_FL_PUNCH_HOLE &&
         kind != FALLOC_FL_ZERO_RANGE)
         return -EOPNOTSUPP;
     uint64_t start = (uint64_t) off, end = start + (uint64_t) len;
-    if (end < start || (!keep_size && end > fs->export_size))
+    if (end < start || (!keep_size && end > fs->export_size)) {
+        log_err("fallocate of %jd bytes at offset %jd is past the end of "
+                "the export (%" PRIu64 " bytes)", (intmax_t) len,
+                (intmax_t) off, fs->export_size);
         return -ENOSPC;
+    }
     if (end > fs->export_size)
         end = fs->export_size;    /* keep-size: nothing exists past it */
     return rawfile_zero(fs, start, end, kind != 0, keep_size);
@@ -155,6 +161,8 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
 
 static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
 {
+    if (fh && fh->refused)
+        return -fh->refused;          /* said at its open */
     int r = rawfile_truncate(fs, size);
     fs_fh_mark_wrote(fh);
     return r;
@@ -176,10 +184,12 @@ static int raw_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
     int r = rawfile_drain(fs, fh, wrote);
     /* The pass covers the file up to its size (cp's final ftruncate).  A
-     * reader closing (sha256sum during a copy) ends nobody's pass. */
-    if (fh->writer)
+     * reader closing (sha256sum during a copy) ends nobody's pass, nor
+     * does a writer that was refused (its source did not fit). */
+    bool passed = fh->writer && !fh->refused;
+    if (passed)
         rawfile_close_pass(fs);
-    if (fh->writer && r == 0)
+    if (passed && r == 0)
         r = readback_at_close(fs);          /* --verify-readback */
     return r;
 }

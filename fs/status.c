@@ -149,12 +149,14 @@ static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
     fprintf(f, "  \"progress\": {\"done\": %" PRIu64 ", \"total\": %" PRIu64
                ", \"total_from\": \"%s\", \"percent\": %.1f, "
                "\"frontier\": %" PRIu64 ", \"settled\": %s, "
+               "\"failed\": %s, "
                "\"counts\": \"%s\", \"data_done\": %" PRIu64
                ", \"data_total\": %" PRIu64 ", \"remaining\": %" PRIu64
                ", \"written\": %" PRIu64 ", \"acknowledged\": %" PRIu64
                ", \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
             pi.percent, pi.frontier, pi.settled ? "true" : "false",
+            pi.failed ? "true" : "false",
             pi.by_data ? "data" : "bytes", pi.data_done, pi.data_total,
             pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
 }

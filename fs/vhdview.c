@@ -49,6 +49,7 @@
 
 #include "common/log.h"
 #include "common/uuid.h"
+#include "fs/foreign.h"
 #include "fs/rawfile.h"
 #include "fs/readahead.h"
 #include "fs/synthcache.h"
@@ -60,6 +61,7 @@ struct vhdview {
     pthread_mutex_t lock;
     struct vhd_stream *stream;    /* the ingest in progress, or NULL */
     struct fs_fh *writer;         /* the handle that owns it */
+    pid_t writer_pid;             /* the process that opened it */
     int err;                      /* its sticky error (positive errno) */
     bool logged;                  /* the sink already logged the error */
     uint64_t file_size;           /* high-water mark of the VHD written */
@@ -217,8 +219,11 @@ static int sink_begin(void *opaque, enum vhd_kind kind, uint64_t size)
     }
     log_info("%s.vhd: receiving a %s VHD, disk size %" PRIu64, fs->filename,
              names[kind], size);
-    /* Under view->lock (we are inside a feed): the stream is ours. */
-    rawfile_view_length(fs, vhd_stream_expected_length(vhd_of(fs)->stream));
+    /* Under view->lock (we are inside a feed): the stream is ours.  From
+     * here on the copy is this one (its writer's input file the total). */
+    struct vhdview *v = vhd_of(fs);
+    rawfile_view_begin(fs, v->writer, v->writer_pid, "the VHD view");
+    rawfile_view_length(fs, vhd_stream_expected_length(v->stream));
     if (kind == VHD_DIFF)
         return 0;                             /* applied over the parent */
     /* Fixed or dynamic: the VHD's disk replaces the export's content. */
@@ -262,18 +267,36 @@ static struct vhd_sink sink = {
     .zero = sink_zero,
 };
 
+/* For a refusal: the view or command for what was written instead, or,
+ * when it is no known format, how a fixed VHD gets in. */
+static const char *refusal_hint(struct fs *fs, struct vhdview *v, int r,
+                                char *buf, size_t n)
+{
+    if (r != -EMEDIUMTYPE)
+        return "";
+    const char *advice = foreign_advice(fs, vhd_stream_first_kind(v->stream),
+                                        FS_INO_VHD, buf + 2, n - 2);
+    if (!advice)
+        return fs->vhd_fixed ? "" : " (a fixed VHD needs the mount option "
+                                    "--vhd-fixed, -o vhd_fixed)";
+    buf[0] = ':';
+    buf[1] = ' ';
+    return buf;
+}
+
 /* Log the decoder's error once and latch it. */
 static int fail_locked(struct fs *fs, struct vhdview *v, int r)
 {
+    char hint[256];
+
     if (!v->err) {
         v->err = -r;
         if (v->logged)                        /* the sink said it */
             return r;
-        log_err("%s.vhd: %s%s", fs->filename,
+        log_err("%s: %s%s", fs->view_name[FS_INO_VHD],
                 vhd_stream_error(v->stream)[0] ? vhd_stream_error(v->stream)
                                                : strerror(-r),
-                r == -EMEDIUMTYPE ? " (a fixed VHD needs the mount option "
-                                    "--vhd-fixed, -o vhd_fixed)" : "");
+                refusal_hint(fs, v, r, hint, sizeof hint));
     }
     return -v->err;
 }
@@ -304,17 +327,14 @@ static int vhdview_open(struct fs *fs, struct fs_fh *fh, int flags,
         vhd_stream_limit(v->stream, fs->export_size, fs->vhd_fixed);
     if (r == 0) {
         v->writer = fh;
+        v->writer_pid = pid;
         v->err = 0;
         v->logged = false;
         v->file_size = 0;
-        rawfile_view_open(fs, "the VHD view");
     }
     pthread_mutex_unlock(&v->lock);
-    if (r == 0) {
-        /* The writer's input file, if visible, is the progress's total. */
-        rawfile_writer(fs, pid);
+    if (r == 0)
         fh->ra = ra_stream_open(fs->ra);
-    }
     return r;
 }
 
@@ -335,7 +355,7 @@ static ssize_t vhdview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
         v->file_size = off + size;
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        rawfile_view_wrote(fs, off, size);
+        rawfile_view_wrote(fs, fh, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
@@ -348,6 +368,7 @@ static int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
     int r;
 
     pthread_mutex_lock(&v->lock);
+    struct fs_fh *writer = v->writer;
     if (!v->stream || (fh && v->writer != fh))
         r = -EBADF;
     else if (v->err)
@@ -358,7 +379,7 @@ static int vhdview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
         v->file_size = off + len;
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        rawfile_view_zeroed(fs, off, len);
+        rawfile_view_zeroed(fs, writer, off, len);
     return r;
 }
 

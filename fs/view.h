@@ -91,8 +91,10 @@ extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
 /* fh->wrote: several worker threads may use one handle at once. */
 static inline void fs_fh_mark_wrote(struct fs_fh *fh)
 {
-    if (fh)
+    if (fh) {
         __atomic_store_n(&fh->wrote, true, __ATOMIC_RELAXED);
+        __atomic_store_n(&fh->idle, false, __ATOMIC_RELAXED);
+    }
 }
 
 static inline bool fs_fh_has_written(struct fs_fh *fh)

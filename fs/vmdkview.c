@@ -58,6 +58,7 @@
 
 #include "common/iszero.h"
 #include "common/log.h"
+#include "fs/foreign.h"
 #include "fs/rawfile.h"
 #include "fs/synthcache.h"
 #include "vmdk/vmdk.h"
@@ -87,6 +88,7 @@ struct vmdkview {
     pthread_mutex_t read_lock;
     struct vmdk_stream *stream;   /* the ingest in progress, or NULL */
     struct fs_fh *writer;         /* the handle that owns it */
+    pid_t writer_pid;             /* the process that opened it */
     int err;                      /* its sticky error (positive errno) */
     bool logged;                  /* the sink already logged the error */
     uint64_t file_size;           /* high-water mark of the VMDK written */
@@ -448,6 +450,10 @@ static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
     log_info("%s: receiving a %s VMDK, disk size %" PRIu64, vmdk_name(fs),
              kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
                                            : "monolithicSparse", capacity);
+    /* Under view->lock (inside a feed): from here on the copy is this one
+     * (its writer's input file the total). */
+    struct vmdkview *v = vmdk_of(fs);
+    rawfile_view_begin(fs, v->writer, v->writer_pid, "the VMDK view");
     /* The VMDK's disk replaces the export's content. */
     return rawfile_replace(fs, capacity);
 }
@@ -480,16 +486,23 @@ static const struct vmdk_sink sink = {
     .grain = sink_grain,
 };
 
-/* Log the decoder's error once and latch it. */
+/* Log the decoder's error once and latch it; a refusal names the view
+ * or command for what was written instead. */
 static int fail_locked(struct fs *fs, struct vmdkview *v, int r)
 {
+    char advice[256];
+
     if (!v->err) {
         v->err = -r;
         if (v->logged)                        /* the sink said it */
             return r;
-        log_err("%s: %s", vmdk_name(fs),
+        const char *a = r != -EMEDIUMTYPE ? NULL
+                        : foreign_advice(fs, vmdk_stream_first_kind(v->stream),
+                                         FS_INO_VMDK, advice, sizeof advice);
+        log_err("%s: %s%s%s", vmdk_name(fs),
                 vmdk_stream_error(v->stream)[0] ? vmdk_stream_error(v->stream)
-                                                : strerror(-r));
+                                                : strerror(-r),
+                a ? ": " : "", a ? a : "");
     }
     return -v->err;
 }
@@ -517,14 +530,12 @@ static int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags,
     int r = vmdk_stream_new(&sink, fs, &v->stream);
     if (r == 0) {
         v->writer = fh;
+        v->writer_pid = pid;
         v->err = 0;
         v->logged = false;
         v->file_size = 0;
-        rawfile_view_open(fs, "the VMDK view");
     }
     pthread_mutex_unlock(&v->lock);
-    if (r == 0)                   /* its input file: the progress's total */
-        rawfile_writer(fs, pid);
     return r;
 }
 
@@ -559,7 +570,7 @@ static ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
         r = settle_locked(v, r);
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        rawfile_view_wrote(fs, off, size);
+        rawfile_view_wrote(fs, fh, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
@@ -572,6 +583,7 @@ static int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
     int r;
 
     pthread_mutex_lock(&v->lock);
+    struct fs_fh *writer = v->writer;
     if (!v->stream || (fh && v->writer != fh))
         r = -EBADF;
     else if (v->err)
@@ -584,7 +596,7 @@ static int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
         r = settle_locked(v, r);
     pthread_mutex_unlock(&v->lock);
     if (r >= 0)
-        rawfile_view_zeroed(fs, off, len);
+        rawfile_view_zeroed(fs, writer, off, len);
     return r;
 }
 

@@ -22,7 +22,7 @@ from lib.content import assert_content
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, daemon_cmd
 from lib.images import make_sparse_image, random_file
 from lib.nbd import fill_random
-from lib.procs import run
+from lib.procs import punch_hole, run
 from test_blkhash import DIGESTS, blkhash as reference, tail_shapes, \
     write_shape
 from test_digest_inline import settled_digest
@@ -132,9 +132,7 @@ def test_blkhash_truncate_then_writes_in_any_order(target):
         for i, (a, b) in enumerate(pieces):
             assert os.pwrite(fd, content[a:b], a) == b - a
             if i == len(pieces) // 2:
-                run(["fallocate", "--punch-hole", "--keep-size", "-o",
-                     str(hole[0]), "-l", str(hole[1] - hole[0]), m.file],
-                    check=True)
+                punch_hole(fd, hole[0], hole[1] - hole[0])
     finally:
         os.close(fd)
     assert_blkhash(m, bytes(content))
@@ -240,7 +238,7 @@ def test_blkhash_two_writers_and_a_reader(target):
     """After a truncate, two processes write the two halves at once, each
     in its own order, while a third reads the file: the last close gives
     the value of the whole; the reader's closes change nothing."""
-    srv, m = target("--blkhash=sha256/128k")
+    srv, m = target("--blkhash=sha256/128k", "-o", "multiwriter")
     size = 24 * MiB + 1000
     content = os.urandom(size)
     os.truncate(m.file, 0)

@@ -327,7 +327,9 @@ def test_fault_many_mounts_concurrent_copies(server, mount, shm, tally):
     for i in range(4):
         disk = random_file(shm / f"disk{i}.img", EXPORT)
         srv = server("file", disk, "wdelay=1ms", filters=["delay"])
-        m = mount(srv, "--request-size", "256K", "--pool-size", "8M")
+        # Two dd per mount at once, on disjoint halves: -o multiwriter.
+        m = mount(srv, "--request-size", "256K", "--pool-size", "8M", "-o",
+                  "multiwriter")
         for half in range(2):
             src = random_file(shm / f"src{i}-{half}.img", EXPORT // 2)
             cmd = ["dd", f"if={src}", f"of={m.file}", "bs=128k",

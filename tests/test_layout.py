@@ -5,8 +5,9 @@
 - "sha256 of a file" has one definition (tests/lib/digest.py), shared by
   the tests and the tools/ scripts;
 - tools/ build rules are included by name (no file(GLOB)), one folder per
-  installed program.
-No process is started; these read the source tree only."""
+  installed program;
+- the daemon is built with its assertions on.
+Only nm is run; the rest reads the source tree."""
 
 import ast
 import re
@@ -78,3 +79,14 @@ def test_tools_cmake_included_by_name():
     assert sorted(included) == on_disk
     for inc in included:
         assert "/" in inc, f"{inc}: a program's rules live in its folder"
+
+
+def test_assertions_on_in_the_build_the_tests_use():
+    """The daemon the integration tests run keeps its assert()s: the pool's
+    invariants are checked there too, not only in the unit tests."""
+    import subprocess
+    from lib.env import NBDFERRY
+    r = subprocess.run(["nm", "-D", "--undefined-only", str(NBDFERRY)],
+                       capture_output=True, text=True, check=True)
+    assert "__assert_fail" in r.stdout, \
+        f"{NBDFERRY} was built with NDEBUG: its assertions are off"

@@ -115,7 +115,10 @@ def run_seed(kind, seed, ndist, server, jitter_server, mount, shm):
     """One seed on a fresh export and mount; returns a problem description
     or None."""
     srv, init = start_export(kind, seed, server, jitter_server, shm)
-    m = mount(srv, *(STRESS if kind == "jitter" else ()))
+    # Disturbers open the file read-write beside the writer: other
+    # processes, so the mount must allow several writers.
+    m = mount(srv, *(STRESS if kind == "jitter" else ()),
+              *(("-o", "multiwriter") if ndist else ()))
     dump = shm / "model.img"
     dump.unlink(missing_ok=True)
     dist = start_disturbers(m.file, seed, ndist)

@@ -108,7 +108,7 @@ def test_ordering_four_writers(jitter_server, mount, shm, conns):
     disk = random_file(shm / "disk.img", EXPORT)
     old = disk.read_bytes()
     srv = jitter_server(EXPORT, 20000, f"init={disk}")
-    m = mount(srv, "-C", conns, *STRESS)
+    m = mount(srv, "-C", conns, "-o", "multiwriter", *STRESS)  # 4 writers
     rng = random.Random(1234)
     split = 24 * MiB
     plans = [striped_ops(rng, p, split // STRIPE, 3, 500) for p in range(3)]
@@ -141,7 +141,7 @@ def test_ordering_rotating_owners(jitter_server, mount, shm):
     disk = random_file(shm / "disk.img", EXPORT)
     old = disk.read_bytes()
     srv = jitter_server(EXPORT, 20000, f"init={disk}")
-    m = mount(srv, "-C", "2", *STRESS)
+    m = mount(srv, "-C", "2", "-o", "multiwriter", *STRESS)   # 4 writers
     rng = random.Random(99)
     nblocks, nprocs = 16 * MiB // STRIPE, 4
     rounds = []

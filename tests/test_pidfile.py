@@ -76,12 +76,13 @@ def start(mp, pf, srv):
 def test_pidfile_of_a_newer_daemon_survives(server, shortdir):
     """Daemon A writes the pidfile, daemon B (same -P) replaces it; A's
     exit leaves B's pidfile alone, B's exit removes it."""
-    srv = server("memory", f"size={16 * MiB}")
+    # Two exports: a second writable mount of one export is refused.
+    srvs = [server("memory", f"size={16 * MiB}") for _ in range(2)]
     pf = shortdir / "shared.pid"
     mps = [shortdir / "a", shortdir / "b"]
     pids = []
     try:
-        for mp in mps:
+        for mp, srv in zip(mps, srvs):
             mp.mkdir()
             pids.append(start(mp, pf, srv))
         assert int(pf.read_text()) == pids[1]

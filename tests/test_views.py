@@ -149,7 +149,7 @@ def test_refused_opens_take_no_handle(server, mount, shm):
 def test_size_past_export_efbig_data_past_export_enospc(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
     data = fill_random(srv.uri)
-    m = mount(srv)
+    m = mount(srv, expect_errors=True)
     assert oserror_errno(os.truncate, m.file, EXPORT + 1) == errno.EFBIG
     fd = os.open(m.file, os.O_RDWR)
     try:
@@ -162,6 +162,11 @@ def test_size_past_export_efbig_data_past_export_enospc(server, mount, shm):
     finally:
         os.close(fd)
     assert os.stat(m.file).st_size == EXPORT
+    # Each error the tool saw is logged and counted.
+    st = json.loads((m.mp / ".nbdferry-status").read_bytes())
+    assert st["errors"] == 4, st["failures"]
+    assert sum("refused: the export holds" in l or "past the end of the "
+               "export" in l for l in m.stderr.splitlines()) == 4
     # An image whose disk is larger than the export: ENOSPC, untouched.
     big = server("memory", f"size={8 * MiB}")
     small = fill_random(big.uri)

@@ -37,6 +37,7 @@ struct vhd_stream {
     uint64_t pos;
     uint8_t ring[512];                  /* ring[x % 512]: file byte x, x in [pos-512, pos) */
     uint8_t copy[512];                  /* footer copy at 0 */
+    bool have_copy;                     /* all 512 bytes of it arrived */
     uint8_t hdr[1024];
     struct vhd_footer f;
     struct vhd_header h;
@@ -248,15 +249,12 @@ static bool looks_like_footer(const uint8_t *sec)
 }
 
 /* What a first sector that is no footer copy probably is, for the
- * refusal's message. */
+ * refusal's message (the known formats: common/imagekind.h). */
 static const char *guess_content(const uint8_t *sec)
 {
-    if (memcmp(sec, "QFI\xfb", 4) == 0)
-        return "a qcow2 image";
-    if (memcmp(sec, "vhdxfile", 8) == 0)
-        return "a VHDX image";
-    if (memcmp(sec, "KDMV", 4) == 0 || memcmp(sec, "# Disk DescriptorFile", 21) == 0)
-        return "a VMDK image";
+    const char *known = image_kind_name(image_kind(sec, 512));
+    if (known)
+        return known;
     if (sec[510] == 0x55 && sec[511] == 0xAA)
         return "a raw disk (it starts with a boot sector)";
     if (is_zero(sec, 512))
@@ -266,15 +264,27 @@ static const char *guess_content(const uint8_t *sec)
 }
 
 /* No dynamic or differencing footer copy at 0: a fixed VHD, if the caller
- * takes those, whose identity is known only at its last sector. */
+ * takes those, whose identity is known only at its last sector.  Even
+ * then a first sector that is another known format's header is that
+ * format written here by mistake, not a fixed VHD's disk data. */
 static int take_fixed(struct vhd_stream *s)
 {
+    enum image_kind k = image_kind(s->copy, 512);
     if (!s->accept_fixed)
         return sfail(s, -EMEDIUMTYPE, "not a dynamic or differencing VHD: "
                      "its first sector is %s; nothing was written",
                      guess_content(s->copy));
+    if (k != IMAGE_UNKNOWN && k != IMAGE_VHD)
+        return sfail(s, -EMEDIUMTYPE, "not a VHD: its first sector is %s, "
+                     "not a fixed VHD's disk data; nothing was written",
+                     image_kind_name(k));
     s->state = ST_FIXED;
     return begin(s, VHD_FIXED, 0);
+}
+
+enum image_kind vhd_stream_first_kind(const struct vhd_stream *s)
+{
+    return s->have_copy ? image_kind(s->copy, 512) : IMAGE_UNKNOWN;
 }
 
 static int decide_kind(struct vhd_stream *s)
@@ -309,6 +319,7 @@ static int64_t step_footer(struct vhd_stream *s, const uint8_t *buf,
     bool done;
     uint64_t n = collect(s, 0, 512, s->copy, buf, len, &done);
     if (done) {
+        s->have_copy = true;
         int r = decide_kind(s);
         if (r < 0)
             return r;
@@ -354,6 +365,15 @@ static int64_t step_fixed(struct vhd_stream *s, const uint8_t *buf,
 static int header_done(struct vhd_stream *s)
 {
     struct vhd_err e = { "" };
+    /* qemu-img (convert -O vpc, create) writes the footer copy first and
+     * the dynamic header after, seeking back: in file order it is still
+     * zeros.  Say so, rather than "bad dynamic header cookie". */
+    if (is_zero(s->hdr, VHD_HEADER_SIZE))
+        return sfail(s, -EINVAL, "the dynamic header is empty (zeros): its "
+                     "writer fills it in later, seeking back (qemu-img "
+                     "does); a view takes a VHD in file order only: copy a "
+                     "VHD file in, or qemu-img convert -n -O raw SRC "
+                     "MNT/nbd");
     int r = vhd_header_decode(s->hdr, &s->h, &e);
     if (r == 0)
         r = vhd_header_check(&s->f, &s->h, &e);

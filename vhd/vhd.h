@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/imagekind.h"
+
 #define VHD_SECTOR          512u
 #define VHD_FOOTER_SIZE     512u
 #define VHD_HEADER_SIZE     1024u
@@ -303,6 +305,11 @@ int vhd_stream_new(const struct vhd_sink *sink, void *opaque,
  * Defaults: VHD_MAX_SIZE, fixed accepted.  Call before the first feed. */
 void vhd_stream_limit(struct vhd_stream *s, uint64_t max_size,
                       bool accept_fixed);
+
+/* What the stream's first sector is (common/imagekind.h), once all of it
+ * has arrived; IMAGE_UNKNOWN before.  For naming, in a refusal, the view
+ * to use instead. */
+enum image_kind vhd_stream_first_kind(const struct vhd_stream *s);
 
 /* Bytes [file_off, file_off+len) of the VHD file.  file_off beyond the
  * decode position: the skipped bytes are zeros of the VHD file (cp --sparse,

@@ -63,6 +63,7 @@ struct vmdk_stream {
     struct vmdk_desc desc;
     uint64_t grain_bytes, capacity, ngrains, overhead;
     uint8_t sect[VMDK_SECTOR];                /* header/marker/footer */
+    enum image_kind first_kind;               /* of sector 0, once read */
     size_t got;                               /* bytes collected */
     uint64_t skip_end;                        /* ST_SKIP: until here */
 
@@ -139,6 +140,10 @@ void vmdk_stream_free(struct vmdk_stream *s)
 }
 
 const char *vmdk_stream_error(const struct vmdk_stream *s) { return s->e.msg; }
+enum image_kind vmdk_stream_first_kind(const struct vmdk_stream *s)
+{
+    return s->first_kind;
+}
 uint64_t vmdk_stream_position(const struct vmdk_stream *s) { return s->pos; }
 
 enum vmdk_kind vmdk_stream_kind(const struct vmdk_stream *s)
@@ -257,9 +262,26 @@ static int setup_stream(struct vmdk_stream *s)
     return setup_sparse(s);
 }
 
+/* A first sector without the sparse magic is another format (or none)
+ * written here by mistake: say which, with the one errno every view
+ * uses for "not this format". */
+static int not_vmdk(struct vmdk_stream *s)
+{
+    const char *known = image_kind_name(s->first_kind);
+    if (known)
+        return fail(s, -EMEDIUMTYPE, "not a VMDK sparse extent: its first "
+                    "sector is %s; nothing was written", known);
+    return fail(s, -EMEDIUMTYPE, "not a VMDK sparse extent: its first "
+                "sector has no \"KDMV\" magic (a raw disk image or "
+                "another format); nothing was written");
+}
+
 static int header_done(struct vmdk_stream *s)
 {
     struct vmdk_err e = { "" };
+    s->first_kind = image_kind(s->sect, VMDK_SECTOR);
+    if (memcmp(s->sect, "KDMV", 4) != 0)
+        return not_vmdk(s);
     int r = vmdk_header_decode(s->sect, &s->h, &e);
     if (r < 0)
         return fail(s, r, "%s", e.msg);
@@ -296,6 +318,15 @@ static int64_t step_header(struct vmdk_stream *s, const uint8_t *buf,
 static int desc_done(struct vmdk_stream *s)
 {
     s->desc_done = true;
+    /* qemu-img (convert -O vmdk, create) writes the header and the tables
+     * first and the descriptor after, seeking back: in file order the
+     * descriptor is still zeros.  Say so, rather than "no createType". */
+    if (is_zero(s->descbuf, s->desc_len))
+        return fail(s, -EINVAL, "the descriptor is empty (zeros): its "
+                    "writer fills it in later, seeking back (qemu-img "
+                    "does); a view takes a VMDK in file order only: copy a "
+                    "VMDK file in, or qemu-img convert -n -O raw SRC "
+                    "MNT/nbd");
     struct vmdk_err e = { "" };
     int r = vmdk_desc_parse(s->descbuf, s->desc_len, &s->h, &s->desc, &e);
     if (r < 0)

@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/imagekind.h"
+
 #define VMDK_SECTOR          512u
 #define VMDK_MAGIC           0x564D444Bu          /* "KDMV" little-endian */
 #define VMDK_GD_AT_END       UINT64_MAX           /* gdOffset: see the footer */
@@ -303,6 +305,11 @@ int vmdk_stream_finish(struct vmdk_stream *s);
 
 /* Message for the first error ("" if none). */
 const char *vmdk_stream_error(const struct vmdk_stream *s);
+
+/* What the stream's first sector is (common/imagekind.h), once all of it
+ * has arrived; IMAGE_UNKNOWN before.  A refusal (-EMEDIUMTYPE: the first
+ * sector has no sparse magic) names the view to use with it. */
+enum image_kind vmdk_stream_first_kind(const struct vmdk_stream *s);
 
 /* Decode position: every byte of the file before it has been consumed. */
 uint64_t vmdk_stream_position(const struct vmdk_stream *s);

@@ -109,3 +109,18 @@ def oserror_errno(fn, *args):
         return 0
     except OSError as e:
         return e.errno
+
+
+def punch_hole(fd, offset, length):
+    """fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, length) through this
+    process's own descriptor, as cp --sparse=always does (the fallocate(1)
+    tool would be a second process opening the file for writing, which
+    the mount refuses while this one writes)."""
+    import ctypes
+    import ctypes.util
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                               ctypes.c_int64]
+    if libc.fallocate(fd, 0x02 | 0x01, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))

@@ -1,6 +1,6 @@
 # The small helper headers in common/ (iszero.h, minmax.h, rounding.h,
-# monotime.h, list.h, uuid.h, cleanup.h): one test program each.
-foreach(t iszero minmax rounding monotime list uuid cleanup)
+# monotime.h, list.h, uuid.h, cleanup.h, imagekind.h): one test program each.
+foreach(t iszero minmax rounding monotime list uuid cleanup imagekind)
   add_executable(common-test-${t} ${CMAKE_CURRENT_LIST_DIR}/common-test-${t}.c)
   target_link_libraries(common-test-${t} PRIVATE Threads::Threads)
   add_test(NAME common-${t} COMMAND common-test-${t})

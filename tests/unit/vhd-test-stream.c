@@ -216,6 +216,18 @@ static void test_limits(const uint8_t *file, size_t len, struct vt_disk *d,
         junk[i] = (uint8_t) (i * 131 + 7);
     CHECK(feed_limited(junk, sizeof junk, d, VHD_MAX_SIZE, false) ==
           -EMEDIUMTYPE && !d->began);
+    /* Even a mount that takes fixed VHDs refuses another format's
+     * header in the first sector, before begin(). */
+    static const char *const heads[] = { "QFI\xfb", "KDMV", "vhdxfile" };
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        memcpy(junk, heads[i], strlen(heads[i]));
+        CHECK(feed_limited(junk, sizeof junk, d, VHD_MAX_SIZE, true) ==
+              -EMEDIUMTYPE && !d->began);
+    }
+    memcpy(junk + 257, "ustar", 5);
+    junk[0] = 0;
+    CHECK(feed_limited(junk, sizeof junk, d, VHD_MAX_SIZE, true) ==
+          -EMEDIUMTYPE && !d->began);
     printf("%-24s limits: refused before begin\n", label);
 }
 

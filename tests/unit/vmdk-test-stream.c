@@ -11,6 +11,7 @@
  * rule can be checked there.  A missing tool is a failure, not a skip. */
 #undef NDEBUG
 #include <assert.h>
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -495,6 +496,29 @@ static void test_stream_surgery(const uint8_t *f, size_t len,
     memcpy(c, f, len);
     c[0] = 'X';
     decode_bad("magic", c, len, "magic", false);
+    /* Another format's header: named, and EMEDIUMTYPE as in every view. */
+    memcpy(c, f, len);
+    memcpy(c, "QFI\xfb", 4);
+    decode_bad("qcow2", c, len, "its first sector is a qcow2 image", false);
+    {
+        struct disk d;
+        struct vmdk_stream *s;
+        disk_init(&d, 64u << 20);
+        CHECK(vmdk_stream_new(&sink, &d, &s) == 0);
+        CHECK(decode(s, c, len, 7, 65536) == -EMEDIUMTYPE);
+        CHECK(vmdk_stream_first_kind(s) == IMAGE_QCOW2);
+        vmdk_stream_free(s);
+        disk_free(&d);
+    }
+    /* A descriptor still zero (qemu-img writes it last, seeking back). */
+    memcpy(c, f, len);
+    {
+        uint64_t doff, dsize;
+        memcpy(&doff, c + 28, 8);
+        memcpy(&dsize, c + 36, 8);
+        memset(c + le64toh(doff) * 512, 0, le64toh(dsize) * 512);
+    }
+    decode_bad("zero descriptor", c, len, "the descriptor is empty", false);
     memcpy(c, f, len);
     c[75] = '\n';                                   /* "\n \r\n" -> text mode */
     decode_bad("newline", c, len, "newline", false);

@@ -1,0 +1,77 @@
+/* fs/foreign.c: naming the view or command for a file of the wrong format
+ * (fs/foreign.h). */
+#include "fs/foreign.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/log.h"
+
+const char *foreign_advice(const struct fs *fs, enum image_kind k,
+                           enum fs_ino ino, char *buf, size_t n)
+{
+    const char *raw = fs->view_name[FS_INO_RAW];
+    const char *vhd = fs->view_name[FS_INO_VHD];
+    const char *vmdk = fs->view_name[FS_INO_VMDK];
+
+    if ((k == IMAGE_VHD && ino == FS_INO_VHD) ||
+        (k == IMAGE_VMDK && ino == FS_INO_VMDK))
+        return NULL;
+    switch (k) {
+    case IMAGE_QCOW2:
+        snprintf(buf, n, "use qemu-img convert -n -O raw FILE.qcow2 MNT/%s",
+                 raw);
+        break;
+    case IMAGE_VHDX:
+        snprintf(buf, n, "use qemu-img convert -n -O raw FILE.vhdx MNT/%s",
+                 raw);
+        break;
+    case IMAGE_VMDK:
+        snprintf(buf, n, "write it into MNT/%s (streamOptimized or "
+                 "monolithicSparse), or qemu-img convert -n -O raw "
+                 "FILE.vmdk MNT/%s", vmdk, raw);
+        break;
+    case IMAGE_VMDK_DESCRIPTOR:
+        snprintf(buf, n, "its data is in the extent files it names: use "
+                 "qemu-img convert -n -O raw FILE.vmdk MNT/%s", raw);
+        break;
+    case IMAGE_VHD:
+        snprintf(buf, n, "write it into MNT/%s", vhd);
+        break;
+    case IMAGE_TAR:
+        snprintf(buf, n, "tar -xOf FILE.ova DISK.vmdk > MNT/%s", vmdk);
+        break;
+    case IMAGE_GZIP:
+        snprintf(buf, n, "decompress it on the way: gunzip -c FILE.gz > "
+                 "MNT/%s (or into the view of the image it holds)", raw);
+        break;
+    case IMAGE_XZ:
+        snprintf(buf, n, "decompress it on the way: xz -dc FILE.xz > "
+                 "MNT/%s (or into the view of the image it holds)", raw);
+        break;
+    default:
+        return NULL;
+    }
+    return buf;
+}
+
+void foreign_raw_write(struct fs *fs, uint64_t off, const void *buf,
+                       size_t len)
+{
+    if (off != 0)
+        return;
+    enum image_kind k = image_kind(buf, len);
+    char advice[200];
+    if (k == IMAGE_UNKNOWN ||
+        __atomic_exchange_n(&fs->foreign_warned, true, __ATOMIC_RELAXED))
+        return;
+    foreign_advice(fs, k, FS_INO_RAW, advice, sizeof advice);
+    log_warn("%s: written as asked, but it is %s: the disk now holds the "
+             "image file, not the disk inside it; %s",
+             fs->view_name[FS_INO_RAW], image_kind_name(k), advice);
+}
+
+void foreign_raw_pass(struct fs *fs)
+{
+    __atomic_store_n(&fs->foreign_warned, false, __ATOMIC_RELAXED);
+}

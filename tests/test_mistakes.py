@@ -1,0 +1,470 @@
+"""A user's mistake touches nothing: second writers, second mounts,
+oversize sources, the wrong format in the raw file or a view.
+
+Every case starts from an export of random bytes, hashes it on the server
+before and after, and checks the message in the daemon's log and in the
+status (docs/user-guide.md, "Mistakes it catches"):
+
+- a second process opening the disk for writing (the raw file or any
+  view) while another writes fails with EBUSY, the reason naming the
+  other writer's pid and command; readers are not refused; the same
+  process may open a second writable handle; -o multiwriter allows
+  several writers; back-to-back copies with every copy tool still work;
+- a second writable mount of the same export is refused, naming the
+  first; a read-only one is not; a planted link as the lock file is
+  refused, never followed;
+- a raw copy whose source is larger than the export fails at its first
+  write with ENOSPC, the disk untouched (not even truncated), counted in
+  the status errors, and the progress says failed, never 100%;
+- a known image header written at offset 0 of the raw file is written
+  and warned about, once, naming the view or command to use;
+- a view refuses another format with EMEDIUMTYPE and names what it is
+  and what to use; --vhd-fixed refuses another format's header; a VMDK
+  whose descriptor comes last (qemu-img) says so;
+- a refused write into a view leaves the digest, the progress and the
+  status of the last copy as they were.
+
+Run: /usr/bin/python3 -m pytest tests/test_mistakes.py
+"""
+
+import errno
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+from lib.env import MiB, daemon_cmd
+from lib.mounts import fusermount_u, is_mounted
+from lib.nbd import fill_random, read_nbd, sha256_nbd
+from lib.procs import oserror_errno, run, wait_for
+from lib.vhd import qemu_img
+
+EXPORT = 32 * MiB
+STATUS_TOOL = (os.path.dirname(os.path.abspath(__file__)) +
+               "/../tools/status/nbdferry-status")
+
+
+def status(m):
+    return json.loads((m.mp / ".nbdferry-status").read_bytes())
+
+
+def messages(st):
+    return [f["message"] for f in st["failures"] if "time" in f]
+
+
+@pytest.fixture
+def victim(server, mount):
+    """A 32 MiB export of random bytes, mounted; (server, mount, sha)."""
+    def make(*opts):
+        srv = server("memory", f"size={EXPORT}")
+        fill_random(srv.uri, EXPORT)
+        m = mount(srv, *opts, expect_errors=True)
+        return srv, m, sha256_nbd(srv.uri)
+    return make
+
+
+def holder(path):
+    """A dd that has path open for writing and waits on its stdin (it
+    writes nothing until fed); stop it with close_holder()."""
+    p = subprocess.Popen(["dd", f"of={path}", "conv=notrunc", "bs=1M",
+                          "status=none"], stdin=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    wait_for(lambda: any(os.path.realpath(f"/proc/{p.pid}/fd/{fd}")
+                         == str(path)
+                         for fd in os.listdir(f"/proc/{p.pid}/fd")),
+             p, "dd opening the file")
+    return p
+
+
+def close_holder(p):
+    p.stdin.close()
+    assert p.wait(30) == 0, p.stderr.read()
+
+
+# ---------------------------------------------------------------- writers
+
+@pytest.mark.parametrize("second", ["nbd", "nbd.vhd", "nbd.vmdk"])
+def test_second_writer_refused_with_ebusy_naming_the_first(victim, shm,
+                                                           second):
+    srv, m, before = victim()
+    src = shm / "src.raw"
+    src.write_bytes(os.urandom(4 * MiB))
+    dd = holder(m.file)
+    cp = run(["cp", src, m.mp / second])
+    # Readers are never refused, while a writer has the disk.
+    assert hashlib.sha256((m.mp / "nbd").read_bytes()).hexdigest() == before
+    close_holder(dd)
+    assert cp.returncode != 0
+    assert "Device or resource busy" in cp.stderr
+    assert sha256_nbd(srv.uri) == before
+    want = (f"{second}: a second writer refused: pid ", f"(cp) opens {second}",
+            f"pid {dd.pid} (dd) has nbd open for writing", "-o multiwriter")
+    line = [l for l in m.stderr.splitlines() if "second writer" in l]
+    assert len(line) == 1 and all(w in line[0] for w in want), m.stderr
+    st = status(m)
+    assert st["errors"] >= 1
+    assert any(all(w in msg for w in want) for msg in messages(st))
+
+
+def test_second_writer_of_a_view_refused_while_raw_is_written(victim, shm):
+    """The other way round: the view is being written, the raw file is
+    refused."""
+    srv, m, before = victim()
+    dd = holder(m.mp / "nbd.vmdk")
+    r = run(["dd", f"of={m.file}", "bs=1M", "count=1", "if=/dev/urandom",
+             "status=none"])
+    close_holder(dd)          # nothing written: the VMDK view keeps the disk
+    assert r.returncode != 0 and "busy" in r.stderr
+    assert sha256_nbd(srv.uri) == before
+    assert f"pid {dd.pid} (dd) has nbd.vmdk open for writing" in m.stderr
+
+
+def test_same_process_may_open_a_second_writable_handle(victim):
+    srv, m, _ = victim()
+    a, b = os.urandom(MiB), os.urandom(MiB)
+    with open(m.file, "r+b") as f, open(m.file, "r+b") as g:
+        f.write(a)
+        g.seek(MiB)
+        g.write(b)
+    assert read_nbd(srv.uri, 0, 2 * MiB) == a + b
+    assert "second writer" not in m.stderr
+
+
+def test_a_closed_writer_of_a_live_process_lets_the_next_copy_in(victim,
+                                                                 shm):
+    """A script writes the file, closes it and runs cp at once: the
+    kernel's release of the script's handle may not have arrived when cp
+    opens, and the script is still alive; cp is let in (its release is
+    waited for), many times over."""
+    srv, m, _ = victim()
+    for i in range(20):
+        head, data = os.urandom(4096), os.urandom(MiB)
+        with open(m.file, "r+b") as f:
+            f.write(head)
+        src = shm / "src.raw"
+        src.write_bytes(data)
+        r = run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "seek=1",
+                 "conv=notrunc", "status=none"])
+        assert r.returncode == 0, (i, r.stderr)
+        assert read_nbd(srv.uri, 0, 4096) == head
+        assert read_nbd(srv.uri, MiB, MiB) == data
+    assert "second writer" not in m.stderr
+
+
+def test_multiwriter_allows_parallel_writers(victim, shm):
+    srv, m, _ = victim("-o", "multiwriter")
+    halves = [shm / "a", shm / "b"]
+    for h in halves:
+        h.write_bytes(os.urandom(8 * MiB))
+    dd = holder(m.file)
+    procs = [subprocess.Popen(["dd", f"if={h}", f"of={m.file}", "bs=1M",
+                               f"seek={8 * i}", "conv=notrunc",
+                               "status=none"]) for i, h in enumerate(halves)]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    close_holder(dd)
+    data = read_nbd(srv.uri, 0, 16 * MiB)
+    assert data == halves[0].read_bytes() + halves[1].read_bytes()
+    assert "second writer" not in m.stderr
+
+
+def test_back_to_back_copies_with_every_tool_are_one_writer_each(
+        server, mount, shm):
+    """Each tool's usual single copy (some open the file more than once,
+    or close it in one process while the release is still on its way)
+    runs right after the one before: none is taken for a second writer."""
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    m = mount(srv)
+    dst = m.file
+    tools = [
+        ["cp", "{src}", "{dst}"],
+        ["dd", "if={src}", "of={dst}", "bs=1M", "status=none"],
+        ["sh", "-c", "cat '{src}' > '{dst}'"],
+        ["sh", "-c", "tee '{dst}' < '{src}' > /dev/null"],
+        ["rsync", "--inplace", "-I", "{src}", "{dst}"],   # -I: same mtime
+        ["qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", "{src}",
+         "{dst}"],
+        ["qemu-img", "convert", "-n", "-W", "-f", "raw", "-O", "raw",
+         "{src}", "{dst}"],
+        ["cp", "--sparse=always", "{src}", "{dst}"],
+    ]
+    for i, tool in enumerate(tools):
+        src = shm / f"src{i}.raw"
+        data = os.urandom(6 * MiB)
+        src.write_bytes(data)
+        r = run([a.format(src=src, dst=dst) for a in tool])
+        assert r.returncode == 0, (tool, r.stderr)
+        assert read_nbd(srv.uri, 0, len(data)) == data, tool
+    assert "second writer" not in m.stderr
+
+
+# ----------------------------------------------------------------- mounts
+
+def second_mount(shortdir, srv, *opts):
+    mp = shortdir / "second"
+    mp.mkdir(exist_ok=True)
+    r = subprocess.run(daemon_cmd(*opts, mp, srv.uri), capture_output=True,
+                       text=True, timeout=60)
+    mounted = is_mounted(mp)
+    if mounted:
+        fusermount_u(mp)
+    return r, mounted
+
+
+def test_second_writable_mount_of_an_export_refused(server, mount,
+                                                    shortdir):
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    before = sha256_nbd(srv.uri)
+    m = mount(srv)
+    r, mounted = second_mount(shortdir, srv)
+    assert r.returncode != 0 and not mounted
+    assert (f"already mounted for writing on this host, by pid {m.pid} on "
+            f"{m.mp}") in r.stderr
+    assert "-o multiwriter" in r.stderr
+    # Read-only, or with -o multiwriter: no lock, no refusal.
+    for opts in (["-r"], ["-o", "multiwriter"]):
+        r, mounted = second_mount(shortdir, srv, *opts)
+        assert r.returncode == 0 and mounted, (opts, r.stderr)
+    assert sha256_nbd(srv.uri) == before
+    # The lock goes with the first mount.
+    assert m.unmount() == 0
+    r, mounted = second_mount(shortdir, srv)
+    assert r.returncode == 0 and mounted, r.stderr
+
+
+def test_mount_lock_never_follows_a_planted_link(server, shortdir):
+    """The lock file is named by a hash of the export's key: a link planted
+    there is refused (O_NOFOLLOW), its target untouched."""
+    srv = server("memory", f"size={EXPORT}")
+    sock = os.path.realpath(srv.sock)
+    key = f"unix:{sock}|".encode()
+    name = hashlib.sha256(key).hexdigest()[:32] + ".lock"
+    os.makedirs("/run/nbdferry", mode=0o700, exist_ok=True)
+    lock = f"/run/nbdferry/{name}"
+    target = shortdir / "victim"
+    target.write_text("keep\n")
+    os.symlink(target, lock)
+    try:
+        r, mounted = second_mount(shortdir, srv)
+    finally:
+        os.unlink(lock)
+    assert r.returncode != 0 and not mounted
+    assert "cannot lock the export" in r.stderr
+    assert target.read_text() == "keep\n"
+
+
+# --------------------------------------------------------- oversize source
+
+@pytest.mark.parametrize("tool", ["cp", "dd"])
+def test_source_larger_than_export_fails_before_the_disk_changes(
+        victim, shm, tool):
+    srv, m, before = victim()
+    src = shm / "big.raw"
+    src.write_bytes(os.urandom(48 * MiB))
+    cmd = {"cp": ["cp", src, m.file],
+           "dd": ["dd", f"if={src}", f"of={m.file}", "bs=1M",
+                  "status=none"]}[tool]
+    r = run(cmd)
+    assert r.returncode != 0 and "No space left on device" in r.stderr
+    assert sha256_nbd(srv.uri) == before      # not even truncated
+    want = (f"reads {src}, {48 * MiB} bytes, larger than the export "
+            f"({EXPORT} bytes)")
+    assert want in m.stderr
+    st = status(m)
+    assert st["errors"] >= 1 and any(want in s for s in messages(st))
+    pg = st["progress"]
+    assert pg["failed"] and not pg["settled"] and pg["percent"] < 100
+    assert pg["total"] == 48 * MiB and pg["total_from"] == "source"
+    shown = run(["/usr/bin/python3", STATUS_TOOL, m.mp], check=True).stdout
+    assert "FAILED" in shown and "larger than the export" in shown, shown
+    # The next copy, of the right size, works and is not failed.
+    good = shm / "good.raw"
+    good.write_bytes(os.urandom(EXPORT))
+    assert run(["cp", good, m.file]).returncode == 0
+    assert sha256_nbd(srv.uri) == hashlib.sha256(good.read_bytes()).hexdigest()
+    wait_for(lambda: status(m)["progress"]["settled"], what="settled")
+    pg = status(m)["progress"]
+    assert not pg["failed"] and pg["percent"] == 100
+
+
+def test_container_source_larger_than_export_is_converted(victim, shm):
+    """A qcow2 file larger than the export whose disk fits (preallocated:
+    metadata on top of the whole disk) is the converter's business."""
+    srv, m, _ = victim()
+    raw = shm / "disk.raw"
+    raw.write_bytes(os.urandom(EXPORT))
+    img = shm / "full.qcow2"
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", "-o",
+             "preallocation=full", raw, img)
+    assert img.stat().st_size > EXPORT
+    qemu_img("convert", "-n", "-f", "qcow2", "-O", "raw", img, m.file)
+    assert sha256_nbd(srv.uri) == hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert "larger than the export" not in m.stderr
+
+
+def test_write_past_the_export_is_counted_and_fails_the_progress(victim):
+    """ENOSPC at the end of the export is an error of the copy: counted,
+    and the progress of that copy is failed."""
+    srv, m, before = victim()
+    with open(m.file, "r+b", buffering=0) as f:
+        assert oserror_errno(os.pwrite, f.fileno(), b"x" * 4096,
+                             EXPORT) == errno.ENOSPC
+    assert sha256_nbd(srv.uri) == before
+    st = status(m)
+    assert st["errors"] >= 1
+    assert any("past the end of the export" in s for s in messages(st))
+    assert st["progress"]["failed"] and not st["progress"]["settled"]
+
+
+# ------------------------------------------------- headers in the raw file
+
+def make_image(shm, kind):
+    """A small file of one kind the daemon recognizes."""
+    raw = shm / "disk.raw"
+    if not raw.exists():
+        raw.write_bytes(os.urandom(2 * MiB))
+    out = shm / f"disk.{kind}"
+    if out.exists():
+        return out
+    if kind in ("qcow2", "vhdx", "vmdk", "vpc"):
+        opts = ["-o", "subformat=dynamic"] if kind == "vpc" else []
+        qemu_img("convert", "-f", "raw", "-O", kind, *opts, raw, out)
+    elif kind == "tar":
+        with tarfile.open(out, "w", format=tarfile.USTAR_FORMAT) as t:
+            t.add(make_image(shm, "vmdk"), arcname="disk1.vmdk")
+    elif kind == "gzip":
+        out.write_bytes(gzip.compress(raw.read_bytes()))
+    elif kind == "xz":
+        out.write_bytes(lzma.compress(raw.read_bytes()))
+    return out
+
+
+RAW_ADVICE = {
+    "qcow2": ("a qcow2 image", "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    "vhdx": ("a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+    "vmdk": ("a VMDK image", "write it into MNT/nbd.vmdk"),
+    "vpc": ("a VHD image", "write it into MNT/nbd.vhd"),
+    "tar": ("a tar archive (an OVA?)",
+            "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+    "gzip": ("a gzip stream", "gunzip -c FILE.gz > MNT/nbd"),
+    "xz": ("an xz stream", "xz -dc FILE.xz > MNT/nbd"),
+}
+
+
+@pytest.mark.parametrize("kind", RAW_ADVICE)
+def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
+                                                                 shm, kind):
+    srv, m, _ = victim()
+    name, advice = RAW_ADVICE[kind]
+    img = make_image(shm, kind)
+    data = img.read_bytes()
+    for _ in range(2):                        # two copies: two warnings
+        assert run(["cp", img, m.file]).returncode == 0
+    assert sha256_nbd(srv.uri, len(data)) == hashlib.sha256(data).hexdigest()
+    assert read_nbd(srv.uri, len(data), MiB) == bytes(MiB)   # cp truncated
+    # One copy that writes the header twice: one warning.
+    with open(m.file, "r+b", buffering=0) as f:
+        f.write(data[:4096])
+        f.seek(0)
+        f.write(data[:4096])
+    # A raw disk is not warned about.
+    plain = shm / "plain.raw"
+    plain.write_bytes(os.urandom(MiB))
+    assert run(["cp", plain, m.file]).returncode == 0
+    assert read_nbd(srv.uri, 0, MiB) == plain.read_bytes()
+    lines = [l for l in m.stderr.splitlines() if "written as asked" in l]
+    assert len(lines) == 3, m.stderr
+    assert all(f"warning: nbd: written as asked, but it is {name}: the "
+               f"disk now holds the image file" in l and advice in l
+               for l in lines), lines
+    st = status(m)
+    assert st["warnings"] == 3 and st["errors"] == 0
+    assert any(f"it is {name}" in s and advice in s for s in messages(st))
+
+
+# --------------------------------------------------------- the wrong view
+
+VIEW_CASES = [
+    ("nbd.vhd", "vhdx", "a VHDX image",
+     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+    ("nbd.vhd", "qcow2", "a qcow2 image",
+     "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    ("nbd.vhd", "tar", "a tar archive (an OVA?)",
+     "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+    ("nbd.vhd", "vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
+    ("nbd.vmdk", "vhdx", "a VHDX image",
+     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+    ("nbd.vmdk", "qcow2", "a qcow2 image",
+     "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    ("nbd.vmdk", "tar", "a tar archive (an OVA?)",
+     "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+    ("nbd.vmdk", "vpc", "a VHD image", "write it into MNT/nbd.vhd"),
+]
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["", "vhd-fixed"])
+def test_view_refuses_another_format_naming_it(victim, shm, fixed):
+    srv, m, before = victim(*(["--vhd-fixed"] if fixed else []))
+    for view, kind, name, advice in VIEW_CASES:
+        n = len(m.stderr.splitlines())
+        r = run(["cp", make_image(shm, kind), m.mp / view])
+        assert r.returncode != 0, (view, kind)
+        assert "Wrong medium type" in r.stderr, (view, kind, r.stderr)
+        assert sha256_nbd(srv.uri) == before, (view, kind)
+        new = "\n".join(m.stderr.splitlines()[n:])
+        assert f"{view}: not a " in new and f"its first sector is {name}" \
+            in new and advice in new, (view, kind, new)
+        assert "magic 0x" not in new and "--vhd-fixed" not in new
+    assert status(m)["errors"] >= len(VIEW_CASES)
+
+
+@pytest.mark.parametrize("view,fmt,what", [
+    ("nbd.vmdk", "vmdk", "the descriptor is empty (zeros)"),
+    ("nbd.vhd", "vpc", "the dynamic header is empty (zeros)"),
+])
+def test_qemu_img_writing_into_a_view_says_why(victim, shm, view, fmt, what):
+    """qemu-img writes a VMDK's descriptor or a VHD's dynamic header after
+    the rest, seeking back: a view (file order) cannot take it, and says
+    so; the disk is untouched."""
+    srv, m, before = victim()
+    raw = shm / "disk.raw"
+    raw.write_bytes(os.urandom(2 * MiB))
+    r = qemu_img("convert", "-f", "raw", "-O", fmt, raw, m.mp / view,
+                 check=False)
+    assert r.returncode != 0
+    assert sha256_nbd(srv.uri) == before
+    assert f"{view}: {what}" in m.stderr
+    assert "qemu-img convert -n -O raw SRC MNT/nbd" in m.stderr
+    assert "no createType" not in m.stderr and "cookie" not in m.stderr
+
+
+# ------------------------------------- a refusal leaves the last copy alone
+
+@pytest.mark.parametrize("view", ["nbd.vhd", "nbd.vmdk"])
+def test_refused_view_write_keeps_digest_progress_and_status(victim, shm,
+                                                            view):
+    srv, m, _ = victim()
+    src = shm / "src.raw"
+    src.write_bytes(os.urandom(EXPORT))
+    assert run(["cp", src, m.file]).returncode == 0
+    wait_for(lambda: status(m)["digest"]["state"] == "complete" and
+             status(m)["progress"]["settled"], what="the copy settled")
+    before = status(m)
+    sha = sha256_nbd(srv.uri)
+    bad = shm / "bad.bin"
+    bad.write_bytes(b"QFI\xfb" + os.urandom(MiB))
+    r = run(["cp", bad, m.mp / view])
+    assert r.returncode != 0 and "Wrong medium type" in r.stderr
+    after = status(m)
+    assert sha256_nbd(srv.uri) == sha
+    assert after["digest"] == before["digest"]
+    for k in ("done", "total", "total_from", "percent", "frontier",
+              "settled", "failed"):
+        assert after["progress"][k] == before["progress"][k], k
+    assert any(s.startswith(f"{view}: not a ") for s in messages(after))
