@@ -100,18 +100,21 @@ static int check_identity(const uint8_t *b, size_t len,
     if (len < 4 || qcow2_be32(b) != QCOW2_MAGIC)
         return qcow2_errf(err, -EMEDIUMTYPE, "not a qcow2 image: no \"QFI\\xfb\" "
                           "magic at byte 0");
-    if (len < QCOW2_V2_HEADER_LEN)
-        return qcow2_errf(err, -EINVAL, "the header is cut short (%zu bytes)",
-                          len);
-    if (h->version != 2 && h->version != 3)
+    /* The version and cluster_bits lie in the first 24 bytes, which is
+     * all a stream waits for when cluster_bits is out of range: name
+     * them, not a short header. */
+    if (len >= 8 && h->version != 2 && h->version != 3)
         return qcow2_errf(err, -EMEDIUMTYPE, "qcow2 version %" PRIu32 " (only "
                           "2 and 3 are defined; version 1 is qcow, not qcow2)",
                           h->version);
-    if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
-        h->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
+    if (len >= 24 && (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
+                      h->cluster_bits > QCOW2_MAX_CLUSTER_BITS))
         return qcow2_errf(err, -EINVAL, "cluster_bits %" PRIu32 " (must be "
                           "%u..%u: 512 B to 2 MiB clusters)", h->cluster_bits,
                           QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
+    if (len < QCOW2_V2_HEADER_LEN)
+        return qcow2_errf(err, -EINVAL, "the header is cut short (%zu bytes)",
+                          len);
     if (h->version == 3) {
         if (h->header_length < QCOW2_V3_HEADER_LEN ||
             h->header_length % 8 != 0 ||

@@ -105,6 +105,18 @@ int main(void)
     mutate("version 4", 4, 4, 4, -EMEDIUMTYPE, NULL);
     mutate("cluster_bits 8", 20, 4, 8, -EINVAL, "cluster_bits");
     mutate("cluster_bits 22", 20, 4, 22, -EINVAL, "cluster_bits");
+    {
+        /* A stream waits for 24 bytes only when cluster_bits is out of
+         * range: refused there, naming it (not "cut short"). */
+        uint8_t b[24];
+        bool began;
+        char m[256];
+        memcpy(b, img, sizeof b);
+        put32(b + 20, 23);
+        CHECK(stream(b, sizeof b, &began, m) == -EINVAL && !began);
+        printf("  stream: %-28s %s\n", "cluster_bits 23, 24 bytes", m);
+        CHECK(strstr(m, "cluster_bits 23"));
+    }
     mutate("AES", 32, 4, 1, -EMEDIUMTYPE, "AES");
     mutate("LUKS", 32, 4, 2, -EMEDIUMTYPE, "LUKS");
     mutate("dirty bit", 72, 8, 1, -EMEDIUMTYPE, "dirty");
