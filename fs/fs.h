@@ -41,6 +41,8 @@ struct fs {
     bool readonly;
     bool allow_other;         /* -o allow_other: the directory is 0755 */
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
+    const char *spool_dir;    /* --spool-dir (fs/spool.h); NULL: $TMPDIR */
+    uint64_t spool_max;       /* --spool-max: bytes a view may spool */
     bool file_mode;           /* the disk is the mount's root (fs/modes.c) */
     bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     bool multiwriter;         /* -o multiwriter: several writers at once

@@ -47,6 +47,7 @@
 #include "fs/stopsig.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
+#include "fs/spool.h"
 #include "fs/readahead.h"
 #include "fs/listexports.h"
 #include "fs/verdict.h"
@@ -93,6 +94,8 @@ struct options {
     enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
     int progress_fd;          /* --progress=FD, or -1 */
     uint64_t expected_size;
+    char *spool_dir;          /* --spool-dir, absolute; NULL: $TMPDIR */
+    uint64_t spool_max;       /* --spool-max; 0: SPOOL_MAX_DEFAULT */
     bool unmount;             /* --unmount MOUNTPOINT */
     bool list;                /* --list URI */
     const char *log_file;     /* --log-file FILE */
@@ -202,6 +205,12 @@ static void usage(void)
 "      --vhd-fixed        FILENAME.vhd also takes fixed VHDs (-o vhd_fixed);\n"
 "                         without it, anything that does not begin like a\n"
 "                         dynamic or differencing VHD is refused\n"
+"      --spool-dir DIR    where a format view keeps the bytes of an image that\n"
+"                         arrive before the table that places them, past\n"
+"                         what it keeps in memory (default $TMPDIR, else\n"
+"                         /var/tmp; an unnamed file, mode 0600)\n"
+"      --spool-max SIZE   at most SIZE bytes spooled at once (default 1G);\n"
+"                         an image that needs more fails with EFBIG\n"
 "      --multiwriter      several processes may write the disk at once, and\n"
 "                         another writable mount of the export may exist\n"
 "                         (-o multiwriter); without it a second writer\n"
@@ -300,6 +309,20 @@ static void parse_blkhash(struct options *o, const char *spec)
     o->blkhash = spec;
 }
 
+/* --spool-dir DIR: absolute (the daemon leaves its directory), and a
+ * directory now rather than at the first image that needs it. */
+static void parse_spool_dir(struct options *o, const char *dir)
+{
+    struct stat st;
+
+    free(o->spool_dir);
+    o->spool_dir = realpath(dir, NULL);
+    if (!o->spool_dir || stat(o->spool_dir, &st) < 0)
+        usage_error("--spool-dir %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        usage_error("--spool-dir %s: not a directory", dir);
+}
+
 static void add_fuse_opt(struct options *o, const char *opt)
 {
     char msg[CLI_MSG_MAX];
@@ -320,7 +343,7 @@ enum {
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
-    OPT_MULTIWRITER,
+    OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -343,6 +366,8 @@ static const struct option long_options[] = {
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
     { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
+    { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
+    { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
     { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
@@ -597,6 +622,10 @@ static void parse_args(struct options *o, int argc, char **argv)
             break;
         case OPT_MULTIWRITER:
             o->fo.multiwriter = true;
+            break;
+        case OPT_SPOOL_DIR: parse_spool_dir(o, optarg); break;
+        case OPT_SPOOL_MAX:
+            o->spool_max = parse_size("--spool-max", optarg);
             break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
@@ -1070,6 +1099,8 @@ int main(int argc, char **argv)
     fs.block_device = o.fo.block_device;
     fs.vhd_fixed = o.fo.vhd_fixed;
     fs.multiwriter = o.fo.multiwriter;
+    fs.spool_dir = o.spool_dir;
+    fs.spool_max = o.spool_max ? o.spool_max : SPOOL_MAX_DEFAULT;
     if (fs_views_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;
@@ -1139,6 +1170,7 @@ out_nbd:
     mountlock_release(ml);
     cli_mountpoint_free(&o.mp);
     cli_fuse_opts_free(&o.fo);
+    free(o.spool_dir);
     free(o.vsock_uri);
     log_flush();
     return status;

@@ -30,6 +30,7 @@ struct synth_ref {
 
 struct synthcache {
     const struct synthcache_ops *ops;
+    void *opaque;
     const char *name;
     pthread_mutex_t lock;
     struct synth_ref *current;    /* the latest disk state's, or NULL */
@@ -61,14 +62,15 @@ static bool same_key(const struct synth_key *a, const struct synth_key *b)
            a->pending_zero == b->pending_zero;
 }
 
-int synthcache_new(const struct synthcache_ops *ops, const char *name,
-                   struct synthcache **out)
+int synthcache_new(const struct synthcache_ops *ops, void *opaque,
+                   const char *name, struct synthcache **out)
 {
     struct synthcache *c = calloc(1, sizeof *c);
 
     if (!c)
         return -ENOMEM;
     c->ops = ops;
+    c->opaque = opaque;
     c->name = name;
     pthread_mutex_init(&c->lock, NULL);
     *out = c;
@@ -78,7 +80,7 @@ int synthcache_new(const struct synthcache_ops *ops, const char *name,
 static void free_ref(struct synthcache *c, struct synth_ref *r)
 {
     if (r->synth)
-        c->ops->free(r->synth);
+        c->ops->free(c->opaque, r->synth);
     free(r);
     c->live--;
 }
@@ -141,7 +143,7 @@ static int replace_locked(struct synthcache *c, struct fs *fs,
     }
     r->key = *key;
     r->refs = 1;
-    r->err = c->ops->build(fs, &r->synth);
+    r->err = c->ops->build(c->opaque, fs, &r->synth);
     if (r->err > 0)
         r->err = -r->err;
     c->current = r;

@@ -26,15 +26,16 @@
 struct synthcache_ops {
     /* Freeze the disk as it is now.  0 and *out, or -errno (logged by
      * build; the failure is kept, and returned, until the disk changes). */
-    int  (*build)(struct fs *fs, void **out);
-    void (*free)(void *synth);
+    int  (*build)(void *opaque, struct fs *fs, void **out);
+    void (*free)(void *opaque, void *synth);
 };
 
 struct synthcache;
 
-/* name: the view's file name, for messages; borrowed for c's life. */
-int  synthcache_new(const struct synthcache_ops *ops, const char *name,
-                    struct synthcache **out);
+/* opaque: passed to ops; name: the view's file name, for messages; both
+ * borrowed for c's life. */
+int  synthcache_new(const struct synthcache_ops *ops, void *opaque,
+                    const char *name, struct synthcache **out);
 /* Frees every synthesizer, held or not (the handles are gone). */
 void synthcache_free(struct synthcache *c);
 

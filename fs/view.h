@@ -5,8 +5,9 @@
  * VMDK (fs/vmdkview.c).  fs/ops.c owns what is common to all of them (the
  * handle, its place on fs->open_files, argument checks, the FUSE reply) and
  * dispatches the rest here through fs_views[], indexed by inode.  A new
- * format is a new file defining a struct fs_view, plus its inode number in
- * enum fs_ino and one line in fs_views[] (fs/view.c).
+ * view is a new file defining a struct fs_view, plus its inode number in
+ * enum fs_ino and one line in fs_views[] (fs/view.c); a new image format
+ * defines it on the format-view skeleton (fs/imageview.h).
  *
  * Views change the disk only through the raw-file module (fs/rawfile.h),
  * never through fs/ops.c, so that the size, the times, the size lock and

@@ -20,37 +20,33 @@
  * outlives a FUSE request, and a damaged grain fails the write that
  * completed it (and every later one, and close()).
  *
- * Reading: at open, the allocation of the disk (from the zero maps) is
- * frozen into a synthesizer that produces a streamOptimized VMDK of
- * stored deflate blocks (size known at open; see docs/vmdk-format.md);
- * grain data is read through the pool.  Handles that see the same disk
- * state share one, and at most SYNTHCACHE_MAX distinct ones live
- * (fs/synthcache.h).
+ * Reading: a synthesizer produces a streamOptimized VMDK of stored
+ * deflate blocks (size known at open; see docs/vmdk-format.md); grain
+ * data is read through the pool.
+ *
+ * The rest (open, holes, truncate, close, the shared synthesizers) is the
+ * format-view skeleton's (fs/imageview.h); this file is the glue to
+ * vmdk/ and the inflater threads.
  *
  * THREAD MODEL
- * view->lock serializes everything about the ingest (the decoder is not
- * thread-safe and its input must stay in order).  It is held across
- * pool_write() (which may wait for a buffer: the writer is throttled, as
- * on the raw file) but never across fuse_reply_*().  The kernel sends a
- * writer's requests in order because async direct I/O is off (fs/ops.c).
- * view->read_lock serializes reads of synthesizers (each caches a grain,
- * and handles share them); it is taken without view->lock held.  Inflater threads take jobs from
- * view->q under q.lock (a leaf: held only to move jobs and counters, never
- * across inflate or pool_write()).  The writing FUSE thread, holding
- * view->lock, runs queued jobs itself when the queue is full or must
- * drain, then waits on q.cond for the jobs inflaters still run.
- * Inflaters never take view->lock, so that wait cannot deadlock.  The
- * disk is changed through fs/rawfile.c, whose size lock is taken after
- * view->lock and only around one placement, never across a wait for
- * the queue.
+ * The skeleton's lock (fs/imageview.h) serializes the ingest.
+ * v->read_lock serializes reads of synthesizers (each caches a grain,
+ * and handles share them); it is taken without the ingest lock held.
+ * Inflater threads take jobs from v->q under q.lock (a leaf: held only
+ * to move jobs and counters, never across inflate or a pool write).  The
+ * writing FUSE thread, holding the ingest lock, runs queued jobs itself
+ * when the queue is full or must drain (the skeleton's drain hook, after
+ * every request), then waits on q.cond for the jobs inflaters still run.
+ * Inflaters never take the ingest lock, so that wait cannot deadlock.
+ * The disk is changed through fs/rawfile.c, whose size lock is taken
+ * only around one placement, never across a wait for the queue.
  */
 #include "fs/view.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <linux/falloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,9 +54,8 @@
 
 #include "common/iszero.h"
 #include "common/log.h"
-#include "fs/foreign.h"
+#include "fs/imageview.h"
 #include "fs/rawfile.h"
-#include "fs/synthcache.h"
 #include "vmdk/vmdk.h"
 
 #define QMAX 8                    /* compressed grains waiting (bounded memory) */
@@ -83,29 +78,22 @@ struct inflaters {
     pthread_t threads[INFLATERS_MAX];
 };
 
+/* The format's state beside the skeleton's (imageview_priv()). */
 struct vmdkview {
-    pthread_mutex_t lock;
     pthread_mutex_t read_lock;
-    struct vmdk_stream *stream;   /* the ingest in progress, or NULL */
-    struct fs_fh *writer;         /* the handle that owns it */
-    pid_t writer_pid;             /* the process that opened it */
-    int err;                      /* its sticky error (positive errno) */
-    bool logged;                  /* the sink already logged the error */
-    uint64_t file_size;           /* high-water mark of the VMDK written */
     uint32_t cid;                 /* of the synthesized VMDK, per mount */
     struct fs *fs;
+    struct imageview *iv;
     struct inflaters q;
-    struct vmdk_inflater *z;      /* the writer's own, under lock */
+    struct vmdk_inflater *z;      /* the writer's own, under the ingest lock */
     uint8_t *zout;                /* its output, a maximal grain */
-    struct synthcache *synths;    /* the read side's, shared */
 };
 
 static const struct vmdk_sink sink;
-static const struct synthcache_ops synth_ops;
 
-static struct vmdkview *vmdk_of(struct fs *fs)
+static struct vmdkview *vmdk_of(struct imageview *iv)
 {
-    return fs->view_state[FS_INO_VMDK];
+    return imageview_priv(iv);
 }
 
 static const char *vmdk_name(struct fs *fs)
@@ -116,7 +104,6 @@ static const char *vmdk_name(struct fs *fs)
 /* ---- inflater threads ------------------------------------------------ */
 
 static int place(struct fs *fs, uint64_t off, const void *buf, size_t len);
-static void vmdkview_fini(struct fs *fs);
 
 static void run_job(struct vmdkview *v, struct job *j,
                     struct vmdk_inflater *z, uint8_t *out)
@@ -233,8 +220,8 @@ static int drain_inflaters(struct vmdkview *v, bool clear)
 /* sink.grain, on the FUSE thread under view->lock: queue a copy. */
 static int sink_grain(void *opaque, const struct vmdk_grain *g)
 {
-    struct fs *fs = opaque;
-    struct vmdkview *v = vmdk_of(fs);
+    struct imageview *iv = opaque;
+    struct vmdkview *v = vmdk_of(iv);
     uint8_t *copy = malloc(g->clen ? g->clen : 1);
 
     if (!copy)
@@ -255,23 +242,47 @@ static int sink_grain(void *opaque, const struct vmdk_grain *g)
     pthread_mutex_unlock(&v->q.lock);
     if (r < 0) {
         free(copy);
-        v->logged = true;             /* the inflater said it */
+        imageview_logged(iv);         /* the inflater said it */
     }
     return r;
 }
 
-static int vmdkview_init(struct fs *fs)
+/* drain: every queued grain placed (the writer helping); the first error
+ * of the ingest (already logged), cleared for the next ingest if asked. */
+static int vmdk_drain(struct imageview *iv, bool clear)
 {
+    return drain_inflaters(vmdk_of(iv), clear);
+}
+
+static void vmdk_fini(struct imageview *iv)
+{
+    struct vmdkview *v = vmdk_of(iv);
+
+    if (!v)
+        return;
+    stop_inflaters(v);                /* nothing is queued between requests */
+    vmdk_inflater_free(v->z);
+    free(v->zout);
+    pthread_mutex_destroy(&v->read_lock);
+    pthread_mutex_destroy(&v->q.lock);
+    pthread_cond_destroy(&v->q.cond);
+    free(v);
+    imageview_set_priv(iv, NULL);
+}
+
+static int vmdk_init(struct imageview *iv)
+{
+    struct fs *fs = imageview_fs(iv);
     struct vmdkview *v = calloc(1, sizeof *v);
     struct timespec ts;
 
     if (!v)
         return -ENOMEM;
-    pthread_mutex_init(&v->lock, NULL);
     pthread_mutex_init(&v->read_lock, NULL);
     pthread_mutex_init(&v->q.lock, NULL);
     pthread_cond_init(&v->q.cond, NULL);
     v->fs = fs;
+    v->iv = iv;
     /* A per-mount content id: re-reads of the view agree within a mount. */
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = ((uint64_t) ts.tv_sec * 1000000007u) ^
@@ -280,182 +291,106 @@ static int vmdkview_init(struct fs *fs)
     v->cid = (uint32_t) (seed >> 32);
     if (v->cid == 0xffffffffu)
         v->cid = 1;                   /* "no parent" in a descriptor */
-    fs->view_state[FS_INO_VMDK] = v;
-    int r = synthcache_new(&synth_ops, vmdk_name(fs), &v->synths);
-    if (r < 0) {
-        vmdkview_fini(fs);
-        return r;
-    }
-    r = start_inflaters(v);
+    imageview_set_priv(iv, v);
+    int r = start_inflaters(v);
     if (r < 0) {
         log_err("%s: cannot start inflater threads: %s", vmdk_name(fs),
                 strerror(-r));
-        vmdkview_fini(fs);
-        return r;
+        vmdk_fini(iv);
     }
-    return 0;
-}
-
-static void vmdkview_fini(struct fs *fs)
-{
-    struct vmdkview *v = vmdk_of(fs);
-
-    if (!v)
-        return;
-    stop_inflaters(v);                /* nothing is queued between requests */
-    vmdk_inflater_free(v->z);
-    free(v->zout);
-    vmdk_stream_free(v->stream);
-    synthcache_free(v->synths);
-    pthread_mutex_destroy(&v->lock);
-    pthread_mutex_destroy(&v->read_lock);
-    pthread_mutex_destroy(&v->q.lock);
-    pthread_cond_destroy(&v->q.cond);
-    free(v);
-    fs->view_state[FS_INO_VMDK] = NULL;
+    return r;
 }
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
- * file's apparent size, as the raw file shows it. */
-static int build_synth(struct fs *fs, struct vmdk_synth **out)
+static int vmdk_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
     struct vmdk_err e = { "" };
-    struct vmdk_synth *s;
-    uint64_t size = rawfile_size(fs), pos = 0;
 
-    int r = vmdk_synth_new(size, vmdk_of(fs)->cid, vmdk_name(fs), &s, &e);
-    if (r < 0) {
-        log_notice("%s: %s", vmdk_name(fs), e.msg);
-        return r;
+    int r = vmdk_synth_new(size, vmdk_of(iv)->cid, imageview_name(iv),
+                           (struct vmdk_synth **) out, &e);
+    if (r < 0)
+        log_notice("%s: %s", imageview_name(iv), e.msg);
+    return r;
+}
+
+static int vmdk_allocate(void *s, uint64_t off, uint64_t len)
+{
+    return vmdk_synth_allocate(s, off, len);
+}
+
+static int vmdk_seal(void *s) { return vmdk_synth_seal(s); }
+static void vmdk_free_synth(void *s) { vmdk_synth_free(s); }
+
+/* Grains [first, last] of a data extent and their tables, less the ones
+ * the previous extent already counted. */
+struct grain_count {
+    uint64_t grains, tables;
+    uint64_t last_g, last_t;
+};
+
+static int count_extent(void *opaque, uint64_t off, uint64_t len)
+{
+    const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
+    const uint64_t per = VMDK_SYNTH_TABLE_BYTES / G;
+    struct grain_count *c = opaque;
+    uint64_t first = off / G, last = (off + len - 1) / G;
+
+    if (first == c->last_g)
+        first++;
+    if (first <= last) {
+        c->grains += last - first + 1;
+        uint64_t tfirst = first / per, tlast = last / per;
+        c->tables += tlast - tfirst + 1 - (tfirst == c->last_t);
+        c->last_g = last;
+        c->last_t = tlast;
     }
-    while (pos < size && r == 0) {
-        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
-        if (d < 0)
-            break;                            /* -ENXIO: no more data */
-        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
-        if (h <= d)
-            h = (int64_t) size;
-        r = vmdk_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
-        pos = (uint64_t) h;
-    }
-    if (r == 0)
-        r = vmdk_synth_seal(s);
-    if (r < 0) {
-        vmdk_synth_free(s);
-        return r;
-    }
-    *out = s;
     return 0;
 }
-
-static int synth_build(struct fs *fs, void **out)
-{
-    return build_synth(fs, (struct vmdk_synth **) out);
-}
-
-static void synth_free(void *synth)
-{
-    vmdk_synth_free(synth);
-}
-
-static const struct synthcache_ops synth_ops = { .build = synth_build,
-                                                 .free = synth_free };
 
 /* The synthesized file's size from the zero maps, counting grains and
  * tables without a synthesizer (getattr is frequent; a synthesizer holds
  * 4 bytes per allocated grain). */
-static uint64_t synth_size(struct fs *fs)
+static uint64_t vmdk_size(struct imageview *iv)
 {
-    const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
-    uint64_t size = rawfile_size(fs), pos = 0, grains = 0, tables = 0;
-    uint64_t last_g = UINT64_MAX, last_t = UINT64_MAX;
+    struct fs *fs = imageview_fs(iv);
+    uint64_t size = rawfile_size(fs);
+    struct grain_count c = { .last_g = UINT64_MAX, .last_t = UINT64_MAX };
 
     if (vmdk_synth_size(size, 0, 0) == 0)
         return 0;                     /* past the limit: open says why */
-    while (pos < size) {
-        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
-        if (d < 0)
-            break;
-        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
-        if (h <= d)
-            h = (int64_t) size;
-        /* Grains [first, last] and their tables, less the ones the
-         * previous extent already counted. */
-        uint64_t first = (uint64_t) d / G, last = ((uint64_t) h - 1) / G;
-        uint64_t per = VMDK_SYNTH_TABLE_BYTES / G;
-        if (first == last_g)
-            first++;
-        if (first <= last) {
-            grains += last - first + 1;
-            uint64_t tfirst = first / per, tlast = last / per;
-            tables += tlast - tfirst + 1 - (tfirst == last_t);
-            last_g = last;
-            last_t = tlast;
-        }
-        pos = (uint64_t) h;
-    }
-    return vmdk_synth_size(size, grains, tables);
+    imageview_each_data(fs, size, count_extent, &c);
+    return vmdk_synth_size(size, c.grains, c.tables);
 }
 
-static uint64_t vmdkview_size(struct fs *fs)
+/* Each synthesizer caches a grain, and handles share them. */
+static int64_t vmdk_read(struct imageview *iv, void *s, struct fs_fh *fh,
+                         uint64_t off, char *buf, size_t size)
 {
-    struct vmdkview *v = vmdk_of(fs);
+    struct vmdkview *v = vmdk_of(iv);
+    struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };
 
-    pthread_mutex_lock(&v->lock);
-    bool ingesting = v->stream != NULL;
-    uint64_t written = v->file_size;
-    pthread_mutex_unlock(&v->lock);
-    return ingesting ? written : synth_size(fs);
-}
-
-static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
-{
-    struct fs *fs = opaque;
-    return pool_read(fs->pool, off, buf, len);
-}
-
-static ssize_t vmdkview_read(struct fs *fs, struct fs_fh *fh, char *buf,
-                             size_t size, uint64_t off)
-{
-    struct vmdkview *v = vmdk_of(fs);
-
-    if (!fh->view_data)
-        return -EBADF;
     pthread_mutex_lock(&v->read_lock);
-    int64_t n = vmdk_synth_read(fh->view_data, off, buf, size, read_disk, fs);
+    int64_t n = vmdk_synth_read(s, off, buf, size, imageview_read_disk, &d);
     pthread_mutex_unlock(&v->read_lock);
-    return (ssize_t) n;
+    return n;
 }
 
 /* ---- the ingest (write) side ------------------------------------------ */
 
 static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
 {
-    struct fs *fs = opaque;
+    struct imageview *iv = opaque;
+    struct fs *fs = imageview_fs(iv);
 
     /* A capacity is whole sectors: an export whose size is not a multiple
      * of 512 takes a VMDK of itself back (place() checks the tail). */
     if (capacity > fs->export_size &&
-        capacity - fs->export_size >= VMDK_SECTOR) {
-        log_err("%s: the VMDK's disk is %" PRIu64 " bytes, larger than the "
-                "export (%" PRIu64 "): nothing written", vmdk_name(fs),
-                capacity, fs->export_size);
-        vmdk_of(fs)->logged = true;
-        return -ENOSPC;
-    }
-    if (capacity > fs->export_size)
+        capacity - fs->export_size < VMDK_SECTOR)
         capacity = fs->export_size;
-    log_info("%s: receiving a %s VMDK, disk size %" PRIu64, vmdk_name(fs),
-             kind == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
-                                           : "monolithicSparse", capacity);
-    /* Under view->lock (inside a feed): from here on the copy is this one
-     * (its writer's input file the total). */
-    struct vmdkview *v = vmdk_of(fs);
-    rawfile_view_begin(fs, v->writer, v->writer_pid, "the VMDK view");
-    /* The VMDK's disk replaces the export's content. */
-    return rawfile_replace(fs, capacity);
+    return imageview_take(iv, kind == VMDK_STREAM_OPTIMIZED
+                                  ? "streamOptimized" : "monolithicSparse",
+                          capacity, false, 0);
 }
 
 /* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
@@ -477,7 +412,7 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
 {
-    return place(opaque, off, buf, len);
+    return place(imageview_fs(opaque), off, buf, len);
 }
 
 static const struct vmdk_sink sink = {
@@ -486,237 +421,36 @@ static const struct vmdk_sink sink = {
     .grain = sink_grain,
 };
 
-/* Log the decoder's error once and latch it; a refusal names the view
- * or command for what was written instead. */
-static int fail_locked(struct fs *fs, struct vmdkview *v, int r)
+static int vmdk_new_stream(struct imageview *iv, void **out)
 {
-    char advice[256];
-
-    if (!v->err) {
-        v->err = -r;
-        if (v->logged)                        /* the sink said it */
-            return r;
-        const char *a = r != -EMEDIUMTYPE ? NULL
-                        : foreign_advice(fs, vmdk_stream_first_kind(v->stream),
-                                         FS_INO_VMDK, advice, sizeof advice);
-        log_err("%s: %s%s%s", vmdk_name(fs),
-                vmdk_stream_error(v->stream)[0] ? vmdk_stream_error(v->stream)
-                                                : strerror(-r),
-                a ? ": " : "", a ? a : "");
-    }
-    return -v->err;
+    return vmdk_stream_new(&sink, iv, (struct vmdk_stream **) out);
 }
 
-static int vmdkview_open(struct fs *fs, struct fs_fh *fh, int flags,
-                         pid_t pid)
-{
-    struct vmdkview *v = vmdk_of(fs);
-    bool writing = (flags & O_ACCMODE) != O_RDONLY;
+IMAGEVIEW_STREAM_GLUE(vmdk)
+IMAGEVIEW_STREAM_HOLE(vmdk)
+static bool vmdk_started(const void *s) { return vmdk_stream_position(s); }
 
-    if (!writing) {
-        int err;
-        fh->view_data = synthcache_get(v->synths, fs, false, &err);
-        return fh->view_data ? 0 : err;
-    }
-    pthread_mutex_lock(&v->lock);
-    if (v->stream && v->writer) {
-        pthread_mutex_unlock(&v->lock);
-        log_notice("%s: a VMDK is already being written", vmdk_name(fs));
-        return -EBUSY;
-    }
-    vmdk_stream_free(v->stream);
-    v->stream = NULL;
-    drain_inflaters(v, true);
-    int r = vmdk_stream_new(&sink, fs, &v->stream);
-    if (r == 0) {
-        v->writer = fh;
-        v->writer_pid = pid;
-        v->err = 0;
-        v->logged = false;
-        v->file_size = 0;
-    }
-    pthread_mutex_unlock(&v->lock);
-    return r;
+static enum image_kind vmdk_first_kind(const void *s)
+{
+    return vmdk_stream_first_kind(s);
 }
 
-/* End of a write request: its grains are placed before it is answered.
- * An inflater's error fails this request and latches for the ingest. */
-static int settle_locked(struct vmdkview *v, int r)
+static void vmdk_received(struct imageview *iv, char *buf, size_t n)
 {
-    int qerr = drain_inflaters(v, false);
-    if (qerr && !v->err) {
-        v->err = -qerr;
-        v->logged = true;             /* the inflater said it */
-    }
-    return r < 0 ? r : v->err ? -v->err : r;
+    struct vmdk_stream_stats st;
+
+    vmdk_stream_stats(imageview_stream(iv), &st);
+    snprintf(buf, n, ", %" PRIu64 " grains", st.grains);
 }
 
-static ssize_t vmdkview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
-                              size_t size, uint64_t off)
-{
-    struct vmdkview *v = vmdk_of(fs);
-    int r;
-
-    pthread_mutex_lock(&v->lock);
-    if (v->writer != fh || !v->stream)
-        r = -EBADF;
-    else if (v->err)
-        r = -v->err;
-    else if ((r = vmdk_stream_feed(v->stream, off, buf, size)) < 0)
-        r = fail_locked(fs, v, r);
-    else if (off + size > v->file_size)
-        v->file_size = off + size;
-    if (v->writer == fh && v->stream)
-        r = settle_locked(v, r);
-    pthread_mutex_unlock(&v->lock);
-    if (r >= 0)
-        rawfile_view_wrote(fs, fh, off, size);
-    return r < 0 ? r : (ssize_t) size;
-}
-
-/* Punch-hole, zero-range and truncate-extend on the VMDK file: zeros of
- * the file.  A truncate that shrinks cannot be decoded. */
-static int vmdkview_hole(struct fs *fs, struct fs_fh *fh, uint64_t off,
-                         uint64_t len)
-{
-    struct vmdkview *v = vmdk_of(fs);
-    int r;
-
-    pthread_mutex_lock(&v->lock);
-    struct fs_fh *writer = v->writer;
-    if (!v->stream || (fh && v->writer != fh))
-        r = -EBADF;
-    else if (v->err)
-        r = -v->err;
-    else if ((r = vmdk_stream_hole(v->stream, off, len)) < 0)
-        r = fail_locked(fs, v, r);
-    else if (off + len > v->file_size)
-        v->file_size = off + len;
-    if (v->stream)
-        r = settle_locked(v, r);
-    pthread_mutex_unlock(&v->lock);
-    if (r >= 0)
-        rawfile_view_zeroed(fs, writer, off, len);
-    return r;
-}
-
-static int vmdkview_truncate(struct fs *fs, struct fs_fh *fh,
-                             uint64_t size)
-{
-    struct vmdkview *v = vmdk_of(fs);
-
-    pthread_mutex_lock(&v->lock);
-    bool active = v->stream != NULL;
-    uint64_t cur = v->file_size;
-    pthread_mutex_unlock(&v->lock);
-    if (!active)
-        return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
-    if (size < cur) {
-        log_err("%s: cannot shrink a VMDK being written (%" PRIu64 " < %"
-                PRIu64 ")", vmdk_name(fs), size, cur);
-        return -EINVAL;
-    }
-    return size > cur ? vmdkview_hole(fs, NULL, cur, size - cur) : 0;
-}
-
-/* close(): finish the stream.  Returns the decoder's error. */
-static int vmdkview_flush(struct fs *fs, struct fs_fh *fh)
-{
-    struct vmdkview *v = vmdk_of(fs);
-    int r = 0;
-
-    pthread_mutex_lock(&v->lock);
-    if (v->writer == fh && v->stream && !v->err &&
-        vmdk_stream_position(v->stream) == 0) {
-        /* Nothing written yet: a close of a duplicate (dd does
-         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
-    } else if (v->writer == fh && v->stream) {
-        int qerr = drain_inflaters(v, true);   /* logged by the inflater */
-        if (v->err)
-            r = -v->err;
-        else if (qerr)
-            r = qerr;
-        else if ((r = vmdk_stream_finish(v->stream)) < 0)
-            r = fail_locked(fs, v, r);
-        else {
-            struct vmdk_stream_stats st;
-            vmdk_stream_stats(v->stream, &st);
-            log_info("%s: VMDK received, %" PRIu64 " bytes, %" PRIu64
-                     " grains", vmdk_name(fs), v->file_size, st.grains);
-            rawfile_view_close(fs, v->file_size);
-        }
-        vmdk_stream_free(v->stream);
-        v->stream = NULL;
-        v->writer = NULL;
-    }
-    pthread_mutex_unlock(&v->lock);
-    return r;
-}
-
-static void vmdkview_release(struct fs *fs, struct fs_fh *fh)
-{
-    struct vmdkview *v = vmdk_of(fs);
-
-    pthread_mutex_lock(&v->lock);
-    if (v->writer == fh) {
-        /* Closed without a flush reaching us (cannot normally happen). */
-        drain_inflaters(v, true);
-        vmdk_stream_free(v->stream);
-        v->stream = NULL;
-        v->writer = NULL;
-    }
-    pthread_mutex_unlock(&v->lock);
-    synthcache_put(v->synths, fh->view_data);
-    fh->view_data = NULL;
-}
-
-/* ---- the view ---------------------------------------------------------- */
-
-static void vmdk_attr(struct fs *fs, struct stat *st)
-{
-    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
-    st->st_nlink = 1;
-    st->st_size = (off_t) vmdkview_size(fs);
-    st->st_blocks = (st->st_size + 511) / 512;
-}
-
-static ssize_t vmdk_write(struct fs *fs, struct fs_fh *fh, const char *buf,
-                          size_t size, off_t off)
-{
-    return off < 0 ? -EINVAL
-                   : vmdkview_write(fs, fh, buf, size, (uint64_t) off);
-}
-
-/* cp --sparse=always punches the holes it skipped: zeros of the VMDK
- * file. */
-static int vmdk_fallocate(struct fs *fs, struct fs_fh *fh, int mode,
-                          off_t off, off_t len)
-{
-    if (off < 0 || len <= 0 || (mode & ~FALLOC_FL_KEEP_SIZE) == 0)
-        return -EINVAL;
-    return vmdkview_hole(fs, fh, (uint64_t) off, (uint64_t) len);
-}
-
-/* close(2): the decoder's error first, else the first write error. */
-static int vmdk_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
-{
-    int r = vmdkview_flush(fs, fh);
-    int err = rawfile_drain(fs, fh, wrote);
-    return r < 0 ? r : err;
-}
-
-const struct fs_view fs_vmdk_view = {
-    .suffix = ".vmdk",
-    .writable = true,
-    .init = vmdkview_init,
-    .fini = vmdkview_fini,
-    .attr = vmdk_attr,
-    .open = vmdkview_open,
-    .pread = vmdkview_read,
-    .write = vmdk_write,
-    .fallocate = vmdk_fallocate,
-    .truncate = vmdkview_truncate,
-    .flush = vmdk_flush,
-    .fsync = rawfile_fsync,
-    .release = vmdkview_release,
+static const struct imageview_format vmdk_format = {
+    IMAGEVIEW_FORMAT_HOOKS(vmdk),
+    .ino = FS_INO_VMDK, .what = "VMDK", .status_name = "the VMDK view",
+    .init = vmdk_init, .fini = vmdk_fini,
+    .hole = vmdk_glue_hole,
+    .received = vmdk_received,
+    .drain = vmdk_drain,
+    .size = vmdk_size,                /* no synthesizer for a stat */
 };
+
+IMAGEVIEW_DEFINE(fs_vmdk_view, vmdk_format, ".vmdk");

@@ -321,18 +321,41 @@ def test_memory_server_restarted_mid_copy(kit, mount, shm, bg, tally):
     dd conv=fsync copies: the writes it acknowledged before the kill and
     no flush covered are gone.  dd's fsync fails, the status names the
     ranges that may be lost, the digest is not reported complete, and the
-    daemon exits 1."""
+    daemon exits 1.
+
+    dd reads a FIFO the test feeds, so the kill lands mid-copy however
+    loaded the machine is: half the image, then (once some of it has been
+    acknowledged) the kill and restart, then the rest."""
     size = 32 * MiB
     k = kit("mem", ["--filter=delay", "memory", f"size={size}", "wdelay=2ms"])
     m = mount(k.target, "--request-size", "256K", expect_rc=1,
               expect_errors=True)
     src = random_file(shm / "src.img", 24 * MiB)
-    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=256k", "conv=fsync"],
-            shm / "cp.err")
-    wait_progress(cp, written_bytes, 6 * MiB)
-    k.kill()
-    time.sleep(0.5)
-    k.start()
+    data = src.read_bytes()
+    fifo = shm / "feed"
+    os.mkfifo(fifo)
+    cp = bg(["dd", f"if={fifo}", f"of={m.file}", "bs=256k", "iflag=fullblock",
+             "conv=fsync"], shm / "cp.err")
+    feed = open(fifo, "wb")
+    try:
+        feed.write(data[:12 * MiB])
+        feed.flush()
+        deadline = time.monotonic() + 60
+        while (status_json(m) or {}).get("bytes_acknowledged", 0) < 4 * MiB:
+            assert time.monotonic() < deadline, status_json(m)
+            time.sleep(0.01)
+        k.kill()
+        time.sleep(0.5)
+        k.start()
+        feed.write(data[12 * MiB:])
+        feed.close()
+    except BrokenPipeError:
+        pass              # dd stopped at a failed write: loud, as it must
+    finally:
+        try:
+            feed.close()
+        except OSError:
+            pass
     rc = cp.wait(120)
     out = judge(tally, "memory-restarted", rc,
                 sha256_file(src, pad_to=size), sha256_nbd(k.uri), None,

@@ -1,0 +1,479 @@
+/* fs/imageview.c: the skeleton every format view shares (fs/imageview.h).
+ * The format's decoder and synthesizer are reached through its struct
+ * imageview_format only. */
+#include "fs/imageview.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "fs/foreign.h"
+#include "fs/rawfile.h"
+#include "fs/readahead.h"
+#include "fs/view.h"
+
+struct imageview {
+    const struct imageview_format *f;
+    struct fs *fs;
+    void *priv;                   /* the format's */
+    struct synthcache *synths;    /* the read side's, shared */
+
+    pthread_mutex_t lock;
+    void *stream;                 /* the ingest in progress, or NULL */
+    struct fs_fh *writer;         /* the handle that owns it */
+    pid_t writer_pid;             /* the process that opened it */
+    int err;                      /* its sticky error (positive errno) */
+    bool logged;                  /* the sink already logged the error */
+    uint64_t file_size;           /* high-water mark of the image written */
+};
+
+struct imageview *imageview_of(struct fs *fs, enum fs_ino ino)
+{
+    return fs->view_state[ino];
+}
+
+struct fs *imageview_fs(const struct imageview *iv) { return iv->fs; }
+void *imageview_priv(const struct imageview *iv) { return iv->priv; }
+void imageview_set_priv(struct imageview *iv, void *p) { iv->priv = p; }
+void *imageview_stream(const struct imageview *iv) { return iv->stream; }
+
+const char *imageview_name(const struct imageview *iv)
+{
+    return iv->fs->view_name[iv->f->ino];
+}
+
+static struct imageview *iv_of_fh(struct fs *fs, struct fs_fh *fh)
+{
+    return imageview_of(fs, fh->ino);
+}
+
+/* ---- the synthesized (read) side -------------------------------------- */
+
+int imageview_each_data(struct fs *fs, uint64_t size,
+                        int (*fn)(void *opaque, uint64_t off, uint64_t len),
+                        void *opaque)
+{
+    uint64_t pos = 0;
+    int r = 0;
+
+    while (pos < size && r == 0) {
+        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
+        if (d < 0)
+            break;                            /* -ENXIO: no more data */
+        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
+        if (h <= d)
+            h = (int64_t) size;
+        r = fn(opaque, (uint64_t) d, (uint64_t) (h - d));
+        pos = (uint64_t) h;
+    }
+    return r;
+}
+
+/* Freeze the disk's allocation into a synthesizer: the disk up to the raw
+ * file's apparent size (what `cp src.img MNT/nbd` made it), as the raw
+ * file shows it.  The format logs why it cannot make one. */
+static int synth_build(void *opaque, struct fs *fs, void **out)
+{
+    struct imageview *iv = opaque;
+    const struct imageview_format *f = iv->f;
+    void *s;
+
+    int r = f->new_synth(iv, rawfile_size(fs), &s);
+    if (r < 0)
+        return r;
+    r = imageview_each_data(fs, rawfile_size(fs), f->allocate, s);
+    if (r == 0)
+        r = f->seal(s);                       /* -ENOMEM */
+    if (r < 0) {
+        f->free_synth(s);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+static void synth_free(void *opaque, void *synth)
+{
+    struct imageview *iv = opaque;
+    iv->f->free_synth(synth);
+}
+
+static const struct synthcache_ops synth_ops = { .build = synth_build,
+                                                 .free = synth_free };
+
+static uint64_t view_size(struct imageview *iv)
+{
+    int err;
+
+    pthread_mutex_lock(&iv->lock);
+    bool ingesting = iv->stream != NULL;
+    uint64_t written = iv->file_size;
+    pthread_mutex_unlock(&iv->lock);
+    if (ingesting)
+        return written;
+    if (iv->f->size)
+        return iv->f->size(iv);
+    /* At the cap, the newest synthesizer's size (an open says why). */
+    void *s = synthcache_get(iv->synths, iv->fs, true, &err);
+    if (!s)
+        return 0;
+    uint64_t n = iv->f->file_size(s);
+    synthcache_put(iv->synths, s);
+    return n;
+}
+
+/* Block data comes through the handle's read-ahead stream, if it has
+ * one: a reader copying the image out reads the allocated blocks in disk
+ * order. */
+int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len)
+{
+    struct imageview_reader *d = opaque;
+
+    if (d->fh && d->fh->ra)
+        return ra_read(d->fs->ra, d->fh->ra, off, buf, len,
+                       d->fs->export_size);
+    return pool_read(d->fs->pool, off, buf, len);
+}
+
+ssize_t imageview_pread(struct fs *fs, struct fs_fh *fh, char *buf,
+                        size_t size, uint64_t off)
+{
+    struct imageview *iv = iv_of_fh(fs, fh);
+
+    if (!fh->view_data)
+        return -EBADF;
+    return (ssize_t) iv->f->read(iv, fh->view_data, fh, off, buf, size);
+}
+
+/* ---- the ingest (write) side ------------------------------------------ */
+
+void imageview_logged(struct imageview *iv)
+{
+    iv->logged = true;
+}
+
+int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
+                   bool overlay, uint64_t file_len)
+{
+    struct fs *fs = iv->fs;
+
+    if (size > fs->export_size) {
+        log_err("%s: the %s's disk is %" PRIu64 " bytes, larger than the "
+                "export (%" PRIu64 "): nothing written", imageview_name(iv),
+                iv->f->what, size, fs->export_size);
+        iv->logged = true;
+        return -ENOSPC;
+    }
+    log_info("%s: receiving a %s %s, disk size %" PRIu64, imageview_name(iv),
+             kind, iv->f->what, size);
+    /* Under iv->lock (inside a feed): the stream is ours.  From here on
+     * the copy is this one (its writer's input file the total). */
+    rawfile_view_begin(fs, iv->writer, iv->writer_pid, iv->f->status_name);
+    if (file_len)
+        rawfile_view_length(fs, file_len);
+    if (overlay)
+        return 0;                             /* applied over the parent */
+    return rawfile_replace(fs, size);
+}
+
+int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len)
+{
+    struct fs *fs = iv->fs;
+
+    if (off <= fs->export_size && len <= fs->export_size - off)
+        return 0;
+    log_err("%s: the %s's disk is larger than the export (%" PRIu64
+            " bytes): data at offset %" PRIu64 " does not fit",
+            imageview_name(iv), iv->f->what, fs->export_size, off);
+    iv->logged = true;
+    return -ENOSPC;
+}
+
+/* For a refusal: the view or command for what was written instead, or
+ * the format's own hint. */
+static const char *refusal_hint(struct imageview *iv, int r, char *buf,
+                                size_t n)
+{
+    if (r != -EMEDIUMTYPE)
+        return "";
+    const char *advice = foreign_advice(iv->fs, iv->f->first_kind(iv->stream),
+                                        iv->f->ino, buf + 2, n - 2);
+    if (!advice) {
+        const char *h = iv->f->refusal_hint ? iv->f->refusal_hint(iv->fs)
+                                            : NULL;
+        return h ? h : "";
+    }
+    buf[0] = ':';
+    buf[1] = ' ';
+    return buf;
+}
+
+/* Log the decoder's error once and latch it. */
+static int fail_locked(struct imageview *iv, int r)
+{
+    char hint[256];
+
+    if (!iv->err) {
+        iv->err = -r;
+        if (iv->logged)                       /* the sink said it */
+            return r;
+        const char *e = iv->f->error(iv->stream);
+        log_err("%s: %s%s", imageview_name(iv), e[0] ? e : strerror(-r),
+                refusal_hint(iv, r, hint, sizeof hint));
+    }
+    return -iv->err;
+}
+
+/* After a write or hole: the sink's background work is done, and its
+ * error fails this request and latches for the ingest. */
+static int settle_locked(struct imageview *iv, int r)
+{
+    if (!iv->f->drain)
+        return r;
+    int qerr = iv->f->drain(iv, false);
+    if (qerr && !iv->err) {
+        iv->err = -qerr;
+        iv->logged = true;                    /* the drain said it */
+    }
+    return r < 0 ? r : iv->err ? -iv->err : r;
+}
+
+static void drop_stream_locked(struct imageview *iv)
+{
+    if (iv->f->drain)
+        iv->f->drain(iv, true);
+    if (iv->stream)
+        iv->f->free_stream(iv->stream);
+    iv->stream = NULL;
+}
+
+static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
+{
+    pthread_mutex_lock(&iv->lock);
+    if (iv->stream && iv->writer) {
+        pthread_mutex_unlock(&iv->lock);
+        log_notice("%s: a %s is already being written", imageview_name(iv),
+                   iv->f->what);
+        return -EBUSY;
+    }
+    drop_stream_locked(iv);
+    int r = iv->f->new_stream(iv, &iv->stream);
+    if (r == 0) {
+        iv->writer = fh;
+        iv->writer_pid = pid;
+        iv->err = 0;
+        iv->logged = false;
+        iv->file_size = 0;
+    } else {
+        iv->stream = NULL;
+    }
+    pthread_mutex_unlock(&iv->lock);
+    return r;
+}
+
+int imageview_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+{
+    struct imageview *iv = iv_of_fh(fs, fh);
+    int r;
+
+    if ((flags & O_ACCMODE) == O_RDONLY) {
+        fh->view_data = synthcache_get(iv->synths, fs, false, &r);
+        if (!fh->view_data)
+            return r;
+        r = 0;
+    } else if ((r = open_writer(iv, fh, pid)) < 0) {
+        return r;
+    }
+    if (iv->f->readahead)
+        fh->ra = ra_stream_open(fs->ra);      /* NULL: reads on demand */
+    return 0;
+}
+
+ssize_t imageview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+                        size_t size, off_t soff)
+{
+    struct imageview *iv = iv_of_fh(fs, fh);
+    uint64_t off = (uint64_t) soff;
+    int r;
+
+    if (soff < 0)
+        return -EINVAL;
+    pthread_mutex_lock(&iv->lock);
+    if (iv->writer != fh || !iv->stream)
+        r = -EBADF;
+    else if (iv->err)
+        r = -iv->err;
+    else if ((r = iv->f->feed(iv->stream, off, buf, size)) < 0)
+        r = fail_locked(iv, r);
+    else if (off + size > iv->file_size)
+        iv->file_size = off + size;
+    if (iv->writer == fh && iv->stream)
+        r = settle_locked(iv, r);
+    pthread_mutex_unlock(&iv->lock);
+    if (r >= 0)
+        rawfile_view_wrote(fs, fh, off, size);
+    return r < 0 ? r : (ssize_t) size;
+}
+
+/* Punch-hole, zero-range and truncate-extend on the image file: zeros of
+ * the image file.  fh NULL: a truncate, by whoever holds the stream. */
+static int view_hole(struct imageview *iv, struct fs_fh *fh, uint64_t off,
+                     uint64_t len)
+{
+    int r;
+
+    pthread_mutex_lock(&iv->lock);
+    struct fs_fh *writer = iv->writer;
+    if (!iv->stream || (fh && iv->writer != fh))
+        r = -EBADF;
+    else if (iv->err)
+        r = -iv->err;
+    else if ((r = iv->f->hole(iv->stream, off, len)) < 0)
+        r = fail_locked(iv, r);
+    else if (off + len > iv->file_size)
+        iv->file_size = off + len;
+    if (iv->stream)
+        r = settle_locked(iv, r);
+    pthread_mutex_unlock(&iv->lock);
+    if (r >= 0)
+        rawfile_view_zeroed(iv->fs, writer, off, len);
+    return r;
+}
+
+/* cp --sparse=always punches the holes it skipped: zeros of the file. */
+int imageview_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+                        off_t len)
+{
+    if (off < 0 || len <= 0 || (mode & ~FALLOC_FL_KEEP_SIZE) == 0)
+        return -EINVAL;
+    return view_hole(iv_of_fh(fs, fh), fh, (uint64_t) off, (uint64_t) len);
+}
+
+/* A truncate that shrinks cannot be decoded. */
+int imageview_truncate(struct fs *fs, enum fs_ino ino, uint64_t size)
+{
+    struct imageview *iv = imageview_of(fs, ino);
+
+    pthread_mutex_lock(&iv->lock);
+    bool active = iv->stream != NULL;
+    uint64_t cur = iv->file_size;
+    pthread_mutex_unlock(&iv->lock);
+    if (!active)
+        return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
+    if (size < cur) {
+        log_err("%s: cannot shrink a %s being written (%" PRIu64 " < %"
+                PRIu64 ")", imageview_name(iv), iv->f->what, size, cur);
+        return -EINVAL;
+    }
+    return size > cur ? view_hole(iv, NULL, cur, size - cur) : 0;
+}
+
+/* The end of the stream, under iv->lock. */
+static int finish_locked(struct imageview *iv)
+{
+    int qerr = iv->f->drain ? iv->f->drain(iv, true) : 0;  /* logged */
+    int r;
+
+    if (iv->err)
+        return -iv->err;
+    if (qerr)
+        return qerr;
+    if ((r = iv->f->finish(iv->stream)) < 0)
+        return fail_locked(iv, r);
+    char more[128] = "";
+    if (iv->f->received)
+        iv->f->received(iv, more, sizeof more);
+    log_info("%s: %s received, %" PRIu64 " bytes%s", imageview_name(iv),
+             iv->f->what, iv->file_size, more);
+    rawfile_view_close(iv->fs, iv->file_size);
+    return 0;
+}
+
+/* close(2): the decoder's error first, else the first write error. */
+int imageview_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+{
+    struct imageview *iv = iv_of_fh(fs, fh);
+    int r = 0;
+
+    pthread_mutex_lock(&iv->lock);
+    if (iv->writer == fh && iv->stream && !iv->err &&
+        !iv->f->started(iv->stream)) {
+        /* Nothing written yet: a close of a duplicate (dd does
+         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
+    } else if (iv->writer == fh && iv->stream) {
+        r = finish_locked(iv);
+        drop_stream_locked(iv);
+        iv->writer = NULL;
+    }
+    pthread_mutex_unlock(&iv->lock);
+    int err = rawfile_drain(fs, fh, wrote);
+    return r < 0 ? r : err;
+}
+
+void imageview_release(struct fs *fs, struct fs_fh *fh)
+{
+    struct imageview *iv = iv_of_fh(fs, fh);
+
+    pthread_mutex_lock(&iv->lock);
+    if (iv->writer == fh) {
+        /* Closed without a flush reaching us (cannot normally happen). */
+        drop_stream_locked(iv);
+        iv->writer = NULL;
+    }
+    pthread_mutex_unlock(&iv->lock);
+    synthcache_put(iv->synths, fh->view_data);
+    fh->view_data = NULL;
+    ra_stream_close(fh->ra);
+    fh->ra = NULL;
+}
+
+/* ---- the view ---------------------------------------------------------- */
+
+void imageview_attr(struct fs *fs, enum fs_ino ino, struct stat *st)
+{
+    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_nlink = 1;
+    st->st_size = (off_t) view_size(imageview_of(fs, ino));
+    st->st_blocks = (st->st_size + 511) / 512;
+}
+
+int imageview_init(struct fs *fs, const struct imageview_format *f)
+{
+    struct imageview *iv = calloc(1, sizeof *iv);
+
+    if (!iv)
+        return -ENOMEM;
+    iv->f = f;
+    iv->fs = fs;
+    pthread_mutex_init(&iv->lock, NULL);
+    fs->view_state[f->ino] = iv;
+    int r = synthcache_new(&synth_ops, iv, fs->view_name[f->ino],
+                           &iv->synths);
+    if (r == 0 && f->init)
+        r = f->init(iv);
+    if (r < 0)
+        imageview_fini(fs, f->ino);
+    return r;
+}
+
+void imageview_fini(struct fs *fs, enum fs_ino ino)
+{
+    struct imageview *iv = imageview_of(fs, ino);
+
+    if (!iv)
+        return;
+    if (iv->stream)
+        iv->f->free_stream(iv->stream);
+    if (iv->f->fini)
+        iv->f->fini(iv);
+    synthcache_free(iv->synths);
+    pthread_mutex_destroy(&iv->lock);
+    free(iv);
+    fs->view_state[ino] = NULL;
+}
