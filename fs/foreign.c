@@ -13,14 +13,15 @@ const char *foreign_advice(const struct fs *fs, enum image_kind k,
     const char *raw = fs->view_name[FS_INO_RAW];
     const char *vhd = fs->view_name[FS_INO_VHD];
     const char *vmdk = fs->view_name[FS_INO_VMDK];
+    const char *qcow2 = fs->view_name[FS_INO_QCOW2];
 
     if ((k == IMAGE_VHD && ino == FS_INO_VHD) ||
-        (k == IMAGE_VMDK && ino == FS_INO_VMDK))
+        (k == IMAGE_VMDK && ino == FS_INO_VMDK) ||
+        (k == IMAGE_QCOW2 && ino == FS_INO_QCOW2))
         return NULL;
     switch (k) {
     case IMAGE_QCOW2:
-        snprintf(buf, n, "use qemu-img convert -n -O raw FILE.qcow2 MNT/%s",
-                 raw);
+        snprintf(buf, n, "write it into MNT/%s", qcow2);
         break;
     case IMAGE_VHDX:
         snprintf(buf, n, "use qemu-img convert -n -O raw FILE.vhdx MNT/%s",

@@ -346,7 +346,7 @@ def make_image(shm, kind):
 
 
 RAW_ADVICE = {
-    "qcow2": ("a qcow2 image", "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    "qcow2": ("a qcow2 image", "write it into MNT/nbd.qcow2"),
     "vhdx": ("a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
     "vmdk": ("a VMDK image", "write it into MNT/nbd.vmdk"),
     "vpc": ("a VHD image", "write it into MNT/nbd.vhd"),
@@ -393,15 +393,13 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
 VIEW_CASES = [
     ("nbd.vhd", "vhdx", "a VHDX image",
      "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
-    ("nbd.vhd", "qcow2", "a qcow2 image",
-     "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    ("nbd.vhd", "qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
     ("nbd.vhd", "tar", "a tar archive (an OVA?)",
      "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
     ("nbd.vhd", "vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
     ("nbd.vmdk", "vhdx", "a VHDX image",
      "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
-    ("nbd.vmdk", "qcow2", "a qcow2 image",
-     "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
+    ("nbd.vmdk", "qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
     ("nbd.vmdk", "tar", "a tar archive (an OVA?)",
      "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
     ("nbd.vmdk", "vpc", "a VHD image", "write it into MNT/nbd.vhd"),

@@ -1,0 +1,324 @@
+"""MOUNTPOINT/nbd.qcow2: qcow2 images written into the mount land on the
+export, and reading it exports the disk as a qcow2 v3.
+
+The images come from qemu-img and qemu-io: plain, compressed with zlib
+and with zstd (decompressed on the view's threads), with extended L2
+entries (subclusters), with a cluster reused after a discard (it lies
+before its L2 table: the spool), and an overlay with a backing file
+(applied over the disk that holds its base).  Every landing starts from
+an export full of random bytes (so a stale byte shows) and compares
+sha256 of the disk, read through the mount and directly from the server,
+with `qemu-img convert -O raw` of the same image followed by zeros.
+Images refused by their header or L1 table leave the disk untouched
+(EMEDIUMTYPE or EINVAL, one log line with the reason); a cut image or a
+damaged compressed cluster fails the copy.  Exports pass qemu-img check
+and compare and land again.
+
+Run: /usr/bin/python3 -m pytest tests/test_qcow2_view.py
+"""
+
+import hashlib
+import os
+import random
+import shutil
+import struct
+
+import pytest
+
+from lib.content import assert_content
+from lib.digest import sha256_file
+from lib.env import MiB
+from lib.nbd import fill_random, read_nbd, sha256_nbd
+from lib.procs import run
+
+for tool in ("qemu-img", "qemu-io"):
+    if not shutil.which(tool):
+        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+
+SIZE = 6 * MiB + 4608                 # not cluster-aligned
+EXPORT = 8 * MiB
+
+
+def qemu_img(*args):
+    r = run(["qemu-img", *map(str, args)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def qemu_io(img, *cmds):
+    argv = ["qemu-io", "-d", "unmap", "-f", "qcow2"]
+    for c in cmds:
+        argv += ["-c", c]
+    r = run(argv + [str(img)], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def to_raw(img, out):
+    qemu_img("convert", "-q", "-O", "raw", img, out)
+    return out
+
+
+def make_raw(path, seed=1):
+    """Random and compressible data, all-zero clusters, a run of one
+    byte, data in the last partial cluster."""
+    rnd = random.Random(seed)
+    text = b"".join(b"line %d of a compressible disk\n" % i
+                    for i in range(40000))
+    with open(path, "wb") as f:
+        f.truncate(SIZE)
+        f.write(rnd.randbytes(300000))
+        f.write(text[:MiB])
+        f.seek(3 * MiB + 5000)
+        f.write(b"\xab" * 200000)
+        f.seek(5 * MiB)
+        f.write(rnd.randbytes(70000))
+        f.seek(SIZE - 3000)
+        f.write(rnd.randbytes(3000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    """The source disk and its images, and each image's raw decode by
+    qemu-img, made once for the module."""
+    d = tmp_path_factory.mktemp("qcow2view")
+    raw = make_raw(d / "src.raw")
+    imgs = {}
+    for name, opts in (("plain", []), ("zlib", ["-c"]),
+                       ("zstd", ["-c", "-o", "compression_type=zstd"])):
+        imgs[name] = d / f"{name}.qcow2"
+        qemu_img("convert", "-q", "-f", "raw", "-O", "qcow2", *opts, raw,
+                 imgs[name])
+    x = imgs["extl2"] = d / "extl2.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", "-o",
+             "extended_l2=on,cluster_size=64k", x, SIZE)
+    qemu_io(x, "write -P 0x11 4096 4096", f"write -P 0x22 {MiB} 2048",
+            f"write -P 0x33 {MiB + 40960} 10k", f"write -z {2 * MiB} 8k",
+            f"write -P 0x44 {2 * MiB + 8192} 2k",
+            f"write -P 0x55 {SIZE - 2048} 2048")
+    r = imgs["reused"] = d / "reused.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", r, SIZE)
+    qemu_io(r, "write -P 1 0 4k", f"write -P 2 {4 * MiB} 4k",
+            "discard 0 4k", f"write -P 3 {4 * MiB + 4096} 4k")
+    o = imgs["overlay"] = d / "overlay.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", "-b", imgs["plain"].name,
+             "-F", "qcow2", o)
+    qemu_io(o, "write -P 0x5a 100000 64k", f"write -z {5 * MiB} 64k",
+            f"write -P 0 {3 * MiB + 65536} 64k")
+    refs = {n: to_raw(i, d / f"{n}.ref") for n, i in imgs.items()}
+    for n in ("plain", "zlib", "zstd"):
+        assert sha256_file(refs[n]) == sha256_file(raw), n
+    return d, raw, imgs, refs
+
+
+def _q(p):
+    return "'" + str(p).replace("'", "'\\''") + "'"
+
+
+COPY_TOOLS = {
+    "cp": lambda s, d: ["cp", s, d],
+    "dd-sparse-64K": lambda s, d: ["dd", f"if={s}", f"of={d}", "bs=64K",
+                                   "conv=sparse", "status=none"],
+    "pipe": lambda s, d: ["sh", "-c", f"cat {_q(s)} | cat > {_q(d)}"],
+}
+
+
+def copy_into(tool, src, dst):
+    return run(COPY_TOOLS[tool](src, dst), timeout=300)
+
+
+def land(m, img, tool="cp"):
+    r = copy_into(tool, img, m.mp / "nbd.qcow2")
+    assert r.returncode == 0, (
+        f"{tool} {img.name} -> nbd.qcow2 exited {r.returncode}: {r.stderr}\n"
+        f"daemon stderr:\n{m.stderr[-3000:]}")
+
+
+def random_export(server, size=EXPORT):
+    srv = server("memory", f"size={size}")
+    return srv, fill_random(srv.uri, size)
+
+
+def assert_untouched(srv, m, old):
+    assert sha256_nbd(srv.uri) == hashlib.sha256(old).hexdigest(), \
+        "the disk changed (read from the server)"
+    assert os.stat(m.file).st_size == len(old)
+
+
+# ---- landing -----------------------------------------------------------
+
+@pytest.mark.parametrize("name,tool", [
+    ("plain", "cp"), ("plain", "dd-sparse-64K"), ("plain", "pipe"),
+    ("zlib", "cp"), ("zlib", "pipe"), ("zstd", "dd-sparse-64K"),
+    ("extl2", "cp"), ("extl2", "pipe"), ("reused", "pipe")])
+def test_qcow2_lands(server, mount, fx, name, tool):
+    """The decoded disk replaces random bytes, holes read as zero; the raw
+    file's size becomes the image's virtual size."""
+    _, raw, imgs, refs = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, imgs[name], tool)
+    assert_content(refs[name], EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=SIZE, what=f"{name} via {tool}")
+
+
+def test_qcow2_spool_bound(server, mount, fx):
+    """The reused cluster arrives before its L2 table: it lands through
+    the spool, and a spool bound smaller than a cluster refuses it with
+    the option to raise (after begin: the disk was already taken)."""
+    _, raw, imgs, refs = fx
+    srv, old = random_export(server)
+    m = mount(srv, "--spool-max", "2K", expect_errors=True)
+    r = copy_into("pipe", imgs["reused"], m.mp / "nbd.qcow2")
+    assert r.returncode != 0 and "File too large" in r.stderr, r.stderr
+    assert "raise --spool-max" in m.stderr, m.stderr
+    srv2, _ = random_export(server)
+    m2 = mount(srv2, "--spool-max", "4K")
+    land(m2, imgs["reused"], "pipe")
+    assert_content(refs["reused"], EXPORT, mount_file=m2.file, uri=srv2.uri,
+                   mount_size=SIZE, what="reused via the spool")
+
+
+def test_qcow2_overlay_over_its_base(server, mount, fx):
+    """base then overlay: the disk is the overlay's view of its chain
+    (its zero cluster and its all-zero data cover the base's bytes)."""
+    _, raw, imgs, refs = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, imgs["plain"], "cp")
+    land(m, imgs["overlay"], "pipe")
+    assert_content(refs["overlay"], EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=SIZE, what="base + overlay")
+
+
+# ---- refusals and failures ----------------------------------------------
+
+@pytest.fixture
+def victim(server, mount):
+    srv, old = random_export(server)
+    m = mount(srv, expect_errors=True)
+    return srv, m, old
+
+
+def l1_offset(b):
+    return struct.unpack_from(">Q", b, 40)[0]
+
+
+# case -> (mutation, errno text, message in the daemon's log)
+REFUSED = {
+    "vmdk": (lambda b: b"KDMV" + b[4:], "Wrong medium type",
+             "write it into MNT/nbd.vmdk"),
+    "dirty": (lambda b: b[:79] + bytes([b[79] | 1]) + b[80:],
+              "Wrong medium type", "dirty"),
+    "cluster-bits": (lambda b: b[:20] + struct.pack(">I", 23) + b[24:],
+                     "Invalid argument", "cluster_bits 23"),
+    "l1-reserved": (lambda b: b[:l1_offset(b)] + bytes([b[l1_offset(b)] | 1])
+                    + b[l1_offset(b) + 1:], "Invalid argument", "reserved"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_qcow2_refused_disk_untouched(victim, fx, tmp_path, case):
+    """A header or L1 table that breaks a rule is refused before anything
+    reaches the disk, with the reason; the view works afterwards."""
+    srv, m, old = victim
+    _, raw, imgs, refs = fx
+    fn, errtext, message = REFUSED[case]
+    bad = tmp_path / "bad.qcow2"
+    bad.write_bytes(fn(imgs["plain"].read_bytes()))
+    r = copy_into("cp", bad, m.mp / "nbd.qcow2")
+    assert r.returncode != 0, f"cp accepted a qcow2 with {case}"
+    assert errtext in r.stderr, r.stderr
+    errs = [l for l in m.stderr.splitlines() if "nbd.qcow2:" in l and
+            ("error" in l.lower() or "refus" in l.lower() or message in l)]
+    assert errs and message in " ".join(errs), m.stderr
+    assert_untouched(srv, m, old)
+    land(m, imgs["zlib"], "cp")
+    assert sha256_nbd(srv.uri) == sha256_file(raw, pad_to=EXPORT)
+
+
+def test_qcow2_cut_fails_at_close(victim, fx, tmp_path):
+    srv, m, old = victim
+    data = fx[2]["plain"].read_bytes()
+    bad = tmp_path / "cut.qcow2"
+    bad.write_bytes(data[:len(data) - 3 * 65536])
+    r = copy_into("pipe", bad, m.mp / "nbd.qcow2")
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    assert "ended at byte" in m.stderr, m.stderr
+
+
+def test_qcow2_damaged_compressed_cluster_fails(victim, fx, tmp_path):
+    """Damaged deflate data fails the copy (found on a worker thread)."""
+    srv, m, old = victim
+    data = bytearray(fx[2]["zlib"].read_bytes())
+    # The first L2 table's first compressed entry.
+    l2 = struct.unpack_from(">Q", data, l1_offset(data))[0] & 0x00fffffffffffe00
+    for i in range(8192):
+        e = struct.unpack_from(">Q", data, l2 + 8 * i)[0]
+        if e & (1 << 62):
+            break
+    else:
+        raise AssertionError("no compressed cluster in zlib.qcow2")
+    off = e & ((1 << 54) - 1)
+    for k in range(16):
+        data[off + 8 + k] ^= 0x5a
+    bad = tmp_path / "bad.qcow2"
+    bad.write_bytes(bytes(data))
+    r = copy_into("cp", bad, m.mp / "nbd.qcow2")
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+
+
+def test_qcow2_larger_than_export_enospc(server, mount, fx):
+    srv, old = random_export(server, 4 * MiB)
+    m = mount(srv, expect_errors=True)
+    r = copy_into("cp", fx[2]["plain"], m.mp / "nbd.qcow2")
+    assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr
+    assert "larger than the export" in m.stderr, m.stderr
+    assert_untouched(srv, m, old)
+
+
+# ---- export: reading nbd.qcow2 ------------------------------------------
+
+def export_checks(m, srv, tmp_path):
+    """cp MNT/nbd.qcow2 out: qemu-img check passes, and compare finds it
+    equal to the disk up to the raw file's size (read from the server)."""
+    size = os.stat(m.file).st_size
+    disk = read_nbd(srv.uri)[:size]
+    (tmp_path / "disk.raw").write_bytes(disk)
+    out = tmp_path / "out.qcow2"
+    r = run(["cp", m.mp / "nbd.qcow2", out])
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(out) == os.stat(m.mp / "nbd.qcow2").st_size
+    r = run(["qemu-img", "check", "-f", "qcow2", out])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw", out,
+             tmp_path / "disk.raw"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sha256_file(to_raw(out, tmp_path / "back.raw")) == \
+        hashlib.sha256(disk).hexdigest()
+    return out, disk
+
+
+def test_qcow2_export_after_landing_and_round_trip(server, mount, fx,
+                                                   tmp_path):
+    _, raw, imgs, refs = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, imgs["zstd"], "cp")
+    out, disk = export_checks(m, srv, tmp_path)
+    assert hashlib.sha256(disk).hexdigest() == sha256_file(raw)
+    # Holes are not stored: the source's data is under 2 MiB.
+    assert os.path.getsize(out) < 3 * MiB, os.path.getsize(out)
+    srv2, _ = random_export(server)
+    m2 = mount(srv2)
+    land(m2, out, "pipe")
+    assert_content(raw, EXPORT, mount_file=m2.file, uri=srv2.uri,
+                   mount_size=SIZE, what="nbd.qcow2 landed again")
+
+
+def test_qcow2_export_random_disk(server, mount, tmp_path):
+    """A disk that is all data, of an odd size."""
+    srv, old = random_export(server, 5 * MiB + 512)
+    m = mount(srv)
+    out, disk = export_checks(m, srv, tmp_path)
+    assert disk == old
