@@ -402,10 +402,12 @@ static int sink_begin(void *opaque, enum qcow2_kind kind, uint64_t size)
     if (overlay)
         log_info("%s: the image's backing file is \"%s\": applied over "
                  "what the disk holds", imageview_name(iv), h->backing_file);
+    /* A warning, so that the status shows it: the user may have meant
+     * a snapshot (qemu-img convert -l takes one out first). */
     if (h->nb_snapshots)
-        log_notice("%s: %" PRIu32 " internal snapshot%s not landed (only "
-                   "the active disk is)", imageview_name(iv),
-                   h->nb_snapshots, h->nb_snapshots == 1 ? "" : "s");
+        log_warn("%s: %" PRIu32 " internal snapshot%s not landed (only "
+                 "the active disk is)", imageview_name(iv),
+                 h->nb_snapshots, h->nb_snapshots == 1 ? "" : "s");
     /* No job of this stream is queued yet: the threads see this. */
     pthread_mutex_lock(&v->q.lock);
     v->overlay = overlay;

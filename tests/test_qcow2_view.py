@@ -18,6 +18,7 @@ Run: /usr/bin/python3 -m pytest tests/test_qcow2_view.py
 """
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -189,6 +190,27 @@ def test_qcow2_overlay_over_its_base(server, mount, fx):
     land(m, imgs["overlay"], "pipe")
     assert_content(refs["overlay"], EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=SIZE, what="base + overlay")
+
+
+def test_qcow2_snapshot_not_landed_is_warned(server, mount, fx, tmp_path):
+    """An image with an internal snapshot lands its active disk; the log
+    and the status warn that the snapshot was left out."""
+    d, raw, imgs, refs = fx
+    s = tmp_path / "snap.qcow2"
+    shutil.copy(imgs["plain"], s)
+    qemu_img("snapshot", "-c", "before", s)
+    qemu_io(s, "write -P 0x77 0 64k")
+    srv, _ = random_export(server)
+    m = mount(srv, expect_errors=True)
+    land(m, s, "cp")
+    assert_content(to_raw(s, tmp_path / "snap.raw"), EXPORT,
+                   mount_file=m.file, uri=srv.uri, mount_size=SIZE,
+                   what="the active disk of an image with a snapshot")
+    warns = [l for l in m.stderr.splitlines() if "warning" in l]
+    assert len(warns) == 1 and \
+        "nbd.qcow2: 1 internal snapshot not landed" in warns[0], m.stderr
+    st = json.loads((m.mp / ".nbdferry-status").read_text())
+    assert st["warnings"] == 1, st
 
 
 # ---- refusals and failures ----------------------------------------------
