@@ -344,3 +344,32 @@ def test_qcow2_export_random_disk(server, mount, tmp_path):
     m = mount(srv)
     out, disk = export_checks(m, srv, tmp_path)
     assert disk == old
+
+
+def test_qcow2_export_size_with_fragmented_data(server, mount, tmp_path):
+    """The size stat reports (counted from the zero maps, without a
+    synthesizer) equals the file read, with extents sharing clusters and
+    crossing an L2 table's 512 MiB; qemu-img compares it with the server."""
+    export = 640 * MiB
+    srv = server("memory", f"size={export}")
+    m = mount(srv)
+    spots = [100, 1000, 70000, 512 * MiB - 10, 512 * MiB + 65530,
+             600 * MiB]
+    with open(m.file, "r+b") as f:
+        for off in spots:
+            f.seek(off)
+            f.write(b"y" * 20)
+    out = tmp_path / "out.qcow2"
+    r = run(["cp", m.mp / "nbd.qcow2", out])
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(out) == os.stat(m.mp / "nbd.qcow2").st_size
+    r = run(["qemu-img", "check", "-f", "qcow2", out])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw", out, srv.uri])
+    assert r.returncode == 0, r.stdout + r.stderr
+    # 64 KiB clusters: 0 (two spots), 1, 8191 and 8192 (across 512 MiB),
+    # 8193 (the spot across 512 MiB + 64 KiB shares 8192) and 9600.
+    r = run(["qemu-img", "map", "--output=json", "-f", "qcow2", out])
+    data = sum(e["length"] for e in json.loads(r.stdout)
+               if e["data"])
+    assert data == 6 * 65536, r.stdout
