@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/imagekind.h"
 #include "qcow2/stream-internal.h"
 
 int qcow2_fail(struct qcow2_stream *s, int code, const char *fmt, ...)
@@ -197,16 +198,31 @@ static int header_done(struct qcow2_stream *s)
     return 0;
 }
 
+/* The file does not start with the magic: another format (or none)
+ * written here by mistake.  Say which, from the first sector when this
+ * feed holds it, with the errno every view uses for "not this format". */
+static int not_qcow2(struct qcow2_stream *s, const uint8_t *head, size_t len)
+{
+    const char *known = image_kind_name(image_kind(head, len));
+    if (known)
+        return qcow2_fail(s, -EMEDIUMTYPE, "not a qcow2 image: its first "
+                          "sector is %s; nothing was written", known);
+    return qcow2_fail(s, -EMEDIUMTYPE, "not a qcow2 image: no \"QFI\\xfb\" "
+                      "magic at byte 0 (a raw disk image or another format); "
+                      "nothing was written");
+}
+
 static int64_t step_head(struct qcow2_stream *s, const uint8_t *buf,
                          uint64_t len)
 {
     if (s->hgot < 24) {
         size_t n = (size_t) MIN(len, 24 - s->hgot);
+        bool at0 = s->hgot == 0 && buf;   /* buf holds the file's start */
         take(s->hsmall + s->hgot, buf, n);
         s->hgot += n;
         if (s->hgot >= 4 && qcow2_be32(s->hsmall) != QCOW2_MAGIC)
-            return qcow2_fail(s, -EMEDIUMTYPE, "not a qcow2 image: no \"QFI\\xfb\" "
-                        "magic at byte 0");
+            return not_qcow2(s, at0 ? buf : s->hsmall,
+                             at0 ? (size_t) MIN(len, (uint64_t) 512) : s->hgot);
         if (s->hgot == 24) {
             s->hneed = qcow2_header_need(s->hsmall, 24);
             if (s->hneed == 24) {     /* bad cluster_bits: decode says so */

@@ -390,26 +390,38 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
 
 # --------------------------------------------------------- the wrong view
 
-VIEW_CASES = [
-    ("nbd.vhd", "vhdx", "a VHDX image",
-     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
-    ("nbd.vhd", "qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
-    ("nbd.vhd", "tar", "a tar archive (an OVA?)",
-     "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
-    ("nbd.vhd", "vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
-    ("nbd.vmdk", "vhdx", "a VHDX image",
-     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
-    ("nbd.vmdk", "qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
-    ("nbd.vmdk", "tar", "a tar archive (an OVA?)",
-     "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
-    ("nbd.vmdk", "vpc", "a VHD image", "write it into MNT/nbd.vhd"),
-]
+VIEW_CASES = {
+    "nbd.vhd": [
+        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
+        ("tar", "a tar archive (an OVA?)",
+         "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+        ("vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
+    ],
+    "nbd.vmdk": [
+        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
+        ("tar", "a tar archive (an OVA?)",
+         "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+        ("vpc", "a VHD image", "write it into MNT/nbd.vhd"),
+    ],
+    "nbd.qcow2": [
+        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
+        ("tar", "a tar archive (an OVA?)",
+         "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
+        ("vpc", "a VHD image", "write it into MNT/nbd.vhd"),
+    ],
+}
 
 
+# One mount per view: the views share the skeleton's refusal line, which
+# the log's rate limit lets through 5 times in 10 s.
+@pytest.mark.parametrize("view", sorted(VIEW_CASES))
 @pytest.mark.parametrize("fixed", [False, True], ids=["", "vhd-fixed"])
-def test_view_refuses_another_format_naming_it(victim, shm, fixed):
+def test_view_refuses_another_format_naming_it(victim, shm, fixed, view):
     srv, m, before = victim(*(["--vhd-fixed"] if fixed else []))
-    for view, kind, name, advice in VIEW_CASES:
+    for kind, name, advice in VIEW_CASES[view]:
         n = len(m.stderr.splitlines())
         r = run(["cp", make_image(shm, kind), m.mp / view])
         assert r.returncode != 0, (view, kind)
@@ -419,7 +431,7 @@ def test_view_refuses_another_format_naming_it(victim, shm, fixed):
         assert f"{view}: not a " in new and f"its first sector is {name}" \
             in new and advice in new, (view, kind, new)
         assert "magic 0x" not in new and "--vhd-fixed" not in new
-    assert status(m)["errors"] >= len(VIEW_CASES)
+    assert status(m)["errors"] >= len(VIEW_CASES[view])
 
 
 @pytest.mark.parametrize("view,fmt,what", [

@@ -271,7 +271,8 @@ def test_qcow2_tool_check_refuses(fx, damage):
     b = bytearray(imgs["plain"].read_bytes())
     l2 = l2_offset(b)
     e0 = struct.unpack_from(">Q", b, l2)[0]
-    want = {"foreign": b"not a qcow2", "dirty": b"dirty",
+    want = {"foreign": b"not a qcow2 image: its first sector is a VMDK image",
+            "dirty": b"dirty",
             "reserved": b"reserved bits", "refcount": b"refcount",
             "twice": b"claimed twice", "cut": b"ended at byte"}[damage]
     if damage == "foreign":

@@ -116,6 +116,14 @@ int main(void)
         CHECK(stream(b, sizeof b, &began, m) == -EINVAL && !began);
         printf("  stream: %-28s %s\n", "cluster_bits 23, 24 bytes", m);
         CHECK(strstr(m, "cluster_bits 23"));
+        /* Another format written here: named from the first sector. */
+        uint8_t v[512] = "vhdxfile";
+        CHECK(stream(v, sizeof v, &began, m) == -EMEDIUMTYPE && !began);
+        printf("  stream: %-28s %s\n", "a VHDX's first sector", m);
+        CHECK(strstr(m, "its first sector is a VHDX image"));
+        memset(v, 0x33, sizeof v);
+        CHECK(stream(v, sizeof v, &began, m) == -EMEDIUMTYPE && !began);
+        CHECK(strstr(m, "a raw disk image or another format"));
     }
     mutate("AES", 32, 4, 1, -EMEDIUMTYPE, "AES");
     mutate("LUKS", 32, 4, 2, -EMEDIUMTYPE, "LUKS");
