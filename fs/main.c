@@ -1011,6 +1011,23 @@ static void stop_watchers(struct fs *fs)
 
 #define FINISH_ZEROING_NOTICE (1ull << 30)  /* seconds of zeroing, or more */
 
+/* The only failures were writes counted lost at a reconnect: with
+ * --verify-readback, read the whole disk back; if it holds every byte
+ * written, the server kept them and the mount's verdict is clean. */
+static bool forgive_lost(struct fs *fs, const struct pool_stats *st)
+{
+    if (!fs->readback || st->errors != st->errors_lost || st->flush_failed)
+        return false;
+    log_notice("%" PRIu64 " write(s) counted lost at a reconnect: reading "
+               "the disk back to see whether the server kept them",
+               st->errors_lost);
+    if (readback_at_unmount(fs) < 0 || pool_forgive_lost(fs->pool) < 0)
+        return false;
+    log_notice("the read-back found every byte written on the disk: the "
+               "writes counted lost at the reconnect were kept");
+    return true;
+}
+
 /* Drain and flush after the mount is gone.  Returns the exit status: 1
  * if any failure is left unrepaired (the disk may not hold what was
  * written), 0 when every failed range was written again (or zeroed)
@@ -1026,6 +1043,8 @@ static int finish(struct fs *fs)
                    "SIGTERM or SIGINT abandons it", st.pending_zero);
     int r = pool_flush(fs->pool);
     pool_get_stats(fs->pool, &st);
+    if (st.unrepaired && r == 0 && forgive_lost(fs, &st))
+        pool_get_stats(fs->pool, &st);
     if (st.unrepaired || r < 0) {
         const struct pool_failure *f = NULL;
         for (unsigned i = 0; i < st.nfailures && !f; i++)

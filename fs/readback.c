@@ -713,12 +713,15 @@ static enum rb_cover get_key(struct fs *fs, struct rb_key *k, char *why,
     k->zeroes = st.requests[POOL_ZERO];
     k->zeroed = st.bytes_zeroed;
     k->skipped = st.bytes_zero_skipped;
-    k->errors = st.errors;
-    if (di.state == DIGEST_COMPLETE && !st.errors)
+    /* Writes counted lost at a reconnect were acknowledged and hashed:
+     * the digest still covers the file, and reading the disk back is how
+     * to know whether the new connection's server holds them. */
+    k->errors = st.errors - st.errors_lost;
+    if (di.state == DIGEST_COMPLETE && !k->errors)
         return COVER_WHOLE;
-    snprintf(why, n, "%s", st.errors ? "an NBD request failed"
+    snprintf(why, n, "%s", k->errors ? "an NBD request failed"
              : di.reason[0] ? di.reason : digest_state_name(di.state));
-    if (!st.errors &&
+    if (!k->errors &&
         (di.state == DIGEST_IDLE || di.state == DIGEST_COMPUTING))
         return COVER_NOTHING_YET;
     return COVER_CANNOT;

@@ -369,3 +369,71 @@ def test_memory_server_restarted_mid_copy(kit, mount, shm, bg, tally):
     m.unmount()                                  # expect_rc=1
     assert re.search(r"may be lost: acknowledged, then the connection was "
                      r"made again", m.stderr), m.stderr
+
+
+def copy_through_restart(k, m, shm, bg, src):
+    """dd conv=fsync of src from a FIFO; once 4 MiB were acknowledged,
+    the server is killed and started again; then the rest.  Returns dd's
+    exit status."""
+    data = src.read_bytes()
+    fifo = shm / "feed2"
+    os.mkfifo(fifo)
+    cp = bg(["dd", f"if={fifo}", f"of={m.file}", "bs=256k", "iflag=fullblock",
+             "conv=fsync"], shm / "cp2.err")
+    feed = open(fifo, "wb")
+    try:
+        feed.write(data[:12 * MiB])
+        feed.flush()
+        deadline = time.monotonic() + 60
+        while (status_json(m) or {}).get("bytes_acknowledged", 0) < 4 * MiB:
+            assert time.monotonic() < deadline, status_json(m)
+            time.sleep(0.01)
+        k.kill()
+        time.sleep(0.5)
+        k.start()
+        feed.write(data[12 * MiB:])
+    except BrokenPipeError:
+        pass                  # dd stopped at a failed write
+    finally:
+        try:
+            feed.close()
+        except OSError:
+            pass
+    return cp.wait(120)
+
+
+def test_lost_writes_forgiven_when_the_readback_finds_them(kit, mount, shm,
+                                                           bg):
+    """A persistent server (nbdkit file) restarted mid-copy: the writes it
+    acknowledged before the restart are counted lost (NBD cannot tell it
+    from a RAM disk), so dd fails; with --verify-readback the unmount
+    reads the disk back, finds every byte written and exits 0."""
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(32 * MiB)
+    k = kit("file", ["--filter=delay", "file", str(disk), "wdelay=2ms"])
+    m = mount(k.target, "--request-size", "256K", "--verify-readback=unmount",
+              expect_rc=0, expect_errors=True)
+    src = random_file(shm / "src.img", 24 * MiB)
+    rc = copy_through_restart(k, m, shm, bg, src)
+    assert rc != 0, "dd did not see the writes counted lost"
+    size = os.stat(m.file).st_size
+    assert m.unmount() == 0, m.stderr
+    assert re.search(r"the read-back found every byte written on the disk",
+                     m.stderr), m.stderr
+    assert disk.read_bytes()[:size] == src.read_bytes()[:size]
+
+
+def test_lost_writes_not_forgiven_when_the_readback_misses_them(kit, mount,
+                                                                 shm, bg):
+    """nbdkit memory restarted mid-copy really loses them: the read-back
+    at unmount says so and the daemon exits 1."""
+    k = kit("mem", ["--filter=delay", "memory", f"size={32 * MiB}",
+                    "wdelay=2ms"])
+    m = mount(k.target, "--request-size", "256K", "--verify-readback=unmount",
+              expect_rc=1, expect_errors=True)
+    src = random_file(shm / "src.img", 24 * MiB)
+    assert copy_through_restart(k, m, shm, bg, src) != 0
+    assert m.unmount() == 1
+    assert re.search(r"read-back: the disk does not hold what was written",
+                     m.stderr), m.stderr

@@ -383,6 +383,8 @@ static void note_failure_locked(struct pool *p, enum pool_counter_kind kind,
     p->err_seq++;
     p->last_err = err;
     p->st.errors++;
+    if (lost)
+        p->st.errors_lost++;
     if (p->nfailures < MAX_FAILURES)
         p->failures[p->nfailures++] = (struct pool_failure){
             .seq = p->err_seq, .off = off, .len = len, .err = err,
@@ -508,6 +510,23 @@ static void check_reconnect_locked(struct pool *p)
     rezero_lost_locked(p, &p->unflushed[UNFLUSHED_ZERO], &logged);
     if (logged > 16)
         log_err("... and %u more ranges that may be lost", logged - 16);
+}
+
+int pool_forgive_lost(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    check_reconnect_locked(p);
+    if (p->st.errors != p->st.errors_lost || p->flush_failed)
+        return -EBUSY;
+    set_clear(&p->damage);
+    p->damage_everything = false;
+    for (unsigned i = 0; i < p->nfailures; i++)
+        if (!p->failures[i].repaired) {
+            p->failures[i].repaired = true;
+            p->failures[i].repaired_s = time(NULL);
+            p->repairs++;
+        }
+    return 0;
 }
 
 uint64_t pool_error_seq(struct pool *p)

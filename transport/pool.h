@@ -88,6 +88,7 @@ struct pool_stats {
     uint64_t wait_ns;         /* writers blocked on a full pool */
     uint64_t idle_ns;         /* time with nothing in flight (after first) */
     uint64_t errors;          /* failed requests */
+    uint64_t errors_lost;     /* of them, writes counted lost at a reconnect */
     uint64_t pending_zero, known_zero;  /* bytes */
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
@@ -293,6 +294,14 @@ int pool_flush(struct pool *p);
 int pool_heal(struct pool *p);
 
 uint64_t pool_error_seq(struct pool *p);
+
+/* Every failure of this mount was a write counted lost at a reconnect
+ * (acknowledged, then the connection was made again before a flush
+ * covered it), no flush failed, and a read-back of the whole disk has
+ * just found it holding every byte written: those writes were not lost
+ * after all.  Marks them repaired and clears the damage.  -EBUSY (and
+ * nothing changes) if any other failure happened. */
+int pool_forgive_lost(struct pool *p);
 /* *seq is read (peek) or read and moved (take) under the pool's lock, so
  * one handle may be used by several threads at once. */
 int pool_error_peek(struct pool *p, const uint64_t *seq);
