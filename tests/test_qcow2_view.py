@@ -232,6 +232,10 @@ REFUSED = {
              "write it into MNT/nbd.vmdk"),
     "dirty": (lambda b: b[:79] + bytes([b[79] | 1]) + b[80:],
               "Wrong medium type", "dirty"),
+    "aes": (lambda b: b[:32] + struct.pack(">I", 1) + b[36:],
+            "Wrong medium type", "AES"),
+    "data-file": (lambda b: b[:79] + bytes([b[79] | 4]) + b[80:],
+                  "Wrong medium type", "external data file"),
     "cluster-bits": (lambda b: b[:20] + struct.pack(">I", 23) + b[24:],
                      "Invalid argument", "cluster_bits 23"),
     "l1-reserved": (lambda b: b[:l1_offset(b)] + bytes([b[l1_offset(b)] | 1])
