@@ -19,6 +19,7 @@ enum fs_ino {
     FS_INO_STATUS = 3,        /* ".nbdferry-status", JSON */
     FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
     FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
+    FS_INO_VHDX = 6,          /* FILENAME.vhdx: the disk as a VHDX */
     FS_INO_COUNT              /* fs_views[] (fs/view.h) has this many */
 };
 

@@ -347,7 +347,7 @@ def make_image(shm, kind):
 
 RAW_ADVICE = {
     "qcow2": ("a qcow2 image", "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
-    "vhdx": ("a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+    "vhdx": ("a VHDX image", "write it into MNT/nbd.vhdx"),
     "vmdk": ("a VMDK image", "write it into MNT/nbd.vmdk"),
     "vpc": ("a VHD image", "write it into MNT/nbd.vhd"),
     "tar": ("a tar archive (an OVA?)",
@@ -392,14 +392,14 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
 
 VIEW_CASES = [
     ("nbd.vhd", "vhdx", "a VHDX image",
-     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+     "write it into MNT/nbd.vhdx"),
     ("nbd.vhd", "qcow2", "a qcow2 image",
      "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
     ("nbd.vhd", "tar", "a tar archive (an OVA?)",
      "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
     ("nbd.vhd", "vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
     ("nbd.vmdk", "vhdx", "a VHDX image",
-     "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+     "write it into MNT/nbd.vhdx"),
     ("nbd.vmdk", "qcow2", "a qcow2 image",
      "qemu-img convert -n -O raw FILE.qcow2 MNT/nbd"),
     ("nbd.vmdk", "tar", "a tar archive (an OVA?)",
