@@ -28,6 +28,7 @@ from lib.digest import sha256_file
 from lib.env import BUILD, MiB
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import run
+from lib.vhd import COPY_TOOLS as VHD_COPY_TOOLS
 from test_digest_inline import settled_digest, status
 
 if not shutil.which("qemu-img"):
@@ -68,17 +69,9 @@ def mkfile(d, name, size, block=MiB, lsec=512, flags="", seed=3, base=None):
     return out, want
 
 
-def _q(p):
-    return "'" + str(p).replace("'", "'\\''") + "'"
-
-
-COPY_TOOLS = {
-    "cp": lambda s, d: ["cp", s, d],
-    "cp-sparse-always": lambda s, d: ["cp", "--sparse=always", s, d],
-    "dd-1M": lambda s, d: ["dd", f"if={s}", f"of={d}", "bs=1M", "status=none"],
-    "cat": lambda s, d: ["sh", "-c", f"cat {_q(s)} > {_q(d)}"],
-    "pipe": lambda s, d: ["sh", "-c", f"cat {_q(s)} | cat > {_q(d)}"],
-}
+# lib.vhd's ways of writing an image into a view, and a pipe.
+COPY_TOOLS = dict(VHD_COPY_TOOLS)
+COPY_TOOLS["pipe"] = lambda s, d: ["sh", "-c", f"cat '{s}' | cat > '{d}'"]
 
 
 def land(m, vhdx, tool="cp", ok=True):
