@@ -174,8 +174,7 @@ static int vhdx_new_stream(struct imageview *iv, void **out)
     struct vhdx_ingest *in = calloc(1, sizeof *in);
     struct spool_config sc = {
         .dir = fs->spool_dir, .max = fs->spool_max,
-        .mem_max = fs->spool_max < SPOOL_MEM_MAX_DEFAULT
-                   ? fs->spool_max : SPOOL_MEM_MAX_DEFAULT,
+        .mem_max = spool_mem_max(fs->spool_max),
         .name = imageview_name(iv),
     };
     struct vhdx_stream_config cfg = { .spool_max = fs->spool_max,

@@ -144,6 +144,38 @@ def test_block_states_and_regions_after_data(server, mount, tmp_path, lsec):
     assert [p for p in os.listdir(tmp_path) if "spool" in p] == []
 
 
+def test_spool_spills_to_a_file(server, mount, tmp_path):
+    """12 MiB of blocks before the BAT with --spool-max 16M: 8 MiB stay in
+    memory, the rest goes to an unnamed file of --spool-dir."""
+    size = 12 * MiB
+    vhdx, want = mkfile(tmp_path, "late", size, flags="r")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, _ = random_export(server)
+    m = mount(srv, "--spool-dir", str(spool), "--spool-max", "16M", "-v")
+    land(m, vhdx, "cat")
+    assert_content(want, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size)
+    assert f"{12 * MiB} spooled" in m.stderr, m.stderr[-2000:]
+    assert os.listdir(spool) == []
+
+
+def test_spool_dir_that_cannot_take_it(server, mount, tmp_path):
+    """A spool directory that goes away: the image fails naming
+    --spool-dir, and the disk keeps what it had (the BAT never came)."""
+    vhdx, _ = mkfile(tmp_path, "late", 12 * MiB, flags="r")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, old = random_export(server)
+    m = mount(srv, "--spool-dir", str(spool), "--spool-max", "16M",
+              expect_errors=True)
+    spool.rmdir()
+    r = land(m, vhdx, "cat", ok=False)
+    assert r.returncode != 0
+    assert "--spool-dir" in m.stderr
+    assert_untouched(srv, m, old)
+
+
 def test_spool_bound_names_the_option(server, mount, tmp_path):
     vhdx, _ = mkfile(tmp_path, "late", 8 * MiB, flags="r")
     srv, old = random_export(server)
