@@ -248,11 +248,17 @@ DEFINE_LOG(log_info, LOG_INFO, "", 1)
 DEFINE_LOG(log_debug, LOG_DEBUG, "debug: ", 2)
 DEFINE_LOG(log_trace, LOG_DEBUG, "", 1)
 
-void log_err_site(const void *site, const char *fmt, ...)
-{
-    va_list ap;
+#define DEFINE_LOG_SITE(name, prio, tag, level)                               \
+    void name(const void *site, const char *fmt, ...)                         \
+    {                                                                         \
+        if (log_verbosity < (level))                                          \
+            return;                                                           \
+        va_list ap;                                                           \
+        va_start(ap, fmt);                                                    \
+        vlog(prio, tag, site, fmt, ap);                                       \
+        va_end(ap);                                                           \
+    }
 
-    va_start(ap, fmt);
-    vlog(LOG_ERR, "error: ", site, fmt, ap);
-    va_end(ap);
-}
+DEFINE_LOG_SITE(log_err_site, LOG_ERR, "error: ", 0)
+DEFINE_LOG_SITE(log_notice_site, LOG_NOTICE, "notice: ", 0)
+DEFINE_LOG_SITE(log_info_site, LOG_INFO, "", 1)

@@ -36,7 +36,8 @@ struct imageview {
 /* The log's rate limit is per call site; these are shared by every
  * format, so each view's messages are limited apart (common/log.h):
  * distinct addresses inside the view's own struct. */
-enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK };
+enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK, SITE_BUSY,
+       SITE_RECEIVING, SITE_RECEIVED };
 #define SITE(iv, k) ((const char *) (iv) + (k))
 
 struct imageview *imageview_of(struct fs *fs, enum fs_ino ino)
@@ -177,8 +178,9 @@ int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
         iv->logged = true;
         return -ENOSPC;
     }
-    log_info("%s: receiving a %s %s, disk size %" PRIu64, imageview_name(iv),
-             kind, iv->f->what, size);
+    log_info_site(SITE(iv, SITE_RECEIVING), "%s: receiving a %s %s, disk "
+                  "size %" PRIu64, imageview_name(iv), kind, iv->f->what,
+                  size);
     /* Under iv->lock (inside a feed): the stream is ours.  From here on
      * the copy is this one (its writer's input file the total). */
     rawfile_view_begin(fs, iv->writer, iv->writer_pid, iv->f->status_name);
@@ -267,8 +269,8 @@ static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
     pthread_mutex_lock(&iv->lock);
     if (iv->stream && iv->writer) {
         pthread_mutex_unlock(&iv->lock);
-        log_notice("%s: a %s is already being written", imageview_name(iv),
-                   iv->f->what);
+        log_notice_site(SITE(iv, SITE_BUSY), "%s: a %s is already being "
+                        "written", imageview_name(iv), iv->f->what);
         return -EBUSY;
     }
     drop_stream_locked(iv);
@@ -399,8 +401,9 @@ static int finish_locked(struct imageview *iv)
     char more[128] = "";
     if (iv->f->received)
         iv->f->received(iv, more, sizeof more);
-    log_info("%s: %s received, %" PRIu64 " bytes%s", imageview_name(iv),
-             iv->f->what, iv->file_size, more);
+    log_info_site(SITE(iv, SITE_RECEIVED), "%s: %s received, %" PRIu64
+                  " bytes%s", imageview_name(iv), iv->f->what, iv->file_size,
+                  more);
     rawfile_view_close(iv->fs, iv->file_size);
     return 0;
 }
