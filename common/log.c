@@ -29,7 +29,7 @@ static const char *context;
 static int log_fd = -1;           /* --log-file, or -1 */
 
 struct site {
-    const char *fmt;              /* the call site's identity */
+    const void *fmt;              /* the call site's identity */
     time_t window;                /* CLOCK_MONOTONIC start of its window */
     unsigned printed;             /* in this window */
     uint64_t held;                /* counted, not printed */
@@ -137,7 +137,7 @@ static void remember_locked(bool error, const char *msg)
         nrecent++;
 }
 
-static struct site *site_locked(const char *fmt)
+static struct site *site_locked(const void *fmt)
 {
     size_t h = ((uintptr_t) fmt >> 3) % LIMIT_SLOTS;
     for (size_t i = 0; i < LIMIT_SLOTS; i++) {
@@ -152,7 +152,7 @@ static struct site *site_locked(const char *fmt)
 
 /* May this site print now?  *held receives the count of lines it held
  * back in its previous window, to be reported first. */
-static bool admit_locked(const char *fmt, uint64_t *held)
+static bool admit_locked(const void *fmt, uint64_t *held)
 {
     struct site *s = site_locked(fmt);
     time_t now = (time_t) (mono_now_ns() / NS_PER_S);
@@ -172,9 +172,11 @@ static bool admit_locked(const char *fmt, uint64_t *held)
     return true;
 }
 
-static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
-    __attribute__((format(printf, 3, 0)));
-static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
+static void vlog(int prio, const char *tag, const void *site,
+                 const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static void vlog(int prio, const char *tag, const void *site,
+                 const char *fmt, va_list ap)
 {
     char msg[1024];
     uint64_t held = 0;
@@ -185,7 +187,7 @@ static void vlog(int prio, const char *tag, const char *fmt, va_list ap)
         pthread_mutex_lock(&lock);
         if (prio <= LOG_WARNING)
             remember_locked(prio <= LOG_ERR, msg);
-        print = admit_locked(fmt, &held);
+        print = admit_locked(site ? site : fmt, &held);
         pthread_mutex_unlock(&lock);
     }
     if (held) {
@@ -235,7 +237,7 @@ unsigned log_recent(struct log_entry *out, uint64_t *errors,
             return;                                                           \
         va_list ap;                                                           \
         va_start(ap, fmt);                                                    \
-        vlog(prio, tag, fmt, ap);                                             \
+        vlog(prio, tag, NULL, fmt, ap);                                       \
         va_end(ap);                                                           \
     }
 
@@ -245,3 +247,18 @@ DEFINE_LOG(log_notice, LOG_NOTICE, "notice: ", 0)
 DEFINE_LOG(log_info, LOG_INFO, "", 1)
 DEFINE_LOG(log_debug, LOG_DEBUG, "debug: ", 2)
 DEFINE_LOG(log_trace, LOG_DEBUG, "", 1)
+
+#define DEFINE_LOG_SITE(name, prio, tag, level)                               \
+    void name(const void *site, const char *fmt, ...)                         \
+    {                                                                         \
+        if (log_verbosity < (level))                                          \
+            return;                                                           \
+        va_list ap;                                                           \
+        va_start(ap, fmt);                                                    \
+        vlog(prio, tag, site, fmt, ap);                                       \
+        va_end(ap);                                                           \
+    }
+
+DEFINE_LOG_SITE(log_err_site, LOG_ERR, "error: ", 0)
+DEFINE_LOG_SITE(log_notice_site, LOG_NOTICE, "notice: ", 0)
+DEFINE_LOG_SITE(log_info_site, LOG_INFO, "", 1)

@@ -42,6 +42,14 @@ int  log_set_file(const char *path);
 void log_flush(void);
 
 void log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* log_err(), log_notice(), log_info() limited as the call site site (any address that is one
+ * thing's: code shared by several objects keeps their floods apart). */
+void log_err_site(const void *site, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void log_notice_site(const void *site, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void log_info_site(const void *site, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -14,18 +14,19 @@ const char *foreign_advice(const struct fs *fs, enum image_kind k,
     const char *vhd = fs->view_name[FS_INO_VHD];
     const char *vmdk = fs->view_name[FS_INO_VMDK];
     const char *qcow2 = fs->view_name[FS_INO_QCOW2];
+    const char *vhdx = fs->view_name[FS_INO_VHDX];
 
     if ((k == IMAGE_VHD && ino == FS_INO_VHD) ||
         (k == IMAGE_VMDK && ino == FS_INO_VMDK) ||
-        (k == IMAGE_QCOW2 && ino == FS_INO_QCOW2))
+        (k == IMAGE_QCOW2 && ino == FS_INO_QCOW2) ||
+        (k == IMAGE_VHDX && ino == FS_INO_VHDX))
         return NULL;
     switch (k) {
     case IMAGE_QCOW2:
         snprintf(buf, n, "write it into MNT/%s", qcow2);
         break;
     case IMAGE_VHDX:
-        snprintf(buf, n, "use qemu-img convert -n -O raw FILE.vhdx MNT/%s",
-                 raw);
+        snprintf(buf, n, "write it into MNT/%s", vhdx);
         break;
     case IMAGE_VMDK:
         snprintf(buf, n, "write it into MNT/%s (streamOptimized or "

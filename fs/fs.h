@@ -20,6 +20,7 @@ enum fs_ino {
     FS_INO_VHD = 4,           /* FILENAME.vhd: the disk as a VHD */
     FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
     FS_INO_QCOW2 = 6,         /* FILENAME.qcow2: the disk as a qcow2 */
+    FS_INO_VHDX = 7,          /* FILENAME.vhdx: the disk as a VHDX */
     FS_INO_COUNT              /* fs_views[] (fs/view.h) has this many */
 };
 

@@ -33,6 +33,13 @@ struct imageview {
     uint64_t file_size;           /* high-water mark of the image written */
 };
 
+/* The log's rate limit is per call site; these are shared by every
+ * format, so each view's messages are limited apart (common/log.h):
+ * distinct addresses inside the view's own struct. */
+enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK, SITE_BUSY,
+       SITE_RECEIVING, SITE_RECEIVED };
+#define SITE(iv, k) ((const char *) (iv) + (k))
+
 struct imageview *imageview_of(struct fs *fs, enum fs_ino ino)
 {
     return fs->view_state[ino];
@@ -164,14 +171,16 @@ int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
     struct fs *fs = iv->fs;
 
     if (size > fs->export_size) {
-        log_err("%s: the %s's disk is %" PRIu64 " bytes, larger than the "
-                "export (%" PRIu64 "): nothing written", imageview_name(iv),
-                iv->f->what, size, fs->export_size);
+        log_err_site(SITE(iv, SITE_TAKE), "%s: the %s's disk is %" PRIu64
+                     " bytes, larger than the export (%" PRIu64 "): nothing "
+                     "written", imageview_name(iv), iv->f->what, size,
+                     fs->export_size);
         iv->logged = true;
         return -ENOSPC;
     }
-    log_info("%s: receiving a %s %s, disk size %" PRIu64, imageview_name(iv),
-             kind, iv->f->what, size);
+    log_info_site(SITE(iv, SITE_RECEIVING), "%s: receiving a %s %s, disk "
+                  "size %" PRIu64, imageview_name(iv), kind, iv->f->what,
+                  size);
     /* Under iv->lock (inside a feed): the stream is ours.  From here on
      * the copy is this one (its writer's input file the total). */
     rawfile_view_begin(fs, iv->writer, iv->writer_pid, iv->f->status_name);
@@ -188,9 +197,10 @@ int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len)
 
     if (off <= fs->export_size && len <= fs->export_size - off)
         return 0;
-    log_err("%s: the %s's disk is larger than the export (%" PRIu64
-            " bytes): data at offset %" PRIu64 " does not fit",
-            imageview_name(iv), iv->f->what, fs->export_size, off);
+    log_err_site(SITE(iv, SITE_FITS), "%s: the %s's disk is larger than the "
+                 "export (%" PRIu64 " bytes): data at offset %" PRIu64
+                 " does not fit", imageview_name(iv), iv->f->what,
+                 fs->export_size, off);
     iv->logged = true;
     return -ENOSPC;
 }
@@ -224,8 +234,9 @@ static int fail_locked(struct imageview *iv, int r)
         if (iv->logged)                       /* the sink said it */
             return r;
         const char *e = iv->f->error(iv->stream);
-        log_err("%s: %s%s", imageview_name(iv), e[0] ? e : strerror(-r),
-                refusal_hint(iv, r, hint, sizeof hint));
+        log_err_site(SITE(iv, SITE_FAIL), "%s: %s%s", imageview_name(iv),
+                     e[0] ? e : strerror(-r),
+                     refusal_hint(iv, r, hint, sizeof hint));
     }
     return -iv->err;
 }
@@ -258,8 +269,8 @@ static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
     pthread_mutex_lock(&iv->lock);
     if (iv->stream && iv->writer) {
         pthread_mutex_unlock(&iv->lock);
-        log_notice("%s: a %s is already being written", imageview_name(iv),
-                   iv->f->what);
+        log_notice_site(SITE(iv, SITE_BUSY), "%s: a %s is already being "
+                        "written", imageview_name(iv), iv->f->what);
         return -EBUSY;
     }
     drop_stream_locked(iv);
@@ -367,8 +378,9 @@ int imageview_truncate(struct fs *fs, enum fs_ino ino, uint64_t size)
     if (!active)
         return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
     if (size < cur) {
-        log_err("%s: cannot shrink a %s being written (%" PRIu64 " < %"
-                PRIu64 ")", imageview_name(iv), iv->f->what, size, cur);
+        log_err_site(SITE(iv, SITE_SHRINK), "%s: cannot shrink a %s being "
+                     "written (%" PRIu64 " < %" PRIu64 ")", imageview_name(iv),
+                     iv->f->what, size, cur);
         return -EINVAL;
     }
     return size > cur ? view_hole(iv, NULL, cur, size - cur) : 0;
@@ -389,8 +401,9 @@ static int finish_locked(struct imageview *iv)
     char more[128] = "";
     if (iv->f->received)
         iv->f->received(iv, more, sizeof more);
-    log_info("%s: %s received, %" PRIu64 " bytes%s", imageview_name(iv),
-             iv->f->what, iv->file_size, more);
+    log_info_site(SITE(iv, SITE_RECEIVED), "%s: %s received, %" PRIu64
+                  " bytes%s", imageview_name(iv), iv->f->what, iv->file_size,
+                  more);
     rawfile_view_close(iv->fs, iv->file_size);
     return 0;
 }

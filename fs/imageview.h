@@ -195,6 +195,16 @@ void imageview_release(struct fs *fs, struct fs_fh *fh);
 #define IMAGEVIEW_STREAM_HOOKS(P)                                            \
     .feed = P##_glue_feed, .finish = P##_glue_finish,                        \
     .free_stream = P##_glue_free, .error = P##_glue_error
+/* The synthesizer hooks of a library with P_synth_allocate (returning an
+ * int), P_synth_seal and P_synth_free. */
+#define IMAGEVIEW_SYNTH_GLUE(P)                                              \
+    static int P##_allocate(void *s, uint64_t off, uint64_t len)             \
+    {                                                                        \
+        return P##_synth_allocate(s, off, len);                              \
+    }                                                                        \
+    static int P##_seal(void *s) { return P##_synth_seal(s); }               \
+    static void P##_free_synth(void *s) { P##_synth_free(s); }
+
 /* The hooks a format P names by convention: P_new_stream, P_started,
  * P_first_kind, P_new_synth, P_allocate, P_seal, P_free_synth, P_read,
  * and the stream glue above. */

@@ -45,6 +45,13 @@ struct spool_config {
 
 struct spool;
 
+/* What a spool bounded by max keeps in memory: SPOOL_MEM_MAX_DEFAULT, or
+ * half of max if that is less (a small bound is a small machine). */
+static inline uint64_t spool_mem_max(uint64_t max)
+{
+    return max / 2 < SPOOL_MEM_MAX_DEFAULT ? max / 2 : SPOOL_MEM_MAX_DEFAULT;
+}
+
 /* Nothing is allocated or created until the first put. */
 int  spool_new(const struct spool_config *cfg, struct spool **out);
 void spool_free(struct spool *sp);                 /* NULL: no-op */

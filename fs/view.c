@@ -15,6 +15,7 @@ const struct fs_view *const fs_views[FS_INO_COUNT] = {
     [FS_INO_VHD] = &fs_vhd_view,
     [FS_INO_VMDK] = &fs_vmdk_view,
     [FS_INO_QCOW2] = &fs_qcow2_view,
+    [FS_INO_VHDX] = &fs_vhdx_view,
 };
 
 static int name_view(struct fs *fs, const struct fs_view *v, char **out)

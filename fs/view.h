@@ -87,7 +87,7 @@ int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
 void raw_read_ready_done(struct fs *fs);
 
 extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
-                            fs_vmdk_view, fs_qcow2_view;
+                            fs_vmdk_view, fs_qcow2_view, fs_vhdx_view;
 
 /* fh->wrote: several worker threads may use one handle at once. */
 static inline void fs_fh_mark_wrote(struct fs_fh *fh)

@@ -314,13 +314,7 @@ static int vmdk_new_synth(struct imageview *iv, uint64_t size, void **out)
     return r;
 }
 
-static int vmdk_allocate(void *s, uint64_t off, uint64_t len)
-{
-    return vmdk_synth_allocate(s, off, len);
-}
-
-static int vmdk_seal(void *s) { return vmdk_synth_seal(s); }
-static void vmdk_free_synth(void *s) { vmdk_synth_free(s); }
+IMAGEVIEW_SYNTH_GLUE(vmdk)
 
 /* Grains [first, last] of a data extent and their tables, less the ones
  * the previous extent already counted. */

@@ -303,7 +303,7 @@ unmount_all {q(str(mp))}
     out = r.stdout.splitlines()
     if nonempty:
         assert "rc=0" in out, r.stdout + r.stderr
-        assert "ls=nbd nbd.qcow2 nbd.vhd nbd.vmdk " in out, r.stdout
+        assert "ls=nbd nbd.qcow2 nbd.vhd nbd.vhdx nbd.vmdk " in out, r.stdout
         assert "copied" in out and "unmounted" in out, r.stdout + r.stderr
         assert read_nbd_prefix(srv.uri, len(data)) == data
     else:

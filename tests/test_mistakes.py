@@ -347,7 +347,7 @@ def make_image(shm, kind):
 
 RAW_ADVICE = {
     "qcow2": ("a qcow2 image", "write it into MNT/nbd.qcow2"),
-    "vhdx": ("a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+    "vhdx": ("a VHDX image", "write it into MNT/nbd.vhdx"),
     "vmdk": ("a VMDK image", "write it into MNT/nbd.vmdk"),
     "vpc": ("a VHD image", "write it into MNT/nbd.vhd"),
     "tar": ("a tar archive (an OVA?)",
@@ -392,21 +392,21 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
 
 VIEW_CASES = {
     "nbd.vhd": [
-        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("vhdx", "a VHDX image", "write it into MNT/nbd.vhdx"),
         ("qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
         ("tar", "a tar archive (an OVA?)",
          "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
         ("vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
     ],
     "nbd.vmdk": [
-        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("vhdx", "a VHDX image", "write it into MNT/nbd.vhdx"),
         ("qcow2", "a qcow2 image", "write it into MNT/nbd.qcow2"),
         ("tar", "a tar archive (an OVA?)",
          "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),
         ("vpc", "a VHD image", "write it into MNT/nbd.vhd"),
     ],
     "nbd.qcow2": [
-        ("vhdx", "a VHDX image", "qemu-img convert -n -O raw FILE.vhdx MNT/nbd"),
+        ("vhdx", "a VHDX image", "write it into MNT/nbd.vhdx"),
         ("vmdk", "a VMDK image", "write it into MNT/nbd.vmdk"),
         ("tar", "a tar archive (an OVA?)",
          "tar -xOf FILE.ova DISK.vmdk > MNT/nbd.vmdk"),

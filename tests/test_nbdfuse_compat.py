@@ -266,7 +266,7 @@ def test_option_owner_uid_gid(daemon, server, shortdir):
     (shortdir / "mp").mkdir()
     m = daemon(shortdir / "mp", [srv.uri], "-o", "uid=4321,gid=8765",
                "-o", "kernel_cache")
-    for name in ("nbd", "nbd.vhd", "nbd.vmdk"):
+    for name in ("nbd", "nbd.vhd", "nbd.vmdk", "nbd.vhdx"):
         st = os.stat(m.mp / name)
         assert (st.st_uid, st.st_gid) == (4321, 8765), (name, st)
     write_read_check(m.mp / "nbd", srv.uri)

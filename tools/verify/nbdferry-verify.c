@@ -72,14 +72,15 @@ static const char usage_text[] =
 "\n"
 "A file that is a disk image, SOURCE or DESTINATION, is decoded to its\n"
 "virtual disk: VHD (fixed, dynamic and differencing: the footer's current\n"
-"size) and VMDK (streamOptimized, as in an OVA, and monolithicSparse: the\n"
-"header's capacity), unallocated blocks as zeros without reading.  A\n"
+"size), VMDK (streamOptimized, as in an OVA, and monolithicSparse: the\n"
+"header's capacity) and VHDX (fixed and dynamic: the metadata's virtual\n"
+"disk size), unallocated blocks as zeros without reading.  A\n"
 "differencing VHD's parents are found through its locators, inside its own\n"
 "directory, or given with --parent.  A malformed image is an error naming\n"
 "the broken rule.  An image or archive it recognises but does not decode\n"
-"(qcow2, VHDX, a VMDK descriptor, tar/OVA) is refused with the reason,\n"
-"never hashed as raw bytes unless --format=raw says so.  NBD exports are\n"
-"always the disk itself.\n"
+"(qcow2, a differencing VHDX, a VMDK descriptor, tar/OVA) is refused with\n"
+"the reason, never hashed as raw bytes unless --format=raw says so.  NBD\n"
+"exports are always the disk itself.\n"
 "\n"
 "Without --size or --zero-tail the sizes must be equal: if they differ the\n"
 "result is a mismatch and no data is read.\n"
@@ -103,8 +104,9 @@ static const char usage_text[] =
 "  -j, --json              print a JSON report instead of text\n"
 "  -q, --quiet             print nothing; only the exit status\n"
 "  -f, --format=FMT        read file operands as FMT: auto (default: decode\n"
-"                          VHD and VMDK, refuse other images), raw (the\n"
-"                          file's bytes as they are), vhd or vmdk\n"
+"                          VHD, VMDK and VHDX, refuse other images), raw\n"
+"                          (the file's bytes as they are), vhd, vmdk or\n"
+"                          vhdx\n"
 "      --raw               the same as --format=raw\n"
 "      --parent=FILE       parent of a differencing VHD SOURCE; repeat for\n"
 "                          the parent's parent and so on (levels not given\n"
@@ -274,6 +276,7 @@ static int format_arg(struct options *o)
     static const char *const names[] = {
         [SOURCE_FORMAT_AUTO] = "auto", [SOURCE_FORMAT_RAW] = "raw",
         [SOURCE_FORMAT_VHD] = "vhd", [SOURCE_FORMAT_VMDK] = "vmdk",
+        [SOURCE_FORMAT_VHDX] = "vhdx",
     };
 
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -281,8 +284,8 @@ static int format_arg(struct options *o)
             o->src.format = (enum source_format) i;
             return 0;
         }
-    return usage_err("--format: unknown format '%s' (auto, raw, vhd, vmdk)",
-                     optarg);
+    return usage_err("--format: unknown format '%s' (auto, raw, vhd, vmdk, "
+                     "vhdx)", optarg);
 }
 
 static int parent_arg(struct options *o)

@@ -99,19 +99,24 @@ static int choose_format(const char *path, int fd, uint64_t size,
         verify_err("%s: %s", path, strerror(-p));
         return p;
     }
-    if (want == SOURCE_FORMAT_VHD || want == SOURCE_FORMAT_VMDK) {
-        bool vhd = want == SOURCE_FORMAT_VHD;
-        if (p == (vhd ? PROBED_VHD : PROBED_VMDK))
+    if (want != SOURCE_FORMAT_AUTO) {
+        static const struct { int probed; const char *opt, *name; } w[] = {
+            [SOURCE_FORMAT_VHD] = { PROBED_VHD, "vhd", "VHD" },
+            [SOURCE_FORMAT_VMDK] = { PROBED_VMDK, "vmdk", "VMDK" },
+            [SOURCE_FORMAT_VHDX] = { PROBED_VHDX, "vhdx", "VHDX" },
+        };
+        if (p == w[want].probed)
             return want;
-        verify_err("%s: --format=%s, but this is %s %s", path,
-                   vhd ? "vhd" : "vmdk", p == PROBED_RAW ? "not a" : "a",
-                   p == PROBED_RAW ? (vhd ? "VHD" : "VMDK") : probed_names[p]);
+        verify_err("%s: --format=%s, but this is %s %s", path, w[want].opt,
+                   p == PROBED_RAW ? "not a" : "a",
+                   p == PROBED_RAW ? w[want].name : probed_names[p]);
         return -EMEDIUMTYPE;
     }
     switch (p) {
     case PROBED_RAW:  return SOURCE_FORMAT_RAW;
     case PROBED_VHD:  return SOURCE_FORMAT_VHD;
     case PROBED_VMDK: return SOURCE_FORMAT_VMDK;
+    case PROBED_VHDX: return SOURCE_FORMAT_VHDX;
     }
     verify_err("%s: a %s, which nbdferry-verify does not decode: its digest "
                "would be the container's, not the disk's.  %s, or pass "
@@ -152,6 +157,8 @@ static int open_path(const char *path, const struct source_options *opt,
         verify_err("%s: dup: %s", path, strerror(err));
         return -err;
     }
+    if (f == SOURCE_FORMAT_VHDX)
+        return src_vhdx_open(path, dfd, opt, out);
     return f == SOURCE_FORMAT_VHD ? src_vhd_open(path, dfd, opt, out)
                                   : src_vmdk_open(path, dfd, size, opt, out);
 }

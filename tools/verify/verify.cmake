@@ -12,7 +12,8 @@ add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/source-file.c
   ${CMAKE_CURRENT_LIST_DIR}/source-nbd.c
   ${CMAKE_CURRENT_LIST_DIR}/source-vhd.c
-  ${CMAKE_CURRENT_LIST_DIR}/source-vmdk.c)
+  ${CMAKE_CURRENT_LIST_DIR}/source-vmdk.c
+  ${CMAKE_CURRENT_LIST_DIR}/source-vhdx.c)
 target_link_libraries(nbdferry-verify PRIVATE
-  vhdfile vhd vmdk blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
+  vhdfile vhd vmdk vhdx blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
 install(TARGETS nbdferry-verify DESTINATION ${CMAKE_INSTALL_BINDIR})

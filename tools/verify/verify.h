@@ -126,11 +126,12 @@ void sink_free(struct sink *k);
 
 /* source.c: the interface every kind of operand implements. */
 enum source_format {
-    SOURCE_FORMAT_AUTO,                  /* decode VHD and VMDK files, refuse
+    SOURCE_FORMAT_AUTO,                  /* decode VHD, VMDK, VHDX, refuse
                                             other images (the default) */
     SOURCE_FORMAT_RAW,                   /* every file as its bytes (--raw) */
     SOURCE_FORMAT_VHD,
     SOURCE_FORMAT_VMDK,
+    SOURCE_FORMAT_VHDX,
 };
 
 struct source_options {
@@ -169,9 +170,9 @@ struct verify_source {
 };
 
 /* Opens an operand: an NBD URI if it contains "://", else a path.  A file
- * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD or a VMDK
- * and refuses (-EMEDIUMTYPE) an image or archive it recognises but does
- * not decode (qcow2, VHDX, a VMDK descriptor, tar/OVA), naming it.  The
+ * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD, a VMDK or
+ * a VHDX and refuses (-EMEDIUMTYPE) an image or archive it recognises but
+ * does not decode (qcow2, a VMDK descriptor, tar/OVA), naming it.  The
  * operand that is_source names may take opt->vhd_parents (a VHD only).
  * Logs the reason on failure. */
 int  source_open(const char *operand, const struct source_options *opt,
@@ -206,6 +207,11 @@ int src_vhd_open(const char *path, int fd, const struct source_options *opt,
  * zero without reading. */
 int src_vmdk_open(const char *path, int fd, uint64_t file_size,
                   const struct source_options *opt,
+                  struct verify_source **out);   /* takes fd, even on error */
+
+/* source-vhdx.c: fixed and dynamic VHDX, decoded to the virtual disk
+ * through the BAT; blocks not present known zero without reading. */
+int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
 /* source-nbd.c: libnbd, pipelined reads, base:allocation block status. */

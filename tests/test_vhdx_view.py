@@ -1,0 +1,312 @@
+"""MOUNTPOINT/nbd.vhdx: VHDX files written into the mount land on the
+export, and reading it exports the disk as a dynamic VHDX.
+
+Files come from qemu-img (dynamic, fixed, several block sizes) and from
+tests/unit/vhdx-build.h through the vhdx-mkfile helper, for what qemu-img
+cannot write: the metadata and BAT after the blocks (spooled, bounded by
+--spool-max), differencing files with sector bitmaps (applied over what
+the disk holds), every block state, a log to replay.  Every landing
+starts from an export full of random bytes and compares the sha256 of
+the disk, through the mount and read from the server, with what the file
+describes.  Refused files (not a VHDX, bad headers, a log, too large)
+leave the disk untouched; a cut file fails at close.  The export is
+checked and compared by qemu-img.
+
+Run: /usr/bin/python3 -m pytest tests/test_vhdx_view.py
+"""
+
+import errno
+import hashlib
+import os
+import random
+import shutil
+
+import pytest
+
+from lib.content import assert_content
+from lib.digest import sha256_file
+from lib.env import BUILD, MiB
+from lib.nbd import fill_random, sha256_nbd
+from lib.procs import run
+from lib.vhd import COPY_TOOLS as VHD_COPY_TOOLS
+from test_digest_inline import settled_digest, status
+
+if not shutil.which("qemu-img"):
+    raise RuntimeError("qemu-img missing (tools/install-deps)")
+MKFILE = BUILD / "tests" / "vhdx-mkfile"
+if not MKFILE.exists():
+    raise RuntimeError(f"{MKFILE} missing: build the tree (tools/build)")
+
+RAW_SIZE = 9 * MiB + 512 * 3            # not a multiple of the block size
+EXPORT = 16 * MiB
+
+
+def make_raw(path, size=RAW_SIZE, seed=1):
+    rnd = random.Random(seed)
+    data = bytearray(size)
+    for m in range(-(-size // MiB)):
+        if m % 3 == 1:
+            continue                    # all-zero MiBs
+        end = min((m + 1) * MiB, size)
+        data[m * MiB:end] = rnd.randbytes(end - m * MiB)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def qemu_vhdx(src, dst, *opts):
+    o = ["-o", ",".join(opts)] if opts else []
+    r = run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vhdx", *o,
+             str(src), str(dst)])
+    assert r.returncode == 0, r.stderr
+    return dst
+
+
+def mkfile(d, name, size, block=MiB, lsec=512, flags="", seed=3, base=None):
+    out, want = d / f"{name}.vhdx", d / f"{name}.want"
+    r = run([str(MKFILE), str(out), str(want), str(base) if base else "-",
+             str(size), str(block), str(lsec), flags or "-", str(seed)])
+    assert r.returncode == 0, r.stderr
+    return out, want
+
+
+# lib.vhd's ways of writing an image into a view, and a pipe.
+COPY_TOOLS = dict(VHD_COPY_TOOLS)
+COPY_TOOLS["pipe"] = lambda s, d: ["sh", "-c", f"cat '{s}' | cat > '{d}'"]
+
+
+def land(m, vhdx, tool="cp", ok=True):
+    r = run(COPY_TOOLS[tool](vhdx, m.mp / "nbd.vhdx"), timeout=300)
+    if ok:
+        assert r.returncode == 0, (
+            f"{tool} {vhdx.name} -> nbd.vhdx exited {r.returncode}: "
+            f"{r.stderr}\ndaemon stderr:\n{m.stderr[-3000:]}")
+    return r
+
+
+def random_export(server, size=EXPORT):
+    srv = server("memory", f"size={size}")
+    return srv, fill_random(srv.uri, size)
+
+
+def assert_untouched(srv, m, old):
+    assert sha256_nbd(srv.uri) == hashlib.sha256(old).hexdigest(), \
+        "the disk changed (read from the server)"
+    assert sha256_file(m.file) == hashlib.sha256(old).hexdigest(), \
+        "the disk changed (read through the mount)"
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vhdx")
+    raw = make_raw(d / "src.raw")
+    files = {
+        "dynamic": qemu_vhdx(raw, d / "dynamic.vhdx"),
+        "dynamic-1M": qemu_vhdx(raw, d / "dyn1.vhdx", "block_size=1M"),
+        "dynamic-8M": qemu_vhdx(raw, d / "dyn8.vhdx", "block_size=8M"),
+        "fixed": qemu_vhdx(raw, d / "fixed.vhdx", "subformat=fixed"),
+    }
+    return d, raw, files
+
+
+# ---- landing ---------------------------------------------------------------
+
+@pytest.mark.parametrize("tool", list(COPY_TOOLS))
+def test_dynamic_lands_every_way(server, mount, fx, tool):
+    _, raw, files = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, files["dynamic"], tool)
+    assert_content(raw, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=RAW_SIZE, what=f"dynamic via {tool}")
+
+
+@pytest.mark.parametrize("name", ["dynamic-1M", "dynamic-8M", "fixed"])
+def test_qemu_kinds_land(server, mount, fx, name):
+    _, raw, files = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, files[name], "cp-sparse-always")
+    assert_content(raw, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=RAW_SIZE, what=name)
+
+
+@pytest.mark.parametrize("lsec", [512, 4096])
+def test_block_states_and_regions_after_data(server, mount, tmp_path, lsec):
+    """Blocks before the metadata and BAT are spooled and placed once the
+    tables arrive; zero, unmapped and absent blocks read as zero."""
+    size = 12 * MiB
+    vhdx, want = mkfile(tmp_path, "late", size, lsec=lsec, flags="rm")
+    srv, _ = random_export(server)
+    m = mount(srv, "--spool-dir", str(tmp_path))
+    land(m, vhdx, "pipe")
+    assert_content(want, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size)
+    assert [p for p in os.listdir(tmp_path) if "spool" in p] == []
+
+
+def test_spool_spills_to_a_file(server, mount, tmp_path):
+    """12 MiB of blocks before the BAT with --spool-max 16M: 8 MiB stay in
+    memory, the rest goes to an unnamed file of --spool-dir."""
+    size = 12 * MiB
+    vhdx, want = mkfile(tmp_path, "late", size, flags="r")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, _ = random_export(server)
+    m = mount(srv, "--spool-dir", str(spool), "--spool-max", "16M", "-v")
+    land(m, vhdx, "cat")
+    assert_content(want, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size)
+    assert f"{12 * MiB} spooled" in m.stderr, m.stderr[-2000:]
+    assert os.listdir(spool) == []
+
+
+def test_spool_dir_that_cannot_take_it(server, mount, tmp_path):
+    """A spool directory that goes away: the image fails naming
+    --spool-dir, and the disk keeps what it had (the BAT never came)."""
+    vhdx, _ = mkfile(tmp_path, "late", 12 * MiB, flags="r")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, old = random_export(server)
+    m = mount(srv, "--spool-dir", str(spool), "--spool-max", "16M",
+              expect_errors=True)
+    spool.rmdir()
+    r = land(m, vhdx, "cat", ok=False)
+    assert r.returncode != 0
+    assert "--spool-dir" in m.stderr
+    assert_untouched(srv, m, old)
+
+
+def test_spool_bound_names_the_option(server, mount, tmp_path):
+    vhdx, _ = mkfile(tmp_path, "late", 8 * MiB, flags="r")
+    srv, old = random_export(server)
+    m = mount(srv, "--spool-max", "2M", expect_errors=True)
+    r = land(m, vhdx, "cp", ok=False)
+    assert r.returncode != 0
+    assert "--spool-max" in m.stderr
+    assert_untouched(srv, m, old)       # the BAT never arrived
+
+
+def test_differencing_applies_over_the_disk(server, mount, tmp_path):
+    size = 10 * MiB
+    srv, _ = random_export(server, size)
+    base = tmp_path / "base.raw"
+    base.write_bytes(random.Random(9).randbytes(size))
+    m = mount(srv)
+    with open(m.file, "r+b") as f:
+        f.write(base.read_bytes())
+    vhdx, want = mkfile(tmp_path, "diff", size, flags="dm", base=base)
+    land(m, vhdx, "cat")
+    assert sha256_nbd(srv.uri) == sha256_file(want)
+    assert sha256_file(m.file) == sha256_file(want)
+
+
+@pytest.mark.parametrize("blkhash", [False, True], ids=["sha256", "blkhash"])
+def test_inline_digest_is_the_decoded_disk(server, mount, fx, blkhash):
+    """A VHDX landing starts a new inline digest over the decoded disk,
+    which the status shows once the copy is closed."""
+    _, raw, files = fx
+    opt = ["--blkhash"] if blkhash else []
+    want = run([str(BUILD / "tools" / "nbdferry-verify"), *opt, str(raw)],
+               check=True).stdout.split()[0]
+    srv, _ = random_export(server)
+    m = mount(srv, *opt)
+    land(m, files["dynamic-1M"], "cp")
+    d = settled_digest(m)
+    assert d["state"] == "complete" and d["value"] == want, d
+    assert d["covered"] == RAW_SIZE, d
+    assert sha256_nbd(srv.uri) == hashlib.sha256(
+        raw.read_bytes() + bytes(EXPORT - RAW_SIZE)).hexdigest()
+
+
+# ---- refusals --------------------------------------------------------------
+
+def test_not_a_vhdx_is_emediumtype(server, mount, fx, tmp_path):
+    _, raw, _ = fx
+    q = tmp_path / "disk.qcow2"
+    r = run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2",
+             str(raw), str(q)])
+    assert r.returncode == 0
+    srv, old = random_export(server)
+    m = mount(srv, expect_errors=True)
+    for src in (q, raw):
+        r = land(m, src, "cp", ok=False)
+        assert r.returncode != 0
+        assert "Wrong medium type" in r.stderr, r.stderr
+    assert "nbd.vhdx: " in m.stderr and "qemu-img convert" in m.stderr
+    # ... and in the status, for a copy tool that only says EMEDIUMTYPE.
+    msgs = [f["message"] for f in status(m)["failures"] if "time" in f]
+    assert any("nbd.vhdx: " in x and "qemu-img convert" in x for x in msgs), \
+        msgs
+    assert_untouched(srv, m, old)
+
+
+@pytest.mark.parametrize("damage", ["headers", "region", "log", "too-large"])
+def test_bad_file_touches_nothing(server, mount, fx, tmp_path, damage):
+    _, _, files = fx
+    data = bytearray(files["dynamic"].read_bytes())
+    export = EXPORT
+    if damage == "headers":
+        data[64 * 1024 + 100] ^= 1
+        data[128 * 1024 + 100] ^= 1
+    elif damage == "region":
+        data[192 * 1024 + 40] ^= 1
+        data[256 * 1024 + 40] ^= 1
+    elif damage == "too-large":
+        export = 8 * MiB
+    bad = tmp_path / "bad.vhdx"
+    if damage == "log":
+        bad, _ = mkfile(tmp_path, "log", 4 * MiB, flags="l")
+    else:
+        bad.write_bytes(bytes(data))
+    srv, old = random_export(server, export)
+    m = mount(srv, expect_errors=True)
+    r = land(m, bad, "cp", ok=False)
+    assert r.returncode != 0
+    assert "nbd.vhdx: " in m.stderr
+    if damage == "log":
+        assert "log to replay" in m.stderr
+    assert_untouched(srv, m, old)
+
+
+def test_cut_file_fails_at_close(server, mount, fx, tmp_path):
+    _, _, files = fx
+    data = files["dynamic"].read_bytes()
+    cut = tmp_path / "cut.vhdx"
+    cut.write_bytes(data[:len(data) - 12 * MiB])     # into a block
+    srv, _ = random_export(server)
+    m = mount(srv, expect_errors=True)
+    r = land(m, cut, "cp", ok=False)
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+
+
+# ---- export -----------------------------------------------------------------
+
+def test_export_reads_back_with_qemu(server, mount, fx, tmp_path):
+    _, raw, _ = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    with open(m.file, "r+b") as f:
+        f.truncate(0)
+        f.write(raw.read_bytes())
+    assert os.stat(m.file).st_size == RAW_SIZE
+    out = tmp_path / "out.vhdx"
+    r = run(["cp", m.mp / "nbd.vhdx", out])
+    assert r.returncode == 0, r.stderr
+    assert os.stat(out).st_size == os.stat(m.mp / "nbd.vhdx").st_size
+    r = run(["qemu-img", "check", "-f", "vhdx", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(["qemu-img", "compare", "-f", "vhdx", "-F", "raw", str(out),
+             str(raw)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    back = tmp_path / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "vhdx", "-O", "raw", str(out),
+             str(back)])
+    assert r.returncode == 0
+    assert os.stat(back).st_size == RAW_SIZE
+    assert sha256_file(back) == sha256_file(raw)
+    # ... and lands again, byte-exact.
+    srv2, _ = random_export(server)
+    m2 = mount(srv2)
+    land(m2, out, "cp")
+    assert_content(raw, EXPORT, mount_file=m2.file, uri=srv2.uri,
+                   mount_size=RAW_SIZE)
