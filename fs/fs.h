@@ -120,6 +120,13 @@ struct fs_fh {
     char comm[16];
     bool idle;                /* a writer closed (flush) since it last
                                * changed the file; __atomic builtins */
+    uint64_t copy_end;        /* where this writer's copy ends, if known:
+                               * its raw source's size (or a qcow2
+                               * source's disk size), or the size it set
+                               * the file to; 0: unknown.  A write or
+                               * zeroing reaching it is answered only once
+                               * everything before it is acknowledged
+                               * (fs/ops.c, ends_copy()); __atomic */
     int refused;              /* positive errno every change through this
                                * handle fails with (a source larger than
                                * the export: ENOSPC), else 0; set at open */

@@ -147,17 +147,22 @@ static bool served_inline(uint32_t opcode)
 
 /* A write that must be durable before its reply: O_DSYNC or O_SYNC (which
  * includes it), from the file's open flags or pwritev2()'s RWF_DSYNC or
- * RWF_SYNC; the kernel passes both in every write's flags.  Such a write
- * waits for the server's flush, so it is served by a worker and the
- * receiver goes on reading; it is never landed (a landing is served on
- * the receiver). */
-static bool write_is_sync(const void *mem, size_t size)
+ * RWF_SYNC; the kernel passes both in every write's flags.  Or the write
+ * that ends a copy (the hooks' waits(): it is answered once everything
+ * before it is acknowledged).  Such a write waits for the server, so it
+ * is served by a worker and the receiver goes on reading; it is never
+ * landed (a landing is served on the receiver). */
+static bool write_is_sync(const struct loop *l, const void *mem, size_t size)
 {
     const struct fuse_in_header *in = mem;
     const struct fuse_write_in *w = (const void *) (in + 1);
 
-    return size >= sizeof *in + sizeof *w && in->opcode == FUSE_WRITE &&
-           (w->flags & O_DSYNC);
+    if (size < sizeof *in + sizeof *w || in->opcode != FUSE_WRITE)
+        return false;
+    return (w->flags & O_DSYNC) ||
+           (l->hooks && l->hooks->waits &&
+            l->hooks->waits(l->hooks->opaque, in->nodeid, w->fh,
+                              w->offset, w->size));
 }
 
 static void *worker_main(void *arg)
@@ -281,7 +286,7 @@ static void dispatch(struct loop *l, struct fuse_buf *b)
         read_inline(l, b))
         return;
     if ((b->flags & FUSE_BUF_IS_FD) || b->size < sizeof *in ||
-        (served_inline(in->opcode) && !write_is_sync(b->mem, b->size)) ||
+        (served_inline(in->opcode) && !write_is_sync(l, b->mem, b->size)) ||
         hand_off(l, b) < 0) {
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
         fuse_session_process_buf(l->se, b);
@@ -387,7 +392,7 @@ static void serve_split(struct loop *l, const struct fuseloop_landing *land,
 
     if (in->opcode == FUSE_WRITE && n >= HDR_SIZE && in->len == n &&
         w->size == n - HDR_SIZE && w->size <= room &&
-        !write_is_sync(hdr, n)) {
+        !write_is_sync(l, hdr, n)) {
         atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
         ssize_t r = land->write(land->opaque, in->nodeid, w->fh, w->offset,
                                 w->size, in->pid);

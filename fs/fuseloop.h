@@ -13,6 +13,10 @@ struct fuseloop_landing {
      * -EAGAIN: not from there (the loop hands libfuse a copy). */
     ssize_t (*write)(void *opaque, uint64_t nodeid, uint64_t fh,
                      uint64_t off, uint32_t size, uint32_t pid);
+    /* A write that must wait for the server before its reply (the end of
+     * a copy: fs/ops.c): served by a worker, never landed.  NULL: none. */
+    bool (*waits)(void *opaque, uint64_t nodeid, uint64_t fh, uint64_t off,
+                  uint32_t size);
     /* After each request, whatever it was: the place is given back. */
     void (*end)(void *opaque);
     /* A READ whose bytes are ready without waiting (the read-ahead holds

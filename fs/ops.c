@@ -471,6 +471,29 @@ static ssize_t write_synced(struct fs *fs, struct fs_fh *fh, int flags,
     return r < 0 ? r : n;
 }
 
+/* The end of a copy: a write or zeroing of the raw file that reaches,
+ * from below, where the writer's copy ends (fh->copy_end: its source's
+ * size, or the size it set).  Some copy tools never fsync and ignore close()'s error
+ * (qemu-img convert, whose output cache mode "unsafe" sends no flush and
+ * whose close is unchecked): for them the reply to their last write is
+ * the only place a failure of the writes before it can show.  So that
+ * reply waits until everything before it is acknowledged, and carries
+ * the failure.  Served by a worker (fs/fuseloop.c asks waits()). */
+static bool ends_copy(const struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    uint64_t end = fh ? __atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED) : 0;
+    return end && fh->writer && off < end && off + len >= end;
+}
+
+static ssize_t drained_at_end(struct fs *fs, struct fs_fh *fh, uint64_t off,
+                              ssize_t n)
+{
+    if (n <= 0 || !ends_copy(fh, off, (uint64_t) n))
+        return n;
+    int r = rawfile_drain(fs, fh, true);
+    return r < 0 ? r : n;
+}
+
 static void reply_written(fuse_req_t req, struct fs_fh *fh, ssize_t n)
 {
     rawfile_failed(fs_of(req), fh, n < 0 ? (int) n : 0);
@@ -491,6 +514,8 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
     fs_fh_mark_wrote(fh);
     ssize_t n = v && v->write ? v->write(fs_of(req), fh, buf, size, off)
                               : -EBADF;
+    if (ino == FS_INO_RAW)
+        n = drained_at_end(fs_of(req), fh, (uint64_t) off, n);
     reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
@@ -533,10 +558,13 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     fs_fh_mark_wrote(fh);
     ssize_t n = v && v->write_buf ? v->write_buf(fs_of(req), fh, bufv, off)
                                   : -EAGAIN;
-    if (n == -EAGAIN)
+    if (n == -EAGAIN) {
         write_buf_copied(req, ino, bufv, off, fi);
-    else
-        reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
+        return;
+    }
+    if (ino == FS_INO_RAW)
+        n = drained_at_end(fs_of(req), fh, (uint64_t) off, n);
+    reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
 }
 
 /* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */
@@ -586,6 +614,14 @@ static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
     return n;
 }
 
+static bool land_waits(void *opaque, uint64_t nodeid, uint64_t fhv,
+                       uint64_t off, uint32_t size)
+{
+    struct fs *fs = opaque;
+    return loop_ino(fs, nodeid) == FS_INO_RAW &&
+           ends_copy((const struct fs_fh *) (uintptr_t) fhv, off, size);
+}
+
 static void land_end(void *opaque)
 {
     rawfile_land_end(opaque);
@@ -618,6 +654,7 @@ void fs_landing(struct fs *fs, struct fuseloop_landing *out)
 {
     *out = (struct fuseloop_landing) { .begin = land_begin,
                                        .write = land_write,
+                                       .waits = land_waits,
                                        .end = land_end,
                                        .read = land_read,
                                        .read_done = land_read_done,
@@ -635,6 +672,9 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     fs_fh_mark_wrote(fh);
     int r = v && v->fallocate ? v->fallocate(fs_of(req), fh, mode, off, len)
                               : -EINVAL;
+    if (r == 0 && ino == FS_INO_RAW && off >= 0 && len > 0 &&
+        ends_copy(fh, (uint64_t) off, (uint64_t) len))
+        r = rawfile_drain(fs_of(req), fh, true);    /* see ends_copy() */
     rawfile_failed(fs_of(req), fh, r);
     fuse_reply_err(req, -r);
 }

@@ -426,15 +426,22 @@ static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
 /* A source in an image format (qcow2 with snapshots, a compressed or
  * sparse container) may be larger than the disk it holds: its size says
  * nothing, the tool converts it.  Only a raw source is judged by size. */
-static bool is_container(const char *path)
+static bool is_container(const char *path, uint64_t *disk_size)
 {
     unsigned char sec[512];
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    *disk_size = 0;
     if (fd == -1)
         return true;              /* cannot tell: do not refuse */
     ssize_t n = pread(fd, sec, sizeof sec, 0);
     close(fd);
-    return n < 0 || image_kind(sec, (size_t) n) != IMAGE_UNKNOWN;
+    if (n < 0)
+        return true;
+    enum image_kind k = image_kind(sec, (size_t) n);
+    if (k == IMAGE_QCOW2 && n >= 32)  /* its disk's size: big-endian, at 24 */
+        for (int i = 24; i < 32; i++)
+            *disk_size = *disk_size << 8 | sec[i];
+    return k != IMAGE_UNKNOWN;
 }
 
 int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
@@ -448,10 +455,17 @@ int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
     long fdnum;
     uint64_t src = progress_source(fs->progress, pid, path, sizeof path,
                                    &fdnum);
-    if (src > fs->export_size && !is_container(path)) {
+    uint64_t disk = 0;
+    bool container = src && is_container(path, &disk);
+    if (src > fs->export_size && !container) {
         refuse_source(fs, fh, pid, path, src, fdnum);
         return 0;
     }
+    /* Where the copy ends (fs/ops.c, ends_copy()): a raw source's size,
+     * a qcow2 source's disk size; other containers: unknown. */
+    uint64_t end = container ? disk : src;
+    if (end && end <= fs->export_size)
+        __atomic_store_n(&fh->copy_end, end, __ATOMIC_RELAXED);
     int r = trunc ? rawfile_truncate(fs, 0) : 0;
     if (r < 0)
         return r;

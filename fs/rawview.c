@@ -165,6 +165,11 @@ static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
         return -fh->refused;          /* said at its open */
     int r = rawfile_truncate(fs, size);
     fs_fh_mark_wrote(fh);
+    /* A writer that sets the size first (qemu-img convert: the disk's
+     * size) says where its copy ends (fs/ops.c, ends_copy()). */
+    if (r == 0 && fh && size > 0 &&
+        !__atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED))
+        __atomic_store_n(&fh->copy_end, size, __ATOMIC_RELAXED);
     return r;
 }
 

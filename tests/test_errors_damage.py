@@ -17,6 +17,7 @@ when a write, a zero and a flush fail (and the same with a view), and a
 memory server restarted mid-copy.  Every copy is judged against the bytes
 on the server."""
 
+import hashlib
 import os
 import re
 import time
@@ -437,3 +438,24 @@ def test_lost_writes_not_forgiven_when_the_readback_misses_them(kit, mount,
     assert m.unmount() == 1
     assert re.search(r"read-back: the disk does not hold what was written",
                      m.stderr), m.stderr
+
+
+@pytest.mark.parametrize("qemu_opts", [[], ["-W"]])
+def test_qemu_img_last_write_carries_the_failure(server, mount, shm,
+                                                  shortdir, tally, qemu_opts):
+    """qemu-img convert never fsyncs its output (cache mode "unsafe") and
+    ignores close()'s error: when its writes are all accepted before the
+    server's first failure comes back (writes take 1.5 s here, the copy a
+    fraction of that), the reply to the write that ends the copy is where
+    the failure must show.  qemu-img must exit non-zero."""
+    flag = shortdir / "fail"
+    srv = write_fails(server, shm, flag, delay="1500ms")
+    m = mount(srv, expect_rc=1, expect_errors=True)
+    src = random_file(shm / "src.img", 6 * MiB)
+    r = run(["qemu-img", "convert", "-n", *qemu_opts, "-f", "raw", "-O",
+             "raw", str(src), str(m.file)], timeout=120)
+    with open(srv.disk, "rb") as f:
+        landed = hashlib.sha256(f.read(src.stat().st_size)).hexdigest()
+    judge(tally, "qemu-img-last-write", r.returncode, sha256_file(src),
+          landed, None, r.stderr)
+    assert r.returncode != 0, "qemu-img exited 0 over writes that failed"
