@@ -207,10 +207,20 @@ class History:
         self.w = [[(0, 0.0, 0.0)] for _ in range(nblocks)]
         self.lock = threading.Lock()
 
-    def record(self, first, n, version, t0, t1):
+    def start(self, first, n, version, t0):
+        """Before the write is issued: a reader that checks its bytes
+        while the writer is still between the write's return and its
+        bookkeeping must find it (the writer thread can be descheduled
+        there for as long as the machine likes)."""
         with self.lock:
             for b in range(first, first + n):
-                self.w[b].append((version, t0, t1))
+                self.w[b].append((version, t0, float("inf")))
+
+    def done(self, first, n, t1):
+        with self.lock:
+            for b in range(first, first + n):
+                v, t0, _ = self.w[b][-1]
+                self.w[b][-1] = (v, t0, t1)
 
     def allowed(self, b, rs, re_):
         """Versions a read running [rs, re_] may see in block b: the last
@@ -253,18 +263,16 @@ def writer(path, nblocks, hist, stop, rng, errors):
             first = rng.randrange(0, nblocks - n)
             kind = rng.random()
             t0 = time.monotonic()
+            hist.start(first, n, version if kind < 0.85 else None, t0)
             if kind < 0.85:
                 data = b"".join(stamp(b, version)
                                 for b in range(first, first + n))
                 assert os.pwrite(fd, data, first * BLOCK) == len(data)
-                v = version
             else:
                 mode = (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
                         if kind < 0.93 else FALLOC_FL_ZERO_RANGE)
                 fallocate(fd, mode, first * BLOCK, n * BLOCK)
-                v = None
-            t1 = time.monotonic()
-            hist.record(first, n, v, t0, t1)
+            hist.done(first, n, time.monotonic())
             time.sleep(rng.random() * 0.004)
     except BaseException as e:
         errors.append(f"writer: {e!r}")
