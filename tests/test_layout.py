@@ -6,7 +6,8 @@
   the tests and the tools/ scripts;
 - tools/ build rules are included by name (no file(GLOB)), one folder per
   installed program;
-- the daemon is built with its assertions on.
+- the daemon is built with its assertions on;
+- tests/README.md lists every test file.
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -90,3 +91,13 @@ def test_assertions_on_in_the_build_the_tests_use():
                        capture_output=True, text=True, check=True)
     assert "__assert_fail" in r.stdout, \
         f"{NBDFERRY} was built with NDEBUG: its assertions are off"
+
+
+def test_tests_readme_lists_every_test_file():
+    """tests/README.md's table names every tests/test_*.py, and no file
+    that is gone."""
+    text = (TESTS / "README.md").read_text()
+    files = {p.name for p in TESTS.glob("test_*.py")}
+    listed = set(re.findall(r"^\| `(test_[a-z0-9_]+\.py)` \|", text, re.M))
+    assert files <= listed, f"not in tests/README.md: {sorted(files - listed)}"
+    assert listed <= files, f"listed but gone: {sorted(listed - files)}"
