@@ -83,6 +83,7 @@ struct cli_fuse_opts {
     bool kernel_cache;        /* accepted; every file is direct I/O */
     bool block_device;        /* O_TRUNC and truncate leave the disk */
     bool vhd_fixed;           /* FILENAME.vhd also takes fixed VHDs */
+    char *digest;             /* digest=SPEC (the last one), or NULL */
     bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
     unsigned uid, gid;
 };

@@ -858,14 +858,29 @@ void digest_foreign(struct digest *d, const char *what)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* The commands that compute this digest of the source, for the status:
+ * blksum and nbdcopy --blkhash default to sha256 of 64 KiB blocks. */
+static void check_hint(const struct digest *d, char *out, size_t n)
+{
+    if (!d->bp)
+        snprintf(out, n, "sha256sum SOURCE, or nbdferry-verify "
+                 "--digest=sha256 SOURCE");
+    else if (strcmp(d->algorithm, "blkhash/sha256/65536") == 0)
+        snprintf(out, n, "nbdferry-verify SOURCE, blksum SOURCE, or "
+                 "nbdcopy --blkhash SOURCE null:");
+    else
+        snprintf(out, n, "nbdferry-verify --digest=%s SOURCE", d->algorithm);
+}
+
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
 {
     memset(out, 0, sizeof *out);
-    out->algorithm = d && d->bp ? d->algorithm : "sha256";
+    out->algorithm = !d ? "none" : d->bp ? d->algorithm : "sha256";
     if (!d) {
         out->state = DIGEST_DISABLED;
         return;
     }
+    check_hint(d, out->check, sizeof out->check);
     pthread_mutex_lock(&d->lock);
     out->state = d->state;
     if (d->bp) {

@@ -31,7 +31,10 @@ enum digest_state {
 
 struct digest_info {
     enum digest_state state;
-    const char *algorithm;    /* "sha256", or "blkhash/DIGEST/BLOCKSIZE" */
+    const char *algorithm;    /* "sha256", "blkhash/DIGEST/BLOCKSIZE",
+                               * or "none" (--digest=none) */
+    char check[160];          /* how to compute the same value from the
+                               * source with other tools */
     uint64_t covered;         /* bytes hashed so far, from offset 0 */
     uint64_t position;        /* bytes accepted (hashed or queued) */
     uint64_t queued;          /* bytes waiting for the thread: payload

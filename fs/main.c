@@ -84,7 +84,10 @@ struct options {
     char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI */
     struct cli_mountpoint mp;
     bool no_digest, progress_bar;
-    const char *blkhash;      /* --blkhash: "DIGEST/SIZE" spec, or NULL */
+    const char *blkhash;      /* the blkhash spec ("DIGEST/SIZE", "" for
+                               * the defaults), or NULL: sha256 or none */
+    const char *digest_opt;   /* the option that named the digest, or NULL
+                               * (the default: blkhash) */
     char blkhash_md[BLKHASH_NAME_MAX];
     uint64_t blkhash_block;
     enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
@@ -179,10 +182,15 @@ static void usage(void)
 "      --destination-is-zero  the export already reads as zero everywhere:\n"
 "                         never zero it again\n"
 "      --no-extents       do not read block status at start\n"
-"      --no-digest        no inline sha256 of the copy (saves a core)\n"
-"      --blkhash[=DIGEST[/SIZE]]  the inline digest is blkhash (as blksum\n"
-"                         and nbdcopy --blkhash compute it) instead of\n"
-"                         sha256: writes in any order (default sha256/64k)\n"
+"      --digest=blkhash[/DIGEST[/SIZE]]|sha256|none  the inline digest of\n"
+"                         the copy (also -o digest=...).  Default blkhash\n"
+"                         (sha256 of 64K blocks, any write order; holes\n"
+"                         and zeroes cost nothing): check it with\n"
+"                         nbdferry-verify SOURCE, blksum SOURCE or\n"
+"                         nbdcopy --blkhash.  sha256 (one forward pass)\n"
+"                         compares with sha256sum SOURCE.  none: no digest\n"
+"      --blkhash[=DIGEST[/SIZE]]  the same as --digest=blkhash[/...]\n"
+"      --no-digest        the same as --digest=none\n"
 "      --verify-readback[=WHEN]  read the disk back from the server and\n"
 "                         compare it with the inline digest: at a\n"
 "                         writer's close/fsync and at unmount (WHEN\n"
@@ -222,8 +230,9 @@ static void usage(void)
 "  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
 "                         owner unless -o allow_other; repeatable.  Taken\n"
 "                         by nbdferry: nonempty (mount over a directory\n"
-"                         that holds files), uid=N, gid=N (the files'\n"
-"                         owner), block_device, kernel_cache (accepted and\n"
+"                         that holds files), digest=SPEC (as --digest),\n"
+"                         uid=N, gid=N (the files' owner), block_device,\n"
+"                         kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
 "      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
@@ -272,7 +281,7 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
     return v;
 }
 
-/* --blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
+/* blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
  * command line rather than the mount. */
 static void parse_blkhash(struct options *o, const char *spec)
 {
@@ -287,6 +296,46 @@ static void parse_blkhash(struct options *o, const char *spec)
                     "variable length)", spec);
     blkhash_free(h);
     o->blkhash = spec;
+}
+
+/* Two options naming different digests are a mistake, not a choice. */
+static void digest_named(struct options *o, const char *opt, bool same)
+{
+    if (o->digest_opt && !same)
+        usage_error("%s and %s name different digests", o->digest_opt, opt);
+    o->digest_opt = opt;
+}
+
+/* --digest=blkhash[/DIGEST[/SIZE]]|sha256|none (and -o digest=...). */
+static void parse_digest(struct options *o, const char *opt, const char *spec)
+{
+    if (strcmp(spec, "none") == 0) {
+        digest_named(o, opt, o->no_digest);
+        o->no_digest = true;
+    } else if (strcmp(spec, "sha256") == 0) {
+        digest_named(o, opt, !o->no_digest && !o->blkhash);
+        o->blkhash = NULL;
+    } else if (strcmp(spec, "blkhash") == 0 ||
+               strncmp(spec, "blkhash/", 8) == 0) {
+        digest_named(o, opt, o->blkhash != NULL);
+        parse_blkhash(o, spec[7] ? spec + 8 : "");
+    } else {
+        usage_error("%s=%s: not blkhash[/DIGEST[/SIZE]], sha256 or none",
+                    opt, spec);
+    }
+}
+
+/* After every option (-o digest= may come last, in the fstab form): the
+ * default when none named a digest is blkhash/sha256/64K. */
+static void finish_digest(struct options *o)
+{
+    if (o->fo.digest)
+        parse_digest(o, "-o digest", o->fo.digest);
+    if (!o->digest_opt)
+        parse_blkhash(o, "");
+    if (o->verify_readback && o->no_digest)
+        usage_error("--verify-readback compares with the inline digest: "
+                    "not with --digest=none");
 }
 
 static void add_fuse_opt(struct options *o, const char *opt)
@@ -309,6 +358,7 @@ enum {
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE,
+    OPT_DIGEST,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -324,6 +374,7 @@ static const struct option long_options[] = {
     { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
     { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "digest", required_argument, NULL, OPT_DIGEST },
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "blkhash", optional_argument, NULL, OPT_BLKHASH },
     { "verify-readback", optional_argument, NULL, OPT_VERIFY_READBACK },
@@ -419,7 +470,8 @@ static void __attribute__((noreturn)) list_short_options(void)
 static void __attribute__((noreturn)) fuse_help(void)
 {
     printf("FUSE options for -o (libfuse %s), besides nbdferry's own\n"
-           "(nonempty, uid=N, gid=N, block_device, kernel_cache):\n",
+           "(nonempty, digest=SPEC, uid=N, gid=N, block_device,\n"
+           "kernel_cache):\n",
            fuse_pkgversion());
     fflush(stdout);
     fuse_lowlevel_help();
@@ -558,8 +610,12 @@ static void parse_args(struct options *o, int argc, char **argv)
                 parse_uint("--request-timeout", optarg, 0, 86400);
             break;
         case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
-        case OPT_NO_DIGEST: o->no_digest = true; break;
-        case OPT_BLKHASH: parse_blkhash(o, optarg ? optarg : ""); break;
+        case OPT_DIGEST: parse_digest(o, "--digest", optarg); break;
+        case OPT_NO_DIGEST: parse_digest(o, "--no-digest", "none"); break;
+        case OPT_BLKHASH:
+            digest_named(o, "--blkhash", o->blkhash && !o->no_digest);
+            parse_blkhash(o, optarg ? optarg : "");
+            break;
         case OPT_VERIFY_READBACK:
             if (readback_parse_when(optarg, &o->verify_readback) < 0)
                 usage_error("--verify-readback=%s: not close or unmount",
@@ -613,11 +669,6 @@ static void parse_args(struct options *o, int argc, char **argv)
             unknown_option(optopt, argv[optind - 1]);
         }
     }
-    if (o->blkhash && o->no_digest)
-        usage_error("--blkhash and --no-digest exclude each other");
-    if (o->verify_readback && o->no_digest)
-        usage_error("--verify-readback compares with the inline digest: "
-                    "not with --no-digest");
     if (o->unmount) {
         if (argc - optind != 1)
             usage_error("--unmount takes one MOUNTPOINT and nothing else");
@@ -628,8 +679,11 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->progress_bar && !o->foreground)
         usage_error("--progress draws on stderr, which a daemon closes: "
                     "add -f, or use --progress=FD");
-    if (fstab_form(o, argc - optind, argv + optind))
+    if (fstab_form(o, argc - optind, argv + optind)) {
+        finish_digest(o);
         return;
+    }
+    finish_digest(o);
     /* The server first: --fd N must be checked before the mountpoint's
      * pinned descriptor could take the number N. */
     parse_server(o, argc - optind - 1, argv + optind + 1);

@@ -186,6 +186,10 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
         fputs(", \"reason\": ", f);
         put_string(f, reason);
     }
+    if (di.check[0]) {
+        fputs(", \"check\": ", f);
+        put_string(f, di.check);
+    }
     fputs("}\n", f);
 }
 

@@ -224,7 +224,7 @@ def test_blkhash_old_data_left_is_incomplete(target):
     (["--blkhash=nosuchdigest"], "no such digest"),
     (["--blkhash=sha256/0"], "bad block size"),
     (["--blkhash=shake128"], "variable length"),
-    (["--blkhash", "--no-digest"], "exclude each other"),
+    (["--blkhash", "--no-digest"], "name different digests"),
 ], ids=["unknown", "size-0", "xof", "no-digest"])
 def test_blkhash_bad_option_refused(tmp_path, opts, why):
     """Refused on the command line, before anything is mounted."""

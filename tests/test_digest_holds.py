@@ -56,7 +56,7 @@ def test_digest_from_held_buffers_small_pool(server, mount, shm, tool):
     want = sha256_file(src)
     srv = server("memory", f"size={128 * MiB}", "wdelay=1ms",
                  filters=("delay",))
-    m = mount(srv, "--pool-size=8M")
+    m = mount(srv, "--digest=sha256", "--pool-size=8M")
     run(COPIES[tool](str(src), str(m.file)), check=True, timeout=600)
     d = settled_digest(m)
     assert d["state"] == "complete", d
