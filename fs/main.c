@@ -99,8 +99,11 @@ struct options {
 
 #define FUSE_WORKERS 16   /* threads serving requests other than writes */
 
-#define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
-                                         * of the daemon's memory bound */
+#define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes of copies waiting for the
+                                         * hash: part of the daemon's
+                                         * memory bound */
+#define DIGEST_HOLD_BUFFERS 4   /* pool buffers of the digest's own, at
+                                 * most a quarter of the pool's (and two) */
 
 static const char *program = "nbdferry";
 
@@ -805,6 +808,25 @@ static int reopen_without_extents(struct fs *fs, const struct options *o,
     return r;
 }
 
+/* The digest's own pool buffers (pool_config.hold_buffers): beside the
+ * writers' pool_size, so a slow hasher never takes the pipeline's. */
+static unsigned digest_hold_buffers(const struct options *o, size_t pool_size,
+                                    size_t request_size)
+{
+    unsigned n = (unsigned) (pool_size / request_size / 4);
+
+    if (o->no_digest)
+        return 0;
+    return n < 2 ? 2 : n > DIGEST_HOLD_BUFFERS ? DIGEST_HOLD_BUFFERS : n;
+}
+
+/* The bytes the digest may hold in those buffers: one less than they
+ * are, as a run of contiguous holds may start inside a buffer. */
+static size_t digest_hold_limit(const struct pool_stats *s)
+{
+    return s->hold_bufs > 1 ? (s->hold_bufs - 1) * s->request_size : 0;
+}
+
 static int open_pool(struct fs *fs, const struct options *o)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
@@ -827,6 +849,7 @@ static int open_pool(struct fs *fs, const struct options *o)
         log_info("pool size raised to two requests");
         pc.pool_size = 2 * pc.request_size;
     }
+    pc.hold_buffers = digest_hold_buffers(o, pc.pool_size, pc.request_size);
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
     if (r == -ETIMEDOUT) {
         r = reopen_without_extents(fs, o, &pc);
@@ -943,13 +966,6 @@ static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
     return fuseloop_run(se, FUSE_WORKERS, &landing);
 }
 
-/* The digest's queue holds pool buffers: leave half the pool to writes. */
-static size_t digest_limit(const struct options *o)
-{
-    return o->pool_size / 2 < DIGEST_QUEUE_LIMIT ? (size_t) (o->pool_size / 2)
-                                                 : DIGEST_QUEUE_LIMIT;
-}
-
 /* The inline digest and the progress thread: they start once the pool
  * exists and stop after the final flush, so the last progress line
  * comes after the last reply. */
@@ -961,10 +977,15 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .expected_size = o->expected_size,
         .mountpoint = o->mp.mountpoint,
     };
+    struct pool_stats ps;
+    pool_get_stats(fs->pool, &ps);
     int r = o->no_digest ? 0
-          : o->blkhash ? digest_create_blkhash(digest_limit(o), o->blkhash_md,
+          : o->blkhash ? digest_create_blkhash(DIGEST_QUEUE_LIMIT,
+                                               o->blkhash_md,
                                                o->blkhash_block, &fs->digest)
-                       : digest_create(digest_limit(o), &fs->digest);
+                       : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+    if (r == 0)
+        digest_set_hold_limit(fs->digest, digest_hold_limit(&ps));
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,
