@@ -100,6 +100,7 @@
 #include <time.h>
 
 #include "common/blkhash.h"
+#include "common/iszero.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
@@ -339,6 +340,14 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
 static void push_data_locked(struct digest *d, uint64_t off, const void *buf,
                              size_t len, void (*release)(void *), void *ref)
 {
+    if (!d->bp && is_zero(buf, len)) {
+        /* sha256: zeros written are hashed from the shared zero page,
+         * like a hole; no buffer is held or copied for them. */
+        if (release)
+            release(ref);
+        push_zero_locked(d, len);
+        return;
+    }
     bool hold = release && d->pool_held + len <= d->hold_limit;
     size_t cost = ITEM_COST + (hold ? 0 : len);
     struct item *it = NULL;

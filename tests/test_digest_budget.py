@@ -96,3 +96,28 @@ def test_copy_waits_on_the_digest_counted(server, mount, shm, monkeypatch):
     assert "the copy waited" in out and "for the hash" in out, out
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=48 * MiB, what="dd, copy waiting on the hash")
+
+
+def test_sha256_hashes_zeros_from_the_zero_page(server, mount, shm,
+                                                monkeypatch):
+    """--digest=sha256 over a sparse copy whose zeros are written (dd
+    without conv=sparse) and skipped (holes): no zero byte is held in a
+    pool buffer or copied, so even a slow hasher (slowed only for data)
+    neither holds nor copies them, and the value is sha256sum's."""
+    monkeypatch.setenv("NBDFERRY_DEBUG_DIGEST_DELAY_US", "100000")
+    srv = server("memory", f"size={EXPORT}")
+    m = mount(srv, *WINDOW, "--digest=sha256")
+    src = shm / "src.img"
+    with open(src, "wb") as f:
+        f.write(b"\1" * 4096)           # one data item, then 40 MiB zeros
+        f.write(bytes(40 * MiB))
+        f.truncate(48 * MiB)            # and a hole at the end
+    run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "status=none"],
+        check=True, timeout=300)
+    d = settled_digest(m, secs=120)
+    want = run(["sha256sum", src], check=True).stdout.split()[0]
+    assert d["state"] == "complete" and d["value"] == want, d
+    assert d["copied_bytes"] == 0, d
+    assert d["copy_waited_s"] == 0, d
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=48 * MiB, what="dd of zeros, sha256")
