@@ -28,6 +28,13 @@
  * than this end the pass rather than grow the daemon without bound. */
 #define MAX_EXTENTS (1u << 19)
 
+/* Per-block state (digest chunks, block copies) kept at once: writes
+ * scattered so widely that their digests would take more end the pass
+ * ("too scattered") rather than grow the daemon (1 KiB blocks per 32 KiB
+ * chunk: 16 MiB follows data spread over 32 GiB at 64 KiB blocks, and
+ * folding keeps an in-order copy far below it). */
+#define MAX_STATE (16u << 20)
+
 /* Folding (blkhash_fold): blocks further than FOLD_LAG_BYTES (at least
  * FOLD_LAG_MIN blocks) behind the end of the data, and known (written or
  * zero, no part), are folded into the outer digest FOLD_STEP blocks at a
@@ -74,6 +81,9 @@ struct blkpass {
     size_t nparts, maxparts;
     uint64_t tick, hashed, data_end;
     uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
+    int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
+    void *read_ctx;
+    uint64_t disk_size;
 };
 
 static void drop_part(struct blkpass *p, size_t i)
@@ -201,6 +211,9 @@ static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
     return 0;
 }
 
+static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
+                      char *why);
+
 /* Let go of the least recently touched part: hashed whole, its unknown
  * bytes zero, or the pass fails.  The part holding the end of the data
  * stays: it is the file's last block, to be hashed short at the close. */
@@ -216,11 +229,18 @@ static int evict_part(struct blkpass *p, char *why)
     assert(old < p->nparts);      /* maxparts >= 2 */
     struct part *pt = &p->parts[old];
     uint64_t start = pt->b * p->bs;
-    if (!gaps_are_zero(p, pt, start, start + p->bs))
-        return fail(why, -E2BIG, "more than %zu blocks are written in part "
-                    "at once, and the one at %" PRIu64 " still holds older "
-                    "data", p->maxparts, start);
-    int r = hash_part(p, pt, p->bs, why);
+    int r;
+    if (!gaps_are_zero(p, pt, start, start + p->bs)) {
+        if (!p->read)
+            return fail(why, -E2BIG, "more than %zu blocks are written in "
+                        "part at once, and the one at %" PRIu64 " still "
+                        "holds older data", p->maxparts, start);
+        /* The disk now holds these bytes, or newer ones that the changes
+         * still to come will write again. */
+        if ((r = read_block(p, pt->b, pt->buf, why)) < 0)
+            return r;
+    }
+    r = hash_part(p, pt, p->bs, why);
     if (r == 0)
         drop_part(p, old);
     return r;
@@ -239,6 +259,68 @@ static int new_part(struct blkpass *p, uint64_t b, struct part **out,
         return fail(why, -ENOMEM, "out of memory");
     map_init(&pt->cov);
     p->nparts++;
+    *out = pt;
+    return 0;
+}
+
+/* ---- the reader (blkpass.h, THE READER) ---- */
+
+void blkpass_set_reader(struct blkpass *p,
+                        int (*read)(void *ctx, uint64_t off, void *buf,
+                                    size_t len),
+                        void *ctx, uint64_t size)
+{
+    p->read = read;
+    p->read_ctx = ctx;
+    p->disk_size = size;
+}
+
+/* buf = block b as the disk holds it now (zeros past the disk's end);
+ * the whole block is then known: written (zero's bytes included). */
+static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
+                      char *why)
+{
+    uint64_t start = b * p->bs;
+    int r = 0;
+
+    memset(buf, 0, p->bs);
+    if (start < p->disk_size) {
+        size_t n = p->disk_size - start < p->bs
+                   ? (size_t) (p->disk_size - start) : (size_t) p->bs;
+        r = p->read(p->read_ctx, start, buf, n);
+    }
+    if (r < 0)
+        return fail(why, r, "reading the block at %" PRIu64 " back from "
+                    "the disk failed: %s", start, strerror(-r));
+    if (extmap_remove(&p->zero, start, start + p->bs) < 0 ||
+        extmap_add(&p->written, start, start + p->bs) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Block b's bytes were let go (hashed whole): a part holding the whole
+ * block as the disk has it now, or the pass fails (no reader). */
+static int reload_part(struct blkpass *p, uint64_t b, struct part **out,
+                       const char *what, uint64_t off, char *why)
+{
+    struct part *pt;
+    int r;
+
+    if (!p->read)
+        return fail(why, -ESTALE, "%s at %" PRIu64 " changed part of the "
+                    "block at %" PRIu64 " after it was hashed", what, off,
+                    b * p->bs);
+    if ((r = new_part(p, b, &pt, why)) < 0)
+        return r;
+    uint64_t start = b * p->bs;
+    r = read_block(p, b, pt->buf, why);
+    if (r == 0 && extmap_add(&pt->cov, start, start + p->bs) < 0)
+        r = fail(why, -ENOMEM, "out of memory");
+    if (r < 0) {
+        drop_part(p, (size_t) (pt - p->parts));
+        return r;
+    }
+    pt->tick = ++p->tick;
     *out = pt;
     return 0;
 }
@@ -313,9 +395,9 @@ static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
         p->hashed += p->bs;
         return 0;
     }
-    if (!pt && map_intersects(&p->written, start, start + p->bs))
-        return fail(why, -ESTALE, "a write at %" PRIu64 " changed part of "
-                    "the block at %" PRIu64 " after it was hashed", s, start);
+    if (!pt && map_intersects(&p->written, start, start + p->bs) &&
+        (r = reload_part(p, b, &pt, "a write", s, why)) < 0)
+        return r;
     if (!pt && (r = new_part(p, b, &pt, why)) < 0)
         return r;
     memcpy(pt->buf + (s - start), buf, e - s);
@@ -350,7 +432,12 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
                     "(more than %u separate ranges)", MAX_EXTENTS);
     if (end > p->data_end)
         p->data_end = end;
-    return maybe_fold(p, why);
+    int r2 = maybe_fold(p, why);
+    if (r2 == 0 && blkpass_memory(p) > MAX_STATE)
+        return fail(why, -E2BIG, "the writes are too scattered to follow "
+                    "(their block digests would take more than %u MiB)",
+                    MAX_STATE >> 20);
+    return r2;
 }
 
 /* Zeroing [s, e) of one block: if the block has no part, nothing is
@@ -358,13 +445,16 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
 static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, char *why)
 {
     uint64_t b = s / p->bs;
+    struct part *pt;
 
     if (e - s == p->bs || find_part(p, b) ||
         !map_intersects(&p->written, s, e))
         return 0;
-    return fail(why, -ESTALE, "zeroing %" PRIu64 "-%" PRIu64 " changed part "
-                "of the block at %" PRIu64 " after it was hashed", s, e,
-                b * p->bs);
+    if (b < blkhash_folded(p->h))
+        return fail(why, -ESTALE, "zeroing %" PRIu64 "-%" PRIu64 " changed "
+                    "part of the block at %" PRIu64 " after it was hashed",
+                    s, e, b * p->bs);
+    return reload_part(p, b, &pt, "zeroing", s, why);
 }
 
 /* Parts inside [off, end) go (the blocks are zero).  Parts it overlaps
@@ -483,10 +573,16 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
                     "pass did not write", gap);
     uint64_t tail = size / p->bs * p->bs;
     if (size % p->bs && !find_part(p, size / p->bs) &&
-        map_intersects(&p->written, tail, size))
-        return fail(why, -ESTALE, "the block at %" PRIu64 ", the file's "
-                    "last, was hashed whole before the file ended inside it",
-                    tail);
+        map_intersects(&p->written, tail, size)) {
+        struct part *pt;
+        if (!p->read)
+            return fail(why, -ESTALE, "the block at %" PRIu64 ", the "
+                        "file's last, was hashed whole before the file "
+                        "ended inside it", tail);
+        if ((r = reload_part(p, size / p->bs, &pt, "the end", size,
+                             why)) < 0)
+            return r;
+    }
     /* Parts are hashed as they stand; they stay, as the pass may go on. */
     for (size_t i = 0; i < p->nparts; i++) {
         const struct part *pt = &p->parts[i];

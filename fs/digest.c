@@ -52,9 +52,13 @@
  * --inplace, a truncate then writes anywhere).  A close queues a request
  * for the value at that size; the status shows it once the thread has
  * answered that close and nothing changed since.  A truncate to 0 starts
- * a new pass, as above.  When the blkpass loses track (part of a block it
- * hashed and let go is changed) the state is "cannot-complete"; when bytes
- * of the file were never written or zeroed by the pass, "incomplete".
+ * a new pass, as above.  A block the pass hashed and let go that is then
+ * changed in part is read back from the disk (digest_set_reader():
+ * pool_read(), which sees every change reported so far), so rewrites over
+ * any earlier content are followed.  When the blkpass loses track anyway
+ * (no reader, a read failed, a folded block changed) the state is
+ * "cannot-complete"; when bytes of the file were never written or zeroed
+ * by the pass, "incomplete".
  * XXX Two FUSE threads writing the same bytes at once may report their
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
@@ -1061,6 +1065,18 @@ int digest_create_blkhash(size_t queue_limit, const char *md,
              "blkhash/%s/%" PRIu64, md, block_size);
     (*out)->blkhash_block = block_size;
     return 0;
+}
+
+void digest_set_reader(struct digest *d,
+                       int (*read)(void *ctx, uint64_t off, void *buf,
+                                   size_t len),
+                       void *ctx, uint64_t size)
+{
+    if (!d || !d->bp)
+        return;
+    pthread_mutex_lock(&d->bp_lock);
+    blkpass_set_reader(d->bp, read, ctx, size);
+    pthread_mutex_unlock(&d->bp_lock);
 }
 
 void digest_set_hold_limit(struct digest *d, size_t bytes)

@@ -62,6 +62,15 @@ int  digest_create_blkhash(size_t queue_limit, const char *md,
  * (digest_write_held()); past it a held write is copied and its buffer
  * given back at once.  Default: queue_limit. */
 void digest_set_hold_limit(struct digest *d, size_t bytes);
+/* blkhash only: how the pass reads a block back from the disk when a
+ * change leaves part of it unknown (fs/blkpass.h, THE READER): read()
+ * must see every change reported so far (pool_read()).  size: the
+ * disk's.  Runs on the digest thread, with no digest lock held but the
+ * pass's (bp_lock: lock order bp_lock, then the reader's). */
+void digest_set_reader(struct digest *d,
+                       int (*read)(void *ctx, uint64_t off, void *buf,
+                                   size_t len),
+                       void *ctx, uint64_t size);
 /* Stops the thread (abandoning queued work) and frees. */
 void digest_destroy(struct digest *d);
 

@@ -966,6 +966,15 @@ static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
     return fuseloop_run(se, FUSE_WORKERS, &landing);
 }
 
+/* The digest's reader (digest_set_reader()): the disk as every change
+ * reported so far left it, pending writes included. */
+static int digest_read_disk(void *ctx, uint64_t off, void *buf, size_t len)
+{
+    struct fs *fs = ctx;
+
+    return pool_read(fs->pool, off, buf, len);
+}
+
 /* The inline digest and the progress thread: they start once the pool
  * exists and stop after the final flush, so the last progress line
  * comes after the last reply. */
@@ -984,8 +993,10 @@ static int start_watchers(struct fs *fs, const struct options *o)
                                                o->blkhash_md,
                                                o->blkhash_block, &fs->digest)
                        : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
-    if (r == 0)
+    if (r == 0) {
         digest_set_hold_limit(fs->digest, digest_hold_limit(&ps));
+        digest_set_reader(fs->digest, digest_read_disk, fs, fs->export_size);
+    }
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,

@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(not (HAVE_FUSE and HAVE_NBDKIT),
                                 reason="needs /dev/fuse and nbdkit")
 
 EXPORT = 64 * MiB
-# 16 buffers of 1 MiB, exactly the window of 4 connections x depth 4.
-WINDOW = ["--pool-size", "16M", "--request-size", "1M", "-C", "4",
+# 18 buffers of 1 MiB for a window of 4 connections x depth 4 (16): two
+# spare for the buffer being filled and the FUSE landing.
+WINDOW = ["--pool-size", "18M", "--request-size", "1M", "-C", "4",
           "--depth", "4"]
 STATUS = TOP / "tools" / "status" / "nbdferry-status"
 

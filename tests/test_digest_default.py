@@ -83,12 +83,21 @@ def test_default_dd_conv_sparse(target, shm):
 
 
 def test_default_rsync_inplace_over_old_disk(target, shm):
-    """rsync --inplace writes over the old data without O_TRUNC."""
+    """rsync --inplace writes over the old data without O_TRUNC; a second
+    run with the delta algorithm rewrites only parts of blocks already
+    hashed (read back from the disk to follow them)."""
     if not shutil.which("rsync"):
         pytest.fail("rsync is needed (tools/install-deps)")
     srv, m = target()
     src = random_file(shm / "src.img", 21 * MiB + 777)
     run(["rsync", "--inplace", str(src), str(m.file)], check=True)
+    assert_default_digest(m, src)
+    with open(src, "r+b") as f:               # change a few places
+        for off in (0, 5 * MiB + 100, 20 * MiB + 12345):
+            f.seek(off)
+            f.write(os.urandom(7000))
+    run(["rsync", "--inplace", "--no-whole-file", "-I", str(src),
+         str(m.file)], check=True)
     assert_default_digest(m, src)
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=os.path.getsize(src), what="rsync --inplace")
@@ -110,8 +119,9 @@ def test_default_qemu_img_convert_parallel_with_holes(target, shm):
 
 
 def test_default_rewrites_punches_and_zeroes(target, shm):
-    """cp, then a rewrite of whole blocks in place (dd conv=notrunc), a
-    punched hole and a zeroed range: the value follows the file."""
+    """cp, then rewrites in place (dd conv=notrunc: whole blocks, and 100
+    bytes inside a block hashed long ago), a punched hole and a zeroed
+    range, none on a block boundary: the value follows the file."""
     srv, m = target()
     src = random_file(shm / "src.img", 24 * MiB)
     run(["cp", str(src), m.file], check=True)
@@ -120,8 +130,12 @@ def test_default_rewrites_punches_and_zeroes(target, shm):
          "conv=notrunc", "status=none"], check=True)
     run(["dd", f"if={patch}", f"of={src}", "bs=64k", "seek=48",
          "conv=notrunc", "status=none"], check=True)
-    for how, off, n in (("--punch-hole", 8 * MiB, 3 * MiB),
-                        ("--zero-range", 16 * MiB + 65536, MiB)):
+    for path in (m.file, src):
+        with open(path, "r+b") as f:
+            f.seek(3 * MiB + 777)
+            f.write(b"r" * 100)
+    for how, off, n in (("--punch-hole", 8 * MiB + 4096, 3 * MiB),
+                        ("--zero-range", 16 * MiB + 65536 + 512, MiB)):
         run(["fallocate", how, "-o", str(off), "-l", str(n), m.file],
             check=True)
         # the source's copy (tmpfs has no --zero-range: punch, same zeros)
