@@ -14,11 +14,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/blkhash.h"
 #include "fs/blkpass.h"
@@ -28,7 +30,7 @@
  * than this end the pass rather than grow the daemon without bound. */
 #define MAX_EXTENTS (1u << 19)
 
-/* Per-block state (digest chunks, block copies) kept at once: writes
+/* Block digests kept at once (the copies have partial_budget): writes
  * scattered so widely that their digests would take more end the pass
  * ("too scattered") rather than grow the daemon (1 KiB blocks per 32 KiB
  * chunk: 16 MiB follows data spread over 32 GiB at 64 KiB blocks, and
@@ -72,6 +74,32 @@ struct part {
     uint64_t tick;                /* last touched */
 };
 
+/* THE HASHERS: a write's whole blocks (the common case: every block of a
+ * large write) are hashed on helper threads beside the pass's own, one
+ * per online CPU but the pass's (at most MAX_HELPERS), and the write
+ * returns once all are stored: the pass stays one ordered sequence of
+ * changes.  blkhash_update() is safe from any thread for different
+ * blocks.  hs.lock protects the job; the pass's thread publishes a job
+ * (gen++), helpers take blocks by index until none are left, and the
+ * last one done wakes the pass. */
+#define MAX_HELPERS 7u
+#define HASH_BATCH 256u           /* blocks handed to the helpers at once */
+
+struct hashers {
+    pthread_mutex_t lock;
+    pthread_cond_t go, done;
+    pthread_t tid[MAX_HELPERS];
+    unsigned n;                   /* helper threads running */
+    bool stop;
+    uint64_t gen;                 /* job number */
+    struct blkhash *h;            /* the job: blocks blk[i] at mem[i] */
+    uint64_t bs;
+    const uint64_t *blk;
+    const unsigned char *const *mem;
+    size_t count, next, finished;
+    int err;
+};
+
 struct blkpass {
     char md[BLKHASH_NAME_MAX];
     uint64_t bs;
@@ -84,7 +112,101 @@ struct blkpass {
     int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
     void *read_ctx;
     uint64_t disk_size;
+    struct hashers hs;
 };
+
+/* ---- the hashers ---- */
+
+/* Take and hash blocks of the current job until none are left.  With
+ * hs->lock held; drops it while hashing. */
+static void hash_some_locked(struct hashers *hs)
+{
+    while (hs->next < hs->count) {
+        size_t i = hs->next++;
+        pthread_mutex_unlock(&hs->lock);
+        int r = blkhash_update(hs->h, hs->blk[i] * hs->bs, hs->mem[i],
+                               hs->bs);
+        pthread_mutex_lock(&hs->lock);
+        if (r < 0 && !hs->err)
+            hs->err = r;
+        if (++hs->finished == hs->count)
+            pthread_cond_broadcast(&hs->done);
+    }
+}
+
+static void *hasher_main(void *arg)
+{
+    struct hashers *hs = arg;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&hs->lock);
+    while (!hs->stop) {
+        if (hs->gen == seen) {
+            pthread_cond_wait(&hs->go, &hs->lock);
+            continue;
+        }
+        seen = hs->gen;
+        hash_some_locked(hs);
+    }
+    pthread_mutex_unlock(&hs->lock);
+    return NULL;
+}
+
+static void hashers_start(struct hashers *hs)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned want = cpus > 1 ? (unsigned) cpus - 1 : 0;
+
+    pthread_mutex_init(&hs->lock, NULL);
+    pthread_cond_init(&hs->go, NULL);
+    pthread_cond_init(&hs->done, NULL);
+    if (want > MAX_HELPERS)
+        want = MAX_HELPERS;
+    /* None started is fine: the pass's thread hashes every block. */
+    while (hs->n < want && pthread_create(&hs->tid[hs->n], NULL,
+                                          hasher_main, hs) == 0)
+        hs->n++;
+}
+
+static void hashers_stop(struct hashers *hs)
+{
+    pthread_mutex_lock(&hs->lock);
+    hs->stop = true;
+    pthread_cond_broadcast(&hs->go);
+    pthread_mutex_unlock(&hs->lock);
+    for (unsigned i = 0; i < hs->n; i++)
+        pthread_join(hs->tid[i], NULL);
+    pthread_mutex_destroy(&hs->lock);
+    pthread_cond_destroy(&hs->go);
+    pthread_cond_destroy(&hs->done);
+}
+
+/* Hash count whole blocks blk[i] from mem[i], on the helpers and this
+ * thread; returns once every one is stored.  0 or -errno. */
+static int hash_blocks(struct blkpass *p, const uint64_t *blk,
+                       const unsigned char *const *mem, size_t count)
+{
+    struct hashers *hs = &p->hs;
+
+    pthread_mutex_lock(&hs->lock);
+    hs->gen++;
+    hs->h = p->h;
+    hs->bs = p->bs;
+    hs->blk = blk;
+    hs->mem = mem;
+    hs->count = count;
+    hs->next = hs->finished = 0;
+    hs->err = 0;
+    if (hs->n && count > 1)
+        pthread_cond_broadcast(&hs->go);
+    hash_some_locked(hs);
+    while (hs->finished < hs->count)
+        pthread_cond_wait(&hs->done, &hs->lock);
+    int r = hs->err;
+    hs->count = hs->next = hs->finished = 0;   /* no job */
+    pthread_mutex_unlock(&hs->lock);
+    return r;
+}
 
 static void drop_part(struct blkpass *p, size_t i)
 {
@@ -111,6 +233,7 @@ int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
     snprintf(p->md, sizeof p->md, "%s", md);
     p->bs = block_size;
     p->fold_lag = FOLD_LAG_BYTES;
+    hashers_start(&p->hs);
     p->maxparts = partial_budget / block_size < 2 ? 2
                                                   : partial_budget / block_size;
     p->parts = calloc(p->maxparts, sizeof *p->parts);
@@ -129,6 +252,7 @@ void blkpass_free(struct blkpass *p)
 {
     if (!p)
         return;
+    hashers_stop(&p->hs);
     if (p->parts)
         clear(p);
     free(p->parts);
@@ -418,11 +542,27 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
         return 0;
     if (extmap_remove(&p->zero, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
+    /* Whole blocks with no copy are hashed on the helpers, a batch at a
+     * time (THE HASHERS); the others, one by one, here. */
+    uint64_t blk[HASH_BATCH];
+    const unsigned char *mem[HASH_BATCH];
+    size_t n = 0;
     for (uint64_t b = off / p->bs; b * p->bs < end; b++) {
         uint64_t s = b * p->bs > off ? b * p->bs : off;
         uint64_t e = (b + 1) * p->bs < end ? (b + 1) * p->bs : end;
-        if ((r = write_in_block(p, b, s, e, src + (s - off), why)) < 0)
+        if (e - s == p->bs && b >= blkhash_folded(p->h) && !find_part(p, b)) {
+            blk[n] = b;
+            mem[n++] = src + (s - off);
+        } else if ((r = write_in_block(p, b, s, e, src + (s - off),
+                                       why)) < 0) {
             return r;
+        }
+        if (n == HASH_BATCH || (n && (b + 1) * p->bs >= end)) {
+            if ((r = hash_blocks(p, blk, mem, n)) < 0)
+                return fail(why, r, "hashing failed: %s", strerror(-r));
+            p->hashed += n * p->bs;
+            n = 0;
+        }
     }
     if (extmap_add(&p->written, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
@@ -433,7 +573,7 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
     if (end > p->data_end)
         p->data_end = end;
     int r2 = maybe_fold(p, why);
-    if (r2 == 0 && blkpass_memory(p) > MAX_STATE)
+    if (r2 == 0 && blkhash_memory(p->h) > MAX_STATE)
         return fail(why, -E2BIG, "the writes are too scattered to follow "
                     "(their block digests would take more than %u MiB)",
                     MAX_STATE >> 20);

@@ -21,7 +21,10 @@
  * zeroed ranges, at most 2^19 each, and 16 MiB of per-block state in all
  * (more scattered writes end the pass: "too scattered").
  *
- * THREAD MODEL: none; one thread (the digest thread) owns a pass.
+ * THREAD MODEL: one thread (the digest thread) owns a pass; the pass
+ * hashes a write's whole blocks on its own helper threads too (one per
+ * online CPU beside it, blkpass.c THE HASHERS) and returns once they are
+ * stored.
  */
 #pragma once
 #include <stddef.h>
