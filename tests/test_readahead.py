@@ -207,10 +207,19 @@ class History:
         self.w = [[(0, 0.0, 0.0)] for _ in range(nblocks)]
         self.lock = threading.Lock()
 
-    def record(self, first, n, version, t0, t1):
+    def record(self, first, n, version, t0, t1=float("inf")):
+        """Recorded before the write starts (t1 inf: in progress), so a
+        reader that sees it always finds it here."""
         with self.lock:
             for b in range(first, first + n):
                 self.w[b].append((version, t0, t1))
+
+    def done(self, first, n, t1):
+        """The write recorded last for these blocks finished at t1."""
+        with self.lock:
+            for b in range(first, first + n):
+                v, t0, _ = self.w[b][-1]
+                self.w[b][-1] = (v, t0, t1)
 
     def allowed(self, b, rs, re_):
         """Versions a read running [rs, re_] may see in block b: the last
@@ -252,19 +261,18 @@ def writer(path, nblocks, hist, stop, rng, errors):
             n = rng.choice([1, 3, 16, 64, 300])
             first = rng.randrange(0, nblocks - n)
             kind = rng.random()
+            v = version if kind < 0.85 else None
             t0 = time.monotonic()
+            hist.record(first, n, v, t0)
             if kind < 0.85:
                 data = b"".join(stamp(b, version)
                                 for b in range(first, first + n))
                 assert os.pwrite(fd, data, first * BLOCK) == len(data)
-                v = version
             else:
                 mode = (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
                         if kind < 0.93 else FALLOC_FL_ZERO_RANGE)
                 fallocate(fd, mode, first * BLOCK, n * BLOCK)
-                v = None
-            t1 = time.monotonic()
-            hist.record(first, n, v, t0, t1)
+            hist.done(first, n, time.monotonic())
             time.sleep(rng.random() * 0.004)
     except BaseException as e:
         errors.append(f"writer: {e!r}")
