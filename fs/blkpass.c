@@ -14,11 +14,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/blkhash.h"
 #include "fs/blkpass.h"
@@ -27,6 +29,13 @@
 /* Ranges kept in written or zero (16 bytes each): writes scattered wider
  * than this end the pass rather than grow the daemon without bound. */
 #define MAX_EXTENTS (1u << 19)
+
+/* Block digests kept at once (the copies have partial_budget): writes
+ * scattered so widely that their digests would take more end the pass
+ * ("too scattered") rather than grow the daemon (1 KiB blocks per 32 KiB
+ * chunk: 16 MiB follows data spread over 32 GiB at 64 KiB blocks, and
+ * folding keeps an in-order copy far below it). */
+#define MAX_STATE (16u << 20)
 
 /* Folding (blkhash_fold): blocks further than FOLD_LAG_BYTES (at least
  * FOLD_LAG_MIN blocks) behind the end of the data, and known (written or
@@ -65,6 +74,32 @@ struct part {
     uint64_t tick;                /* last touched */
 };
 
+/* THE HASHERS: a write's whole blocks (the common case: every block of a
+ * large write) are hashed on helper threads beside the pass's own, one
+ * per online CPU but the pass's (at most MAX_HELPERS), and the write
+ * returns once all are stored: the pass stays one ordered sequence of
+ * changes.  blkhash_update() is safe from any thread for different
+ * blocks.  hs.lock protects the job; the pass's thread publishes a job
+ * (gen++), helpers take blocks by index until none are left, and the
+ * last one done wakes the pass. */
+#define MAX_HELPERS 7u
+#define HASH_BATCH 256u           /* blocks handed to the helpers at once */
+
+struct hashers {
+    pthread_mutex_t lock;
+    pthread_cond_t go, done;
+    pthread_t tid[MAX_HELPERS];
+    unsigned n;                   /* helper threads running */
+    bool stop;
+    uint64_t gen;                 /* job number */
+    struct blkhash *h;            /* the job: blocks blk[i] at mem[i] */
+    uint64_t bs;
+    const uint64_t *blk;
+    const unsigned char *const *mem;
+    size_t count, next, finished;
+    int err;
+};
+
 struct blkpass {
     char md[BLKHASH_NAME_MAX];
     uint64_t bs;
@@ -74,7 +109,104 @@ struct blkpass {
     size_t nparts, maxparts;
     uint64_t tick, hashed, data_end;
     uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
+    int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
+    void *read_ctx;
+    uint64_t disk_size;
+    struct hashers hs;
 };
+
+/* ---- the hashers ---- */
+
+/* Take and hash blocks of the current job until none are left.  With
+ * hs->lock held; drops it while hashing. */
+static void hash_some_locked(struct hashers *hs)
+{
+    while (hs->next < hs->count) {
+        size_t i = hs->next++;
+        pthread_mutex_unlock(&hs->lock);
+        int r = blkhash_update(hs->h, hs->blk[i] * hs->bs, hs->mem[i],
+                               hs->bs);
+        pthread_mutex_lock(&hs->lock);
+        if (r < 0 && !hs->err)
+            hs->err = r;
+        if (++hs->finished == hs->count)
+            pthread_cond_broadcast(&hs->done);
+    }
+}
+
+static void *hasher_main(void *arg)
+{
+    struct hashers *hs = arg;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&hs->lock);
+    while (!hs->stop) {
+        if (hs->gen == seen) {
+            pthread_cond_wait(&hs->go, &hs->lock);
+            continue;
+        }
+        seen = hs->gen;
+        hash_some_locked(hs);
+    }
+    pthread_mutex_unlock(&hs->lock);
+    return NULL;
+}
+
+static void hashers_start(struct hashers *hs)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned want = cpus > 1 ? (unsigned) cpus - 1 : 0;
+
+    pthread_mutex_init(&hs->lock, NULL);
+    pthread_cond_init(&hs->go, NULL);
+    pthread_cond_init(&hs->done, NULL);
+    if (want > MAX_HELPERS)
+        want = MAX_HELPERS;
+    /* None started is fine: the pass's thread hashes every block. */
+    while (hs->n < want && pthread_create(&hs->tid[hs->n], NULL,
+                                          hasher_main, hs) == 0)
+        hs->n++;
+}
+
+static void hashers_stop(struct hashers *hs)
+{
+    pthread_mutex_lock(&hs->lock);
+    hs->stop = true;
+    pthread_cond_broadcast(&hs->go);
+    pthread_mutex_unlock(&hs->lock);
+    for (unsigned i = 0; i < hs->n; i++)
+        pthread_join(hs->tid[i], NULL);
+    pthread_mutex_destroy(&hs->lock);
+    pthread_cond_destroy(&hs->go);
+    pthread_cond_destroy(&hs->done);
+}
+
+/* Hash count whole blocks blk[i] from mem[i], on the helpers and this
+ * thread; returns once every one is stored.  0 or -errno. */
+static int hash_blocks(struct blkpass *p, const uint64_t *blk,
+                       const unsigned char *const *mem, size_t count)
+{
+    struct hashers *hs = &p->hs;
+
+    pthread_mutex_lock(&hs->lock);
+    hs->gen++;
+    hs->h = p->h;
+    hs->bs = p->bs;
+    hs->blk = blk;
+    hs->mem = mem;
+    hs->count = count;
+    hs->next = hs->finished = 0;
+    hs->err = 0;
+    if (hs->n && count > 1)
+        pthread_cond_broadcast(&hs->go);
+    hash_some_locked(hs);
+    while (hs->finished < hs->count)
+        pthread_cond_wait(&hs->done, &hs->lock);
+    int r = hs->err;
+    hs->count = hs->next = hs->finished = 0;   /* no job */
+    pthread_mutex_unlock(&hs->lock);
+    return r;
+}
 
 static void drop_part(struct blkpass *p, size_t i)
 {
@@ -101,6 +233,7 @@ int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
     snprintf(p->md, sizeof p->md, "%s", md);
     p->bs = block_size;
     p->fold_lag = FOLD_LAG_BYTES;
+    hashers_start(&p->hs);
     p->maxparts = partial_budget / block_size < 2 ? 2
                                                   : partial_budget / block_size;
     p->parts = calloc(p->maxparts, sizeof *p->parts);
@@ -119,6 +252,7 @@ void blkpass_free(struct blkpass *p)
 {
     if (!p)
         return;
+    hashers_stop(&p->hs);
     if (p->parts)
         clear(p);
     free(p->parts);
@@ -201,6 +335,9 @@ static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
     return 0;
 }
 
+static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
+                      char *why);
+
 /* Let go of the least recently touched part: hashed whole, its unknown
  * bytes zero, or the pass fails.  The part holding the end of the data
  * stays: it is the file's last block, to be hashed short at the close. */
@@ -216,11 +353,18 @@ static int evict_part(struct blkpass *p, char *why)
     assert(old < p->nparts);      /* maxparts >= 2 */
     struct part *pt = &p->parts[old];
     uint64_t start = pt->b * p->bs;
-    if (!gaps_are_zero(p, pt, start, start + p->bs))
-        return fail(why, -E2BIG, "more than %zu blocks are written in part "
-                    "at once, and the one at %" PRIu64 " still holds older "
-                    "data", p->maxparts, start);
-    int r = hash_part(p, pt, p->bs, why);
+    int r;
+    if (!gaps_are_zero(p, pt, start, start + p->bs)) {
+        if (!p->read)
+            return fail(why, -E2BIG, "more than %zu blocks are written in "
+                        "part at once, and the one at %" PRIu64 " still "
+                        "holds older data", p->maxparts, start);
+        /* The disk now holds these bytes, or newer ones that the changes
+         * still to come will write again. */
+        if ((r = read_block(p, pt->b, pt->buf, why)) < 0)
+            return r;
+    }
+    r = hash_part(p, pt, p->bs, why);
     if (r == 0)
         drop_part(p, old);
     return r;
@@ -239,6 +383,68 @@ static int new_part(struct blkpass *p, uint64_t b, struct part **out,
         return fail(why, -ENOMEM, "out of memory");
     map_init(&pt->cov);
     p->nparts++;
+    *out = pt;
+    return 0;
+}
+
+/* ---- the reader (blkpass.h, THE READER) ---- */
+
+void blkpass_set_reader(struct blkpass *p,
+                        int (*read)(void *ctx, uint64_t off, void *buf,
+                                    size_t len),
+                        void *ctx, uint64_t size)
+{
+    p->read = read;
+    p->read_ctx = ctx;
+    p->disk_size = size;
+}
+
+/* buf = block b as the disk holds it now (zeros past the disk's end);
+ * the whole block is then known: written (zero's bytes included). */
+static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
+                      char *why)
+{
+    uint64_t start = b * p->bs;
+    int r = 0;
+
+    memset(buf, 0, p->bs);
+    if (start < p->disk_size) {
+        size_t n = p->disk_size - start < p->bs
+                   ? (size_t) (p->disk_size - start) : (size_t) p->bs;
+        r = p->read(p->read_ctx, start, buf, n);
+    }
+    if (r < 0)
+        return fail(why, r, "reading the block at %" PRIu64 " back from "
+                    "the disk failed: %s", start, strerror(-r));
+    if (extmap_remove(&p->zero, start, start + p->bs) < 0 ||
+        extmap_add(&p->written, start, start + p->bs) < 0)
+        return fail(why, -ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Block b's bytes were let go (hashed whole): a part holding the whole
+ * block as the disk has it now, or the pass fails (no reader). */
+static int reload_part(struct blkpass *p, uint64_t b, struct part **out,
+                       const char *what, uint64_t off, char *why)
+{
+    struct part *pt;
+    int r;
+
+    if (!p->read)
+        return fail(why, -ESTALE, "%s at %" PRIu64 " changed part of the "
+                    "block at %" PRIu64 " after it was hashed", what, off,
+                    b * p->bs);
+    if ((r = new_part(p, b, &pt, why)) < 0)
+        return r;
+    uint64_t start = b * p->bs;
+    r = read_block(p, b, pt->buf, why);
+    if (r == 0 && extmap_add(&pt->cov, start, start + p->bs) < 0)
+        r = fail(why, -ENOMEM, "out of memory");
+    if (r < 0) {
+        drop_part(p, (size_t) (pt - p->parts));
+        return r;
+    }
+    pt->tick = ++p->tick;
     *out = pt;
     return 0;
 }
@@ -313,9 +519,9 @@ static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
         p->hashed += p->bs;
         return 0;
     }
-    if (!pt && map_intersects(&p->written, start, start + p->bs))
-        return fail(why, -ESTALE, "a write at %" PRIu64 " changed part of "
-                    "the block at %" PRIu64 " after it was hashed", s, start);
+    if (!pt && map_intersects(&p->written, start, start + p->bs) &&
+        (r = reload_part(p, b, &pt, "a write", s, why)) < 0)
+        return r;
     if (!pt && (r = new_part(p, b, &pt, why)) < 0)
         return r;
     memcpy(pt->buf + (s - start), buf, e - s);
@@ -336,11 +542,27 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
         return 0;
     if (extmap_remove(&p->zero, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
+    /* Whole blocks with no copy are hashed on the helpers, a batch at a
+     * time (THE HASHERS); the others, one by one, here. */
+    uint64_t blk[HASH_BATCH];
+    const unsigned char *mem[HASH_BATCH];
+    size_t n = 0;
     for (uint64_t b = off / p->bs; b * p->bs < end; b++) {
         uint64_t s = b * p->bs > off ? b * p->bs : off;
         uint64_t e = (b + 1) * p->bs < end ? (b + 1) * p->bs : end;
-        if ((r = write_in_block(p, b, s, e, src + (s - off), why)) < 0)
+        if (e - s == p->bs && b >= blkhash_folded(p->h) && !find_part(p, b)) {
+            blk[n] = b;
+            mem[n++] = src + (s - off);
+        } else if ((r = write_in_block(p, b, s, e, src + (s - off),
+                                       why)) < 0) {
             return r;
+        }
+        if (n == HASH_BATCH || (n && (b + 1) * p->bs >= end)) {
+            if ((r = hash_blocks(p, blk, mem, n)) < 0)
+                return fail(why, r, "hashing failed: %s", strerror(-r));
+            p->hashed += n * p->bs;
+            n = 0;
+        }
     }
     if (extmap_add(&p->written, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
@@ -350,7 +572,12 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
                     "(more than %u separate ranges)", MAX_EXTENTS);
     if (end > p->data_end)
         p->data_end = end;
-    return maybe_fold(p, why);
+    int r2 = maybe_fold(p, why);
+    if (r2 == 0 && blkhash_memory(p->h) > MAX_STATE)
+        return fail(why, -E2BIG, "the writes are too scattered to follow "
+                    "(their block digests would take more than %u MiB)",
+                    MAX_STATE >> 20);
+    return r2;
 }
 
 /* Zeroing [s, e) of one block: if the block has no part, nothing is
@@ -358,13 +585,16 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
 static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, char *why)
 {
     uint64_t b = s / p->bs;
+    struct part *pt;
 
     if (e - s == p->bs || find_part(p, b) ||
         !map_intersects(&p->written, s, e))
         return 0;
-    return fail(why, -ESTALE, "zeroing %" PRIu64 "-%" PRIu64 " changed part "
-                "of the block at %" PRIu64 " after it was hashed", s, e,
-                b * p->bs);
+    if (b < blkhash_folded(p->h))
+        return fail(why, -ESTALE, "zeroing %" PRIu64 "-%" PRIu64 " changed "
+                    "part of the block at %" PRIu64 " after it was hashed",
+                    s, e, b * p->bs);
+    return reload_part(p, b, &pt, "zeroing", s, why);
 }
 
 /* Parts inside [off, end) go (the blocks are zero).  Parts it overlaps
@@ -483,10 +713,16 @@ int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
                     "pass did not write", gap);
     uint64_t tail = size / p->bs * p->bs;
     if (size % p->bs && !find_part(p, size / p->bs) &&
-        map_intersects(&p->written, tail, size))
-        return fail(why, -ESTALE, "the block at %" PRIu64 ", the file's "
-                    "last, was hashed whole before the file ended inside it",
-                    tail);
+        map_intersects(&p->written, tail, size)) {
+        struct part *pt;
+        if (!p->read)
+            return fail(why, -ESTALE, "the block at %" PRIu64 ", the "
+                        "file's last, was hashed whole before the file "
+                        "ended inside it", tail);
+        if ((r = reload_part(p, size / p->bs, &pt, "the end", size,
+                             why)) < 0)
+            return r;
+    }
     /* Parts are hashed as they stand; they stay, as the pass may go on. */
     for (size_t i = 0; i < p->nparts; i++) {
         const struct part *pt = &p->parts[i];

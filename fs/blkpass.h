@@ -18,10 +18,13 @@
  * known blocks more than 256 MiB behind the end of the data are folded
  * into the outer digest and freed; a later change to one of them ends
  * the pass), the block copies (partial_budget), and the written and
- * zeroed ranges, at most 2^19 each (more scattered writes end the pass:
- * "too scattered").
+ * zeroed ranges, at most 2^19 each, and 16 MiB of per-block state in all
+ * (more scattered writes end the pass: "too scattered").
  *
- * THREAD MODEL: none; one thread (the digest thread) owns a pass.
+ * THREAD MODEL: one thread (the digest thread) owns a pass; the pass
+ * hashes a write's whole blocks on its own helper threads too (one per
+ * online CPU beside it, blkpass.c THE HASHERS) and returns once they are
+ * stored.
  */
 #pragma once
 #include <stddef.h>
@@ -36,6 +39,21 @@ struct blkpass;
 int  blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
                     struct blkpass **out);
 void blkpass_free(struct blkpass *p);      /* NULL is fine */
+
+/* THE READER: with one, a block whose bytes the pass let go (hashed
+ * whole) and that is then changed in part is read back from the disk
+ * (read(ctx, off, buf, len): the disk as it is now, every change made so
+ * far included), and so is a block copy whose other bytes hold older
+ * data when it must be let go: the pass follows rewrites over any
+ * earlier content instead of failing.  Bytes read may be newer than the
+ * change being applied; the changes after it, applied next, make them
+ * right again (they are fed in the order they were made).  size: the
+ * disk's size (bytes past it read as zero).  Without a reader (NULL)
+ * those cases fail as described above. */
+void blkpass_set_reader(struct blkpass *p,
+                        int (*read)(void *ctx, uint64_t off, void *buf,
+                                    size_t len),
+                        void *ctx, uint64_t size);
 
 /* Forget everything: a new pass over a file whose content is unknown. */
 int  blkpass_reset(struct blkpass *p);

@@ -694,7 +694,7 @@ static int pass_on(struct cli_fuse_opts *fo, const char *opts)
  * own_opt() with its key, and every other item with FUSE_OPT_KEY_OPT. */
 enum {
     KEY_NONEMPTY, KEY_KERNEL_CACHE, KEY_BLOCK_DEVICE, KEY_VHD_FIXED,
-    KEY_MULTIWRITER, KEY_UID, KEY_GID,
+    KEY_MULTIWRITER, KEY_UID, KEY_GID, KEY_DIGEST,
 };
 static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("nonempty", KEY_NONEMPTY),
@@ -704,6 +704,7 @@ static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("multiwriter", KEY_MULTIWRITER),
     FUSE_OPT_KEY("uid=", KEY_UID),
     FUSE_OPT_KEY("gid=", KEY_GID),
+    FUSE_OPT_KEY("digest=", KEY_DIGEST),
     FUSE_OPT_END
 };
 
@@ -749,6 +750,13 @@ static int own_opt(void *data, const char *item, int key,
     case KEY_MULTIWRITER: fo->multiwriter = true; return 0;
     case KEY_UID: return owner_opt(c, item, &fo->uid, &fo->set_uid);
     case KEY_GID: return owner_opt(c, item, &fo->gid, &fo->set_gid);
+    case KEY_DIGEST:              /* checked with the other digest options */
+        free(fo->digest);
+        if (!(fo->digest = strdup(item + strlen("digest=")))) {
+            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
+            return -1;
+        }
+        return 0;
     case FUSE_OPT_KEY_OPT: return item[0] != '\0';   /* ",," is nothing */
     default: return 1;            /* a non-option: cannot come from -o */
     }
@@ -775,7 +783,8 @@ int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
 void cli_fuse_opts_free(struct cli_fuse_opts *fo)
 {
     free(fo->pass);
-    fo->pass = NULL;
+    free(fo->digest);
+    fo->pass = fo->digest = NULL;
 }
 
 /* ---- suggestions ----------------------------------------------------- */

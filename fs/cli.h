@@ -85,6 +85,7 @@ struct cli_fuse_opts {
     bool vhd_fixed;           /* FILENAME.vhd also takes fixed VHDs */
     bool multiwriter;         /* several writers at once, a second
                                * writable mount of the export */
+    char *digest;             /* digest=SPEC (the last one), or NULL */
     bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
     unsigned uid, gid;
 };

@@ -5,10 +5,19 @@
  * accepted the operation; digest_get() runs on whichever thread opens the
  * status file.  They only check the pass and queue work: a data item is
  * the written bytes where the pool holds them (digest_write_held(): the
- * pool buffer stays unchanged and unused until the item is released, so
- * the queue is bounded in pool buffers) or a copy (digest_write()), a
- * zero item (a gap, a punched hole, the tail up to the size at close) is
- * a length.  Releasing an item takes the pool's lock: lock order d->lock,
+ * pool buffer stays unchanged and unused until the item is released) or a
+ * copy (digest_write()), a zero item (a gap, a punched hole, the tail up
+ * to the size at close) is a length.
+ *
+ * THE BUDGETS: the digest never takes the pipeline's buffers.  Holds of
+ * pool buffers are bounded by their own budget (digest_set_hold_limit():
+ * the bytes of the pool's hold_buffers, which the pool keeps apart from
+ * pool_size); a held write past it is copied into the queue and its pool
+ * buffer given back at once (copied_bytes).  The queue's copies are
+ * bounded by queue_limit, the digest's own memory; a writer that finds
+ * it full waits for the hash (copy_wait_ns counts it: the only place the
+ * copy waits on the digest).  A slow hasher thus slows the copy only
+ * once both budgets are spent, and never the writes in flight.  Releasing an item takes the pool's lock: lock order d->lock,
  * then the pool's.  d->bp_lock is held by the blkhash thread while it
  * applies an item, and by digest_fingerprints() (read-back) while it
  * reads the pass; d->idle wakes digest_settle() when the thread has
@@ -16,7 +25,8 @@
  * queue in order with OpenSSL EVP.  d->lock protects everything in struct
  * digest except the EVP context, which only the digest thread touches; no
  * lock is held while hashing.  When the queue's memory (payload plus
- * ITEM_COST for each item, zero items included: a million one-byte
+ * ITEM_COST for each item, zero items included, held payload not: that
+ * is the hold budget's; a million one-byte
  * writes at a stride are a million gap items) would exceed queue_limit,
  * a writer waits for the thread (d->space) — memory stays bounded and a
  * busy machine still gets its digest, at the hash's speed — but for at
@@ -42,9 +52,13 @@
  * --inplace, a truncate then writes anywhere).  A close queues a request
  * for the value at that size; the status shows it once the thread has
  * answered that close and nothing changed since.  A truncate to 0 starts
- * a new pass, as above.  When the blkpass loses track (part of a block it
- * hashed and let go is changed) the state is "cannot-complete"; when bytes
- * of the file were never written or zeroed by the pass, "incomplete".
+ * a new pass, as above.  A block the pass hashed and let go that is then
+ * changed in part is read back from the disk (digest_set_reader():
+ * pool_read(), which sees every change reported so far), so rewrites over
+ * any earlier content are followed.  When the blkpass loses track anyway
+ * (no reader, a read failed, a folded block changed) the state is
+ * "cannot-complete"; when bytes of the file were never written or zeroed
+ * by the pass, "incomplete".
  * XXX Two FUSE threads writing the same bytes at once may report their
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
@@ -87,8 +101,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/blkhash.h"
+#include "common/iszero.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
@@ -120,6 +136,7 @@ struct item {
     const char *data;             /* NULL: len zero bytes */
     void (*release)(void *);      /* data is the writer's: give it back */
     void *ref;                    /* ... with release(ref); else owned */
+    size_t pool_bytes;            /* len if data is a pool hold, else 0 */
 };
 
 /* A write of a view's pass that came before the bytes below it (THE
@@ -154,6 +171,12 @@ struct digest {
 
     struct item *head, *tail;
     size_t queued, limit;         /* payload + ITEM_COST per item */
+    size_t pool_held, hold_limit; /* bytes of pool holds queued or being
+                                   * hashed; their budget (THE BUDGETS) */
+    uint64_t copied;              /* bytes copied past the hold budget */
+    uint64_t wait_ns;             /* writers waited for room in the queue */
+    unsigned delay_us;            /* NBDFERRY_DEBUG_DIGEST_DELAY_US: a slow
+                                   * hasher, for tests */
 
     uint64_t hashed;              /* of this gen, by the thread */
     uint64_t hex_len, hex_gen;    /* what hex covers */
@@ -204,6 +227,7 @@ static void free_queue_locked(struct digest *d)
     while (d->head) {
         struct item *it = d->head;
         d->head = it->next;
+        d->pool_held -= it->pool_bytes;
         drop_data(it);
         free(it);
     }
@@ -254,7 +278,7 @@ static void push_locked(struct digest *d, struct item *it)
 
 static size_t item_cost(const struct item *it)
 {
-    return ITEM_COST + (it->data ? it->len : 0);
+    return ITEM_COST + (it->data && !it->pool_bytes ? it->len : 0);
 }
 
 static bool wait_for_room_locked(struct digest *d, size_t len);
@@ -287,19 +311,21 @@ static bool no_room_locked(const struct digest *d, size_t cost)
  * another writer got in). */
 static bool wait_for_room_locked(struct digest *d, size_t cost)
 {
-    uint64_t gen = d->gen, pos = d->pos;
+    uint64_t gen = d->gen, pos = d->pos, t0 = mono_now_ns();
     struct timespec deadline = mono_deadline_ns(WAIT_MAX_S * NS_PER_S);
     while (no_room_locked(d, cost)) {
         /* A wakeup can race the deadline: only a queue still full at
          * the deadline abandons the digest. */
         if (pthread_cond_timedwait(&d->space, &d->lock, &deadline) ==
                 ETIMEDOUT && no_room_locked(d, cost)) {
+            d->wait_ns += mono_now_ns() - t0;
             fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
                         "for %d s (%zu bytes waiting)", WAIT_MAX_S,
                         d->queued);
             return false;
         }
     }
+    d->wait_ns += mono_now_ns() - t0;
     if (d->state != DIGEST_COMPUTING || d->stopping)
         return false;
     if (d->gen != gen || (!d->bp && d->pos != pos)) {
@@ -311,47 +337,82 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
 }
 
 /* Queue len bytes at buf: a copy (release NULL) or the writer's own
- * bytes, given back with release(ref).  Every path calls release once. */
+ * bytes, given back with release(ref).  Every path calls release once.
+ * A hold past the hold budget becomes a copy, its buffer given back at
+ * once (THE BUDGETS); the copy is made before waiting for room, so the
+ * pool buffer is never kept while the writer waits. */
 static void push_data_locked(struct digest *d, uint64_t off, const void *buf,
                              size_t len, void (*release)(void *), void *ref)
 {
+    if (!d->bp && is_zero(buf, len)) {
+        /* sha256: zeros written are hashed from the shared zero page,
+         * like a hole; no buffer is held or copied for them. */
+        if (release)
+            release(ref);
+        push_zero_locked(d, len);
+        return;
+    }
+    bool hold = release && d->pool_held + len <= d->hold_limit;
+    size_t cost = ITEM_COST + (hold ? 0 : len);
     struct item *it = NULL;
     char *copy = NULL;
 
-    if (d->queued + ITEM_COST + len > d->limit &&
-        !wait_for_room_locked(d, ITEM_COST + len))
+    if (!hold) {
+        copy = malloc(len ? len : 1);
+        if (copy)
+            memcpy(copy, buf, len);
+        if (release) {
+            release(ref);
+            release = NULL;
+            d->copied += len;
+        }
+        if (!copy) {
+            fail_locked(d, DIGEST_ABANDONED, "out of memory");
+            return;
+        }
+    }
+    if (d->queued + cost > d->limit && !wait_for_room_locked(d, cost))
         goto drop;
     it = calloc(1, sizeof *it);
-    if (!release)
-        copy = malloc(len ? len : 1);
-    if (!it || (!release && !copy)) {
-        free(it);
-        free(copy);
+    if (!it) {
         fail_locked(d, DIGEST_ABANDONED, "out of memory");
         goto drop;
     }
-    if (copy)
-        memcpy(copy, buf, len);
     it->data = copy ? copy : buf;
     it->release = release;
     it->ref = ref;
+    it->pool_bytes = hold ? len : 0;
     it->kind = d->bp ? ITEM_BLK_WRITE : ITEM_STREAM;
     it->off = off;
     it->len = len;
+    d->pool_held += it->pool_bytes;
     d->queued += item_cost(it);
     push_locked(d, it);
     d->pos += len;
     return;
 drop:
+    free(copy);
     if (release)
         release(ref);
 }
 
 /* ---- the digest thread ----------------------------------------------- */
 
-/* The thread is through with the item it took. */
-static void done_item_locked(struct digest *d)
+/* NBDFERRY_DEBUG_DIGEST_DELAY_US: a hasher this much slower per data
+ * item, so tests can show what a slow hasher costs the copy. */
+static void slow_down(const struct digest *d, const struct item *it)
 {
+    if (d->delay_us && it->data) {
+        struct timespec ts = { .tv_sec = d->delay_us / 1000000,
+                               .tv_nsec = d->delay_us % 1000000 * 1000L };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The thread is through with the item it took. */
+static void done_item_locked(struct digest *d, const struct item *it)
+{
+    d->pool_held -= it->pool_bytes;
     d->busy = false;
     if (!d->head)
         pthread_cond_broadcast(&d->idle);
@@ -424,6 +485,7 @@ static void *digest_thread(void *arg)
         uint64_t gen = d->gen;
         bool fresh = gen != ctx_gen;
         pthread_mutex_unlock(&d->lock);
+        slow_down(d, &it);
 
         bool ok = ctx && (!fresh ||
                           EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) &&
@@ -437,7 +499,7 @@ static void *digest_thread(void *arg)
         ctx_gen = ok ? gen : UINT64_MAX;
 
         pthread_mutex_lock(&d->lock);
-        done_item_locked(d);
+        done_item_locked(d, &it);
         if (gen != d->gen)
             continue;             /* the pass restarted or ended meanwhile */
         if (!ok) {
@@ -503,6 +565,7 @@ static void *blk_thread(void *arg)
         uint64_t gen = d->gen;
         char hex[DIGEST_HEX_MAX] = "", why[BLKPASS_REASON_MAX] = "";
         pthread_mutex_unlock(&d->lock);
+        slow_down(d, &it);
 
         int r = 0;
         pthread_mutex_lock(&d->bp_lock);
@@ -516,7 +579,7 @@ static void *blk_thread(void *arg)
         pass_gen = gen;
 
         pthread_mutex_lock(&d->lock);
-        done_item_locked(d);
+        done_item_locked(d, &it);
         if (gen == d->gen)        /* else the pass restarted or ended */
             blk_record_locked(d, &it, r, hex, why);
     }
@@ -858,15 +921,34 @@ void digest_foreign(struct digest *d, const char *what)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* The commands that compute this digest of the source, for the status:
+ * blksum and nbdcopy --blkhash default to sha256 of 64 KiB blocks. */
+static void check_hint(const struct digest *d, char *out, size_t n)
+{
+    if (!d->bp)
+        snprintf(out, n, "sha256sum SOURCE, or nbdferry-verify "
+                 "--digest=sha256 SOURCE");
+    else if (strcmp(d->algorithm, "blkhash/sha256/65536") == 0)
+        snprintf(out, n, "nbdferry-verify SOURCE, blksum SOURCE, or "
+                 "nbdcopy --blkhash SOURCE null:");
+    else
+        snprintf(out, n, "nbdferry-verify --digest=%s SOURCE", d->algorithm);
+}
+
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
 {
     memset(out, 0, sizeof *out);
-    out->algorithm = d && d->bp ? d->algorithm : "sha256";
+    out->algorithm = !d ? "none" : d->bp ? d->algorithm : "sha256";
     if (!d) {
         out->state = DIGEST_DISABLED;
         return;
     }
+    check_hint(d, out->check, sizeof out->check);
     pthread_mutex_lock(&d->lock);
+    out->held = d->pool_held;
+    out->hold_limit = d->hold_limit;
+    out->copied = d->copied;
+    out->copy_wait_ns = d->wait_ns;
     out->state = d->state;
     if (d->bp) {
         out->position = d->pos;
@@ -937,6 +1019,9 @@ static int create(size_t queue_limit, struct blkpass *bp, struct digest **out)
     if (!d)
         return -ENOMEM;
     d->limit = queue_limit;
+    d->hold_limit = queue_limit;  /* digest_set_hold_limit() narrows it */
+    const char *delay = getenv("NBDFERRY_DEBUG_DIGEST_DELAY_US");
+    d->delay_us = delay ? (unsigned) strtoul(delay, NULL, 10) : 0;
     d->state = DIGEST_IDLE;
     d->bp = bp;
     pthread_mutex_init(&d->lock, NULL);
@@ -980,6 +1065,27 @@ int digest_create_blkhash(size_t queue_limit, const char *md,
              "blkhash/%s/%" PRIu64, md, block_size);
     (*out)->blkhash_block = block_size;
     return 0;
+}
+
+void digest_set_reader(struct digest *d,
+                       int (*read)(void *ctx, uint64_t off, void *buf,
+                                   size_t len),
+                       void *ctx, uint64_t size)
+{
+    if (!d || !d->bp)
+        return;
+    pthread_mutex_lock(&d->bp_lock);
+    blkpass_set_reader(d->bp, read, ctx, size);
+    pthread_mutex_unlock(&d->bp_lock);
+}
+
+void digest_set_hold_limit(struct digest *d, size_t bytes)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->lock);
+    d->hold_limit = bytes;
+    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_destroy(struct digest *d)

@@ -31,17 +31,24 @@ enum digest_state {
 
 struct digest_info {
     enum digest_state state;
-    const char *algorithm;    /* "sha256", or "blkhash/DIGEST/BLOCKSIZE" */
+    const char *algorithm;    /* "sha256", "blkhash/DIGEST/BLOCKSIZE",
+                               * or "none" (--digest=none) */
+    char check[160];          /* how to compute the same value from the
+                               * source with other tools */
     uint64_t covered;         /* bytes hashed so far, from offset 0 */
     uint64_t position;        /* bytes accepted (hashed or queued) */
-    uint64_t queued;          /* bytes waiting for the thread: payload
-                               * and each item's bookkeeping */
+    uint64_t queued;          /* bytes waiting for the thread: copies'
+                               * payload and each item's bookkeeping */
+    uint64_t held, hold_limit;   /* bytes of pool buffers held; budget */
+    uint64_t copied;          /* bytes copied past the hold budget */
+    uint64_t copy_wait_ns;    /* writers waited for room in the queue */
     char hex[DIGEST_HEX_MAX]; /* "" unless state == DIGEST_COMPLETE */
     char reason[160];         /* NOT_FORWARD, ABANDONED, INCOMPLETE,
                                * CANNOT_COMPLETE: why */
 };
 
-/* queue_limit: payload bytes that may wait for hashing.  A writer that
+/* queue_limit: bytes of copies that may wait for hashing (held pool
+ * buffers are bounded apart: digest_set_hold_limit()).  A writer that
  * finds the queue full waits for the digest thread, for at most a few
  * seconds; past that the digest is abandoned rather than the copy held
  * up.  Starts the digest thread. */
@@ -51,6 +58,19 @@ int  digest_create(size_t queue_limit, struct digest **out);
  * digest.c, THE BLKHASH PASS.  -EINVAL: unknown digest or bad size. */
 int  digest_create_blkhash(size_t queue_limit, const char *md,
                            uint64_t block_size, struct digest **out);
+/* The most bytes of pool buffers the digest holds at once
+ * (digest_write_held()); past it a held write is copied and its buffer
+ * given back at once.  Default: queue_limit. */
+void digest_set_hold_limit(struct digest *d, size_t bytes);
+/* blkhash only: how the pass reads a block back from the disk when a
+ * change leaves part of it unknown (fs/blkpass.h, THE READER): read()
+ * must see every change reported so far (pool_read()).  size: the
+ * disk's.  Runs on the digest thread, with no digest lock held but the
+ * pass's (bp_lock: lock order bp_lock, then the reader's). */
+void digest_set_reader(struct digest *d,
+                       int (*read)(void *ctx, uint64_t off, void *buf,
+                                   size_t len),
+                       void *ctx, uint64_t size);
 /* Stops the thread (abandoning queued work) and frees. */
 void digest_destroy(struct digest *d);
 

@@ -88,7 +88,10 @@ struct options {
     char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI */
     struct cli_mountpoint mp;
     bool no_digest, progress_bar;
-    const char *blkhash;      /* --blkhash: "DIGEST/SIZE" spec, or NULL */
+    const char *blkhash;      /* the blkhash spec ("DIGEST/SIZE", "" for
+                               * the defaults), or NULL: sha256 or none */
+    const char *digest_opt;   /* the option that named the digest, or NULL
+                               * (the default: blkhash) */
     char blkhash_md[BLKHASH_NAME_MAX];
     uint64_t blkhash_block;
     enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
@@ -103,8 +106,11 @@ struct options {
 
 #define FUSE_WORKERS 16   /* threads serving requests other than writes */
 
-#define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes waiting for the hash: part
-                                         * of the daemon's memory bound */
+#define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes of copies waiting for the
+                                         * hash: part of the daemon's
+                                         * memory bound */
+#define DIGEST_HOLD_BUFFERS 4   /* pool buffers of the digest's own, at
+                                 * most a quarter of the pool's (and two) */
 
 static const char *program = "nbdferry";
 
@@ -187,10 +193,15 @@ static void usage(void)
 "      --destination-is-zero  the export already reads as zero everywhere:\n"
 "                         never zero it again\n"
 "      --no-extents       do not read block status at start\n"
-"      --no-digest        no inline sha256 of the copy (saves a core)\n"
-"      --blkhash[=DIGEST[/SIZE]]  the inline digest is blkhash (as blksum\n"
-"                         and nbdcopy --blkhash compute it) instead of\n"
-"                         sha256: writes in any order (default sha256/64k)\n"
+"      --digest=blkhash[/DIGEST[/SIZE]]|sha256|none  the inline digest of\n"
+"                         the copy (also -o digest=...).  Default blkhash\n"
+"                         (sha256 of 64K blocks, any write order; holes\n"
+"                         and zeroes cost nothing): check it with\n"
+"                         nbdferry-verify SOURCE, blksum SOURCE or\n"
+"                         nbdcopy --blkhash.  sha256 (one forward pass)\n"
+"                         compares with sha256sum SOURCE.  none: no digest\n"
+"      --blkhash[=DIGEST[/SIZE]]  the same as --digest=blkhash[/...]\n"
+"      --no-digest        the same as --digest=none\n"
 "      --verify-readback[=WHEN]  read the disk back from the server and\n"
 "                         compare it with the inline digest: at a\n"
 "                         writer's close/fsync and at unmount (WHEN\n"
@@ -240,8 +251,9 @@ static void usage(void)
 "  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
 "                         owner unless -o allow_other; repeatable.  Taken\n"
 "                         by nbdferry: nonempty (mount over a directory\n"
-"                         that holds files), uid=N, gid=N (the files'\n"
-"                         owner), block_device, kernel_cache (accepted and\n"
+"                         that holds files), digest=SPEC (as --digest),\n"
+"                         uid=N, gid=N (the files' owner), block_device,\n"
+"                         kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
 "      --list URI         print the server's exports, one per line:\n"
@@ -292,7 +304,7 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned min,
     return v;
 }
 
-/* --blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
+/* blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
  * command line rather than the mount. */
 static void parse_blkhash(struct options *o, const char *spec)
 {
@@ -307,6 +319,46 @@ static void parse_blkhash(struct options *o, const char *spec)
                     "variable length)", spec);
     blkhash_free(h);
     o->blkhash = spec;
+}
+
+/* Two options naming different digests are a mistake, not a choice. */
+static void digest_named(struct options *o, const char *opt, bool same)
+{
+    if (o->digest_opt && !same)
+        usage_error("%s and %s name different digests", o->digest_opt, opt);
+    o->digest_opt = opt;
+}
+
+/* --digest=blkhash[/DIGEST[/SIZE]]|sha256|none (and -o digest=...). */
+static void parse_digest(struct options *o, const char *opt, const char *spec)
+{
+    if (strcmp(spec, "none") == 0) {
+        digest_named(o, opt, o->no_digest);
+        o->no_digest = true;
+    } else if (strcmp(spec, "sha256") == 0) {
+        digest_named(o, opt, !o->no_digest && !o->blkhash);
+        o->blkhash = NULL;
+    } else if (strcmp(spec, "blkhash") == 0 ||
+               strncmp(spec, "blkhash/", 8) == 0) {
+        digest_named(o, opt, o->blkhash != NULL);
+        parse_blkhash(o, spec[7] ? spec + 8 : "");
+    } else {
+        usage_error("%s=%s: not blkhash[/DIGEST[/SIZE]], sha256 or none",
+                    opt, spec);
+    }
+}
+
+/* After every option (-o digest= may come last, in the fstab form): the
+ * default when none named a digest is blkhash/sha256/64K. */
+static void finish_digest(struct options *o)
+{
+    if (o->fo.digest)
+        parse_digest(o, "-o digest", o->fo.digest);
+    if (!o->digest_opt)
+        parse_blkhash(o, "");
+    if (o->verify_readback && o->no_digest)
+        usage_error("--verify-readback compares with the inline digest: "
+                    "not with --digest=none");
 }
 
 /* --spool-dir DIR: absolute (the daemon leaves its directory), and a
@@ -343,7 +395,7 @@ enum {
     OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
-    OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX,
+    OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -359,6 +411,7 @@ static const struct option long_options[] = {
     { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
     { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "digest", required_argument, NULL, OPT_DIGEST },
     { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
     { "blkhash", optional_argument, NULL, OPT_BLKHASH },
     { "verify-readback", optional_argument, NULL, OPT_VERIFY_READBACK },
@@ -458,7 +511,8 @@ static void __attribute__((noreturn)) list_short_options(void)
 static void __attribute__((noreturn)) fuse_help(void)
 {
     printf("FUSE options for -o (libfuse %s), besides nbdferry's own\n"
-           "(nonempty, uid=N, gid=N, block_device, kernel_cache):\n",
+           "(nonempty, digest=SPEC, uid=N, gid=N, block_device,\n"
+           "kernel_cache):\n",
            fuse_pkgversion());
     fflush(stdout);
     fuse_lowlevel_help();
@@ -597,8 +651,12 @@ static void parse_args(struct options *o, int argc, char **argv)
                 parse_uint("--request-timeout", optarg, 0, 86400);
             break;
         case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
-        case OPT_NO_DIGEST: o->no_digest = true; break;
-        case OPT_BLKHASH: parse_blkhash(o, optarg ? optarg : ""); break;
+        case OPT_DIGEST: parse_digest(o, "--digest", optarg); break;
+        case OPT_NO_DIGEST: parse_digest(o, "--no-digest", "none"); break;
+        case OPT_BLKHASH:
+            digest_named(o, "--blkhash", o->blkhash && !o->no_digest);
+            parse_blkhash(o, optarg ? optarg : "");
+            break;
         case OPT_VERIFY_READBACK:
             if (readback_parse_when(optarg, &o->verify_readback) < 0)
                 usage_error("--verify-readback=%s: not close or unmount",
@@ -660,11 +718,6 @@ static void parse_args(struct options *o, int argc, char **argv)
             unknown_option(optopt, argv[optind - 1]);
         }
     }
-    if (o->blkhash && o->no_digest)
-        usage_error("--blkhash and --no-digest exclude each other");
-    if (o->verify_readback && o->no_digest)
-        usage_error("--verify-readback compares with the inline digest: "
-                    "not with --no-digest");
     if (o->list) {
         if (argc - optind != 1 || !strstr(argv[optind], "://"))
             usage_error("--list takes one URI (nbd://HOST[:PORT], "
@@ -681,8 +734,11 @@ static void parse_args(struct options *o, int argc, char **argv)
     if (o->progress_bar && !o->foreground)
         usage_error("--progress draws on stderr, which a daemon closes: "
                     "add -f, or use --progress=FD");
-    if (fstab_form(o, argc - optind, argv + optind))
+    if (fstab_form(o, argc - optind, argv + optind)) {
+        finish_digest(o);
         return;
+    }
+    finish_digest(o);
     /* The server first: --fd N must be checked before the mountpoint's
      * pinned descriptor could take the number N. */
     parse_server(o, argc - optind - 1, argv + optind + 1);
@@ -804,6 +860,25 @@ static int reopen_without_extents(struct fs *fs, const struct options *o,
     return r;
 }
 
+/* The digest's own pool buffers (pool_config.hold_buffers): beside the
+ * writers' pool_size, so a slow hasher never takes the pipeline's. */
+static unsigned digest_hold_buffers(const struct options *o, size_t pool_size,
+                                    size_t request_size)
+{
+    unsigned n = (unsigned) (pool_size / request_size / 4);
+
+    if (o->no_digest)
+        return 0;
+    return n < 2 ? 2 : n > DIGEST_HOLD_BUFFERS ? DIGEST_HOLD_BUFFERS : n;
+}
+
+/* The bytes the digest may hold in those buffers: one less than they
+ * are, as a run of contiguous holds may start inside a buffer. */
+static size_t digest_hold_limit(const struct pool_stats *s)
+{
+    return s->hold_bufs > 1 ? (s->hold_bufs - 1) * s->request_size : 0;
+}
+
 static int open_pool(struct fs *fs, const struct options *o)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
@@ -826,6 +901,7 @@ static int open_pool(struct fs *fs, const struct options *o)
         log_info("pool size raised to two requests");
         pc.pool_size = 2 * pc.request_size;
     }
+    pc.hold_buffers = digest_hold_buffers(o, pc.pool_size, pc.request_size);
     int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
     if (r == -ETIMEDOUT) {
         r = reopen_without_extents(fs, o, &pc);
@@ -942,11 +1018,13 @@ static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
     return fuseloop_run(se, FUSE_WORKERS, &landing);
 }
 
-/* The digest's queue holds pool buffers: leave half the pool to writes. */
-static size_t digest_limit(const struct options *o)
+/* The digest's reader (digest_set_reader()): the disk as every change
+ * reported so far left it, pending writes included. */
+static int digest_read_disk(void *ctx, uint64_t off, void *buf, size_t len)
 {
-    return o->pool_size / 2 < DIGEST_QUEUE_LIMIT ? (size_t) (o->pool_size / 2)
-                                                 : DIGEST_QUEUE_LIMIT;
+    struct fs *fs = ctx;
+
+    return pool_read(fs->pool, off, buf, len);
 }
 
 /* The inline digest and the progress thread: they start once the pool
@@ -960,10 +1038,17 @@ static int start_watchers(struct fs *fs, const struct options *o)
         .expected_size = o->expected_size,
         .mountpoint = o->mp.mountpoint,
     };
+    struct pool_stats ps;
+    pool_get_stats(fs->pool, &ps);
     int r = o->no_digest ? 0
-          : o->blkhash ? digest_create_blkhash(digest_limit(o), o->blkhash_md,
+          : o->blkhash ? digest_create_blkhash(DIGEST_QUEUE_LIMIT,
+                                               o->blkhash_md,
                                                o->blkhash_block, &fs->digest)
-                       : digest_create(digest_limit(o), &fs->digest);
+                       : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+    if (r == 0) {
+        digest_set_hold_limit(fs->digest, digest_hold_limit(&ps));
+        digest_set_reader(fs->digest, digest_read_disk, fs, fs->export_size);
+    }
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,

@@ -188,6 +188,15 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
         fputs(", \"reason\": ", f);
         put_string(f, reason);
     }
+    if (di.state != DIGEST_DISABLED)
+        fprintf(f, ", \"held_bytes\": %" PRIu64 ", \"hold_limit\": %" PRIu64
+                   ", \"copied_bytes\": %" PRIu64 ", \"copy_waited_s\": %.6f",
+                di.held, di.hold_limit, di.copied,
+                (double) di.copy_wait_ns / 1e9);
+    if (di.check[0]) {
+        fputs(", \"check\": ", f);
+        put_string(f, di.check);
+    }
     fputs("}\n", f);
 }
 
@@ -360,6 +369,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
             ra.budget, ra.in_use, ra.hits, ra.misses, ra.chunks, ra.dropped);
     fprintf(f, "  \"pool_buffers_in_use\": %u,\n", s.bufs_in_use);
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
+    fprintf(f, "  \"pool_hold_buffers\": %u,\n", s.hold_bufs);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
     put_tcp(f, fs);

@@ -58,6 +58,18 @@ def test_completion_narrows_by_prefix():
     assert complete(NBDFERRY, "--no-such") == set()
 
 
+def test_completion_of_digest_values():
+    """--digest=VALUE: bash breaks the word at "=" (COMP_WORDBREAKS)."""
+    assert complete(NBDFERRY, "--digest", "=", "") == \
+        {"blkhash", "sha256", "none"}
+    assert complete(NBDFERRY, "--digest", "=") == \
+        {"blkhash", "sha256", "none"}
+    assert complete(NBDFERRY, "--digest", "=", "s") == {"sha256"}
+    assert complete(NBDFERRY, "--digest", "n") == {"none"}
+    assert complete(PROGRAMS["nbdferry-verify"], "--digest", "=", "sha") == \
+        {"sha1", "sha256", "sha512"}
+
+
 def test_completion_leaves_paths_to_bash():
     """A word that is not an option gets no list of ours: -o default
     completes file names (mountpoints, images)."""

@@ -56,7 +56,7 @@ def test_digest_from_held_buffers_small_pool(server, mount, shm, tool):
     want = sha256_file(src)
     srv = server("memory", f"size={128 * MiB}", "wdelay=1ms",
                  filters=("delay",))
-    m = mount(srv, "--pool-size=8M")
+    m = mount(srv, "--digest=sha256", "--pool-size=8M")
     run(COPIES[tool](str(src), str(m.file)), check=True, timeout=600)
     d = settled_digest(m)
     assert d["state"] == "complete", d
@@ -64,5 +64,7 @@ def test_digest_from_held_buffers_small_pool(server, mount, shm, tool):
     assert sha256_nbd(srv.uri, SIZE) == want, "the disk differs from the source"
     assert sha256_file(m.file) == want, "the file differs from the source"
     st = json.loads((m.mp / ".nbdferry-status").read_bytes())
-    assert st["pool_buffers_in_use"] <= st["pool_buffers"] == 4, st
+    # the writers' four, and the digest's own two beside them
+    assert st["pool_buffers"] == 4 and st["pool_hold_buffers"] == 2, st
+    assert st["pool_buffers_in_use"] <= 6, st
     m.unmount()

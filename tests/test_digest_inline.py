@@ -1,4 +1,5 @@
-"""The inline digest: a running sha256 of one forward pass over the raw file.
+"""The inline digest with --digest=sha256: a running sha256 of one forward
+pass over the raw file (the default, blkhash: test_digest_blkhash.py).
 
 After cp, dd or cat into the mount, the status's digest equals `sha256sum`
 of the source (holes counted as zeros), without reading the disk back.
@@ -53,7 +54,7 @@ def target(server, mount):
     zeroed shows), mounted."""
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri, EXPORT)
-    return srv, mount(srv)
+    return srv, mount(srv, "--digest=sha256")
 
 
 def assert_digest_is(m, expected_hex, size):

@@ -74,7 +74,7 @@ def test_dd_block_sizes(target, mount, shm, bs):
     inline digest hashes the landed buffers in place, and must equal the
     source's sha256."""
     srv, old = target
-    m = mount(srv)
+    m = mount(srv, "--digest=sha256")
     src = random_file(shm / "src.img", 24 * MiB + 4096 * 3)
     r = run(["dd", f"if={src}", f"of={m.file}", f"bs={bs}", "status=none"])
     assert r.returncode == 0, r.stderr

@@ -110,7 +110,8 @@ def test_memory_sparse_bytes_with_digest(server, mount, tmp_path):
     n = int(os.environ.get("NBDFERRY_DIGEST_WRITES", "16384"))
     size = n * MiB
     srv = fresh_export(server, tmp_path, size)
-    m = mount(srv, "--pool-size", "8M", "--destination-is-zero")
+    m = mount(srv, "--digest=sha256", "--pool-size", "8M",
+              "--destination-is-zero")
     peak_queued = 0
     fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
     try:

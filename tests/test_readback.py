@@ -66,7 +66,7 @@ def liar(server, shortdir):
 
 
 def digest_opts(kind):
-    return ["--blkhash"] if kind == "blkhash" else []
+    return ["--blkhash"] if kind == "blkhash" else ["--digest=sha256"]
 
 
 def copy(cmd):
@@ -372,7 +372,8 @@ def test_readback_not_a_forward_pass_fails_close(server, mount, shm):
     the daemon exits 1.  The bytes still land."""
     size = 16 * MiB
     srv = server("memory", f"size={size}")
-    m = mount(srv, "--verify-readback", expect_rc=1, expect_errors=True)
+    m = mount(srv, "--verify-readback", "--digest=sha256", expect_rc=1,
+              expect_errors=True)
     a, b = os.urandom(MiB), os.urandom(MiB)
     fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
     os.pwrite(fd, b, MiB)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lib.content import assert_content
-from lib.digest import sha256_bytes
+from lib.digest import blkhash_file, sha256_bytes
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, TOP, daemon_cmd, timeout
 from lib.images import random_file
 from lib.nbd import fill_random
@@ -72,8 +72,8 @@ def test_status_counters_add_up_during_slow_copy(server, mount, shm):
     while it runs, the counters never claim more than was written, and
     acknowledged bytes trail written ones.  After close they are equal."""
     srv = server("memory", f"size={EXPORT}", "wdelay=50ms", filters=["delay"])
-    m = mount(srv, "--pool-size", "8M", "--request-size", "1M", "-C", "1",
-              "--depth", "2")
+    m = mount(srv, "--digest=sha256", "--pool-size", "8M", "--request-size",
+              "1M", "-C", "1", "--depth", "2")
     data = os.urandom(24 * MiB)
     done = threading.Event()
     box = {}
@@ -185,10 +185,10 @@ def test_status_lists_failed_ranges(server, mount, shortdir):
 
 def test_status_tool(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
-    m = mount(srv)
+    m = mount(srv)                # the default digest: blkhash
     src = random_file(shm / "src.img", 3 * MiB)
     run(["cp", src, m.file], check=True)
-    want = sha256_bytes(src.read_bytes())
+    want = blkhash_file(src)
     # The digest thread may lag the close by a moment.
     deadline = time.monotonic() + timeout(30)
     while status(m)["digest"]["state"] == "computing" and \
@@ -201,7 +201,8 @@ def test_status_tool(server, mount, shm):
     for word in ("progress", "acknowledged", "in flight", "throughput",
                  "requests", "digest", "errors"):
         assert word in out, f"{word!r} missing from:\n{out}"
-    assert f"sha256 complete: {want}" in out, out
+    assert f"blkhash/sha256/65536 complete: {want}" in out, out
+    assert "check with nbdferry-verify SOURCE" in out, out
     assert "100.0%" in out, out
 
     r = run(["/usr/bin/python3", TOOL, "--json", m.file], check=True)

@@ -4,7 +4,7 @@ and flush, print its verdict and exit with its status; `--log-file`.
 A copy's verdict (the failed ranges, the inline digest) is known only
 after the unmount's final flush, when fusermount3 -u has long returned.
 --unmount waits for it and prints it: a good copy exits 0 with the
-digest that sha256sum gives for the source; a server that fails every
+digest (blkhash by default, sha256sum's with --digest=sha256); a server that fails every
 write exits 1 naming the failed range.  A background daemon (no -f) is
 found through its status file.  --log-file gets every line with a time
 stamp, daemon or not, and refuses a planted symlink or hard link.
@@ -15,7 +15,7 @@ Run: /usr/bin/python3 -m pytest tests/test_unmount_verdict.py
 import os
 import subprocess
 
-from lib.digest import sha256_file
+from lib.digest import blkhash_file, sha256_file
 from lib.env import MiB, daemon_cmd
 from lib.images import random_file
 from lib.mounts import is_mounted
@@ -30,7 +30,7 @@ def unmount(mp):
 
 def test_unmount_prints_the_verdict(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
-    m = mount(srv)
+    m = mount(srv, "--digest=sha256")
     src = random_file(shm / "src.img", 5 * MiB + 123)
     run(["cp", str(src), str(m.file)], check=True)
     r = unmount(m.mp)
@@ -73,7 +73,8 @@ def test_background_daemon_and_log_file(server, shortdir, shm):
     finally:
         r = unmount(mp)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    assert f"digest: sha256 {sha256_file(src)}" in r.stdout, r.stdout
+    assert f"digest: blkhash/sha256/65536 {blkhash_file(src)}" in r.stdout, \
+        r.stdout
     assert not is_mounted(mp)
     assert (os.stat(log).st_mode & 0o777) == 0o600
     text = log.read_text()
@@ -126,5 +127,6 @@ def test_unmount_file_mode_with_pidfile(server, shortdir, shm):
     finally:
         r = run(daemon_cmd("-P", pidfile, "--unmount", disk), timeout=120)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    assert f"digest: sha256 {sha256_file(src)}" in r.stdout, r.stdout
+    assert f"digest: blkhash/sha256/65536 {blkhash_file(src)}" in r.stdout, \
+        r.stdout
     assert not is_mounted(disk)

@@ -111,10 +111,10 @@ def guide_block(first, last):
 def test_guide_blkhash_end_to_end(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri, EXPORT)
-    m = mount(srv, "--blkhash")
+    m = mount(srv)                # the guide's line: no options
     img = make_sparse_image(shm / "disk.img", 40 * MiB + 5, runs=6, seed=19)
     block = guide_block(r"> disk.blkhash &$", r"--zero-tail")
-    assert block[0].startswith("nbdferry --blkhash ")  # the fixture mounts
+    assert block[0].startswith("nbdferry /mnt/disk ")  # the fixture mounts
     assert block[-2] == "fusermount3 -u /mnt/disk"
 
     def local(line):

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lib.digest import sha256_file
+from lib.digest import blkhash_bytes, sha256_file
 from lib.env import BUILD
 
 # $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
@@ -43,12 +43,20 @@ pytestmark = pytest.mark.skipif(
 
 # ---------------------------------------------------------------- helpers
 
-def verify(*args, timeout=120):
-    """Run nbdferry-verify; returns CompletedProcess (text)."""
+DIGEST_OPTS = ("-d", "--digest", "--blkhash")
+
+
+def verify(*args, timeout=120, default=False):
+    """Run nbdferry-verify; returns CompletedProcess (text).  The tests
+    here compare with hashlib's sha256 unless they name a digest, so
+    --digest=sha256 is added, unless one is named or default is true
+    (nbdferry-verify's own default, blkhash)."""
     if not VERIFY.exists():
         pytest.fail(f"{VERIFY} not built (set NBDFERRY_BUILD)")
-    return subprocess.run([str(VERIFY), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+    named = any(str(a).split("=")[0] in DIGEST_OPTS for a in args)
+    opts = [] if named or default else ["--digest=sha256"]
+    return subprocess.run([str(VERIFY), *opts, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def verify_json(*args):
@@ -347,11 +355,15 @@ def test_verify_digest_options_agree_with_hashlib(tmp_path, kits, alg):
         assert p.returncode == 0 and p.stdout == f"{want}  {operand}\n"
 
 
-def test_verify_default_digest_is_sha256(tmp_path):
+def test_verify_default_digest_is_blkhash(tmp_path):
+    """With no options: blkhash-sha256/64K, the value an nbdferry mount
+    shows by default (and blksum prints)."""
     src = tmp_path / "a"
     src.write_bytes(b"hello\n")
-    p = verify(src)
-    assert p.stdout.split()[0] == hashlib.sha256(b"hello\n").hexdigest()
+    p = verify(src, default=True)
+    assert p.stdout.split()[0] == blkhash_bytes(b"hello\n")
+    p = verify(src, src, default=True)
+    assert "blkhash-sha256/64K" in p.stdout, p.stdout
 
 
 # ---------------------------------------------------------------- paths

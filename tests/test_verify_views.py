@@ -3,9 +3,10 @@ decodes the images the views take.
 
 A VHD (qemu-img: dynamic and fixed), a VMDK (qemu-img: streamOptimized
 and monolithicSparse; python3-vmdkstream: the OVA layout) or a VHDX
-(qemu-img: dynamic and fixed) written into its view starts a new inline digest over the decoded
-disk: the status's value equals `nbdferry-verify IMAGE` (sha256 where the
-decoded data arrive in disk order, blkhash with --blkhash in any order),
+(qemu-img: dynamic and fixed) written into its view starts a new inline
+digest over the decoded disk: the status's value equals `nbdferry-verify
+IMAGE` (blkhash, the default, in any order; with --digest=sha256 where the
+decoded data arrive in disk order),
 and `nbdferry-verify --zero-tail IMAGE URI` matches the export.  An image
 as DESTINATION is decoded too (the view's own export, read back with cp).
 An image nbdferry-verify recognises but does not decode (qcow2, a tar
@@ -105,10 +106,10 @@ def test_view_landing_digest_equals_verify(server, mount, images, name,
     img = files[name]
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri, EXPORT)           # a stale byte would show
-    m = mount(srv, *opts, *(["--blkhash"] if blkhash else []))
+    digest_opt = ["--blkhash"] if blkhash else ["--digest=sha256"]
+    m = mount(srv, *opts, *digest_opt)
     r = run(["cp", str(img), str(m.mp / view)])
     assert r.returncode == 0, (r.stderr, m.stderr[-2000:])
-    digest_opt = ["--blkhash"] if blkhash else []
     want = verify(*digest_opt, img).stdout.split()[0]
     assert want == verify(*digest_opt, raw).stdout.split()[0]
     d = settled_digest(m)
@@ -167,8 +168,9 @@ def test_unknown_container_refused(server, images, shm, kind):
         assert "--format=raw" in r.stderr, r.stderr
     # Forced: the file's own bytes, as sha256sum sees them.
     want = run(["sha256sum", str(img)], check=True).stdout.split()[0]
-    assert verify("--format=raw", img).stdout.split()[0] == want
-    assert verify("--raw", img).stdout.split()[0] == want
+    assert verify("--digest=sha256", "--format=raw", img).stdout.split()[0] \
+        == want
+    assert verify("-d", "sha256", "--raw", img).stdout.split()[0] == want
 
 
 def test_format_option(images):
@@ -228,7 +230,8 @@ def test_image_on_a_pipe_refused(images):
         r = run(["sh", "-c", f"cat '{img}' | '{VERIFY}' -"])
         assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
         assert "on a pipe" in r.stderr and "--format=raw" in r.stderr, r.stderr
-        r = run(["sh", "-c", f"cat '{img}' | '{VERIFY}' --format=raw -"])
+        r = run(["sh", "-c", f"cat '{img}' | '{VERIFY}' --digest=sha256 "
+                 f"--format=raw -"])
         assert r.returncode == 0, r.stderr
         want = run(["sha256sum", str(img)], check=True).stdout.split()[0]
         assert r.stdout.split()[0] == want

@@ -1039,11 +1039,29 @@ static struct pool_req *find_filling(struct pool *p, uint64_t off)
     return tail_match;
 }
 
+/* Buffers a writer may take now: pool_size's, less those in use, where
+ * up to hold_buffers answered buffers waiting only for holds are not the
+ * writers' (pool_config.hold_buffers); never more than exist or may be
+ * allocated (pool_size + hold_buffers in all). */
+static unsigned spare_locked(const struct pool *p)
+{
+    unsigned own = p->nheld < p->cfg.hold_buffers ? p->nheld
+                                                  : p->cfg.hold_buffers;
+    unsigned in_use = p->nallocated - p->nfree - own;
+    unsigned room = in_use < p->nbufs ? p->nbufs - in_use : 0;
+    unsigned have = p->nfree + (p->nbufs + p->cfg.hold_buffers -
+                                p->nallocated);
+
+    return room < have ? room : have;
+}
+
 static char *get_buffer_locked(struct pool *p)
 {
+    if (spare_locked(p) == 0)
+        return NULL;
     if (p->nfree > 0)
         return p->free_bufs[--p->nfree];
-    if (p->nallocated < p->nbufs) {
+    if (p->nallocated < p->nbufs + p->cfg.hold_buffers) {
         void *b;
         size_t align = p->cfg.request_size % HUGE_PAGE == 0 ? HUGE_PAGE
                                                              : 4096;
@@ -1331,7 +1349,7 @@ static int reserve_locked(struct pool *p, struct pool_fill *f)
         }
         if (!b) {
             seal_overlapping_locked(p, off, f->len - done, NULL);
-            if (f->nseg > 0 && p->nfree == 0 && p->nallocated == p->nbufs) {
+            if (f->nseg > 0 && spare_locked(p) == 0) {
                 unreserve_locked(p, f);   /* never wait holding buffers */
                 return -EAGAIN;
             }
@@ -1544,10 +1562,10 @@ again:
      * until the next request arrives, which may be never, so a writer
      * waiting for a buffer must have others to wait for: in flight,
      * filling (sealed when the pool runs out), or held by the digest
-     * (at most half the pool).  So never the last buffer of a pool of
+     * (within its own budget).  So never the last buffer of a pool of
      * fewer than four. */
     if (!b) {
-        unsigned avail = p->nfree + (p->nbufs - p->nallocated);
+        unsigned avail = spare_locked(p);
         if (avail == 0 && wait && p->nbufs >= 4 &&
             (p->queue.n > 0 || p->filling.n > 0 || p->nheld > 0)) {
             /* As a write would: what fills the pool must drain. */
@@ -2306,7 +2324,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
     if (p->nbufs < 2)
         p->nbufs = 2;
-    p->free_bufs = calloc(p->nbufs, sizeof *p->free_bufs);
+    p->free_bufs = calloc(p->nbufs + cfg->hold_buffers, sizeof *p->free_bufs);
     p->failures = calloc(MAX_FAILURES, sizeof *p->failures);
     p->zero_buf = calloc(1, cfg->request_size);
     if (!p->free_bufs || !p->failures || !p->zero_buf) {
@@ -2377,6 +2395,7 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
     out->unrepaired = damaged_locked(p);
     out->in_flight = p->in_flight;
     out->nbufs = p->nbufs;
+    out->hold_bufs = p->cfg.hold_buffers;
     out->bufs_in_use = p->nallocated - p->nfree;
     /* A landing's buffer holding nothing of the writers' (a whole buffer
      * nothing landed in yet, or one already sent and answered) is free

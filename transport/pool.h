@@ -41,6 +41,13 @@ struct pool_config {
                                * POOL_ZERO_MAP_RANGES) */
     bool track_touched;       /* keep pool_touched_next()'s map (the
                                * read-back); the same bound */
+    unsigned hold_buffers;    /* buffers answered and waiting only for
+                               * holds (the inline digest) that do not
+                               * count against pool_size: the holders'
+                               * own bound, so a slow holder does not take
+                               * the writers' buffers.  Past it, held
+                               * buffers count as the writers' again
+                               * (memory stays bounded) */
 };
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
@@ -83,7 +90,8 @@ struct pool_stats {
                                * their buffer (pool_land_commit()) */
     uint64_t requests[4];     /* completed, by enum pool_counter_kind */
     unsigned in_flight, in_flight_peak;
-    unsigned bufs_in_use, nbufs;
+    unsigned bufs_in_use, nbufs;  /* nbufs: the writers' (pool_size) */
+    unsigned hold_bufs;           /* pool_config.hold_buffers */
     size_t request_size;
     uint64_t wait_ns;         /* writers blocked on a full pool */
     uint64_t idle_ns;         /* time with nothing in flight (after first) */
@@ -136,8 +144,8 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len);
  * readable and unchanged (hold[].mem) until each hold[].ref is given to
  * pool_hold_release(): the buffer goes back to the free list only once it
  * is both acknowledged by the server and released.  Held buffers count
- * against pool_size, so a slow reader of them makes writers wait for
- * buffers, never copies. */
+ * against pool_size once more than pool_config.hold_buffers answered
+ * buffers wait only for holds: up to that many are the holders' own. */
 #define POOL_FILL_SEGS 4
 
 struct pool_hold {

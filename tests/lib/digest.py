@@ -66,3 +66,30 @@ def sha256_bytes(data, pad_to=None):
 def sha256_zeros(n):
     """sha256 of n zero bytes."""
     return sha256_bytes(b"", pad_to=n)
+
+
+def blkhash_file(path, alg="sha256", block=64 << 10, length=None):
+    """blkhash of a file's bytes (the default digest of an nbdferry mount
+    and of nbdferry-verify; blksum's and nbdcopy --blkhash's):
+    D(D(block 0) || ... || D(block n-1) || le64(length)), sha256 of 64 KiB
+    blocks unless told otherwise."""
+    outer = hashlib.new(alg)
+    n = 0
+    with open(path, "rb") as f:
+        while length is None or n < length:
+            b = f.read(block if length is None else min(block, length - n))
+            if not b:
+                break
+            outer.update(hashlib.new(alg, b).digest())
+            n += len(b)
+    outer.update(n.to_bytes(8, "little"))
+    return outer.hexdigest()
+
+
+def blkhash_bytes(data, alg="sha256", block=64 << 10):
+    """blkhash of a byte string (see blkhash_file)."""
+    outer = hashlib.new(alg)
+    for off in range(0, len(data), block):
+        outer.update(hashlib.new(alg, data[off:off + block]).digest())
+    outer.update(len(data).to_bytes(8, "little"))
+    return outer.hexdigest()

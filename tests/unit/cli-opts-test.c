@@ -34,6 +34,11 @@ int main(void)
     assert(add(&fo, "block_device,vhd_fixed") == 0);
     assert(fo.nonempty && fo.kernel_cache && fo.block_device && fo.vhd_fixed);
     pass_is(&fo, NULL);
+    /* digest=SPEC is ours, kept as given (main() judges it); the last
+     * one counts. */
+    assert(add(&fo, "digest=none,digest=blkhash/md5/4k") == 0);
+    assert(fo.digest && strcmp(fo.digest, "blkhash/md5/4k") == 0);
+    pass_is(&fo, NULL);
 
     /* The rest reaches libfuse in order, over several -o; empty items
      * vanish; an escaped comma stays inside its item. */
@@ -47,6 +52,7 @@ int main(void)
     pass_is(&fo, "ro,allow_other,fsname=a\\,b,uid");
     cli_fuse_opts_free(&fo);
     pass_is(&fo, NULL);
+    assert(fo.digest == NULL);
 
     /* Bad owners: the message names the option. */
     memset(&fo, 0, sizeof fo);

@@ -48,7 +48,7 @@ class Arm:
 @dataclass(frozen=True)
 class Source:
     name: str
-    kind: str                  # "dense" | "sparse25" | "sparse10" | "fsimage" | "vmdk25"
+    kind: str                  # "dense" | "sparse25" | "sparse10" | "thin" | "fsimage" | "vmdk25"
     size: int
 
     @property
@@ -99,6 +99,12 @@ def sparse10(size):
     return Source(f"10%-data-{human(size)}", "sparse10", size)
 
 
+def thin(size):
+    """A thin disk: 1/64 of it data (16 GiB holding 256 MiB), the rest
+    holes."""
+    return Source(f"thin-{human(size)}-{human(size // 64)}-data", "thin", size)
+
+
 def fsimage(size):
     return Source(f"ext4-image-{human(size)}", "fsimage", size)
 
@@ -121,13 +127,15 @@ def human(n):
 # TCP_NODELAY, pipelined, both).  'needs' lists options the
 # daemon must offer; arms whose options are missing are skipped with a note.
 # Every nbdferry arm compared with nbdcopy, qemu-img or nbdfuse runs with
-# --no-digest: none of those hashes what it copies.  One arm keeps the
-# daemon's defaults, inline sha256 included, to show what the digest costs.
+# --no-digest: none of those hashes what it copies.  The digest arms show
+# what it costs; the defaults preset runs the daemon with no options at
+# all (inline blkhash) against them.
 ND = ("--no-digest",)
+SHA = ("--digest=sha256",)
 FERRY_CP = Arm("ferry-cp", "nbdferry + cp (--no-digest)", CP, "nbdferry",
                ND, needs=ND, family="nbdferry")
 FERRY_CP_DIGEST = Arm("ferry-cp-digest", "nbdferry + cp (inline sha256)", CP,
-                      "nbdferry", family="digest")
+                      "nbdferry", SHA, needs=("--digest",), family="digest")
 FERRY_CP_BLKHASH = Arm("ferry-cp-blkhash", "nbdferry + cp (inline blkhash)",
                        CP, "nbdferry", ("--blkhash",), needs=("--blkhash",),
                        family="digest")
@@ -162,23 +170,25 @@ QEMU_W = Arm("qemu-img-W", "qemu-img convert -n -W",
 # the copy plus a sha256 of the destination.  nbdferry's inline digest is
 # ready shortly after cp exits; the others read the export back.
 VERIFIED_FERRY = Arm("verified-ferry", "nbdferry + cp, inline sha256 "
-                     "(until ready)", CP, "nbdferry", family="digest",
-                     verified="inline")
+                     "(until ready)", CP, "nbdferry", SHA,
+                     needs=("--digest",), family="digest", verified="inline")
 VERIFIED_SUM = Arm("verified-nbdcopy-sum", "nbdcopy, then nbdcopy URI - into "
                    "sha256sum", ("sh", "-c", 'nbdcopy "$1" "$2" && '
                                  'nbdcopy "$2" - | sha256sum', "sh", "{src}",
                                  "{uri}"), family="nbdcopy", verified="stdout")
 VERIFIED_VERIFY = Arm("verified-nbdcopy-verify", "nbdcopy, then "
                       "nbdferry-verify URI",
-                      ("sh", "-c", 'nbdcopy "$1" "$2" && "$3" "$2"', "sh",
+                      ("sh", "-c", 'nbdcopy "$1" "$2" && '
+                       '"$3" --digest=sha256 "$2"', "sh",
                        "{src}", "{uri}", "{verify}"), family="verify",
                       verified="stdout")
 # --verify-readback: cp's close returns once the disk was read back from
 # the server and matched the inline digest (hole-aware, pipelined).
 RB = ("--verify-readback",)
 VERIFIED_FERRY_RB = Arm("verified-ferry-readback", "nbdferry + cp, inline "
-                        "sha256 + --verify-readback", CP, "nbdferry", RB,
-                        needs=RB, family="digest", verified="inline")
+                        "sha256 + --verify-readback", CP, "nbdferry",
+                        RB + SHA, needs=RB + ("--digest",), family="digest",
+                        verified="inline")
 VERIFIED_FERRY_RB_BLK = Arm("verified-ferry-readback-blkhash", "nbdferry + "
                             "cp, inline blkhash + --verify-readback", CP,
                             "nbdferry", RB + ("--blkhash",),
@@ -200,8 +210,9 @@ VERIFIED_FERRY_BLKHASH = Arm("verified-ferry-blkhash", "nbdferry + cp, inline "
 E2E = ("sh", "-c", '"$3" $4 "$1" & v=$!; cp --sparse=always "$1" "$2" && '
        'wait $v', "sh", "{src}", "{file}", "{verify}")
 E2E_SHA256 = Arm("e2e-sha256", "nbdferry-verify SRC while cp, inline sha256 "
-                 "(until both ready)", E2E + ("",), "nbdferry",
-                 family="verify", verified="e2e")
+                 "(until both ready)", E2E + ("--digest=sha256",),
+                 "nbdferry", SHA, needs=("--digest",), family="verify",
+                 verified="e2e")
 E2E_BLKHASH = Arm("e2e-blkhash", "nbdferry-verify --blkhash SRC while cp, "
                   "inline blkhash (until both ready)", E2E + ("--blkhash",),
                   "nbdferry", BH, needs=BH, family="verify", verified="e2e")
@@ -244,13 +255,25 @@ COPYOUT_FUSE = Arm("out-fuse-cp", "nbdfuse + cp", ("cp", "{file}", OUT),
 COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, COPYOUT_NBDCOPY,
                 COPYOUT_QEMU, COPYOUT_FUSE, COPYOUT_FERRY_VHD]
 
+# The daemon with no options at all (inline blkhash on, read-ahead on),
+# timed until its digest is complete: what a new user runs.
+FERRY_DEFAULTS = Arm("ferry-defaults", "nbdferry + cp (no options; until "
+                     "the inline blkhash is ready)", CP, "nbdferry",
+                     family="nbdferry", verified="inline")
+COPYOUT_DEFAULTS = Arm("out-ferry-defaults", "nbdferry + cp (no options)",
+                       ("cp", "{file}", OUT), "nbdferry", family="nbdferry",
+                       direction="out")
+DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, NBDCOPY, QEMU_W]
+DEFAULTS_OUT_ARMS = [COPYOUT_DEFAULTS, COPYOUT_NBDCOPY, COPYOUT_QEMU]
+
 # Every arm of the latency sweep (full preset); ALL_ARMS adds those only
-# the blkhash preset runs.
+# the blkhash and defaults presets run.
 SWEEP_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD,
               FERRY_STOCK, FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD,
               NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
               *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
-ALL_ARMS = SWEEP_ARMS + [VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH]
+ALL_ARMS = SWEEP_ARMS + [VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH,
+                         FERRY_DEFAULTS, COPYOUT_DEFAULTS]
 FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
 # The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
@@ -330,6 +353,8 @@ def preset(name, size=None, runs=None):
         exps = [copyout_experiment(size or 512 * MiB, [0, 0.2, 2, 10])]
     elif name == "blkhash":
         exps = [blkhash_experiment(size or GiB)]
+    elif name == "defaults":
+        exps = defaults_preset(size)
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -367,6 +392,30 @@ def full_preset(size=None):
         every_server_experiment(size or 512 * MiB),
         copyout_experiment(size or 512 * MiB, [0, 0.2, 2, 10]),
     ]
+
+
+def defaults_preset(size=None, runs=5):
+    """The daemon with no options at all against nbdcopy and qemu-img in
+    every cell: dense, 25% data and a thin disk (16 GiB holding 256 MiB);
+    writing in and copying out; 0, 2 and 10 ms.  With --size S the dense
+    and 25% images are S and the thin one 16 x S holding S / 4."""
+    s = size or GiB
+    big = 16 * s if size else 16 * GiB
+    sources = [dense(s), sparse25(s), thin(big)]
+    lats = [0, 2, 10]
+    note = ("nbdferry runs with no options (inline blkhash, read-ahead "
+            "and every other default), against nbdcopy and qemu-img with "
+            "theirs.  Writing in, nbdferry's time runs until its inline "
+            "digest is complete (and equals nbdferry-verify SOURCE); the "
+            "others stop when the copy exits.  Copying out, the export "
+            "holds the image and each writes it to a file on tmpfs from a "
+            "fresh mount.  The latency is a delay on every write (in) or "
+            "read (out).  Runs are interleaved round by round; compare the "
+            "medians of the per-round ratios.")
+    return [Experiment("defaults: writing in", DEFAULTS_IN_ARMS, sources,
+                       [MEM_UNIX], lats, runs=runs, note=note),
+            Experiment("defaults: copying out", DEFAULTS_OUT_ARMS, sources,
+                       [MEM_UNIX], lats, runs=runs, note=note)]
 
 
 def copyout_experiment(size, latencies, runs=3):

@@ -261,20 +261,27 @@ def settle_digest(mnt, arm, src_sha, res, limit=120.0):
 _BLKHASH = {}        # source path -> its blkhash (sha256/64K)
 
 
+def inline_blkhash(arm):
+    """Does this arm's mount hash with blkhash (the daemon's default)?"""
+    return arm.daemon == "nbdferry" and not any(
+        o in ("--digest=sha256", "--no-digest", "--digest=none")
+        for o in arm.daemon_opts)
+
+
 def expected_digest(env, arm, src_path, src_sha):
-    """What the inline digest must equal: the source's sha256, or with
-    --blkhash its blkhash as nbdferry-verify computes it.  Called before
-    the clock starts; computed once per source."""
-    if "--blkhash" not in arm.daemon_opts:
+    """What the inline digest (or the one a client prints) must equal: the
+    source's sha256, or where the mount hashes with blkhash (its default,
+    or --blkhash) the source's blkhash as nbdferry-verify computes it.
+    Called before the clock starts; computed once per source."""
+    if not inline_blkhash(arm):
         return src_sha
     if src_path in _BLKHASH:
         return _BLKHASH[src_path]
     if not env.verify:
         raise RunError("nbdferry-verify is needed for a --blkhash arm")
-    r = subprocess.run([env.verify, "--blkhash", src_path],
-                       capture_output=True, text=True)
+    r = subprocess.run([env.verify, src_path], capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.split():
-        raise RunError(f"nbdferry-verify --blkhash: {r.stderr.strip()}")
+        raise RunError(f"nbdferry-verify: {r.stderr.strip()}")
     _BLKHASH[src_path] = r.stdout.split()[0]
     return _BLKHASH[src_path]
 

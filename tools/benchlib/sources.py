@@ -36,7 +36,8 @@ def make(src, directory):
     if not os.path.exists(path):
         tmp = path + ".part"
         note = {"dense": make_dense, "sparse25": make_sparse25,
-                "sparse10": make_sparse10, "fsimage": make_fsimage,
+                "sparse10": make_sparse10, "thin": make_thin,
+                "fsimage": make_fsimage,
                 "vmdk25": make_vmdk25}[src.kind](tmp, src.size)
         os.rename(tmp, path)
         if note:
@@ -103,6 +104,22 @@ def make_sparse10(path, size):
         f.truncate(size)
     return (f"{len(data)} runs of 2 MiB ({len(data) * 2} MiB of data) at "
             f"random places among {runs}, the rest holes")
+
+
+def make_thin(path, size):
+    """1/64 of the image data, in 2 MiB runs at random places: a thin VM
+    disk (16 GiB holding 256 MiB)."""
+    rng = random.Random(20240604)
+    run = 2 * MiB
+    runs = size // run
+    data = sorted(rng.sample(range(runs), max(1, runs // 64)))
+    with open(path, "wb") as f:
+        for b in data:
+            f.seek(b * run)
+            f.write(rng.randbytes(run))
+        f.truncate(size)
+    return (f"{len(data)} runs of 2 MiB ({len(data) * 2} MiB of data) at "
+            f"random places in {size >> 30} GiB, the rest holes")
 
 
 FS_TREES = ["/usr/lib/python3", "/usr/share", "/usr/lib/gcc", "/usr/include",

@@ -31,8 +31,10 @@
 struct options {
     const char *algorithm;
     const EVP_MD *md;
-    bool have_digest;                   /* --digest was given */
-    bool blkhash;                       /* --blkhash */
+    bool have_digest;                   /* --digest named a plain digest */
+    bool blkhash;                       /* blkhash (the default), not a
+                                         * plain digest */
+    bool have_blkhash;                  /* --blkhash or --digest=blkhash */
     char bh_digest[BLKHASH_NAME_MAX];
     uint64_t bh_block;
     char bh_algorithm[BLKHASH_NAME_MAX + 48];   /* "blkhash-sha256/64K" */
@@ -63,7 +65,7 @@ static const char usage_text[] =
 "\n"
 "Compare the digest of SOURCE with the digest of DESTINATION and, when they\n"
 "differ, name the byte ranges that differ.  With one operand, print its\n"
-"digest like sha256sum.  An operand containing \"://\" is an NBD URI\n"
+"digest like sha256sum and blksum do.  An operand containing \"://\" is an NBD URI\n"
 "(nbd://HOST[:PORT][/EXPORT], nbd+unix:///[EXPORT]?socket=PATH, nbds://...);\n"
 "anything else is a file or a block device.  Holes (SEEK_HOLE, NBD block\n"
 "status) are hashed as zeros without being read.  The operand \"-\" is\n"
@@ -86,14 +88,16 @@ static const char usage_text[] =
 "result is a mismatch and no data is read.\n"
 "\n"
 "Options:\n"
-"  -d, --digest=ALG        md5, sha1, sha256 (default) or sha512\n"
-"      --blkhash[=DIGEST[/SIZE]]\n"
-"                          use blkhash instead, as blksum and nbdcopy\n"
+"  -d, --digest=ALG        blkhash[/DIGEST[/SIZE]] (the default: the value\n"
+"                          an nbdferry mount shows by default), or the plain\n"
+"                          md5, sha1, sha256 (as sha256sum) or sha512.\n"
+"                          blkhash is computed as blksum and nbdcopy\n"
 "                          --blkhash compute it: DIGEST (any OpenSSL digest,\n"
 "                          default sha256) of each SIZE-byte block (default\n"
 "                          64K, suffix k, M or G), then DIGEST of the block\n"
 "                          digests and the length; holes and zero blocks are\n"
 "                          not hashed, data blocks are hashed on all cores\n"
+"      --blkhash[=DIGEST[/SIZE]]  the same as --digest=blkhash[/...]\n"
 "  -t, --threads=N         blkhash hashing threads per side (default: the\n"
 "                          number of online CPUs)\n"
 "  -s, --size=N            compare only the first N bytes of each side\n"
@@ -210,9 +214,16 @@ static int size_arg(const char *opt, uint64_t min, uint64_t max, uint64_t *out)
             (field) = v_;                                    \
         r_; })
 
+static int blkhash_opt(struct options *o, const char *spec);
+
 static int digest_arg(struct options *o)
 {
     static const char *const names[] = { "md5", "sha1", "sha256", "sha512" };
+
+    if (strcmp(optarg, "blkhash") == 0 || strncmp(optarg, "blkhash/", 8) == 0)
+        return blkhash_opt(o, optarg[7] ? optarg + 8 : "");
+    o->have_digest = true;
+    o->blkhash = false;
 
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(optarg, names[i]) == 0) {
@@ -223,8 +234,8 @@ static int digest_arg(struct options *o)
                                  "OpenSSL", optarg);
             return 0;
         }
-    return usage_err("--digest: unknown algorithm '%s' (md5, sha1, sha256, "
-                     "sha512)", optarg);
+    return usage_err("--digest: unknown algorithm '%s' (blkhash[/DIGEST"
+                     "[/SIZE]], md5, sha1, sha256, sha512)", optarg);
 }
 
 /* "1048576" -> "1M", "65536" -> "64K", "1000" -> "1000". */
@@ -238,10 +249,9 @@ static void format_block(uint64_t v, char *buf, size_t n)
         snprintf(buf, n, "%" PRIu64, v);
 }
 
-/* --blkhash[=DIGEST[/SIZE]]: the digest must exist and not be an XOF. */
-static int blkhash_arg(struct options *o)
+/* blkhash[/DIGEST[/SIZE]]: the digest must exist and not be an XOF. */
+static int blkhash_arg(struct options *o, const char *spec)
 {
-    const char *spec = optarg ? optarg : "";
     char why[160], size[32];
     struct blkhash *h;
 
@@ -260,6 +270,13 @@ static int blkhash_arg(struct options *o)
              o->bh_digest, size);
     o->blkhash = true;
     return 0;
+}
+
+/* --blkhash[=DIGEST[/SIZE]], or --digest=blkhash[/...]. */
+static int blkhash_opt(struct options *o, const char *spec)
+{
+    o->have_blkhash = true;
+    return blkhash_arg(o, spec);
 }
 
 static int block_size_arg(struct options *o)
@@ -314,8 +331,8 @@ static int bad_option(int c, char **argv)
 static int parse_one(struct options *o, int c, char **argv)
 {
     switch (c) {
-    case 'd': o->have_digest = true; return digest_arg(o);
-    case OPT_BLKHASH: return blkhash_arg(o);
+    case 'd': return digest_arg(o);
+    case OPT_BLKHASH: return blkhash_opt(o, optarg ? optarg : "");
     case 't': return SIZE_ARG("--threads", 1, 64, o->threads);
     case 's': o->have_size = true;
               return SIZE_ARG("--size", 0, INT64_MAX, o->size);
@@ -371,9 +388,11 @@ static int parse_options(struct options *o, int argc, char **argv)
         return usage_err("--parent needs a VHD SOURCE; --format=%s says it "
                          "is not one", o->src.format == SOURCE_FORMAT_RAW
                          ? "raw" : "vmdk");
-    if (o->blkhash && o->have_digest)
+    if (o->have_blkhash && o->have_digest)
         return usage_err("--digest and --blkhash cannot be combined "
                          "(--blkhash=DIGEST picks the digest)");
+    if (!o->have_digest && !o->blkhash && (r = blkhash_arg(o, "")) < 0)
+        return r;                       /* the default: blkhash-sha256/64K */
     if (o->blkhash)
         o->algorithm = o->bh_algorithm;
     o->src.vhd_parents = o->parents;
