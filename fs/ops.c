@@ -490,7 +490,7 @@ static ssize_t drained_at_end(struct fs *fs, struct fs_fh *fh, uint64_t off,
 {
     if (n <= 0 || !ends_copy(fh, off, (uint64_t) n))
         return n;
-    int r = rawfile_drain(fs, fh, true);
+    int r = rawfile_drain_end(fs);
     return r < 0 ? r : n;
 }
 
@@ -674,7 +674,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
                               : -EINVAL;
     if (r == 0 && ino == FS_INO_RAW && off >= 0 && len > 0 &&
         ends_copy(fh, (uint64_t) off, (uint64_t) len))
-        r = rawfile_drain(fs_of(req), fh, true);    /* see ends_copy() */
+        r = rawfile_drain_end(fs_of(req));          /* see ends_copy() */
     rawfile_failed(fs_of(req), fh, r);
     fuse_reply_err(req, -r);
 }

@@ -496,6 +496,12 @@ static int told(struct fs *fs, struct fs_fh *fh)
     return err;
 }
 
+int rawfile_drain_end(struct fs *fs)
+{
+    pool_drain(fs->pool);
+    return -pool_range_damage(fs->pool);
+}
+
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
 {
     if (wrote)

@@ -116,4 +116,10 @@ void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err);
  * was not told of yet, else the damage left on the disk (pool_damage()),
  * which every close and fsync of every handle reports until repaired. */
 int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote);
+/* The end of a copy (fs/ops.c): drain, then -errno if the disk holds
+ * damage (a failed range not yet repaired; a failed flush is fsync's to
+ * report), else 0.  Unlike a close it
+ * tells the handle nothing: failures already repaired do not fail the
+ * write that ends the copy (its close still reports them, errseq). */
+int rawfile_drain_end(struct fs *fs);
 int rawfile_fsync(struct fs *fs, struct fs_fh *fh);

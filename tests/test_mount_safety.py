@@ -233,7 +233,7 @@ unmount_all {q(full)}
     r = run_private(script, shortdir)
     out = r.stdout.splitlines()
     assert "rc=0" in out, r.stdout + r.stderr
-    assert "ls=disk.raw disk.raw.vhd disk.raw.vmdk " in out, r.stdout
+    assert "ls=disk.raw disk.raw.qcow2 disk.raw.vhd disk.raw.vhdx disk.raw.vmdk " in out, r.stdout
     assert "copied" in out, r.stderr
     assert "pidfile left" not in out
     assert not any(l.startswith("mounted ") for l in out), r.stdout

@@ -532,6 +532,10 @@ int pool_forgive_lost(struct pool *p)
 uint64_t pool_error_seq(struct pool *p)
 {
     LOCK_FOR_SCOPE(&p->lock);
+    /* A reconnect (or heal) before this moment counts its lost writes
+     * now, not at the next completion: a handle opened after it must not
+     * be told of them as if they had happened while it was open. */
+    check_reconnect_locked(p);
     return p->err_seq;
 }
 
@@ -542,6 +546,15 @@ static int tool_errno(int err)
 {
     return err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET ||
            err == EPIPE || err == ECONNABORTED ? EIO : err;
+}
+
+int pool_range_damage(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    check_reconnect_locked(p);
+    if (!p->damage_everything && extmap_count(&p->damage) == 0)
+        return 0;
+    return tool_errno(p->damage_err ? p->damage_err : EIO);
 }
 
 int pool_damage(struct pool *p)

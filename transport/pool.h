@@ -310,6 +310,11 @@ uint64_t pool_error_seq(struct pool *p);
  * after all.  Marks them repaired and clears the damage.  -EBUSY (and
  * nothing changes) if any other failure happened. */
 int pool_forgive_lost(struct pool *p);
+
+/* Like pool_damage(), but only ranges left wrong (a failed NBD flush,
+ * which only a later flush repairs, does not count): the end of a copy
+ * sends no flush (fs/ops.c). */
+int pool_range_damage(struct pool *p);
 /* *seq is read (peek) or read and moved (take) under the pool's lock, so
  * one handle may be used by several threads at once. */
 int pool_error_peek(struct pool *p, const uint64_t *seq);
