@@ -263,7 +263,7 @@ FERRY_DEFAULTS = Arm("ferry-defaults", "nbdferry + cp (no options; until "
 COPYOUT_DEFAULTS = Arm("out-ferry-defaults", "nbdferry + cp (no options)",
                        ("cp", "{file}", OUT), "nbdferry", family="nbdferry",
                        direction="out")
-DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, NBDCOPY, QEMU_W]
+DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, NBDCOPY, QEMU_W]
 DEFAULTS_OUT_ARMS = [COPYOUT_DEFAULTS, COPYOUT_NBDCOPY, COPYOUT_QEMU]
 
 # Every arm of the latency sweep (full preset); ALL_ARMS adds those only

@@ -370,6 +370,22 @@ RATIOS = [
      "--no-digest", "e2e-blkhash", "ferry-cp"),
     ("end to end: blkhash / sha256 (source side and inline)", "e2e-blkhash",
      "e2e-sha256"),
+    ("no options, until the inline blkhash is ready / nbdcopy (targets: "
+     "dense ≥ 0.75x at no delay, ≥ 0.85x at 2 ms)", "ferry-defaults",
+     "nbdcopy"),
+    ("no options, until the inline blkhash is ready / qemu-img -W",
+     "ferry-defaults", "qemu-img-W"),
+    ("no options, until the inline blkhash is ready / --no-digest (targets: "
+     "≥ 0.80x on the thin disk, ≥ 0.91x on 25% data: within 1.25x and "
+     "1.1x in time)", "ferry-defaults", "ferry-cp"),
+    ("copy out, no options / nbdcopy (target: ≥ 0.9x at 2 and 10 ms)",
+     "out-ferry-defaults", "out-nbdcopy"),
+    ("copy out, no options / qemu-img convert", "out-ferry-defaults",
+     "out-qemu-img"),
+    ("copy out, nbdferry + cp --no-digest / nbdcopy", "out-ferry-cp",
+     "out-nbdcopy"),
+    ("copy out, nbdferry + cp nbd.vhd / nbdcopy", "out-ferry-vhd",
+     "out-nbdcopy"),
     ("nbdferry+cp --no-digest / nbdfuse+cp", "ferry-cp", "fuse-cp"),
     ("verified copy: nbdferry+cp inline sha256 / nbdcopy then read-back "
      "sha256sum", "verified-ferry", "verified-nbdcopy-sum"),
