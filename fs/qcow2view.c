@@ -4,7 +4,8 @@
  * pipe).  Each write feeds qcow2/'s forward-only stream decoder, whose
  * sink places the decoded bytes on the disk through the pool.  Opening
  * with O_TRUNC does not touch the disk: only the decoder's begin(),
- * called once the header and the L1 table have been validated, changes
+ * called just before its first write (after the header, the L1 table and
+ * every L2 table before the first data have been validated), changes
  * it.  An image without a backing file replaces the disk's content by a
  * disk of its virtual size (lazy zeroing: unallocated and zero clusters
  * read as zero, and all-zero data is not sent).  An image with a backing
@@ -442,7 +443,7 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     struct fs *fs = imageview_fs(iv);
     struct q2stream *st = calloc(1, sizeof *st);
     struct spool_config cfg = {
-        .dir = fs->spool_dir, .mem_max = SPOOL_MEM_MAX_DEFAULT,
+        .dir = fs->spool_dir, .mem_max = spool_mem_max(fs->spool_max),
         .max = fs->spool_max, .name = imageview_name(iv),
     };
 
@@ -452,7 +453,10 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     int r = spool_new(&cfg, &st->sp);
     struct qcow2_stream_opts opts = {
         .spool = &spool_cbs, .spool_opaque = st->sp,
-        .spool_max = fs->spool_max, .spool_option = "--spool-max",
+        .spool_max = fs->spool_max,
+        /* Named in "... bytes of spool (raise %s)". */
+        .spool_option = "--spool-max; past half of it the spool is a file "
+                        "in --spool-dir",
     };
     if (r == 0)
         r = qcow2_stream_new(&sink, iv, &opts, &st->s);
