@@ -67,7 +67,7 @@
 #include "qcow2/qcow2.h"
 
 #define QMAX 8                    /* compressed clusters waiting (bounded memory) */
-#define THREADS_MAX 4
+#define THREADS_MAX 64            /* one per core but the writer's (an array bound) */
 
 struct job {
     struct qcow2_compressed c;    /* c.cdata points at data */
