@@ -297,3 +297,14 @@ def test_qcow2_tool_check_refuses(fx, damage):
     assert want in r.stderr, r.stderr
     out = d / f"bad-{damage}.raw"
     tool("cat", bad, "-o", out, expect=1)
+
+
+@pytest.mark.parametrize("cmd", ["info", "check", "map"])
+def test_qcow2_tool_reads_a_stream_as_a_file(fx, cmd):
+    """info, check and map from a pipe (FILE -) say what they say of the
+    file, for a compressed image and one that needs the spool."""
+    d, raw, imgs = fx
+    for name in ("zstd", "reused"):
+        with open(imgs[name], "rb") as src:
+            piped = tool(cmd, "-", stdin=src).stdout
+        assert piped == tool(cmd, imgs[name]).stdout, (cmd, name)
