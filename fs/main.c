@@ -258,7 +258,7 @@ static void usage(void)
 "                         by nbdferry: nonempty (mount over a directory\n"
 "                         that holds files), digest=SPEC (as --digest),\n"
 "                         uid=N, gid=N (the files' owner), block_device,\n"
-"                         kernel_cache (accepted and\n"
+"                         qcow2_cluster_size=SIZE, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
 "      --list URI         print the server's exports, one per line:\n"
