@@ -12,7 +12,8 @@ the log naming --spool-max and --spool-dir; past half of --spool-max
 the spool is a file of --spool-dir (a directory gone fails naming it,
 one that exists is left empty).  An L2 table that claims a cluster twice,
 points into itself, the L1 table or a refcount block, past the end of
-the file, or at a cluster whose refcount is 0 is refused with EINVAL and
+the file, or at a cluster whose refcount is 0, and an L1 table past the
+end of the file are refused with EINVAL and
 the rule in the log before the disk changes (sha256 of the whole export
 on the server unchanged); the view lands a good image afterwards.
 
@@ -216,6 +217,10 @@ DAMAGED = {
     "into-refblock": (lambda b: set_l2(b, 2, tables(b)[2]), "claimed twice"),
     "past-the-end": (lambda b: set_l2(b, 3, 1 << 40), "refcount is 0"),
     "refcount-0": (zero_refcount, "refcount is 0"),
+    # The header puts the L1 table past the end of the file: no refcount
+    # block covers it, refused once the refcount table has arrived.
+    "l1-past-the-end": (lambda b: struct.pack_into(">Q", b, 40, 1 << 30),
+                        "refcount is 0"),
 }
 
 
