@@ -5,7 +5,9 @@ For 512 B, 4 KiB, 1 MiB and 2 MiB (one of them given in the fstab form,
 `-o qcow2_cluster_size=SIZE`), a disk with data in odd places is copied
 out with cp: `qemu-img info` says that cluster size, `qemu-img check` is
 clean, `qemu-img compare` finds it equal to the disk read from the
-server, and its size is the one stat reported.  Values qemu would not
+server, its size is the one stat reported, and it is laid out metadata
+first with the data clusters in disk order (nbdferry-qcow2 reading it from
+a pipe spools nothing).  Values qemu would not
 take (not a power of two, below 512 B, above 2 MiB, not a size) are
 refused with one line naming the option, before anything is mounted.
 
@@ -20,12 +22,15 @@ import subprocess
 
 import pytest
 
-from lib.env import MiB, daemon_cmd, timeout
+from lib.env import BUILD, MiB, daemon_cmd, timeout
 from lib.mounts import is_mounted
 from lib.procs import run
 
 if not shutil.which("qemu-img"):
     raise RuntimeError("qemu-img missing (tools/install-deps)")
+TOOL = BUILD / "tools" / "nbdferry-qcow2"
+if not TOOL.exists():
+    raise RuntimeError(f"{TOOL} not built")
 
 EXPORT = 8 * MiB + 1536                 # not a multiple of any cluster size
 SPOTS = [0, 700, 65536 - 10, 3 * MiB + 4096, 4 * MiB - 1, EXPORT - 300]
@@ -71,11 +76,20 @@ def test_qcow2_export_cluster_size(server, mount, tmp_path, size, opts):
     r = run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw", out, srv.uri])
     assert r.returncode == 0, r.stdout + r.stderr
     # Holes are not stored: only the clusters the spots touch hold data.
-    data = sum(e["length"] for e in qemu_img_json("map", "-f", "qcow2", out)
-               if e["data"])
+    extents = qemu_img_json("map", "-f", "qcow2", out)
+    data = sum(e["length"] for e in extents if e["data"])
     touched = {o // size for off in SPOTS
                for o in (off, min(off + 299, EXPORT - 1))}
     assert data <= len(touched) * size, (data, touched)
+    # Metadata first, then the data clusters in disk order: a reader that
+    # sees the file once (nbdferry-qcow2 from a pipe) spools nothing.
+    hosts = [e["offset"] for e in extents if e["data"]]
+    assert hosts == sorted(hosts), extents
+    with open(out, "rb") as f:
+        r = subprocess.run([TOOL, "info", "-"], stdin=f, capture_output=True,
+                           text=True, timeout=timeout(60))
+    assert r.returncode == 0 and "spooled                0 clusters" in \
+        r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("value,opt", [
