@@ -694,7 +694,7 @@ static int pass_on(struct cli_fuse_opts *fo, const char *opts)
  * own_opt() with its key, and every other item with FUSE_OPT_KEY_OPT. */
 enum {
     KEY_NONEMPTY, KEY_KERNEL_CACHE, KEY_BLOCK_DEVICE, KEY_VHD_FIXED,
-    KEY_MULTIWRITER, KEY_UID, KEY_GID, KEY_DIGEST,
+    KEY_MULTIWRITER, KEY_UID, KEY_GID, KEY_DIGEST, KEY_QCOW2_CLUSTER_SIZE,
 };
 static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("nonempty", KEY_NONEMPTY),
@@ -705,6 +705,7 @@ static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("uid=", KEY_UID),
     FUSE_OPT_KEY("gid=", KEY_GID),
     FUSE_OPT_KEY("digest=", KEY_DIGEST),
+    FUSE_OPT_KEY("qcow2_cluster_size=", KEY_QCOW2_CLUSTER_SIZE),
     FUSE_OPT_END
 };
 
@@ -757,6 +758,14 @@ static int own_opt(void *data, const char *item, int key,
             return -1;
         }
         return 0;
+    case KEY_QCOW2_CLUSTER_SIZE:  /* checked with --qcow2-cluster-size */
+        free(fo->qcow2_cluster_size);
+        fo->qcow2_cluster_size = strdup(strchr(item, '=') + 1);
+        if (!fo->qcow2_cluster_size) {
+            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
+            return -1;
+        }
+        return 0;
     case FUSE_OPT_KEY_OPT: return item[0] != '\0';   /* ",," is nothing */
     default: return 1;            /* a non-option: cannot come from -o */
     }
@@ -784,7 +793,8 @@ void cli_fuse_opts_free(struct cli_fuse_opts *fo)
 {
     free(fo->pass);
     free(fo->digest);
-    fo->pass = fo->digest = NULL;
+    free(fo->qcow2_cluster_size);
+    fo->pass = fo->digest = fo->qcow2_cluster_size = NULL;
 }
 
 /* ---- suggestions ----------------------------------------------------- */

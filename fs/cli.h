@@ -86,6 +86,7 @@ struct cli_fuse_opts {
     bool multiwriter;         /* several writers at once, a second
                                * writable mount of the export */
     char *digest;             /* digest=SPEC (the last one), or NULL */
+    char *qcow2_cluster_size; /* qcow2_cluster_size=SIZE (the last), or NULL */
     bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
     unsigned uid, gid;
 };

@@ -45,6 +45,9 @@ struct fs {
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
     const char *spool_dir;    /* --spool-dir (fs/spool.h); NULL: $TMPDIR */
     uint64_t spool_max;       /* --spool-max: bytes a view may spool */
+    unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size: the clusters of
+                                   * the qcow2 that reading nbd.qcow2 gives */
+#define FS_QCOW2_CLUSTER_BITS_DEFAULT 16  /* 64 KiB, qemu's default */
     bool file_mode;           /* the disk is the mount's root (fs/modes.c) */
     bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     bool multiwriter;         /* -o multiwriter: several writers at once

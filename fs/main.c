@@ -52,6 +52,7 @@
 #include "fs/listexports.h"
 #include "fs/verdict.h"
 #include "fs/view.h"
+#include "qcow2/qcow2.h"
 #include "transport/tcpinfo.h"
 #include "config.h"
 
@@ -99,6 +100,7 @@ struct options {
     uint64_t expected_size;
     char *spool_dir;          /* --spool-dir, absolute; NULL: $TMPDIR */
     uint64_t spool_max;       /* --spool-max; 0: SPOOL_MAX_DEFAULT */
+    unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size, as log2 */
     bool unmount;             /* --unmount MOUNTPOINT */
     bool list;                /* --list URI */
     const char *log_file;     /* --log-file FILE */
@@ -222,6 +224,9 @@ static void usage(void)
 "                         /var/tmp; an unnamed file, mode 0600)\n"
 "      --spool-max SIZE   at most SIZE bytes spooled at once (default 1G);\n"
 "                         an image that needs more fails with EFBIG\n"
+"      --qcow2-cluster-size SIZE  the clusters of the qcow2 that reading\n"
+"                         FILENAME.qcow2 gives: a power of two from 512\n"
+"                         to 2M (default 64K; -o qcow2_cluster_size=SIZE)\n"
 "      --multiwriter      several processes may write the disk at once, and\n"
 "                         another writable mount of the export may exist\n"
 "                         (-o multiwriter); without it a second writer\n"
@@ -253,7 +258,7 @@ static void usage(void)
 "                         by nbdferry: nonempty (mount over a directory\n"
 "                         that holds files), digest=SPEC (as --digest),\n"
 "                         uid=N, gid=N (the files' owner), block_device,\n"
-"                         kernel_cache (accepted and\n"
+"                         qcow2_cluster_size=SIZE, kernel_cache (accepted and\n"
 "                         ignored: every file is direct I/O, the kernel\n"
 "                         caches nothing); see --fuse-help for the rest\n"
 "      --list URI         print the server's exports, one per line:\n"
@@ -348,12 +353,28 @@ static void parse_digest(struct options *o, const char *opt, const char *spec)
     }
 }
 
+/* --qcow2-cluster-size SIZE (and -o qcow2_cluster_size=SIZE): what qemu
+ * accepts, a power of two from 512 B to 2 MiB. */
+static void parse_qcow2_cluster_size(struct options *o, const char *opt,
+                                     const char *s)
+{
+    uint64_t v = parse_size(opt, s);
+
+    if (v < (1u << QCOW2_MIN_CLUSTER_BITS) ||
+        v > (1u << QCOW2_MAX_CLUSTER_BITS) || (v & (v - 1)))
+        usage_error("%s %s: not a power of two from 512 to 2M", opt, s);
+    o->qcow2_cluster_bits = (unsigned) __builtin_ctzll(v);
+}
+
 /* After every option (-o digest= may come last, in the fstab form): the
  * default when none named a digest is blkhash/sha256/64K. */
 static void finish_digest(struct options *o)
 {
     if (o->fo.digest)
         parse_digest(o, "-o digest", o->fo.digest);
+    if (o->fo.qcow2_cluster_size)   /* not digest's, but as late */
+        parse_qcow2_cluster_size(o, "-o qcow2_cluster_size",
+                                 o->fo.qcow2_cluster_size);
     if (!o->digest_opt)
         parse_blkhash(o, "");
     if (o->verify_readback && o->no_digest)
@@ -396,6 +417,7 @@ enum {
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
+    OPT_QCOW2_CLUSTER_SIZE,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -421,6 +443,7 @@ static const struct option long_options[] = {
     { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
     { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
     { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
+    { "qcow2-cluster-size", required_argument, NULL, OPT_QCOW2_CLUSTER_SIZE },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
     { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
@@ -684,6 +707,9 @@ static void parse_args(struct options *o, int argc, char **argv)
         case OPT_SPOOL_DIR: parse_spool_dir(o, optarg); break;
         case OPT_SPOOL_MAX:
             o->spool_max = parse_size("--spool-max", optarg);
+            break;
+        case OPT_QCOW2_CLUSTER_SIZE:
+            parse_qcow2_cluster_size(o, "--qcow2-cluster-size", optarg);
             break;
         case 'o': add_fuse_opt(o, optarg); break;
         case 'P': o->pidfile = optarg; break;
@@ -1205,6 +1231,8 @@ int main(int argc, char **argv)
     fs.multiwriter = o.fo.multiwriter;
     fs.spool_dir = o.spool_dir;
     fs.spool_max = o.spool_max ? o.spool_max : SPOOL_MAX_DEFAULT;
+    fs.qcow2_cluster_bits = o.qcow2_cluster_bits ? o.qcow2_cluster_bits
+                                                 : FS_QCOW2_CLUSTER_BITS_DEFAULT;
     if (fs_views_init(&fs) < 0) {
         log_err("out of memory");
         goto out_nbd;

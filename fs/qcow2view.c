@@ -4,7 +4,8 @@
  * pipe).  Each write feeds qcow2/'s forward-only stream decoder, whose
  * sink places the decoded bytes on the disk through the pool.  Opening
  * with O_TRUNC does not touch the disk: only the decoder's begin(),
- * called once the header and the L1 table have been validated, changes
+ * called just before its first write (after the header, the L1 table and
+ * every L2 table before the first data have been validated), changes
  * it.  An image without a backing file replaces the disk's content by a
  * disk of its virtual size (lazy zeroing: unallocated and zero clusters
  * read as zero, and all-zero data is not sent).  An image with a backing
@@ -24,7 +25,8 @@
  * completed it (and every later one, and close()).
  *
  * Reading: the library's synthesizer produces a qcow2 v3 of the disk in
- * one pass, metadata first (64 KiB clusters; unallocated clusters not
+ * one pass, metadata first (64 KiB clusters unless --qcow2-cluster-size
+ * says otherwise; unallocated clusters not
  * stored; size known at open, see docs/qcow2-format.md); cluster data is
  * read through the pool.
  *
@@ -65,8 +67,7 @@
 #include "qcow2/qcow2.h"
 
 #define QMAX 8                    /* compressed clusters waiting (bounded memory) */
-#define THREADS_MAX 4
-#define SYNTH_CLUSTER_BITS 16     /* qemu's default */
+#define THREADS_MAX 64            /* one per core but the writer's (an array bound) */
 
 struct job {
     struct qcow2_compressed c;    /* c.cdata points at data */
@@ -315,7 +316,7 @@ static int qcow2_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
     struct qcow2_err e = { "" };
 
-    int r = qcow2_synth_new(size, SYNTH_CLUSTER_BITS,
+    int r = qcow2_synth_new(size, imageview_fs(iv)->qcow2_cluster_bits,
                             (struct qcow2_synth **) out, &e);
     if (r < 0)
         log_notice("%s: %s", imageview_name(iv),
@@ -339,15 +340,16 @@ static uint64_t qcow2_file_size(const void *s)
 /* Clusters touched by the data extents and the L2 tables they need, the
  * ones the previous extent counted left out. */
 struct cluster_count {
+    unsigned cb;                  /* cluster_bits */
     uint64_t clusters, tables;
     uint64_t last_c, last_t;
 };
 
 static int count_extent(void *opaque, uint64_t off, uint64_t len)
 {
-    const unsigned cb = SYNTH_CLUSTER_BITS;
-    const unsigned tb = cb - 3;       /* log2(entries per L2 table) */
     struct cluster_count *c = opaque;
+    const unsigned cb = c->cb;
+    const unsigned tb = cb - 3;       /* log2(entries per L2 table) */
     uint64_t first = off >> cb, last = (off + len - 1) >> cb;
 
     if (first == c->last_c)
@@ -368,12 +370,14 @@ static uint64_t qcow2_size(struct imageview *iv)
 {
     struct fs *fs = imageview_fs(iv);
     uint64_t size = rawfile_size(fs);
-    struct cluster_count c = { .last_c = UINT64_MAX, .last_t = UINT64_MAX };
+    const unsigned cb = fs->qcow2_cluster_bits;
+    struct cluster_count c = { .cb = cb, .last_c = UINT64_MAX,
+                               .last_t = UINT64_MAX };
 
-    if (size == 0 || qcow2_synth_size(size, SYNTH_CLUSTER_BITS, 0, 0) == 0)
+    if (size == 0 || qcow2_synth_size(size, cb, 0, 0) == 0)
         return 0;                     /* empty, or past the limit: open says */
     imageview_each_data(fs, size, count_extent, &c);
-    return qcow2_synth_size(size, SYNTH_CLUSTER_BITS, c.clusters, c.tables);
+    return qcow2_synth_size(size, cb, c.clusters, c.tables);
 }
 
 /* Each synthesizer caches a table, and handles share them. */
@@ -439,7 +443,7 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     struct fs *fs = imageview_fs(iv);
     struct q2stream *st = calloc(1, sizeof *st);
     struct spool_config cfg = {
-        .dir = fs->spool_dir, .mem_max = SPOOL_MEM_MAX_DEFAULT,
+        .dir = fs->spool_dir, .mem_max = spool_mem_max(fs->spool_max),
         .max = fs->spool_max, .name = imageview_name(iv),
     };
 
@@ -449,7 +453,10 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     int r = spool_new(&cfg, &st->sp);
     struct qcow2_stream_opts opts = {
         .spool = &spool_cbs, .spool_opaque = st->sp,
-        .spool_max = fs->spool_max, .spool_option = "--spool-max",
+        .spool_max = fs->spool_max,
+        /* Named in "... bytes of spool (raise %s)". */
+        .spool_option = "--spool-max; past half of it the spool is a file "
+                        "in --spool-dir",
     };
     if (r == 0)
         r = qcow2_stream_new(&sink, iv, &opts, &st->s);

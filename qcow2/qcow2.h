@@ -205,9 +205,12 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  * Callbacks, on the thread that calls feed/hole/finish; a negative return
  * aborts decoding and is returned from that call (sticky):
  *
- * begin(overlay, size): exactly once, before any data/zero, when the
- *   header and the active L1 table have arrived and passed validation (a
- *   file whose L1 table comes last is decoded into the spool first).
+ * begin(overlay, size): exactly once, just before the first data, zero
+ *   or compressed call (at finish for a disk that needs none), so after
+ *   the header and the active L1 table have arrived and passed validation
+ *   (a file whose L1 table comes last is decoded into the spool first),
+ *   and after every L2 table that arrives before the first data it maps
+ *   has been checked whole.
  *   overlay false (no backing file): the caller makes [0, size) read as
  *   zero; unallocated clusters and zeros are then NOT emitted.  overlay
  *   true (a backing file): the caller leaves the disk as it is (it holds

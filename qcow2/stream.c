@@ -187,8 +187,6 @@ static int header_done(struct qcow2_stream *s)
         return s->err;
     if (l1len == 0) {
         s->l1_seen = true;
-        if (qcow2_begin(s) < 0)
-            return s->err;
         qcow2_check_complete(s);
     } else if (qcow2_claim(s, s->h.l1_table_offset, l1len, IT_L1) < 0 ||
                qcow2_push_item(s, s->h.l1_table_offset, IT_L1, 0,
@@ -625,8 +623,8 @@ int qcow2_stream_finish(struct qcow2_stream *s)
         return qcow2_fail(s, -EINVAL, "the file ended at byte %" PRIu64 " before "
                     "the compressed cluster at byte %" PRIu64 " (disk offset %"
                     PRIu64 ")", s->pos, c.off, (uint64_t) c.guest << s->cb);
-    if (!s->map_complete || !s->began)
+    if (!s->map_complete || !s->l1_seen)
         return qcow2_fail(s, -EINVAL, "the file ended at byte %" PRIu64 " before "
                     "its L1 table and L2 tables were complete", s->pos);
-    return 0;
+    return s->began ? 0 : qcow2_begin(s);        /* a disk of zeros */
 }

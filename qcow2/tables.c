@@ -102,6 +102,8 @@ int qcow2_emit_data(struct qcow2_stream *s, uint64_t disk_off,
 {
     if (disk_off >= s->h.size || len == 0)
         return 0;
+    if (!s->began && qcow2_begin(s) < 0)
+        return s->err;
     len = MIN(len, s->h.size - disk_off);
     int r = buf ? s->sink->data(s->opaque, disk_off, buf, (size_t) len)
                 : s->overlay ? s->sink->zero(s->opaque, disk_off, len) : 0;
@@ -340,6 +342,8 @@ int qcow2_dispatch(struct qcow2_stream *s, const struct citem *c,
     q.place_len = (size_t) MIN(s->C, s->h.size - q.disk_off);
     s->stats.compressed_clusters++;
     if (s->sink->compressed) {
+        if (!s->began && qcow2_begin(s) < 0)
+            return s->err;
         int r = s->sink->compressed(s->opaque, &q);
         if (r < 0)
             return qcow2_fail(s, r, "compressed cluster for disk offset %" PRIu64
@@ -436,6 +440,10 @@ static int want_table(struct qcow2_stream *s, uint64_t off, int kind,
     return r;
 }
 
+/* Just before the first write (or at finish, for a disk with none): so
+ * that a table damaged before any data is due (an L2 table checked whole
+ * before the clusters it maps arrive, as qemu-img lays them out) is
+ * refused with the disk untouched. */
 int qcow2_begin(struct qcow2_stream *s)
 {
     assert(!s->began);
@@ -456,15 +464,13 @@ int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b)
                         "has reserved bits set", i, e);
         if (check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
             return s->err;
-        /* Claimed before begin: an L2 table on other metadata or named
-         * twice is refused before the disk changes. */
+        /* Claimed before anything is written: an L2 table on other
+         * metadata or named twice is refused before the disk changes. */
         if ((e & QCOW2_L1_OFFSET_MASK) &&
             qcow2_claim(s, e & QCOW2_L1_OFFSET_MASK, s->C, IT_L2) < 0)
             return s->err;
     }
     s->l1_seen = true;
-    if (qcow2_begin(s) < 0)
-        return s->err;
     for (uint32_t i = 0; i < s->h.l1_size; i++) {
         uint64_t off = qcow2_be64(b + (uint64_t) i * 8) & QCOW2_L1_OFFSET_MASK;
         if (off == 0)

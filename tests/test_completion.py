@@ -74,3 +74,10 @@ def test_completion_leaves_paths_to_bash():
     """A word that is not an option gets no list of ours: -o default
     completes file names (mountpoints, images)."""
     assert complete(NBDFERRY, "/tm") == set()
+
+
+def test_completion_of_qcow2_cluster_sizes():
+    """--qcow2-cluster-size takes the sizes qemu does, 512 to 2M."""
+    every = complete(NBDFERRY, "--qcow2-cluster-size", "=")
+    assert {"512", "4K", "64K", "2M"} <= every and "4M" not in every, every
+    assert complete(NBDFERRY, "--qcow2-cluster-size", "6") == {"64K"}

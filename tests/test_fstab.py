@@ -365,3 +365,21 @@ unmount_all {q(str(mp))}
     assert f"{mp} is a dead nbdferry mount: run fusermount3 -u {mp}" in \
         r.stderr, r.stderr
     assert "mounts=1" in out and "cleared" in out, r.stdout
+
+
+def test_fstab_qcow2_cluster_size(server, fstab_mount, prefix, shm):
+    """qcow2_cluster_size=SIZE in the options field: reading nbd.qcow2
+    gives a qcow2 with those clusters, equal to the disk."""
+    srv = server("memory", 16 * MiB)
+    fill_random(srv.uri)
+    m = fstab_mount(fstab_source(prefix, srv.uri),
+                    "rw,_netdev,qcow2_cluster_size=4K")
+    pid = assert_mounted_ok(m)
+    out = shm / "out.qcow2"
+    r = run(["cp", m.mp / "nbd.qcow2", out], timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = run(["qemu-img", "info", "-f", "qcow2", out])
+    assert r.returncode == 0 and "cluster_size: 4096" in r.stdout, r.stdout
+    r = run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw", out, srv.uri])
+    assert r.returncode == 0, r.stdout + r.stderr
+    umount_and_wait(m, pid)

@@ -297,3 +297,35 @@ def test_qcow2_tool_check_refuses(fx, damage):
     assert want in r.stderr, r.stderr
     out = d / f"bad-{damage}.raw"
     tool("cat", bad, "-o", out, expect=1)
+
+
+@pytest.mark.parametrize("cmd", ["info", "check", "map"])
+def test_qcow2_tool_reads_a_stream_as_a_file(fx, cmd):
+    """info, check and map from a pipe (FILE -) say what they say of the
+    file, for a compressed image and one that needs the spool."""
+    d, raw, imgs = fx
+    for name in ("zstd", "reused"):
+        with open(imgs[name], "rb") as src:
+            piped = tool(cmd, "-", stdin=src).stdout
+        assert piped == tool(cmd, imgs[name]).stdout, (cmd, name)
+
+
+@pytest.mark.parametrize("size", ["512", "4K", "2M"])
+def test_qcow2_tool_export_cluster_size(fx, tmp_path, size):
+    """export --cluster-size: qemu-img info says that size, check is
+    clean and compare equal; other values are a usage error."""
+    d, raw, imgs = fx
+    out = tmp_path / "out.qcow2"
+    tool("export", "--cluster-size", size, raw, "-o", out)
+    want = {"512": 512, "4K": 4096, "2M": 2 << 20}[size]
+    info = json.loads(subprocess.run(
+        ["qemu-img", "info", "--output=json", "-f", "qcow2", str(out)],
+        capture_output=True, text=True, check=True).stdout)
+    assert info["cluster-size"] == want, info
+    subprocess.run(["qemu-img", "check", "-q", "-f", "qcow2", str(out)],
+                   check=True)
+    subprocess.run(["qemu-img", "compare", "-q", "-f", "qcow2", "-F", "raw",
+                    str(out), str(raw)], check=True)
+    for bad in ("3000", "256", "4M"):
+        r = tool("export", "--cluster-size", bad, raw, "-o", out, expect=2)
+        assert b"--cluster-size" in r.stderr, r.stderr

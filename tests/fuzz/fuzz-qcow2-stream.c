@@ -28,6 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define SPOOL_SLOTS 256
 
 struct state {
+    struct qcow2_stream *s;               /* the stream being run */
     bool began, overlay;
     uint64_t size;
     uint8_t *disk, *seen;                 /* DISK_CAP bytes each */
@@ -144,12 +145,14 @@ static void sp_drop(void *o, uint64_t key)
     st->held -= st->lens[i];
 }
 
-/* The map hook reports inside the disk, once the disk's size is known. */
+/* The map hook reports inside the disk (it may run before begin(), which
+ * waits for the first write: the header says the size then). */
 static int s_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
                  uint64_t file_off)
 {
     struct state *st = o;
-    if (len == 0 || off + len < off || (st->began && off + len > st->size) ||
+    uint64_t size = st->began ? st->size : qcow2_stream_header(st->s)->size;
+    if (len == 0 || off + len < off || off + len > size ||
         what < QCOW2_MAP_DATA || what > QCOW2_MAP_COMPRESSED ||
         (what == QCOW2_MAP_ZERO && file_off != 0))
         abort();
@@ -202,6 +205,7 @@ static int run(const uint8_t *f, size_t len, uint32_t seed, bool whole,
     if (qcow2_stream_new(seed & 0x10000 ? &sink_hook : &sink_sync, st, &o,
                          &s) < 0)
         abort();
+    st->s = s;
     int r = whole ? qcow2_stream_feed(s, 0, f, len) : feed(s, f, len, seed);
     if (r == 0)
         r = qcow2_stream_finish(s);

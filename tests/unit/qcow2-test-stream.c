@@ -291,6 +291,10 @@ static const struct { const char *name, *opts; } variants[] = {
     { "extl2", "-o extended_l2=on" },
     { "extl2-zlib", "-c -o extended_l2=on" },
     { "rc1", "-o refcount_bits=1" },
+    { "rc2", "-o refcount_bits=2" },
+    { "rc4", "-o refcount_bits=4" },
+    { "rc8", "-o refcount_bits=8" },
+    { "rc32", "-o refcount_bits=32" },
     { "rc64", "-o refcount_bits=64" },
 };
 

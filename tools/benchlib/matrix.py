@@ -49,6 +49,7 @@ class Arm:
 class Source:
     name: str
     kind: str                  # "dense" | "sparse25" | "sparse10" | "thin" | "fsimage" | "vmdk25"
+                               # | "qcow2-25" | "qcow2z-25"
     size: int
 
     @property
@@ -355,6 +356,8 @@ def preset(name, size=None, runs=None):
         exps = [blkhash_experiment(size or GiB)]
     elif name == "defaults":
         exps = defaults_preset(size)
+    elif name == "qcow2":
+        exps = qcow2_preset(size)
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
@@ -514,6 +517,78 @@ def vmdk_experiment(size, runs=3):
              "-f vmdk -O raw x.vmdk URI`.  Both must leave the export holding "
              "the disk (sha256 of the whole export).  Times in seconds (lower "
              "is better); the target is nbdferry at most 1.0x qemu-img.")
+
+
+# ---- qcow2: the nbd.qcow2 view against qemu-img -------------------------
+
+def qcow2_25(size):
+    """A qcow2 (qemu-img convert, defaults) of a disk of size bytes with
+    25% data (the source path is the .qcow2; the export must end up
+    holding the disk, the .raw beside it)."""
+    return Source(f"qcow2-25%-data-{human(size)}", "qcow2-25", size)
+
+
+def qcow2z_25(size):
+    """The same disk, its clusters compressed with zlib (convert -c)."""
+    return Source(f"qcow2-zlib-25%-data-{human(size)}", "qcow2z-25", size)
+
+
+# Ingest: the qcow2 copied into nbd.qcow2 by a daemon with no options (the
+# default a user gets: inline blkhash, compressed clusters decoded on
+# worker threads) against qemu-img decoding the same file into the export
+# over NBD.  Copy out: cp of nbd.qcow2 (the qcow2 synthesized in one pass)
+# against qemu-img writing a qcow2 of the export.
+FERRY_QCOW2 = Arm("ferry-qcow2", "nbdferry + cp x.qcow2 MNT/nbd.qcow2 "
+                  "(no options)", ("cp", "{src}", "{mnt}/nbd.qcow2"),
+                  "nbdferry", family="nbdferry")
+QEMU_QCOW2 = Arm("qemu-img-qcow2", "qemu-img convert -n -f qcow2 -O raw",
+                 ("qemu-img", "convert", "-n", "-f", "qcow2", "-O", "raw",
+                  "{src}", "{uri}"), family="qemu")
+COPYOUT_FERRY_QCOW2 = Arm("out-ferry-qcow2", "nbdferry + cp MNT/nbd.qcow2 "
+                          "out.qcow2 (no options)",
+                          ("cp", "{mnt}/nbd.qcow2", OUT), "nbdferry",
+                          family="nbdferry", direction="out")
+COPYOUT_QEMU_QCOW2 = Arm("out-qemu-img-qcow2", "qemu-img convert -f raw -O "
+                         "qcow2 URI out.qcow2",
+                         ("qemu-img", "convert", "-f", "raw", "-O", "qcow2",
+                          "{uri}", OUT), family="qemu", direction="out")
+QCOW2_ARMS = [FERRY_QCOW2, QEMU_QCOW2, COPYOUT_FERRY_QCOW2,
+              COPYOUT_QEMU_QCOW2]
+ALL_ARMS += QCOW2_ARMS
+
+
+def qcow2_preset(size=None, runs=3):
+    """Landing a qcow2 (plain and zlib-compressed) and copying the disk out
+    as a qcow2, nbdferry against qemu-img, 1 GiB with 25% data."""
+    s = size or GiB
+    return [
+        Experiment(
+            "qcow2: writing in", [FERRY_QCOW2, QEMU_QCOW2],
+            [qcow2_25(s), qcow2z_25(s)], [MEM_UNIX], [0], runs=runs,
+            time_ratios=True,
+            note="The source is a qcow2 made by qemu-img convert (64 KiB "
+                 "clusters) from a disk with 25% data in 1 MiB extents at "
+                 "random places (half text-like, half random bytes), the "
+                 "rest zero; the zlib row is the same disk converted with "
+                 "-c.  nbdferry runs with no options: `cp x.qcow2 "
+                 "MNT/nbd.qcow2` (decoded in the daemon, compressed clusters "
+                 "inflated on worker threads); qemu-img: `convert -n -f "
+                 "qcow2 -O raw x.qcow2 URI`.  Both must leave the export "
+                 "holding the disk (sha256 of the whole export).  Times in "
+                 "seconds (lower is better); the target is nbdferry at most "
+                 "1.0x qemu-img (median of the per-round ratios)."),
+        Experiment(
+            "qcow2: copying out", [COPYOUT_FERRY_QCOW2, COPYOUT_QEMU_QCOW2],
+            [sparse25(s)], [MEM_UNIX], [0], runs=runs, time_ratios=True,
+            note="The export holds a disk with 25% data (written by nbdcopy "
+                 "before the clock starts, holes reported by block "
+                 "status).  nbdferry: `cp MNT/nbd.qcow2 out.qcow2` from a "
+                 "fresh mount with no options; qemu-img: `convert -f raw "
+                 "-O qcow2 URI out.qcow2`; both onto tmpfs.  Each output is "
+                 "converted back to raw by qemu-img and its sha256 must be "
+                 "the source's.  Times in seconds (lower is better); the "
+                 "target is nbdferry at most 1.0x qemu-img."),
+    ]
 
 
 def tuning_preset(size=None):

@@ -415,6 +415,13 @@ TIME_RATIOS = [
     ("time of nbdferry cp x.vmdk MNT/nbd.vmdk / qemu-img convert -n -f vmdk "
      "(target: ≤ 1.0x)", "ferry-vmdk", "qemu-img-vmdk"),
 ]
+# The qcow2 preset: landing a qcow2 (plain and zlib) and copying out.
+TIME_RATIOS += [
+    ("time of nbdferry cp x.qcow2 MNT/nbd.qcow2 / qemu-img convert -n -f "
+     "qcow2 -O raw (target: ≤ 1.0x)", "ferry-qcow2", "qemu-img-qcow2"),
+    ("time of nbdferry cp MNT/nbd.qcow2 out.qcow2 / qemu-img convert -O "
+     "qcow2 URI (target: ≤ 1.0x)", "out-ferry-qcow2", "out-qemu-img-qcow2"),
+]
 
 
 def ratio_set(exp):

@@ -279,7 +279,9 @@ def expected_digest(env, arm, src_path, src_sha):
         return _BLKHASH[src_path]
     if not env.verify:
         raise RunError("nbdferry-verify is needed for a --blkhash arm")
-    r = subprocess.run([env.verify, src_path], capture_output=True, text=True)
+    disk = src_path + ".raw"          # an image source: the disk it holds
+    disk = disk if os.path.exists(disk) else src_path
+    r = subprocess.run([env.verify, disk], capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.split():
         raise RunError(f"nbdferry-verify: {r.stderr.strip()}")
     _BLKHASH[src_path] = r.stdout.split()[0]
@@ -332,7 +334,9 @@ def fill_export(src_path, uri):
 def verify_out(arm, path, size):
     """sha256 of a copy-out's output file (a VHD converted back to raw
     first), then the file goes: it is as large as the disk."""
-    if "vhd" in arm.name:
+    if "qcow2" in arm.name:
+        path = qcow2_to_raw(path)
+    elif "vhd" in arm.name:
         raw = path + ".raw"
         spec = {"driver": "vpc", "force_size_calc": "current_size",
                 "file": {"driver": "file", "filename": path}}
@@ -346,6 +350,18 @@ def verify_out(arm, path, size):
     digest = sha256_file(path)
     os.unlink(path)
     return digest
+
+
+def qcow2_to_raw(path):
+    """A copy-out's qcow2, converted to raw by qemu-img (which checks it
+    on the way); the qcow2 goes."""
+    raw = path + ".raw"
+    r = subprocess.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O",
+                        "raw", path, raw], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RunError(f"qemu-img convert of the qcow2: {r.stderr.strip()}")
+    os.unlink(path)
+    return raw
 
 
 def log_tail(path, n=3):

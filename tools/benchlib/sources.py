@@ -14,6 +14,8 @@ vmdk25    a streamOptimized VMDK (qemu-img) of a disk with 25% data in 1 MiB
           extents, half compressible text-like bytes and half random; the
           sha256 is the disk's (the .raw beside it), which the export must
           hold after the copy
+qcow2-25  a qcow2 (qemu-img convert) of such a disk; qcow2z-25 the same
+          with zlib-compressed clusters (-c); the sha256 is the .raw's
 """
 
 import os
@@ -31,18 +33,18 @@ NOTES = {}          # source name -> how it was made (for the report)
 def make(src, directory):
     """Create src in directory unless present; return (path, sha256 hex of
     what the export must hold afterwards)."""
-    ext = ".vmdk" if src.kind == "vmdk25" else ".img"
+    ext, maker = IMAGES.get(src.kind, (".img", None))
     path = os.path.join(directory, src.name + ext)
     if not os.path.exists(path):
         tmp = path + ".part"
-        note = {"dense": make_dense, "sparse25": make_sparse25,
+        note = maker(tmp, src.size) if maker else {"dense": make_dense, "sparse25": make_sparse25,
                 "sparse10": make_sparse10, "thin": make_thin,
                 "fsimage": make_fsimage,
-                "vmdk25": make_vmdk25}[src.kind](tmp, src.size)
+                }[src.kind](tmp, src.size)
         os.rename(tmp, path)
         if note:
             NOTES[src.name] = note
-    if src.kind == "vmdk25":
+    if src.kind in IMAGES:
         return path, sha256_file(path + ".raw")
     return path, sha256_file(path)
 
@@ -144,3 +146,45 @@ def make_fsimage(path, size):
     if os.path.getsize(path) != size:
         os.truncate(path, size)
     return f"ext4 made by mke2fs -d {tree}"
+
+
+# Image sources: kind -> (extension, maker); the disk is the file + ".raw".
+IMAGES = {"vmdk25": (".vmdk", make_vmdk25)}
+
+
+# ---- qcow2 sources ------------------------------------------------------
+
+def mixed25_raw(raw, size, seed):
+    """The disk of vmdk25's recipe: 25% data in 1 MiB extents, half
+    text-like (deflate gets about 1.3:1), half random, the rest holes."""
+    rng = random.Random(seed)
+    words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz")
+                   for _ in range(rng.randint(2, 9))) for _ in range(5000)]
+    text = b" ".join(rng.choice(words) for _ in range(700000))[:4 * MiB]
+    blocks = size // MiB
+    with open(raw, "wb") as f:
+        for b in sorted(rng.sample(range(blocks), blocks // 4)):
+            f.seek(b * MiB)
+            if b % 2:
+                f.write(rng.randbytes(MiB))
+            else:
+                at = (b * 7919) % (len(text) - MiB)
+                f.write(text[at:at + MiB])
+        f.truncate(size)
+    return blocks // 4
+
+
+def make_qcow2(path, size, opts=(), what="qcow2"):
+    """path ends in .part; the disk goes to the final name + .raw."""
+    raw = path[:-len(".part")] + ".raw"
+    data = mixed25_raw(raw, size, 20240607)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2",
+                    *opts, raw, path], check=True)
+    return (f"{what} of {os.path.getsize(path) >> 20} MiB made by qemu-img "
+            f"convert {' '.join(opts)} from a {size >> 20} MiB disk with "
+            f"{data} MiB of data").replace("  ", " ")
+
+
+IMAGES["qcow2-25"] = (".qcow2", make_qcow2)
+IMAGES["qcow2z-25"] = (".qcow2", lambda p, s: make_qcow2(
+    p, s, ("-c",), "zlib-compressed qcow2"))

@@ -379,7 +379,9 @@ static int add_range(void *opaque, uint64_t off, uint64_t len)
     return qcow2_synth_allocate(opaque, off, len);
 }
 
-/* RAW as a qcow2 v3 with 64 KiB clusters, in one pass, metadata first;
+static unsigned export_cluster_bits = 16;   /* --cluster-size; 64 KiB */
+
+/* RAW as a qcow2 v3 (export_cluster_bits), in one pass, metadata first;
  * the raw file's holes (SEEK_DATA) are not stored. */
 static int cmd_export(const char *raw, const char *out)
 {
@@ -400,7 +402,8 @@ static int cmd_export(const char *raw, const char *out)
                     "disk image)", raw);
         goto out;
     }
-    if (qcow2_synth_new((uint64_t) st.st_size, 16, &s, &e) < 0) {
+    if (qcow2_synth_new((uint64_t) st.st_size, export_cluster_bits, &s,
+                        &e) < 0) {
         imgtool_msg("%s: %s", raw, e.msg);
         goto out;
     }
@@ -443,9 +446,11 @@ static void usage(FILE *f)
         "       %s check FILE\n"
         "       %s map FILE\n"
         "       %s cat FILE [-o OUT]\n"
-        "       %s export RAW -o OUT\n"
+        "       %s export [--cluster-size SIZE] RAW -o OUT\n"
         "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
         "         the tables that place them have not arrived.\n"
+        "         --cluster-size SIZE (default 64K): export's clusters, a\n"
+        "         power of two from 512 to 2M.\n"
         "FILE may be - (standard input).\n"
         "Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.\n",
         imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
@@ -475,6 +480,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         { "output", required_argument, NULL, 'o' },
         { "spool-max", required_argument, NULL, 258 },
+        { "cluster-size", required_argument, NULL, 259 },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
         { "long-options", no_argument, NULL, 256 },
@@ -493,6 +499,17 @@ int main(int argc, char **argv)
                 return IMGTOOL_EXIT_USAGE;
             }
             break;
+        case 259: {
+            uint64_t v;
+            if (parse_size(optarg, &v) < 0 || v < 512 || v > (2u << 20) ||
+                (v & (v - 1))) {
+                imgtool_msg("--cluster-size %s: not a power of two from 512 "
+                            "to 2M", optarg);
+                return IMGTOOL_EXIT_USAGE;
+            }
+            export_cluster_bits = (unsigned) __builtin_ctzll(v);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
         case 256: optlist_long(opts); return 0;         /* completion */
