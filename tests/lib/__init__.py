@@ -5,7 +5,7 @@ env       build tree, daemon command, timeout scale, tools present, sizes
 procs     waiting, running commands with a hang guard, threads, /proc
 servers   nbdkit servers, the test plugins (tests/nbdkit-plugins/), pause
 mounts    nbdferry mounts and their teardown checks, /proc/mounts, RSS
-digest    sha256 of files, bytes and streams (shared with tools/ scripts)
+digest    sha256 of files, bytes and streams (shared with the bench/ scripts)
 nbd       reading and writing an export directly
 images    random and sparse source images
 content   assert_content: mount and server against the expected bytes

@@ -1,5 +1,5 @@
-/* tools/vhdfile/vhdfile.c: a VHD file and its differencing chain, read with pread.
- * See tools/vhdfile/vhdfile.h.  Used by nbdferry-vhd and nbdferry-verify. */
+/* vhdfile/vhdfile.c: a VHD file and its differencing chain, read with pread.
+ * See vhdfile/vhdfile.h.  Used by nbdferry-vhd and nbdferry-verify. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tools/vhdfile/vhdfile.h"
+#include "vhdfile/vhdfile.h"
 
 /* One line into err, cut to fit (messages quote paths of any length). */
 static void errf(struct vhdfile_err *err, const char *fmt, ...)

@@ -11,17 +11,17 @@ import statistics
 import subprocess
 import time
 
-OLD_BEGIN = "<!-- BEGIN tools/bench output (regenerated; edit outside) -->"
-OLD_END = "<!-- END tools/bench output -->"
+OLD_BEGIN = "<!-- BEGIN bench/bench output (regenerated; edit outside) -->"
+OLD_END = "<!-- END bench/bench output -->"
 
 
 def begin(preset):
-    return (f"<!-- BEGIN tools/bench output, preset {preset} (regenerated; "
+    return (f"<!-- BEGIN bench/bench output, preset {preset} (regenerated; "
             f"edit outside) -->")
 
 
 def end(preset):
-    return f"<!-- END tools/bench output, preset {preset} -->"
+    return f"<!-- END bench/bench output, preset {preset} -->"
 
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
           "TiB": 1 << 40, "PiB": 1 << 50, "EiB": 1 << 60}
@@ -94,7 +94,7 @@ def machine(nbdferry):
     except OSError:
         pass
     ferry = _first_line([nbdferry, "--version"]) if nbdferry else "not built"
-    # tools/benchlib/report.py -> the repository's root.
+    # bench/benchlib/report.py -> the repository's root.
     repo = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
     rev, dirty = _git(repo, "rev-parse", "--short", "HEAD"), None

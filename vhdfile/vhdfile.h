@@ -1,4 +1,4 @@
-/* tools/vhdfile/vhdfile.h: a VHD file and its differencing chain, read with pread.
+/* vhdfile/vhdfile.h: a VHD file and its differencing chain, read with pread.
  *
  * The vhd/ library does no I/O; this is the small layer that does, shared by
  * the inspector (nbdferry-vhd cat) and nbdferry-verify (a VHD SOURCE).  It

@@ -13,7 +13,7 @@
  * The sleep is clock_nanosleep(CLOCK_MONOTONIC) on the request's worker
  * thread, so requests in flight together are delayed in parallel, exactly
  * like the delay filter.  Timer slack (50 us by default for normal threads)
- * makes the real delay a little longer; tools/bench reports the delay asked.
+ * makes the real delay a little longer; bench/bench reports the delay asked.
  */
 
 #include <errno.h>
