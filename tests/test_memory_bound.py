@@ -35,7 +35,7 @@ import struct
 from lib.env import MiB, timeout
 from lib.nbd import nbd_handle
 from lib.procs import wait_for
-from test_mount_backpressure import instrumented
+from test_memory_backpressure import instrumented
 
 TiB = 1 << 40
 POOL = 8 * MiB
