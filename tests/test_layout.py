@@ -8,7 +8,8 @@
   included by name (no file(GLOB)), one folder per installed program;
 - only bench/benchlib puts the test harness on sys.path;
 - the daemon is built with its assertions on;
-- tests/README.md lists every test file.
+- tests/README.md lists every test file, and its map from design.md
+  sections names only files that exist.
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -141,3 +142,20 @@ def test_tests_readme_lists_every_test_file():
     listed = set(re.findall(r"^\| `(test_[a-z0-9_]+\.py)` \|", text, re.M))
     assert files <= listed, f"not in tests/README.md: {sorted(files - listed)}"
     assert listed <= files, f"listed but gone: {sorted(listed - files)}"
+
+
+def test_tests_readme_design_map_names_real_files():
+    """The table from design sections to code and tests names only files
+    that exist (a renamed source or test file must take its row along)."""
+    text = (TESTS / "README.md").read_text()
+    rows = re.findall(r"^\| [A-Z][^|]* \| (.*) \| (.*) \|$",
+                      text.split("## From a design section", 1)[1]
+                      .split("\n## ", 1)[0], re.M)
+    assert len(rows) > 10
+    gone = []
+    for sources, tests in rows:
+        gone += [s for s in re.findall(r"`([^`]+)`", sources)
+                 if not (TOP / s).exists()]
+        gone += [s for s in re.findall(r"`([^`]+)`", tests)
+                 if not (TESTS / s).exists()]
+    assert not gone, f"named in tests/README.md but missing: {gone}"

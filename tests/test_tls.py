@@ -38,6 +38,7 @@ from lib.faults import sha256_prefix
 from lib.images import random_file
 from lib.mounts import fusermount_u, is_mounted
 from lib.procs import free_tcp_port, nonempty, run, wait_for
+from lib.tls import make_psk
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("psktool") and shutil.which("certtool")),
@@ -45,14 +46,6 @@ pytestmark = pytest.mark.skipif(
 
 EXPORT = 32 * MiB
 SRC = 8 * MiB
-
-
-def make_psk(d, user="alice"):
-    keys = Path(d) / "keys.psk"
-    subprocess.run(["psktool", "-u", user, "-p", str(keys)], check=True,
-                   capture_output=True)
-    keys.chmod(0o600)
-    return keys
 
 
 def certtool(*args, template=None, d=None):

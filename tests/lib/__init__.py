@@ -14,4 +14,5 @@ faults    reliability tests: the copy judge and tally, restartable nbdkit,
           connection-dropping proxy
 vhd       VHD fixtures, an independent VHD reader, qemu-img helpers
 privatens running a script in a private mount and pid namespace
+tls       PSK files (psktool) for the TLS and security tests
 """
