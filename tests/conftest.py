@@ -28,6 +28,11 @@ from lib.mounts import finish_mounts, mounted_paths, start_mount
 from lib.servers import plugin_path, start_server
 
 
+# Files whose tests mount without the mount or server fixture (they start
+# the daemon themselves), as test_mountpoint_*.py do.
+MOUNTS_ITSELF = ("test_cli.py", "test_scan_timeout.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Where FUSE or nbdkit is missing, every integration test is marked
     skipped, with the reason (and so fails: see below)."""
@@ -44,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).name
         uses = set(getattr(item, "fixturenames", ()))
-        if name.startswith("test_mount_") or name == "test_cli.py" \
+        if name.startswith("test_mountpoint_") or name in MOUNTS_ITSELF \
                 or uses & {"mount", "server"}:
             item.add_marker(skip)
 

@@ -8,7 +8,7 @@
 #
 # tests/lib/servers.py finds them in ${CMAKE_BINARY_DIR}/tests/nbdkit-plugins/;
 # a test that needs one fails when it is missing (install nbdkit-plugin-dev,
-# see tools/install-deps).
+# see scripts/install-deps).
 pkg_check_modules(NBDKIT IMPORTED_TARGET nbdkit)
 if(NBDKIT_FOUND)
   foreach(p jitter flushfail liar shortext)

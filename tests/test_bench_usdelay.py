@@ -1,4 +1,4 @@
-"""The benchmark's nbdkit filter (tools/nbdkit-filters/usdelay.c): wdelay
+"""The benchmark's nbdkit filter (bench/nbdkit-filters/usdelay.c): wdelay
 delays writes, zeroes and trims, rdelay delays reads, with microsecond
 resolution; data passes through unchanged.  Only lower bounds are checked
 (a sleep never ends early), never how fast anything runs."""
@@ -10,14 +10,14 @@ import pytest
 
 from lib.env import BUILD, MiB, libnbd
 
-FILTER = BUILD / "tools" / "nbdkit-filters" / "nbdkit-usdelay-filter.so"
+FILTER = BUILD / "bench" / "nbdkit-filters" / "nbdkit-usdelay-filter.so"
 
 
 def filter_path():
     if not FILTER.exists():
-        pytest.fail(f"{FILTER} not built (tools/build)")
+        pytest.fail(f"{FILTER} not built (scripts/build)")
     if libnbd is None:
-        pytest.fail("python3-libnbd missing (tools/install-deps)")
+        pytest.fail("python3-libnbd missing (scripts/install-deps)")
     return FILTER
 
 

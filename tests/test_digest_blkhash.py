@@ -89,7 +89,7 @@ def test_blkhash_rsync_inplace_without_truncate(target, shm):
     """rsync --inplace writes over the old disk from 0 and truncates at the
     end: no O_TRUNC, yet every byte of the file is known."""
     if not shutil.which("rsync"):
-        pytest.fail("rsync is needed (tools/install-deps)")
+        pytest.fail("rsync is needed (scripts/install-deps)")
     srv, m = target("--blkhash")
     src = random_file(shm / "src.img", 21 * MiB + 777)
     run(["rsync", "--inplace", str(src), str(m.file)], check=True)
@@ -102,7 +102,7 @@ def test_blkhash_qemu_img_convert_parallel(target, shm):
     """qemu-img convert -n -W: eight coroutines write out of order, holes
     of the source become zeroing requests over the old data."""
     if not shutil.which("qemu-img"):
-        pytest.fail("qemu-img is needed (tools/install-deps)")
+        pytest.fail("qemu-img is needed (scripts/install-deps)")
     srv, m = target("--blkhash", "--pool-size", "16M")
     img = make_sparse_image(shm / "src.img", EXPORT, runs=20, seed=7)
     r = run(["qemu-img", "convert", "-n", "-W", "-m", "8", "-f", "raw",

@@ -87,7 +87,7 @@ def test_default_rsync_inplace_over_old_disk(target, shm):
     run with the delta algorithm rewrites only parts of blocks already
     hashed (read back from the disk to follow them)."""
     if not shutil.which("rsync"):
-        pytest.fail("rsync is needed (tools/install-deps)")
+        pytest.fail("rsync is needed (scripts/install-deps)")
     srv, m = target()
     src = random_file(shm / "src.img", 21 * MiB + 777)
     run(["rsync", "--inplace", str(src), str(m.file)], check=True)
@@ -107,7 +107,7 @@ def test_default_qemu_img_convert_parallel_with_holes(target, shm):
     """qemu-img convert -n -W: eight writers out of order; the source's
     holes become zeroing requests over the old random data."""
     if not shutil.which("qemu-img"):
-        pytest.fail("qemu-img is needed (tools/install-deps)")
+        pytest.fail("qemu-img is needed (scripts/install-deps)")
     srv, m = target()
     img = make_sparse_image(shm / "src.img", EXPORT, runs=20, seed=7)
     r = run(["qemu-img", "convert", "-n", "-W", "-m", "8", "-f", "raw",

@@ -34,7 +34,7 @@ SIZE = 20 * MiB                       # the images' disk: whole VHD blocks
 
 for tool in ("qemu-img", "tar", "rsync", "mountpoint"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 
 
 def man_examples(page):

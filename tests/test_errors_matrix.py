@@ -130,7 +130,7 @@ def judge_cell(tally, case, m, srv, r, want, flag, timer):
 def test_matrix(server, mount, shm, shortdir, tally, tool, kind, mode):
     argv, truncates = TOOLS[tool]
     assert shutil.which(argv("a", "b")[0] if tool != "pv-redirect" else "pv"), \
-        f"{tool} is not installed (tools/install-deps)"
+        f"{tool} is not installed (scripts/install-deps)"
     flag = shortdir / "fail.flag"
     srv, old = failing_server(server, shm, flag, kind)
     m = mount(srv, "--request-size", "256K", expect_rc=None,

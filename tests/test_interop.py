@@ -59,11 +59,11 @@ TOOLS = {
 
 def need(*tools):
     """A missing tool fails the test: the matrix must run everywhere CI
-    runs (tools/install-deps installs them)."""
+    runs (scripts/install-deps installs them)."""
     gone = [t for t in tools if shutil.which(t) is None]
     if gone:
         pytest.fail("not installed: " + ", ".join(gone) +
-                    " (run tools/install-deps)")
+                    " (run scripts/install-deps)")
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,13 @@
 - tests import helpers from tests/lib/, never from conftest.py (pytest's
   plugin, not a module), and conftest.py defines only fixtures and hooks;
 - "sha256 of a file" has one definition (tests/lib/digest.py), shared by
-  the tests and the tools/ scripts;
-- tools/ build rules are included by name (no file(GLOB)), one folder per
-  installed program;
+  the tests and the tools/, scripts/ and bench/ scripts;
+- tools/ holds the installed programs only, and their build rules are
+  included by name (no file(GLOB)), one folder per installed program;
+- only bench/benchlib puts the test harness on sys.path;
 - the daemon is built with its assertions on;
-- tests/README.md lists every test file.
+- tests/README.md lists every test file, and its map from design.md
+  sections names only files that exist.
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -16,14 +18,19 @@ import re
 from lib.env import TESTS, TOP
 
 
+SCRIPT_DIRS = ("tools", "scripts", "bench")
+
+
 def py_sources():
-    """Every Python file of tests/ and tools/ (scripts without .py too)."""
+    """Every Python file of tests/, tools/, scripts/ and bench/ (scripts
+    without .py too)."""
     out = list(TESTS.rglob("*.py"))
-    for p in (TOP / "tools").rglob("*"):
-        if p.is_file() and p.suffix == "" and \
-                p.read_bytes()[:40].startswith(b"#!/usr/bin/python3"):
-            out.append(p)
-    out += (TOP / "tools").rglob("*.py")
+    for d in SCRIPT_DIRS:
+        for p in (TOP / d).rglob("*"):
+            if p.is_file() and p.suffix == "" and \
+                    p.read_bytes()[:40].startswith(b"#!/usr/bin/python3"):
+                out.append(p)
+        out += (TOP / d).rglob("*.py")
     return [p for p in out if "__pycache__" not in p.parts]
 
 
@@ -70,6 +77,40 @@ def test_one_sha256_of_a_file():
     assert defs == [], "use lib.digest.sha256_file: " + ", ".join(defs)
 
 
+def test_only_benchlib_touches_sys_path():
+    """The benchmark imports the test harness as the package lib through
+    bench/benchlib alone; no other script reaches into tests/ by path."""
+    bad = []
+    for p in py_sources():
+        if p == TOP / "bench" / "benchlib" / "__init__.py" or \
+                p.name == "test_layout.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and \
+                    ast.unparse(node.value) == "sys":
+                bad.append(f"{p.relative_to(TOP)}:{node.lineno}")
+    assert not bad, "import benchlib instead: " + ", ".join(bad)
+
+
+def test_tools_holds_installed_programs_only():
+    """tools/ is CMakeLists.txt and one folder per installed program (its
+    .cmake included by name) or code those programs share; entry scripts
+    live in scripts/, the benchmark in bench/."""
+    text = (TOP / "tools" / "CMakeLists.txt").read_text()
+    loose = [p.name for p in (TOP / "tools").iterdir()
+             if p.is_file() and p.name != "CMakeLists.txt"]
+    assert not loose, f"not an installed program: {loose}"
+    for d in sorted(p for p in (TOP / "tools").iterdir() if p.is_dir()):
+        if d.name == "__pycache__":
+            continue
+        rules = list(d.glob("*.cmake"))
+        used = any(f"../{d.name}/" in c.read_text()
+                   for c in (TOP / "tools").rglob("*.cmake"))
+        assert rules or used, f"tools/{d.name}: neither a program nor shared"
+        for r in rules:
+            assert f"/{d.name}/{r.name})" in text
+
+
 def test_tools_cmake_included_by_name():
     text = (TOP / "tools" / "CMakeLists.txt").read_text()
     assert "GLOB" not in text
@@ -101,3 +142,20 @@ def test_tests_readme_lists_every_test_file():
     listed = set(re.findall(r"^\| `(test_[a-z0-9_]+\.py)` \|", text, re.M))
     assert files <= listed, f"not in tests/README.md: {sorted(files - listed)}"
     assert listed <= files, f"listed but gone: {sorted(listed - files)}"
+
+
+def test_tests_readme_design_map_names_real_files():
+    """The table from design sections to code and tests names only files
+    that exist (a renamed source or test file must take its row along)."""
+    text = (TESTS / "README.md").read_text()
+    rows = re.findall(r"^\| [A-Z][^|]* \| (.*) \| (.*) \|$",
+                      text.split("## From a design section", 1)[1]
+                      .split("\n## ", 1)[0], re.M)
+    assert len(rows) > 10
+    gone = []
+    for sources, tests in rows:
+        gone += [s for s in re.findall(r"`([^`]+)`", sources)
+                 if not (TOP / s).exists()]
+        gone += [s for s in re.findall(r"`([^`]+)`", tests)
+                 if not (TESTS / s).exists()]
+    assert not gone, f"named in tests/README.md but missing: {gone}"

@@ -27,7 +27,7 @@ from lib.mounts import is_mounted
 from lib.procs import run
 
 if not shutil.which("qemu-img"):
-    raise RuntimeError("qemu-img missing (tools/install-deps)")
+    raise RuntimeError("qemu-img missing (scripts/install-deps)")
 TOOL = BUILD / "tools" / "nbdferry-qcow2"
 if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")

@@ -36,7 +36,7 @@ from lib.procs import run
 
 for tool in ("qemu-img", "qemu-io"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 TOOL = BUILD / "tools" / "nbdferry-qcow2"
 if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")

@@ -32,7 +32,7 @@ if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")
 for prog in ("qemu-img", "qemu-io"):
     if not shutil.which(prog):
-        raise RuntimeError(f"{prog} missing (tools/install-deps)")
+        raise RuntimeError(f"{prog} missing (scripts/install-deps)")
 
 
 def tool(*args, expect=0, stdin=None):

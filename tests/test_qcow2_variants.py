@@ -38,7 +38,7 @@ from lib.procs import run
 
 for tool in ("qemu-img", "qemu-io", "tar"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 
 SIZE = 6 * MiB + 4608                 # not cluster-aligned
 EXPORT = 8 * MiB

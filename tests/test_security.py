@@ -25,17 +25,10 @@ from lib.faults import sha256_prefix, status_json
 from lib.images import random_file
 from lib.mounts import is_mounted
 from lib.procs import run
+from lib.tls import make_psk, psk_key
 
 EXPORT = 16 * MiB
 NOBODY = 65534
-
-
-def make_psk(d, user="alice"):
-    keys = Path(d) / "keys.psk"
-    subprocess.run(["psktool", "-u", user, "-p", str(keys)], check=True,
-                   capture_output=True)
-    keys.chmod(0o600)
-    return keys, keys.read_text().strip().split(":", 1)[1]
 
 
 def as_nobody(*cmd):
@@ -66,7 +59,8 @@ def test_security_psk_never_shown(server, mount, shm, shortdir, verbosity):
     """PSK in a file named by the URI: the key never appears; the file's
     path (a URI query value of a tls-psk* key) is redacted in logs and
     status; argv shows what the user typed (documented)."""
-    keys, key = make_psk(shortdir)
+    keys = make_psk(shortdir)
+    key = psk_key(keys)
     disk = random_file(shm / "disk.img", EXPORT)
     srv = server("file", disk, extra=["--tls=require", f"--tls-psk={keys}"])
     uri = f"nbds+unix://alice@/?socket={srv.sock}&tls-psk-file={keys}"

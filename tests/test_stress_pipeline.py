@@ -1,5 +1,5 @@
 """Pipeline stress (run against the TSan build by
-tools/test-sanitizers): many writer threads rewriting overlapping ranges
+scripts/test-sanitizers): many writer threads rewriting overlapping ranges
 and punching holes at once, small requests, deep pipelines, several
 connections, against a RAM disk that completes requests in random order.
 

@@ -1,4 +1,4 @@
-"""Scratch directories follow $TMPDIR: tools/demo's and the tests'.
+"""Scratch directories follow $TMPDIR: scripts/demo's and the tests'.
 
 Run: /usr/bin/python3 -m pytest tests/test_tmpdir.py
 """
@@ -37,7 +37,7 @@ def test_tests_use_tmpdir(tmp_path):
 
 def test_demo_uses_tmpdir(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path), NBDFERRY_BUILD=str(BUILD))
-    r = run([TOP / "tools" / "demo"], env=env, timeout=600)
+    r = run([TOP / "scripts" / "demo"], env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK: the disk arrived intact" in r.stdout, r.stdout
     src = next(l for l in r.stdout.splitlines() if l.startswith("source: "))

@@ -29,9 +29,9 @@ from test_verify import VERIFY
 
 for tool in ("qemu-img", "tar"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 if run(["/usr/bin/python3", "-c", "import VMDKstream"]).returncode != 0:
-    raise RuntimeError("python3-vmdkstream missing (tools/install-deps)")
+    raise RuntimeError("python3-vmdkstream missing (scripts/install-deps)")
 
 EXPORT = 48 * MiB
 DISK = 20 * MiB                        # a whole number of 2 MiB VHD blocks

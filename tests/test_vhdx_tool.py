@@ -27,7 +27,7 @@ MiB = 1 << 20
 if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")
 if not shutil.which("qemu-img"):
-    raise RuntimeError("qemu-img missing (tools/install-deps)")
+    raise RuntimeError("qemu-img missing (scripts/install-deps)")
 
 
 def tool(*args, expect=0, stdin=None):

@@ -32,10 +32,10 @@ from lib.vhd import COPY_TOOLS as VHD_COPY_TOOLS
 from test_digest_inline import settled_digest, status
 
 if not shutil.which("qemu-img"):
-    raise RuntimeError("qemu-img missing (tools/install-deps)")
+    raise RuntimeError("qemu-img missing (scripts/install-deps)")
 MKFILE = BUILD / "tests" / "vhdx-mkfile"
 if not MKFILE.exists():
-    raise RuntimeError(f"{MKFILE} missing: build the tree (tools/build)")
+    raise RuntimeError(f"{MKFILE} missing: build the tree (scripts/build)")
 
 RAW_SIZE = 9 * MiB + 512 * 3            # not a multiple of the block size
 EXPORT = 16 * MiB

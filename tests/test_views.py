@@ -11,7 +11,7 @@
   (truncate) is EFBIG, data past the export (write, fallocate that grows,
   an image whose disk is larger) is ENOSPC, and none of them changes a
   byte of the disk.
-- No source file imports another in a circle (tools/dev/import-graph over
+- No source file imports another in a circle (scripts/dev/import-graph over
   the build, which is itself checked to catch a planted circle).
 
 Every landing is checked by sha256 against the source, read directly from
@@ -37,13 +37,13 @@ from lib.procs import oserror_errno, run, wait_for
 from lib.vhd import SHA, VIRTUAL, fixture
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORT_GRAPH = ROOT / "tools" / "dev" / "import-graph"
+IMPORT_GRAPH = ROOT / "scripts" / "dev" / "import-graph"
 EXPORT = 32 * MiB
 BS = 64 * 1024
 
 for tool in ("qemu-img", "dd", "nm", "cc"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 
 
 def progress(m):

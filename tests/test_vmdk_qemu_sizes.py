@@ -41,11 +41,11 @@ EXPORT = 13 * MiB
 
 for t in ("qemu-img",):
     if not shutil.which(t):
-        raise RuntimeError(f"{t} missing (tools/install-deps)")
+        raise RuntimeError(f"{t} missing (scripts/install-deps)")
 if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")
 if run(["/usr/bin/python3", "-c", "import VMDKstream"]).returncode != 0:
-    raise RuntimeError("python3-vmdkstream missing (tools/install-deps)")
+    raise RuntimeError("python3-vmdkstream missing (scripts/install-deps)")
 
 
 def compressible(rnd, n):

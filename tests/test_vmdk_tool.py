@@ -28,7 +28,7 @@ if not TOOL.exists():
     raise RuntimeError(f"{TOOL} not built")
 for t in ("qemu-img", "vmdkinfo"):
     if not shutil.which(t):
-        raise RuntimeError(f"{t} missing (tools/install-deps)")
+        raise RuntimeError(f"{t} missing (scripts/install-deps)")
 
 
 def run(args, **kw):

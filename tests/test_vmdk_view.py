@@ -34,9 +34,9 @@ from lib.procs import oserror_errno, run
 
 for tool in ("qemu-img", "vmdkinfo", "tar"):
     if not shutil.which(tool):
-        raise RuntimeError(f"{tool} missing (tools/install-deps)")
+        raise RuntimeError(f"{tool} missing (scripts/install-deps)")
 if run(["/usr/bin/python3", "-c", "import VMDKstream"]).returncode != 0:
-    raise RuntimeError("python3-vmdkstream missing (tools/install-deps)")
+    raise RuntimeError("python3-vmdkstream missing (scripts/install-deps)")
 
 GRAIN = 64 * 1024
 RAW_SIZE = 6 * MiB + 12800              # 512-aligned, not grain-aligned

@@ -16,7 +16,7 @@
  *   - reads at any offset and length agree with one whole read;
  *   - small disks: vhd_image parses the whole file and decodes it to the
  *     disk's pattern in allocated blocks and zeros elsewhere.
- * Run with -rss_limit_mb=256 (tools/test-sanitizers does).
+ * Run with -rss_limit_mb=256 (scripts/test-sanitizers does).
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -13,7 +13,7 @@ target_compile_options(vhd-fuzz PRIVATE ${VHD_FUZZ_FLAGS})
 
 set(VHD_FUZZ_TIME 30 CACHE STRING "seconds per VHD fuzz target in ctest")
 # fuzz-vhd-synth: the export view's synthesizer; fuzz-vhd-locator: parent
-# locator paths and the VHD tool's resolution of them (tools/vhdfile/vhdfile.c).
+# locator paths and the VHD tool's resolution of them (vhdfile/vhdfile.c).
 foreach(t fuzz-vhd-parse fuzz-vhd-stream fuzz-vhd-synth fuzz-vhd-locator)
   add_executable(${t} ${VHD_FUZZ_DIR}/${t}.c)
   target_compile_options(${t} PRIVATE ${VHD_FUZZ_FLAGS})

@@ -5,7 +5,7 @@ env       build tree, daemon command, timeout scale, tools present, sizes
 procs     waiting, running commands with a hang guard, threads, /proc
 servers   nbdkit servers, the test plugins (tests/nbdkit-plugins/), pause
 mounts    nbdferry mounts and their teardown checks, /proc/mounts, RSS
-digest    sha256 of files, bytes and streams (shared with tools/ scripts)
+digest    sha256 of files, bytes and streams (shared with the bench/ scripts)
 nbd       reading and writing an export directly
 images    random and sparse source images
 content   assert_content: mount and server against the expected bytes
@@ -14,4 +14,5 @@ faults    reliability tests: the copy judge and tally, restartable nbdkit,
           connection-dropping proxy
 vhd       VHD fixtures, an independent VHD reader, qemu-img helpers
 privatens running a script in a private mount and pid namespace
+tls       PSK files (psktool) for the TLS and security tests
 """

@@ -1,8 +1,9 @@
 """sha256 of files, byte strings and streams: the one definition the tests
-and the developer tools (tools/bench, tools/dev/bench-cpu, tools/dev/bench-verify)
-share.  Standard library only, so the tools can import it without pytest:
+and the benchmark (bench/bench, bench/bench-cpu, bench/bench-verify)
+share.  Standard library only, so the benchmark can import it without
+pytest; bench/benchlib makes the harness importable as the package ``lib``:
 
-    sys.path.insert(0, str(TOP / "tests"))
+    import benchlib
     from lib.digest import sha256_file
 """
 

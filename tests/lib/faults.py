@@ -7,7 +7,7 @@ The judge is the heart of it: after every copy made under a fault, the
 bytes on the server are compared with the source.  A copy tool that exits
 0 while the server's bytes differ is *silent corruption*: the test fails
 and the tally counts it.  The tally of the session is written to
-tests/.fault-summary (one JSON object) and printed by tools/test-sanitizers
+tests/.fault-summary (one JSON object) and printed by scripts/test-sanitizers
 and .ci/run.
 """
 

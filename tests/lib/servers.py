@@ -92,7 +92,7 @@ def plugin_path(name):
     path = PLUGINS / f"nbdkit-{name}-plugin.so"
     if not path.exists():
         pytest.fail(f"{path} not built (needs nbdkit-plugin-dev; build with "
-                    "tools/build, or set NBDFERRY_BUILD)")
+                    "scripts/build, or set NBDFERRY_BUILD)")
     return path
 
 

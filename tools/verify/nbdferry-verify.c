@@ -26,7 +26,7 @@
 #include "common/optlist.h"
 #include "config.h"
 #include "tools/verify/verify.h"
-#include "tools/vhdfile/vhdfile.h"
+#include "vhdfile/vhdfile.h"
 
 struct options {
     const char *algorithm;

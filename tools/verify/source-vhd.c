@@ -2,7 +2,7 @@
  * virtual disk.
  *
  * Detection is here; parsing and lookups belong to the vhd/ library, the
- * file reads and the parent chain to tools/vhdfile/vhdfile.c (shared with the
+ * file reads and the parent chain to vhdfile/vhdfile.c (shared with the
  * inspector's cat).  It is a simple source:
  *   - size:   the footer's current size (the virtual disk size);
  *   - extent: unallocated blocks and clear bitmap bits of a dynamic disk are
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "tools/verify/verify.h"
-#include "tools/vhdfile/vhdfile.h"
+#include "vhdfile/vhdfile.h"
 
 #define VHD_COOKIE "conectix"
 /* Merge lookups up to this much: large enough that a hole costs one

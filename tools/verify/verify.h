@@ -194,7 +194,7 @@ int src_stream_open(const char *name, int fd, const struct source_options *opt,
 int src_file_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
-/* source-vhd.c: fixed, dynamic and differencing VHDs (tools/vhdfile/vhdfile.c),
+/* source-vhd.c: fixed, dynamic and differencing VHDs (vhdfile/vhdfile.c),
  * decoded to the virtual disk; holes known zero without reading. */
 /* 1 if fd looks like a VHD ("conectix" cookie in the first sector or the
  * last one), 0 if not, -errno if it cannot be read. */

@@ -7,7 +7,7 @@
  *   nbdferry-vhd export RAW -o OUT
  *
  * Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.
- * The library never does I/O; this file and tools/vhdfile/vhdfile.c (the chain
+ * The library never does I/O; this file and vhdfile/vhdfile.c (the chain
  * reader shared with nbdferry-verify) do all of it (pread, pwrite).
  */
 #include <errno.h>
@@ -26,7 +26,7 @@
 #include "common/optlist.h"
 #include "common/uuid.h"
 #include "config.h"
-#include "tools/vhdfile/vhdfile.h"
+#include "vhdfile/vhdfile.h"
 #include "vhd/vhd.h"
 
 #define EXIT_INVALID 1

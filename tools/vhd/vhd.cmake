@@ -1,6 +1,6 @@
 # nbdferry-vhd: VHD inspector (info, check, map, cat, export) over vhd/.
 # Included from tools/CMakeLists.txt; paths are relative to this file.
-# The VHD file reader (tools/vhdfile/) is shared with nbdferry-verify.
+# The VHD file reader (vhdfile/) is shared with nbdferry-verify.
 add_executable(nbdferry-vhd ${CMAKE_CURRENT_LIST_DIR}/nbdferry-vhd.c)
 target_link_libraries(nbdferry-vhd PRIVATE vhdfile vhd)
 install(TARGETS nbdferry-vhd DESTINATION ${CMAKE_INSTALL_BINDIR})
