@@ -113,6 +113,10 @@ static int sink_begin(void *opaque, const struct vhdx_info *info)
     const struct vhdx_meta *m = &info->meta;
 
     ingest_of(iv)->overlay = m->has_parent;
+    if (info->log_entries)
+        log_notice("%s: the file was not closed cleanly: log entries "
+                   "replayed: %" PRIu64 " (%" PRIu64 " writes)",
+                   imageview_name(iv), info->log_entries, info->log_writes);
     return imageview_take(iv, m->has_parent ? "differencing"
                               : m->leave_blocks_allocated ? "fixed"
                                                           : "dynamic",
