@@ -329,3 +329,26 @@ def test_export_reads_back_with_qemu(server, mount, fx, tmp_path):
     land(m2, out, "cp")
     assert_content(raw, EXPORT, mount_file=m2.file, uri=srv2.uri,
                    mount_size=RAW_SIZE)
+
+
+def test_export_not_whole_sectors(server, mount, tmp_path):
+    """A disk of 3 MiB + 1000 bytes: the VHDX's virtual size is rounded up
+    to whole sectors (3 MiB + 1024, as qemu-img convert -O vhdx does), the
+    24 bytes past the disk read as zero, and the daemon says so.  The file
+    lands back on the same export (its zero tail is dropped)."""
+    size = 3 * MiB + 1000
+    srv, old = random_export(server, size)
+    m = mount(srv)
+    out = tmp_path / "out.vhdx"
+    r = run(["cp", m.mp / "nbd.vhdx", out])
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "vhdx", "-O", "raw", str(out),
+             str(back)])
+    assert r.returncode == 0, r.stderr
+    assert back.read_bytes() == old + bytes(24)
+    assert "rounded up to 3146752, its last 24 bytes zeros" in m.stderr, \
+        m.stderr[-2000:]
+    fill_random(srv.uri, size)
+    land(m, out, "cp")
+    assert sha256_nbd(srv.uri) == hashlib.sha256(old).hexdigest()

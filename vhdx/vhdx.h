@@ -319,13 +319,15 @@ void vhdx_stream_free(struct vhdx_stream *s);
 #define VHDX_SYNTH_BLOCK (2ull << 20)
 struct vhdx_synth;
 
-/* disk_size: bytes (a multiple of 512, at most 64 TiB); guid: 16 bytes
- * used for the write GUIDs and page 83 data (a disk's identity: the same
- * disk should get the same one).  -EINVAL with a message otherwise. */
+/* disk_size: bytes (at most 64 TiB; not a multiple of 512, the virtual
+ * size is rounded up to one and the bytes past the disk read as zero, as
+ * qemu-img convert -O vhdx does); guid: 16 bytes used for the write GUIDs
+ * and page 83 data (a disk's identity: the same disk should get the same
+ * one).  -EINVAL with a message otherwise. */
 int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
                    struct vhdx_synth **out, struct vhdx_err *err);
-/* Mark every block touched by [disk_off, disk_off+len) allocated.  Only
- * before seal; -EINVAL otherwise. */
+/* Mark every block touched by [disk_off, disk_off+len) allocated (inside
+ * the rounded-up size).  Only before seal; -EINVAL otherwise. */
 int vhdx_synth_allocate(struct vhdx_synth *s, uint64_t disk_off, uint64_t len);
 int vhdx_synth_seal(struct vhdx_synth *s);          /* idempotent */
 uint64_t vhdx_synth_file_size(const struct vhdx_synth *s);   /* sealed */
