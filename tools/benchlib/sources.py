@@ -14,6 +14,7 @@ vmdk25    a streamOptimized VMDK (qemu-img) of a disk with 25% data in 1 MiB
           extents, half compressible text-like bytes and half random; the
           sha256 is the disk's (the .raw beside it), which the export must
           hold after the copy
+vhdx25    a dynamic VHDX (qemu-img) of the same kind of disk, the same way
 """
 
 import os
@@ -31,25 +32,50 @@ NOTES = {}          # source name -> how it was made (for the report)
 def make(src, directory):
     """Create src in directory unless present; return (path, sha256 hex of
     what the export must hold afterwards)."""
-    ext = ".vmdk" if src.kind == "vmdk25" else ".img"
+    ext = {"vmdk25": ".vmdk", "vhdx25": ".vhdx"}.get(src.kind, ".img")
     path = os.path.join(directory, src.name + ext)
     if not os.path.exists(path):
         tmp = path + ".part"
         note = {"dense": make_dense, "sparse25": make_sparse25,
                 "sparse10": make_sparse10, "thin": make_thin,
                 "fsimage": make_fsimage,
-                "vmdk25": make_vmdk25}[src.kind](tmp, src.size)
+                "vmdk25": make_vmdk25,
+                "vhdx25": make_vhdx25}[src.kind](tmp, src.size)
         os.rename(tmp, path)
         if note:
             NOTES[src.name] = note
-    if src.kind == "vmdk25":
-        return path, sha256_file(path + ".raw")
-    return path, sha256_file(path)
+    return path, sha256_file(disk_path(src, path))
+
+
+def disk_path(src, path):
+    """The raw disk a source stands for: an image file's .raw beside it."""
+    return path + ".raw" if src.kind in ("vmdk25", "vhdx25") else path
 
 
 def make_vmdk25(path, size):
     """path ends in .part; the disk goes to the final name + .raw."""
     raw = path[:-len(".part")] + ".raw"
+    make_disk25(raw, size)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk",
+                    "-o", "subformat=streamOptimized", raw, path], check=True)
+    return (f"streamOptimized VMDK of {os.path.getsize(path) >> 20} MiB "
+            f"made by qemu-img from a {size >> 20} MiB disk with "
+            f"{size // MiB // 4} MiB of data")
+
+
+def make_vhdx25(path, size):
+    """path ends in .part; the disk goes to the final name + .raw."""
+    raw = path[:-len(".part")] + ".raw"
+    make_disk25(raw, size)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vhdx",
+                    "-o", "subformat=dynamic", raw, path], check=True)
+    return (f"dynamic VHDX of {os.path.getsize(path) >> 20} MiB made by "
+            f"qemu-img from a {size >> 20} MiB disk with "
+            f"{size // MiB // 4} MiB of data")
+
+
+def make_disk25(raw, size):
+    """25% data in 1 MiB extents, half text-like and half random bytes."""
     rng = random.Random(20240604)
     words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz")
                    for _ in range(rng.randint(2, 9))) for _ in range(5000)]
@@ -64,11 +90,6 @@ def make_vmdk25(path, size):
                 at = (b * 7919) % (len(text) - MiB)
                 f.write(text[at:at + MiB])
         f.truncate(size)
-    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk",
-                    "-o", "subformat=streamOptimized", raw, path], check=True)
-    return (f"streamOptimized VMDK of {os.path.getsize(path) >> 20} MiB "
-            f"made by qemu-img from a {size >> 20} MiB disk with "
-            f"{blocks // 4} MiB of data")
 
 
 def make_dense(path, size):
