@@ -472,7 +472,8 @@ static int bat_decode(struct vhdx_stream *s)
         if (r < 0)
             return r;
     }
-    qsort(s->blks, s->nblks, sizeof *s->blks, blk_cmp);
+    if (s->nblks)                       /* blks is NULL without blocks */
+        qsort(s->blks, s->nblks, sizeof *s->blks, blk_cmp);
     for (size_t i = 1; i < s->nblks; i++)
         if (s->blks[i - 1].file_off + s->blks[i - 1].len > s->blks[i].file_off)
             return fail(s, -EINVAL, "BAT: two blocks overlap at %" PRIu64,
