@@ -18,6 +18,7 @@ Run: /usr/bin/python3 -m pytest tests/test_vhdx_view.py
 """
 
 import errno
+import json
 import hashlib
 import os
 import random
@@ -105,6 +106,7 @@ def fx(tmp_path_factory):
         "dynamic": qemu_vhdx(raw, d / "dynamic.vhdx"),
         "dynamic-1M": qemu_vhdx(raw, d / "dyn1.vhdx", "block_size=1M"),
         "dynamic-8M": qemu_vhdx(raw, d / "dyn8.vhdx", "block_size=8M"),
+        "dynamic-256M": qemu_vhdx(raw, d / "dyn256.vhdx", "block_size=256M"),
         "fixed": qemu_vhdx(raw, d / "fixed.vhdx", "subformat=fixed"),
     }
     return d, raw, files
@@ -122,7 +124,8 @@ def test_dynamic_lands_every_way(server, mount, fx, tool):
                    mount_size=RAW_SIZE, what=f"dynamic via {tool}")
 
 
-@pytest.mark.parametrize("name", ["dynamic-1M", "dynamic-8M", "fixed"])
+@pytest.mark.parametrize("name", ["dynamic-1M", "dynamic-8M", "dynamic-256M",
+                                  "fixed"])
 def test_qemu_kinds_land(server, mount, fx, name):
     _, raw, files = fx
     srv, _ = random_export(server)
@@ -296,6 +299,25 @@ def test_cut_file_fails_at_close(server, mount, fx, tmp_path):
     m = mount(srv, expect_errors=True)
     r = land(m, cut, "cp", ok=False)
     assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    # The status says why, and what landed before the end.
+    st = status(m)
+    msgs = [f["message"] for f in st["failures"] if "time" in f]
+    assert any("nbd.vhdx: " in x and "cut short" in x for x in msgs), msgs
+    assert st["progress"]["failed"], json.dumps(st, indent=1)
+    assert st["bytes_acknowledged"] == st["progress"]["acknowledged"] > 0, \
+        json.dumps(st, indent=1)
+
+
+def test_log_cut_short_fails_at_close(server, mount, tmp_path):
+    """A file whose log says it was longer than what arrived was cut: the
+    copy fails at close naming the rule (after its blocks landed)."""
+    vhdx, _ = mkfile(tmp_path, "log", 4 * MiB, flags="lc")
+    srv, _ = random_export(server)
+    m = mount(srv, expect_errors=True)
+    r = land(m, vhdx, "cp", ok=False)
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    assert "cut short: its log says it was at least" in m.stderr, \
+        m.stderr[-2000:]
 
 
 # ---- export -----------------------------------------------------------------

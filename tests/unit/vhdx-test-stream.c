@@ -483,9 +483,9 @@ int main(void)
     built_case("built differencing, regions after the blocks", &sp);
     sp.diff = false;
     sp.regions_last = false;
-    for (int i = 0; i < 25; i++)
+    for (int i = 0; i < 25; i++)               /* and qemu's UNMAPPED (5) */
         if (states[i] == VHDX_PB_PARTIALLY_PRESENT)
-            states[i] = VHDX_PB_UNDEFINED;
+            states[i] = i % 2 ? VHDX_PB_UNDEFINED : VHDX_PB_UNMAPPED_QEMU;
     built_case("built dynamic with every other state", &sp);
 
     struct spec lg = { .disk_size = 8 * MiB + 4096, .block_size = MiB, .lsec = 512 };
