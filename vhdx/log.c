@@ -32,14 +32,17 @@
 #define SEC VHDX_LOG_SECTOR
 #define ENTRY_HEAD 64u
 #define DESC_BYTES 32u
-/* CRC work allowed in the search, in multiples of the log's length: a
- * damaged log full of headers claiming long entries must not cost hours. */
+/* Work allowed in the search (bytes of entries checked), in multiples of
+ * the log's length: a damaged log full of headers with the log's GUID
+ * claiming long entries must not cost hours.  Past it the log is refused
+ * rather than taken as empty. */
 #define CRC_BUDGET 64u
 
 struct ring {
     const uint8_t *log;
     uint64_t nsec;
     uint64_t crc_left;                  /* bytes the search may still sum */
+    bool exhausted;                     /* ... and it ran out */
 };
 
 struct entry {                          /* a valid entry, decoded */
@@ -127,13 +130,14 @@ static bool entry_at(struct ring *r, uint64_t at, const uint8_t guid[16],
         e->tail >= r->nsec || e->seq == 0 || (want && e->seq != want) ||
         desc_sectors(e->ndesc) > e->nsec)
         return false;
-    uint64_t ndata;
-    if (!descriptors_ok(r, e, &ndata))
+    if (r->crc_left < len) {            /* see CRC_BUDGET */
+        r->exhausted = true;
         return false;
-    if (r->crc_left < len)
-        return false;                   /* see CRC_BUDGET */
+    }
     r->crc_left -= len;
-    return entry_crc(r, at, e->nsec) == vhdx_le32(h + 4);
+    uint64_t ndata;
+    return descriptors_ok(r, e, &ndata) &&
+           entry_crc(r, at, e->nsec) == vhdx_le32(h + 4);
 }
 
 struct run {
@@ -273,7 +277,8 @@ int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
     if (len == 0 || len % SEC)
         return vhdx_fail(err, -EINVAL, "log: %zu bytes, not whole 4 KiB "
                          "sectors", len);
-    struct ring r = { log, len / SEC, (uint64_t) len * CRC_BUDGET };
+    struct ring r = { .log = log, .nsec = len / SEC,
+                      .crc_left = (uint64_t) len * CRC_BUDGET };
     bool *covered = calloc(r.nsec, 1);
     struct run run = { 0 }, best = { 0 };
     long best_from = -1;
@@ -298,6 +303,13 @@ int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
     if (rc < 0) {
         free(best.v);
         return vhdx_fail(err, rc, "log: out of memory searching it");
+    }
+    if (r.exhausted) {
+        /* Not knowing the active sequence, replaying nothing could be
+         * wrong: refuse. */
+        free(best.v);
+        return vhdx_fail(err, -EINVAL, "log: too many entry headers with "
+                         "the log's GUID that do not check to search it");
     }
     if (best_from >= 0)
         rc = plan_run(&r, &best, (size_t) best_from, p, err);

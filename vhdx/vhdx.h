@@ -191,7 +191,8 @@ struct vhdx_log_plan {
 /* Find the active sequence in the log (len bytes, whole 4 KiB sectors:
  * the log region) for the header's log GUID and turn it into patches.
  * 0 with npatches and entries 0 when no valid sequence is there (nothing
- * to replay); -EINVAL on a bad length or a write past 2^64; -ENOMEM.
+ * to replay); -EINVAL on a bad length, a write past 2^64 or a log too
+ * damaged to search (docs/vhdx-format.md); -ENOMEM.
  * Free with vhdx_log_plan_free() (also after a failure: harmless). */
 int vhdx_log_plan(const void *log, size_t len, const uint8_t log_guid[16],
                   struct vhdx_log_plan *out, struct vhdx_err *err);

@@ -445,6 +445,32 @@ static void log_case(const char *what, struct spec sp)
     free(unreplayed); free(want); free(content); free(base);
 }
 
+/* The parser alone: an empty log plans nothing; a log whose every sector
+ * starts a bogus header with the log's GUID and a 1 MiB length is refused
+ * once the search's work bound is spent, not searched for minutes nor
+ * taken as empty. */
+static void log_parser_cases(void)
+{
+    uint8_t *log = calloc(1, MiB);
+    struct vhdx_log_plan p;
+    struct vhdx_err e = { "" };
+    CHECK(vhdx_log_plan(log, MiB, G_LOG, &p, &e) == 0 && p.npatches == 0 &&
+          p.entries == 0);
+    vhdx_log_plan_free(&p);
+    CHECK(vhdx_log_plan(log, 1000, G_LOG, &p, &e) == -EINVAL);
+    for (uint64_t at = 0; at < MiB; at += 4096) {
+        memcpy(log + at, "loge", 4);
+        put32(log + at + 8, MiB);
+        put64(log + at + 16, 7);
+        memcpy(log + at + 32, G_LOG, 16);
+    }
+    CHECK(vhdx_log_plan(log, MiB, G_LOG, &p, &e) == -EINVAL);
+    CHECK(strstr(e.msg, "too many entry headers"));
+    vhdx_log_plan_free(&p);
+    free(log);
+    printf("ok log parser: empty, bad length, too damaged to search\n");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -488,6 +514,7 @@ int main(void)
             states[i] = i % 2 ? VHDX_PB_UNDEFINED : VHDX_PB_UNMAPPED_QEMU;
     built_case("built dynamic with every other state", &sp);
 
+    log_parser_cases();
     struct spec lg = { .disk_size = 8 * MiB + 4096, .block_size = MiB, .lsec = 512 };
     log_case("log replayed", lg);
     lg.regions_last = true;
