@@ -169,7 +169,7 @@ static int run_from(struct ring *r, const uint8_t guid[16],
     int rc = run_push(run, first);
     uint64_t used = first->nsec;
     struct entry e = *first, next;
-    while (rc == 0 && used < r->nsec &&
+    while (rc == 0 && used < r->nsec && e.seq < UINT64_MAX &&
            entry_at(r, e.at + e.nsec, guid, e.seq + 1, &next) &&
            used + next.nsec <= r->nsec) {
         covered[next.at] = true;

@@ -72,7 +72,6 @@ struct vhdx_stream {
     struct vhdx_info info;
     uint64_t log_off, log_len;
     uint8_t *log;                       /* the log, while collected */
-    uint64_t log_got;
     bool log_done;
     struct vhdx_log_plan plan;          /* its writes, once log_done */
 
@@ -644,8 +643,7 @@ static int feed_log(struct vhdx_stream *s, const uint8_t *buf, uint64_t len)
         uint64_t n = end - s->pos < len ? end - s->pos : len;
         if (s->pos < s->log_off && s->log_off - s->pos < n)
             n = s->log_off - s->pos;            /* up to the log */
-        s->log_got += region_copy(s->pos, buf, n, s->log_off, s->log_len,
-                                  s->log);
+        region_copy(s->pos, buf, n, s->log_off, s->log_len, s->log);
         int r = feed_body(s, buf, n);
         if (r < 0 || (s->pos == end && (r = log_ready(s)) < 0))
             return r;
