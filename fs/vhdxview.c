@@ -83,6 +83,11 @@ static int vhdx_new_synth(struct imageview *iv, uint64_t size, void **out)
                            (struct vhdx_synth **) out, &e);
     if (r < 0)
         log_notice("%s: %s", imageview_name(iv), e.msg);
+    else if (size % 512)
+        log_notice("%s: the disk is %" PRIu64 " bytes, not whole 512-byte "
+                   "sectors: the VHDX's virtual size is rounded up to %"
+                   PRIu64 ", its last %u bytes zeros", imageview_name(iv),
+                   size, (size + 511) / 512 * 512, (unsigned) (512 - size % 512));
     return r;
 }
 
@@ -112,17 +117,43 @@ static int sink_begin(void *opaque, const struct vhdx_info *info)
     struct imageview *iv = opaque;
     const struct vhdx_meta *m = &info->meta;
 
+    uint64_t size = m->disk_size, export = imageview_fs(iv)->export_size;
+
     ingest_of(iv)->overlay = m->has_parent;
+    /* A virtual size is whole sectors: an export whose size is not takes
+     * a VHDX of itself back (sink_data() checks the tail is zero). */
+    if (size > export && size - export < m->logical_sector)
+        size = export;
+    if (info->log_entries)
+        log_notice("%s: the file was not closed cleanly: log entries "
+                   "replayed: %" PRIu64 " (%" PRIu64 " writes)",
+                   imageview_name(iv), info->log_entries, info->log_writes);
     return imageview_take(iv, m->has_parent ? "differencing"
                               : m->leave_blocks_allocated ? "fixed"
                                                           : "dynamic",
-                          m->disk_size, m->has_parent, 0);
+                          size, m->has_parent, 0);
+}
+
+/* The part of [off, off+len) inside the export (begin() allowed a last
+ * sector past an export that ends mid-sector). */
+static size_t inside(struct imageview *iv, uint64_t off, size_t len)
+{
+    uint64_t export = imageview_fs(iv)->export_size;
+
+    if (off + len <= export)
+        return len;
+    return off < export ? (size_t) (export - off) : 0;
 }
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
 {
     struct imageview *iv = opaque;
+    size_t keep = inside(iv, off, len);
 
+    if (!is_zero((const char *) buf + keep, len - keep))
+        return -ENOSPC;               /* data past the export's end */
+    if ((len = keep) == 0)
+        return 0;
     if (imageview_fits(iv, off, len) < 0)
         return -ENOSPC;
     /* Without a parent the disk reads as zero since begin. */
@@ -135,6 +166,8 @@ static int sink_zero(void *opaque, uint64_t off, uint64_t len)
 {
     struct imageview *iv = opaque;
 
+    if ((len = inside(iv, off, (size_t) len)) == 0)
+        return 0;
     if (imageview_fits(iv, off, len) < 0)
         return -ENOSPC;
     return rawfile_place_zero(imageview_fs(iv), off, len);

@@ -1,6 +1,7 @@
 """nbdferry-vhdx, the VHDX inspector: info, check, map, cat, export.
 
-Files come from qemu-img; every decode is checked by sha256 against the raw
+Files come from qemu-img (and, for a log to replay, tests/unit/vhdx-build.h
+through vhdx-mkfile); every decode is checked by sha256 against the raw
 source (from a file and from a pipe), every export by qemu-img check and
 compare.  Damaged and foreign files must make check exit 1 with the broken
 rule on stderr; a file whose tables come after its data needs the spool,
@@ -163,3 +164,22 @@ def test_vhdx_tool_check_refuses(fx, damage):
     bad.write_bytes(bytes(b))
     r = tool("check", bad, expect=1)
     assert want in r.stderr, r.stderr
+
+
+def test_vhdx_tool_replays_a_log(fx, tmp_path):
+    """A file not closed cleanly: info says its log was replayed, cat gives
+    the disk after the replay, and a log that writes behind itself makes
+    check fail with how to clean the file."""
+    mk = BUILD / "tests" / "vhdx-mkfile"
+    size = 6 * MiB
+    for flags in ("l", "lb"):
+        subprocess.run([mk, tmp_path / f"{flags}.vhdx", tmp_path / f"{flags}.raw",
+                        "-", str(size), str(MiB), "512", flags, "7"],
+                       check=True)
+    info = tool("info", tmp_path / "l.vhdx").stdout.decode()
+    assert "log replayed           1 entries, 2 writes" in info, info
+    with open(tmp_path / "l.vhdx", "rb") as src:
+        out = tool("cat", "-", stdin=src).stdout
+    assert out == (tmp_path / "l.raw").read_bytes()
+    r = tool("check", tmp_path / "lb.vhdx", expect=1)
+    assert b"qemu-img check -r all" in r.stderr, r.stderr

@@ -5,10 +5,12 @@ Files come from qemu-img (dynamic, fixed, several block sizes) and from
 tests/unit/vhdx-build.h through the vhdx-mkfile helper, for what qemu-img
 cannot write: the metadata and BAT after the blocks (spooled, bounded by
 --spool-max), differencing files with sector bitmaps (applied over what
-the disk holds), every block state, a log to replay.  Every landing
+the disk holds), every block state, a log to replay (replayed as it
+streams).  Every landing
 starts from an export full of random bytes and compares the sha256 of
 the disk, through the mount and read from the server, with what the file
-describes.  Refused files (not a VHDX, bad headers, a log, too large)
+describes.  Refused files (not a VHDX, bad headers, a log that writes
+behind itself, too large)
 leave the disk untouched; a cut file fails at close.  The export is
 checked and compared by qemu-img.
 
@@ -16,6 +18,7 @@ Run: /usr/bin/python3 -m pytest tests/test_vhdx_view.py
 """
 
 import errno
+import json
 import hashlib
 import os
 import random
@@ -103,6 +106,7 @@ def fx(tmp_path_factory):
         "dynamic": qemu_vhdx(raw, d / "dynamic.vhdx"),
         "dynamic-1M": qemu_vhdx(raw, d / "dyn1.vhdx", "block_size=1M"),
         "dynamic-8M": qemu_vhdx(raw, d / "dyn8.vhdx", "block_size=8M"),
+        "dynamic-256M": qemu_vhdx(raw, d / "dyn256.vhdx", "block_size=256M"),
         "fixed": qemu_vhdx(raw, d / "fixed.vhdx", "subformat=fixed"),
     }
     return d, raw, files
@@ -120,7 +124,8 @@ def test_dynamic_lands_every_way(server, mount, fx, tool):
                    mount_size=RAW_SIZE, what=f"dynamic via {tool}")
 
 
-@pytest.mark.parametrize("name", ["dynamic-1M", "dynamic-8M", "fixed"])
+@pytest.mark.parametrize("name", ["dynamic-1M", "dynamic-8M", "dynamic-256M",
+                                  "fixed"])
 def test_qemu_kinds_land(server, mount, fx, name):
     _, raw, files = fx
     srv, _ = random_export(server)
@@ -200,6 +205,22 @@ def test_differencing_applies_over_the_disk(server, mount, tmp_path):
     assert sha256_file(m.file) == sha256_file(want)
 
 
+@pytest.mark.parametrize("tool", ["cp", "pipe"])
+def test_log_is_replayed(server, mount, tmp_path, tool):
+    """A file not closed cleanly: its log restores the BAT's first sector
+    (all blocks absent in place) and zeros a block's first 64 KiB; torn
+    and foreign entries after it are ignored.  What lands is the disk
+    after the replay (qemu-img check -r all agrees, in the unit test)."""
+    size = 8 * MiB + 4096
+    vhdx, want = mkfile(tmp_path, "log", size, flags="l")
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, vhdx, tool)
+    assert_content(want, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=size)
+    assert "log entries replayed: 1 (2 writes)" in m.stderr, m.stderr
+
+
 @pytest.mark.parametrize("blkhash", [False, True], ids=["sha256", "blkhash"])
 def test_inline_digest_is_the_decoded_disk(server, mount, fx, blkhash):
     """A VHDX landing starts a new inline digest over the decoded disk,
@@ -255,7 +276,7 @@ def test_bad_file_touches_nothing(server, mount, fx, tmp_path, damage):
         export = 8 * MiB
     bad = tmp_path / "bad.vhdx"
     if damage == "log":
-        bad, _ = mkfile(tmp_path, "log", 4 * MiB, flags="l")
+        bad, _ = mkfile(tmp_path, "log", 4 * MiB, flags="lb")
     else:
         bad.write_bytes(bytes(data))
     srv, old = random_export(server, export)
@@ -263,8 +284,9 @@ def test_bad_file_touches_nothing(server, mount, fx, tmp_path, damage):
     r = land(m, bad, "cp", ok=False)
     assert r.returncode != 0
     assert "nbd.vhdx: " in m.stderr
-    if damage == "log":
+    if damage == "log":                 # it writes behind itself
         assert "log to replay" in m.stderr
+        assert "qemu-img check -r all" in m.stderr
     assert_untouched(srv, m, old)
 
 
@@ -277,6 +299,25 @@ def test_cut_file_fails_at_close(server, mount, fx, tmp_path):
     m = mount(srv, expect_errors=True)
     r = land(m, cut, "cp", ok=False)
     assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    # The status says why, and what landed before the end.
+    st = status(m)
+    msgs = [f["message"] for f in st["failures"] if "time" in f]
+    assert any("nbd.vhdx: " in x and "cut short" in x for x in msgs), msgs
+    assert st["progress"]["failed"], json.dumps(st, indent=1)
+    assert st["bytes_acknowledged"] == st["progress"]["acknowledged"] > 0, \
+        json.dumps(st, indent=1)
+
+
+def test_log_cut_short_fails_at_close(server, mount, tmp_path):
+    """A file whose log says it was longer than what arrived was cut: the
+    copy fails at close naming the rule (after its blocks landed)."""
+    vhdx, _ = mkfile(tmp_path, "log", 4 * MiB, flags="lc")
+    srv, _ = random_export(server)
+    m = mount(srv, expect_errors=True)
+    r = land(m, vhdx, "cp", ok=False)
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    assert "cut short: its log says it was at least" in m.stderr, \
+        m.stderr[-2000:]
 
 
 # ---- export -----------------------------------------------------------------
@@ -310,3 +351,26 @@ def test_export_reads_back_with_qemu(server, mount, fx, tmp_path):
     land(m2, out, "cp")
     assert_content(raw, EXPORT, mount_file=m2.file, uri=srv2.uri,
                    mount_size=RAW_SIZE)
+
+
+def test_export_not_whole_sectors(server, mount, tmp_path):
+    """A disk of 3 MiB + 1000 bytes: the VHDX's virtual size is rounded up
+    to whole sectors (3 MiB + 1024, as qemu-img convert -O vhdx does), the
+    24 bytes past the disk read as zero, and the daemon says so.  The file
+    lands back on the same export (its zero tail is dropped)."""
+    size = 3 * MiB + 1000
+    srv, old = random_export(server, size)
+    m = mount(srv)
+    out = tmp_path / "out.vhdx"
+    r = run(["cp", m.mp / "nbd.vhdx", out])
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "back.raw"
+    r = run(["qemu-img", "convert", "-f", "vhdx", "-O", "raw", str(out),
+             str(back)])
+    assert r.returncode == 0, r.stderr
+    assert back.read_bytes() == old + bytes(24)
+    assert "rounded up to 3146752, its last 24 bytes zeros" in m.stderr, \
+        m.stderr[-2000:]
+    fill_random(srv.uri, size)
+    land(m, out, "cp")
+    assert sha256_nbd(srv.uri) == hashlib.sha256(old).hexdigest()

@@ -161,6 +161,9 @@ int vhdx_header_decode(const void *buf4k, struct vhdx_header *out,
                          (unsigned long long) h.log_offset);
     if (h.log_pending && h.log_length == 0)
         return vhdx_fail(err, -EINVAL, "header: a log GUID but no log");
+    if (h.log_pending && h.log_version != 0)
+        return vhdx_fail(err, -ENOTSUP, "header: log version %u (only 0 "
+                         "exists)", h.log_version);
     *out = h;
     return 0;
 }

@@ -3,7 +3,12 @@
  *
  * Phases:
  *   HEAD   collect [0, 320 KiB): file identifier, both headers, both
- *          region tables; pick the current header, refuse a log to replay.
+ *          region tables; pick the current header.
+ *   LOG    a header with a log GUID: the log is collected (it must lie
+ *          before the metadata and the BAT), its active sequence found
+ *          (vhdx/log.c), and from its end on every byte fed is patched
+ *          with the log's writes before anything else sees it; a write
+ *          aimed at bytes already passed is refused, before begin().
  *   BODY   every byte past the header section is one of: the log (skipped:
  *          empty for a file closed cleanly), the metadata region or the
  *          BAT (collected), or blocks.  Until the metadata and the BAT have
@@ -66,6 +71,9 @@ struct vhdx_stream {
     bool id_checked, head_done;
     struct vhdx_info info;
     uint64_t log_off, log_len;
+    uint8_t *log;                       /* the log, while collected */
+    bool log_done;
+    struct vhdx_log_plan plan;          /* its writes, once log_done */
 
     uint8_t *meta;                      /* the metadata region */
     uint64_t meta_len, meta_got;
@@ -463,7 +471,8 @@ static int bat_decode(struct vhdx_stream *s)
         if (r < 0)
             return r;
     }
-    qsort(s->blks, s->nblks, sizeof *s->blks, blk_cmp);
+    if (s->nblks)                       /* blks is NULL without blocks */
+        qsort(s->blks, s->nblks, sizeof *s->blks, blk_cmp);
     for (size_t i = 1; i < s->nblks; i++)
         if (s->blks[i - 1].file_off + s->blks[i - 1].len > s->blks[i].file_off)
             return fail(s, -EINVAL, "BAT: two blocks overlap at %" PRIu64,
@@ -535,6 +544,133 @@ static int get_ready(struct vhdx_stream *s)
     return replay(s, NO_CHUNK);
 }
 
+/* ---- the log ------------------------------------------------------------------ */
+
+#define LOG_CLEAN "open it once in Hyper-V, or run qemu-img check -r all " \
+    "on it (or qemu-img convert it), then copy it again"
+
+/* A header with a log GUID: collect the log, which must come before what
+ * it may update (the metadata, the BAT): a one-pass stream cannot go back. */
+static int log_prepare(struct vhdx_stream *s)
+{
+    const struct vhdx_regions *rg = &s->info.regions;
+    if (!s->info.header.log_pending)
+        return 0;
+    uint64_t end = s->log_off + s->log_len;
+    if (end > rg->meta.off || end > rg->bat.off)
+        return fail(s, -ENOTSUP, "a log to replay (not closed cleanly) at %"
+                    PRIu64 ", after the metadata or BAT it may update: "
+                    LOG_CLEAN, s->log_off);
+    if (s->log_len > VHDX_LOG_MAX)
+        return fail(s, -EFBIG, "a log to replay (the file was not closed "
+                    "cleanly) of %" PRIu64 " bytes, more than %llu: "
+                    LOG_CLEAN, s->log_len, VHDX_LOG_MAX);
+    if (!(s->log = calloc(1, s->log_len)))
+        return fail(s, -ENOMEM, "out of memory for the log");
+    return 0;
+}
+
+/* The log is in: plan its replay; every write must land at or past the
+ * log's end (bytes not yet passed). */
+static int log_ready(struct vhdx_stream *s)
+{
+    struct vhdx_log_plan *p = &s->plan;
+    int r = vhdx_log_plan(s->log, s->log_len, s->info.header.log_guid, p,
+                          &s->e);
+    free(s->log);
+    s->log = NULL;
+    s->log_done = true;
+    if (r < 0)
+        return s->err = r;
+    uint64_t end = s->log_off + s->log_len;
+    if (p->npatches && p->lo < end)
+        return fail(s, -ENOTSUP, "a log to replay (the file was not closed "
+                    "cleanly) writes at %" PRIu64 ", before the log's end at %"
+                    PRIu64 ", which a one-pass copy has passed: " LOG_CLEAN,
+                    p->lo, end);
+    s->info.log_entries = p->entries;
+    s->info.log_writes = p->npatches;
+    return 0;
+}
+
+static int feed_body(struct vhdx_stream *s, const uint8_t *buf, uint64_t len);
+static uint64_t region_copy(uint64_t off, const uint8_t *buf, uint64_t len,
+                            uint64_t roff, uint64_t rlen, uint8_t *dst);
+
+/* Bytes past the log's end, with the log's writes made on them: a piece
+ * a write touches is copied and patched, the rest passes as it is.  Over
+ * file zeros (buf NULL) only data writes matter. */
+static int feed_patched(struct vhdx_stream *s, const uint8_t *buf,
+                        uint64_t len)
+{
+    uint8_t *tmp = NULL;
+    int r = 0;
+    while (len && r == 0) {
+        uint64_t off = s->pos, n;
+        uint64_t next = vhdx_log_next(&s->plan, off, buf == NULL);
+        if (next > off) {
+            n = next - off < len ? next - off : len;
+            r = feed_body(s, buf, n);
+        } else {
+            n = len < REPLAY_BUF ? len : REPLAY_BUF;
+            if (!tmp && !(tmp = malloc(REPLAY_BUF))) {
+                r = fail(s, -ENOMEM, "out of memory replaying the log");
+                break;
+            }
+            if (buf)
+                memcpy(tmp, buf, n);
+            else
+                memset(tmp, 0, n);
+            vhdx_log_apply(&s->plan, off, tmp, n);
+            r = feed_body(s, tmp, n);
+        }
+        len -= n;
+        if (buf)
+            buf += n;
+    }
+    free(tmp);
+    return r;
+}
+
+/* Bytes past the header section: collect the log while it passes, then
+ * replay it onto what follows. */
+static int feed_log(struct vhdx_stream *s, const uint8_t *buf, uint64_t len)
+{
+    if (!s->info.header.log_pending)
+        return feed_body(s, buf, len);
+    if (!s->log_done) {
+        uint64_t end = s->log_off + s->log_len;
+        uint64_t n = end - s->pos < len ? end - s->pos : len;
+        if (s->pos < s->log_off && s->log_off - s->pos < n)
+            n = s->log_off - s->pos;            /* up to the log */
+        region_copy(s->pos, buf, n, s->log_off, s->log_len, s->log);
+        int r = feed_body(s, buf, n);
+        if (r < 0 || (s->pos == end && (r = log_ready(s)) < 0))
+            return r;
+        len -= n;
+        if (buf)
+            buf += n;
+        if (!len || !s->log_done)
+            return len ? feed_log(s, buf, len) : 0;
+    }
+    return feed_patched(s, buf, len);
+}
+
+/* End of input with a replayed log: the file is at least as long as the
+ * log says it was, and its writes past the end we saw still count. */
+static int log_finish(struct vhdx_stream *s)
+{
+    const struct vhdx_log_plan *p = &s->plan;
+    if (!s->log_done || !p->entries)
+        return 0;
+    if (s->pos < p->flushed_file_offset)
+        return fail(s, -EINVAL, "the file ends at %" PRIu64 ", cut short: "
+                    "its log says it was at least %" PRIu64 " bytes",
+                    s->pos, p->flushed_file_offset);
+    uint64_t end = p->last_file_offset > p->hi ? p->last_file_offset : p->hi;
+    return end > s->pos ? vhdx_stream_feed(s, end, NULL, 0) : 0;
+}
+
 /* ---- the header section and the regions ------------------------------------- */
 
 static int head_decode(struct vhdx_stream *s)
@@ -550,10 +686,6 @@ static int head_decode(struct vhdx_stream *s)
         return fail(s, -EINVAL, "both headers are bad: %s", e1.msg);
     int pick = vhdx_header_pick(ok1 ? &h1 : NULL, ok2 ? &h2 : NULL, &s->e);
     s->info.header = pick == 1 ? h1 : h2;
-    if (s->info.header.log_pending)
-        return fail(s, -ENOTSUP, "the file has a log to replay (it was not "
-                    "closed cleanly): attach it once in Hyper-V, or run "
-                    "qemu-img check -r all on it, then copy it again");
     s->log_off = s->info.header.log_offset;
     s->log_len = s->info.header.log_length;
     struct vhdx_err re = { "" };
@@ -568,6 +700,8 @@ static int head_decode(struct vhdx_stream *s)
     if (overlaps(s->log_off, s->log_len, rg->bat.off, rg->bat.len) ||
         overlaps(s->log_off, s->log_len, rg->meta.off, rg->meta.len))
         return fail(s, -EINVAL, "the log overlaps the BAT or the metadata");
+    if ((r = log_prepare(s)) < 0)
+        return r;
     if (rg->meta.len > META_MAX)
         return fail(s, -EFBIG, "metadata region of %" PRIu64 " bytes (at "
                     "most %llu)", rg->meta.len, META_MAX);
@@ -673,6 +807,13 @@ int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
     }
     if (!len)
         return s->err;
+    int r = feed_log(s, buf, len);
+    return r < 0 ? r : s->err;
+}
+
+/* The bytes at s->pos past the header section, the log's writes made. */
+static int feed_body(struct vhdx_stream *s, const uint8_t *buf, uint64_t len)
+{
     uint64_t at = s->pos;
     s->pos += len;
     int r = 0;
@@ -697,7 +838,7 @@ int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
 
 int vhdx_stream_finish(struct vhdx_stream *s)
 {
-    if (s->err)
+    if (s->err || log_finish(s) < 0)
         return s->err;
     if (!s->head_done)
         return fail(s, -EINVAL, "the file ends at %" PRIu64 ", inside the "
@@ -784,6 +925,8 @@ void vhdx_stream_free(struct vhdx_stream *s)
     free(s->blks);
     free(s->sp);
     free(s->bat);
+    free(s->log);
+    vhdx_log_plan_free(&s->plan);
     free(s->meta);
     free(s->head);
     free(s);

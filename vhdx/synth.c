@@ -19,7 +19,8 @@
 #define BAT_MAX_ENTRIES (2ull << 20)                /* 16 MiB of BAT */
 
 struct vhdx_synth {
-    struct vhdx_meta m;
+    struct vhdx_meta m;                 /* disk_size: whole sectors */
+    uint64_t raw_size;                  /* the disk's bytes; zeros past it */
     struct vhdx_geom g;
     uint8_t guid[16];
     uint64_t *bits;                     /* a bit per payload block */
@@ -44,13 +45,16 @@ static void checksum(uint8_t *p, size_t len)
 int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
                    struct vhdx_synth **out, struct vhdx_err *err)
 {
-    if (disk_size == 0 || disk_size % 512 || disk_size > VHDX_DISK_MAX)
-        return vhdx_fail(err, -EINVAL, "a VHDX disk is a positive multiple "
-                         "of 512 bytes up to 64 TiB, not %llu bytes",
-                         (unsigned long long) disk_size);
+    if (disk_size == 0 || disk_size > VHDX_DISK_MAX)
+        return vhdx_fail(err, -EINVAL, "a VHDX disk is 1 byte to 64 TiB, "
+                         "not %llu bytes", (unsigned long long) disk_size);
     struct vhdx_synth *s = calloc(1, sizeof *s);
     if (!s)
         return -ENOMEM;
+    /* A virtual size is whole logical sectors: round up, as qemu-img
+     * convert -O vhdx does; the bytes past the disk read as zero. */
+    s->raw_size = disk_size;
+    disk_size = (disk_size + 511) / 512 * 512;
     uint64_t bs = VHDX_SYNTH_BLOCK;
     while (disk_size / bs > BAT_MAX_ENTRIES && bs < VHDX_BLOCK_MAX)
         bs *= 2;
@@ -234,8 +238,8 @@ static int read_block(const struct vhdx_synth *s, uint64_t at, uint8_t *buf,
         w &= w - 1;                                     /* drop lowest bits */
     uint64_t b = lo * 64 + (uint64_t) __builtin_ctzll(w);
     uint64_t disk = b * s->m.block_size + within;
-    size_t data = disk >= s->m.disk_size ? 0
-                : s->m.disk_size - disk < len ? (size_t) (s->m.disk_size - disk)
+    size_t data = disk >= s->raw_size ? 0
+                : s->raw_size - disk < len ? (size_t) (s->raw_size - disk)
                 : len;
     if (data) {
         int r = read_disk(opaque, disk, buf, data);

@@ -7,7 +7,8 @@
  * Scope: VHDX version 1 (Hyper-V 2012 and later, qemu-img), fixed,
  * dynamic and differencing; block sizes 1 to 256 MiB; 512- and 4096-byte
  * logical sectors.  A file with a log to replay (not closed cleanly) is
- * refused by the stream decoder with how to clean it.
+ * replayed by the stream decoder where the log lies before what it
+ * updates, and refused with how to clean it otherwise.
  *
  * Conventions: every function that can fail returns 0 (or a count) or a
  * negative errno; validating functions take an optional 'struct vhdx_err *'
@@ -164,6 +165,51 @@ static inline uint64_t vhdx_bat_offset(uint64_t e)          /* bytes */
     return (e >> 20) << 20;
 }
 
+/* ---- the log -------------------------------------------------------------
+ * A file closed cleanly has no log GUID in its header.  One with a log
+ * GUID may have log entries to replay: 4 KiB writes (and zeroed ranges)
+ * to file offsets, of the BAT, the metadata or sector bitmaps, that the
+ * writer logged but had perhaps not yet made in place.  See vhdx/log.c. */
+#define VHDX_LOG_SECTOR 4096u
+#define VHDX_LOG_MAX    (64ull << 20)        /* the log the decoder collects */
+
+struct vhdx_log_patch {
+    uint64_t file_off, len;             /* bytes of the file, 4 KiB multiples */
+    const uint8_t *data;                /* len (4096) bytes, or NULL: zeros */
+};
+struct vhdx_log_plan {
+    struct vhdx_log_patch *patches;     /* in replay order: later ones win */
+    size_t npatches;
+    uint8_t *sectors;                   /* owns the data patches' bytes */
+    uint64_t entries;                   /* entries replayed */
+    uint64_t head_seq;                  /* the last one's sequence number */
+    uint64_t flushed_file_offset;       /* the file is at least this long */
+    uint64_t last_file_offset;          /* ... and reads as this long */
+    uint64_t lo, hi;                    /* the span the patches cover */
+};
+
+/* Find the active sequence in the log (len bytes, whole 4 KiB sectors:
+ * the log region) for the header's log GUID and turn it into patches.
+ * 0 with npatches and entries 0 when no valid sequence is there (nothing
+ * to replay); -EINVAL on a bad length, a write past 2^64 or a log too
+ * damaged to search (docs/vhdx-format.md); -ENOMEM.
+ * Free with vhdx_log_plan_free() (also after a failure: harmless). */
+int vhdx_log_plan(const void *log, size_t len, const uint8_t log_guid[16],
+                  struct vhdx_log_plan *out, struct vhdx_err *err);
+void vhdx_log_plan_free(struct vhdx_log_plan *p);
+/* Does any patch touch the file's bytes [off, off+len)? */
+bool vhdx_log_overlaps(const struct vhdx_log_plan *p, uint64_t off,
+                       uint64_t len);
+/* The first byte at or past off that a patch touches (only data patches
+ * when data_only: zeros written over zeros change nothing), UINT64_MAX
+ * when none does. */
+uint64_t vhdx_log_next(const struct vhdx_log_plan *p, uint64_t off,
+                       bool data_only);
+/* Replay onto buf, the file's bytes [off, off+len): the patches that
+ * touch them, in order. */
+void vhdx_log_apply(const struct vhdx_log_plan *p, uint64_t off, uint8_t *buf,
+                    size_t len);
+
 /* ---- forward-only stream decoder ----------------------------------------
  * Turns a VHDX file arriving in file order (cp, dd, cat, a pipe) into
  * raw-disk writes.  The header section comes first (it is at offset 0);
@@ -205,6 +251,8 @@ struct vhdx_info {
     struct vhdx_geom geom;
     uint64_t present_blocks;          /* fully or partially present */
     uint64_t zero_blocks;             /* ZERO, UNDEFINED, UNMAPPED */
+    uint64_t log_entries;             /* log entries replayed */
+    uint64_t log_writes;              /* ... their descriptors */
 };
 
 struct vhdx_sink {
@@ -231,8 +279,9 @@ int vhdx_stream_new(const struct vhdx_sink *sink, void *opaque,
  * means len zero bytes.  A copy tool may leave the file's last bytes as a
  * hole (cp --sparse, then ftruncate): feed 0 bytes at the file's size
  * before finishing, so that they count as zeros.  0 or a sticky -errno: -EINVAL malformed,
- * -ENOTSUP unsupported (a log to replay, an unknown required region or
- * item), -EFBIG past a limit or the spool bound, or the sink's. */
+ * -ENOTSUP unsupported (a log to replay that updates bytes before its
+ * own end, which a one-pass stream has passed; an unknown required
+ * region or item), -EFBIG past a limit or the spool bound, or the sink's. */
 int vhdx_stream_feed(struct vhdx_stream *s, uint64_t file_off,
                      const void *buf, size_t len);
 
@@ -271,13 +320,15 @@ void vhdx_stream_free(struct vhdx_stream *s);
 #define VHDX_SYNTH_BLOCK (2ull << 20)
 struct vhdx_synth;
 
-/* disk_size: bytes (a multiple of 512, at most 64 TiB); guid: 16 bytes
- * used for the write GUIDs and page 83 data (a disk's identity: the same
- * disk should get the same one).  -EINVAL with a message otherwise. */
+/* disk_size: bytes (at most 64 TiB; not a multiple of 512, the virtual
+ * size is rounded up to one and the bytes past the disk read as zero, as
+ * qemu-img convert -O vhdx does); guid: 16 bytes used for the write GUIDs
+ * and page 83 data (a disk's identity: the same disk should get the same
+ * one).  -EINVAL with a message otherwise. */
 int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
                    struct vhdx_synth **out, struct vhdx_err *err);
-/* Mark every block touched by [disk_off, disk_off+len) allocated.  Only
- * before seal; -EINVAL otherwise. */
+/* Mark every block touched by [disk_off, disk_off+len) allocated (inside
+ * the rounded-up size).  Only before seal; -EINVAL otherwise. */
 int vhdx_synth_allocate(struct vhdx_synth *s, uint64_t disk_off, uint64_t len);
 int vhdx_synth_seal(struct vhdx_synth *s);          /* idempotent */
 uint64_t vhdx_synth_file_size(const struct vhdx_synth *s);   /* sealed */

@@ -49,7 +49,7 @@ class Arm:
 class Source:
     name: str
     kind: str                  # "dense" | "sparse25" | "sparse10" | "thin" | "fsimage" | "vmdk25"
-                               # | "qcow2-25" | "qcow2z-25"
+                               # | "qcow2-25" | "qcow2z-25" | "vhdx25"
     size: int
 
     @property
@@ -350,6 +350,8 @@ def preset(name, size=None, runs=None):
         exps = [sparse_experiment(size or 4 * GiB, [0, 2])]
     elif name == "vmdk":
         exps = [vmdk_experiment(size or GiB)]
+    elif name == "vhdx":
+        exps = vhdx_preset(size or GiB)
     elif name == "copyout":
         exps = [copyout_experiment(size or 512 * MiB, [0, 0.2, 2, 10])]
     elif name == "blkhash":
@@ -608,3 +610,60 @@ def tuning_preset(size=None):
                             "offers multi-conn); each arm changes one of "
                             "them (with a 256M pool unless the pool is what "
                             "varies).")]
+
+
+# ---- VHDX: ingest and export ----------------------------------------------
+# A dynamic VHDX (qemu-img) of a 25%-data disk: cp into MNT/nbd.vhdx against
+# qemu-img decoding it into the export over NBD, and the export read out as
+# a VHDX against qemu-img writing one from the URI.  The nbdferry arms run
+# the daemon with its defaults (inline blkhash, read-ahead).
+
+def vhdx25(size):
+    """A dynamic VHDX of a disk of size bytes, 25% data (the source path is
+    the .vhdx, the disk is beside it as .raw; the export must end up
+    holding the disk, and a copy-out's file must convert back to it)."""
+    return Source(f"vhdx-25%-data-{human(size)}", "vhdx25", size)
+
+
+FERRY_VHDX = Arm("ferry-vhdx", "nbdferry + cp x.vhdx MNT/nbd.vhdx "
+                 "(defaults)", ("cp", "{src}", "{mnt}/nbd.vhdx"), "nbdferry",
+                 family="nbdferry")
+QEMU_VHDX = Arm("qemu-img-vhdx", "qemu-img convert -n -f vhdx -O raw",
+                ("qemu-img", "convert", "-n", "-f", "vhdx", "-O", "raw",
+                 "{src}", "{uri}"), family="qemu")
+COPYOUT_FERRY_VHDX = Arm("out-ferry-vhdx", "nbdferry + cp MNT/nbd.vhdx "
+                         "out.vhdx (defaults)", ("cp", "{mnt}/nbd.vhdx", OUT),
+                         "nbdferry", family="nbdferry", direction="out")
+COPYOUT_QEMU_VHDX = Arm("out-qemu-img-vhdx", "qemu-img convert -f raw -O "
+                        "vhdx URI out.vhdx", ("qemu-img", "convert", "-f",
+                                              "raw", "-O", "vhdx", "{uri}",
+                                              OUT),
+                        family="qemu", direction="out")
+VHDX_ARMS = [FERRY_VHDX, QEMU_VHDX, COPYOUT_FERRY_VHDX, COPYOUT_QEMU_VHDX]
+ALL_ARMS = ALL_ARMS + VHDX_ARMS
+
+
+def vhdx_preset(size, runs=3):
+    src = [vhdx25(size)]
+    return [
+        Experiment(
+            "vhdx", [FERRY_VHDX, QEMU_VHDX], src, [MEM_UNIX], [0], runs=runs,
+            time_ratios=True,
+            note="The source is a dynamic VHDX made by qemu-img from a disk "
+                 "with 25% data in 1 MiB extents at random places, the rest "
+                 "zero.  nbdferry: `cp x.vhdx MNT/nbd.vhdx` (decoded in the "
+                 "daemon; no options, so the inline blkhash is on); "
+                 "qemu-img: `convert -n -f vhdx -O raw x.vhdx URI`.  Both "
+                 "must leave the export holding the disk (sha256 of the "
+                 "whole export).  Times in seconds (lower is better); the "
+                 "target is nbdferry at most 1.0x qemu-img."),
+        Experiment(
+            "vhdx copy-out", [COPYOUT_FERRY_VHDX, COPYOUT_QEMU_VHDX], src,
+            [MEM_UNIX], [0], runs=runs, time_ratios=True,
+            note="The export holds the disk; nbdferry: `cp MNT/nbd.vhdx "
+                 "out.vhdx` (a dynamic VHDX synthesized from the disk's "
+                 "allocation); qemu-img: `convert -f raw -O vhdx URI "
+                 "out.vhdx`.  Each out.vhdx is converted back to raw by "
+                 "qemu-img and must equal the disk.  Times in seconds; the "
+                 "target is nbdferry at most 1.0x qemu-img."),
+    ]

@@ -414,6 +414,10 @@ TIME_RATIOS = [
     ("time of nbdcopy / qemu-img convert -n -W", "nbdcopy", "qemu-img-W"),
     ("time of nbdferry cp x.vmdk MNT/nbd.vmdk / qemu-img convert -n -f vmdk "
      "(target: ≤ 1.0x)", "ferry-vmdk", "qemu-img-vmdk"),
+    ("time of nbdferry cp x.vhdx MNT/nbd.vhdx / qemu-img convert -n -f vhdx "
+     "(target: ≤ 1.0x)", "ferry-vhdx", "qemu-img-vhdx"),
+    ("time of nbdferry cp MNT/nbd.vhdx out.vhdx / qemu-img convert -O vhdx "
+     "URI (target: ≤ 1.0x)", "out-ferry-vhdx", "out-qemu-img-vhdx"),
 ]
 # The qcow2 preset: landing a qcow2 (plain and zlib) and copying out.
 TIME_RATIOS += [

@@ -25,6 +25,7 @@ from lib.digest import sha256_file, sha256_stream
 
 from . import procs
 from .report import parse_stats
+from .sources import disk_path
 
 
 class RunError(Exception):
@@ -336,6 +337,14 @@ def verify_out(arm, path, size):
     first), then the file goes: it is as large as the disk."""
     if "qcow2" in arm.name:
         path = qcow2_to_raw(path)
+    elif "vhdx" in arm.name:
+        raw = path + ".raw"
+        r = subprocess.run(["qemu-img", "convert", "-q", "-f", "vhdx", "-O",
+                            "raw", path, raw], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RunError(f"qemu-img convert of the VHDX: {r.stderr.strip()}")
+        os.unlink(path)
+        path = raw
     elif "vhd" in arm.name:
         raw = path + ".raw"
         spec = {"driver": "vpc", "force_size_calc": "current_size",
@@ -389,7 +398,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         subst = dict(src=src_path, uri=uri, mnt="", file="",
                      verify=env.verify, out=os.path.join(d, "out.img"))
         if out:
-            fill_export(src_path, uri)        # untimed; writes not delayed
+            fill_export(disk_path(src, src_path), uri)  # untimed, undelayed
         if arm.mounted:
             mnt = os.path.join(d, "mnt")
             os.mkdir(mnt)
@@ -398,7 +407,8 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
             subst.update(mnt=mnt, file=os.path.join(mnt, "nbd"))
         argv = [a.format(**subst) for a in arm.client]
         res["argv"] = argv
-        want = expected_digest(env, arm, src_path, src_sha)   # not timed
+        want = expected_digest(env, arm, disk_path(src, src_path),
+                               src_sha)                       # not timed
         clog = os.path.join(d, "client.log")
         busy0 = procs.system_busy_seconds()
         srv0 = procs.proc_cpu_seconds(server.pid) or 0

@@ -16,6 +16,7 @@ vmdk25    a streamOptimized VMDK (qemu-img) of a disk with 25% data in 1 MiB
           hold after the copy
 qcow2-25  a qcow2 (qemu-img convert) of such a disk; qcow2z-25 the same
           with zlib-compressed clusters (-c); the sha256 is the .raw's
+vhdx25    a dynamic VHDX (qemu-img) of the same kind of disk, the same way
 """
 
 import os
@@ -44,33 +45,39 @@ def make(src, directory):
         os.rename(tmp, path)
         if note:
             NOTES[src.name] = note
-    if src.kind in IMAGES:
-        return path, sha256_file(path + ".raw")
-    return path, sha256_file(path)
+    return path, sha256_file(disk_path(src, path))
+
+
+def disk_path(src, path):
+    """The raw disk a source stands for: an image file's .raw beside it."""
+    return path + ".raw" if src.kind in IMAGES else path
 
 
 def make_vmdk25(path, size):
     """path ends in .part; the disk goes to the final name + .raw."""
     raw = path[:-len(".part")] + ".raw"
-    rng = random.Random(20240604)
-    words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz")
-                   for _ in range(rng.randint(2, 9))) for _ in range(5000)]
-    text = b" ".join(rng.choice(words) for _ in range(700000))[:4 * MiB]
-    blocks = size // MiB
-    with open(raw, "wb") as f:
-        for b in sorted(rng.sample(range(blocks), blocks // 4)):
-            f.seek(b * MiB)
-            if b % 2:
-                f.write(rng.randbytes(MiB))
-            else:
-                at = (b * 7919) % (len(text) - MiB)
-                f.write(text[at:at + MiB])
-        f.truncate(size)
+    make_disk25(raw, size)
     subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk",
                     "-o", "subformat=streamOptimized", raw, path], check=True)
     return (f"streamOptimized VMDK of {os.path.getsize(path) >> 20} MiB "
             f"made by qemu-img from a {size >> 20} MiB disk with "
-            f"{blocks // 4} MiB of data")
+            f"{size // MiB // 4} MiB of data")
+
+
+def make_vhdx25(path, size):
+    """path ends in .part; the disk goes to the final name + .raw."""
+    raw = path[:-len(".part")] + ".raw"
+    make_disk25(raw, size)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vhdx",
+                    "-o", "subformat=dynamic", raw, path], check=True)
+    return (f"dynamic VHDX of {os.path.getsize(path) >> 20} MiB made by "
+            f"qemu-img from a {size >> 20} MiB disk with "
+            f"{size // MiB // 4} MiB of data")
+
+
+def make_disk25(raw, size):
+    """25% data in 1 MiB extents, half text-like and half random bytes."""
+    mixed25_raw(raw, size, 20240604)
 
 
 def make_dense(path, size):
@@ -188,3 +195,4 @@ def make_qcow2(path, size, opts=(), what="qcow2"):
 IMAGES["qcow2-25"] = (".qcow2", make_qcow2)
 IMAGES["qcow2z-25"] = (".qcow2", lambda p, s: make_qcow2(
     p, s, ("-c",), "zlib-compressed qcow2"))
+IMAGES["vhdx25"] = (".vhdx", make_vhdx25)

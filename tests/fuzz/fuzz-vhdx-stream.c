@@ -6,13 +6,21 @@
  * small valid file built in memory (tests/unit/vhdx-build.h):
  *   byte 0: the base: bit 0 differencing, bit 1 regions after the blocks,
  *           bit 2 4096-byte sectors, bit 3 keep the CRCs as patched
- *           (else headers and region tables are re-checksummed, so the
- *           fuzzer gets past them);
+ *           (else headers, region tables and the log's first entry are
+ *           re-checksummed, so the fuzzer gets past them), bit 4 a log
+ *           to replay (vhdx-build.h's: a BAT sector, a zero write, a torn
+ *           entry, another log's entry);
  *   bytes 1-3: seed of the cutting into writes (1 byte to 256 KiB, zero
  *           pieces sent as gaps);
  *   then patches: 3 bytes of window offset, 1 byte length, the bytes.
  *   The windows are the structures' first 4 KiB: header 1 and 2, region
- *   tables 1 and 2, the metadata table, its items, the BAT, the first block.
+ *   tables 1 and 2, the metadata table, its items, the BAT, the first
+ *   block, the log's first two sectors and its entry at 256 KiB.
+ * With bit 5 of byte 0 the input is instead a log on its own (bytes 4 on,
+ * padded to whole 4 KiB sectors, at most 64 KiB; entries that start a
+ * sector get their CRC fixed unless bit 3 is set) for vhdx_log_plan():
+ * every write 4 KiB aligned inside the span it reports, data writes one
+ * sector, and applying the plan anywhere stays inside the buffer.
  * Oracles: begin() exactly once, before any data() or zero(); data() and
  * zero() only inside [0, disk_size); each of the first 2 MiB of the disk
  * placed at most once; every failure names its rule.
@@ -86,14 +94,57 @@ static int s_get(void *o, uint64_t off, void *buf, size_t len)
 
 static const struct vhdx_sink sink = { s_begin, s_data, s_zero, s_put, s_get };
 
+/* The log parser alone, on a small log (see the header). */
+static int log_only(const uint8_t *data, size_t size)
+{
+    static uint8_t log[64 << 10];
+    size_t n = size - 4 < sizeof log ? size - 4 : sizeof log;
+    size_t len = (n + 4095) / 4096 * 4096;
+    if (len == 0)
+        return 0;
+    memset(log, 0, len);
+    memcpy(log, data + 4, n);
+    for (size_t at = 0; at < len && !(data[0] & 8); at += 4096) {
+        uint8_t *e = log + at;
+        uint32_t elen = (uint32_t) e[8] | (uint32_t) e[9] << 8 |
+                        (uint32_t) e[10] << 16 | (uint32_t) e[11] << 24;
+        if (memcmp(e, "loge", 4) == 0 && elen >= 8 && elen <= len - at)
+            fix_crc(e, elen);
+    }
+    struct vhdx_log_plan p;
+    struct vhdx_err e = { "" };
+    int r = vhdx_log_plan(log, len, G_LOG, &p, &e);
+    if (r < 0 && e.msg[0] == 0)
+        abort();
+    for (size_t i = 0; r == 0 && i < p.npatches; i++) {
+        const struct vhdx_log_patch *pt = &p.patches[i];
+        if (pt->file_off % 4096 || pt->len % 4096 || pt->len == 0 ||
+            (pt->data && pt->len != 4096) || pt->file_off < p.lo ||
+            pt->file_off + pt->len > p.hi)
+            abort();
+    }
+    if (r == 0 && p.npatches) {
+        static uint8_t buf[3 * 4096];
+        uint64_t at[] = { p.lo, p.hi - 1, p.lo + 2048, p.patches[0].file_off };
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+            uint64_t off = at[i] > 4096 ? at[i] - 4096 : 0;
+            vhdx_log_apply(&p, off, buf, sizeof buf);
+            (void) vhdx_log_next(&p, off, i % 2);
+        }
+    }
+    vhdx_log_plan_free(&p);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 4)
         return 0;
+    if (data[0] & 32)
+        return log_only(data, size);
     /* The four bases (built once each: building is most of the cost). */
     static uint8_t *base[16];
     static size_t base_len[16];
-    static struct spec specs[16];
     static uint8_t states[2][8] = {
         { VHDX_PB_FULLY_PRESENT, VHDX_PB_FULLY_PRESENT, VHDX_PB_ZERO,
           VHDX_PB_NOT_PRESENT, VHDX_PB_FULLY_PRESENT, VHDX_PB_UNMAPPED,
@@ -101,16 +152,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         { VHDX_PB_FULLY_PRESENT, VHDX_PB_PARTIALLY_PRESENT, VHDX_PB_ZERO,
           VHDX_PB_NOT_PRESENT, VHDX_PB_FULLY_PRESENT, VHDX_PB_UNMAPPED,
           VHDX_PB_FULLY_PRESENT, VHDX_PB_UNDEFINED } };
-    unsigned v = data[0] & 7;
+    unsigned v = (data[0] & 7) | (data[0] & 16 ? 8 : 0);
     struct spec sp = { .disk_size = 8 * MiB - 4096, .block_size = MiB,
                        .lsec = v & 4 ? 4096 : 512, .diff = v & 1,
-                       .regions_last = v & 2, .states = states[v & 1] };
+                       .regions_last = v & 2, .log_pending = v & 8,
+                       .states = states[v & 1] };
     if (!base[v]) {
         uint8_t *content = calloc(1, sp.disk_size), *want = malloc(sp.disk_size);
         for (uint64_t i = 0; i < sp.disk_size; i += 4096)
             content[i] = (uint8_t) (i >> 12) | 1;
         base[v] = build(&sp, content, content, want, &base_len[v]);
-        specs[v] = sp;
         free(content);
         free(want);
     }
@@ -131,7 +182,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     uint64_t first_block = sp.regions_last ? 2 * MiB : 5 * MiB;
     const uint64_t win[] = { 64 << 10, 128 << 10, 192 << 10, 256 << 10, meta,
-                             meta + 65536, bat, first_block };
+                             meta + 65536, bat, first_block, LOG_OFF,
+                             LOG_OFF + 4096, LOG_OFF + (256 << 10) };
     const size_t nwin = sizeof win / sizeof win[0];
     size_t p = 4;
     while (p + 4 <= size) {
@@ -151,6 +203,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fix_crc(f + (128 << 10), 4096);
         fix_crc(f + (192 << 10), 65536);
         fix_crc(f + (256 << 10), 65536);
+        uint32_t elen = (uint32_t) f[LOG_OFF + 8] | (uint32_t) f[LOG_OFF + 9] << 8 |
+                        (uint32_t) f[LOG_OFF + 10] << 16 |
+                        (uint32_t) f[LOG_OFF + 11] << 24;
+        if (sp.log_pending && elen >= 8 && elen <= MiB)
+            fix_crc(f + LOG_OFF, elen);
     }
 
     struct st st = { .seen = calloc(1, TRACK) };

@@ -37,12 +37,27 @@ static const uint8_t G_PAGE83[16] = { 0xAB, 0x12, 0xCA, 0xBE, 0xE6, 0xB2, 0x23, 
 static const uint8_t G_PARENT[16] = { 0x2D, 0x5F, 0xD3, 0xA8, 0x0B, 0xB3, 0x4D, 0x45,
                                       0xAB, 0xF7, 0xD3, 0xD8, 0x48, 0x34, 0xAB, 0x0C };
 
+/* The log's GUID, and another log's. */
+static const uint8_t G_LOG[16] = { 0x10, 0x0D, 0x5E, 0xED, 1, 2, 3, 4, 5, 6, 7, 8,
+                                   9, 10, 11, 12 };
+static const uint8_t G_LOG_OTHER[16] = { 0x01, 0xD0, 0x06, 0xD1, 1, 2, 3, 4, 5,
+                                         6, 7, 8, 9, 10, 11, 12 };
+static const uint8_t G_LOG_NEW[16] = { 0x4E, 0xE3, 0x10, 0x66, 1, 2, 3, 4, 5,
+                                       6, 7, 8, 9, 10, 11, 12 };
+/* How the log of a file with log_pending is spoiled (none: it replays). */
+#define LOG_TORN      1u        /* the entry's data sector changed after its CRC */
+#define LOG_OLD_GUID  2u        /* the header names a newer log */
+#define LOG_BAD_TAIL  4u        /* the entry names a tail outside its run */
+#define LOG_BEHIND    8u        /* the zero write aims at header 1 */
+#define LOG_CUT      16u        /* the log says the file was longer */
+
 struct spec {
     uint64_t disk_size;
     uint32_t block_size, lsec;
     bool diff;
     bool regions_last;          /* metadata and BAT after the blocks */
-    bool log_pending;
+    bool log_pending;           /* a log to replay (see add_log) */
+    unsigned log_flags;         /* LOG_*: how that log is spoiled */
     /* per payload block: state, and for PARTIAL a sector pattern */
     const uint8_t *states;      /* VHDX_PB_* per block (NULL: all FULL) */
 };
@@ -51,6 +66,111 @@ static void fix_crc(uint8_t *p, size_t len)
 {
     put32(p + 4, 0);
     put32(p + 4, vhdx_crc32c(0, p, len));
+}
+
+/* ---- the log ----------------------------------------------------------- */
+
+#define LOG_OFF MiB             /* build() puts a 1 MiB log at 1 MiB */
+
+struct ldesc {
+    uint64_t file_off;
+    const uint8_t *sector;      /* 4096 bytes to write, or NULL: zeros */
+    uint64_t zero_len;
+};
+
+/* Write a log entry at byte 'at' of the log: sequence seq, tail (a byte
+ * offset in the log), the descriptors d[0..n), and file offsets flushed
+ * and last.  Returns its length. */
+static uint32_t log_entry(uint8_t *f, uint32_t at, const uint8_t guid[16],
+                          uint64_t seq, uint32_t tail, const struct ldesc *d,
+                          unsigned n, uint64_t flushed, uint64_t last)
+{
+    uint8_t *e = f + LOG_OFF + at;
+    uint32_t dsec = (64 + 32 * n + 4095) / 4096, ndata = 0;
+    for (unsigned k = 0; k < n; k++)
+        ndata += d[k].sector != NULL;
+    uint32_t len = (dsec + ndata) * 4096;
+    memset(e, 0, len);
+    memcpy(e, "loge", 4);
+    put32(e + 8, len);
+    put32(e + 12, tail);
+    put64(e + 16, seq);
+    put32(e + 24, n);
+    memcpy(e + 32, guid, 16);
+    put64(e + 48, flushed);
+    put64(e + 56, last);
+    uint8_t *data = e + dsec * 4096;
+    for (unsigned k = 0; k < n; k++) {
+        uint8_t *ds = e + 64 + 32 * k;
+        put64(ds + 16, d[k].file_off);
+        put64(ds + 24, seq);
+        if (!d[k].sector) {
+            memcpy(ds, "zero", 4);
+            put64(ds + 8, d[k].zero_len);
+            continue;
+        }
+        memcpy(ds, "desc", 4);
+        memcpy(ds + 4, d[k].sector + 4092, 4);      /* trailing bytes */
+        memcpy(ds + 8, d[k].sector, 8);             /* leading bytes */
+        memcpy(data, "data", 4);
+        put32(data + 4, (uint32_t) (seq >> 32));
+        memcpy(data + 8, d[k].sector + 8, 4084);
+        put32(data + 4092, (uint32_t) seq);
+        data += 4096;
+    }
+    fix_crc(e, len);
+    return len;
+}
+
+/* A log as a host that crashed leaves it: the BAT's first sector in place
+ * is all zeros (every block there not present) and the log's entry holds
+ * the right one; the same entry zeros the first 64 KiB of the first
+ * present block (want follows).  After it, entries that must be ignored:
+ * a torn one (bad CRC) and one of an older log with a higher sequence
+ * number, both writing garbage over the BAT.  sp->log_flags spoils the
+ * good entry (see LOG_*). */
+static void add_log(uint8_t *f, size_t flen, uint64_t bat_off,
+                    const struct spec *sp, uint8_t *want)
+{
+    uint8_t bat0[4096], junk[4096];
+    memcpy(bat0, f + bat_off, 4096);
+    memset(junk, 0xA5, sizeof junk);
+    struct vhdx_meta mt = { .block_size = sp->block_size,
+                            .disk_size = sp->disk_size,
+                            .logical_sector = sp->lsec };
+    struct vhdx_geom g;
+    vhdx_geom(&mt, &g);
+    uint64_t first = 0, blk = 0;
+    for (uint64_t i = 0; i < 512 && i < g.bat_entries && !first; i++) {
+        uint64_t e = 0;
+        for (int b = 7; b >= 0; b--)
+            e = e << 8 | bat0[8 * i + b];
+        if (!vhdx_bat_is_bitmap(&g, i) && (e & 7) == VHDX_PB_FULLY_PRESENT) {
+            first = e >> 20 << 20;
+            blk = i - i / (g.chunk_ratio + 1);
+        }
+    }
+    memset(f + bat_off, 0, 4096);
+    uint64_t flushed = sp->log_flags & LOG_CUT ? flen + MiB : flen;
+    struct ldesc good[2] = {
+        { bat_off, bat0, 0 },
+        { sp->log_flags & LOG_BEHIND ? 64 * 1024 : first, NULL, 65536 },
+    };
+    unsigned ngood = first || (sp->log_flags & LOG_BEHIND) ? 2 : 1;
+    uint32_t tail = sp->log_flags & LOG_BAD_TAIL ? 512 * 1024 : 0;
+    uint32_t n = log_entry(f, 0, G_LOG, 5, tail, good, ngood, flushed, flen);
+    if (sp->log_flags & LOG_TORN)
+        f[LOG_OFF + n - 100] ^= 1;              /* in its data sector */
+    struct ldesc bad = { bat_off, junk, 0 };
+    uint32_t m = log_entry(f, n, G_LOG, 6, 0, &bad, 1, flen, flen);
+    f[LOG_OFF + n + m - 100] ^= 1;              /* torn: its CRC fails */
+    log_entry(f, 256 * 1024, G_LOG_OTHER, 100, 256 * 1024, &bad, 1, flen, flen);
+    if (first && !sp->log_flags) {
+        uint64_t bs = sp->block_size;
+        uint64_t n0 = sp->disk_size - blk * bs < 65536 ? sp->disk_size - blk * bs
+                                                      : 65536;
+        memset(want + blk * bs, 0, n0);
+    }
 }
 
 /* Build a VHDX of spec whose payload is content (disk_size bytes); for
@@ -82,8 +202,7 @@ static uint8_t *build(const struct spec *sp, const uint8_t *content,
         memcpy(p, "head", 4);
         put64(p + 8, 10 + h);
         if (sp->log_pending)
-            p[48] = 1;
-        put16(p + 64, sp->log_pending);
+            memcpy(p + 48, sp->log_flags & LOG_OLD_GUID ? G_LOG_NEW : G_LOG, 16);
         put16(p + 66, 1);
         put32(p + 68, MiB);
         put64(p + 72, MiB);
@@ -154,6 +273,8 @@ static uint8_t *build(const struct spec *sp, const uint8_t *content,
             put64(bat + 8 * vhdx_bat_bitmap_index(&g, c), next | VHDX_SB_PRESENT);
             next += MiB;
         }
+    if (sp->log_pending)
+        add_log(f, flen, bat_off, sp, want);
     *len = flen;
     return f;
 }

@@ -6,8 +6,11 @@
  *   vhdx-mkfile OUT.vhdx WANT.raw BASE.raw|- SIZE BLOCK LSEC FLAGS SEED
  *
  * FLAGS: letters d (differencing over BASE.raw), r (regions last),
- * l (a log to replay), m (mixed block states: full, partial, zero, not
- * present, unmapped in turn).  The payload is random from SEED; WANT.raw
+ * l (a log to replay: without it the BAT's first sector is wrong),
+ * b (that log also writes into the header section, behind itself),
+ * c (that log says the file was 1 MiB longer: it was cut),
+ * m (mixed block states: full, partial, zero, not present, unmapped in
+ * turn).  The payload is random from SEED; WANT.raw
  * receives the disk the file describes (over BASE.raw when differencing).
  */
 #include <stdio.h>
@@ -52,7 +55,9 @@ int main(int argc, char **argv)
                        .lsec = (uint32_t) strtoul(argv[6], NULL, 0),
                        .diff = strchr(argv[7], 'd') != NULL,
                        .regions_last = strchr(argv[7], 'r') != NULL,
-                       .log_pending = strchr(argv[7], 'l') != NULL };
+                       .log_pending = strchr(argv[7], 'l') != NULL,
+                       .log_flags = (strchr(argv[7], 'b') ? LOG_BEHIND : 0) |
+                                    (strchr(argv[7], 'c') ? LOG_CUT : 0) };
     size_t size = (size_t) sp.disk_size, len;
     uint8_t *content = malloc(size), *want = malloc(size);
     uint8_t *base = sp.diff ? load(argv[3], size) : NULL;

@@ -2,7 +2,9 @@
  * made by qemu-img (dynamic and fixed, block sizes 1 to 256 MiB, ZERO block
  * states on and off) and files built here for what qemu-img cannot write
  * (differencing with partially present blocks and sector bitmaps, 4096-byte
- * logical sectors, the BAT and metadata after the data, a log to replay).
+ * logical sectors, the BAT and metadata after the data, a log to replay:
+ * replayed as qemu-img replays it, its torn, foreign and tail-less entries
+ * ignored, refused when it writes behind itself).
  *
  * Each file is fed in several cuttings (1 byte to 4 MiB pieces, zero runs
  * sent as gaps) onto a disk that starts dirty, and the disk must equal
@@ -345,7 +347,14 @@ static void refusals(void)
     CASE(len -= 3 * MiB / 2, -EINVAL, "cut short", false, 0);   /* into the last block */
     CASE(len = 200 * 1024, -EINVAL, "header section", true, 0);
     sp.log_pending = true;
-    CASE((void) 0, -ENOTSUP, "log to replay", true, 0);
+    sp.log_flags = LOG_BEHIND;
+    CASE((void) 0, -ENOTSUP, "qemu-img check -r all", true, 0);
+    sp.log_flags = LOG_CUT;
+    CASE((void) 0, -EINVAL, "its log says", false, 0);
+    sp.log_flags = 0;
+    CASE((put64(f + 64 * 1024 + 72, 6 * MiB), fix_crc(f + 64 * 1024, 4096),
+          put64(f + 128 * 1024 + 72, 6 * MiB), fix_crc(f + 128 * 1024, 4096)),
+         -ENOTSUP, "after the metadata or BAT", true, 0);
     sp.log_pending = false;
     sp.regions_last = true;
     CASE((void) 0, -EFBIG, "--spool-max", true, 2 * MiB);
@@ -363,6 +372,103 @@ static void refusals(void)
     printf("ok a bad first region table falls back to the second\n");
     free(content);
     free(want);
+}
+
+/* ---- the log ---------------------------------------------------------------- */
+
+/* Decode f once (random cutting) onto a dirty disk of size; the disk. */
+static uint8_t *decode(const uint8_t *f, size_t len, uint64_t size,
+                       const uint8_t *base)
+{
+    struct disk d;
+    disk_init(&d, size, base);
+    char msg[256];
+    int r = feed(f, len, &d, 0, true, 256 * MiB, msg, NULL);
+    if (r != 0) {
+        fprintf(stderr, "decode: r=%d (%s)\n", r, msg);
+        abort();
+    }
+    uint8_t *b = d.bytes;
+    d.bytes = NULL;
+    disk_free(&d);
+    return b;
+}
+
+static void clear_log_guid(uint8_t *f)
+{
+    for (int h = 0; h < 2; h++) {
+        memset(f + (h ? 128 : 64) * 1024 + 48, 0, 16);
+        fix_crc(f + (h ? 128 : 64) * 1024, 4096);
+    }
+}
+
+/* A log to replay (it restores the BAT's first sector, zeros a block's
+ * first 64 KiB) lands in every cutting, as qemu-img replays it; the same
+ * file with its log spoiled each way decodes as if it had none. */
+static void log_case(const char *what, struct spec sp)
+{
+    uint64_t size = sp.disk_size;
+    uint8_t *content = pattern(size, 5), *base = pattern(size, 6);
+    uint8_t *want = malloc(size);
+    size_t len;
+    sp.log_pending = true;
+    sp.log_flags = 0;
+    uint8_t *f = build(&sp, content, base, want, &len);
+    check_decodes(what, f, len, want, size, sp.diff ? base : NULL);
+    if (!sp.diff) {
+        save("log.vhdx", f, len);
+        sh("qemu-img check -q -r all %s/log.vhdx >/dev/null", dir);
+        sh("qemu-img convert -q -f vhdx -O raw %s/log.vhdx %s/log.raw", dir, dir);
+        size_t blen;
+        uint8_t *back = load("log.raw", &blen);
+        CHECK(blen == size && memcmp(back, want, size) == 0);
+        free(back);
+        printf("ok %s: qemu-img replays it the same\n", what);
+    }
+    /* Without its log the file says something else: the log matters. */
+    clear_log_guid(f);
+    uint8_t *unreplayed = decode(f, len, size, sp.diff ? base : NULL);
+    CHECK(memcmp(unreplayed, want, size) != 0);
+    free(f);
+    static const struct { unsigned flag; const char *name; } spoil[] = {
+        { LOG_TORN, "a torn entry" }, { LOG_OLD_GUID, "another log's GUID" },
+        { LOG_BAD_TAIL, "a tail outside the sequence" } };
+    for (size_t i = 0; i < sizeof spoil / sizeof spoil[0]; i++) {
+        sp.log_flags = spoil[i].flag;
+        f = build(&sp, content, base, want, &len);
+        uint8_t *got = decode(f, len, size, sp.diff ? base : NULL);
+        CHECK(memcmp(got, unreplayed, size) == 0);
+        printf("ok %s: %s is ignored\n", what, spoil[i].name);
+        free(got);
+        free(f);
+    }
+    free(unreplayed); free(want); free(content); free(base);
+}
+
+/* The parser alone: an empty log plans nothing; a log whose every sector
+ * starts a bogus header with the log's GUID and a 1 MiB length is refused
+ * once the search's work bound is spent, not searched for minutes nor
+ * taken as empty. */
+static void log_parser_cases(void)
+{
+    uint8_t *log = calloc(1, MiB);
+    struct vhdx_log_plan p;
+    struct vhdx_err e = { "" };
+    CHECK(vhdx_log_plan(log, MiB, G_LOG, &p, &e) == 0 && p.npatches == 0 &&
+          p.entries == 0);
+    vhdx_log_plan_free(&p);
+    CHECK(vhdx_log_plan(log, 1000, G_LOG, &p, &e) == -EINVAL);
+    for (uint64_t at = 0; at < MiB; at += 4096) {
+        memcpy(log + at, "loge", 4);
+        put32(log + at + 8, MiB);
+        put64(log + at + 16, 7);
+        memcpy(log + at + 32, G_LOG, 16);
+    }
+    CHECK(vhdx_log_plan(log, MiB, G_LOG, &p, &e) == -EINVAL);
+    CHECK(strstr(e.msg, "too many entry headers"));
+    vhdx_log_plan_free(&p);
+    free(log);
+    printf("ok log parser: empty, bad length, too damaged to search\n");
 }
 
 int main(void)
@@ -403,10 +509,20 @@ int main(void)
     built_case("built differencing, regions after the blocks", &sp);
     sp.diff = false;
     sp.regions_last = false;
-    for (int i = 0; i < 25; i++)
+    for (int i = 0; i < 25; i++)               /* and qemu's UNMAPPED (5) */
         if (states[i] == VHDX_PB_PARTIALLY_PRESENT)
-            states[i] = VHDX_PB_UNDEFINED;
+            states[i] = i % 2 ? VHDX_PB_UNDEFINED : VHDX_PB_UNMAPPED_QEMU;
     built_case("built dynamic with every other state", &sp);
+
+    log_parser_cases();
+    struct spec lg = { .disk_size = 8 * MiB + 4096, .block_size = MiB, .lsec = 512 };
+    log_case("log replayed", lg);
+    lg.regions_last = true;
+    log_case("log replayed, regions after the blocks", lg);
+    lg.regions_last = false;
+    lg.diff = true;
+    lg.states = states;
+    log_case("log replayed, differencing", lg);
 
     refusals();
     sh("rm -rf %s", dir);

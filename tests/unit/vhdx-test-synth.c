@@ -158,6 +158,44 @@ static void small_disk(void)
     printf("ok synthesized 40 MiB disk: qemu-img check, compare, our decoder\n");
 }
 
+/* A disk of 3 MiB + 1000 bytes (not whole sectors): the VHDX's virtual
+ * size is rounded up to 3 MiB + 1024, as qemu-img convert -O vhdx does, the
+ * last 24 bytes zeros; the disk is never read past its end. */
+static void unaligned_disk(void)
+{
+    uint64_t size = 3 * MiB + 1000, virt = 3 * MiB + 1024;
+    uint8_t *disk = calloc(1, virt);
+    unsigned seed = 13;
+    for (uint64_t k = 0; k < size; k++)
+        disk[k] = (uint8_t) rand_r(&seed) | 1;
+    static const uint8_t guid[16] = "nbdferry-test-03";
+    struct vhdx_synth *s;
+    CHECK(vhdx_synth_new(size, guid, &s, NULL) == 0);
+    CHECK(vhdx_synth_allocate(s, 0, size) == 0);
+    CHECK(vhdx_synth_seal(s) == 0);
+    struct disk d = { disk, size, 0 };
+    size_t len;
+    uint8_t *f = synth_file(s, &d, &len);
+    char path[128];
+    snprintf(path, sizeof path, "%s/u.vhdx", dir);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp && fwrite(f, 1, len, fp) == len && fclose(fp) == 0);
+    snprintf(path, sizeof path, "%s/u.raw", dir);
+    fp = fopen(path, "wb");
+    CHECK(fp && fwrite(disk, 1, virt, fp) == virt && fclose(fp) == 0);
+    sh("qemu-img check -q -f vhdx %s/u.vhdx", dir);
+    sh("qemu-img compare -q -f vhdx -F raw %s/u.vhdx %s/u.raw", dir, dir);
+    sh("test \"$(qemu-img info -f vhdx --output=json %s/u.vhdx | "
+       "grep -o '\"virtual-size\": [0-9]*')\" = '\"virtual-size\": %" PRIu64 "'",
+       dir, virt);
+    decode_equals(f, len, disk, virt);
+    free(f);
+    vhdx_synth_free(s);
+    free(disk);
+    printf("ok synthesized disk of 3 MiB + 1000 bytes: virtual size rounded "
+           "up, zeros past the end\n");
+}
+
 /* A thin 6 TiB disk: blocks grow so that the BAT stays bounded; qemu-img
  * checks it and maps only the allocated blocks as data. */
 static uint8_t zeros_or_pattern[8 << 20];
@@ -218,10 +256,11 @@ int main(void)
     }
     struct vhdx_synth *s;
     struct vhdx_err e = { "" };
-    CHECK(vhdx_synth_new(1000, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);
-    CHECK(strstr(e.msg, "multiple of 512"));
+    CHECK(vhdx_synth_new(0, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);
+    CHECK(strstr(e.msg, "1 byte to 64 TiB"));
     CHECK(vhdx_synth_new(65ull << 40, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);
     small_disk();
+    unaligned_disk();
     big_disk();
     sh("rm -rf %s", dir);
     return 0;

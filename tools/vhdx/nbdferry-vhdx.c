@@ -161,6 +161,9 @@ static int cmd_info(const char *path)
             print_guid("page 83 id", m->page83);
         printf("%-22s %u bytes at %" PRIu64 "\n", "log",
                i->header.log_length, i->header.log_offset);
+        if (i->header.log_pending)      /* not closed cleanly */
+            printf("%-22s %" PRIu64 " entries, %" PRIu64 " writes\n",
+                   "log replayed", i->log_entries, i->log_writes);
         printf("%-22s %" PRIu64 " bytes at %" PRIu64 "\n", "metadata region",
                i->regions.meta.len, i->regions.meta.off);
         printf("%-22s %" PRIu64 " bytes at %" PRIu64 " (%" PRIu64 " entries)\n",
