@@ -32,18 +32,16 @@
 #include <string.h>
 
 #include "common/blkhash.h"
-#include "common/iszero.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "fs/digest.h"
+#include "verify/sink.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
 #define MAX_REGIONS (1u << 18)        /* fingerprints: 2 MiB a side */
 #define RANGES_SHOWN 16
 #define SETTLE_S 120                  /* wait for the digest thread */
-#define ZERO_SLAB (1u << 20)
-
-static const unsigned char zeros[ZERO_SLAB];
 
 enum rb_state {
     RB_IDLE, RB_RUNNING, RB_PASSED, RB_FAILED, RB_ERROR, RB_SKIPPED,
@@ -116,20 +114,6 @@ static void set_state(struct readback *rb, enum rb_state s)
     pthread_mutex_unlock(&rb->lock);
 }
 
-static void put_json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char) *s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned char) *s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 void readback_put_status(FILE *f, struct fs *fs)
 {
     struct readback *rb = fs->readback;
@@ -167,144 +151,38 @@ void readback_put_status(FILE *f, struct fs *fs)
     }
     if (rb->message[0]) {
         fputs(", \"message\": ", f);
-        put_json_string(f, rb->message);
+        json_put_string(f, rb->message);
     }
     fputs("},\n", f);
     pthread_mutex_unlock(&rb->lock);
 }
 
-/* ---- sinks: sha256 as one stream, or blkhash block by block ---------- */
+/* ---- the sink: the verify library's (verify/sink.h) ------------------ */
 
-struct sink {
-    EVP_MD_CTX *ctx;                  /* sha256, or blkhash's outer */
-    bool blkhash;
-    EVP_MD *md;                       /* blkhash: the block digest */
-    uint64_t bs;
-    unsigned dsize;
-    unsigned char zero_digest[EVP_MAX_MD_SIZE];
-    unsigned char *acc;               /* a block being gathered */
-    size_t fill;
-    uint64_t b;                       /* next block's index */
-    unsigned char *batch;             /* block digests for ctx */
-    size_t nbatch;
-    uint64_t *fp;                     /* region fingerprints */
-    size_t nfp;
-    unsigned shift;
-};
+#define HASH_WORKERS 2                /* blkhash: hasher threads */
 
-#define BATCH 1024
-
-static int emit(struct sink *s, const unsigned char *d, bool data)
+static void lib_log(const char *line)
 {
-    memcpy(s->batch + s->nbatch * s->dsize, d, s->dsize);
-    if (++s->nbatch == BATCH) {
-        if (EVP_DigestUpdate(s->ctx, s->batch, BATCH * s->dsize) != 1)
-            return -EIO;
-        s->nbatch = 0;
-    }
-    if (data && (s->b >> s->shift) < s->nfp)
-        s->fp[s->b >> s->shift] ^= blkhash_fp_term(s->b, d);
-    s->b++;
-    return 0;
+    log_err("read-back: %s", line);
 }
 
-static int block(struct sink *s, const unsigned char *p, size_t n)
+/* [0, size) enters the digest, [size, end) must read as zero. */
+static int rb_sink_init(struct sink *k, const struct readback *rb,
+                        uint64_t size, uint64_t end, atomic_bool *abort)
 {
-    unsigned char d[EVP_MAX_MD_SIZE];
-    bool zero = is_zero(p, n);
+    int r = sink_init(k, EVP_sha256(), size, end, 0, abort);
 
-    if (zero && n == s->bs)
-        return emit(s, s->zero_digest, false);
-    if (EVP_Digest(p, n, d, NULL, s->md, NULL) != 1)
-        return -EIO;
-    return emit(s, d, !zero);
-}
-
-static int sink_data(struct sink *s, const unsigned char *p, size_t len)
-{
-    int r = 0;
-
-    if (!s->blkhash)
-        return EVP_DigestUpdate(s->ctx, p, len) == 1 ? 0 : -EIO;
-    while (len > 0 && r == 0) {
-        if (s->fill == 0 && len >= s->bs) {
-            r = block(s, p, s->bs);
-            p += s->bs;
-            len -= s->bs;
-            continue;
-        }
-        size_t n = s->bs - s->fill < len ? s->bs - s->fill : len;
-        memcpy(s->acc + s->fill, p, n);
-        s->fill += n;
-        p += n;
-        len -= n;
-        if (s->fill == s->bs) {
-            r = block(s, s->acc, s->bs);
-            s->fill = 0;
-        }
+    if (r == 0 && rb->blkhash) {
+        r = sink_blkhash(k, rb->md, rb->bs, HASH_WORKERS);
+        sink_fold(k);                 /* memory bounded on any disk */
     }
     return r;
 }
 
-static int sink_zero(struct sink *s, uint64_t len)
+static void rb_sink_hex(const struct sink *k, char *hex)
 {
-    int r = 0;
-
-    if (!s->blkhash) {
-        for (; len > 0 && r == 0; len -= len < ZERO_SLAB ? len : ZERO_SLAB)
-            r = sink_data(s, zeros, len < ZERO_SLAB ? len : ZERO_SLAB);
-        return r;
-    }
-    if (s->fill > 0) {
-        size_t n = s->bs - s->fill < len ? s->bs - s->fill : (size_t) len;
-        memset(s->acc + s->fill, 0, n);
-        s->fill += n;
-        len -= n;
-        if (s->fill == s->bs) {
-            r = block(s, s->acc, s->bs);
-            s->fill = 0;
-        }
-    }
-    for (; len >= s->bs && r == 0; len -= s->bs)
-        r = emit(s, s->zero_digest, false);
-    if (len > 0 && r == 0) {
-        memset(s->acc, 0, len);
-        s->fill = len;
-    }
-    return r;
-}
-
-static int sink_finish(struct sink *s, uint64_t length, char *hex)
-{
-    unsigned char md[EVP_MAX_MD_SIZE], le[8];
-    unsigned n = 0;
-    int r = 0;
-
-    if (s->blkhash) {
-        if (s->fill > 0)
-            r = block(s, s->acc, s->fill);
-        if (r == 0 && s->nbatch &&
-            EVP_DigestUpdate(s->ctx, s->batch, s->nbatch * s->dsize) != 1)
-            r = -EIO;
-        for (int i = 0; i < 8; i++)
-            le[i] = (unsigned char) (length >> (8 * i));
-        if (r == 0 && EVP_DigestUpdate(s->ctx, le, sizeof le) != 1)
-            r = -EIO;
-    }
-    if (r == 0 && EVP_DigestFinal_ex(s->ctx, md, &n) != 1)
-        r = -EIO;
-    for (unsigned i = 0; r == 0 && i < n; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    return r;
-}
-
-static void sink_free(struct sink *s)
-{
-    EVP_MD_CTX_free(s->ctx);
-    EVP_MD_free(s->md);
-    free(s->acc);
-    free(s->batch);
-    free(s->fp);
+    for (unsigned i = 0; i < k->digest_size; i++)
+        snprintf(hex + 2 * i, 3, "%02x", k->digest[i]);
 }
 
 /* Regions of 2^shift blocks, at most MAX_REGIONS of them. */
@@ -315,31 +193,6 @@ static unsigned region_shift(uint64_t nblocks)
     while ((nblocks >> shift) >= MAX_REGIONS)
         shift++;
     return shift;
-}
-
-static int sink_init(struct sink *s, const struct readback *rb,
-                     uint64_t size)
-{
-    *s = (struct sink) { .blkhash = rb->blkhash, .bs = rb->bs };
-    if (!(s->ctx = EVP_MD_CTX_new()))
-        return -ENOMEM;
-    if (!rb->blkhash)
-        return EVP_DigestInit_ex(s->ctx, EVP_sha256(), NULL) == 1 ? 0 : -EIO;
-    s->md = EVP_MD_fetch(NULL, rb->md, NULL);
-    if (!s->md || EVP_DigestInit_ex(s->ctx, s->md, NULL) != 1)
-        return -EIO;
-    s->dsize = (unsigned) EVP_MD_get_size(s->md);
-    uint64_t nblocks = (size + s->bs - 1) / s->bs;
-    s->shift = region_shift(nblocks);
-    s->nfp = (size_t) ((nblocks + (1ull << s->shift) - 1) >> s->shift);
-    s->acc = malloc(s->bs);
-    s->batch = malloc((size_t) BATCH * s->dsize);
-    s->fp = calloc(s->nfp ? s->nfp : 1, sizeof *s->fp);
-    if (!s->acc || !s->batch || !s->fp)
-        return -ENOMEM;
-    memset(s->acc, 0, s->bs);
-    return EVP_Digest(s->acc, s->bs, s->zero_digest, NULL, s->md, NULL) == 1
-           ? 0 : -EIO;
 }
 
 /* ---- the read -------------------------------------------------------- */
@@ -368,7 +221,6 @@ struct run {
     struct rb_ext *ext;               /* the current window's extents */
     size_t next, n, cap;
     uint64_t pos;                     /* pieces made up to here */
-    uint64_t tail_nonzero;
 };
 
 static void read_done(struct nbdx_op *op, int err)
@@ -511,27 +363,15 @@ static void start_slot(struct run *run, struct slot *sl)
     nbdx_submit(run->x, &sl->op);
 }
 
-/* A piece past the file's end: must be zero. */
-static void check_tail(struct run *run, const struct slot *sl)
-{
-    if (run->tail_nonzero != UINT64_MAX || is_zero(sl->buf, sl->len))
-        return;
-    for (uint64_t i = 0; i < sl->len; i++)
-        if (sl->buf[i]) {
-            run->tail_nonzero = sl->off + i;
-            return;
-        }
-}
-
 static int consume(struct run *run, struct slot *sl, struct sink *s)
 {
     struct readback *rb = run->rb;
     int r = 0;
 
-    if (sl->off < run->size)
-        r = sl->zero ? sink_zero(s, sl->len) : sink_data(s, sl->buf, sl->len);
-    else if (!sl->zero)
-        check_tail(run, sl);
+    /* SINK_STOP (data past the file's end): read on, for the status. */
+    r = sl->zero ? sink_zero(s, sl->len) : sink_data(s, sl->buf, sl->len);
+    if (r == SINK_STOP)
+        r = 0;
     pthread_mutex_lock(&rb->lock);
     rb->done += sl->len;
     if (sl->zero) {
@@ -596,8 +436,7 @@ static int run_init(struct run *run, struct fs *fs, uint64_t size)
     *run = (struct run) { .rb = fs->readback, .x = fs->x, .pool = fs->pool,
                           .size = size, .end = fs->export_size,
                           .chunk = READBACK_CHUNK, .window = BS_WINDOW,
-                          .extents = info->can_extents && fs->readback->extents,
-                          .tail_nonzero = UINT64_MAX };
+                          .extents = info->can_extents && fs->readback->extents };
     if (info->block_max && info->block_max < run->chunk)
         run->chunk = info->block_max;
     if (info->block_max && info->block_max < run->window)
@@ -639,38 +478,33 @@ static void add_range(struct readback *rb, uint64_t off, uint64_t len)
     pthread_mutex_unlock(&rb->lock);
 }
 
-/* Regions twice as large, until they are of 2^to blocks (XOR merges). */
-static void coarsen(struct sink *s, unsigned to)
-{
-    for (; s->shift < to; s->shift++) {
-        for (size_t i = 0; i < s->nfp; i++)
-            s->fp[i / 2] = (i % 2 ? s->fp[i / 2] : 0) ^ s->fp[i];
-        s->nfp = (s->nfp + 1) / 2;
-    }
-}
-
 /* blkhash: the regions whose fingerprints differ between the inline
  * digest and the read-back. */
 static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 {
     struct readback *rb = fs->readback;
-    uint64_t *mine = NULL;
-    unsigned shift = s->shift;
+    uint64_t *mine = NULL, *got = NULL;
+    unsigned shift = region_shift((size + rb->bs - 1) / rb->bs);
     size_t n = 0;
 
-    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0) {
+    if (shift < blkhash_fp_min_shift(s->bh))
+        shift = blkhash_fp_min_shift(s->bh);
+    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0 ||
+        !(got = calloc(n ? n : 1, sizeof *got)) ||
+        blkhash_fingerprints(s->bh, size, shift, got, n) < 0) {
         free(mine);
+        free(got);
         return;
     }
-    coarsen(s, shift);
-    uint64_t region = s->bs << s->shift;
-    for (size_t i = 0; i < s->nfp && i < n; i++) {
-        if (mine[i] == s->fp[i])
+    uint64_t region = rb->bs << shift;
+    for (size_t i = 0; i < n; i++) {
+        if (mine[i] == got[i])
             continue;
         uint64_t off = (uint64_t) i * region;
         add_range(rb, off, size - off < region ? size - off : region);
     }
     free(mine);
+    free(got);
     pthread_mutex_lock(&rb->lock);
     rb->ranges_known = true;
     pthread_mutex_unlock(&rb->lock);
@@ -744,22 +578,24 @@ static void reset_status(struct readback *rb, const struct rb_key *k,
 }
 
 /* Compare; 0 (same) or -EIO (differs: status, ranges and log say how). */
-static int judge(struct fs *fs, struct sink *s, const struct run *run,
-                 const struct rb_key *k, const char *hex)
+static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
+                 const char *hex)
 {
     struct readback *rb = fs->readback;
     bool same = strcmp(hex, k->hex) == 0;
+    uint64_t tail = s->tail_nonzero < 0 ? UINT64_MAX
+                                        : (uint64_t) s->tail_nonzero;
 
     pthread_mutex_lock(&rb->lock);
     snprintf(rb->got, sizeof rb->got, "%s", hex);
-    rb->tail_nonzero = run->tail_nonzero;
+    rb->tail_nonzero = tail;
     pthread_mutex_unlock(&rb->lock);
-    if (same && run->tail_nonzero == UINT64_MAX) {
+    if (same && tail == UINT64_MAX) {
         set_state(rb, RB_PASSED);
         set_message(rb, "the disk holds what was written");
         return 0;
     }
-    if (!same && s->blkhash)
+    if (!same && rb->blkhash)
         name_ranges(fs, s, k->size);
     set_state(rb, RB_FAILED);
     pthread_mutex_lock(&rb->lock);
@@ -770,12 +606,12 @@ static int judge(struct fs *fs, struct sink *s, const struct run *run,
     if (!same)
         snprintf(rb->message, sizeof rb->message, "the disk differs from "
                  "what was written: read back %.16s..., expected %.16s...%s%s",
-                 hex, k->hex, !s->blkhash ? " (sha256 cannot say where: "
+                 hex, k->hex, !rb->blkhash ? " (sha256 cannot say where: "
                  "--blkhash names the ranges)" : "", first);
     else
         snprintf(rb->message, sizeof rb->message, "the disk holds data past "
                  "the file's end (%" PRIu64 " bytes), from offset %" PRIu64,
-                 k->size, run->tail_nonzero);
+                 k->size, tail);
     log_err("read-back: %s (%" PRIu64 " differing range(s))", rb->message,
             rb->nranges);
     for (uint64_t i = 0; i < rb->nranges && i < RANGES_SHOWN; i++)
@@ -794,16 +630,17 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
 
     double t0 = mono_now_s();
 
+    atomic_bool stop = false;         /* one side: nothing aborts it */
+
     reset_status(rb, k, fs->export_size);
+    memset(&s, 0, sizeof s);
     int r = run_init(&run, fs, k->size);
     if (r == 0)
-        r = sink_init(&s, rb, k->size);
-    else
-        memset(&s, 0, sizeof s);
-    if (r == 0 && (r = stream(&run, &s)) == 0)
-        r = sink_finish(&s, k->size, hex);
+        r = rb_sink_init(&s, rb, k->size, fs->export_size, &stop);
+    if (r == 0 && (r = stream(&run, &s)) == 0 && (r = sink_finish(&s)) == 0)
+        rb_sink_hex(&s, hex);
     if (r == 0)
-        r = judge(fs, &s, &run, k, hex);
+        r = judge(fs, &s, k, hex);
     else {
         set_state(rb, RB_ERROR);
         if (!rb->message[0])
@@ -953,6 +790,7 @@ int readback_create(enum readback_when when, const char *md,
         snprintf(rb->algorithm, sizeof rb->algorithm, "sha256");
     pthread_mutex_init(&rb->run, NULL);
     pthread_mutex_init(&rb->lock, NULL);
+    verify_set_log(lib_log);          /* before any verification runs */
     *out = rb;
     return 0;
 }
