@@ -2,22 +2,24 @@
  *
  * THREAD MODEL
  * A verification runs on the thread that asks for it (a FUSE worker in
- * close/fsync, main() at unmount); rb->run serializes them.  Its reads
- * go to nbdx directly; their done() runs on nbdx I/O threads and only
- * marks the slot under run->lock and signals run->cond.  The block
- * status extent callback runs inside libnbd on an I/O thread while the
- * verifying thread waits in nbdx_run(): it only appends to run->ext.
- * rb->lock protects the status fields (read by the status file's
- * opener); it is never held across I/O.  Lock order: rb->run, then
- * rb->lock; run->lock is a leaf.
+ * close/fsync, main() at unmount); rb->run serializes them.  It drives
+ * the verify library's reader (verify/reader.h) and sink (verify/sink.h)
+ * on that thread; the blkhash sink hashes on its hasher threads.  The
+ * reads go to nbdx directly; their done() runs on nbdx I/O threads and
+ * only publishes the entry (vr_done) and signals run->cond under
+ * run->lock.  The block status extent callback runs inside libnbd on an
+ * I/O thread while the verifying thread waits in nbdx_run(): it only
+ * appends to run->ext.  rb->lock protects the status fields (read by
+ * the status file's opener); it is never held across I/O.  Lock order:
+ * rb->run, then rb->lock; run->lock is a leaf.
  *
  * THE READ
  * [0, size) is the file the digest covers; [size, export) must read as
- * zero.  Pieces are produced in disk order: the server's zero extents
- * (block status, in windows of at most 32 MiB) as zero pieces, the rest
- * as data pieces of at most READBACK_CHUNK bytes.  A ring of
- * READBACK_SLOTS slots keeps that many reads in flight; the head slot is
- * consumed in order, so the sinks see the disk as one stream.
+ * zero (the sink's tail check).  The reader cuts the disk in order into
+ * the server's zero extents (block status, in windows of at most
+ * 32 MiB), trusted only where this mount never wrote (rb_must_read),
+ * and data reads of at most READBACK_CHUNK bytes, READBACK_SLOTS of
+ * them in flight; the sink sees the disk as one stream.
  */
 #include "fs/fs.h"
 #include "fs/readback.h"
@@ -36,6 +38,7 @@
 #include "common/log.h"
 #include "common/monotime.h"
 #include "fs/digest.h"
+#include "verify/reader.h"
 #include "verify/sink.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
@@ -195,59 +198,87 @@ static unsigned region_shift(uint64_t nblocks)
     return shift;
 }
 
-/* ---- the read -------------------------------------------------------- */
+/* ---- the read: the library's reader over the mount's connections ---- */
 
 struct rb_ext { uint64_t off, len; bool zero; };
 
-struct slot {
-    struct nbdx_op op;                /* first: done() finds the slot */
+struct rb_read {
+    struct nbdx_op op;                /* first: done() finds the read */
     struct run *run;
-    uint64_t off, len;
-    bool zero, busy;
-    int err;
-    unsigned char *buf;
+    struct vr_ent *e;
+    bool busy;                        /* under run->lock */
 };
 
+/* The reader's backend (verify/reader.h). */
 struct run {
     struct readback *rb;
     struct nbdx *x;
     struct pool *pool;                /* what this mount touched */
-    uint64_t size, end;               /* the file, the export */
-    uint64_t chunk, window;
-    bool extents;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;             /* reads[].busy, in_flight, events */
     pthread_cond_t cond;
-    struct slot slots[READBACK_SLOTS];
-    struct rb_ext *ext;               /* the current window's extents */
-    size_t next, n, cap;
-    uint64_t pos;                     /* pieces made up to here */
+    struct rb_read reads[READBACK_SLOTS];
+    unsigned in_flight;
+    uint64_t events, seen;            /* completions; seen by wait() */
+    struct rb_ext *ext;               /* a block status reply's extents */
+    size_t n, cap;
 };
 
 static void read_done(struct nbdx_op *op, int err)
 {
-    struct slot *sl = (struct slot *) op;
-    struct run *run = sl->run;
+    struct rb_read *rd = (struct rb_read *) op;
+    struct run *run = rd->run;
 
     pthread_mutex_lock(&run->lock);
-    sl->err = err;
-    sl->busy = false;
+    vr_done(rd->e, err);
+    rd->busy = false;
+    run->in_flight--;
+    run->events++;
     pthread_cond_broadcast(&run->cond);
     pthread_mutex_unlock(&run->lock);
 }
 
-static bool push_ext(struct run *run, uint64_t off, uint64_t len, bool zero)
+static int rb_read(void *ctx, struct vr_ent *e)
 {
-    if (run->n == run->cap) {
-        size_t cap = run->cap ? 2 * run->cap : 64;
-        struct rb_ext *e = realloc(run->ext, cap * sizeof *e);
-        if (!e)
-            return false;
-        run->ext = e;
-        run->cap = cap;
-    }
-    run->ext[run->n++] = (struct rb_ext) { .off = off, .len = len,
-                                           .zero = zero };
-    return true;
+    struct run *run = ctx;
+    struct rb_read *rd = run->reads;
+
+    pthread_mutex_lock(&run->lock);
+    while (rd->busy)                  /* at most READBACK_SLOTS in flight */
+        rd++;
+    rd->busy = true;
+    run->in_flight++;
+    pthread_mutex_unlock(&run->lock);
+    rd->e = e;
+    rd->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = e->off,
+                                .len = e->len, .buf = e->buf,
+                                .done = read_done };
+    nbdx_submit(run->x, &rd->op);
+    return 0;
+}
+
+/* timeout_ms 0: only a look; otherwise until a read completes. */
+static int rb_wait(void *ctx, int timeout_ms)
+{
+    struct run *run = ctx;
+
+    if (timeout_ms == 0)
+        return 0;
+    pthread_mutex_lock(&run->lock);
+    while (run->events == run->seen && run->in_flight)
+        pthread_cond_wait(&run->cond, &run->lock);
+    run->seen = run->events;
+    pthread_mutex_unlock(&run->lock);
+    return 0;
+}
+
+static unsigned rb_in_flight(void *ctx)
+{
+    struct run *run = ctx;
+
+    pthread_mutex_lock(&run->lock);
+    unsigned n = run->in_flight;
+    pthread_mutex_unlock(&run->lock);
+    return n;
 }
 
 /* nbdx_run() takes op->opaque: the run is found from the op. */
@@ -256,54 +287,56 @@ struct bs_op {
     struct run *run;
 };
 
-/* Out of memory drops the extent: the rest of the window is data. */
+/* On an nbdx I/O thread while the verifying thread waits in nbdx_run().
+ * Out of memory drops the extent: the rest of the window is data. */
 static void ext_cb(struct nbdx_op *op, uint64_t off, uint64_t len,
                    uint32_t flags)
 {
-    push_ext(((struct bs_op *) op)->run, off, len,
-             (flags & LIBNBD_STATE_ZERO) != 0);
+    struct run *run = ((struct bs_op *) op)->run;
+
+    if (run->n == run->cap) {
+        size_t cap = run->cap ? 2 * run->cap : 64;
+        struct rb_ext *e = realloc(run->ext, cap * sizeof *e);
+        if (!e)
+            return;
+        run->ext = e;
+        run->cap = cap;
+    }
+    run->ext[run->n++] = (struct rb_ext) {
+        .off = off, .len = len, .zero = (flags & LIBNBD_STATE_ZERO) != 0 };
 }
 
-/* Ask the server which of [pos, pos + window) reads as zero.  A reply
- * covering only part of the window is taken as far as it goes (the next
- * call asks for the rest); without block status, or when it fails or
- * makes no progress, the window is all data.  n == 0 afterwards only
- * when out of memory. */
-static void fetch_extents(struct run *run)
+/* Ask the server which of the window reads as zero.  A reply covering
+ * only part of it is taken as far as it goes (the next request asks for
+ * the rest); when it fails or makes no progress, the window is all data
+ * (the reader's bs_retry). */
+static int rb_extents(void *ctx, struct vreader *r, uint64_t off,
+                      uint64_t len)
 {
-    uint64_t len = run->end - run->pos < run->window ? run->end - run->pos
-                                                     : run->window;
+    struct run *run = ctx;
     struct bs_op bs = { .op = { .kind = NBDX_OP_BLOCK_STATUS,
-                                .off = run->pos, .len = len,
-                                .extent = ext_cb },
+                                .off = off, .len = len, .extent = ext_cb },
                         .run = run };
-    uint64_t pos = run->pos, end = run->pos + len;
-    size_t k = 0;
+    int err = 0;
 
-    run->n = run->next = 0;
-    if (run->extents && nbdx_run(run->x, &bs.op) < 0)
-        run->n = 0;
-    /* Keep what lies in order inside the window; the rest is data. */
-    for (size_t i = 0; i < run->n && pos < end; i++) {
-        struct rb_ext e = run->ext[i];
-        if (e.off != pos || e.len == 0)
-            break;
-        if (e.off + e.len > end)
-            e.len = end - e.off;
-        run->ext[k++] = e;
-        pos = e.off + e.len;
-    }
-    run->n = k;
-    if (k == 0 && !push_ext(run, pos, end - pos, false))
-        run->n = 0;
+    run->n = 0;
+    if (nbdx_run(run->x, &bs.op) < 0)
+        err = EIO;
+    for (size_t i = 0; !err && i < run->n; i++)
+        if (vr_extent(r, run->ext[i].off, run->ext[i].len,
+                      run->ext[i].zero) < 0)
+            err = ENOMEM;
+    vr_extents_done(r, err);
+    return 0;
 }
 
 /* A zero extent is trusted only where this mount never wrote or zeroed:
  * a server that acknowledges a write-zeroes it did not do reports the
  * range as zero too, so what the daemon touched is read.  Shortens *len
  * to a run that is all touched or all untouched; true if touched. */
-static bool touched_run(struct run *run, uint64_t off, uint64_t *len)
+static bool rb_must_read(void *ctx, uint64_t off, uint64_t *len)
 {
+    struct run *run = ctx;
     struct pool_range t;
 
     if (!pool_touched_next(run->pool, off, &t) || t.start >= off + *len)
@@ -317,147 +350,74 @@ static bool touched_run(struct run *run, uint64_t off, uint64_t *len)
     return true;
 }
 
-/* The next piece in disk order; false at the end. */
-static bool next_piece(struct run *run, uint64_t *off, uint64_t *len,
-                       bool *zero)
+static void rb_read_failed(void *ctx, const struct vr_ent *e)
 {
-    if (run->pos >= run->end)
-        return false;
-    if (run->next == run->n)
-        fetch_extents(run);
-    if (run->n == 0) {                /* out of memory: read it */
-        *off = run->pos;
-        *len = run->end - run->pos < run->chunk ? run->end - run->pos
-                                                : run->chunk;
-        *zero = false;
-        run->pos += *len;
-        return true;
-    }
-    struct rb_ext *e = &run->ext[run->next];
-    uint64_t e_end = e->off + e->len;
-    *off = run->pos;
-    *zero = e->zero;
-    *len = e_end - run->pos;
-    if (*zero && touched_run(run, *off, len))
-        *zero = false;
-    if (!*zero && *len > run->chunk)
-        *len = run->chunk;
-    /* Stop at the file's end: past it, only zero is right. */
-    if (*off < run->size && *off + *len > run->size)
-        *len = run->size - *off;
-    run->pos += *len;
-    if (run->pos == e_end)
-        run->next++;
-    return true;
+    struct run *run = ctx;
+
+    log_err("read-back: reading %zu bytes at offset %" PRIu64 " failed: %s",
+            e->len, e->off, strerror(e->err));
+    set_message(run->rb, "reading %zu bytes at offset %" PRIu64
+                " failed: %s", e->len, e->off, strerror(e->err));
 }
 
-static void start_slot(struct run *run, struct slot *sl)
+static void rb_consumed(void *ctx, const struct vr_ent *e)
 {
-    sl->err = 0;
-    if (sl->zero)
-        return;
-    sl->busy = true;
-    sl->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = sl->off,
-                                .len = sl->len, .buf = sl->buf,
-                                .done = read_done };
-    nbdx_submit(run->x, &sl->op);
-}
+    struct readback *rb = ((struct run *) ctx)->rb;
 
-static int consume(struct run *run, struct slot *sl, struct sink *s)
-{
-    struct readback *rb = run->rb;
-    int r = 0;
-
-    /* SINK_STOP (data past the file's end): read on, for the status. */
-    r = sl->zero ? sink_zero(s, sl->len) : sink_data(s, sl->buf, sl->len);
-    if (r == SINK_STOP)
-        r = 0;
     pthread_mutex_lock(&rb->lock);
-    rb->done += sl->len;
-    if (sl->zero) {
-        rb->zero_bytes += sl->len;
+    rb->done += e->len;
+    if (!e->buf) {
+        rb->zero_bytes += e->len;
     } else {
-        rb->bytes_read += sl->len;
+        rb->bytes_read += e->len;
         rb->reads++;
     }
     pthread_mutex_unlock(&rb->lock);
-    return r;
 }
 
-static void wait_idle(struct run *run, struct slot *sl)
-{
-    pthread_mutex_lock(&run->lock);
-    while (sl->busy)
-        pthread_cond_wait(&run->cond, &run->lock);
-    pthread_mutex_unlock(&run->lock);
-}
+static const struct vr_backend rb_backend = {
+    .read = rb_read,
+    .extents = rb_extents,
+    .wait = rb_wait,
+    .in_flight = rb_in_flight,
+    .must_read = rb_must_read,
+    .read_failed = rb_read_failed,
+    .consumed = rb_consumed,
+};
 
-/* Stream the disk through s, READBACK_SLOTS reads in flight.  0 or
+/* Stream the disk through k, READBACK_SLOTS reads in flight.  0 or
  * -errno (a read failed: logged). */
-static int stream(struct run *run, struct sink *s)
-{
-    uint64_t head = 0, tail = 0;
-    bool more = true;
-    int r = 0;
-
-    while (r == 0 && (more || head < tail)) {
-        while (more && tail - head < READBACK_SLOTS) {
-            struct slot *sl = &run->slots[tail % READBACK_SLOTS];
-            more = next_piece(run, &sl->off, &sl->len, &sl->zero);
-            if (more) {
-                start_slot(run, sl);
-                tail++;
-            }
-        }
-        if (head == tail)
-            break;
-        struct slot *sl = &run->slots[head++ % READBACK_SLOTS];
-        wait_idle(run, sl);
-        if (sl->err) {
-            r = -sl->err;
-            log_err("read-back: reading %" PRIu64 " bytes at offset %" PRIu64
-                    " failed: %s", sl->len, sl->off, strerror(sl->err));
-            set_message(run->rb, "reading %" PRIu64 " bytes at offset %"
-                        PRIu64 " failed: %s", sl->len, sl->off,
-                        strerror(sl->err));
-        } else {
-            r = consume(run, sl, s);
-        }
-    }
-    for (; head < tail; head++)       /* let the reads in flight land */
-        wait_idle(run, &run->slots[head % READBACK_SLOTS]);
-    return r;
-}
-
-static int run_init(struct run *run, struct fs *fs, uint64_t size)
+static int stream(struct fs *fs, struct sink *k)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
+    struct run run = { .rb = fs->readback, .x = fs->x, .pool = fs->pool };
+    struct vr_config c = {
+        .name = "read-back", .requests = READBACK_SLOTS,
+        .request_size = READBACK_CHUNK, .bs_span = BS_WINDOW,
+        .block_status = info->can_extents && fs->readback->extents,
+        .zero_piece = UINT64_MAX, .bs_retry = true,
+    };
+    struct vreader *r;
 
-    *run = (struct run) { .rb = fs->readback, .x = fs->x, .pool = fs->pool,
-                          .size = size, .end = fs->export_size,
-                          .chunk = READBACK_CHUNK, .window = BS_WINDOW,
-                          .extents = info->can_extents && fs->readback->extents };
-    if (info->block_max && info->block_max < run->chunk)
-        run->chunk = info->block_max;
-    if (info->block_max && info->block_max < run->window)
-        run->window = info->block_max;
-    pthread_mutex_init(&run->lock, NULL);
-    pthread_cond_init(&run->cond, NULL);
-    for (unsigned i = 0; i < READBACK_SLOTS; i++) {
-        run->slots[i].run = run;
-        if (!(run->slots[i].buf = malloc(run->chunk)))
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-static void run_free(struct run *run)
-{
+    if (info->block_max && info->block_max < c.request_size)
+        c.request_size = info->block_max;
+    if (info->block_max && info->block_max < c.bs_span)
+        c.bs_span = info->block_max;
+    pthread_mutex_init(&run.lock, NULL);
+    pthread_cond_init(&run.cond, NULL);
     for (unsigned i = 0; i < READBACK_SLOTS; i++)
-        free(run->slots[i].buf);
-    free(run->ext);
-    pthread_mutex_destroy(&run->lock);
-    pthread_cond_destroy(&run->cond);
+        run.reads[i].run = &run;
+    int e = vreader_create(&c, &rb_backend, &run, k, &r);
+    /* SINK_STOP (data past the file's end): read on, for the status. */
+    while (e == 0 && (e = vreader_run(r)) == SINK_STOP)
+        e = 0;
+    if (r)
+        vreader_drain(r, -1);         /* let the reads in flight land */
+    vreader_free(r);
+    free(run.ext);
+    pthread_mutex_destroy(&run.lock);
+    pthread_cond_destroy(&run.cond);
+    return e;
 }
 
 /* ---- naming the differences ------------------------------------------ */
@@ -624,20 +584,14 @@ static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
 static int verify_locked(struct fs *fs, const struct rb_key *k)
 {
     struct readback *rb = fs->readback;
-    struct run run;
+    atomic_bool stop = false;         /* one side: nothing aborts it */
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
-
     double t0 = mono_now_s();
 
-    atomic_bool stop = false;         /* one side: nothing aborts it */
-
     reset_status(rb, k, fs->export_size);
-    memset(&s, 0, sizeof s);
-    int r = run_init(&run, fs, k->size);
-    if (r == 0)
-        r = rb_sink_init(&s, rb, k->size, fs->export_size, &stop);
-    if (r == 0 && (r = stream(&run, &s)) == 0 && (r = sink_finish(&s)) == 0)
+    int r = rb_sink_init(&s, rb, k->size, fs->export_size, &stop);
+    if (r == 0 && (r = stream(fs, &s)) == 0 && (r = sink_finish(&s)) == 0)
         rb_sink_hex(&s, hex);
     if (r == 0)
         r = judge(fs, &s, k, hex);
@@ -649,7 +603,6 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
         r = -EIO;
     }
     sink_free(&s);
-    run_free(&run);
     pthread_mutex_lock(&rb->lock);
     rb->seconds = mono_now_s() - t0;
     pthread_mutex_unlock(&rb->lock);
