@@ -422,20 +422,13 @@ static int stream(struct fs *fs, struct sink *k)
 
 /* ---- naming the differences ------------------------------------------ */
 
-static void add_range(struct readback *rb, uint64_t off, uint64_t len)
+struct rb_fps { const uint64_t *mine, *got; };
+
+static bool region_differs(const void *ctx, size_t i)
 {
-    pthread_mutex_lock(&rb->lock);
-    uint64_t i = rb->nranges < RANGES_SHOWN ? rb->nranges : RANGES_SHOWN;
-    if (i > 0 && rb->ranges[i - 1].off + rb->ranges[i - 1].len == off &&
-        rb->nranges <= RANGES_SHOWN) {
-        rb->ranges[i - 1].len += len;
-    } else {
-        if (i < RANGES_SHOWN)
-            rb->ranges[i] = (struct rb_range) { off, len };
-        rb->nranges++;
-    }
-    rb->range_bytes += len;
-    pthread_mutex_unlock(&rb->lock);
+    const struct rb_fps *f = ctx;
+
+    return f->mine[i] != f->got[i];
 }
 
 /* blkhash: the regions whose fingerprints differ between the inline
@@ -443,31 +436,30 @@ static void add_range(struct readback *rb, uint64_t off, uint64_t len)
 static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 {
     struct readback *rb = fs->readback;
-    uint64_t *mine = NULL, *got = NULL;
+    uint64_t *mine = NULL, *got = NULL, bytes = 0;
     unsigned shift = region_shift((size + rb->bs - 1) / rb->bs);
-    size_t n = 0;
+    struct verify_range *v = NULL;
+    size_t n = 0, nv = 0;
 
     if (shift < blkhash_fp_min_shift(s->bh))
         shift = blkhash_fp_min_shift(s->bh);
-    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0 ||
-        !(got = calloc(n ? n : 1, sizeof *got)) ||
-        blkhash_fingerprints(s->bh, size, shift, got, n) < 0) {
-        free(mine);
-        free(got);
-        return;
+    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) == 0 &&
+        (got = calloc(n ? n : 1, sizeof *got)) &&
+        blkhash_fingerprints(s->bh, size, shift, got, n) == 0 &&
+        verify_name_ranges(n, rb->bs << shift, size, region_differs,
+                           &(struct rb_fps) { mine, got }, &v, &nv,
+                           &bytes) == 0) {
+        pthread_mutex_lock(&rb->lock);
+        rb->ranges_known = true;
+        rb->nranges = nv;
+        rb->range_bytes = bytes;
+        for (size_t i = 0; i < nv && i < RANGES_SHOWN; i++)
+            rb->ranges[i] = (struct rb_range) { v[i].off, v[i].len };
+        pthread_mutex_unlock(&rb->lock);
     }
-    uint64_t region = rb->bs << shift;
-    for (size_t i = 0; i < n; i++) {
-        if (mine[i] == got[i])
-            continue;
-        uint64_t off = (uint64_t) i * region;
-        add_range(rb, off, size - off < region ? size - off : region);
-    }
+    free(v);
     free(mine);
     free(got);
-    pthread_mutex_lock(&rb->lock);
-    rb->ranges_known = true;
-    pthread_mutex_unlock(&rb->lock);
 }
 
 /* ---- one verification ------------------------------------------------ */

@@ -127,3 +127,17 @@ int64_t sink_defer(struct sink *k, uint64_t len, hasher_read_fn *read,
 int  sink_finish(struct sink *k);        /* -EIO if the range is incomplete */
 bool sink_aborted(const struct sink *k); /* the other side failed */
 void sink_free(struct sink *k);
+
+/* ranges.c: naming where two sides differ. */
+struct verify_range {
+    uint64_t off, len;
+};
+
+/* The merged byte ranges of the regions i < nregions for which
+ * differs(ctx, i) (their fingerprints differ); region i covers
+ * [i * region, (i + 1) * region), clipped to length.  *out is malloc'ed
+ * (may be NULL when *n is 0); *bytes is their total.  0 or -ENOMEM. */
+int  verify_name_ranges(size_t nregions, uint64_t region, uint64_t length,
+                        bool (*differs)(const void *ctx, size_t i),
+                        const void *ctx, struct verify_range **out,
+                        size_t *n, uint64_t *bytes);

@@ -125,9 +125,6 @@ int src_nbd_open(const char *uri, const struct source_options *opt,
                  struct verify_source **out);
 
 /* report.c */
-struct verify_range {
-    uint64_t off, len;
-};
 
 struct verify_side_report {
     const struct verify_source *src;     /* borrowed */
