@@ -435,6 +435,17 @@ int digest_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
 
 /* ---- life ------------------------------------------------------------ */
 
+/* The locks and d itself; the thread is gone or never ran. */
+static void free_digest(struct digest *d)
+{
+    pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->bp_lock);
+    pthread_cond_destroy(&d->cond);
+    pthread_cond_destroy(&d->space);
+    pthread_cond_destroy(&d->idle);
+    free(d);
+}
+
 int digest_create_ops(size_t queue_limit, const struct digest_ops *ops,
                       struct blkpass *bp, struct digest **out)
 {
@@ -455,12 +466,7 @@ int digest_create_ops(size_t queue_limit, const struct digest_ops *ops,
     mono_cond_init(&d->idle);
     int r = pthread_create(&d->thread, NULL, ops->thread, d);
     if (r) {
-        pthread_mutex_destroy(&d->lock);
-        pthread_mutex_destroy(&d->bp_lock);
-        pthread_cond_destroy(&d->cond);
-        pthread_cond_destroy(&d->space);
-        pthread_cond_destroy(&d->idle);
-        free(d);
+        free_digest(d);           /* bp stays the caller's */
         return -r;
     }
     *out = d;
@@ -504,10 +510,5 @@ void digest_destroy(struct digest *d)
     digest_free_queue_locked(d);
     digest_drop_held_locked(d);
     blkpass_free(d->bp);
-    pthread_mutex_destroy(&d->lock);
-    pthread_mutex_destroy(&d->bp_lock);
-    pthread_cond_destroy(&d->cond);
-    pthread_cond_destroy(&d->space);
-    pthread_cond_destroy(&d->idle);
-    free(d);
+    free_digest(d);
 }
