@@ -4,7 +4,7 @@
  * THREAD MODEL
  * The hooks run with d->lock held on the thread that reported the
  * change (fs/digest.c, THREAD MODEL: the FUSE receiving thread for
- * writes, a FUSE worker for the rest, the VMDK view's inflater threads);
+ * writes, a FUSE worker for the rest, a view's decoder threads);
  * they only check the pass and queue items.  sha_thread, the one digest
  * thread, hashes the queue in order with OpenSSL EVP; its EVP context is
  * its own, and it holds no lock while hashing.
@@ -26,8 +26,8 @@
  * follow (fs/rawfile.c) and the view's close closes it.  blkhash takes
  * them in any order; sha256 only in disk order across the view's
  * requests (within one, the reorder hold below sorts them), and the
- * reason then names the view and --blkhash.  A differencing VHD is applied over the old
- * content: no pass.
+ * reason then names the view and --blkhash.  A differencing VHD is
+ * applied over the old content: no pass.
  *
  * THE REORDER HOLD (sha256, a view's pass)
  * The VMDK view's inflater threads place one request's grains in the
@@ -158,8 +158,8 @@ static void sha_truncate(struct digest *d, uint64_t size, uint64_t old)
         ;
     else if (size < d->pos)
         digest_fail_locked(d, DIGEST_NOT_FORWARD, "truncate to %" PRIu64
-                    " cut bytes already hashed (position %" PRIu64 ")",
-                    size, d->pos);
+                           " cut bytes already hashed (position %" PRIu64 ")",
+                           size, d->pos);
     else {
         if (size == d->pos)
             d->zero_beyond = true;
@@ -175,16 +175,18 @@ static bool advance_to_locked(struct digest *d, uint64_t off,
         return false;
     if (off < d->pos) {
         digest_fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64
-                    " is before the position %" PRIu64 "%s%s%s", what, off,
-                    d->pos, d->via ? " (the disk written through " : "",
-                    d->via ? d->via : "", d->via ? "; --blkhash takes any "
-                                                   "order)" : "");
+                           " is before the position %" PRIu64 "%s%s%s", what,
+                           off, d->pos,
+                           d->via ? " (the disk written through " : "",
+                           d->via ? d->via : "",
+                           d->via ? "; --blkhash takes any order)" : "");
         return false;
     }
     if (off > d->pos && !d->zero_beyond) {
-        digest_fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64 " skips "
-                    "bytes from %" PRIu64 " that hold older data (no "
-                    "truncate to 0 started this pass)", what, off, d->pos);
+        digest_fail_locked(d, DIGEST_NOT_FORWARD, "%s at offset %" PRIu64
+                           " skips bytes from %" PRIu64 " that hold older "
+                           "data (no truncate to 0 started this pass)", what,
+                           off, d->pos);
         return false;
     }
     if (d->state == DIGEST_IDLE) {
@@ -231,9 +233,9 @@ static void hold_locked(struct digest *d, uint64_t off, const void *buf,
     if (d->held_bytes + len > d->limit) {
         free(h);
         digest_fail_locked(d, DIGEST_NOT_FORWARD, "write at offset %" PRIu64
-                    " is more than %zu bytes ahead of the position %" PRIu64
-                    " (the disk written through %s; --blkhash takes any "
-                    "order)", off, d->limit, d->pos, d->via);
+                           " is more than %zu bytes ahead of the position %"
+                           PRIu64 " (the disk written through %s; --blkhash "
+                           "takes any order)", off, d->limit, d->pos, d->via);
         return;
     }
     if (!h) {

@@ -9,7 +9,8 @@
  * run on the thread that changed the raw file, after the pool accepted
  * the change: the FUSE receiving thread for writes (fs/fuseloop.c), a
  * FUSE worker for a durable write, a truncate, a fallocate or a flush
- * (the close), the VMDK view's inflater threads for decoded grains.
+ * (the close), a format view's decoder threads (the VMDK view's
+ * inflaters, the qcow2 view's decompressors) for decoded data.
  * digest_get() runs on whichever thread opens the status file,
  * digest_settle() and digest_fingerprints() on the thread verifying a
  * read-back.  They only check the pass and queue work: a data item is
@@ -178,9 +179,9 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
         if (pthread_cond_timedwait(&d->space, &d->lock, &deadline) ==
                 ETIMEDOUT && no_room_locked(d, cost)) {
             d->wait_ns += mono_now_ns() - t0;
-            digest_fail_locked(d, DIGEST_ABANDONED, "hashing fell behind the writes "
-                        "for %d s (%zu bytes waiting)", WAIT_MAX_S,
-                        d->queued);
+            digest_fail_locked(d, DIGEST_ABANDONED, "hashing fell behind "
+                               "the writes for %d s (%zu bytes waiting)",
+                               WAIT_MAX_S, d->queued);
             return false;
         }
     }
@@ -188,8 +189,9 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
     if (d->state != DIGEST_COMPUTING || d->stopping)
         return false;
     if (d->gen != gen || (!d->ops->any_order && d->pos != pos)) {
-        digest_fail_locked(d, d->ops->any_order ? DIGEST_CANNOT_COMPLETE : DIGEST_NOT_FORWARD,
-                    "concurrent writes while waiting for the hash");
+        digest_fail_locked(d, d->ops->any_order ? DIGEST_CANNOT_COMPLETE
+                                                : DIGEST_NOT_FORWARD,
+                           "concurrent writes while waiting for the hash");
         return false;
     }
     return true;
@@ -255,7 +257,7 @@ drop:
         release(ref);
 }
 
-/* ---- the thread's side of the queue ----------------------------------------------- */
+/* ---- the thread's side of the queue --------------------------------- */
 
 /* NBDFERRY_DEBUG_DIGEST_DELAY_US: a hasher this much slower per data
  * item, so tests can show what a slow hasher costs the copy. */
@@ -381,8 +383,8 @@ void digest_foreign(struct digest *d, const char *what)
         return;
     pthread_mutex_lock(&d->lock);
     if (d->state != DIGEST_NOT_FORWARD)
-        digest_fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written through %s",
-                    what);
+        digest_fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written "
+                           "through %s", what);
     d->via = what;
     pthread_mutex_unlock(&d->lock);
 }

@@ -50,9 +50,10 @@ static void put_nbd_failures(FILE *f, const struct pool_stats *s)
         if (e->repaired)
             fprintf(f, ", \"repaired_time\": %lld", (long long) e->repaired_s);
         fputs(", \"message\": ", f);
-        json_put_string(f, e->lost ? "acknowledged, then the connection was made "
-                                "again before an NBD flush covered it"
-                              : strerror(e->err));
+        json_put_string(f, e->lost ? "acknowledged, then the connection was "
+                                     "made again before an NBD flush "
+                                     "covered it"
+                                   : strerror(e->err));
         fputc('}', f);
     }
 }
