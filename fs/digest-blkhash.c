@@ -246,7 +246,7 @@ static void blk_set_reader(struct digest *d,
     pthread_mutex_unlock(&d->bp_lock);
 }
 
-const struct digest_ops digest_blkhash_ops = {
+static const struct digest_ops digest_blkhash_ops = {
     .any_order = true,
     .thread = blk_thread,
     .truncate = blk_truncate,

@@ -73,7 +73,7 @@ struct digest_ops {
                        void *ctx, uint64_t size);
 };
 
-extern const struct digest_ops digest_sha256_ops, digest_blkhash_ops;
+/* Each strategy's file defines its table and its digest_create*(). */
 
 struct digest {
     const struct digest_ops *ops;

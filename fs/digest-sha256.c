@@ -352,7 +352,7 @@ static void sha_hint(const struct digest *d, char *out, size_t n)
              "--digest=sha256 SOURCE");
 }
 
-const struct digest_ops digest_sha256_ops = {
+static const struct digest_ops digest_sha256_ops = {
     .thread = sha_thread,
     .truncate = sha_truncate,
     .write = sha_write,
@@ -363,3 +363,8 @@ const struct digest_ops digest_sha256_ops = {
     .get = sha_get,
     .hint = sha_hint,
 };
+
+int digest_create(size_t queue_limit, struct digest **out)
+{
+    return digest_create_ops(queue_limit, &digest_sha256_ops, NULL, out);
+}

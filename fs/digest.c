@@ -475,11 +475,6 @@ int digest_create_ops(size_t queue_limit, const struct digest_ops *ops,
     return 0;
 }
 
-int digest_create(size_t queue_limit, struct digest **out)
-{
-    return digest_create_ops(queue_limit, &digest_sha256_ops, NULL, out);
-}
-
 void digest_set_reader(struct digest *d,
                        int (*read)(void *ctx, uint64_t off, void *buf,
                                    size_t len),
