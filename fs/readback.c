@@ -2,22 +2,24 @@
  *
  * THREAD MODEL
  * A verification runs on the thread that asks for it (a FUSE worker in
- * close/fsync, main() at unmount); rb->run serializes them.  Its reads
- * go to nbdx directly; their done() runs on nbdx I/O threads and only
- * marks the slot under run->lock and signals run->cond.  The block
- * status extent callback runs inside libnbd on an I/O thread while the
- * verifying thread waits in nbdx_run(): it only appends to run->ext.
- * rb->lock protects the status fields (read by the status file's
- * opener); it is never held across I/O.  Lock order: rb->run, then
- * rb->lock; run->lock is a leaf.
+ * close/fsync, main() at unmount); rb->run serializes them.  It drives
+ * the verify library's reader (verify/reader.h) and sink (verify/sink.h)
+ * on that thread; the blkhash sink hashes on its hasher threads.  The
+ * reads go to nbdx directly; their done() runs on nbdx I/O threads and
+ * only publishes the entry (vr_done) and signals run->cond under
+ * run->lock.  The block status extent callback runs inside libnbd on an
+ * I/O thread while the verifying thread waits in nbdx_run(): it only
+ * appends to run->ext.  rb->lock protects the status fields (read by
+ * the status file's opener); it is never held across I/O.  Lock order:
+ * rb->run, then rb->lock; run->lock is a leaf.
  *
  * THE READ
  * [0, size) is the file the digest covers; [size, export) must read as
- * zero.  Pieces are produced in disk order: the server's zero extents
- * (block status, in windows of at most 32 MiB) as zero pieces, the rest
- * as data pieces of at most READBACK_CHUNK bytes.  A ring of
- * READBACK_SLOTS slots keeps that many reads in flight; the head slot is
- * consumed in order, so the sinks see the disk as one stream.
+ * zero (the sink's tail check).  The reader cuts the disk in order into
+ * the server's zero extents (block status, in windows of at most
+ * 32 MiB), trusted only where this mount never wrote (rb_must_read),
+ * and data reads of at most READBACK_CHUNK bytes, READBACK_SLOTS of
+ * them in flight; the sink sees the disk as one stream.
  */
 #include "fs/fs.h"
 #include "fs/readback.h"
@@ -32,18 +34,17 @@
 #include <string.h>
 
 #include "common/blkhash.h"
-#include "common/iszero.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "fs/digest.h"
+#include "verify/reader.h"
+#include "verify/sink.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
 #define MAX_REGIONS (1u << 18)        /* fingerprints: 2 MiB a side */
 #define RANGES_SHOWN 16
 #define SETTLE_S 120                  /* wait for the digest thread */
-#define ZERO_SLAB (1u << 20)
-
-static const unsigned char zeros[ZERO_SLAB];
 
 enum rb_state {
     RB_IDLE, RB_RUNNING, RB_PASSED, RB_FAILED, RB_ERROR, RB_SKIPPED,
@@ -116,20 +117,6 @@ static void set_state(struct readback *rb, enum rb_state s)
     pthread_mutex_unlock(&rb->lock);
 }
 
-static void put_json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char) *s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned char) *s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 void readback_put_status(FILE *f, struct fs *fs)
 {
     struct readback *rb = fs->readback;
@@ -167,144 +154,38 @@ void readback_put_status(FILE *f, struct fs *fs)
     }
     if (rb->message[0]) {
         fputs(", \"message\": ", f);
-        put_json_string(f, rb->message);
+        json_put_string(f, rb->message);
     }
     fputs("},\n", f);
     pthread_mutex_unlock(&rb->lock);
 }
 
-/* ---- sinks: sha256 as one stream, or blkhash block by block ---------- */
+/* ---- the sink: the verify library's (verify/sink.h) ------------------ */
 
-struct sink {
-    EVP_MD_CTX *ctx;                  /* sha256, or blkhash's outer */
-    bool blkhash;
-    EVP_MD *md;                       /* blkhash: the block digest */
-    uint64_t bs;
-    unsigned dsize;
-    unsigned char zero_digest[EVP_MAX_MD_SIZE];
-    unsigned char *acc;               /* a block being gathered */
-    size_t fill;
-    uint64_t b;                       /* next block's index */
-    unsigned char *batch;             /* block digests for ctx */
-    size_t nbatch;
-    uint64_t *fp;                     /* region fingerprints */
-    size_t nfp;
-    unsigned shift;
-};
+#define HASH_WORKERS 2                /* blkhash: hasher threads */
 
-#define BATCH 1024
-
-static int emit(struct sink *s, const unsigned char *d, bool data)
+static void lib_log(const char *line)
 {
-    memcpy(s->batch + s->nbatch * s->dsize, d, s->dsize);
-    if (++s->nbatch == BATCH) {
-        if (EVP_DigestUpdate(s->ctx, s->batch, BATCH * s->dsize) != 1)
-            return -EIO;
-        s->nbatch = 0;
-    }
-    if (data && (s->b >> s->shift) < s->nfp)
-        s->fp[s->b >> s->shift] ^= blkhash_fp_term(s->b, d);
-    s->b++;
-    return 0;
+    log_err("read-back: %s", line);
 }
 
-static int block(struct sink *s, const unsigned char *p, size_t n)
+/* [0, size) enters the digest, [size, end) must read as zero. */
+static int rb_sink_init(struct sink *k, const struct readback *rb,
+                        uint64_t size, uint64_t end, atomic_bool *abort)
 {
-    unsigned char d[EVP_MAX_MD_SIZE];
-    bool zero = is_zero(p, n);
+    int r = sink_init(k, EVP_sha256(), size, end, 0, abort);
 
-    if (zero && n == s->bs)
-        return emit(s, s->zero_digest, false);
-    if (EVP_Digest(p, n, d, NULL, s->md, NULL) != 1)
-        return -EIO;
-    return emit(s, d, !zero);
-}
-
-static int sink_data(struct sink *s, const unsigned char *p, size_t len)
-{
-    int r = 0;
-
-    if (!s->blkhash)
-        return EVP_DigestUpdate(s->ctx, p, len) == 1 ? 0 : -EIO;
-    while (len > 0 && r == 0) {
-        if (s->fill == 0 && len >= s->bs) {
-            r = block(s, p, s->bs);
-            p += s->bs;
-            len -= s->bs;
-            continue;
-        }
-        size_t n = s->bs - s->fill < len ? s->bs - s->fill : len;
-        memcpy(s->acc + s->fill, p, n);
-        s->fill += n;
-        p += n;
-        len -= n;
-        if (s->fill == s->bs) {
-            r = block(s, s->acc, s->bs);
-            s->fill = 0;
-        }
+    if (r == 0 && rb->blkhash) {
+        r = sink_blkhash(k, rb->md, rb->bs, HASH_WORKERS);
+        sink_fold(k);                 /* memory bounded on any disk */
     }
     return r;
 }
 
-static int sink_zero(struct sink *s, uint64_t len)
+static void rb_sink_hex(const struct sink *k, char *hex)
 {
-    int r = 0;
-
-    if (!s->blkhash) {
-        for (; len > 0 && r == 0; len -= len < ZERO_SLAB ? len : ZERO_SLAB)
-            r = sink_data(s, zeros, len < ZERO_SLAB ? len : ZERO_SLAB);
-        return r;
-    }
-    if (s->fill > 0) {
-        size_t n = s->bs - s->fill < len ? s->bs - s->fill : (size_t) len;
-        memset(s->acc + s->fill, 0, n);
-        s->fill += n;
-        len -= n;
-        if (s->fill == s->bs) {
-            r = block(s, s->acc, s->bs);
-            s->fill = 0;
-        }
-    }
-    for (; len >= s->bs && r == 0; len -= s->bs)
-        r = emit(s, s->zero_digest, false);
-    if (len > 0 && r == 0) {
-        memset(s->acc, 0, len);
-        s->fill = len;
-    }
-    return r;
-}
-
-static int sink_finish(struct sink *s, uint64_t length, char *hex)
-{
-    unsigned char md[EVP_MAX_MD_SIZE], le[8];
-    unsigned n = 0;
-    int r = 0;
-
-    if (s->blkhash) {
-        if (s->fill > 0)
-            r = block(s, s->acc, s->fill);
-        if (r == 0 && s->nbatch &&
-            EVP_DigestUpdate(s->ctx, s->batch, s->nbatch * s->dsize) != 1)
-            r = -EIO;
-        for (int i = 0; i < 8; i++)
-            le[i] = (unsigned char) (length >> (8 * i));
-        if (r == 0 && EVP_DigestUpdate(s->ctx, le, sizeof le) != 1)
-            r = -EIO;
-    }
-    if (r == 0 && EVP_DigestFinal_ex(s->ctx, md, &n) != 1)
-        r = -EIO;
-    for (unsigned i = 0; r == 0 && i < n; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    return r;
-}
-
-static void sink_free(struct sink *s)
-{
-    EVP_MD_CTX_free(s->ctx);
-    EVP_MD_free(s->md);
-    free(s->acc);
-    free(s->batch);
-    free(s->fp);
+    for (unsigned i = 0; i < k->digest_size; i++)
+        snprintf(hex + 2 * i, 3, "%02x", k->digest[i]);
 }
 
 /* Regions of 2^shift blocks, at most MAX_REGIONS of them. */
@@ -317,85 +198,87 @@ static unsigned region_shift(uint64_t nblocks)
     return shift;
 }
 
-static int sink_init(struct sink *s, const struct readback *rb,
-                     uint64_t size)
-{
-    *s = (struct sink) { .blkhash = rb->blkhash, .bs = rb->bs };
-    if (!(s->ctx = EVP_MD_CTX_new()))
-        return -ENOMEM;
-    if (!rb->blkhash)
-        return EVP_DigestInit_ex(s->ctx, EVP_sha256(), NULL) == 1 ? 0 : -EIO;
-    s->md = EVP_MD_fetch(NULL, rb->md, NULL);
-    if (!s->md || EVP_DigestInit_ex(s->ctx, s->md, NULL) != 1)
-        return -EIO;
-    s->dsize = (unsigned) EVP_MD_get_size(s->md);
-    uint64_t nblocks = (size + s->bs - 1) / s->bs;
-    s->shift = region_shift(nblocks);
-    s->nfp = (size_t) ((nblocks + (1ull << s->shift) - 1) >> s->shift);
-    s->acc = malloc(s->bs);
-    s->batch = malloc((size_t) BATCH * s->dsize);
-    s->fp = calloc(s->nfp ? s->nfp : 1, sizeof *s->fp);
-    if (!s->acc || !s->batch || !s->fp)
-        return -ENOMEM;
-    memset(s->acc, 0, s->bs);
-    return EVP_Digest(s->acc, s->bs, s->zero_digest, NULL, s->md, NULL) == 1
-           ? 0 : -EIO;
-}
-
-/* ---- the read -------------------------------------------------------- */
+/* ---- the read: the library's reader over the mount's connections ---- */
 
 struct rb_ext { uint64_t off, len; bool zero; };
 
-struct slot {
-    struct nbdx_op op;                /* first: done() finds the slot */
+struct rb_read {
+    struct nbdx_op op;                /* first: done() finds the read */
     struct run *run;
-    uint64_t off, len;
-    bool zero, busy;
-    int err;
-    unsigned char *buf;
+    struct vr_ent *e;
+    bool busy;                        /* under run->lock */
 };
 
+/* The reader's backend (verify/reader.h). */
 struct run {
     struct readback *rb;
     struct nbdx *x;
     struct pool *pool;                /* what this mount touched */
-    uint64_t size, end;               /* the file, the export */
-    uint64_t chunk, window;
-    bool extents;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;             /* reads[].busy, in_flight, events */
     pthread_cond_t cond;
-    struct slot slots[READBACK_SLOTS];
-    struct rb_ext *ext;               /* the current window's extents */
-    size_t next, n, cap;
-    uint64_t pos;                     /* pieces made up to here */
-    uint64_t tail_nonzero;
+    struct rb_read reads[READBACK_SLOTS];
+    unsigned in_flight;
+    uint64_t events, seen;            /* completions; seen by wait() */
+    struct rb_ext *ext;               /* a block status reply's extents */
+    size_t n, cap;
 };
 
 static void read_done(struct nbdx_op *op, int err)
 {
-    struct slot *sl = (struct slot *) op;
-    struct run *run = sl->run;
+    struct rb_read *rd = (struct rb_read *) op;
+    struct run *run = rd->run;
 
     pthread_mutex_lock(&run->lock);
-    sl->err = err;
-    sl->busy = false;
+    vr_done(rd->e, err);
+    rd->busy = false;
+    run->in_flight--;
+    run->events++;
     pthread_cond_broadcast(&run->cond);
     pthread_mutex_unlock(&run->lock);
 }
 
-static bool push_ext(struct run *run, uint64_t off, uint64_t len, bool zero)
+static int rb_read(void *ctx, struct vr_ent *e)
 {
-    if (run->n == run->cap) {
-        size_t cap = run->cap ? 2 * run->cap : 64;
-        struct rb_ext *e = realloc(run->ext, cap * sizeof *e);
-        if (!e)
-            return false;
-        run->ext = e;
-        run->cap = cap;
-    }
-    run->ext[run->n++] = (struct rb_ext) { .off = off, .len = len,
-                                           .zero = zero };
-    return true;
+    struct run *run = ctx;
+    struct rb_read *rd = run->reads;
+
+    pthread_mutex_lock(&run->lock);
+    while (rd->busy)                  /* at most READBACK_SLOTS in flight */
+        rd++;
+    rd->busy = true;
+    run->in_flight++;
+    pthread_mutex_unlock(&run->lock);
+    rd->e = e;
+    rd->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = e->off,
+                                .len = e->len, .buf = e->buf,
+                                .done = read_done };
+    nbdx_submit(run->x, &rd->op);
+    return 0;
+}
+
+/* timeout_ms 0: only a look; otherwise until a read completes. */
+static int rb_wait(void *ctx, int timeout_ms)
+{
+    struct run *run = ctx;
+
+    if (timeout_ms == 0)
+        return 0;
+    pthread_mutex_lock(&run->lock);
+    while (run->events == run->seen && run->in_flight)
+        pthread_cond_wait(&run->cond, &run->lock);
+    run->seen = run->events;
+    pthread_mutex_unlock(&run->lock);
+    return 0;
+}
+
+static unsigned rb_in_flight(void *ctx)
+{
+    struct run *run = ctx;
+
+    pthread_mutex_lock(&run->lock);
+    unsigned n = run->in_flight;
+    pthread_mutex_unlock(&run->lock);
+    return n;
 }
 
 /* nbdx_run() takes op->opaque: the run is found from the op. */
@@ -404,54 +287,56 @@ struct bs_op {
     struct run *run;
 };
 
-/* Out of memory drops the extent: the rest of the window is data. */
+/* On an nbdx I/O thread while the verifying thread waits in nbdx_run().
+ * Out of memory drops the extent: the rest of the window is data. */
 static void ext_cb(struct nbdx_op *op, uint64_t off, uint64_t len,
                    uint32_t flags)
 {
-    push_ext(((struct bs_op *) op)->run, off, len,
-             (flags & LIBNBD_STATE_ZERO) != 0);
+    struct run *run = ((struct bs_op *) op)->run;
+
+    if (run->n == run->cap) {
+        size_t cap = run->cap ? 2 * run->cap : 64;
+        struct rb_ext *e = realloc(run->ext, cap * sizeof *e);
+        if (!e)
+            return;
+        run->ext = e;
+        run->cap = cap;
+    }
+    run->ext[run->n++] = (struct rb_ext) {
+        .off = off, .len = len, .zero = (flags & LIBNBD_STATE_ZERO) != 0 };
 }
 
-/* Ask the server which of [pos, pos + window) reads as zero.  A reply
- * covering only part of the window is taken as far as it goes (the next
- * call asks for the rest); without block status, or when it fails or
- * makes no progress, the window is all data.  n == 0 afterwards only
- * when out of memory. */
-static void fetch_extents(struct run *run)
+/* Ask the server which of the window reads as zero.  A reply covering
+ * only part of it is taken as far as it goes (the next request asks for
+ * the rest); when it fails or makes no progress, the window is all data
+ * (the reader's bs_retry). */
+static int rb_extents(void *ctx, struct vreader *r, uint64_t off,
+                      uint64_t len)
 {
-    uint64_t len = run->end - run->pos < run->window ? run->end - run->pos
-                                                     : run->window;
+    struct run *run = ctx;
     struct bs_op bs = { .op = { .kind = NBDX_OP_BLOCK_STATUS,
-                                .off = run->pos, .len = len,
-                                .extent = ext_cb },
+                                .off = off, .len = len, .extent = ext_cb },
                         .run = run };
-    uint64_t pos = run->pos, end = run->pos + len;
-    size_t k = 0;
+    int err = 0;
 
-    run->n = run->next = 0;
-    if (run->extents && nbdx_run(run->x, &bs.op) < 0)
-        run->n = 0;
-    /* Keep what lies in order inside the window; the rest is data. */
-    for (size_t i = 0; i < run->n && pos < end; i++) {
-        struct rb_ext e = run->ext[i];
-        if (e.off != pos || e.len == 0)
-            break;
-        if (e.off + e.len > end)
-            e.len = end - e.off;
-        run->ext[k++] = e;
-        pos = e.off + e.len;
-    }
-    run->n = k;
-    if (k == 0 && !push_ext(run, pos, end - pos, false))
-        run->n = 0;
+    run->n = 0;
+    if (nbdx_run(run->x, &bs.op) < 0)
+        err = EIO;
+    for (size_t i = 0; !err && i < run->n; i++)
+        if (vr_extent(r, run->ext[i].off, run->ext[i].len,
+                      run->ext[i].zero) < 0)
+            err = ENOMEM;
+    vr_extents_done(r, err);
+    return 0;
 }
 
 /* A zero extent is trusted only where this mount never wrote or zeroed:
  * a server that acknowledges a write-zeroes it did not do reports the
  * range as zero too, so what the daemon touched is read.  Shortens *len
  * to a run that is all touched or all untouched; true if touched. */
-static bool touched_run(struct run *run, uint64_t off, uint64_t *len)
+static bool rb_must_read(void *ctx, uint64_t off, uint64_t *len)
 {
+    struct run *run = ctx;
     struct pool_range t;
 
     if (!pool_touched_next(run->pool, off, &t) || t.start >= off + *len)
@@ -465,188 +350,85 @@ static bool touched_run(struct run *run, uint64_t off, uint64_t *len)
     return true;
 }
 
-/* The next piece in disk order; false at the end. */
-static bool next_piece(struct run *run, uint64_t *off, uint64_t *len,
-                       bool *zero)
+static void rb_read_failed(void *ctx, const struct vr_ent *e)
 {
-    if (run->pos >= run->end)
-        return false;
-    if (run->next == run->n)
-        fetch_extents(run);
-    if (run->n == 0) {                /* out of memory: read it */
-        *off = run->pos;
-        *len = run->end - run->pos < run->chunk ? run->end - run->pos
-                                                : run->chunk;
-        *zero = false;
-        run->pos += *len;
-        return true;
-    }
-    struct rb_ext *e = &run->ext[run->next];
-    uint64_t e_end = e->off + e->len;
-    *off = run->pos;
-    *zero = e->zero;
-    *len = e_end - run->pos;
-    if (*zero && touched_run(run, *off, len))
-        *zero = false;
-    if (!*zero && *len > run->chunk)
-        *len = run->chunk;
-    /* Stop at the file's end: past it, only zero is right. */
-    if (*off < run->size && *off + *len > run->size)
-        *len = run->size - *off;
-    run->pos += *len;
-    if (run->pos == e_end)
-        run->next++;
-    return true;
+    struct run *run = ctx;
+
+    log_err("read-back: reading %zu bytes at offset %" PRIu64 " failed: %s",
+            e->len, e->off, strerror(e->err));
+    set_message(run->rb, "reading %zu bytes at offset %" PRIu64
+                " failed: %s", e->len, e->off, strerror(e->err));
 }
 
-static void start_slot(struct run *run, struct slot *sl)
+static void rb_consumed(void *ctx, const struct vr_ent *e)
 {
-    sl->err = 0;
-    if (sl->zero)
-        return;
-    sl->busy = true;
-    sl->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = sl->off,
-                                .len = sl->len, .buf = sl->buf,
-                                .done = read_done };
-    nbdx_submit(run->x, &sl->op);
-}
+    struct readback *rb = ((struct run *) ctx)->rb;
 
-/* A piece past the file's end: must be zero. */
-static void check_tail(struct run *run, const struct slot *sl)
-{
-    if (run->tail_nonzero != UINT64_MAX || is_zero(sl->buf, sl->len))
-        return;
-    for (uint64_t i = 0; i < sl->len; i++)
-        if (sl->buf[i]) {
-            run->tail_nonzero = sl->off + i;
-            return;
-        }
-}
-
-static int consume(struct run *run, struct slot *sl, struct sink *s)
-{
-    struct readback *rb = run->rb;
-    int r = 0;
-
-    if (sl->off < run->size)
-        r = sl->zero ? sink_zero(s, sl->len) : sink_data(s, sl->buf, sl->len);
-    else if (!sl->zero)
-        check_tail(run, sl);
     pthread_mutex_lock(&rb->lock);
-    rb->done += sl->len;
-    if (sl->zero) {
-        rb->zero_bytes += sl->len;
+    rb->done += e->len;
+    if (!e->buf) {
+        rb->zero_bytes += e->len;
     } else {
-        rb->bytes_read += sl->len;
+        rb->bytes_read += e->len;
         rb->reads++;
     }
     pthread_mutex_unlock(&rb->lock);
-    return r;
 }
 
-static void wait_idle(struct run *run, struct slot *sl)
-{
-    pthread_mutex_lock(&run->lock);
-    while (sl->busy)
-        pthread_cond_wait(&run->cond, &run->lock);
-    pthread_mutex_unlock(&run->lock);
-}
+static const struct vr_backend rb_backend = {
+    .read = rb_read,
+    .extents = rb_extents,
+    .wait = rb_wait,
+    .in_flight = rb_in_flight,
+    .must_read = rb_must_read,
+    .read_failed = rb_read_failed,
+    .consumed = rb_consumed,
+};
 
-/* Stream the disk through s, READBACK_SLOTS reads in flight.  0 or
+/* Stream the disk through k, READBACK_SLOTS reads in flight.  0 or
  * -errno (a read failed: logged). */
-static int stream(struct run *run, struct sink *s)
-{
-    uint64_t head = 0, tail = 0;
-    bool more = true;
-    int r = 0;
-
-    while (r == 0 && (more || head < tail)) {
-        while (more && tail - head < READBACK_SLOTS) {
-            struct slot *sl = &run->slots[tail % READBACK_SLOTS];
-            more = next_piece(run, &sl->off, &sl->len, &sl->zero);
-            if (more) {
-                start_slot(run, sl);
-                tail++;
-            }
-        }
-        if (head == tail)
-            break;
-        struct slot *sl = &run->slots[head++ % READBACK_SLOTS];
-        wait_idle(run, sl);
-        if (sl->err) {
-            r = -sl->err;
-            log_err("read-back: reading %" PRIu64 " bytes at offset %" PRIu64
-                    " failed: %s", sl->len, sl->off, strerror(sl->err));
-            set_message(run->rb, "reading %" PRIu64 " bytes at offset %"
-                        PRIu64 " failed: %s", sl->len, sl->off,
-                        strerror(sl->err));
-        } else {
-            r = consume(run, sl, s);
-        }
-    }
-    for (; head < tail; head++)       /* let the reads in flight land */
-        wait_idle(run, &run->slots[head % READBACK_SLOTS]);
-    return r;
-}
-
-static int run_init(struct run *run, struct fs *fs, uint64_t size)
+static int stream(struct fs *fs, struct sink *k)
 {
     const struct nbdx_info *info = nbdx_info(fs->x);
+    struct run run = { .rb = fs->readback, .x = fs->x, .pool = fs->pool };
+    struct vr_config c = {
+        .name = "read-back", .requests = READBACK_SLOTS,
+        .request_size = READBACK_CHUNK, .bs_span = BS_WINDOW,
+        .block_status = info->can_extents && fs->readback->extents,
+        .zero_piece = UINT64_MAX, .bs_retry = true,
+    };
+    struct vreader *r;
 
-    *run = (struct run) { .rb = fs->readback, .x = fs->x, .pool = fs->pool,
-                          .size = size, .end = fs->export_size,
-                          .chunk = READBACK_CHUNK, .window = BS_WINDOW,
-                          .extents = info->can_extents && fs->readback->extents,
-                          .tail_nonzero = UINT64_MAX };
-    if (info->block_max && info->block_max < run->chunk)
-        run->chunk = info->block_max;
-    if (info->block_max && info->block_max < run->window)
-        run->window = info->block_max;
-    pthread_mutex_init(&run->lock, NULL);
-    pthread_cond_init(&run->cond, NULL);
-    for (unsigned i = 0; i < READBACK_SLOTS; i++) {
-        run->slots[i].run = run;
-        if (!(run->slots[i].buf = malloc(run->chunk)))
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-static void run_free(struct run *run)
-{
+    if (info->block_max && info->block_max < c.request_size)
+        c.request_size = info->block_max;
+    if (info->block_max && info->block_max < c.bs_span)
+        c.bs_span = info->block_max;
+    pthread_mutex_init(&run.lock, NULL);
+    pthread_cond_init(&run.cond, NULL);
     for (unsigned i = 0; i < READBACK_SLOTS; i++)
-        free(run->slots[i].buf);
-    free(run->ext);
-    pthread_mutex_destroy(&run->lock);
-    pthread_cond_destroy(&run->cond);
+        run.reads[i].run = &run;
+    int e = vreader_create(&c, &rb_backend, &run, k, &r);
+    /* SINK_STOP (data past the file's end): read on, for the status. */
+    while (e == 0 && (e = vreader_run(r)) == SINK_STOP)
+        e = 0;
+    if (r)
+        vreader_drain(r, -1);         /* let the reads in flight land */
+    vreader_free(r);
+    free(run.ext);
+    pthread_mutex_destroy(&run.lock);
+    pthread_cond_destroy(&run.cond);
+    return e;
 }
 
 /* ---- naming the differences ------------------------------------------ */
 
-static void add_range(struct readback *rb, uint64_t off, uint64_t len)
-{
-    pthread_mutex_lock(&rb->lock);
-    uint64_t i = rb->nranges < RANGES_SHOWN ? rb->nranges : RANGES_SHOWN;
-    if (i > 0 && rb->ranges[i - 1].off + rb->ranges[i - 1].len == off &&
-        rb->nranges <= RANGES_SHOWN) {
-        rb->ranges[i - 1].len += len;
-    } else {
-        if (i < RANGES_SHOWN)
-            rb->ranges[i] = (struct rb_range) { off, len };
-        rb->nranges++;
-    }
-    rb->range_bytes += len;
-    pthread_mutex_unlock(&rb->lock);
-}
+struct rb_fps { const uint64_t *mine, *got; };
 
-/* Regions twice as large, until they are of 2^to blocks (XOR merges). */
-static void coarsen(struct sink *s, unsigned to)
+static bool region_differs(const void *ctx, size_t i)
 {
-    for (; s->shift < to; s->shift++) {
-        for (size_t i = 0; i < s->nfp; i++)
-            s->fp[i / 2] = (i % 2 ? s->fp[i / 2] : 0) ^ s->fp[i];
-        s->nfp = (s->nfp + 1) / 2;
-    }
+    const struct rb_fps *f = ctx;
+
+    return f->mine[i] != f->got[i];
 }
 
 /* blkhash: the regions whose fingerprints differ between the inline
@@ -654,26 +436,30 @@ static void coarsen(struct sink *s, unsigned to)
 static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 {
     struct readback *rb = fs->readback;
-    uint64_t *mine = NULL;
-    unsigned shift = s->shift;
-    size_t n = 0;
+    uint64_t *mine = NULL, *got = NULL, bytes = 0;
+    unsigned shift = region_shift((size + rb->bs - 1) / rb->bs);
+    struct verify_range *v = NULL;
+    size_t n = 0, nv = 0;
 
-    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0) {
-        free(mine);
-        return;
+    if (shift < blkhash_fp_min_shift(s->bh))
+        shift = blkhash_fp_min_shift(s->bh);
+    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) == 0 &&
+        (got = calloc(n ? n : 1, sizeof *got)) &&
+        blkhash_fingerprints(s->bh, size, shift, got, n) == 0 &&
+        verify_name_ranges(n, rb->bs << shift, size, region_differs,
+                           &(struct rb_fps) { mine, got }, &v, &nv,
+                           &bytes) == 0) {
+        pthread_mutex_lock(&rb->lock);
+        rb->ranges_known = true;
+        rb->nranges = nv;
+        rb->range_bytes = bytes;
+        for (size_t i = 0; i < nv && i < RANGES_SHOWN; i++)
+            rb->ranges[i] = (struct rb_range) { v[i].off, v[i].len };
+        pthread_mutex_unlock(&rb->lock);
     }
-    coarsen(s, shift);
-    uint64_t region = s->bs << s->shift;
-    for (size_t i = 0; i < s->nfp && i < n; i++) {
-        if (mine[i] == s->fp[i])
-            continue;
-        uint64_t off = (uint64_t) i * region;
-        add_range(rb, off, size - off < region ? size - off : region);
-    }
+    free(v);
     free(mine);
-    pthread_mutex_lock(&rb->lock);
-    rb->ranges_known = true;
-    pthread_mutex_unlock(&rb->lock);
+    free(got);
 }
 
 /* ---- one verification ------------------------------------------------ */
@@ -744,22 +530,24 @@ static void reset_status(struct readback *rb, const struct rb_key *k,
 }
 
 /* Compare; 0 (same) or -EIO (differs: status, ranges and log say how). */
-static int judge(struct fs *fs, struct sink *s, const struct run *run,
-                 const struct rb_key *k, const char *hex)
+static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
+                 const char *hex)
 {
     struct readback *rb = fs->readback;
     bool same = strcmp(hex, k->hex) == 0;
+    uint64_t tail = s->tail_nonzero < 0 ? UINT64_MAX
+                                        : (uint64_t) s->tail_nonzero;
 
     pthread_mutex_lock(&rb->lock);
     snprintf(rb->got, sizeof rb->got, "%s", hex);
-    rb->tail_nonzero = run->tail_nonzero;
+    rb->tail_nonzero = tail;
     pthread_mutex_unlock(&rb->lock);
-    if (same && run->tail_nonzero == UINT64_MAX) {
+    if (same && tail == UINT64_MAX) {
         set_state(rb, RB_PASSED);
         set_message(rb, "the disk holds what was written");
         return 0;
     }
-    if (!same && s->blkhash)
+    if (!same && rb->blkhash)
         name_ranges(fs, s, k->size);
     set_state(rb, RB_FAILED);
     pthread_mutex_lock(&rb->lock);
@@ -770,12 +558,12 @@ static int judge(struct fs *fs, struct sink *s, const struct run *run,
     if (!same)
         snprintf(rb->message, sizeof rb->message, "the disk differs from "
                  "what was written: read back %.16s..., expected %.16s...%s%s",
-                 hex, k->hex, !s->blkhash ? " (sha256 cannot say where: "
+                 hex, k->hex, !rb->blkhash ? " (sha256 cannot say where: "
                  "--blkhash names the ranges)" : "", first);
     else
         snprintf(rb->message, sizeof rb->message, "the disk holds data past "
                  "the file's end (%" PRIu64 " bytes), from offset %" PRIu64,
-                 k->size, run->tail_nonzero);
+                 k->size, tail);
     log_err("read-back: %s (%" PRIu64 " differing range(s))", rb->message,
             rb->nranges);
     for (uint64_t i = 0; i < rb->nranges && i < RANGES_SHOWN; i++)
@@ -788,22 +576,17 @@ static int judge(struct fs *fs, struct sink *s, const struct run *run,
 static int verify_locked(struct fs *fs, const struct rb_key *k)
 {
     struct readback *rb = fs->readback;
-    struct run run;
+    atomic_bool stop = false;         /* one side: nothing aborts it */
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
-
     double t0 = mono_now_s();
 
     reset_status(rb, k, fs->export_size);
-    int r = run_init(&run, fs, k->size);
+    int r = rb_sink_init(&s, rb, k->size, fs->export_size, &stop);
+    if (r == 0 && (r = stream(fs, &s)) == 0 && (r = sink_finish(&s)) == 0)
+        rb_sink_hex(&s, hex);
     if (r == 0)
-        r = sink_init(&s, rb, k->size);
-    else
-        memset(&s, 0, sizeof s);
-    if (r == 0 && (r = stream(&run, &s)) == 0)
-        r = sink_finish(&s, k->size, hex);
-    if (r == 0)
-        r = judge(fs, &s, &run, k, hex);
+        r = judge(fs, &s, k, hex);
     else {
         set_state(rb, RB_ERROR);
         if (!rb->message[0])
@@ -812,7 +595,6 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
         r = -EIO;
     }
     sink_free(&s);
-    run_free(&run);
     pthread_mutex_lock(&rb->lock);
     rb->seconds = mono_now_s() - t0;
     pthread_mutex_unlock(&rb->lock);
@@ -953,6 +735,7 @@ int readback_create(enum readback_when when, const char *md,
         snprintf(rb->algorithm, sizeof rb->algorithm, "sha256");
     pthread_mutex_init(&rb->run, NULL);
     pthread_mutex_init(&rb->lock, NULL);
+    verify_set_log(lib_log);          /* before any verification runs */
     *out = rb;
     return 0;
 }

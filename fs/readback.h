@@ -10,7 +10,9 @@
  * never sent a write or a write-zeroes (pool_touched_next): a server that
  * acknowledges a zeroing it did not do would report the range as zero
  * too.  With --no-extents block status is never trusted.  Reads are pipelined in a
- * fixed window (READBACK_SLOTS x READBACK_CHUNK bytes).  With --blkhash
+ * fixed window (READBACK_SLOTS x READBACK_CHUNK bytes) by the verify
+ * library's reader, hashed by its sink (verify/), as nbdferry-verify
+ * does.  With --blkhash
  * the differing ranges are named (block granularity up to 2^18 blocks,
  * coarser beyond); with sha256 only the verdict is known.
  *

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/json.h"
 #include "common/log.h"
 
 #include "fs/digest.h"
@@ -32,20 +33,6 @@ static double elapsed_s(const struct timespec *since)
     clock_gettime(CLOCK_REALTIME, &now);
     return (double) (now.tv_sec - since->tv_sec) +
            (double) (now.tv_nsec - since->tv_nsec) / 1e9;
-}
-
-static void put_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char) *s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned char) *s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
 }
 
 /* Failed NBD requests (the first ones), then the daemon's latest errors
@@ -63,9 +50,10 @@ static void put_nbd_failures(FILE *f, const struct pool_stats *s)
         if (e->repaired)
             fprintf(f, ", \"repaired_time\": %lld", (long long) e->repaired_s);
         fputs(", \"message\": ", f);
-        put_string(f, e->lost ? "acknowledged, then the connection was made "
-                                "again before an NBD flush covered it"
-                              : strerror(e->err));
+        json_put_string(f, e->lost ? "acknowledged, then the connection was "
+                                     "made again before an NBD flush "
+                                     "covered it"
+                                   : strerror(e->err));
         fputc('}', f);
     }
 }
@@ -99,7 +87,7 @@ static void put_failures(FILE *f, const struct pool_stats *s,
                    ", \"message\": ",
                 i || s->nfailures ? "," : "", e[i].error ? "error" : "warning",
                 (long long) e[i].first, (long long) e[i].last, e[i].repeated);
-        put_string(f, e[i].msg);
+        json_put_string(f, e[i].msg);
         fputc('}', f);
     }
     fputs(s->nfailures || n ? "\n  ],\n" : "],\n", f);
@@ -186,7 +174,7 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
         fprintf(f, ", \"value\": \"%s\"", di.hex);
     if (reason[0]) {
         fputs(", \"reason\": ", f);
-        put_string(f, reason);
+        json_put_string(f, reason);
     }
     if (di.state != DIGEST_DISABLED)
         fprintf(f, ", \"held_bytes\": %" PRIu64 ", \"hold_limit\": %" PRIu64
@@ -195,7 +183,7 @@ static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
                 (double) di.copy_wait_ns / 1e9);
     if (di.check[0]) {
         fputs(", \"check\": ", f);
-        put_string(f, di.check);
+        json_put_string(f, di.check);
     }
     fputs("}\n", f);
 }
@@ -218,7 +206,7 @@ static void put_time(FILE *f, const char *key, time_t t)
         fputs("null", f);
         return;
     }
-    put_string(f, buf);
+    json_put_string(f, buf);
 }
 
 static const char *health_state(const struct nbdx_health *h)
@@ -291,7 +279,7 @@ static void put_health(FILE *f, struct fs *fs)
     put_time(f, "lost_at", h.lost_at);
     put_time(f, "healed_at", h.healed_at);
     fputs(", \"message\": ", f);
-    put_string(f, msg);
+    json_put_string(f, msg);
     fputs("},\n", f);
 }
 

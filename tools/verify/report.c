@@ -6,47 +6,24 @@
 
 #include "tools/verify/verify.h"
 
-static int push_range(struct verify_range **v, size_t *n, size_t *cap,
-                      uint64_t off, uint64_t len)
+/* Both sides' fingerprints of block i, as report_ranges() gets them. */
+static bool block_differs(const void *ctx, size_t i)
 {
-    if (*n && (*v)[*n - 1].off + (*v)[*n - 1].len == off) {
-        (*v)[*n - 1].len += len;
-        return 0;
-    }
-    if (*n == *cap) {
-        size_t c = *cap ? 2 * *cap : 16;
-        struct verify_range *nv = realloc(*v, c * sizeof *nv);
-        if (!nv)
-            return -ENOMEM;
-        *v = nv;
-        *cap = c;
-    }
-    (*v)[(*n)++] = (struct verify_range) { off, len };
-    return 0;
+    const struct sink *const *ab = ctx;
+
+    return ab[0]->blocks[i] != ab[1]->blocks[i];
 }
 
 int report_ranges(const struct sink *a, const struct sink *b,
                   uint64_t compared, struct verify_range **out, size_t *n,
                   uint64_t *bytes)
 {
-    size_t cap = 0;
-    uint64_t bs = a->block_size;
+    const struct sink *ab[2] = { a, b };
 
-    *out = NULL;
-    *n = 0;
-    *bytes = 0;
-    for (uint64_t i = 0; i < a->nblocks && i < b->nblocks; i++) {
-        if (a->blocks[i] == b->blocks[i])
-            continue;
-        uint64_t off = i * bs;
-        uint64_t len = compared - off < bs ? compared - off : bs;
-        if (push_range(out, n, &cap, off, len) < 0) {
-            verify_err("out of memory");
-            return -ENOMEM;
-        }
-        *bytes += len;
-    }
-    return 0;
+    return verify_name_ranges(a->nblocks < b->nblocks ? a->nblocks
+                                                      : b->nblocks,
+                              a->block_size, compared, block_differs, ab,
+                              out, n, bytes);
 }
 
 static void hex(char *out, const unsigned char *d, unsigned n)

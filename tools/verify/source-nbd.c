@@ -10,33 +10,31 @@
  * sleeping; we don't use it).
  *
  * PIPELINE
- * Entries are scheduled in offset order into a ring (the reorder window).
- * A data entry owns one of 'requests' buffers; a zero entry (block status
- * said NBD_STATE_ZERO) has none and is complete at once.  Replies complete
- * out of order; the head entry is hashed as soon as it is complete, so the
- * digest sees the stream in order while up to 'requests' reads stay in
- * flight, spread round-robin over the connections.
+ * The verify library's reader (verify/reader.h) keeps up to 'requests'
+ * reads in flight and feeds the sink in order; this file is its libnbd
+ * backend: reads spread round-robin over the connections, block status
+ * on the first, and the poll loop.
  *
  * OWNERSHIP
  * A buffer belongs to libnbd from nbd_aio_pread() until read_done() runs;
- * it returns to the free stack only after it has been hashed.  If the run
+ * it returns to the reader only after it has been hashed.  If the run
  * stops with reads or block status still in flight (error, abort, non-zero
  * tail), their replies are read and dropped first (drain): nbdkit 1.32
  * aborts (raw_send_socket assertion) when a client closes while read
  * replies are still being sent, and takes every other client and a memory
  * disk with it.  Only a server silent for DRAIN_WAIT_MS is abandoned: the
  * handles are closed first, and only then are the buffers and the
- * pipeline (the callbacks' user_data) freed.
+ * reader (the callbacks' user_data) freed.
  */
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <libnbd.h>
 
 #include "tools/verify/verify.h"
+#include "verify/reader.h"
 
 #define NBD_MAX_CONN   16
 /* Shorter zero extents are read as data: one request beats a split. */
@@ -59,192 +57,69 @@ struct nbd_src {
     bool block_status;                  /* base:allocation negotiated */
     size_t request_size;                /* clamped to the server maximum */
     uint64_t bs_span;                   /* block status request length */
+    unsigned next_conn;                 /* the next read's connection */
 };
 
-enum ent_state { ENT_READING, ENT_DONE };
-
-struct ent {
-    uint64_t off;
-    size_t len;
-    unsigned char *buf;                 /* NULL: known zero */
-    enum ent_state state;               /* set by read_done() */
-    int err;                            /* errno from the reply, or 0 */
-};
-
-struct extent {
-    uint64_t off, len;
-    bool zero;
-};
-
-struct pipe {
-    struct nbd_src *ns;                 /* borrowed */
-    struct sink *k;                     /* borrowed */
-    struct ent *ring;                   /* owned: cap entries */
-    size_t cap, head, count;
-    unsigned char **free_bufs;          /* owned stack of owned buffers */
-    size_t nfree, nbufs;
-    uint64_t sched;                     /* next offset to schedule */
-    struct extent *ext;                 /* owned: known extents from sched */
-    size_t ext_cap, ext_head, ext_count;
-    uint64_t ext_end;                   /* extents known up to here */
-    uint64_t bs_off;                    /* offset of the block status */
-    bool use_bs;                        /* false: everything is data */
-    bool bs_inflight;
-    unsigned next_conn;
-};
-
-/* ---- extent queue ---- */
-
-static int ext_append(struct pipe *p, uint64_t len, bool zero)
-{
-    if (p->ext_count) {
-        struct extent *last = &p->ext[p->ext_head + p->ext_count - 1];
-        if (last->zero == zero) {
-            last->len += len;
-            p->ext_end += len;
-            return 0;
-        }
-    }
-    if (p->ext_head + p->ext_count == p->ext_cap) {
-        if (p->ext_head > 0) {
-            memmove(p->ext, p->ext + p->ext_head, p->ext_count * sizeof *p->ext);
-            p->ext_head = 0;
-        } else {
-            size_t cap = p->ext_cap ? 2 * p->ext_cap : 256;
-            struct extent *e = realloc(p->ext, cap * sizeof *e);
-            if (!e)
-                return -ENOMEM;
-            p->ext = e;
-            p->ext_cap = cap;
-        }
-    }
-    p->ext[p->ext_head + p->ext_count++] =
-        (struct extent) { .off = p->ext_end, .len = len, .zero = zero };
-    p->ext_end += len;
-    return 0;
-}
+/* ---- the reader's backend (verify/reader.h) ---- */
 
 /* Runs inside nbd_aio_notify_read() on the worker thread. */
 static int extent_cb(void *user_data, const char *metacontext,
                      uint64_t offset, uint32_t *entries, size_t nr_entries,
                      int *error)
 {
-    struct pipe *p = user_data;
-    uint64_t end = p->k->end;
+    struct vreader *r = user_data;
 
-    /* Only base:allocation, and only once per request. */
-    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0 ||
-        offset != p->ext_end)
+    /* Only base:allocation. */
+    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
         return 0;
-    for (size_t i = 0; i + 1 < nr_entries && p->ext_end < end; i += 2) {
-        uint64_t len = entries[i];
-        bool zero = (entries[i + 1] & LIBNBD_STATE_ZERO) && len >= ZERO_SKIP_MIN;
-        if (len == 0)
+    for (size_t i = 0; i + 1 < nr_entries; i += 2) {
+        if (entries[i] == 0)
             break;
-        if (len > end - p->ext_end)
-            len = end - p->ext_end;
-        if (ext_append(p, len, zero) < 0) {
+        if (vr_extent(r, offset, entries[i],
+                      entries[i + 1] & LIBNBD_STATE_ZERO) < 0) {
             *error = ENOMEM;
             return -1;
         }
+        offset += entries[i];
     }
     return 0;
 }
 
-/* A failed or empty answer turns block status off: the rest is read. */
 static int bs_done(void *user_data, int *error)
 {
-    struct pipe *p = user_data;
-
-    p->bs_inflight = false;
-    if (*error || p->ext_end == p->bs_off)
-        p->use_bs = false;
+    vr_extents_done(user_data, *error);
     return 1;
 }
 
-static uint64_t lookahead(const struct pipe *p)
+static int nbd_extents(void *ctx, struct vreader *r, uint64_t off,
+                       uint64_t len)
 {
-    uint64_t window = (uint64_t) p->nbufs * p->ns->request_size * 4;
-    return window > p->ns->bs_span / 2 ? window : p->ns->bs_span / 2;
-}
+    struct nbd_src *ns = ctx;
 
-static int request_extents(struct pipe *p)
-{
-    struct nbd_handle *h = p->ns->h[0];
-    uint64_t count;
-
-    if (!p->use_bs || p->bs_inflight || p->ext_end >= p->k->end ||
-        p->ext_end - p->sched >= lookahead(p))
-        return 0;
-    count = p->k->end - p->ext_end;
-    if (count > p->ns->bs_span)
-        count = p->ns->bs_span;
-    p->bs_off = p->ext_end;
-    if (nbd_aio_block_status(h, count, p->ext_end,
+    if (nbd_aio_block_status(ns->h[0], len, off,
                              (nbd_extent_callback) { .callback = extent_cb,
-                                                     .user_data = p },
+                                                     .user_data = r },
                              (nbd_completion_callback) { .callback = bs_done,
-                                                         .user_data = p },
+                                                         .user_data = r },
                              0) == -1) {
         int err = nbd_get_errno();
-        verify_err("%s: block status: %s", p->ns->s.name, nbd_get_error());
+        verify_err("%s: block status: %s", ns->s.name, nbd_get_error());
         return err ? -err : -EIO;
     }
-    p->bs_inflight = true;
     return 0;
 }
-
-/* The extent at p->sched, if known yet.  Returns false: wait for block
- * status. */
-static bool next_extent(struct pipe *p, uint64_t *len, bool *zero)
-{
-    if (p->ext_count) {
-        *len = p->ext[p->ext_head].len;
-        *zero = p->ext[p->ext_head].zero;
-        return true;
-    }
-    if (p->use_bs)
-        return false;
-    *len = p->k->end - p->sched;
-    *zero = false;
-    return true;
-}
-
-static void consume(struct pipe *p, uint64_t n)
-{
-    p->sched += n;
-    if (!p->ext_count)
-        return;                         /* block status is off */
-    struct extent *e = &p->ext[p->ext_head];
-    e->off += n;
-    e->len -= n;
-    if (e->len == 0) {
-        p->ext_head++;
-        p->ext_count--;
-    }
-    if (!p->ext_count) {
-        p->ext_head = 0;
-        if (!p->use_bs)
-            p->ext_end = p->sched;
-    }
-}
-
-/* ---- reads ---- */
 
 /* Runs inside nbd_aio_notify_read() on the worker thread. */
 static int read_done(void *user_data, int *error)
 {
-    struct ent *e = user_data;
-
-    e->err = *error;
-    e->state = ENT_DONE;
+    vr_done(user_data, *error);
     return 1;                           /* retire the command */
 }
 
-static int submit_read(struct pipe *p, struct ent *e)
+static int nbd_read(void *ctx, struct vr_ent *e)
 {
-    struct nbd_src *ns = p->ns;
-    struct nbd_handle *h = ns->h[p->next_conn++ % ns->nconn];
+    struct nbd_src *ns = ctx;
+    struct nbd_handle *h = ns->h[ns->next_conn++ % ns->nconn];
 
     if (nbd_aio_pread(h, e->buf, e->len, e->off,
                       (nbd_completion_callback) { .callback = read_done,
@@ -256,50 +131,6 @@ static int submit_read(struct pipe *p, struct ent *e)
         return err ? -err : -EIO;
     }
     return 0;
-}
-
-static struct ent *ring_push(struct pipe *p, uint64_t len, unsigned char *buf)
-{
-    struct ent *e = &p->ring[(p->head + p->count++) % p->cap];
-
-    *e = (struct ent) { .off = p->sched, .len = len, .buf = buf,
-                        .state = buf ? ENT_READING : ENT_DONE };
-    return e;
-}
-
-/* Returns 1 if an entry was scheduled, 0 if nothing can be now, -errno. */
-static int schedule_one(struct pipe *p)
-{
-    uint64_t len;
-    bool zero;
-
-    if (p->sched >= p->k->end || p->count == p->cap ||
-        !next_extent(p, &len, &zero))
-        return 0;
-    if (zero) {
-        len = len < ZERO_PIECE ? len : ZERO_PIECE;
-        ring_push(p, len, NULL);
-        consume(p, len);
-        return 1;
-    }
-    if (!p->nfree)
-        return 0;
-    len = len < p->ns->request_size ? len : p->ns->request_size;
-    struct ent *e = ring_push(p, len, p->free_bufs[--p->nfree]);
-    consume(p, len);
-    int r = submit_read(p, e);
-    return r < 0 ? r : 1;
-}
-
-static int schedule(struct pipe *p)
-{
-    int r;
-
-    do {
-        if ((r = request_extents(p)) < 0)
-            return r;
-    } while ((r = schedule_one(p)) > 0);
-    return r;
 }
 
 /* ---- the event loop ---- */
@@ -325,9 +156,9 @@ static int notify(struct nbd_src *ns, struct nbd_handle *h, short revents)
     return 0;
 }
 
-static int wait_io(struct pipe *p, int timeout)
+static int nbd_wait(void *ctx, int timeout)
 {
-    struct nbd_src *ns = p->ns;
+    struct nbd_src *ns = ctx;
     struct pollfd fds[NBD_MAX_CONN];
 
     for (unsigned i = 0; i < ns->nconn; i++) {
@@ -352,88 +183,9 @@ static int wait_io(struct pipe *p, int timeout)
     return 0;
 }
 
-static int hash_head(struct pipe *p)
+static unsigned nbd_in_flight(void *ctx)
 {
-    struct ent *e = &p->ring[p->head];
-    int r;
-
-    if (e->err) {
-        verify_err("%s: read %zu bytes at %llu: %s", p->ns->s.name, e->len,
-                   (unsigned long long) e->off, strerror(e->err));
-        return -e->err;
-    }
-    r = e->buf ? sink_data(p->k, e->buf, e->len) : sink_zero(p->k, e->len);
-    if (e->buf)
-        p->free_bufs[p->nfree++] = e->buf;
-    p->head = (p->head + 1) % p->cap;
-    p->count--;
-    return r;
-}
-
-static int pipe_run(struct pipe *p)
-{
-    while (p->k->pos < p->k->end) {
-        int r;
-
-        if (sink_aborted(p->k))
-            return -ECANCELED;
-        if ((r = schedule(p)) < 0)
-            return r;
-        if (p->count && p->ring[p->head].state == ENT_DONE) {
-            bool was_read = p->ring[p->head].buf != NULL;
-            if ((r = hash_head(p)) != 0)
-                return r;               /* error or SINK_STOP */
-            /* Collect replies that arrived while we hashed. */
-            if (was_read && (r = wait_io(p, 0)) < 0)
-                return r;
-            continue;
-        }
-        if (!p->count && !p->bs_inflight) {
-            verify_err("%s: internal error: pipeline stalled at %llu",
-                       p->ns->s.name, (unsigned long long) p->sched);
-            return -EIO;
-        }
-        if ((r = wait_io(p, -1)) < 0)
-            return r;
-    }
-    return 0;
-}
-
-/* ---- setup and teardown ---- */
-
-static int pipe_init(struct pipe *p, struct nbd_src *ns, struct sink *k)
-{
-    memset(p, 0, sizeof *p);
-    p->ns = ns;
-    p->k = k;
-    p->use_bs = ns->block_status;
-    p->nbufs = ns->s.opt->requests;
-    p->cap = p->nbufs * 4 + 64;
-    p->ring = calloc(p->cap, sizeof *p->ring);
-    p->free_bufs = calloc(p->nbufs, sizeof *p->free_bufs);
-    if (!p->ring || !p->free_bufs)
-        goto oom;
-    for (; p->nfree < p->nbufs; p->nfree++)
-        if (!(p->free_bufs[p->nfree] = malloc(ns->request_size)))
-            goto oom;
-    return 0;
-oom:
-    verify_err("out of memory");
-    return -ENOMEM;
-}
-
-static bool pipe_busy(const struct pipe *p)
-{
-    if (p->bs_inflight)
-        return true;
-    for (size_t i = 0; i < p->count; i++)
-        if (p->ring[(p->head + i) % p->cap].state == ENT_READING)
-            return true;
-    return false;
-}
-
-static unsigned in_flight(const struct nbd_src *ns)
-{
+    struct nbd_src *ns = ctx;
     unsigned n = 0;
 
     for (unsigned i = 0; i < ns->nconn; i++) {
@@ -443,31 +195,12 @@ static unsigned in_flight(const struct nbd_src *ns)
     return n;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t) t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-/* Read the replies of the commands still in flight (their results are
- * dropped), for up to DRAIN_WAIT_MS: see OWNERSHIP above. */
-static void drain(struct pipe *p)
-{
-    int64_t due = mono_ms() + DRAIN_WAIT_MS;
-    unsigned n;
-
-    while ((n = in_flight(p->ns)) > 0) {
-        int64_t left = due - mono_ms();
-        if (left <= 0) {
-            verify_err("%s: abandoning %u request(s): no reply within %d s",
-                       p->ns->s.name, n, DRAIN_WAIT_MS / 1000);
-            return;
-        }
-        if (wait_io(p, (int) left) < 0)
-            return;                     /* the connection is gone */
-    }
-}
+static const struct vr_backend nbd_backend = {
+    .read = nbd_read,
+    .extents = nbd_extents,
+    .wait = nbd_wait,
+    .in_flight = nbd_in_flight,
+};
 
 static void close_handles(struct nbd_src *ns)
 {
@@ -478,33 +211,26 @@ static void close_handles(struct nbd_src *ns)
     ns->nconn = 0;
 }
 
-/* Buffers still with libnbd are freed only after close_handles(). */
-static void pipe_free(struct pipe *p)
-{
-    for (size_t i = 0; i < p->count; i++)
-        free(p->ring[(p->head + i) % p->cap].buf);
-    for (size_t i = 0; i < p->nfree; i++)
-        free(p->free_bufs[i]);
-    free(p->free_bufs);
-    free(p->ring);
-    free(p->ext);
-}
-
 static int nbd_run(struct verify_source *s, struct sink *k)
 {
     struct nbd_src *ns = (struct nbd_src *) s;
-    struct pipe p;
-    int r = pipe_init(&p, ns, k);
+    struct vr_config c = {
+        .name = s->name, .requests = s->opt->requests,
+        .request_size = ns->request_size, .block_status = ns->block_status,
+        .bs_span = ns->bs_span, .zero_skip_min = ZERO_SKIP_MIN,
+        .zero_piece = ZERO_PIECE,
+    };
+    struct vreader *r;
+    int e = vreader_create(&c, &nbd_backend, ns, k, &r);
 
-    if (r == 0)
-        r = pipe_run(&p);
-    if (pipe_busy(&p)) {
-        drain(&p);
-        if (in_flight(ns) > 0)
-            close_handles(ns);          /* abandoned: buffers freed after */
-    }
-    pipe_free(&p);
-    return r;
+    if (e == 0)
+        e = vreader_run(r);
+    /* See OWNERSHIP above: drain, and close what never answers before
+     * its buffers are freed. */
+    if (r && !vreader_drain(r, DRAIN_WAIT_MS))
+        close_handles(ns);
+    vreader_free(r);
+    return e;
 }
 
 static void nbd_src_close(struct verify_source *s)

@@ -2,11 +2,7 @@
 # Included from tools/CMakeLists.txt; paths are relative to this file.
 add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/nbdferry-verify.c
-  ${CMAKE_CURRENT_LIST_DIR}/fingerprint.c
-  ${CMAKE_CURRENT_LIST_DIR}/log.c
   ${CMAKE_CURRENT_LIST_DIR}/report.c
-  ${CMAKE_CURRENT_LIST_DIR}/sink.c
-  ${CMAKE_CURRENT_LIST_DIR}/hasher.c
   ${CMAKE_CURRENT_LIST_DIR}/source.c
   ${CMAKE_CURRENT_LIST_DIR}/source-stream.c
   ${CMAKE_CURRENT_LIST_DIR}/source-file.c
@@ -15,5 +11,5 @@ add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/source-vmdk.c
   ${CMAKE_CURRENT_LIST_DIR}/source-vhdx.c)
 target_link_libraries(nbdferry-verify PRIVATE
-  vhdfile vhd vmdk vhdx blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
+  verify vhdfile vhd vmdk vhdx blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
 install(TARGETS nbdferry-verify DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,12 +1,13 @@
-/* tools/verify/sink.c: digest, block fingerprints and tail check of one
- * side.  Used by exactly one thread (the side's worker); in blkhash mode
- * that thread hands data blocks to the hasher's threads (hasher.c). */
+/* verify/sink.c: digest, block fingerprints and tail check of one side
+ * (sink.h).  Used by exactly one thread (nbdferry-verify's side worker,
+ * or the thread verifying a mount's read-back); in blkhash mode that
+ * thread hands data blocks to the hasher's threads (hasher.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/iszero.h"
-#include "tools/verify/verify.h"
+#include "verify/sink.h"
 
 /* Read-only once the program starts: fed to EVP for known-zero ranges. */
 static unsigned char zero_buf[1 << 20];
@@ -43,6 +44,11 @@ static unsigned job_bytes(const struct sink *k)
 {
     uint64_t bs = blkhash_block_size(k->bh);
     return bs >= SINK_JOB_BYTES ? bs : SINK_JOB_BYTES / bs * bs;
+}
+
+void sink_fold(struct sink *k)
+{
+    k->fold = true;
 }
 
 int sink_blkhash(struct sink *k, const char *digest, uint64_t block_size,
@@ -164,6 +170,25 @@ static int64_t bh_whole_blocks(struct sink *k, uint64_t off,
     return (int64_t) done;
 }
 
+/* sink_fold(): every SINK_FOLD_BYTES, the blocks before the one being
+ * gathered are final; once the hasher has them, they are folded into
+ * the outer digest (blkhash_fold) and their per-block state freed. */
+static int bh_maybe_fold(struct sink *k, uint64_t pos)
+{
+    uint64_t bs = blkhash_block_size(k->bh);
+    uint64_t upto = (k->part_len ? k->part_off : pos) / bs;
+    int r;
+
+    if (!k->fold || (upto - blkhash_folded(k->bh)) * bs < SINK_FOLD_BYTES)
+        return 0;
+    if ((r = hasher_drain(k->hq)) < 0)
+        return r;
+    if ((r = blkhash_fold(k->bh, upto)) < 0)
+        verify_err("blkhash: folding %llu blocks: %s",
+                   (unsigned long long) upto, strerror(-r));
+    return r;
+}
+
 /* Data [off, off + n), or known zeros if p is NULL. */
 static int bh_feed(struct sink *k, uint64_t off, const unsigned char *p,
                    uint64_t n)
@@ -189,9 +214,10 @@ static int bh_feed(struct sink *k, uint64_t off, const unsigned char *p,
     if (n > 0) {
         k->part_off = off;
         t = bh_fill_part(k, p ? p + t : NULL, n);
-        return t < 0 ? (int) t : 0;
+        if (t < 0)
+            return (int) t;
     }
-    return 0;
+    return bh_maybe_fold(k, off + n);
 }
 
 int64_t sink_defer(struct sink *k, uint64_t len, hasher_read_fn *read,
@@ -257,11 +283,14 @@ static int hash_zero(struct sink *k, uint64_t n)
     return 0;
 }
 
-/* Past digest_len every byte must be zero; remember the first that isn't. */
+/* Past digest_len every byte must be zero; remember the first that isn't
+ * (a caller that reads on after SINK_STOP keeps the first). */
 static int check_tail(struct sink *k, const unsigned char *p, size_t n)
 {
     size_t done = 0;
 
+    if (k->tail_nonzero >= 0)
+        return SINK_STOP;
     while (done < n) {
         size_t piece = n - done < sizeof zero_buf ? n - done : sizeof zero_buf;
         if (memcmp(p + done, zero_buf, piece) != 0) {

@@ -1,7 +1,7 @@
-/* tools/verify/hasher.c: blkhash data blocks on worker threads.
+/* verify/hasher.c: blkhash data blocks on worker threads.
  *
  * THREAD MODEL
- * One producer (the side's thread: sink.c) copies runs of data blocks into
+ * One producer (the sink's thread: sink.c) copies runs of data blocks into
  * jobs and queues them, or queues read jobs that name a range and a read
  * function safe on any thread (a file's pread); 'workers' threads take
  * jobs, do the read if there is one, and call blkhash_update(), which is
@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "common/list.h"
-#include "tools/verify/verify.h"
+#include "verify/sink.h"
 
 struct job {
     struct job *next;
