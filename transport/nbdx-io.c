@@ -1,0 +1,351 @@
+/* transport/nbdx-io.c: a connection's I/O thread: it issues the ops
+ * queued for it, polls its socket, and runs the completions.
+ *
+ * THREAD MODEL
+ * Everything here runs on the connection's I/O thread, the only thread
+ * that calls libnbd on its handle after the handshake (see
+ * nbdx-internal.h).  libnbd's callbacks (op_completed, op_extents) run
+ * inside nbd_aio_notify_*() with the handle lock held and only record;
+ * an op's done() runs afterwards, with no lock held.  conn->lock is
+ * taken only to take the submission queue.
+ */
+#include "transport/nbdx-internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/list.h"
+#include "common/log.h"
+#include "common/monotime.h"
+#include "common/signals.h"
+
+static const char *const kind_name[NBDX_NKINDS] = {
+    [NBDX_OP_READ] = "read", [NBDX_OP_WRITE] = "write",
+    [NBDX_OP_ZERO] = "zero", [NBDX_OP_FLUSH] = "flush",
+    [NBDX_OP_BLOCK_STATUS] = "block-status",
+};
+
+void nbdx_push_done(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    op->completed = true;
+    QUEUE_APPEND(c->done_head, c->done_tail, op);
+}
+
+/* The ops libnbd holds, so that a handle given up on can hand them back
+ * (retire_conn). */
+static void wire_add(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    op->on_wire = true;
+    op->wprev = NULL;
+    op->wnext = c->wire;
+    if (c->wire)
+        c->wire->wprev = op;
+    c->wire = op;
+}
+
+void nbdx_wire_remove(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    if (!op->on_wire)
+        return;
+    op->on_wire = false;
+    if (op->wprev)
+        op->wprev->wnext = op->wnext;
+    else
+        c->wire = op->wnext;
+    if (op->wnext)
+        op->wnext->wprev = op->wprev;
+    op->wprev = op->wnext = NULL;
+}
+
+/* libnbd completion callback: runs inside libnbd, records only. */
+static int op_completed(void *user_data, int *error)
+{
+    struct nbdx_op *op = user_data;
+
+    op->err = *error;
+    nbdx_wire_remove(op->conn, op);
+    nbdx_push_done(op->conn, op);
+    return 1;                             /* retire the command */
+}
+
+/* libnbd extent callback: runs inside libnbd, records only. */
+static int op_extents(void *user_data, const char *metacontext,
+                      uint64_t offset, uint32_t *entries, size_t nr,
+                      int *error)
+{
+    struct nbdx_op *op = user_data;
+
+    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
+        return 0;
+    for (size_t i = 0; i + 1 < nr; i += 2) {
+        op->extent(op, offset, entries[i], entries[i + 1]);
+        offset += entries[i];
+    }
+    return 0;
+}
+
+static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    nbd_completion_callback cb = { .callback = op_completed,
+                                   .user_data = op };
+    struct nbd_handle *h = c->h;
+
+    switch (op->kind) {
+    case NBDX_OP_READ:
+        return nbd_aio_pread(h, op->buf, op->len, op->off, cb, 0);
+    case NBDX_OP_WRITE:
+        return nbd_aio_pwrite(h, op->buf, op->len, op->off, cb, op->flags);
+    case NBDX_OP_ZERO:
+        return nbd_aio_zero(h, op->len, op->off, cb, op->flags);
+    case NBDX_OP_FLUSH:
+        return nbd_aio_flush(h, cb, 0);
+    case NBDX_OP_BLOCK_STATUS: {
+        nbd_extent_callback ecb = { .callback = op_extents,
+                                    .user_data = op };
+        return nbd_aio_block_status(h, op->len, op->off, ecb, cb, 0);
+    }
+    }
+    return -1;
+}
+
+void nbdx_issue(struct nbdx_conn *c, struct nbdx_op *op)
+{
+    op->conn = c;
+    op->completed = false;
+    op->err = 0;
+    if (c->stalled && !c->dead) {
+        nbdx_push_retry(c, op);           /* sent once the server answers */
+        return;
+    }
+    if (c->dead || c->closing) {
+        op->err = ENOTCONN;               /* run_done() may queue a retry */
+        nbdx_push_done(c, op);
+        return;
+    }
+    /* The request timeout runs from the moment the connection has
+     * something outstanding. */
+    if (nbd_aio_in_flight(c->h) <= 0)
+        atomic_store(&c->progress_ns, mono_now_ns());
+    wire_add(c, op);
+    if (start_op(c, op) == -1 && !op->completed) {
+        nbdx_wire_remove(c, op);
+        int err = nbd_get_errno();
+        log_err("nbd %s %" PRIu64 "@%" PRIu64 ": %s", kind_name[op->kind],
+                op->len, op->off, nbd_get_error());
+        op->err = err ? err : EIO;
+        nbdx_push_done(c, op);
+    }
+}
+
+static void run_done(struct nbdx_conn *c)
+{
+    struct nbdx_op *op;
+
+    while ((op = c->done_head) != NULL) {
+        c->done_head = op->next;
+        if (!c->done_head)
+            c->done_tail = NULL;
+        if (op->err && (c->dead || nbdx_connection_error(op->err)) &&
+            nbdx_can_reconnect(c)) {
+            /* ESHUTDOWN on a live connection: the server is going away
+             * (nbdkit answers it while it shuts down).  Send nothing
+             * more on this connection and drop it once the other
+             * replies are in (drop_if_drained), so this op and the
+             * others that fail are resent after reconnecting; parking
+             * only this one would leave it waiting for a reconnection
+             * that never comes.  Not dropped at once: nbdkit 1.32
+             * aborts (connections.c: raw_send_socket assertion) when a
+             * client closes while its worker threads still send
+             * replies. */
+            if (!c->dead && !c->closing) {
+                log_warn("connection %u: the server answered %s %" PRIu64
+                         "@%" PRIu64 " with: %s; reconnecting", c->index,
+                         kind_name[op->kind], op->len, op->off,
+                         strerror(op->err));
+                c->closing = true;
+            }
+            nbdx_push_retry(c, op);       /* sent again after reconnecting */
+            continue;
+        }
+        if (!op->err && !c->dead) {
+            if (c->stalled)
+                nbdx_unstall(c);
+            atomic_store(&c->outage_ns, 0);   /* the server works again */
+            c->attempts = 0;
+            c->next_try_ns = 0;
+        }
+        atomic_fetch_add(&c->x->ops[op->kind], 1);
+        atomic_fetch_add(&c->x->bytes[op->kind], op->len);
+        if (op->err)
+            atomic_fetch_add(&c->x->errors, 1);
+        atomic_fetch_sub(&c->outstanding, 1);
+        op->done(op, op->err);            /* may free or resubmit op */
+    }
+}
+
+/* A closing connection whose replies are all in is dropped. */
+static void drop_if_drained(struct nbdx_conn *c)
+{
+    if (c->closing && !c->dead && nbd_aio_in_flight(c->h) <= 0)
+        nbdx_abort_conn(c);
+}
+
+static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
+{
+    pthread_mutex_lock(&c->lock);
+    struct nbdx_op *q = c->q_head;
+    c->q_head = c->q_tail = NULL;
+    *stopping = c->stopping;
+    pthread_mutex_unlock(&c->lock);
+    return q;
+}
+
+void nbdx_drain_kicks(struct nbdx_conn *c)
+{
+    uint64_t v;
+    if (read(c->efd, &v, sizeof v) < 0) { /* EAGAIN: already drained */
+    }
+}
+
+/* How long poll() may sleep before the request timeout expires (or, on
+ * a connection already silent past it, the retry deadline): -1 when it
+ * is not running (nothing outstanding, or no timeout), 0 when it has
+ * expired. */
+static int stall_wait_ms(struct nbdx_conn *c)
+{
+    const struct nbdx_config *cfg = &c->x->cfg;
+    uint64_t due, now = mono_now_ns();
+
+    if (cfg->request_timeout_s == 0 ||
+        (!c->stalled && nbd_aio_in_flight(c->h) <= 0))
+        return -1;
+    if (c->stalled)
+        due = atomic_load(&c->outage_ns) +
+              (uint64_t) cfg->retry_timeout_s * NS_PER_S;
+    else
+        due = atomic_load(&c->progress_ns) +
+              (uint64_t) cfg->request_timeout_s * NS_PER_S;
+    if (now >= due)
+        return 0;
+    return (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
+}
+
+/* No reply progress for --request-timeout: hold new requests back and
+ * wait for the server, without resending what it has (it may still
+ * carry it out) and without closing (which would provoke it, see
+ * retire_conn).  Still silent --retry-timeout later: give up.  A server
+ * that drops the connection meanwhile takes the reconnect path with the
+ * same deadline. */
+static void stalled(struct nbdx_conn *c)
+{
+    const struct nbdx_config *cfg = &c->x->cfg;
+
+    if (c->stalled) {
+        char why[160];
+        snprintf(why, sizeof why, "no reply from the server for %u s "
+                 "(--request-timeout %u s + --retry-timeout %u s)",
+                 cfg->request_timeout_s + cfg->retry_timeout_s,
+                 cfg->request_timeout_s, cfg->retry_timeout_s);
+        nbdx_give_up(c, why);
+        return;
+    }
+    log_warn("connection %u: no reply from the server for %u s with %d "
+             "request(s) outstanding (--request-timeout): waiting %u s more "
+             "(--retry-timeout) before failing them", c->index,
+             cfg->request_timeout_s, nbd_aio_in_flight(c->h),
+             cfg->retry_timeout_s);
+    c->stalled = true;
+    if (!atomic_load(&c->outage_ns))
+        atomic_store(&c->outage_ns, mono_now_ns());
+}
+
+/* Poll the eventfd, the handle's socket (while it is up) and the parked
+ * sockets. */
+static void wait_for_io(struct nbdx_conn *c)
+{
+    struct pollfd fds[2 + NBDX_PARKED_MAX] = {
+        { .fd = c->efd, .events = POLLIN },
+        { .fd = -1 } };
+    unsigned dir = 0;
+    int timeout = -1;
+
+    if (!c->dead) {
+        timeout = stall_wait_ms(c);
+        if (timeout == 0) {
+            stalled(c);
+            return;
+        }
+        dir = nbd_aio_get_direction(c->h);
+        fds[1].fd = nbd_aio_get_fd(c->h);
+        fds[1].events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0) |
+                        (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0);
+    }
+    for (unsigned i = 0; i < c->nparked; i++)
+        fds[2 + i] = (struct pollfd) { .fd = c->parked[i], .events = POLLIN };
+    unsigned nparked = c->nparked;
+    if (poll(fds, 2 + nparked, timeout) == -1) {
+        if (errno != EINTR)
+            log_err("poll: %m");
+        return;
+    }
+    if (fds[0].revents & POLLIN)
+        nbdx_drain_kicks(c);
+    for (unsigned i = nparked; i-- > 0;)  /* from the end: closing moves */
+        if (fds[2 + i].revents)           /* the last one into i */
+            nbdx_drain_parked(c, i);
+    if (fds[1].fd < 0)
+        return;
+    /* Bytes move on the socket: the server is alive.  A paused server
+     * stops reading (our sends block once the buffers are full) and stops
+     * replying. */
+    if (fds[1].revents)
+        atomic_store(&c->progress_ns, mono_now_ns());
+    /* Same dispatch as libnbd's own nbd_poll(). */
+    if (fds[1].revents & (POLLIN | POLLHUP))
+        nbd_aio_notify_read(c->h);
+    else if (fds[1].revents & POLLOUT)
+        nbd_aio_notify_write(c->h);
+    else if (fds[1].revents & (POLLERR | POLLNVAL))
+        nbd_aio_notify_read(c->h);        /* let libnbd see the error */
+    nbdx_check_dead(c);
+}
+
+void *nbdx_conn_thread(void *arg)
+{
+    block_stop_signals();
+    struct nbdx_conn *c = arg;
+
+    for (;;) {
+        bool stopping;
+        /* Before taking the queue: an op submitted after nbdx_heal()
+         * cleared the loss must find the connection revived. */
+        if (c->gave_up && !atomic_load(&c->x->lost))
+            nbdx_revive(c);
+        struct nbdx_op *q = take_queue(c, &stopping);
+        while (q) {
+            struct nbdx_op *next = q->next;
+            nbdx_issue(c, q);
+            q = next;
+        }
+        nbdx_check_dead(c);
+        run_done(c);
+        drop_if_drained(c);
+        if (atomic_load(&c->x->lost) && !c->gave_up)
+            nbdx_give_up(c, NULL);
+        run_done(c);
+        if (stopping && atomic_load(&c->outstanding) == 0)
+            break;
+        if (c->dead && c->retry_head && !c->gave_up) {
+            nbdx_reconnect_step(c);
+            run_done(c);
+            continue;
+        }
+        wait_for_io(c);
+        run_done(c);
+    }
+    return NULL;
+}
