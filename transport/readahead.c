@@ -1,8 +1,13 @@
-/* fs/readahead.c: read-ahead for sequential readers (see readahead.h).
+/* transport/readahead.c: read-ahead for sequential readers (see readahead.h).
  *
  * THREAD MODEL
- * FUSE worker threads call ra_read(), ra_invalidate() and the stream
- * calls; nbdx I/O threads call chunk_landed() when a read arrives.
+ * The FUSE receiver thread (fs/fuseloop.c) calls ra_invalidate() for the
+ * writes it serves, ra_try_spans() (never waits) for the reads whose
+ * chunks have arrived, ra_put() and ra_stream_close() (a release);
+ * worker threads call ra_read(), ra_read_spans(), ra_invalidate() (a
+ * truncate, a durable write) and the stream calls; the status thread
+ * ra_get_stats(); nbdx I/O threads call chunk_landed() when a read
+ * arrives.
  * Everything is protected by ra->lock; ra->cond is broadcast whenever a
  * chunk lands or is given up.  ra->lock is never held across a pool call
  * (pool_read_start() and pool_read() take the pool's lock) nor across a
@@ -26,7 +31,7 @@
  * it.  A stale chunk is never served.  Every chunk, live or stale, counts
  * against the budget until it is freed.
  */
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 
 #include <assert.h>
 #include <errno.h>
