@@ -348,3 +348,21 @@ void nbdx_read_info(struct nbdx *x, struct nbd_handle *h,
     i->block_max = f->block_max;
     i->tcp = nbdx_tune_socket(nbd_aio_get_fd(h), cfg);
 }
+
+
+void nbdx_disconnect(struct nbd_handle *h, uint64_t due)
+{
+    if (nbd_aio_disconnect(h, 0) == -1)
+        return;
+    while (nbd_aio_is_closed(h) != 1 && nbd_aio_is_dead(h) != 1) {
+        uint64_t now = mono_now_ns();
+        if (now >= due) {
+            log_info("the server did not close the connection within %u s "
+                     "of the disconnect request", DISCONNECT_WAIT_S);
+            return;
+        }
+        if (nbd_poll(h, (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS)) ==
+            -1)
+            return;
+    }
+}

@@ -3,16 +3,18 @@
  * (never included outside transport/; the pool and fs/ know only
  * transport/nbdx.h).
  *
- * FILES
+ * FILES, bottom first: each calls only the ones above it in this list
+ * (tools/dev/import-graph checks that no object imports in a cycle)
+ *   tls.c             the TLS policy: verified or refused
+ *   nbdx-connect.c    connecting and disconnecting a handle, socket
+ *                     options, what the server offers and whether it
+ *                     changed
+ *   nbdx-issue.c      issuing an op on a handle, collecting its result
+ *   nbdx-reconnect.c  losing the server, retiring, reconnecting, healing
+ *   nbdx-io.c         the I/O thread: its loop, polling, completions
  *   nbdx.c            open, submit, stats, health, close
  *   nbdx-run.c        nbdx_run(): one op, waited for (the unit tests'
  *                     scripted transport links it too)
- *   nbdx-connect.c    connecting a handle, socket options, what the
- *                     server offers and whether it changed
- *   tls.c             the TLS policy: verified or refused
- *   nbdx-io.c         the I/O thread: issuing, polling, completions
- *   nbdx-reconnect.c  losing the server, retiring, reconnecting, healing
- *
  *
  * THREAD MODEL
  * Each connection has one I/O thread, the only thread that calls libnbd on
@@ -156,13 +158,6 @@ struct nbdx {
                                            * no key, not changed */
 };
 
-/* ---- nbdx.c ---------------------------------------------------------- */
-
-/* Wake c's I/O thread (an eventfd: never blocks). */
-void nbdx_kick(struct nbdx_conn *c);
-/* A polite NBD_CMD_DISC, then wait for the close until due. */
-void nbdx_disconnect(struct nbd_handle *h, uint64_t due);
-
 /* ---- nbdx-connect.c -------------------------------------------------- */
 
 void nbdx_set_int_opt(int fd, int level, int name, int v, const char *what);
@@ -177,6 +172,12 @@ bool nbdx_server_changed(const struct nbdx *x, struct nbd_handle *h,
                          char *why, size_t len);
 void nbdx_read_info(struct nbdx *x, struct nbd_handle *h,
                     const struct nbdx_config *cfg);
+/* A polite NBD_CMD_DISC, then wait for the server to close until due.
+ * Everything was acknowledged (and flushed) before: this is courtesy, so
+ * the wait is short.  nbd_shutdown() would wait forever on a paused
+ * server and hang the daemon's exit after a clean unmount. */
+#define DISCONNECT_WAIT_S 5
+void nbdx_disconnect(struct nbd_handle *h, uint64_t due);
 
 /* ---- tls.c ----------------------------------------------------------- */
 
@@ -189,13 +190,17 @@ int nbdx_tls_set(struct nbd_handle *h, const struct nbdx_config *cfg);
  * again if a key had made it not. */
 void nbdx_tls_release(struct nbdx *x);
 
-/* ---- nbdx-io.c: the I/O thread --------------------------------------- */
+/* ---- nbdx-issue.c (the I/O thread's, but for nbdx_kick()) ----------- */
 
+extern const char *const nbdx_kind_name[NBDX_NKINDS];
 void nbdx_push_done(struct nbdx_conn *c, struct nbdx_op *op);
+void nbdx_push_retry(struct nbdx_conn *c, struct nbdx_op *op);
 void nbdx_wire_remove(struct nbdx_conn *c, struct nbdx_op *op);
+/* Send op on c's handle, or park it (stalled), or fail it (dead). */
 void nbdx_issue(struct nbdx_conn *c, struct nbdx_op *op);
 void nbdx_drain_kicks(struct nbdx_conn *c);
-void *nbdx_conn_thread(void *arg);
+/* Wake c's I/O thread (an eventfd: never blocks). */
+void nbdx_kick(struct nbdx_conn *c);
 
 /* ---- nbdx-reconnect.c (I/O thread only, but for the healing) --------- */
 
@@ -203,7 +208,6 @@ void *nbdx_conn_thread(void *arg);
 bool nbdx_mode_reconnects(const struct nbdx_config *cfg);
 bool nbdx_can_reconnect(const struct nbdx_conn *c);
 bool nbdx_connection_error(int err);
-void nbdx_push_retry(struct nbdx_conn *c, struct nbdx_op *op);
 void nbdx_check_dead(struct nbdx_conn *c);
 void nbdx_abort_conn(struct nbdx_conn *c);
 bool nbdx_drain_parked(struct nbdx_conn *c, unsigned i);
@@ -211,3 +215,7 @@ void nbdx_unstall(struct nbdx_conn *c);
 void nbdx_give_up(struct nbdx_conn *c, const char *why);
 void nbdx_revive(struct nbdx_conn *c);
 void nbdx_reconnect_step(struct nbdx_conn *c);
+
+/* ---- nbdx-io.c ------------------------------------------------------- */
+
+void *nbdx_conn_thread(void *arg);

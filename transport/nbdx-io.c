@@ -1,13 +1,13 @@
-/* transport/nbdx-io.c: a connection's I/O thread: it issues the ops
- * queued for it, polls its socket, and runs the completions.
+/* transport/nbdx-io.c: a connection's I/O thread: its loop takes the
+ * ops queued for it, polls its socket and the parked ones, runs the
+ * completions and notices a silent server.
  *
  * THREAD MODEL
  * Everything here runs on the connection's I/O thread, the only thread
  * that calls libnbd on its handle after the handshake (see
- * nbdx-internal.h).  libnbd's callbacks (op_completed, op_extents) run
- * inside nbd_aio_notify_*() with the handle lock held and only record;
- * an op's done() runs afterwards, with no lock held.  conn->lock is
- * taken only to take the submission queue.
+ * nbdx-internal.h).  An op's done() runs from run_done(), after the
+ * libnbd call that completed it returned, with no lock held.
+ * conn->lock is taken only to take the submission queue.
  */
 #include "transport/nbdx-internal.h"
 
@@ -22,124 +22,6 @@
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/signals.h"
-
-static const char *const kind_name[NBDX_NKINDS] = {
-    [NBDX_OP_READ] = "read", [NBDX_OP_WRITE] = "write",
-    [NBDX_OP_ZERO] = "zero", [NBDX_OP_FLUSH] = "flush",
-    [NBDX_OP_BLOCK_STATUS] = "block-status",
-};
-
-void nbdx_push_done(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    op->completed = true;
-    QUEUE_APPEND(c->done_head, c->done_tail, op);
-}
-
-/* The ops libnbd holds, so that a handle given up on can hand them back
- * (retire_conn). */
-static void wire_add(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    op->on_wire = true;
-    op->wprev = NULL;
-    op->wnext = c->wire;
-    if (c->wire)
-        c->wire->wprev = op;
-    c->wire = op;
-}
-
-void nbdx_wire_remove(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    if (!op->on_wire)
-        return;
-    op->on_wire = false;
-    if (op->wprev)
-        op->wprev->wnext = op->wnext;
-    else
-        c->wire = op->wnext;
-    if (op->wnext)
-        op->wnext->wprev = op->wprev;
-    op->wprev = op->wnext = NULL;
-}
-
-/* libnbd completion callback: runs inside libnbd, records only. */
-static int op_completed(void *user_data, int *error)
-{
-    struct nbdx_op *op = user_data;
-
-    op->err = *error;
-    nbdx_wire_remove(op->conn, op);
-    nbdx_push_done(op->conn, op);
-    return 1;                             /* retire the command */
-}
-
-/* libnbd extent callback: runs inside libnbd, records only. */
-static int op_extents(void *user_data, const char *metacontext,
-                      uint64_t offset, uint32_t *entries, size_t nr,
-                      int *error)
-{
-    struct nbdx_op *op = user_data;
-
-    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
-        return 0;
-    for (size_t i = 0; i + 1 < nr; i += 2) {
-        op->extent(op, offset, entries[i], entries[i + 1]);
-        offset += entries[i];
-    }
-    return 0;
-}
-
-static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    nbd_completion_callback cb = { .callback = op_completed,
-                                   .user_data = op };
-    struct nbd_handle *h = c->h;
-
-    switch (op->kind) {
-    case NBDX_OP_READ:
-        return nbd_aio_pread(h, op->buf, op->len, op->off, cb, 0);
-    case NBDX_OP_WRITE:
-        return nbd_aio_pwrite(h, op->buf, op->len, op->off, cb, op->flags);
-    case NBDX_OP_ZERO:
-        return nbd_aio_zero(h, op->len, op->off, cb, op->flags);
-    case NBDX_OP_FLUSH:
-        return nbd_aio_flush(h, cb, 0);
-    case NBDX_OP_BLOCK_STATUS: {
-        nbd_extent_callback ecb = { .callback = op_extents,
-                                    .user_data = op };
-        return nbd_aio_block_status(h, op->len, op->off, ecb, cb, 0);
-    }
-    }
-    return -1;
-}
-
-void nbdx_issue(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    op->conn = c;
-    op->completed = false;
-    op->err = 0;
-    if (c->stalled && !c->dead) {
-        nbdx_push_retry(c, op);           /* sent once the server answers */
-        return;
-    }
-    if (c->dead || c->closing) {
-        op->err = ENOTCONN;               /* run_done() may queue a retry */
-        nbdx_push_done(c, op);
-        return;
-    }
-    /* The request timeout runs from the moment the connection has
-     * something outstanding. */
-    if (nbd_aio_in_flight(c->h) <= 0)
-        atomic_store(&c->progress_ns, mono_now_ns());
-    wire_add(c, op);
-    if (start_op(c, op) == -1 && !op->completed) {
-        nbdx_wire_remove(c, op);
-        int err = nbd_get_errno();
-        log_err("nbd %s %" PRIu64 "@%" PRIu64 ": %s", kind_name[op->kind],
-                op->len, op->off, nbd_get_error());
-        op->err = err ? err : EIO;
-        nbdx_push_done(c, op);
-    }
-}
 
 static void run_done(struct nbdx_conn *c)
 {
@@ -164,7 +46,7 @@ static void run_done(struct nbdx_conn *c)
             if (!c->dead && !c->closing) {
                 log_warn("connection %u: the server answered %s %" PRIu64
                          "@%" PRIu64 " with: %s; reconnecting", c->index,
-                         kind_name[op->kind], op->len, op->off,
+                         nbdx_kind_name[op->kind], op->len, op->off,
                          strerror(op->err));
                 c->closing = true;
             }
@@ -202,13 +84,6 @@ static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
     *stopping = c->stopping;
     pthread_mutex_unlock(&c->lock);
     return q;
-}
-
-void nbdx_drain_kicks(struct nbdx_conn *c)
-{
-    uint64_t v;
-    if (read(c->efd, &v, sizeof v) < 0) { /* EAGAIN: already drained */
-    }
 }
 
 /* How long poll() may sleep before the request timeout expires (or, on

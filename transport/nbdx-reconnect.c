@@ -51,11 +51,6 @@ bool nbdx_connection_error(int err)
            err == ESHUTDOWN || err == ECONNABORTED;
 }
 
-void nbdx_push_retry(struct nbdx_conn *c, struct nbdx_op *op)
-{
-    QUEUE_APPEND(c->retry_head, c->retry_tail, op);
-}
-
 /* The first connection to give up latches the loss for all, with the
  * time and the reason for the status, and wakes the others. */
 static void note_lost(struct nbdx *x, const char *why)

@@ -125,14 +125,6 @@ fail:
 
 const struct nbdx_info *nbdx_info(const struct nbdx *x) { return &x->info; }
 
-void nbdx_kick(struct nbdx_conn *c)
-{
-    uint64_t one = 1;
-    if (write(c->efd, &one, sizeof one) < 0) {
-        /* EAGAIN: the counter is already non-zero, the thread will wake */
-    }
-}
-
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
 {
     /* Least busy connection; round-robin among equals. */
@@ -216,29 +208,6 @@ void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
     }
     if (fail_at)
         out->fails_in_s = fail_at > now ? (double) (fail_at - now) / 1e9 : 0;
-}
-
-/* A polite NBD_CMD_DISC, then wait for the server to close until due.
- * Everything was acknowledged (and flushed) before: this is courtesy, so
- * the wait is short.  nbd_shutdown() would wait forever on a paused
- * server and hang the daemon's exit after a clean unmount. */
-#define DISCONNECT_WAIT_S 5
-
-void nbdx_disconnect(struct nbd_handle *h, uint64_t due)
-{
-    if (nbd_aio_disconnect(h, 0) == -1)
-        return;
-    while (nbd_aio_is_closed(h) != 1 && nbd_aio_is_dead(h) != 1) {
-        uint64_t now = mono_now_ns();
-        if (now >= due) {
-            log_info("the server did not close the connection within %u s "
-                     "of the disconnect request", DISCONNECT_WAIT_S);
-            return;
-        }
-        if (nbd_poll(h, (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS)) ==
-            -1)
-            return;
-    }
 }
 
 void nbdx_abandon(struct nbdx *x)

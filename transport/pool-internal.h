@@ -2,11 +2,12 @@
  * files of transport/pool*.c and by nothing else (never included outside
  * transport/; fs/ knows only transport/pool.h).
  *
- * LAYERS (each file calls only the ones below it, but for one map update:
- * pool-damage.c re-queues lost zeroes with pool_add_pending_locked())
+ * LAYERS, bottom first: each file calls only the ones above it in this
+ * list (tools/dev/import-graph checks that no object imports in a cycle)
+ *   pool-damage.c  failure records, the damage set, making zeroes pending
+ *   pool-errors.c  writes a reconnect lost, the error sequence, healing
  *   pool-req.c     requests: sealing, sending, completion (req_done)
- *   pool-damage.c  failures, damage, the error sequence, healing
- *   pool-zero.c    zero maps: zero requests, pending zeroes, drain's zeroing
+ *   pool-zero.c    zero requests from the zero maps, the drain's zeroing
  *   pool-write.c   buffers and copied writes (pool_write)
  *   pool-fill.c    zero-copy writes (fills), holds and landings
  *   pool-read.c    reads, asynchronous reads, seek and data ranges
@@ -325,6 +326,33 @@ static inline int pool_tool_errno(int err)
     return pool_conn_lost_err(err) ? EIO : err;
 }
 
+/* ---- pool-damage.c: failures, damage, pending zeroes ----------------- */
+
+void pool_set_add_cover_locked(struct pool *p, struct extmap *m,
+                               uint64_t start, uint64_t end);
+bool pool_damaged_locked(const struct pool *p);
+void pool_mark_repaired_locked(struct pool *p, uint64_t off, uint64_t len,
+                               bool flush);
+void pool_damage_clear_locked(struct pool *p, uint64_t off, uint64_t len);
+/* Count a failure (lost: of an acknowledged write a reconnect may have
+ * lost) and add its range to the damage; logs nothing. */
+void pool_note_failure_locked(struct pool *p, enum pool_counter_kind kind,
+                              uint64_t off, uint64_t len, int err, bool lost);
+/* pool_note_failure_locked(), logged; latches p->lost on a lost
+ * connection. */
+void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
+                                uint64_t off, uint64_t len, int err);
+/* Make [off, end) pending zero; never waits.  -ENOMEM/-ENOSPC. */
+int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
+
+/* ---- pool-errors.c: lost writes, the error sequence, healing -------- */
+
+/* Count what a reconnect since the last look may have lost; never
+ * waits. */
+void pool_check_reconnect_locked(struct pool *p);
+/* Drops pool->lock while it tries the server: decide again after it. */
+int pool_heal_locked(struct pool *p);
+
 /* ---- pool-req.c: requests ------------------------------------------- */
 
 /* Send every queued request that invariant 2 allows, up to the limit. */
@@ -340,23 +368,8 @@ void pool_free_req_locked(struct pool *p, struct pool_req *r);
 /* Wait until nothing sealed before seq is queued or in flight. */
 void pool_wait_seq_locked(struct pool *p, uint64_t seq);
 
-/* ---- pool-damage.c: failures, damage, healing ------------------------ */
+/* ---- pool-zero.c: zero requests -------------------------------------- */
 
-void pool_set_add_cover_locked(struct pool *p, struct extmap *m,
-                               uint64_t start, uint64_t end);
-bool pool_damaged_locked(const struct pool *p);
-void pool_mark_repaired_locked(struct pool *p, uint64_t off, uint64_t len,
-                               bool flush);
-void pool_damage_clear_locked(struct pool *p, uint64_t off, uint64_t len);
-void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
-                                uint64_t off, uint64_t len, int err);
-void pool_check_reconnect_locked(struct pool *p);
-/* Drops pool->lock while it tries the server: decide again after it. */
-int pool_heal_locked(struct pool *p);
-
-/* ---- pool-zero.c: zero maps ------------------------------------------ */
-
-int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
 int pool_materialize_locked(struct pool *p, size_t down_to);
 /* May wait: true if it did (the caller decides again), *err set. */
 bool pool_pending_room_locked(struct pool *p, int *err);

@@ -193,34 +193,6 @@ int pool_zero(struct pool *p, uint64_t off, uint64_t len)
     return r;
 }
 
-/* Add the parts of [off, end) not known zero to pending_zero, keeping
- * the two maps disjoint.  When that would take too many ranges (known
- * zero is fragmented there), forget known zero in the range and make it
- * all pending: more zeroing at the drain, never less. */
-int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end)
-{
-    size_t k = extmap_count_in(&p->known_zero, off, end);
-
-    if (extmap_count(&p->pending_zero) + k + 2 > p->map_max) {
-        extmap_remove(&p->known_zero, off, end);  /* lossy: cannot fail */
-        return extmap_add(&p->pending_zero, off, end);
-    }
-    uint64_t pos = off;
-    struct ext z;
-    while (pos < end) {
-        uint64_t stop = end;
-        if (extmap_next(&p->known_zero, pos, &z) && z.start < end)
-            stop = z.start > pos ? z.start : pos;
-        int r = extmap_add(&p->pending_zero, pos, stop);
-        if (r < 0)
-            return r;
-        if (stop == end)
-            break;
-        pos = z.end < end ? z.end : end;
-    }
-    return 0;
-}
-
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
 {
     int r = 0;
