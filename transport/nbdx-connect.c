@@ -349,7 +349,6 @@ void nbdx_read_info(struct nbdx *x, struct nbd_handle *h,
     i->tcp = nbdx_tune_socket(nbd_aio_get_fd(h), cfg);
 }
 
-
 void nbdx_disconnect(struct nbd_handle *h, uint64_t due)
 {
     if (nbd_aio_disconnect(h, 0) == -1)

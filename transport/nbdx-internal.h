@@ -62,7 +62,10 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
+
+#include "common/cleanup.h"
 
 /* Sockets of handles given up on that a connection keeps open at once;
  * past that the oldest is closed. */
@@ -157,6 +160,20 @@ struct nbdx {
     int dumpable;                         /* before a key was loaded; -1:
                                            * no key, not changed */
 };
+
+/* x->why, the reason the server was given up on, under x->health_lock
+ * (a leaf). */
+static inline void nbdx_why_set(struct nbdx *x, const char *why)
+{
+    LOCK_FOR_SCOPE(&x->health_lock);
+    snprintf(x->why, sizeof x->why, "%s", why);
+}
+
+static inline void nbdx_why_get(struct nbdx *x, char *buf, size_t len)
+{
+    LOCK_FOR_SCOPE(&x->health_lock);
+    snprintf(buf, len, "%s", x->why);
+}
 
 /* ---- nbdx-connect.c -------------------------------------------------- */
 

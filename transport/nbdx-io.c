@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
@@ -78,11 +79,10 @@ static void drop_if_drained(struct nbdx_conn *c)
 
 static struct nbdx_op *take_queue(struct nbdx_conn *c, bool *stopping)
 {
-    pthread_mutex_lock(&c->lock);
+    LOCK_FOR_SCOPE(&c->lock);
     struct nbdx_op *q = c->q_head;
     c->q_head = c->q_tail = NULL;
     *stopping = c->stopping;
-    pthread_mutex_unlock(&c->lock);
     return q;
 }
 

@@ -59,9 +59,7 @@ static void note_lost(struct nbdx *x, const char *why)
         return;
     atomic_store(&x->lost_at, (long long) time(NULL));
     atomic_fetch_add(&x->losses, 1);
-    pthread_mutex_lock(&x->health_lock);
-    snprintf(x->why, sizeof x->why, "%s", why);
-    pthread_mutex_unlock(&x->health_lock);
+    nbdx_why_set(x, why);
     for (unsigned i = 0; i < x->nconns; i++)
         nbdx_kick(&x->conns[i]);
 }
@@ -467,9 +465,7 @@ int nbdx_heal(struct nbdx *x)
      * own handshake timeout. */
     if (!nbdx_mode_reconnects(&x->cfg) ||
         atomic_load(&x->heal_tries) != tries) {
-        pthread_mutex_lock(&x->health_lock);
-        snprintf(why, sizeof why, "%s", x->why);
-        pthread_mutex_unlock(&x->health_lock);
+        nbdx_why_get(x, why, sizeof why);
         heal_refused(x, why);
         return -EIO;
     }
@@ -477,9 +473,7 @@ int nbdx_heal(struct nbdx *x)
     atomic_fetch_add(&x->heal_tries, 1);
     if (r < 0) {
         heal_refused(x, why);
-        pthread_mutex_lock(&x->health_lock);
-        snprintf(x->why, sizeof x->why, "%s", why);
-        pthread_mutex_unlock(&x->health_lock);
+        nbdx_why_set(x, why);
         return -EIO;
     }
     wait_parked_quiet(x);

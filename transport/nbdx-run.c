@@ -8,11 +8,12 @@
  * The caller holds no lock of the pool's (nbdx_run() waits for the
  * network).
  */
-#include "transport/nbdx-internal.h"
+#include "transport/nbdx.h"
 
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "common/cleanup.h"
 
 struct run_wait {
     pthread_mutex_t lock;
@@ -25,11 +26,10 @@ static void run_done_cb(struct nbdx_op *op, int err)
 {
     struct run_wait *w = op->opaque;
 
-    pthread_mutex_lock(&w->lock);
+    LOCK_FOR_SCOPE(&w->lock);
     w->done = true;
     w->err = err;
     pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
 }
 
 int nbdx_run(struct nbdx *x, struct nbdx_op *op)
@@ -40,10 +40,11 @@ int nbdx_run(struct nbdx *x, struct nbdx_op *op)
     op->done = run_done_cb;
     op->opaque = &w;
     nbdx_submit(x, op);
-    pthread_mutex_lock(&w.lock);
-    while (!w.done)
-        pthread_cond_wait(&w.cond, &w.lock);
-    pthread_mutex_unlock(&w.lock);
+    {
+        LOCK_FOR_SCOPE(&w.lock);
+        while (!w.done)
+            pthread_cond_wait(&w.cond, &w.lock);
+    }
     pthread_mutex_destroy(&w.lock);
     pthread_cond_destroy(&w.cond);
     return w.err ? -w.err : 0;

@@ -139,9 +139,10 @@ void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
      * from here, not from the last reply of an earlier busy spell. */
     if (atomic_fetch_add(&best->outstanding, 1) == 0)
         atomic_store(&best->progress_ns, mono_now_ns());
-    pthread_mutex_lock(&best->lock);
-    QUEUE_APPEND(best->q_head, best->q_tail, op);
-    pthread_mutex_unlock(&best->lock);
+    {
+        LOCK_FOR_SCOPE(&best->lock);
+        QUEUE_APPEND(best->q_head, best->q_tail, op);
+    }
     nbdx_kick(best);
 }
 
@@ -180,9 +181,7 @@ void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
     out->healed_at = (time_t) atomic_load(&x->healed_at);
     out->losses = atomic_load(&x->losses);
     out->heals = atomic_load(&x->heals);
-    pthread_mutex_lock(&x->health_lock);
-    snprintf(out->why, sizeof out->why, "%s", x->why);
-    pthread_mutex_unlock(&x->health_lock);
+    nbdx_why_get(x, out->why, sizeof out->why);
     if (out->lost)
         return;
     for (unsigned i = 0; i < x->nconns; i++) {
@@ -227,9 +226,10 @@ void nbdx_close(struct nbdx *x)
         struct nbdx_conn *c = &x->conns[i];
         if (!c->thread_started)
             continue;
-        pthread_mutex_lock(&c->lock);
-        c->stopping = true;
-        pthread_mutex_unlock(&c->lock);
+        {
+            LOCK_FOR_SCOPE(&c->lock);
+            c->stopping = true;
+        }
         nbdx_kick(c);
         pthread_join(c->thread, NULL);
     }

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/cleanup.h"
 #include "common/log.h"
 #include "common/minmax.h"
 

@@ -16,7 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/cleanup.h"
 #include "common/log.h"
 
 /* The ranges of m, acknowledged by a server that a reconnect replaced
@@ -206,9 +205,8 @@ int pool_error_peek(struct pool *p, const uint64_t *seq)
 
 int pool_error_take(struct pool *p, uint64_t *seq)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     int err = error_since_locked(p, *seq);
     *seq = p->err_seq;
-    pthread_mutex_unlock(&p->lock);
     return err;
 }

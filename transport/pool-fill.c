@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/cleanup.h"
 #include "common/iszero.h"
 #include "common/monotime.h"
 #include "common/rounding.h"
@@ -103,6 +102,7 @@ static int reserve_locked(struct pool *p, struct pool_fill *f)
         b->len += n;
         b->touched_ns = mono_now_ns();
         pool_seal_overlapping_locked(p, off, n, b);
+        assert(!pool_filling_overlaps_other(p, b));       /* invariant 1 */
         if (b->len == p->cfg.request_size)
             pool_seal_locked(p, b);            /* sent once committed */
         done += n;
@@ -120,12 +120,11 @@ int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
     f->nseg = f->nhold = 0;
     if (p->cfg.write_through || len == 0)
         return -EAGAIN;
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     do
         r = pool_heal_locked(p) < 0 ? -EIO : reserve_locked(p, f);
     while (r == 1);
     pool_dispatch_locked(p);
-    pthread_mutex_unlock(&p->lock);
     return r;
 }
 
@@ -235,7 +234,7 @@ ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
     ssize_t r = 0;
 
     f->nhold = 0;
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     if (err == 0 && p->lost)
         err = -EIO;
     if (err < 0) {
@@ -246,7 +245,6 @@ ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
     else
         commit_in_place_locked(p, f, hold);
     pool_dispatch_locked(p);
-    pthread_mutex_unlock(&p->lock);
     return r < 0 ? r : (ssize_t) f->len;
 }
 
@@ -255,7 +253,7 @@ void pool_hold_release(void *ref)
     struct pool_req *r = ref;
     struct pool *p = r->p;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     assert(r->holds > 0);
     if (--r->holds == 0 && r->state == REQ_DONE) {
         if (r->kind == REQ_WRITE)
@@ -263,7 +261,6 @@ void pool_hold_release(void *ref)
         pool_free_req_locked(p, r);
         pthread_cond_broadcast(&p->cond);     /* a buffer is free */
     }
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* ---- landings: writes received straight into a buffer --------------- */
@@ -389,17 +386,17 @@ void pool_land_end(struct pool *p, struct pool_landing *l)
     if (!b)
         return;
     l->req = NULL;
-    pthread_mutex_lock(&p->lock);
-    b->landing = false;
-    if (p->landing == b)
-        p->landing = NULL;
-    if (b->state == REQ_NEW) {        /* a whole buffer nothing landed in */
-        b->holds--;
-        pool_free_req_locked(p, b);
-        pthread_cond_broadcast(&p->cond);
-        pthread_mutex_unlock(&p->lock);
-        return;
+    {
+        LOCK_FOR_SCOPE(&p->lock);
+        b->landing = false;
+        if (p->landing == b)
+            p->landing = NULL;
+        if (b->state == REQ_NEW) {    /* a whole buffer nothing landed in */
+            b->holds--;
+            pool_free_req_locked(p, b);
+            pthread_cond_broadcast(&p->cond);
+            return;
+        }
     }
-    pthread_mutex_unlock(&p->lock);
     pool_hold_release(b);
 }

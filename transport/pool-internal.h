@@ -52,7 +52,8 @@
  *  3. A request leaves the queue, and its buffer returns to the free list,
  *     only in req_done(), after the server replied, and once no hold is
  *     left on it (pool_hold_release()).
- * Each is asserted where it is relied on (assert(): on in test builds).
+ * Each is asserted where it is relied on (assert() is on in every build
+ * type: the top-level CMakeLists.txt drops NDEBUG).
  *
  * ZERO-COPY WRITES
  * pool_fill_begin() reserves a write at the tail of FILLING buffers (or
@@ -103,6 +104,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/cleanup.h"
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 

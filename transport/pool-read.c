@@ -89,36 +89,27 @@ static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
  * the server read raced with, returning the bytes from before the
  * truncate).  A write landing meanwhile is concurrent with this read, so
  * either of its results is correct. */
-int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
+/* The moment the read is decided (see pool_read()): -EIO if the lost
+ * connection does not heal, else 0 or -ENOMEM (the snapshot). */
+static int read_decide(struct pool *p, uint64_t off, size_t len,
+                       struct zero_snapshot *snap, bool *all_zero)
 {
-    struct zero_snapshot snap;
-    int r;
-
-    pthread_mutex_lock(&p->lock);
-    if (pool_heal_locked(p) < 0) {
-        pthread_mutex_unlock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
+    if (pool_heal_locked(p) < 0)
         return -EIO;
-    }
     pool_seal_overlapping_locked(p, off, len, NULL);
     pool_dispatch_locked(p);
     while (queue_overlaps(p, off, len))
         pool_cond_wait_locked(p, "read");
-    bool all_zero = extmap_covered(&p->known_zero, off, off + len) +
-                        extmap_covered(&p->pending_zero, off, off + len) ==
-                    len;
-    r = all_zero ? 0 : snapshot_pending_locked(p, off, len, &snap);
-    pthread_mutex_unlock(&p->lock);
+    *all_zero = extmap_covered(&p->known_zero, off, off + len) +
+                    extmap_covered(&p->pending_zero, off, off + len) ==
+                len;
+    return *all_zero ? 0 : snapshot_pending_locked(p, off, len, snap);
+}
 
-    if (all_zero)
-        memset(buf, 0, len);
-    else if (r == 0) {
-        r = read_server(p, off, buf, len);
-        if (r < 0)
-            r = -pool_tool_errno(-r);  /* a lost connection reads as EIO */
-        overlay_snapshot(&snap, off, buf);
-    }
-
-    pthread_mutex_lock(&p->lock);
+static void read_count(struct pool *p, uint64_t off, size_t len, int r)
+{
+    LOCK_FOR_SCOPE(&p->lock);
     if (r < 0) {
         /* The reader gets this error itself: not part of the errseq. */
         p->st.errors++;
@@ -128,7 +119,25 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
         p->st.bytes_read += len;
         p->st.requests[POOL_READ]++;
     }
-    pthread_mutex_unlock(&p->lock);
+}
+
+int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
+{
+    struct zero_snapshot snap;
+    bool all_zero = false;
+    int r = read_decide(p, off, len, &snap, &all_zero);
+
+    if (r == -EIO)                /* not healed: nothing read or counted */
+        return r;
+    if (all_zero)
+        memset(buf, 0, len);
+    else if (r == 0) {
+        r = read_server(p, off, buf, len);
+        if (r < 0)
+            r = -pool_tool_errno(-r);  /* a lost connection reads as EIO */
+        overlay_snapshot(&snap, off, buf);
+    }
+    read_count(p, off, len, r);
     return r;
 }
 
@@ -156,7 +165,7 @@ static void aread_done(struct nbdx_op *op, int err)
 
     free(ao);
     a->done(a, err);              /* may free a */
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     if (err) {
         /* Not an error of anyone's yet: the range is read again on
          * demand, and that read reports its own failure. */
@@ -169,7 +178,6 @@ static void aread_done(struct nbdx_op *op, int err)
     assert(p->areads > 0);
     p->areads--;
     pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
 }
 
 int pool_read_start(struct pool *p, struct pool_aread *a)
@@ -177,11 +185,9 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
     uint64_t off = a->off, len = a->len;
 
     assert(len > 0 && len <= pool_read_max(p));
-    pthread_mutex_lock(&p->lock);
-    if (p->lost || p->stopping) {
-        pthread_mutex_unlock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
+    if (p->lost || p->stopping)
         return -EIO;
-    }
     pool_seal_overlapping_locked(p, off, len, NULL);
     pool_dispatch_locked(p);
     uint64_t zero = extmap_covered(&p->known_zero, off, off + len);
@@ -194,10 +200,8 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
         r = -EAGAIN;
     } else {
         struct aread_op *ao = calloc(1, sizeof *ao);
-        if (!ao) {
-            pthread_mutex_unlock(&p->lock);
+        if (!ao)
             return -EAGAIN;
-        }
         ao->a = a;
         ao->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = off,
                                     .len = len, .buf = a->buf,
@@ -206,7 +210,6 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
         p->areads++;
         nbdx_submit(p->x, &ao->op);   /* only queues; done() comes later */
     }
-    pthread_mutex_unlock(&p->lock);
     return r;
 }
 
@@ -254,15 +257,16 @@ int64_t pool_seek(struct pool *p, uint64_t off, int whence, uint64_t size)
 
     if (off >= size)
         return -ENXIO;
-    pthread_mutex_lock(&p->lock);
-    if (whence == SEEK_DATA) {
-        pos = data_start_locked(p, pos);
-    } else {
-        pos = hole_start_locked(p, pos);
-        if (pos > size)
-            pos = size;
+    {
+        LOCK_FOR_SCOPE(&p->lock);
+        if (whence == SEEK_DATA) {
+            pos = data_start_locked(p, pos);
+        } else {
+            pos = hole_start_locked(p, pos);
+            if (pos > size)
+                pos = size;
+        }
     }
-    pthread_mutex_unlock(&p->lock);
     if (whence == SEEK_DATA && pos >= size)
         return -ENXIO;
     return (int64_t) pos;
@@ -275,7 +279,7 @@ unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
     unsigned k = 0;
     uint64_t got = 0;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     while (got < want) {
         pos = data_start_locked(p, pos);
         if (pos >= limit)
@@ -294,16 +298,14 @@ unsigned pool_data_ranges(struct pool *p, uint64_t pos, uint64_t limit,
         }
         pos = end;
     }
-    pthread_mutex_unlock(&p->lock);
     return k;
 }
 
 uint64_t pool_allocated(struct pool *p, uint64_t size)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     uint64_t z = extmap_covered(&p->known_zero, 0, size) +
                  extmap_covered(&p->pending_zero, 0, size);
-    pthread_mutex_unlock(&p->lock);
     return z < size ? size - z : 0;
 }
 
@@ -312,14 +314,15 @@ bool pool_touched_next(struct pool *p, uint64_t pos, struct pool_range *out)
     struct ext e;
     bool found;
 
-    pthread_mutex_lock(&p->lock);
-    if (p->touched_all || !p->cfg.track_touched) {
-        e = (struct ext) { 0, UINT64_MAX };
-        found = true;
-    } else {
-        found = extmap_next(&p->touched, pos, &e);
+    {
+        LOCK_FOR_SCOPE(&p->lock);
+        if (p->touched_all || !p->cfg.track_touched) {
+            e = (struct ext) { 0, UINT64_MAX };
+            found = true;
+        } else {
+            found = extmap_next(&p->touched, pos, &e);
+        }
     }
-    pthread_mutex_unlock(&p->lock);
     if (found)
         *out = (struct pool_range) { e.start, e.end };
     return found;

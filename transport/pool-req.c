@@ -132,7 +132,7 @@ static void req_done(struct nbdx_op *op, int err)
     struct pool_req *r = op->opaque;
     struct pool *p = r->p;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     if (err == ENOTSUP && r->kind == REQ_ZERO &&
         (op->flags & LIBNBD_CMD_FLAG_FAST_ZERO)) {
         /* The server cannot zero fast here: plain write-zeroes instead. */
@@ -140,7 +140,6 @@ static void req_done(struct nbdx_op *op, int err)
         p->in_flight--;
         r->state = REQ_QUEUED;
         pool_dispatch_locked(p);
-        pthread_mutex_unlock(&p->lock);
         return;
     }
     /* Nothing made before r overlaps it: its result is the range's
@@ -158,7 +157,6 @@ static void req_done(struct nbdx_op *op, int err)
         p->in_flight--;
         r->state = REQ_QUEUED;
         pool_dispatch_locked(p);
-        pthread_mutex_unlock(&p->lock);
         return;
     }
     if (err) {
@@ -191,7 +189,6 @@ static void req_done(struct nbdx_op *op, int err)
     release_req_locked(p, r);
     pool_dispatch_locked(p);
     pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* Wait until nothing sealed before seq is queued or in flight. */

@@ -47,22 +47,20 @@ static void scan_extent(struct nbdx_op *op, uint64_t off, uint64_t len,
 {
     struct scan *s = (struct scan *) op;
 
-    pthread_mutex_lock(&s->p->lock);
+    LOCK_FOR_SCOPE(&s->p->lock);
     if (flags & LIBNBD_STATE_ZERO)
         extmap_add(&s->p->known_zero, off, off + len);
     s->end = off + len;
-    pthread_mutex_unlock(&s->p->lock);
 }
 
 static void scan_done(struct nbdx_op *op, int err)
 {
     struct scan *s = (struct scan *) op;
 
-    pthread_mutex_lock(&s->p->lock);
+    LOCK_FOR_SCOPE(&s->p->lock);
     s->err = err;
     s->busy = false;
     pthread_cond_broadcast(&s->p->cond);
-    pthread_mutex_unlock(&s->p->lock);
 }
 
 static void scan_submit_locked(struct pool *p, struct scan *s, uint64_t off,
@@ -125,17 +123,14 @@ static bool scan_wait_locked(struct pool *p, uint64_t t0, uint64_t last,
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
  * mount exists and before the idle thread starts.  0, or -ETIMEDOUT: the
  * server did not answer in time and was given up (nbdx_abandon()). */
-int pool_scan_extents(struct pool *p)
+static int scan_slots(struct pool *p, struct scan *slots)
 {
-    struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
     uint64_t pos = 0, t0 = mono_now_ns();
     uint64_t win = pool_max_request(p, SCAN_MAX_LEN);
     uint64_t last = t0;               /* the last reply */
     bool stop = false, abandoned = false;
 
-    if (!slots)
-        return 0;                     /* nothing known: correct, slower */
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     for (;;) {
         unsigned busy = 0;
         if (!stop && mono_now_ns() - t0 > SCAN_BUDGET_NS) {
@@ -175,7 +170,16 @@ int pool_scan_extents(struct pool *p)
         log_info("disk: %" PRIu64 " of %" PRIu64 " bytes known to read as "
                  "zero", extmap_covered(&p->known_zero, 0, p->size), p->size);
     p->st.scan = abandoned ? "timed out" : stop ? "partial" : "complete";
-    pthread_mutex_unlock(&p->lock);
-    free(slots);
     return abandoned ? -ETIMEDOUT : 0;
+}
+
+int pool_scan_extents(struct pool *p)
+{
+    struct scan *slots = calloc(SCAN_DEPTH, sizeof *slots);
+
+    if (!slots)
+        return 0;                     /* nothing known: correct, slower */
+    int r = scan_slots(p, slots);
+    free(slots);
+    return r;
 }

@@ -295,7 +295,7 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
 {
     ssize_t r;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     if (p->cfg.write_through)
         r = absorb_all_locked(p, off, buf, len);
     else
@@ -303,6 +303,5 @@ ssize_t pool_write(struct pool *p, uint64_t off, const void *buf, size_t len)
     pool_dispatch_locked(p);
     if (p->cfg.write_through)
         pool_wait_seq_locked(p, p->next_seq);
-    pthread_mutex_unlock(&p->lock);
     return r < 0 ? r : (ssize_t) len;
 }

@@ -186,10 +186,9 @@ int pool_zero_locked(struct pool *p, uint64_t off, uint64_t len,
 
 int pool_zero(struct pool *p, uint64_t off, uint64_t len)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     int r = pool_zero_locked(p, off, len, false);
     pool_dispatch_locked(p);
-    pthread_mutex_unlock(&p->lock);
     return r;
 }
 
@@ -197,13 +196,12 @@ int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len)
 {
     int r = 0;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     while (r == 0 && pool_pending_room_locked(p, &r))
         ;
     if (r == 0)
         r = pool_add_pending_locked(p, off, off + len);
     pool_dispatch_locked(p);
-    pthread_mutex_unlock(&p->lock);
     return r;
 }
 
@@ -212,7 +210,7 @@ int pool_zero_damage(struct pool *p, uint64_t from)
     struct ext e;
     int r = 0;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     for (uint64_t pos = from; r == 0 && extmap_next(&p->damage, pos, &e);
          pos = e.end) {
         while (r == 0 && pool_pending_room_locked(p, &r))
@@ -221,6 +219,5 @@ int pool_zero_damage(struct pool *p, uint64_t from)
             r = pool_add_pending_locked(p, MAX(e.start, from), e.end);
     }
     pool_dispatch_locked(p);
-    pthread_mutex_unlock(&p->lock);
     return r;
 }

@@ -32,7 +32,7 @@ static uint64_t zeroing_count_locked(const struct pool *p)
 
 void pool_drain(struct pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     pool_seal_all_locked(p);
     if (p->zero_drains++ == 0) {
         p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
@@ -42,15 +42,13 @@ void pool_drain(struct pool *p)
     pool_dispatch_locked(p);
     pool_wait_seq_locked(p, p->next_seq);
     p->zero_drains--;
-    pthread_mutex_unlock(&p->lock);
 }
 
 void pool_abandon_zeroing(struct pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     p->zeroing_abandoned = true;
     pthread_cond_broadcast(&p->cond);     /* a drain waiting for a slot */
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* One NBD flush; a server's EIO is tried again twice, 10 ms apart. */
@@ -73,33 +71,30 @@ static int flush_once(struct pool *p)
     return r;
 }
 
-int pool_flush(struct pool *p)
+/* Before an NBD flush: what is unflushed becomes what this flush
+ * covers.  True if nothing was written since the last good flush:
+ * nothing to make durable (and an unmount after the server went away
+ * need not wait to reconnect).  *changes: the count the flush covers. */
+static bool flush_begin(struct pool *p, uint64_t *changes)
 {
-    pool_drain(p);
-    if (!nbdx_info(p->x)->can_flush)
-        return 0;
-    /* One flush at a time: p->flushing is what the one in flight covers. */
-    pthread_mutex_lock(&p->flush_lock);
-    /* Nothing written since the last good flush: nothing to make durable
-     * (and an unmount after the server went away need not wait to
-     * reconnect). */
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     pool_check_reconnect_locked(p);
-    uint64_t changes = p->changes;
-    bool clean = changes == p->flushed_changes && !p->flush_failed;
+    *changes = p->changes;
+    bool clean = *changes == p->flushed_changes && !p->flush_failed;
     for (unsigned i = 0; !clean && i < 2; i++) {
         struct extmap t = p->flushing[i]; /* empty: the last flush is done */
         p->flushing[i] = p->unflushed[i];
         p->unflushed[i] = t;
     }
-    pthread_mutex_unlock(&p->lock);
-    if (clean) {
-        pthread_mutex_unlock(&p->flush_lock);
-        return 0;
-    }
-    int r = flush_once(p);
-    pthread_mutex_lock(&p->lock);
-    pool_check_reconnect_locked(p);            /* before the flush counts */
+    return clean;
+}
+
+/* The flush's result r counts: a failure leaves what it covered
+ * unflushed; a success repairs a failed flush. */
+static void flush_end(struct pool *p, int r, uint64_t changes)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    pool_check_reconnect_locked(p);       /* before the flush counts */
     if (r < 0) {
         pool_record_failure_locked(p, POOL_FLUSH, 0, 0, -r);
         struct ext e;                     /* still not covered by a flush */
@@ -118,8 +113,22 @@ int pool_flush(struct pool *p)
     }
     pool_set_clear(&p->flushing[UNFLUSHED_WRITE]);
     pool_set_clear(&p->flushing[UNFLUSHED_ZERO]);
-    pthread_mutex_unlock(&p->lock);
-    pthread_mutex_unlock(&p->flush_lock);
+}
+
+int pool_flush(struct pool *p)
+{
+    uint64_t changes;
+
+    pool_drain(p);
+    if (!nbdx_info(p->x)->can_flush)
+        return 0;
+    /* One flush at a time: p->flushing is what the one in flight covers
+     * (flush_lock before p->lock, never while holding it). */
+    LOCK_FOR_SCOPE(&p->flush_lock);
+    if (flush_begin(p, &changes))
+        return 0;
+    int r = flush_once(p);
+    flush_end(p, r, changes);
     return r;
 }
 
@@ -131,7 +140,7 @@ static void *idle_thread(void *arg)
     struct pool *p = arg;
     uint64_t idle_ns = (uint64_t) p->cfg.idle_ms * 1000000u;
 
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     while (!p->stopping) {
         if (!p->filling.head) {
             pthread_cond_wait(&p->idle_cond, &p->lock);
@@ -153,7 +162,6 @@ static void *idle_thread(void *arg)
         struct timespec ts = mono_deadline_ns(wake - now);
         pthread_cond_timedwait(&p->idle_cond, &p->lock, &ts);
     }
-    pthread_mutex_unlock(&p->lock);
     return NULL;
 }
 
@@ -234,7 +242,7 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
 
 void pool_get_stats(struct pool *p, struct pool_stats *out)
 {
-    pthread_mutex_lock(&p->lock);
+    LOCK_FOR_SCOPE(&p->lock);
     pool_check_reconnect_locked(p);
     *out = p->st;
     out->damaged_bytes = p->damage_everything ? p->size
@@ -276,7 +284,6 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
            out->nfailures * sizeof *p->failures);
     if (p->idle_since_ns)
         out->idle_ns += mono_now_ns() - p->idle_since_ns;
-    pthread_mutex_unlock(&p->lock);
 }
 
 void pool_destroy(struct pool *p)
@@ -286,12 +293,13 @@ void pool_destroy(struct pool *p)
     bool started = !p->stopping;
     if (started) {
         pool_drain(p);
-        pthread_mutex_lock(&p->lock);
-        while (p->areads > 0)
-            pthread_cond_wait(&p->cond, &p->lock);
-        p->stopping = true;
-        pthread_cond_broadcast(&p->idle_cond);
-        pthread_mutex_unlock(&p->lock);
+        {
+            LOCK_FOR_SCOPE(&p->lock);
+            while (p->areads > 0)
+                pthread_cond_wait(&p->cond, &p->lock);
+            p->stopping = true;
+            pthread_cond_broadcast(&p->idle_cond);
+        }
         pthread_join(p->idle_thread, NULL);
     }
     while (p->nfree > 0)

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
 #include "transport/pool.h"
 
 #define SEQ_MIN 1                 /* sequential reads before read-ahead */
@@ -145,12 +146,11 @@ static void chunk_landed(struct pool_aread *a, int err)
     struct ra_chunk *c = a->opaque;
     struct readahead *ra = c->ra;
 
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     c->state = err ? CHUNK_FAILED : CHUNK_READY;
     c->landed = true;
     maybe_free_locked(ra, c);
     pthread_cond_broadcast(&ra->cond);
-    pthread_mutex_unlock(&ra->lock);
 }
 
 static struct ra_chunk *new_chunk_locked(struct ra_stream *s, uint64_t off,
@@ -235,12 +235,11 @@ static void start_chunks(struct readahead *ra, struct ra_chunk *list)
         int r = pool_read_start(ra->pool, &c->a);
         if (r == 0)
             continue;                        /* chunk_landed() follows */
-        pthread_mutex_lock(&ra->lock);
+        LOCK_FOR_SCOPE(&ra->lock);
         c->landed = true;
         c->state = r == 1 ? CHUNK_READY : CHUNK_FAILED;
         maybe_free_locked(ra, c);            /* dropped meanwhile */
         pthread_cond_broadcast(&ra->cond);
-        pthread_mutex_unlock(&ra->lock);
     }
 }
 
@@ -317,9 +316,11 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
     struct ra_chunk *start = NULL;
     struct pool_range d[RA_MAX_DEPTH + 1];
 
-    pthread_mutex_lock(&ra->lock);
-    uint64_t next = s->next;
-    pthread_mutex_unlock(&ra->lock);
+    uint64_t next;
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        next = s->next;
+    }
     /* Outside ra->lock (the pool's lock is taken): the maps may change
      * meanwhile, which only makes the plan less useful, never wrong (a
      * chunk is checked against the pool when it starts, and dropped by
@@ -331,11 +332,12 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
     unsigned nd = pool_data_ranges(ra->pool, off, limit, RA_MERGE_HOLE,
                                    (uint64_t) ra->depth * ra->chunk, d,
                                    ra->depth + 1);
-    pthread_mutex_lock(&ra->lock);
-    follow_locked(s, off, len, zero_from);
-    if (s->seq >= SEQ_MIN)
-        plan_locked(s, d, nd, &start);
-    pthread_mutex_unlock(&ra->lock);
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        follow_locked(s, off, len, zero_from);
+        if (s->seq >= SEQ_MIN)
+            plan_locked(s, d, nd, &start);
+    }
     start_chunks(ra, start);
 }
 
@@ -358,11 +360,13 @@ static int copy_out(struct readahead *ra, struct ra_stream *s, uint64_t off,
     uint64_t pos = off, end = off + len;
 
     for (;;) {
-        pthread_mutex_lock(&ra->lock);
-        serve_locked(s, off, buf, &pos, end);
-        uint64_t gap = pos < end ? next_chunk_locked(s, pos, end) : end;
-        ra->st.misses += gap - pos;
-        pthread_mutex_unlock(&ra->lock);
+        uint64_t gap;
+        {
+            LOCK_FOR_SCOPE(&ra->lock);
+            serve_locked(s, off, buf, &pos, end);
+            gap = pos < end ? next_chunk_locked(s, pos, end) : end;
+            ra->st.misses += gap - pos;
+        }
         if (pos >= end)
             return 0;
         int r = pool_read(ra->pool, pos, (char *) buf + (pos - off),
@@ -430,16 +434,20 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
     return true;
 }
 
+static bool hold(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                 size_t len, struct ra_span *span, unsigned *nspan, bool wait)
+{
+    LOCK_FOR_SCOPE(&ra->lock);
+    return hold_locked(s, off, off + len, span, nspan, wait);
+}
+
 int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
                   size_t len, uint64_t limit, struct ra_span *span,
                   unsigned *nspan)
 {
     if (s && len > 0) {
         prepare(ra, s, off, len, limit);
-        pthread_mutex_lock(&ra->lock);
-        bool held = hold_locked(s, off, off + len, span, nspan, true);
-        pthread_mutex_unlock(&ra->lock);
-        if (held)
+        if (hold(ra, s, off, len, span, nspan, true))
             return 0;
     }
     void *buf = malloc(len ? len : 1);
@@ -462,10 +470,7 @@ int ra_try_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
 {
     if (!s || len == 0)
         return 0;
-    pthread_mutex_lock(&ra->lock);
-    bool held = hold_locked(s, off, off + len, span, nspan, false);
-    pthread_mutex_unlock(&ra->lock);
-    if (!held)
+    if (!hold(ra, s, off, len, span, nspan, false))
         return 0;                 /* nothing changed: the usual way */
     prepare(ra, s, off, len, limit);  /* follow it, start what is next */
     return 1;
@@ -477,16 +482,15 @@ void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan)
         free((void *) span[0].mem);
         return;
     }
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     put_locked(ra, span, nspan);
-    pthread_mutex_unlock(&ra->lock);
 }
 
 void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len)
 {
     if (!ra || len == 0)
         return;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     for (struct ra_stream *s = ra->streams; s; s = s->next_s) {
         struct ra_chunk **pp = &s->chunks;
         while (*pp) {
@@ -499,7 +503,6 @@ void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len)
             }
         }
     }
-    pthread_mutex_unlock(&ra->lock);
 }
 
 /* ---- streams and setup ----------------------------------------------- */
@@ -512,12 +515,11 @@ struct ra_stream *ra_stream_open(struct readahead *ra)
     if (!s)
         return NULL;
     s->ra = ra;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     s->next_s = ra->streams;
     if (s->next_s)
         s->next_s->prev = s;
     ra->streams = s;
-    pthread_mutex_unlock(&ra->lock);
     return s;
 }
 
@@ -526,15 +528,16 @@ void ra_stream_close(struct ra_stream *s)
     if (!s)
         return;
     struct readahead *ra = s->ra;
-    pthread_mutex_lock(&ra->lock);
-    drop_all_locked(s);
-    if (s->prev)
-        s->prev->next_s = s->next_s;
-    else
-        ra->streams = s->next_s;
-    if (s->next_s)
-        s->next_s->prev = s->prev;
-    pthread_mutex_unlock(&ra->lock);
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        drop_all_locked(s);
+        if (s->prev)
+            s->prev->next_s = s->next_s;
+        else
+            ra->streams = s->next_s;
+        if (s->next_s)
+            s->next_s->prev = s->prev;
+    }
     free(s);
 }
 
@@ -585,9 +588,8 @@ void ra_get_stats(struct readahead *ra, struct ra_stats *out)
     memset(out, 0, sizeof *out);
     if (!ra)
         return;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     *out = ra->st;
     out->budget = ra->budget;
     out->in_use = ra->used;
-    pthread_mutex_unlock(&ra->lock);
 }
