@@ -52,6 +52,27 @@ static void unreserve_locked(struct pool *p, struct pool_fill *f)
     pthread_cond_broadcast(&p->cond);
 }
 
+/* Reserve [off, off+n) at the tail of FILLING buffer b for f, its
+ * range already out of pending_zero: b is busy (not sent, nothing else
+ * lands in it) until the commit.  Older buffered bytes overlapping it are
+ * sealed first (invariant 1); a full buffer is sealed, to be sent once
+ * committed.  A fill's segments and a landing's bytes are reserved
+ * alike. */
+static void reserve_seg_locked(struct pool *p, struct pool_fill *f,
+                               struct pool_req *b, uint64_t off, size_t n)
+{
+    assert(b->state == REQ_FILLING && !b->busy && b->off + b->len == off);
+    assert(f->nseg < POOL_FILL_SEGS);
+    f->seg[f->nseg++] = (struct pool_seg) {
+        .mem = b->data + (off - b->off), .len = n, .req = b };
+    b->busy = true;
+    b->len += n;
+    pool_seal_overlapping_locked(p, off, n, b);
+    assert(!pool_filling_overlaps_other(p, b));       /* invariant 1 */
+    if (b->len == p->cfg.request_size)
+        pool_seal_locked(p, b);            /* sent once committed */
+}
+
 /* One pass at reserving f->off, f->len.  1: waited for a buffer (nothing
  * is reserved; try again), 0 or -errno.  The reserved range leaves
  * pending_zero here, under the lock, not at commit: a drain while the
@@ -96,15 +117,8 @@ static int reserve_locked(struct pool *p, struct pool_fill *f)
             unreserve_locked(p, f);
             return err;
         }
-        f->seg[f->nseg++] = (struct pool_seg) {
-            .mem = b->data + (off - b->off), .len = n, .req = b };
-        b->busy = true;
-        b->len += n;
         b->touched_ns = mono_now_ns();
-        pool_seal_overlapping_locked(p, off, n, b);
-        assert(!pool_filling_overlaps_other(p, b));       /* invariant 1 */
-        if (b->len == p->cfg.request_size)
-            pool_seal_locked(p, b);            /* sent once committed */
+        reserve_seg_locked(p, f, b, off, n);
         done += n;
     }
     return 0;
@@ -351,18 +365,13 @@ ssize_t pool_land_commit(struct pool *p, struct pool_landing *l, uint64_t off,
         }
         return -EAGAIN;
     }
-    /* The bytes are in place: commit them as pool_fill_commit() does. */
+    /* The bytes are in place: a reservation at the buffer's tail, then
+     * committed as pool_fill_commit() does. */
     l->used = true;
     b->landing = false;
     p->landing = NULL;
-    b->busy = true;
-    b->len += len;
-    f->nseg = 1;
-    f->seg[0] = (struct pool_seg) { .mem = l->mem, .len = len, .req = b };
-    pool_seal_overlapping_locked(p, off, len, b);
-    assert(!pool_filling_overlaps_other(p, b));            /* invariant 1 */
-    if (b->len == p->cfg.request_size)
-        pool_seal_locked(p, b);
+    assert(l->mem == b->data + (off - b->off));
+    reserve_seg_locked(p, f, b, off, len);
     if (fill_has_zeros(p, f)) {
         /* Zero runs go as write-zeroes, from a private copy, exactly as
          * pool_fill_commit() does.  The landing ends here: the copy is
