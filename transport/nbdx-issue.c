@@ -49,12 +49,7 @@ void nbdx_wire_remove(struct nbdx_conn *c, struct nbdx_op *op)
     if (!op->on_wire)
         return;
     op->on_wire = false;
-    if (op->wprev)
-        op->wprev->wnext = op->wnext;
-    else
-        c->wire = op->wnext;
-    if (op->wnext)
-        op->wnext->wprev = op->wprev;
+    DLIST_UNLINK(c->wire, op, wprev, wnext);
     op->wprev = op->wnext = NULL;
 }
 

@@ -105,6 +105,7 @@
 #include <stdint.h>
 
 #include "common/cleanup.h"
+#include "common/list.h"
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 
@@ -295,14 +296,9 @@ static inline void pool_list_append(struct req_list *l, struct pool_req *r)
 
 static inline void pool_list_remove(struct req_list *l, struct pool_req *r)
 {
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        l->head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
+    if (!r->next)
         l->tail = r->prev;
+    DLIST_UNLINK(l->head, r, prev, next);
     r->prev = r->next = NULL;
     l->n--;
 }

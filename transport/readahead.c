@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "common/cleanup.h"
+#include "common/list.h"
 #include "transport/pool.h"
 
 #define SEQ_MIN 1                 /* sequential reads before read-ahead */
@@ -531,12 +532,7 @@ void ra_stream_close(struct ra_stream *s)
     {
         LOCK_FOR_SCOPE(&ra->lock);
         drop_all_locked(s);
-        if (s->prev)
-            s->prev->next_s = s->next_s;
-        else
-            ra->streams = s->next_s;
-        if (s->next_s)
-            s->next_s->prev = s->prev;
+        DLIST_UNLINK(ra->streams, s, prev, next_s);
     }
     free(s);
 }
