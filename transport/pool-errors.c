@@ -6,9 +6,8 @@
  * Everything runs under pool->lock: pool_check_reconnect_locked() from
  * req_done() on nbdx I/O threads (where it never waits), from
  * pool_flush() and the stats; the rest from fs/'s error checks on the
- * receiver (a release, a write's check) and worker threads (open,
- * fsync).  pool_heal_locked() drops the lock around nbdx_heal(), which
- * blocks.
+ * receiver (a write's check) and worker threads (open, close, fsync).
+ * pool_heal_locked() drops the lock around nbdx_heal(), which blocks.
  */
 #include "transport/pool-internal.h"
 

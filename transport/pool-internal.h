@@ -16,13 +16,15 @@
  *
  * THREAD MODEL
  * fs/ calls the pool from several threads at once: the FUSE receiver
- * thread (fs/fuseloop.c) serves writes (pool_write, fills, landings),
- * releases (error checks, drains) and reads the read-ahead already
- * holds; worker threads serve everything else (reads, fsync, truncate,
- * durable writes); the digest thread releases holds; the status and
- * progress threads read the stats.  nbdx I/O threads run the
- * completions (req_done(), aread_done(), the scan's callbacks).  One
- * idle thread seals buffers nobody has written to for idle_ms.
+ * thread (fs/fuseloop.c) serves writes (pool_write, fills, landings, the
+ * write's error check); worker threads serve everything else (reads,
+ * a close's flush, fsync, truncate, fallocate, durable writes, open's
+ * heal); the digest thread and its hashers release holds (the receiver
+ * too, when the digest drops one); the status and progress threads read
+ * the stats; the main thread creates, flushes and destroys the pool.
+ * nbdx I/O threads run the completions (req_done(), aread_done(), the
+ * scan's callbacks).  One idle thread seals buffers nobody has written
+ * to for idle_ms.
  * Everything below is protected by pool->lock; pool->cond is broadcast
  * whenever a request completes or a buffer frees.  nbdx_submit() is
  * called with pool->lock held (it only queues: nbdx's conn->lock is a

@@ -2,11 +2,12 @@
  * data ranges the read-ahead asks for, and the touched ranges.
  *
  * THREAD MODEL
- * pool_read() runs on worker threads (the digest's read-back and the
- * daemon's checks too) and drops pool->lock around the server read;
- * pool_read_start() on readers' threads (transport/readahead.c), its
- * completion aread_done() on an nbdx I/O thread; seek and data ranges
- * on workers.  Every one takes pool->lock to decide.
+ * pool_read() runs on worker threads (and on the digest thread and the
+ * main thread for the read-back) and drops pool->lock around the server
+ * read; pool_read_start() on readers' threads (transport/readahead.c,
+ * workers and the receiver), its completion aread_done() on an nbdx I/O
+ * thread; seek and data ranges on workers and readers' threads.  Every
+ * one takes pool->lock to decide.
  */
 #include "transport/pool-internal.h"
 

@@ -4,10 +4,11 @@
  * and the layers of the pool's files are in pool-internal.h.
  *
  * THREAD MODEL
- * pool_drain() and pool_flush() run on the receiver (a release) and on
- * worker threads (fsync, flush); pool_flush() takes pool->flush_lock
- * before pool->lock and drops pool->lock around the NBD flush.  The idle
- * thread waits on pool->idle_cond and seals under pool->lock.
+ * pool_drain() and pool_flush() run on worker threads (a close's flush,
+ * fsync) and on the main thread at unmount; pool_flush() takes
+ * pool->flush_lock before pool->lock and drops pool->lock around the NBD
+ * flush.  pool_abandon_zeroing() runs on the stop thread (fs/stopsig.c).
+ * The idle thread waits on pool->idle_cond and seals under pool->lock.
  * pool_get_stats() runs on the status and progress threads.
  */
 #include "transport/pool-internal.h"
