@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "transport/nbdx.h"
 #include "transport/pool.h"
 
@@ -37,7 +37,7 @@ struct fs {
     char *view_name[FS_INO_COUNT];
     void *view_state[FS_INO_COUNT];
     struct pool *pool;
-    struct readahead *ra;     /* fs/readahead.c: shared by the handles */
+    struct readahead *ra;     /* transport/readahead.c, for all handles */
     uint64_t export_size;
     const char *filename;
     bool readonly;

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "fs/view.h"
 
 struct imageview {

@@ -18,7 +18,7 @@
 #include "fs/digest.h"
 #include "fs/foreign.h"
 #include "fs/progress.h"
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 
 uint64_t rawfile_size(struct fs *fs)
 {

@@ -3,7 +3,7 @@
  * time and every change live in fs/rawfile.c, which this view calls.
  *
  * THREAD MODEL: as fs/rawfile.c; reads reply from the read-ahead's chunks
- * (fs/readahead.c), whose references are dropped after the reply. */
+ * (transport/readahead.c), whose references are dropped after the reply. */
 #include "fs/view.h"
 
 #include <assert.h>
@@ -16,7 +16,7 @@
 
 #include "common/log.h"
 #include "fs/rawfile.h"
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "fs/readback.h"
 
 static void raw_attr(struct fs *fs, struct stat *st)

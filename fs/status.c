@@ -24,7 +24,7 @@
 #include "fs/digest.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "fs/readback.h"
 
 static double elapsed_s(const struct timespec *since)

@@ -1,5 +1,5 @@
 """The daemon's Unix sockets to the server get a send buffer of a whole
-2 MiB write request (transport/nbdx.c): with the default 208 KiB each
+2 MiB write request (transport/nbdx-connect.c): with the default 208 KiB each
 request left in about eight send()s, each ending in EAGAIN, a poll() and
 a wakeup.  Read from the kernel with ss(8), for every connection.  Where
 net.core.wmem_max is lower and the daemon lacks CAP_NET_ADMIN (no

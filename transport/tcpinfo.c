@@ -32,6 +32,20 @@ struct tcpinfo_sampler {
     struct tcpinfo_stats st;
 };
 
+static void note_sample(struct tcpinfo_sampler *s, const struct tcp_info *ti)
+{
+    LOCK_FOR_SCOPE(&s->lock);
+    s->st.samples++;
+    if (ti->tcpi_notsent_bytes > 0)
+        s->st.unsent_samples++;
+    if (ti->tcpi_notsent_bytes > 0 &&
+        ti->tcpi_notsent_bytes < ti->tcpi_snd_mss && ti->tcpi_unacked > 0)
+        s->st.nagle_stalls++;
+    s->st.rtt_us = ti->tcpi_rtt;
+    s->st.rttvar_us = ti->tcpi_rttvar;
+    s->st.mss = ti->tcpi_snd_mss;
+}
+
 static void sample_once(struct tcpinfo_sampler *s)
 {
     uint32_t unacked = 0, notsent = 0;
@@ -43,24 +57,13 @@ static void sample_once(struct tcpinfo_sampler *s)
         memset(&ti, 0, sizeof ti);
         if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == -1)
             continue;
-        pthread_mutex_lock(&s->lock);
-        s->st.samples++;
-        if (ti.tcpi_notsent_bytes > 0)
-            s->st.unsent_samples++;
-        if (ti.tcpi_notsent_bytes > 0 && ti.tcpi_notsent_bytes < ti.tcpi_snd_mss &&
-            ti.tcpi_unacked > 0)
-            s->st.nagle_stalls++;
-        s->st.rtt_us = ti.tcpi_rtt;
-        s->st.rttvar_us = ti.tcpi_rttvar;
-        s->st.mss = ti.tcpi_snd_mss;
-        pthread_mutex_unlock(&s->lock);
+        note_sample(s, &ti);
         unacked += ti.tcpi_unacked;
         notsent += ti.tcpi_notsent_bytes;
     }
-    pthread_mutex_lock(&s->lock);
+    LOCK_FOR_SCOPE(&s->lock);
     s->st.unacked = unacked;
     s->st.notsent_bytes = notsent;
-    pthread_mutex_unlock(&s->lock);
 }
 
 static void *sampler(void *arg)
@@ -68,16 +71,15 @@ static void *sampler(void *arg)
     block_stop_signals();
     struct tcpinfo_sampler *s = arg;
 
-    pthread_mutex_lock(&s->lock);
+    LOCK_FOR_SCOPE(&s->lock);
     while (!s->stopping) {
-        pthread_mutex_unlock(&s->lock);
+        pthread_mutex_unlock(&s->lock);       /* not held while sampling */
         sample_once(s);
         pthread_mutex_lock(&s->lock);
         struct timespec ts = mono_deadline_ns(s->interval_ms * NS_PER_MS);
         if (!s->stopping)
             pthread_cond_timedwait(&s->cond, &s->lock, &ts);
     }
-    pthread_mutex_unlock(&s->lock);
     return NULL;
 }
 
@@ -117,10 +119,11 @@ void tcpinfo_stop(struct tcpinfo_sampler *s)
 {
     if (!s)
         return;
-    pthread_mutex_lock(&s->lock);
-    s->stopping = true;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    {
+        LOCK_FOR_SCOPE(&s->lock);
+        s->stopping = true;
+        pthread_cond_signal(&s->cond);
+    }
     pthread_join(s->thread, NULL);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);

@@ -188,37 +188,7 @@ void nbdx_submit(struct nbdx *x, struct nbdx_op *op)
     pthread_mutex_unlock(&x->lock);
 }
 
-struct run_wait {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool done;
-    int err;
-};
-
-static void run_done(struct nbdx_op *op, int err)
-{
-    struct run_wait *w = op->opaque;
-    pthread_mutex_lock(&w->lock);
-    w->done = true;
-    w->err = err;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-
-int nbdx_run(struct nbdx *x, struct nbdx_op *op)
-{
-    struct run_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
-                          .cond = PTHREAD_COND_INITIALIZER };
-
-    op->done = run_done;
-    op->opaque = &w;
-    nbdx_submit(x, op);
-    pthread_mutex_lock(&w.lock);
-    while (!w.done)
-        pthread_cond_wait(&w.cond, &w.lock);
-    pthread_mutex_unlock(&w.lock);
-    return w.err ? -w.err : 0;
-}
+/* nbdx_run() is transport/nbdx-run.c's, over nbdx_submit() above. */
 
 struct nbdx_op *fake_wait_op(struct nbdx *x, int kind)
 {

@@ -10,8 +10,9 @@ target_compile_options(extmap-test PRIVATE -UNDEBUG)
 target_link_options(extmap-test PRIVATE -Wl,--wrap=malloc)
 add_test(NAME extmap COMMAND extmap-test)
 
-# transport/pool.c over the scripted transport tests/unit/fake-nbdx.c
-# instead of nbdx.c, with the before-wait hook and allocation failure
+# transport/pool*.c (POOL_SOURCES, from transport/CMakeLists.txt) over
+# the scripted transport tests/unit/fake-nbdx.c instead of nbdx.c (but for nbdx-run.c, its nbdx_run() over the fake's
+# nbdx_submit()), with the before-wait hook and allocation failure
 # injection (--wrap) the fake provides: pool-test (interleavings, the
 # model), pool-test-fill (zero-copy writes, holds), pool-test-aread
 # (reads started without waiting), pool-test-land (writes received
@@ -20,8 +21,8 @@ add_test(NAME extmap COMMAND extmap-test)
 # memory keeps its bytes while the rest of the pool is reused).
 function(pool_unit_test name exe timeout)
   add_executable(${exe} ${POOL_TEST_DIR}/${exe}.c
-                 ${POOL_TEST_DIR}/fake-nbdx.c ${TRANSPORT_DIR}/pool.c
-                 ${TRANSPORT_DIR}/extmap.c)
+                 ${POOL_TEST_DIR}/fake-nbdx.c ${POOL_SOURCES}
+                 ${TRANSPORT_DIR}/nbdx-run.c ${TRANSPORT_DIR}/extmap.c)
   target_compile_definitions(${exe} PRIVATE POOL_TEST_HOOKS)
   target_compile_options(${exe} PRIVATE -UNDEBUG)
   target_include_directories(${exe} PRIVATE ${POOL_TEST_DIR})

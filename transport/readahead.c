@@ -1,8 +1,13 @@
-/* fs/readahead.c: read-ahead for sequential readers (see readahead.h).
+/* transport/readahead.c: read-ahead for sequential readers (see readahead.h).
  *
  * THREAD MODEL
- * FUSE worker threads call ra_read(), ra_invalidate() and the stream
- * calls; nbdx I/O threads call chunk_landed() when a read arrives.
+ * The FUSE receiver thread (fs/fuseloop.c) calls ra_invalidate() for the
+ * writes it serves, ra_try_spans() (never waits) for the reads whose
+ * chunks have arrived, ra_put() and ra_stream_close() (a release);
+ * worker threads call ra_read(), ra_read_spans(), ra_invalidate() (a
+ * truncate, a durable write) and the stream calls; the status thread
+ * ra_get_stats(); nbdx I/O threads call chunk_landed() when a read
+ * arrives.
  * Everything is protected by ra->lock; ra->cond is broadcast whenever a
  * chunk lands or is given up.  ra->lock is never held across a pool call
  * (pool_read_start() and pool_read() take the pool's lock) nor across a
@@ -26,7 +31,7 @@
  * it.  A stale chunk is never served.  Every chunk, live or stale, counts
  * against the budget until it is freed.
  */
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -35,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
+#include "common/list.h"
 #include "transport/pool.h"
 
 #define SEQ_MIN 1                 /* sequential reads before read-ahead */
@@ -140,12 +147,11 @@ static void chunk_landed(struct pool_aread *a, int err)
     struct ra_chunk *c = a->opaque;
     struct readahead *ra = c->ra;
 
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     c->state = err ? CHUNK_FAILED : CHUNK_READY;
     c->landed = true;
     maybe_free_locked(ra, c);
     pthread_cond_broadcast(&ra->cond);
-    pthread_mutex_unlock(&ra->lock);
 }
 
 static struct ra_chunk *new_chunk_locked(struct ra_stream *s, uint64_t off,
@@ -230,12 +236,11 @@ static void start_chunks(struct readahead *ra, struct ra_chunk *list)
         int r = pool_read_start(ra->pool, &c->a);
         if (r == 0)
             continue;                        /* chunk_landed() follows */
-        pthread_mutex_lock(&ra->lock);
+        LOCK_FOR_SCOPE(&ra->lock);
         c->landed = true;
         c->state = r == 1 ? CHUNK_READY : CHUNK_FAILED;
         maybe_free_locked(ra, c);            /* dropped meanwhile */
         pthread_cond_broadcast(&ra->cond);
-        pthread_mutex_unlock(&ra->lock);
     }
 }
 
@@ -312,9 +317,11 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
     struct ra_chunk *start = NULL;
     struct pool_range d[RA_MAX_DEPTH + 1];
 
-    pthread_mutex_lock(&ra->lock);
-    uint64_t next = s->next;
-    pthread_mutex_unlock(&ra->lock);
+    uint64_t next;
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        next = s->next;
+    }
     /* Outside ra->lock (the pool's lock is taken): the maps may change
      * meanwhile, which only makes the plan less useful, never wrong (a
      * chunk is checked against the pool when it starts, and dropped by
@@ -326,11 +333,12 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
     unsigned nd = pool_data_ranges(ra->pool, off, limit, RA_MERGE_HOLE,
                                    (uint64_t) ra->depth * ra->chunk, d,
                                    ra->depth + 1);
-    pthread_mutex_lock(&ra->lock);
-    follow_locked(s, off, len, zero_from);
-    if (s->seq >= SEQ_MIN)
-        plan_locked(s, d, nd, &start);
-    pthread_mutex_unlock(&ra->lock);
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        follow_locked(s, off, len, zero_from);
+        if (s->seq >= SEQ_MIN)
+            plan_locked(s, d, nd, &start);
+    }
     start_chunks(ra, start);
 }
 
@@ -353,11 +361,13 @@ static int copy_out(struct readahead *ra, struct ra_stream *s, uint64_t off,
     uint64_t pos = off, end = off + len;
 
     for (;;) {
-        pthread_mutex_lock(&ra->lock);
-        serve_locked(s, off, buf, &pos, end);
-        uint64_t gap = pos < end ? next_chunk_locked(s, pos, end) : end;
-        ra->st.misses += gap - pos;
-        pthread_mutex_unlock(&ra->lock);
+        uint64_t gap;
+        {
+            LOCK_FOR_SCOPE(&ra->lock);
+            serve_locked(s, off, buf, &pos, end);
+            gap = pos < end ? next_chunk_locked(s, pos, end) : end;
+            ra->st.misses += gap - pos;
+        }
         if (pos >= end)
             return 0;
         int r = pool_read(ra->pool, pos, (char *) buf + (pos - off),
@@ -425,16 +435,20 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
     return true;
 }
 
+static bool hold(struct readahead *ra, struct ra_stream *s, uint64_t off,
+                 size_t len, struct ra_span *span, unsigned *nspan, bool wait)
+{
+    LOCK_FOR_SCOPE(&ra->lock);
+    return hold_locked(s, off, off + len, span, nspan, wait);
+}
+
 int ra_read_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
                   size_t len, uint64_t limit, struct ra_span *span,
                   unsigned *nspan)
 {
     if (s && len > 0) {
         prepare(ra, s, off, len, limit);
-        pthread_mutex_lock(&ra->lock);
-        bool held = hold_locked(s, off, off + len, span, nspan, true);
-        pthread_mutex_unlock(&ra->lock);
-        if (held)
+        if (hold(ra, s, off, len, span, nspan, true))
             return 0;
     }
     void *buf = malloc(len ? len : 1);
@@ -457,10 +471,7 @@ int ra_try_spans(struct readahead *ra, struct ra_stream *s, uint64_t off,
 {
     if (!s || len == 0)
         return 0;
-    pthread_mutex_lock(&ra->lock);
-    bool held = hold_locked(s, off, off + len, span, nspan, false);
-    pthread_mutex_unlock(&ra->lock);
-    if (!held)
+    if (!hold(ra, s, off, len, span, nspan, false))
         return 0;                 /* nothing changed: the usual way */
     prepare(ra, s, off, len, limit);  /* follow it, start what is next */
     return 1;
@@ -472,16 +483,15 @@ void ra_put(struct readahead *ra, struct ra_span *span, unsigned nspan)
         free((void *) span[0].mem);
         return;
     }
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     put_locked(ra, span, nspan);
-    pthread_mutex_unlock(&ra->lock);
 }
 
 void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len)
 {
     if (!ra || len == 0)
         return;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     for (struct ra_stream *s = ra->streams; s; s = s->next_s) {
         struct ra_chunk **pp = &s->chunks;
         while (*pp) {
@@ -494,7 +504,6 @@ void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len)
             }
         }
     }
-    pthread_mutex_unlock(&ra->lock);
 }
 
 /* ---- streams and setup ----------------------------------------------- */
@@ -507,12 +516,11 @@ struct ra_stream *ra_stream_open(struct readahead *ra)
     if (!s)
         return NULL;
     s->ra = ra;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     s->next_s = ra->streams;
     if (s->next_s)
         s->next_s->prev = s;
     ra->streams = s;
-    pthread_mutex_unlock(&ra->lock);
     return s;
 }
 
@@ -521,15 +529,11 @@ void ra_stream_close(struct ra_stream *s)
     if (!s)
         return;
     struct readahead *ra = s->ra;
-    pthread_mutex_lock(&ra->lock);
-    drop_all_locked(s);
-    if (s->prev)
-        s->prev->next_s = s->next_s;
-    else
-        ra->streams = s->next_s;
-    if (s->next_s)
-        s->next_s->prev = s->prev;
-    pthread_mutex_unlock(&ra->lock);
+    {
+        LOCK_FOR_SCOPE(&ra->lock);
+        drop_all_locked(s);
+        DLIST_UNLINK(ra->streams, s, prev, next_s);
+    }
     free(s);
 }
 
@@ -580,9 +584,8 @@ void ra_get_stats(struct readahead *ra, struct ra_stats *out)
     memset(out, 0, sizeof *out);
     if (!ra)
         return;
-    pthread_mutex_lock(&ra->lock);
+    LOCK_FOR_SCOPE(&ra->lock);
     *out = ra->st;
     out->budget = ra->budget;
     out->in_use = ra->used;
-    pthread_mutex_unlock(&ra->lock);
 }

@@ -1,4 +1,4 @@
-/* fs/readahead.h: read-ahead for sequential readers of the disk.
+/* transport/readahead.h: read-ahead for sequential readers of the disk.
  *
  * Each open handle that reads the disk (the raw file, the VHD view's
  * block data) gets a stream.  A stream that reads sequentially (each read
