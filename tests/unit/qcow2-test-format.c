@@ -9,6 +9,8 @@
  * bits) fail the stream, before begin() where the rule allows: every
  * damage in an L2 table that arrives before the data it maps (qemu-img's
  * layout) is found before begin(), so the disk is untouched. */
+#include <zlib.h>
+
 #include "qcow2-test-util.h"
 
 static uint8_t *img;
@@ -87,6 +89,65 @@ static void damaged(const char *what, uint8_t *f, size_t len, int want,
            : "");
     CHECK(r == want && msg[0]);
     CHECK(may_begin || !began);
+}
+
+/* Raw deflate (qemu's) of n bytes of src, ended with flush: Z_FINISH sets
+ * the final block, Z_SYNC_FLUSH leaves the stream open. */
+static size_t deflate_raw(const uint8_t *src, size_t n, int flush,
+                          uint8_t *out, size_t cap)
+{
+    z_stream z = { 0 };
+    CHECK(deflateInit2(&z, 6, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) == Z_OK);
+    z.next_in = (Bytef *) src, z.avail_in = (uInt) n;
+    z.next_out = out, z.avail_out = (uInt) cap;
+    CHECK(deflate(&z, flush) != Z_STREAM_ERROR);
+    CHECK(z.avail_in == 0);
+    size_t len = cap - z.avail_out;
+    deflateEnd(&z);
+    return len;
+}
+
+/* qcow2_compressed_decode of the first clen bytes of cdata into a cluster
+ * of C bytes: the result, and the output compared with want. */
+static int64_t decode_one(struct qcow2_decompressor *dz, const uint8_t *cdata,
+                          size_t clen, size_t C, const uint8_t *want)
+{
+    struct qcow2_compressed c = { .cdata = cdata, .clen = clen,
+                                  .cluster_size = C, .place_len = C,
+                                  .type = QCOW2_COMPRESS_ZLIB };
+    struct qcow2_err e = { "" };
+    uint8_t *out = malloc(C);
+    int64_t n = qcow2_compressed_decode(dz, &c, out, &e);
+    CHECK(n < 0 ? e.msg[0] != 0 : memcmp(out, want, C) == 0);
+    free(out);
+    return n;
+}
+
+/* The deflate streams qemu accepts for a cluster, and those it refuses,
+ * whichever inflater (libdeflate, or zlib behind it) decodes them. */
+static void test_inflate(const uint8_t *raw)
+{
+    const size_t C = 65536, cap = 2 * C + 1024;
+    uint8_t *src = malloc(C), *z = malloc(cap + C);
+    struct qcow2_decompressor *dz;
+    CHECK(qcow2_decompressor_new(&dz) == 0);
+    memcpy(src, raw + C, C / 2);                    /* some data, some zeros */
+    memset(src + C / 2, 0, C / 2);
+
+    size_t n = deflate_raw(src, C, Z_FINISH, z, cap);
+    memset(z + n, 0xa5, C);                          /* the next cluster's */
+    CHECK(decode_one(dz, z, n, C, src) == (int64_t) C);
+    CHECK(decode_one(dz, z, n + 511, C, src) == (int64_t) C);
+    CHECK(decode_one(dz, z, n / 2, C, src) == -EINVAL);       /* cut */
+    n = deflate_raw(src, C, Z_SYNC_FLUSH, z, cap);  /* no final block */
+    CHECK(decode_one(dz, z, n, C, src) == (int64_t) C);
+    n = deflate_raw(src, C - 1, Z_FINISH, z, cap);  /* one byte short */
+    CHECK(decode_one(dz, z, n, C, src) == -EINVAL);
+    qcow2_decompressor_free(dz);
+    free(src);
+    free(z);
+    printf("  inflate: whole, padded, open-ended streams decoded; cut and "
+           "short refused\n");
 }
 
 int main(void)
@@ -301,6 +362,7 @@ int main(void)
     }
     free(f);
 
+    test_inflate(raw);
     free(raw);
     free(img);
     rmscratch();
