@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <string.h>
 #include <stdbool.h>
 #include <time.h>
 #include <unistd.h>
@@ -329,14 +330,35 @@ void rawfile_close_pass(struct fs *fs)
 
 /* ---- other views' writes ------------------------------------------------ */
 
+/* Copy len bytes of buf into the reserved segments. */
+static void fill_copy(const struct pool_fill *f, const char *buf)
+{
+    for (unsigned i = 0; i < f->nseg; buf += f->seg[i++].len)
+        memcpy(f->seg[i].mem, buf, f->seg[i].len);
+}
+
+/* The decoded bytes are copied once, into pool buffers, which the digest
+ * then reads in place (as it does a raw write's); a write the pool cannot
+ * reserve (write-through, too many buffers) goes through pool_write() and
+ * the digest copies it. */
 int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len)
 {
+    struct pool_fill f;
+
     pthread_rwlock_rdlock(&fs->size_lock);
-    ssize_t r = pool_write(fs->pool, off, buf, len);
+    ssize_t r = pool_fill_begin(fs->pool, off, len, &f);
+    bool held = r == 0;
+    if (held) {
+        fill_copy(&f, buf);
+        r = pool_fill_commit(fs->pool, &f, 0, fs->digest != NULL);
+    } else if (r == -EAGAIN)
+        r = pool_write(fs->pool, off, buf, len);
     if (r >= 0)
         changed(fs, off, len, true);
     pthread_rwlock_unlock(&fs->size_lock);
-    if (r >= 0)
+    if (r >= 0 && held)
+        digest_holds(fs, &f);
+    else if (r >= 0)
         digest_write(fs->digest, off, buf, len);          /* copies */
     return r < 0 ? (int) r : 0;
 }

@@ -72,8 +72,8 @@ void rawfile_close_pass(struct fs *fs);
 /* ---- other views' writes ------------------------------------------------ */
 
 /* Decoded bytes of a view's file placed on the disk.  The caller checked
- * [off, off + len) lies within the export.  The digest copies the data
- * (after a rawfile_replace() it is a pass over the decoded disk: blkhash
+ * [off, off + len) lies within the export.  The digest reads the pool
+ * buffers the bytes were copied into, or a copy of its own (after a rawfile_replace() it is a pass over the decoded disk: blkhash
  * in any order, sha256 in disk order; rawfile_view_wrote() and _zeroed()
  * end a request: the digest's barrier). */
 int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len);

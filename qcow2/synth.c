@@ -271,7 +271,8 @@ static void make_meta(const struct qcow2_synth *s, uint64_t ci, uint8_t *out)
         make_l2(s, ci - l->l2_at, out);
 }
 
-/* Bytes [in, in+n) of data cluster 'rank' into out. */
+/* Bytes [in, in+n) of the data clusters from 'rank' on (consecutive on the
+ * disk when n spans several) into out. */
 static int read_data(const struct qcow2_synth *s, uint64_t rank, uint64_t in,
                      uint8_t *out, uint64_t n, qcow2_read_disk_fn rd,
                      void *opaque)
@@ -301,8 +302,13 @@ int64_t qcow2_synth_read(struct qcow2_synth *s, uint64_t off, void *buf,
         uint64_t n = MIN(len - done, s->C - in);
         uint8_t *out = (uint8_t *) buf + done;
         if (ci >= s->l.data_at) {
-            int r = read_data(s, ci - s->l.data_at, in, out, n, read_disk,
-                              opaque);
+            /* Data clusters of consecutive disk clusters: one disk read
+             * (a large read is what the pool's read-ahead serves best). */
+            uint64_t rank = ci - s->l.data_at;
+            for (uint64_t k = rank + 1; done + n < len && k < s->nalloc &&
+                 s->alloc[k] == s->alloc[k - 1] + 1; k++)
+                n += MIN(len - done - n, s->C);
+            int r = read_data(s, rank, in, out, n, read_disk, opaque);
             if (r < 0)
                 return r;
         } else {
