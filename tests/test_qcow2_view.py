@@ -27,10 +27,11 @@ import struct
 import pytest
 
 from lib.content import assert_content
-from lib.digest import sha256_file
+from lib.digest import blkhash_file, sha256_file
 from lib.env import MiB
 from lib.nbd import fill_random, read_nbd, sha256_nbd
 from lib.procs import run
+from test_digest_inline import settled_digest
 
 for tool in ("qemu-img", "qemu-io"):
     if not shutil.which(tool):
@@ -161,6 +162,22 @@ def test_qcow2_lands(server, mount, fx, name, tool):
     land(m, imgs[name], tool)
     assert_content(refs[name], EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=SIZE, what=f"{name} via {tool}")
+
+
+@pytest.mark.parametrize("name", ["plain", "zlib", "extl2"])
+def test_qcow2_inline_digest_is_the_decoded_disks(server, mount, fx, name):
+    """The default inline digest (blkhash) of a landing is that of the
+    decoded disk: decoded bytes are hashed where the pool holds them, from
+    the receiving thread and from the decompressor threads alike."""
+    _, raw, imgs, refs = fx
+    srv, _ = random_export(server)
+    m = mount(srv)
+    land(m, imgs[name])
+    d = settled_digest(m)
+    assert d["state"] == "complete", d
+    assert d["value"] == blkhash_file(refs[name]), d
+    assert_content(refs[name], EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=SIZE, what=f"{name} via cp")
 
 
 def test_qcow2_spool_bound(server, mount, fx):
