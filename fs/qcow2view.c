@@ -131,7 +131,7 @@ static int place(struct qcow2view *v, uint64_t off, const void *buf,
 static void run_job(struct qcow2view *v, struct job *j,
                     struct qcow2_decompressor *z, uint8_t *out)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     int64_t n = qcow2_compressed_decode(z, &j->c, out, &e);
     int r = n < 0 ? (int) n : place(v, j->c.disk_off, out, (size_t) n);
 
@@ -313,7 +313,7 @@ static int qcow2_init(struct imageview *iv)
 
 static int qcow2_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = qcow2_synth_new(size, SYNTH_CLUSTER_BITS,
                             (struct qcow2_synth **) out, &e);

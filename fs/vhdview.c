@@ -64,7 +64,7 @@ static void vhd_fini(struct imageview *iv)
 static int vhd_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
     struct vhd_ident *id = imageview_priv(iv);
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = vhd_synth_new(size, id->uuid, id->timestamp,
                           (struct vhd_synth **) out, &e);

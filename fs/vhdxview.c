@@ -77,7 +77,7 @@ static void vhdx_fini(struct imageview *iv)
 
 static int vhdx_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = vhdx_synth_new(size, imageview_priv(iv),
                            (struct vhdx_synth **) out, &e);

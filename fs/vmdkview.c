@@ -108,7 +108,7 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len);
 static void run_job(struct vmdkview *v, struct job *j,
                     struct vmdk_inflater *z, uint8_t *out)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int64_t n = vmdk_grain_inflate(z, &j->g, out, &e);
     int r = n < 0 ? (int) n : place(v->fs, j->g.disk_off, out, (size_t) n);
 
@@ -305,7 +305,7 @@ static int vmdk_init(struct imageview *iv)
 
 static int vmdk_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = vmdk_synth_new(size, vmdk_of(iv)->cid, imageview_name(iv),
                            (struct vmdk_synth **) out, &e);

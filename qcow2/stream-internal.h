@@ -58,7 +58,7 @@ struct qcow2_stream {
     void *opaque;
     struct qcow2_stream_opts o;
     int err;                          /* sticky, negative */
-    struct qcow2_err e;
+    struct nbdf_err e;
     enum st st;
     uint64_t pos;                     /* next file byte expected */
 

@@ -153,7 +153,7 @@ static uint64_t ilen(const struct item *it)   /* file bytes an item spans */
 
 static int header_done(struct qcow2_stream *s)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = qcow2_header_decode(s->hbuf, s->hgot, &s->h, &e);
     if (r < 0)
         return qcow2_fail(s, r, "%s", e.msg);

@@ -85,24 +85,24 @@ uint64_t qcow2_synth_size(uint64_t disk_size, uint32_t cluster_bits,
 }
 
 int qcow2_synth_new(uint64_t disk_size, uint32_t cluster_bits,
-                    struct qcow2_synth **out, struct qcow2_err *err)
+                    struct qcow2_synth **out, struct nbdf_err *err)
 {
     struct layout l;
 
     if (disk_size == 0)
-        return qcow2_errf(err, -EINVAL, "disk size 0");
+        return nbdf_errf(err, -EINVAL, "disk size 0");
     if (cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
         cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-        return qcow2_errf(err, -EINVAL, "cluster size 2^%" PRIu32 " (must be "
-                          "512 B to 2 MiB)", cluster_bits);
+        return nbdf_errf(err, -EINVAL, "cluster size 2^%" PRIu32 " (must be "
+                         "512 B to 2 MiB)", cluster_bits);
     if (DIV_ROUND_UP(disk_size, 1ull << cluster_bits) >= QCOW2_MAX_GUEST_CLUSTERS ||
         !layout(disk_size, cluster_bits, DIV_ROUND_UP(disk_size,
                 1ull << cluster_bits), DIV_ROUND_UP(disk_size,
                 (1ull << cluster_bits) * ((1ull << cluster_bits) / 8)), &l))
-        return qcow2_errf(err, -EFBIG, "a disk of %" PRIu64 " bytes needs "
-                          "larger tables than qemu reads with %" PRIu64
-                          "-byte clusters (use larger clusters)", disk_size,
-                          (uint64_t) 1 << cluster_bits);
+        return nbdf_errf(err, -EFBIG, "a disk of %" PRIu64 " bytes needs "
+                         "larger tables than qemu reads with %" PRIu64
+                         "-byte clusters (use larger clusters)", disk_size,
+                         (uint64_t) 1 << cluster_bits);
     struct qcow2_synth *s = calloc(1, sizeof *s);
     if (!s)
         return -ENOMEM;

@@ -59,7 +59,7 @@ struct vhdx_stream {
     void *opaque;
     struct vhdx_stream_config cfg;
     int err;                            /* sticky, negative */
-    struct vhdx_err e;
+    struct nbdf_err e;
     uint64_t pos;                       /* next file byte expected */
 
     uint8_t *head;                      /* HEAD_BYTES, freed after */
@@ -539,7 +539,7 @@ static int get_ready(struct vhdx_stream *s)
 
 static int head_decode(struct vhdx_stream *s)
 {
-    struct vhdx_err e1 = { "" }, e2 = { "" };
+    struct nbdf_err e1 = { "" }, e2 = { "" };
     struct vhdx_header h1, h2;
     int r = vhdx_file_id_check(s->head, HEAD_BYTES, &s->e);
     if (r < 0)
@@ -556,7 +556,7 @@ static int head_decode(struct vhdx_stream *s)
                     "qemu-img check -r all on it, then copy it again");
     s->log_off = s->info.header.log_offset;
     s->log_len = s->info.header.log_length;
-    struct vhdx_err re = { "" };
+    struct nbdf_err re = { "" };
     r = vhdx_region_table_decode(s->head + VHDX_REGION1_OFF,
                                  &s->info.regions, &re);
     if (r == -EINVAL)       /* the second copy is the fallback */

@@ -54,7 +54,7 @@ struct vmdk_stream {
     const struct vmdk_sink *sink;
     void *opaque;
     int err;                                  /* sticky, negative */
-    struct vmdk_err e;
+    struct nbdf_err e;
     enum st st;
     uint64_t pos;                             /* next file byte expected */
     bool began;
@@ -278,7 +278,7 @@ static int not_vmdk(struct vmdk_stream *s)
 
 static int header_done(struct vmdk_stream *s)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     s->first_kind = image_kind(s->sect, VMDK_SECTOR);
     if (memcmp(s->sect, "KDMV", 4) != 0)
         return not_vmdk(s);
@@ -327,7 +327,7 @@ static int desc_done(struct vmdk_stream *s)
                     "does); a view takes a VMDK in file order only: copy a "
                     "VMDK file in, or qemu-img convert -n -O raw SRC "
                     "MNT/nbd");
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = vmdk_desc_parse(s->descbuf, s->desc_len, &s->h, &s->desc, &e);
     if (r < 0)
         return fail(s, r, "%s", e.msg);
@@ -635,7 +635,7 @@ static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
                         PRIu64 "): %s", s->glba, s->gat, strerror(-r));
         return 0;
     }
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int64_t n = vmdk_grain_inflate(s->z, &g, s->gbuf, &e);
     if (n < 0)
         return fail(s, (int) n, "%s", e.msg);
@@ -667,7 +667,7 @@ static int64_t step_grain(struct vmdk_stream *s, const uint8_t *buf,
 static int footer_done(struct vmdk_stream *s)
 {
     struct vmdk_header f;
-    struct vmdk_err e;
+    struct nbdf_err e;
     const struct vmdk_header *h = &s->h;
     uint64_t at = s->pos - VMDK_SECTOR;
 

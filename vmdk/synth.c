@@ -51,13 +51,13 @@ struct vmdk_synth {
 };
 
 int vmdk_synth_new(uint64_t disk_size, uint32_t cid, const char *name,
-                   struct vmdk_synth **out, struct vmdk_err *err)
+                   struct vmdk_synth **out, struct nbdf_err *err)
 {
     if (disk_size == 0)
-        return vmdk_errf(err, -EINVAL, "disk size 0");
+        return nbdf_errf(err, -EINVAL, "disk size 0");
     uint64_t grains = vmdk_div_up(disk_size, G_BYTES);
     if (grains > VMDK_MAX_GRAINS)
-        return vmdk_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
+        return nbdf_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
                          "%llu grains of 64 KiB", disk_size,
                          (unsigned long long) VMDK_MAX_GRAINS);
     struct vmdk_synth *s = calloc(1, sizeof *s);

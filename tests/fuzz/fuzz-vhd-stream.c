@@ -134,7 +134,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *disk,
                         uint64_t *vsize)
 {
     struct vhd_image *img;
-    struct vhd_err err;
+    struct nbdf_err err;
     if (len < 512 || vhd_image_new(f + len - 512, len, &img, &err) < 0)
         return -1;
     uint64_t off;

@@ -129,7 +129,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *ref,
                         uint64_t *cap)
 {
     struct vmdk_image *img;
-    struct vmdk_err e;
+    struct nbdf_err e;
     uint64_t off;
     size_t n;
     int r;

@@ -185,7 +185,7 @@ static inline int d_zero(void *o, uint64_t off, uint64_t len)
 static inline int d_compressed(void *o, const struct qcow2_compressed *c)
 {
     struct disk *d = o;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     if (!d->dz)
         CHECK(qcow2_decompressor_new(&d->dz) == 0);
     if (!d->zout)

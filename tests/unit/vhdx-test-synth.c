@@ -119,7 +119,7 @@ static void small_disk(void)
     unsigned seed = 11;
     static const uint8_t guid[16] = "nbdferry-test-01";
     struct vhdx_synth *s;
-    struct vhdx_err e;
+    struct nbdf_err e;
     CHECK(vhdx_synth_new(size, guid, &s, &e) == 0);
     CHECK(vhdx_synth_block_size(s) == VHDX_SYNTH_BLOCK);
     /* Data in blocks 0, 3 (a partial run), 7-9 (one long run), the last. */
@@ -217,7 +217,7 @@ int main(void)
         return 1;
     }
     struct vhdx_synth *s;
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhdx_synth_new(1000, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);
     CHECK(strstr(e.msg, "multiple of 512"));
     CHECK(vhdx_synth_new(65ull << 40, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);

@@ -164,7 +164,7 @@ static int d_grain(void *o, const struct vmdk_grain *g)
 {
     static struct vmdk_inflater *z;
     static uint8_t out[1 << 20];
-    struct vmdk_err e;
+    struct nbdf_err e;
     if (!z)
         CHECK(vmdk_inflater_new(&z) == 0);
     CHECK(g->grain_bytes <= sizeof out && g->disk_off < g->capacity);
@@ -293,7 +293,7 @@ static uint8_t *dup_buf(const uint8_t *f, size_t len)
 /* Parse f with the image API; decode the disk into out (capacity bytes)
  * through lookups, inflating marker grains.  0 or -errno, e set. */
 static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
-                        uint64_t *capacity, struct vmdk_err *e)
+                        uint64_t *capacity, struct nbdf_err *e)
 {
     struct vmdk_image *img;
     static struct vmdk_inflater *z;
@@ -342,7 +342,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
 static void image_ok(const char *name, const uint8_t *f, size_t len,
                      const uint8_t *raw, size_t raw_len)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t cap = 0;
     uint8_t *out = malloc(raw_len + 65536);
     int r = image_decode(f, len, out, &cap, &e);
@@ -359,7 +359,7 @@ static void image_ok(const char *name, const uint8_t *f, size_t len,
 static void image_bad(const char *what, const uint8_t *f, size_t len,
                       const char *needle)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t cap;
     uint8_t *out = malloc(64u << 20);
     int r = image_decode(f, len, out, &cap, &e);
@@ -615,7 +615,7 @@ static void test_synth(const uint8_t *raw)
 {
     uint64_t size = RAW_SIZE;
     struct vmdk_synth *sy;
-    struct vmdk_err e;
+    struct nbdf_err e;
     CHECK(vmdk_synth_new(0, 1, "x", &sy, &e) == -EINVAL);
     CHECK(vmdk_synth_new(1ull << 50, 1, "x", &sy, &e) == -EFBIG);
     CHECK(vmdk_synth_new(size, 0x12345678, "nbd.vmdk", &sy, &e) == 0);

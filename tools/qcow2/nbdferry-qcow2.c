@@ -385,7 +385,7 @@ static int cmd_export(const char *raw, const char *out)
 {
     int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
     struct qcow2_synth *s = NULL;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     struct imgtool_out o = { .fd = -1 };
     struct stat st;
     uint8_t *buf = malloc(IMGTOOL_CHUNK);

@@ -245,7 +245,7 @@ static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
 
 static int open_top(const char *path, struct vhdfile **m)
 {
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     int r = vhdfile_open(path, false, m, &err);
     if (r == 0)
         return 0;
@@ -362,7 +362,7 @@ static void info_header(const struct vhdfile *m)
         const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
         if (l->code == VHD_PLAT_NONE)
             continue;
-        struct vhd_err e = { "" };
+        struct nbdf_err e = { "" };
         int r = p ? vhd_locator_path(l, p, len, name, sizeof name, &e) : -ENOENT;
         printf("parent locator %d:  %s space %u length %u offset %" PRIu64
                " -> %s%s%s\n", i, plat_name(l->code), l->data_space,
@@ -461,7 +461,7 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
         vhdfile_free(m);
         return EXIT_USAGE;
     }
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     if ((r = vhdfile_open_chain(m, &parent, parent ? 1 : 0, &err)) < 0) {
         msg("%s", err.msg);
         vhdfile_free(m);
@@ -532,7 +532,7 @@ static int cmd_export(const char *raw, const char *out)
     uint8_t uuid[16];
     uuid_v4(uuid);
     struct vhd_synth *sy;
-    struct vhd_err err = { "" };
+    struct nbdf_err err = { "" };
     int r = vhd_synth_new(st.st_size, uuid, time(NULL) - VHD_EPOCH_UNIX, &sy, &err);
     if (r < 0) {
         msg("%s: %s", raw, err.msg);

@@ -238,7 +238,7 @@ static int cmd_info(const char *path)
     uint8_t sec[VMDK_SECTOR];
     struct vmdk_header h;
     struct vmdk_desc d;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int warns = 0;
 
     if (fd < 0)
@@ -322,7 +322,7 @@ static int cross_check(const char *path, uint64_t markers)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct vmdk_image *img = NULL;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     struct stat st;
     uint8_t sec[VMDK_SECTOR], *buf = NULL;
     uint64_t off, grains = 0;
@@ -484,7 +484,7 @@ static int cmd_export(const char *raw, const char *out)
 {
     int fd = open(raw, O_RDONLY | O_CLOEXEC), ofd = -1, r = EXIT_USAGE;
     struct vmdk_synth *s = NULL;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     struct stat st;
     uint32_t cid;
     uint8_t *buf = malloc(CHUNK);
