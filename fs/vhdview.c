@@ -83,12 +83,7 @@ static int vhd_seal(void *s) { return vhd_synth_seal(s); }
 static void vhd_free_synth(void *s) { vhd_synth_free(s); }
 static uint64_t vhd_file_size(const void *s) { return vhd_synth_file_size(s); }
 
-static int64_t vhd_read(struct imageview *iv, void *s, struct fs_fh *fh,
-                        uint64_t off, char *buf, size_t size)
-{
-    struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };
-    return vhd_synth_read(s, off, buf, size, imageview_read_disk, &d);
-}
+IMAGEVIEW_SYNTH_READ(vhd)
 
 /* ---- the ingest (write) side ------------------------------------------ */
 

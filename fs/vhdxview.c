@@ -93,12 +93,7 @@ static uint64_t vhdx_file_size(const void *s)
     return vhdx_synth_file_size(s);
 }
 
-static int64_t vhdx_read(struct imageview *iv, void *s, struct fs_fh *fh,
-                         uint64_t off, char *buf, size_t size)
-{
-    struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };
-    return vhdx_synth_read(s, off, buf, size, imageview_read_disk, &d);
-}
+IMAGEVIEW_SYNTH_READ(vhdx)
 
 /* ---- the ingest (write) side ------------------------------------------ */
 
