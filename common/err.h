@@ -25,3 +25,21 @@ static inline int nbdf_errf(struct nbdf_err *err, int code, const char *fmt,
     }
     return code;
 }
+
+/* A decoder's sticky error: the first code and message stay (*code 0:
+ * none yet); returns *code, the first one. */
+static inline int nbdf_latchf(int *code, struct nbdf_err *err, int c,
+                              const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline int nbdf_latchf(int *code, struct nbdf_err *err, int c,
+                              const char *fmt, ...)
+{
+    if (*code == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        *code = c;
+    }
+    return *code;
+}

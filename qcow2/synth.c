@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/unitlist.h"
 #include "qcow2/qcow2-internal.h"
 
 struct layout {
@@ -124,35 +125,13 @@ void qcow2_synth_free(struct qcow2_synth *s)
     free(s);
 }
 
-static int push_cluster(struct qcow2_synth *s, uint32_t g)
-{
-    if (s->nalloc && s->alloc[s->nalloc - 1] >= g)
-        return s->alloc[s->nalloc - 1] == g ? 0 : -EINVAL;
-    if (s->nalloc == s->alloc_cap) {
-        uint64_t cap = s->alloc_cap ? s->alloc_cap * 2 : 256;
-        uint32_t *a = realloc(s->alloc, cap * sizeof *a);
-        if (!a)
-            return -ENOMEM;
-        s->alloc = a;
-        s->alloc_cap = cap;
-    }
-    s->alloc[s->nalloc++] = g;
-    return 0;
-}
-
 int qcow2_synth_allocate(struct qcow2_synth *s, uint64_t disk_off,
                          uint64_t len)
 {
-    if (s->sealed || disk_off >= s->disk_size || len == 0 ||
-        len > s->disk_size - disk_off)
+    if (s->sealed)
         return -EINVAL;
-    for (uint64_t g = disk_off >> s->cb; g <= (disk_off + len - 1) >> s->cb;
-         g++) {
-        int r = push_cluster(s, (uint32_t) g);
-        if (r < 0)
-            return r;
-    }
-    return 0;
+    return unitlist_allocate(&s->alloc, &s->nalloc, &s->alloc_cap,
+                             s->disk_size, s->C, disk_off, len);
 }
 
 int qcow2_synth_seal(struct qcow2_synth *s)

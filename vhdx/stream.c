@@ -85,19 +85,8 @@ struct vhdx_stream {
     struct vhdx_stream_stats stats;
 };
 
-static int fail(struct vhdx_stream *s, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(struct vhdx_stream *s, int code, const char *fmt, ...)
-{
-    if (s->err == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->e.msg, sizeof s->e.msg, fmt, ap);
-        va_end(ap);
-        s->err = code;
-    }
-    return s->err;
-}
+/* The first error (sticky) with its message; returns it. */
+#define fail(s, ...) nbdf_latchf(&(s)->err, &(s)->e, __VA_ARGS__)
 
 static int sink_fail(struct vhdx_stream *s, int r, const char *what)
 {

@@ -14,6 +14,7 @@
 
 #include <libdeflate.h>
 
+#include "common/unitlist.h"
 #include "vmdk/vmdk-internal.h"
 
 #define G_SECT      VMDK_SYNTH_GRAIN_SECTORS              /* 128 */
@@ -85,34 +86,12 @@ void vmdk_synth_free(struct vmdk_synth *s)
     free(s);
 }
 
-static int push_grain(struct vmdk_synth *s, uint32_t g)
-{
-    if (s->nalloc && s->alloc[s->nalloc - 1] >= g)
-        return s->alloc[s->nalloc - 1] == g ? 0 : -EINVAL;
-    if (s->nalloc == s->alloc_cap) {
-        uint64_t cap = s->alloc_cap ? s->alloc_cap * 2 : 256;
-        uint32_t *a = realloc(s->alloc, cap * sizeof *a);
-        if (!a)
-            return -ENOMEM;
-        s->alloc = a;
-        s->alloc_cap = cap;
-    }
-    s->alloc[s->nalloc++] = g;
-    return 0;
-}
-
 int vmdk_synth_allocate(struct vmdk_synth *s, uint64_t disk_off, uint64_t len)
 {
-    if (s->sealed || disk_off >= s->disk_size || len == 0 ||
-        len > s->disk_size - disk_off)
+    if (s->sealed)
         return -EINVAL;
-    for (uint64_t g = disk_off / G_BYTES; g <= (disk_off + len - 1) / G_BYTES;
-         g++) {
-        int r = push_grain(s, (uint32_t) g);
-        if (r < 0)
-            return r;
-    }
-    return 0;
+    return unitlist_allocate(&s->alloc, &s->nalloc, &s->alloc_cap,
+                             s->disk_size, G_BYTES, disk_off, len);
 }
 
 /* ---- layout --------------------------------------------------------------- */
