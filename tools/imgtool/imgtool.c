@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -160,4 +161,81 @@ int imgtool_data_ranges(int fd, uint64_t size,
         pos = h;
     }
     return 0;
+}
+
+int imgtool_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    }
+    if (errno || end == s || *end || s[0] == '-' ||
+        (v << shift) >> shift != v)
+        return -EINVAL;
+    *out = (uint64_t) v << shift;
+    return 0;
+}
+
+/* The synthesizer's bytes, in order, to o. */
+static int export_copy(const char *raw, int fd, void *s,
+                       const struct imgtool_synth_ops *ops,
+                       struct imgtool_out *o)
+{
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    int r = buf ? 0 : -ENOMEM;
+
+    for (uint64_t off = 0; r == 0;) {
+        int64_t n = ops->read(s, off, buf, IMGTOOL_CHUNK, &fd);
+        if (n < 0) {
+            imgtool_msg("%s: %s", raw, strerror((int) -n));
+            r = (int) n;
+        } else if (n == 0) {
+            break;
+        } else if ((r = imgtool_out_write(o, off, buf, (size_t) n)) == 0) {
+            off += (uint64_t) n;
+        }
+    }
+    free(buf);
+    return r;
+}
+
+int imgtool_export(const char *raw, const char *out,
+                   const struct imgtool_synth_ops *ops)
+{
+    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE, rr;
+    struct imgtool_out o = { .fd = -1 };
+    void *s = NULL;
+    struct stat st;
+
+    if (fd < 0)
+        return IMGTOOL_EXIT_USAGE;
+    if (fstat(fd, &st) < 0) {
+        imgtool_msg("%s: %s", raw, strerror(errno));
+        goto out;
+    }
+    if ((r = ops->new_synth(raw, &st, out, &s)) != 0)
+        goto out;
+    r = IMGTOOL_EXIT_USAGE;
+    if ((rr = imgtool_data_ranges(fd, (uint64_t) st.st_size, ops->allocate,
+                                  s)) < 0 || (rr = ops->seal(s)) < 0) {
+        imgtool_msg("%s: %s", raw, strerror(-rr));
+        goto out;
+    }
+    if (imgtool_out_open(&o, out) < 0 || export_copy(raw, fd, s, ops, &o) < 0)
+        goto out;
+    r = imgtool_out_finish(&o, ops->file_size(s)) < 0 ? IMGTOOL_EXIT_USAGE : 0;
+out:
+    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
+        close(o.fd);
+    if (fd != STDIN_FILENO)
+        close(fd);
+    if (s)
+        ops->free(s);
+    return r;
 }

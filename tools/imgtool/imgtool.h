@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #define IMGTOOL_EXIT_INVALID 1          /* the image is not valid */
@@ -50,5 +51,44 @@ int imgtool_data_ranges(int fd, uint64_t size,
                         void *opaque);
 /* A read_disk callback over a raw file's descriptor (opaque: int *). */
 int imgtool_raw_read(void *opaque, uint64_t off, void *buf, size_t len);
+
+/* "512M", "1G": a byte count with an optional K, M, G or T suffix. */
+int imgtool_parse_size(const char *s, uint64_t *out);
+
+/* The export verb: a raw file as an image of the format, through its
+ * library's synthesizer (its data ranges allocated, its holes not
+ * stored). */
+struct imgtool_synth_ops {
+    /* Make the synthesizer for the raw file (st: its fstat; out: the
+     * output's path): 0, or an exit status after a message. */
+    int  (*new_synth)(const char *raw, const struct stat *st, const char *out,
+                      void **s);
+    int  (*allocate)(void *s, uint64_t off, uint64_t len);
+    int  (*seal)(void *s);
+    int64_t (*read)(void *s, uint64_t off, void *buf, size_t len, int *fd);
+    uint64_t (*file_size)(const void *s);
+    void (*free)(void *s);
+};
+/* The hooks but new_synth of a library P with P_synth_allocate, _seal,
+ * _read, _file_size and _free; IMGTOOL_SYNTH_HOOKS(P) names them. */
+#define IMGTOOL_SYNTH_GLUE(P)                                                \
+    static int P##_x_allocate(void *s, uint64_t o, uint64_t n)               \
+    {                                                                        \
+        return P##_synth_allocate(s, o, n);                                  \
+    }                                                                        \
+    static int P##_x_seal(void *s) { return P##_synth_seal(s); }             \
+    static int64_t P##_x_read(void *s, uint64_t o, void *b, size_t n, int *fd)\
+    {                                                                        \
+        return P##_synth_read(s, o, b, n, imgtool_raw_read, fd);             \
+    }                                                                        \
+    static uint64_t P##_x_size(const void *s) { return P##_synth_file_size(s); }\
+    static void P##_x_free(void *s) { P##_synth_free(s); }
+#define IMGTOOL_SYNTH_HOOKS(P)                                               \
+    .allocate = P##_x_allocate, .seal = P##_x_seal, .read = P##_x_read,      \
+    .file_size = P##_x_size, .free = P##_x_free
+/* RAW ("-": standard input) to OUT: 0 or an exit status (messages
+ * printed). */
+int imgtool_export(const char *raw, const char *out,
+                   const struct imgtool_synth_ops *ops);
 
 #endif /* NBDFERRY_IMGTOOL_H */

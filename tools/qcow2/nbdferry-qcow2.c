@@ -374,67 +374,31 @@ static int cmd_cat(const char *path, const char *out)
     return r;
 }
 
-static int add_range(void *opaque, uint64_t off, uint64_t len)
-{
-    return qcow2_synth_allocate(opaque, off, len);
-}
-
 /* RAW as a qcow2 v3 with 64 KiB clusters, in one pass, metadata first;
  * the raw file's holes (SEEK_DATA) are not stored. */
-static int cmd_export(const char *raw, const char *out)
+static int export_new(const char *raw, const struct stat *st, const char *out,
+                      void **s)
 {
-    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
-    struct qcow2_synth *s = NULL;
     struct nbdf_err e = { "" };
-    struct imgtool_out o = { .fd = -1 };
-    struct stat st;
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    int rr;
-    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
-        if (fd >= 0)
-            imgtool_msg("%s: %s", raw, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+
+    (void) out;
+    if (!S_ISREG(st->st_mode) || st->st_size == 0) {
         imgtool_msg("%s: not a non-empty regular file (export reads a raw "
                     "disk image)", raw);
-        goto out;
+        return IMGTOOL_EXIT_USAGE;
     }
-    if (qcow2_synth_new((uint64_t) st.st_size, 16, &s, &e) < 0) {
+    if (qcow2_synth_new((uint64_t) st->st_size, 16, (struct qcow2_synth **) s,
+                        &e) < 0) {
         imgtool_msg("%s: %s", raw, e.msg);
-        goto out;
+        return IMGTOOL_EXIT_USAGE;
     }
-    if ((rr = imgtool_data_ranges(fd, (uint64_t) st.st_size, add_range, s))
-        < 0 || (rr = qcow2_synth_seal(s)) < 0) {
-        imgtool_msg("%s: %s", raw, strerror(-rr));
-        goto out;
-    }
-    if (imgtool_out_open(&o, out) < 0)
-        goto out;
-    for (uint64_t off = 0;;) {
-        int64_t n = qcow2_synth_read(s, off, buf, IMGTOOL_CHUNK,
-                                     imgtool_raw_read, &fd);
-        if (n < 0) {
-            imgtool_msg("%s: %s", raw, strerror((int) -n));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        if (imgtool_out_write(&o, off, buf, (size_t) n) < 0)
-            goto out;
-        off += (uint64_t) n;
-    }
-    r = imgtool_out_finish(&o, qcow2_synth_file_size(s)) < 0
-        ? IMGTOOL_EXIT_USAGE : 0;
-out:
-    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
-        close(o.fd);
-    if (fd >= 0 && fd != STDIN_FILENO)
-        close(fd);
-    qcow2_synth_free(s);
-    free(buf);
-    return r;
+    return 0;
 }
+
+IMGTOOL_SYNTH_GLUE(qcow2)
+static const struct imgtool_synth_ops export_ops = {
+    .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(qcow2),
+};
 
 static void usage(FILE *f)
 {
@@ -449,25 +413,6 @@ static void usage(FILE *f)
         "FILE may be - (standard input).\n"
         "Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.\n",
         imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    switch (*end) {
-    case 'K': case 'k': shift = 10; end++; break;
-    case 'M': case 'm': shift = 20; end++; break;
-    case 'G': case 'g': shift = 30; end++; break;
-    case 'T': case 't': shift = 40; end++; break;
-    }
-    if (errno || end == s || *end || s[0] == '-' ||
-        (v << shift) >> shift != v)
-        return -EINVAL;
-    *out = (uint64_t) v << shift;
-    return 0;
 }
 
 int main(int argc, char **argv)
@@ -488,7 +433,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 'o': out = optarg; break;
         case 258:
-            if (parse_size(optarg, &spool_max) < 0) {
+            if (imgtool_parse_size(optarg, &spool_max) < 0) {
                 imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
                 return IMGTOOL_EXIT_USAGE;
             }
@@ -508,7 +453,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "cat") == 0)
         return cmd_cat(file, out);
     if (strcmp(cmd, "export") == 0 && out)
-        return cmd_export(file, out);
+        return imgtool_export(file, out, &export_ops);
     if (!out && strcmp(cmd, "info") == 0)
         return cmd_info(file);
     if (!out && strcmp(cmd, "check") == 0)
