@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "common/iszero.h"
+#include "common/optlist.h"
+#include "config.h"
 #include "tools/imgtool/imgtool.h"
 
 void imgtool_msg(const char *fmt, ...)
@@ -238,4 +240,83 @@ out:
     if (s)
         ops->free(s);
     return r;
+}
+
+/* ---- the command line --------------------------------------------------- */
+
+uint64_t imgtool_spool_max = 1ull << 30;
+
+static void usage(FILE *f, const struct imgtool_verbs *v)
+{
+    const char *p = imgtool_prog;
+
+    fprintf(f, "usage: %s info FILE\n       %s check FILE\n       %s map FILE\n"
+            "       %s cat FILE [-o OUT]\n       %s export RAW -o OUT\n",
+            p, p, p, p, p);
+    if (v->spool)
+        fputs("Options: --spool-max SIZE (default 1G): bytes of a file held "
+              "while\n         the tables that place them have not "
+              "arrived.\n", f);
+    fprintf(f, "FILE may be - (standard input).\n"
+            "Exit status: 0 ok, 1 invalid %s, 2 usage or I/O error.\n",
+            v->what);
+}
+
+static int run_verb(const struct imgtool_verbs *v, const char *cmd,
+                    const char *file, const char *out)
+{
+    if (strcmp(cmd, "cat") == 0)
+        return v->cat(file, out);
+    if (strcmp(cmd, "export") == 0 && out)
+        return imgtool_export(file, out, v->export);
+    if (!out && strcmp(cmd, "info") == 0)
+        return v->info(file);
+    if (!out && strcmp(cmd, "check") == 0)
+        return v->check(file);
+    if (!out && strcmp(cmd, "map") == 0)
+        return v->map(file);
+    usage(stderr, v);
+    return IMGTOOL_EXIT_USAGE;
+}
+
+int imgtool_main(int argc, char **argv, const struct imgtool_verbs *v)
+{
+    /* Without --spool-max where it is not offered, so that completion
+     * lists only what the program takes. */
+    static const struct option with_spool[] = {
+        { "spool-max", required_argument, NULL, 258 },
+        { "output", required_argument, NULL, 'o' },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { "long-options", no_argument, NULL, 256 },
+        { "short-options", no_argument, NULL, 257 },
+        { NULL, 0, NULL, 0 },
+    };
+    const struct option *no_spool = with_spool + 1;
+    static const char short_opts[] = "o:hV";
+    const struct option *o = v->spool ? with_spool : no_spool;
+    const char *out = NULL;
+    int c;
+
+    while ((c = getopt_long(argc, argv, short_opts, o, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 258:
+            if (imgtool_parse_size(optarg, &imgtool_spool_max) < 0) {
+                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
+                return IMGTOOL_EXIT_USAGE;
+            }
+            break;
+        case 'h': usage(stdout, v); return 0;
+        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
+        case 256: optlist_long(o); return 0;            /* completion */
+        case 257: optlist_short(short_opts); return 0;
+        default: usage(stderr, v); return IMGTOOL_EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 2) {
+        usage(stderr, v);
+        return IMGTOOL_EXIT_USAGE;
+    }
+    return run_verb(v, argv[optind], argv[optind + 1], out);
 }

@@ -91,4 +91,20 @@ struct imgtool_synth_ops {
 int imgtool_export(const char *raw, const char *out,
                    const struct imgtool_synth_ops *ops);
 
+/* An inspector's command line: PROG info|check|map FILE, cat FILE [-o
+ * OUT], export RAW -o OUT, --help, --version and the completion lists;
+ * with spool, --spool-max SIZE into imgtool_spool_max (default 1 GiB).
+ * Each verb returns 0 or the exit status. */
+struct imgtool_verbs {
+    const char *what;             /* "VMDK": "1 invalid VMDK" in --help */
+    bool spool;
+    int (*info)(const char *file);
+    int (*check)(const char *file);
+    int (*map)(const char *file);
+    int (*cat)(const char *file, const char *out);
+    const struct imgtool_synth_ops *export;
+};
+extern uint64_t imgtool_spool_max;
+int imgtool_main(int argc, char **argv, const struct imgtool_verbs *v);
+
 #endif /* NBDFERRY_IMGTOOL_H */

@@ -17,7 +17,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,14 +24,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/optlist.h"
-#include "config.h"
 #include "qcow2/qcow2.h"
 #include "tools/imgtool/imgtool.h"
 
 const char *imgtool_prog = "nbdferry-qcow2";
-
-static uint64_t spool_max = 1ull << 30;
 
 /* What map collects: one extent per run, in the order tables arrive. */
 struct extent {
@@ -181,7 +176,7 @@ static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
     if (fd < 0)
         return IMGTOOL_EXIT_USAGE;
     struct qcow2_stream_opts opts = { .spool = &spool, .spool_opaque = d,
-                                      .spool_max = spool_max,
+                                      .spool_max = imgtool_spool_max,
                                       .spool_option = "--spool-max" };
     uint8_t *buf = malloc(IMGTOOL_CHUNK);
     if (!buf || qcow2_stream_new(&sink, d, &opts, &d->s) < 0) {
@@ -400,66 +395,12 @@ static const struct imgtool_synth_ops export_ops = {
     .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(qcow2),
 };
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: %s info FILE\n"
-        "       %s check FILE\n"
-        "       %s map FILE\n"
-        "       %s cat FILE [-o OUT]\n"
-        "       %s export RAW -o OUT\n"
-        "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
-        "         the tables that place them have not arrived.\n"
-        "FILE may be - (standard input).\n"
-        "Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.\n",
-        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
-}
+static const struct imgtool_verbs verbs = {
+    .what = "qcow2", .spool = true, .info = cmd_info, .check = cmd_check,
+    .map = cmd_map, .cat = cmd_cat, .export = &export_ops,
+};
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "output", required_argument, NULL, 'o' },
-        { "spool-max", required_argument, NULL, 258 },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { "long-options", no_argument, NULL, 256 },
-        { "short-options", no_argument, NULL, 257 },
-        { NULL, 0, NULL, 0 },
-    };
-    static const char short_opts[] = "o:hV";
-    const char *out = NULL;
-    int c;
-    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 258:
-            if (imgtool_parse_size(optarg, &spool_max) < 0) {
-                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
-                return IMGTOOL_EXIT_USAGE;
-            }
-            break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
-        case 256: optlist_long(opts); return 0;         /* completion */
-        case 257: optlist_short(short_opts); return 0;
-        default: usage(stderr); return IMGTOOL_EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
-        return IMGTOOL_EXIT_USAGE;
-    }
-    const char *cmd = argv[optind], *file = argv[optind + 1];
-    if (strcmp(cmd, "cat") == 0)
-        return cmd_cat(file, out);
-    if (strcmp(cmd, "export") == 0 && out)
-        return imgtool_export(file, out, &export_ops);
-    if (!out && strcmp(cmd, "info") == 0)
-        return cmd_info(file);
-    if (!out && strcmp(cmd, "check") == 0)
-        return cmd_check(file);
-    if (!out && strcmp(cmd, "map") == 0)
-        return cmd_map(file);
-    usage(stderr);
-    return IMGTOOL_EXIT_USAGE;
+    return imgtool_main(argc, argv, &verbs);
 }

@@ -13,9 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +22,6 @@
 #include <unistd.h>
 
 #include "common/iszero.h"
-#include "common/optlist.h"
-#include "config.h"
 #include "tools/imgtool/imgtool.h"
 #include "vmdk/vmdk.h"
 
@@ -438,63 +434,25 @@ static const struct imgtool_synth_ops export_ops = {
     .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(vmdk),
 };
 
-static void usage(FILE *f)
+/* info and check print the decoder's warnings as part of their report. */
+static int cmd_info_out(const char *path)
 {
-    fprintf(f,
-        "usage: %s info FILE\n"
-        "       %s check FILE\n"
-        "       %s map FILE\n"
-        "       %s cat FILE [-o OUT]\n"
-        "       %s export RAW -o OUT\n"
-        "FILE may be - (standard input).\n"
-        "Exit status: 0 ok, 1 invalid VMDK, 2 usage or I/O error.\n",
-        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
+    warn_out = stdout;
+    return cmd_info(path);
 }
+
+static int cmd_check_out(const char *path)
+{
+    warn_out = stdout;
+    return cmd_check(path);
+}
+
+static const struct imgtool_verbs verbs = {
+    .what = "VMDK", .info = cmd_info_out, .check = cmd_check_out,
+    .map = cmd_map, .cat = cmd_cat, .export = &export_ops,
+};
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "output", required_argument, NULL, 'o' },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { "long-options", no_argument, NULL, 256 },
-        { "short-options", no_argument, NULL, 257 },
-        { NULL, 0, NULL, 0 },
-    };
-    static const char short_opts[] = "o:hV";
-    const char *out = NULL;
-    int c;
-    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
-        case 256: optlist_long(opts); return 0;         /* completion */
-        case 257: optlist_short(short_opts); return 0;
-        default: usage(stderr); return EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    const char *cmd = argv[optind], *file = argv[optind + 1];
-    if (strcmp(cmd, "info") == 0 || strcmp(cmd, "check") == 0)
-        warn_out = stdout;
-    if (strcmp(cmd, "cat") == 0)
-        return cmd_cat(file, out);
-    if (strcmp(cmd, "export") == 0 && out)
-        return imgtool_export(file, out, &export_ops);
-    if (out) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    if (strcmp(cmd, "info") == 0)
-        return cmd_info(file);
-    if (strcmp(cmd, "check") == 0)
-        return cmd_check(file);
-    if (strcmp(cmd, "map") == 0)
-        return cmd_map(file);
-    usage(stderr);
-    return EXIT_USAGE;
+    return imgtool_main(argc, argv, &verbs);
 }
