@@ -13,27 +13,9 @@
 #include <string.h>
 
 #include "vhdx/vhdx.h"
+#include "test-util.h"
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    abort(); } } while (0)
 #define MiB (1ull << 20)
-
-static char dir[64];
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "command failed: %s\n", cmd);
-        abort();
-    }
-}
 
 struct disk { const uint8_t *bytes; uint64_t size; uint64_t reads; };
 
