@@ -211,7 +211,10 @@ void imageview_logged(struct imageview *iv)
 int imageview_unpack(struct imageview *iv, const void *desc,
                      const void *cdata, size_t clen)
 {
-    return unpackers_queue(iv->unpack, desc, cdata, clen);
+    int r = unpackers_queue(iv->unpack, desc, cdata, clen);
+    if (r < 0)
+        iv->logged = true;            /* the workers said it */
+    return r;
 }
 
 int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
@@ -521,7 +524,8 @@ int imageview_init(struct fs *fs, const struct imageview_format *f)
     if (r == 0 && f->init)
         r = f->init(iv);
     if (r == 0 && f->unpack)
-        r = unpackers_start(iv, f->unpack, &iv->unpack);
+        r = unpackers_start(imageview_name(iv), iv, f->unpack,
+                            &iv->unpack);
     if (r < 0)
         imageview_fini(fs, f->ino);
     return r;
@@ -538,6 +542,7 @@ void imageview_fini(struct fs *fs, enum fs_ino ino)
     unpackers_stop(iv->unpack);       /* nothing is queued between requests */
     if (iv->f->fini)
         iv->f->fini(iv);
+    free(iv->priv);
     synthcache_free(iv->synths);
     pthread_mutex_destroy(&iv->read_lock);
     pthread_mutex_destroy(&iv->lock);

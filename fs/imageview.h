@@ -57,7 +57,8 @@ struct imageview_format {
     const char *status_name;      /* "the VHD view": the status's copy */
     bool readahead;               /* handles read the disk ahead (ra) */
 
-    /* Format state beside the skeleton's (imageview_priv()); optional. */
+    /* Format state beside the skeleton's (imageview_priv(): malloc()ed,
+     * freed by the skeleton after fini); both optional. */
     int  (*init)(struct imageview *iv);
     void (*fini)(struct imageview *iv);
 

@@ -111,12 +111,6 @@ static int sink_compressed(void *opaque, const struct qcow2_compressed *c)
     return imageview_unpack(opaque, c, c->cdata, c->clen);
 }
 
-static void qcow2_fini(struct imageview *iv)
-{
-    free(qcow2_of(iv));
-    imageview_set_priv(iv, NULL);
-}
-
 static int qcow2_init(struct imageview *iv)
 {
     struct qcow2view *v = calloc(1, sizeof *v);
@@ -302,7 +296,7 @@ static void qcow2_received(struct imageview *iv, char *buf, size_t n)
 
 static const struct imageview_format qcow2_format = {
     .ino = FS_INO_QCOW2, .what = "qcow2", .status_name = "the qcow2 view",
-    .init = qcow2_init, .fini = qcow2_fini,
+    .init = qcow2_init,
     .new_stream = qcow2_new_stream,
     .feed = qcow2_glue_feed, .hole = qcow2_glue_hole,
     .finish = qcow2_glue_finish, .free_stream = qcow2_glue_free,

@@ -23,7 +23,8 @@ struct job {
 
 struct unpackers {
     const struct unpackers_ops *ops;
-    struct imageview *iv;
+    const char *name;             /* borrowed */
+    void *opaque;                 /* the place hook's */
     void *ctx;                    /* the writer's, under the ingest lock */
     uint8_t *out;                 /* its output */
     pthread_mutex_t lock;
@@ -50,14 +51,13 @@ static void run_job(struct unpackers *u, struct job *j, void *ctx,
     int64_t n = u->ops->decode(ctx, j->mem, out, &e);
 
     memcpy(&off, j->mem + u->ops->disk_off_at, sizeof off);
-    int r = n < 0 ? (int) n : u->ops->place(u->iv, off, out, (size_t) n);
+    int r = n < 0 ? (int) n : u->ops->place(u->opaque, off, out, (size_t) n);
 
     free(j->mem);
     pthread_mutex_lock(&u->lock);
     if (r < 0 && !u->err) {
         u->err = r;
-        log_err("%s: %s", imageview_name(u->iv),
-                e.msg[0] ? e.msg : strerror(-r));
+        log_err("%s: %s", u->name, e.msg[0] ? e.msg : strerror(-r));
     }
     u->busy--;
     pthread_cond_broadcast(&u->cond);
@@ -144,21 +144,22 @@ void unpackers_stop(struct unpackers *u)
     free(u);
 }
 
-int unpackers_start(struct imageview *iv, const struct unpackers_ops *ops,
-                    struct unpackers **out)
+int unpackers_start(const char *name, void *opaque,
+                    const struct unpackers_ops *ops, struct unpackers **out)
 {
     struct unpackers *u = calloc(1, sizeof *u);
 
     if (!u)
         return -ENOMEM;
     u->ops = ops;
-    u->iv = iv;
+    u->name = name;
+    u->opaque = opaque;
     pthread_mutex_init(&u->lock, NULL);
     pthread_cond_init(&u->cond, NULL);
     int r = start_workers(u);
     if (r < 0) {
-        log_err("%s: cannot start %s threads: %s", imageview_name(iv),
-                ops->what, strerror(-r));
+        log_err("%s: cannot start %s threads: %s", name, ops->what,
+                strerror(-r));
         unpackers_stop(u);
         return r;
     }
@@ -189,10 +190,8 @@ int unpackers_queue(struct unpackers *u, const void *desc, const void *cdata,
         pthread_cond_broadcast(&u->cond);
     }
     pthread_mutex_unlock(&u->lock);
-    if (r < 0) {
-        free(mem);
-        imageview_logged(u->iv);      /* run_job said it */
-    }
+    if (r < 0)
+        free(mem);                    /* run_job said it */
     return r;
 }
 

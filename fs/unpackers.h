@@ -10,7 +10,8 @@
  * unit queued by a write is placed before that write is answered, no job
  * outlives a FUSE request, and a damaged unit fails the write that
  * completed it (and every later one, and close()).  The first error is
- * logged once, here.
+ * logged once, here.  Below the skeleton: it knows the view only as the
+ * opaque its place hook gets and the name its messages carry.
  *
  * THREAD MODEL
  * Worker threads take jobs from the ring under u->lock (a leaf: held only
@@ -28,7 +29,6 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "fs/imageview.h"
 
 struct unpackers;
 
@@ -46,8 +46,8 @@ struct unpackers_ops {
      * message, if any, in err; any thread. */
     int64_t (*decode)(void *ctx, const void *desc, void *out,
                       struct nbdf_err *err);
-    /* Place decoded bytes on the disk (opaque: the struct imageview *);
-     * any thread. */
+    /* Place decoded bytes on the disk (opaque: unpackers_start()'s, the
+     * struct imageview *); any thread. */
     int  (*place)(void *opaque, uint64_t off, const void *buf, size_t len);
 };
 
@@ -69,15 +69,16 @@ struct unpackers_ops {
         .decode = var##_decode, .place = place_,                             \
     }
 
-/* Start the workers for iv (one fewer than the cores, 1 to 4).  On
+/* Start the workers (one fewer than the cores, 1 to 4) for the view
+ * named name (borrowed for their life: "disk.vmdk", in messages).  On
  * failure (logged) nothing is left running. */
-int  unpackers_start(struct imageview *iv, const struct unpackers_ops *ops,
-                     struct unpackers **out);
+int  unpackers_start(const char *name, void *opaque,
+                     const struct unpackers_ops *ops, struct unpackers **out);
 /* Stop and free (NULL is fine); nothing may be queued (drained). */
 void unpackers_stop(struct unpackers *u);
 /* Queue a copy of the unit desc and its clen compressed bytes (valid
  * during the call only), helping while the ring is full.  The first
- * error of the ingest (already logged: imageview_logged()) instead. */
+ * error of the ingest (already logged) instead. */
 int  unpackers_queue(struct unpackers *u, const void *desc,
                      const void *cdata, size_t clen);
 /* Every queued unit placed (the writer helping); the first error of the

@@ -53,11 +53,6 @@ static int vhd_init(struct imageview *iv)
     return 0;
 }
 
-static void vhd_fini(struct imageview *iv)
-{
-    free(imageview_priv(iv));
-}
-
 /* ---- the synthesized (read) side -------------------------------------- */
 
 /* -EFBIG past the VHD size limit; -EINVAL for size 0. */
@@ -161,7 +156,7 @@ static const struct imageview_format vhd_format = {
     IMAGEVIEW_FORMAT_HOOKS(vhd),
     .ino = FS_INO_VHD, .what = "VHD", .status_name = "the VHD view",
     .readahead = true,
-    .init = vhd_init, .fini = vhd_fini,
+    .init = vhd_init,
     .hole = vhd_glue_hole,
     .refusal_hint = vhd_refusal_hint,
     .file_size = vhd_file_size,

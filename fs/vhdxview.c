@@ -68,11 +68,6 @@ static int vhdx_init(struct imageview *iv)
     return 0;
 }
 
-static void vhdx_fini(struct imageview *iv)
-{
-    free(imageview_priv(iv));
-}
-
 /* ---- the synthesized (read) side -------------------------------------- */
 
 static int vhdx_new_synth(struct imageview *iv, uint64_t size, void **out)
@@ -301,7 +296,7 @@ static const struct imageview_format vhdx_format = {
     IMAGEVIEW_FORMAT_HOOKS(vhdx),
     .ino = FS_INO_VHDX, .what = "VHDX", .status_name = "the VHDX view",
     .readahead = true,
-    .init = vhdx_init, .fini = vhdx_fini,
+    .init = vhdx_init,
     .hole = vhdx_glue_hole,
     .received = vhdx_received,
     .file_size = vhdx_file_size,

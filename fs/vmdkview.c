@@ -76,12 +76,6 @@ static int sink_grain(void *opaque, const struct vmdk_grain *g)
     return imageview_unpack(opaque, g, g->cdata, g->clen);
 }
 
-static void vmdk_fini(struct imageview *iv)
-{
-    free(vmdk_of(iv));
-    imageview_set_priv(iv, NULL);
-}
-
 static int vmdk_init(struct imageview *iv)
 {
     struct fs *fs = imageview_fs(iv);
@@ -206,7 +200,7 @@ static void vmdk_received(struct imageview *iv, char *buf, size_t n)
 static const struct imageview_format vmdk_format = {
     IMAGEVIEW_FORMAT_HOOKS(vmdk),
     .ino = FS_INO_VMDK, .what = "VMDK", .status_name = "the VMDK view",
-    .init = vmdk_init, .fini = vmdk_fini,
+    .init = vmdk_init,
     .hole = vmdk_glue_hole,
     .received = vmdk_received,
     .unpack = &inflaters, .serial_read = true,
