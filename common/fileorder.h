@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "common/iszero.h"
@@ -21,10 +22,20 @@ struct fileorder {
     unsigned next;
 };
 
-/* The decoder's step: consume len bytes at its position (buf NULL:
- * zeros); its sticky error (negative) on failure. */
-typedef int (*fileorder_consume_fn)(void *stream, const uint8_t *buf,
-                                    uint64_t len);
+/* The decoder's step: take up to len bytes at its position (buf NULL:
+ * zeros): how many it took (at least 1), or a negative errno. */
+typedef int64_t (*fileorder_step_fn)(void *stream, const uint8_t *buf,
+                                     uint64_t len);
+
+/* The decoder's input: its position, its step, and its sticky error
+ * (*code, with its message in err). */
+struct fileorder_decoder {
+    uint64_t *pos;
+    fileorder_step_fn step;
+    void *stream;
+    int *code;
+    struct nbdf_err *err;
+};
 
 static inline void fileorder_remember(struct fileorder *o, uint64_t off,
                                       uint64_t len)
@@ -49,16 +60,35 @@ static inline bool fileorder_inside(const struct fileorder *o, uint64_t off,
     return false;
 }
 
-/* Feed (buf) or hole (buf NULL) of len bytes at off to a decoder at pos
- * whose sticky error is *code with its message in err ('what': "a VMDK",
- * in the message).  The backwards part (a no-op if zeros over a gap), the
- * forward gap, then the bytes. */
-static inline int fileorder_accept(struct fileorder *o, uint64_t pos,
-                                   const char *what, uint64_t off,
-                                   const uint8_t *buf, uint64_t len,
-                                   fileorder_consume_fn consume, void *stream,
-                                   int *code, struct nbdf_err *err)
+/* Step through len bytes at the position (buf NULL: zeros). */
+static inline int fileorder_consume(const struct fileorder_decoder *d,
+                                    const uint8_t *buf, uint64_t len)
 {
+    while (len > 0) {
+        int64_t n = d->step(d->stream, buf, len);
+        if (n < 0)
+            return nbdf_latchf(d->code, d->err, (int) n, "%s",
+                               strerror((int) -n));
+        *d->pos += (uint64_t) n;
+        len -= (uint64_t) n;
+        if (buf)
+            buf += n;
+    }
+    return 0;
+}
+
+/* Feed (buf) or hole (buf NULL) of len bytes at off to decoder d ('what':
+ * "a VMDK", in the message).  The backwards part (a no-op if zeros over a
+ * gap), the forward gap, then the bytes. */
+static inline int fileorder_accept(struct fileorder *o,
+                                   const struct fileorder_decoder *d,
+                                   const char *what, uint64_t off,
+                                   const uint8_t *buf, uint64_t len)
+{
+    int *code = d->code;
+    struct nbdf_err *err = d->err;
+    uint64_t pos = *d->pos;
+
     if (*code)
         return *code;
     if (off + len < off)
@@ -81,10 +111,10 @@ static inline int fileorder_accept(struct fileorder *o, uint64_t pos,
     if (off > pos) {
         uint64_t gap = off - pos;
         fileorder_remember(o, pos, gap);
-        if (consume(stream, NULL, gap) < 0)
+        if (fileorder_consume(d, NULL, gap) < 0)
             return *code;
     }
     if (!buf)
         fileorder_remember(o, off, len);
-    return consume(stream, buf, len);
+    return fileorder_consume(d, buf, len);
 }

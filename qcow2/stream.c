@@ -475,31 +475,17 @@ static int64_t step_body(struct qcow2_stream *s, const uint8_t *buf,
 
 /* ---- driving -------------------------------------------------------------- */
 
-static int consume(struct qcow2_stream *s, const uint8_t *buf, uint64_t len)
+static int64_t step(void *p, const uint8_t *buf, uint64_t len)
 {
-    while (len > 0) {
-        int64_t n = s->st == ST_HEAD ? step_head(s, buf, len)
-                                     : step_body(s, buf, len);
-        if (n < 0)
-            return qcow2_fail(s, (int) n, "%s", strerror((int) -n));
-        s->pos += (uint64_t) n;
-        len -= (uint64_t) n;
-        if (buf)
-            buf += n;
-    }
-    return 0;
-}
-
-static int consume_cb(void *s, const uint8_t *buf, uint64_t len)
-{
-    return consume(s, buf, len);
+    struct qcow2_stream *s = p;
+    return s->st == ST_HEAD ? step_head(s, buf, len) : step_body(s, buf, len);
 }
 
 static int accept(struct qcow2_stream *s, uint64_t off, const uint8_t *buf,
                   uint64_t len)
 {
-    return fileorder_accept(&s->order, s->pos, "a qcow2", off, buf, len,
-                            consume_cb, s, &s->err, &s->e);
+    struct fileorder_decoder d = { &s->pos, step, s, &s->err, &s->e };
+    return fileorder_accept(&s->order, &d, "a qcow2", off, buf, len);
 }
 
 int qcow2_stream_feed(struct qcow2_stream *s, uint64_t file_off,

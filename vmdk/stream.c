@@ -784,31 +784,16 @@ static int64_t step(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
     return fail(s, -EINVAL, "internal: bad state");
 }
 
-/* Consume len bytes at pos (zeros if buf is NULL). */
-static int consume(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
+static int64_t step_cb(void *s, const uint8_t *buf, uint64_t len)
 {
-    while (len > 0) {
-        int64_t n = step(s, buf, len);
-        if (n < 0)
-            return fail(s, (int) n, "%s", strerror((int) -n));
-        s->pos += (uint64_t) n;
-        len -= (uint64_t) n;
-        if (buf)
-            buf += n;
-    }
-    return 0;
-}
-
-static int consume_cb(void *s, const uint8_t *buf, uint64_t len)
-{
-    return consume(s, buf, len);
+    return step(s, buf, len);
 }
 
 static int accept(struct vmdk_stream *s, uint64_t off, const uint8_t *buf,
                   uint64_t len)
 {
-    return fileorder_accept(&s->order, s->pos, "a VMDK", off, buf, len,
-                            consume_cb, s, &s->err, &s->e);
+    struct fileorder_decoder d = { &s->pos, step_cb, s, &s->err, &s->e };
+    return fileorder_accept(&s->order, &d, "a VMDK", off, buf, len);
 }
 
 int vmdk_stream_feed(struct vmdk_stream *s, uint64_t file_off,
