@@ -48,6 +48,34 @@ ssize_t imgtool_read_full(int fd, void *buf, size_t len)
     return (ssize_t) got;
 }
 
+int imgtool_feed(int fd, const char *path,
+                 int (*feed)(void *s, uint64_t off, const void *buf,
+                             size_t len),
+                 void *s)
+{
+    uint8_t *buf = malloc(IMGTOOL_CHUNK);
+    uint64_t off = 0;
+    int r = 0;
+
+    if (!buf) {
+        imgtool_msg("out of memory");
+        return IMGTOOL_EXIT_USAGE;
+    }
+    for (;;) {
+        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
+        if (n < 0) {
+            imgtool_msg("%s: %s", path, strerror((int) -n));
+            r = IMGTOOL_EXIT_USAGE;
+            break;
+        }
+        if (n == 0 || (r = feed(s, off, buf, (size_t) n)) < 0)
+            break;
+        off += (uint64_t) n;
+    }
+    free(buf);
+    return r;
+}
+
 int imgtool_pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
     while (len) {

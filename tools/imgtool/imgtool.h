@@ -26,6 +26,15 @@ int imgtool_open_in(const char *path);
 /* read() until len bytes or end of input: the count, or -errno. */
 ssize_t imgtool_read_full(int fd, void *buf, size_t len);
 
+/* Read fd (the input named path) to its end in IMGTOOL_CHUNK pieces and
+ * feed(s, off, buf, n) each to a stream decoder: 0, the first negative
+ * feed() result, or IMGTOOL_EXIT_USAGE after a message (out of memory,
+ * or the input cannot be read). */
+int imgtool_feed(int fd, const char *path,
+                 int (*feed)(void *s, uint64_t off, const void *buf,
+                             size_t len),
+                 void *s);
+
 /* pread() exactly len bytes: 0, -errno, or -EIO at end of file. */
 int imgtool_pread_full(int fd, void *buf, size_t len, uint64_t off);
 

@@ -168,6 +168,11 @@ static int exit_status(const struct decode *d, int r)
            ? IMGTOOL_EXIT_INVALID : IMGTOOL_EXIT_USAGE;
 }
 
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return qcow2_stream_feed(s, off, buf, len);
+}
+
 /* Decode the whole input.  0, or the exit status. */
 static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
 {
@@ -178,32 +183,17 @@ static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
     struct qcow2_stream_opts opts = { .spool = &spool, .spool_opaque = d,
                                       .spool_max = imgtool_spool_max,
                                       .spool_option = "--spool-max" };
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    if (!buf || qcow2_stream_new(&sink, d, &opts, &d->s) < 0) {
+    int r = qcow2_stream_new(&sink, d, &opts, &d->s);
+    if (r < 0)
         imgtool_msg("out of memory");
-        free(buf);
-        if (fd != STDIN_FILENO)
-            close(fd);
-        return IMGTOOL_EXIT_USAGE;
-    }
-    uint64_t off = 0;
-    int r = 0;
-    for (;;) {
-        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
-        if (n < 0) {
-            imgtool_msg("%s: %s", d->path, strerror((int) -n));
-            free(buf);
-            if (fd != STDIN_FILENO)
-                close(fd);
-            return IMGTOOL_EXIT_USAGE;
-        }
-        if (n == 0 || (r = qcow2_stream_feed(d->s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    else
+        r = imgtool_feed(fd, d->path, feed_cb, d->s);
     if (fd != STDIN_FILENO)
         close(fd);
+    if (r < 0 && !d->s)
+        return IMGTOOL_EXIT_USAGE;
+    if (r > 0)
+        return r;
     if (r == 0)
         r = qcow2_stream_finish(d->s);
     if (st)

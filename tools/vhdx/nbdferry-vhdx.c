@@ -71,6 +71,11 @@ static int d_get(void *o, uint64_t off, void *buf, size_t len)
 static const struct vhdx_sink sink = { .begin = d_begin, .data = d_data,
                                        .spool_put = d_put, .spool_get = d_get };
 
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return vhdx_stream_feed(s, off, buf, len);
+}
+
 /* Decode the whole input.  0, or the exit status. */
 static int run_decode(struct decode *d, struct vhdx_stream_stats *st)
 {
@@ -78,25 +83,12 @@ static int run_decode(struct decode *d, struct vhdx_stream_stats *st)
     if (fd < 0)
         return IMGTOOL_EXIT_USAGE;
     struct vhdx_stream_config cfg = { imgtool_spool_max, "--spool-max" };
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    if (!buf || vhdx_stream_new(&sink, d, &cfg, &d->s) < 0) {
-        free(buf);
+    if (vhdx_stream_new(&sink, d, &cfg, &d->s) < 0) {
+        if (fd != STDIN_FILENO)
+            close(fd);
         return IMGTOOL_EXIT_USAGE;
     }
-    uint64_t off = 0;
-    int r = 0;
-    for (;;) {
-        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
-        if (n < 0) {
-            imgtool_msg("%s: %s", d->path, strerror((int) -n));
-            r = IMGTOOL_EXIT_USAGE;
-            break;
-        }
-        if (n == 0 || (r = vhdx_stream_feed(d->s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    int r = imgtool_feed(fd, d->path, feed_cb, d->s);
     if (fd != STDIN_FILENO)
         close(fd);
     if (r == 0)

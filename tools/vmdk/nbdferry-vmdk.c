@@ -111,28 +111,17 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
 static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
 
 /* Stream the whole input into s.  0, or the exit status. */
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return vmdk_stream_feed(s, off, buf, len);
+}
+
 static int feed_all(struct vmdk_stream *s, int fd, const char *path)
 {
-    uint8_t *buf = malloc(CHUNK);
-    uint64_t off = 0;
-    int r = 0;
+    int r = imgtool_feed(fd, path, feed_cb, s);
 
-    if (!buf)
-        return EXIT_USAGE;
-    for (;;) {
-        ssize_t n = imgtool_read_full(fd, buf, CHUNK);
-        if (n < 0) {
-            imgtool_msg("%s: %s", path, strerror((int) -n));
-            free(buf);
-            return EXIT_USAGE;
-        }
-        if (n == 0)
-            break;
-        if ((r = vmdk_stream_feed(s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    if (r > 0)
+        return r;
     if (r == 0)
         r = vmdk_stream_finish(s);
     if (r < 0) {
