@@ -116,4 +116,22 @@ struct imgtool_verbs {
 extern uint64_t imgtool_spool_max;
 int imgtool_main(int argc, char **argv, const struct imgtool_verbs *v);
 
+/* An inspector's main() over library P: the verbs cmd_info, cmd_check,
+ * cmd_map and cmd_cat of the including file, export through P's
+ * synthesizer made by new_synth_ (see struct imgtool_synth_ops). */
+#define IMGTOOL_PROGRAM(P, what_, spool_, new_synth_)                        \
+    IMGTOOL_SYNTH_GLUE(P)                                                    \
+    static const struct imgtool_synth_ops P##_export_ops = {                 \
+        .new_synth = new_synth_, IMGTOOL_SYNTH_HOOKS(P),                     \
+    };                                                                       \
+    static const struct imgtool_verbs P##_verbs = {                          \
+        .what = what_, .spool = spool_, .info = cmd_info,                    \
+        .check = cmd_check, .map = cmd_map, .cat = cmd_cat,                  \
+        .export = &P##_export_ops,                                           \
+    };                                                                       \
+    int main(int argc, char **argv)                                          \
+    {                                                                        \
+        return imgtool_main(argc, argv, &P##_verbs);                         \
+    }
+
 #endif /* NBDFERRY_IMGTOOL_H */

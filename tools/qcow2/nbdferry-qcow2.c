@@ -380,17 +380,4 @@ static int export_new(const char *raw, const struct stat *st, const char *out,
     return 0;
 }
 
-IMGTOOL_SYNTH_GLUE(qcow2)
-static const struct imgtool_synth_ops export_ops = {
-    .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(qcow2),
-};
-
-static const struct imgtool_verbs verbs = {
-    .what = "qcow2", .spool = true, .info = cmd_info, .check = cmd_check,
-    .map = cmd_map, .cat = cmd_cat, .export = &export_ops,
-};
-
-int main(int argc, char **argv)
-{
-    return imgtool_main(argc, argv, &verbs);
-}
+IMGTOOL_PROGRAM(qcow2, "qcow2", true, export_new);

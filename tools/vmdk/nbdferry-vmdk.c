@@ -182,6 +182,7 @@ static void print_header(const struct vmdk_header *h, const struct vmdk_desc *d)
 /* Read the header and descriptor only (stops at the overhead). */
 static int cmd_info(const char *path)
 {
+    warn_out = stdout;                /* the warnings are its report */
     int fd = imgtool_open_in(path);
     uint8_t sec[VMDK_SECTOR];
     struct vmdk_header h;
@@ -335,6 +336,7 @@ out:
 
 static int cmd_check(const char *path)
 {
+    warn_out = stdout;                /* the warnings are its report */
     struct decode d = { .path = path, .out_fd = -1 };
     struct vmdk_stream_stats st;
     int r = run_decode(path, &d, &st);
@@ -418,30 +420,4 @@ static int export_new(const char *raw, const struct stat *st, const char *out,
     return 0;
 }
 
-IMGTOOL_SYNTH_GLUE(vmdk)
-static const struct imgtool_synth_ops export_ops = {
-    .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(vmdk),
-};
-
-/* info and check print the decoder's warnings as part of their report. */
-static int cmd_info_out(const char *path)
-{
-    warn_out = stdout;
-    return cmd_info(path);
-}
-
-static int cmd_check_out(const char *path)
-{
-    warn_out = stdout;
-    return cmd_check(path);
-}
-
-static const struct imgtool_verbs verbs = {
-    .what = "VMDK", .info = cmd_info_out, .check = cmd_check_out,
-    .map = cmd_map, .cat = cmd_cat, .export = &export_ops,
-};
-
-int main(int argc, char **argv)
-{
-    return imgtool_main(argc, argv, &verbs);
-}
+IMGTOOL_PROGRAM(vmdk, "VMDK", false, export_new);
