@@ -174,6 +174,15 @@ int imgtool_out_finish(struct imgtool_out *o, uint64_t size)
     return r;
 }
 
+int imgtool_out_end(struct imgtool_out *o, int r, const uint64_t *size)
+{
+    if (r == 0 && size)
+        return imgtool_out_finish(o, *size) < 0 ? IMGTOOL_EXIT_USAGE : 0;
+    if (r != 0 && o->fd >= 0 && o->fd != STDOUT_FILENO)
+        close(o->fd);
+    return r;
+}
+
 int imgtool_data_ranges(int fd, uint64_t size,
                         int (*add)(void *opaque, uint64_t off, uint64_t len),
                         void *opaque)

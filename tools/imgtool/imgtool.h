@@ -52,6 +52,10 @@ int  imgtool_out_write(struct imgtool_out *o, uint64_t off, const void *buf,
                        size_t len);
 /* Make the output size bytes long (the disk's size) and close it. */
 int  imgtool_out_finish(struct imgtool_out *o, uint64_t size);
+/* The end of a cat: r 0 and the disk's size known (size non-NULL):
+ * finish; else just close.  r, or IMGTOOL_EXIT_USAGE if finishing
+ * failed. */
+int  imgtool_out_end(struct imgtool_out *o, int r, const uint64_t *size);
 
 /* The data ranges of a raw file (SEEK_DATA/SEEK_HOLE), for an export's
  * allocation: calls add(opaque, off, len) for each. */

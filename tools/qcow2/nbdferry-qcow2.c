@@ -351,10 +351,7 @@ static int cmd_cat(const char *path, const char *out)
         return IMGTOOL_EXIT_USAGE;
     int r = run_decode(&d, NULL);
     const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
-    if (r == 0 && h && imgtool_out_finish(&d.out, h->size) < 0)
-        r = IMGTOOL_EXIT_USAGE;
-    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
-        close(d.out.fd);
+    r = imgtool_out_end(&d.out, r, h ? &h->size : NULL);
     decode_free(&d);
     return r;
 }

@@ -245,10 +245,7 @@ static int cmd_cat(const char *path, const char *out)
         return IMGTOOL_EXIT_USAGE;
     int r = run_decode(&d, NULL);
     const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
-    if (r == 0 && i && imgtool_out_finish(&d.out, i->meta.disk_size) < 0)
-        r = IMGTOOL_EXIT_USAGE;
-    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
-        close(d.out.fd);
+    r = imgtool_out_end(&d.out, r, i ? &i->meta.disk_size : NULL);
     decode_free(&d);
     return r;
 }
