@@ -353,7 +353,7 @@ int qcow2_dispatch(struct qcow2_stream *s, const struct citem *c,
     }
     if (!s->dz && qcow2_decompressor_new(&s->dz) < 0)
         return qcow2_fail(s, -ENOMEM, "out of memory for a decompressor");
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     int64_t n = qcow2_compressed_decode(s->dz, &q, s->xbuf, &e);
     if (n < 0)
         return qcow2_fail(s, (int) n, "%s", e.msg);
