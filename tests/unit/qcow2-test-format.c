@@ -115,7 +115,7 @@ static int64_t decode_one(struct qcow2_decompressor *dz, const uint8_t *cdata,
     struct qcow2_compressed c = { .cdata = cdata, .clen = clen,
                                   .cluster_size = C, .place_len = C,
                                   .type = QCOW2_COMPRESS_ZLIB };
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     uint8_t *out = malloc(C);
     int64_t n = qcow2_compressed_decode(dz, &c, out, &e);
     CHECK(n < 0 ? e.msg[0] != 0 : memcmp(out, want, C) == 0);
