@@ -293,13 +293,21 @@ static void sha_write(struct digest *d, uint64_t off, const void *buf,
     }
 }
 
+/* A view's decoded bytes come held too (rawfile_place()): beyond pos they
+ * go to the reorder hold (a copy), as sha_write()'s do. */
 static void sha_write_held(struct digest *d, uint64_t off, const void *buf,
                            size_t len, void (*release)(void *), void *ref)
 {
-    if (advance_to_locked(d, off, "write"))
-        digest_push_data_locked(d, off, buf, len, release, ref);
-    else
+    if (d->via && digest_active_locked(d) && off > d->pos) {
+        hold_locked(d, off, buf, len);
         release(ref);
+    } else if (advance_to_locked(d, off, "write")) {
+        digest_push_data_locked(d, off, buf, len, release, ref);
+        if (d->via)
+            drain_contiguous_locked(d);
+    } else {
+        release(ref);
+    }
 }
 
 static void sha_zero(struct digest *d, uint64_t off, uint64_t len,

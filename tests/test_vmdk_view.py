@@ -27,10 +27,11 @@ import struct
 import pytest
 
 from lib.content import assert_content
-from lib.digest import sha256_file
+from lib.digest import blkhash_file, sha256_file
 from lib.env import MiB
 from lib.nbd import fill_random, read_nbd, sha256_nbd
 from lib.procs import oserror_errno, run
+from test_digest_inline import settled_digest
 
 for tool in ("qemu-img", "vmdkinfo", "tar"):
     if not shutil.which(tool):
@@ -153,6 +154,22 @@ def test_fixture_lands(server, mount, fx, name, tool):
     land(m, files[name], tool)
     assert_content(raw, export, mount_file=m.file, uri=srv.uri,
                    mount_size=RAW_SIZE, what=f"{name} via {tool}")
+
+
+@pytest.mark.parametrize("digest", ["default", "sha256"])
+def test_stream_inline_digest(server, mount, fx, digest):
+    """The inline digest of a streamOptimized landing is the source's:
+    blkhash, and sha256, for which the grains the inflater threads place
+    out of order within a request are put back in disk order (the pool
+    buffers they were placed in go through the digest's reorder hold)."""
+    _, raw, files = fx
+    srv, _ = random_export(server, roundup(RAW_SIZE, MiB))
+    m = mount(srv, *(["--digest=sha256"] if digest == "sha256" else []))
+    land(m, files["qemu-stream"])
+    d = settled_digest(m)
+    assert d["state"] == "complete", (d.get("reason"), d)
+    want = (sha256_file if digest == "sha256" else blkhash_file)(raw)
+    assert d["value"] == want, d
 
 
 def test_exact_size_export_and_second_vmdk_replaces_first(server, mount, fx,
