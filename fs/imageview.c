@@ -450,6 +450,14 @@ static int finish_locked(struct imageview *iv)
         return qerr;
     if ((r = iv->f->finish(iv->stream)) < 0)
         return fail_locked(iv, r);
+    /* finish may hand over the last compressed units (a qcow2 that ends
+     * inside the padding of its last compressed cluster): placed, and
+     * their errors known, before the pass closes. */
+    if (iv->unpack && (qerr = unpackers_drain(iv->unpack, true)) != 0) {
+        iv->err = -qerr;
+        iv->logged = true;                    /* the drain said it */
+        return qerr;
+    }
     char more[128] = "";
     if (iv->f->received)
         iv->f->received(iv, more, sizeof more);

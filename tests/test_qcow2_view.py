@@ -164,18 +164,25 @@ def test_qcow2_lands(server, mount, fx, name, tool):
                    mount_size=SIZE, what=f"{name} via {tool}")
 
 
-@pytest.mark.parametrize("name", ["plain", "zlib", "extl2"])
-def test_qcow2_inline_digest_is_the_decoded_disks(server, mount, fx, name):
-    """The default inline digest (blkhash) of a landing is that of the
-    decoded disk: decoded bytes are hashed where the pool holds them, from
-    the receiving thread and from the decompressor threads alike."""
+@pytest.mark.parametrize("name,digest", [
+    ("plain", "default"), ("zlib", "default"), ("extl2", "default"),
+    ("plain", "sha256"), ("extl2", "sha256")])
+def test_qcow2_inline_digest_is_the_decoded_disks(server, mount, fx, name,
+                                                  digest):
+    """The inline digest of a landing (the default blkhash, and sha256,
+    which needs the decoded bytes in disk order) is that of the decoded
+    disk: decoded bytes are hashed where the pool holds them, from the
+    receiving thread and from the decompressor threads.  (qemu-img -c
+    writes compressed clusters out of disk order: sha256 cannot follow
+    those, blkhash can.)"""
     _, raw, imgs, refs = fx
     srv, _ = random_export(server)
-    m = mount(srv)
+    m = mount(srv, *(["--digest=sha256"] if digest == "sha256" else []))
     land(m, imgs[name])
     d = settled_digest(m)
-    assert d["state"] == "complete", d
-    assert d["value"] == blkhash_file(refs[name]), d
+    assert d["state"] == "complete", (d.get("reason"), d)
+    want = (sha256_file if digest == "sha256" else blkhash_file)(refs[name])
+    assert d["value"] == want, d
     assert_content(refs[name], EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=SIZE, what=f"{name} via cp")
 
@@ -309,6 +316,32 @@ def test_qcow2_damaged_compressed_cluster_fails(victim, fx, tmp_path):
     bad.write_bytes(bytes(data))
     r = copy_into("cp", bad, m.mp / "nbd.qcow2")
     assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+
+
+def test_qcow2_last_compressed_cluster_placed_before_close(server, mount,
+                                                           tmp_path):
+    """A compressed cluster that ends the file inside its last sector is
+    handed over only when the stream finishes: it is placed (the sha256
+    digest, in disk order, is complete) before close() answers, and when
+    it is damaged, close() fails."""
+    one = tmp_path / "one.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", one, MiB)
+    qemu_io(one, "write -c -P 0x61 0 64k")
+    data = one.read_bytes()
+    assert len(data) % 512, "the compressed cluster must end mid-sector"
+    want = b"a" * 65536 + bytes(MiB - 65536)
+    srv, _ = random_export(server)
+    m = mount(srv, "--digest=sha256", expect_errors=True)
+    land(m, one)
+    d = settled_digest(m)
+    assert d["state"] == "complete", (d.get("reason"), d)
+    assert d["value"] == hashlib.sha256(want).hexdigest()
+    assert read_nbd(srv.uri, 0, MiB) == want
+    bad = tmp_path / "bad.qcow2"
+    bad.write_bytes(data[:-60] + b"\xff" * 60)
+    r = copy_into("cp", bad, m.mp / "nbd.qcow2")
+    assert r.returncode != 0 and "Invalid argument" in r.stderr, r.stderr
+    assert "not a valid deflate stream" in m.stderr, m.stderr
 
 
 def test_qcow2_larger_than_export_enospc(server, mount, fx):
