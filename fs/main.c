@@ -71,7 +71,7 @@ static uint64_t clamp_request_size(const struct cli_options *o,
  * (transport/pool.c): nothing is written yet, so connect again and go on
  * without the scan, or fail where the server cannot be connected to
  * again (a command, socket activation, --fd).  Logs one line. */
-static int reopen_without_extents(struct fs *fs, const struct cli_options *o,
+static int reopen_without_extents(struct fs_disk *d, const struct cli_options *o,
                                   struct pool_config *pc)
 {
     enum nbdx_mode m = o->nbd.mode;
@@ -81,11 +81,11 @@ static int reopen_without_extents(struct fs *fs, const struct cli_options *o,
                 "mode cannot connect again; mount with --no-extents");
         return -ETIMEDOUT;
     }
-    nbdx_close(fs->x);
-    fs->x = NULL;
-    if (nbdx_open(&o->nbd, &fs->x) < 0)   /* logged */
+    nbdx_close(d->x);
+    d->x = NULL;
+    if (nbdx_open(&o->nbd, &d->x) < 0)   /* logged */
         return -ENOTCONN;
-    if (nbdx_info(fs->x)->size != fs->export_size) {
+    if (nbdx_info(d->x)->size != d->export_size) {
         log_err("the export changed size after connecting again");
         return -ENOTCONN;
     }
@@ -94,7 +94,7 @@ static int reopen_without_extents(struct fs *fs, const struct cli_options *o,
              "--no-extents skips the wait)");
     pc->scan_extents = false;
     pc->scan_timed_out = true;
-    int r = pool_create(pc, fs->x, fs->export_size, &fs->pool);
+    int r = pool_create(pc, d->x, d->export_size, &d->pool);
     if (r < 0)
         log_err("cannot create the write-back pool: %s", strerror(-r));
     return r;
@@ -119,9 +119,9 @@ static size_t digest_hold_limit(const struct pool_stats *s)
     return s->hold_bufs > 1 ? (s->hold_bufs - 1) * s->request_size : 0;
 }
 
-static int open_pool(struct fs *fs, const struct cli_options *o)
+static int open_pool(struct fs_disk *d, const struct cli_options *o)
 {
-    const struct nbdx_info *info = nbdx_info(fs->x);
+    const struct nbdx_info *info = nbdx_info(d->x);
     struct pool_config pc = {
         .request_size = clamp_request_size(o, info),
         .pool_size = o->pool_size,
@@ -142,9 +142,9 @@ static int open_pool(struct fs *fs, const struct cli_options *o)
         pc.pool_size = 2 * pc.request_size;
     }
     pc.hold_buffers = digest_hold_buffers(o, pc.pool_size, pc.request_size);
-    int r = pool_create(&pc, fs->x, fs->export_size, &fs->pool);
+    int r = pool_create(&pc, d->x, d->export_size, &d->pool);
     if (r == -ETIMEDOUT) {
-        r = reopen_without_extents(fs, o, &pc);
+        r = reopen_without_extents(d, o, &pc);
         if (r < 0)
             return r;             /* logged */
     } else if (r < 0) {
@@ -153,8 +153,8 @@ static int open_pool(struct fs *fs, const struct cli_options *o)
     }
     /* Read requests as large as write requests, as many ahead of one
      * reader as the write side keeps in flight per connection. */
-    r = ra_create(fs->pool, (size_t) o->readahead, pc.request_size,
-                  READAHEAD_DEPTH, &fs->ra);
+    r = ra_create(d->pool, (size_t) o->readahead, pc.request_size,
+                  READAHEAD_DEPTH, &d->ra);
     if (r < 0)
         log_err("cannot create the read-ahead: %s", strerror(-r));
     return r;
@@ -205,7 +205,8 @@ static int mount_pinned(struct fuse_session *se,
     return 0;
 }
 
-static struct fuse_session *mount_fuse(struct fs *fs, const struct cli_options *o)
+static struct fuse_session *mount_fuse(struct fs *fs,
+                                      const struct cli_options *o)
 {
     struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
     struct fuse_session *se = NULL;
@@ -213,7 +214,7 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct cli_options *
     fuse_opt_add_arg(&args, program);
     fuse_opt_add_arg(&args, "-o");
     fuse_opt_add_arg(&args, "fsname=nbdferry,subtype=nbdferry");
-    if (fs->readonly) {
+    if (fs->disks[0].readonly) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "ro");
     }
@@ -226,9 +227,9 @@ static struct fuse_session *mount_fuse(struct fs *fs, const struct cli_options *
     /* With allow_other, other users reach the files: let the kernel
      * enforce their modes (0600), or anyone could read and write the
      * disk. */
-    fs->allow_other = o->fo.pass && has_fuse_opt(o->fo.pass,
+    fs->cfg.allow_other = o->fo.pass && has_fuse_opt(o->fo.pass,
                                                  "allow_other");
-    if (fs->allow_other &&
+    if (fs->cfg.allow_other &&
         !has_fuse_opt(o->fo.pass, "default_permissions")) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "default_permissions");
@@ -262,15 +263,15 @@ static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
  * reported so far left it, pending writes included. */
 static int digest_read_disk(void *ctx, uint64_t off, void *buf, size_t len)
 {
-    struct fs *fs = ctx;
+    struct fs_disk *d = ctx;
 
-    return pool_read(fs->pool, off, buf, len);
+    return pool_read(d->pool, off, buf, len);
 }
 
 /* The inline digest and the progress thread: they start once the pool
  * exists and stop after the final flush, so the last progress line
  * comes after the last reply. */
-static int start_watchers(struct fs *fs, const struct cli_options *o)
+static int start_watchers(struct fs_disk *d, const struct cli_options *o)
 {
     struct progress_config pc = {
         .bar = o->progress_bar,
@@ -279,59 +280,59 @@ static int start_watchers(struct fs *fs, const struct cli_options *o)
         .mountpoint = o->mp.mountpoint,
     };
     struct pool_stats ps;
-    pool_get_stats(fs->pool, &ps);
+    pool_get_stats(d->pool, &ps);
     int r = o->no_digest ? 0
           : o->blkhash ? digest_create_blkhash(DIGEST_QUEUE_LIMIT,
                                                o->blkhash_md,
-                                               o->blkhash_block, &fs->digest)
-                       : digest_create(DIGEST_QUEUE_LIMIT, &fs->digest);
+                                               o->blkhash_block, &d->digest)
+                       : digest_create(DIGEST_QUEUE_LIMIT, &d->digest);
     if (r == 0) {
-        digest_set_hold_limit(fs->digest, digest_hold_limit(&ps));
-        digest_set_reader(fs->digest, digest_read_disk, fs, fs->export_size);
+        digest_set_hold_limit(d->digest, digest_hold_limit(&ps));
+        digest_set_reader(d->digest, digest_read_disk, d, d->export_size);
     }
     if (r == 0)
         r = readback_create(o->verify_readback,
                             o->blkhash ? o->blkhash_md : NULL,
                             o->blkhash_block, !o->no_extents,
-                            &fs->readback);
+                            &d->readback);
     if (r == 0)
-        r = progress_create(fs, &pc, &fs->progress);
+        r = progress_create(d, &pc, &d->progress);
     /* Stall diagnostics: TCP_INFO every 10 ms, on TCP connections. */
-    if (r == 0 && nbdx_info(fs->x)->tcp)
-        r = tcpinfo_start(nbdx_conn_fd, fs->x, nbdx_connections(fs->x), 10,
-                          &fs->tcp);
+    if (r == 0 && nbdx_info(d->x)->tcp)
+        r = tcpinfo_start(nbdx_conn_fd, d->x, nbdx_connections(d->x), 10,
+                          &d->tcp);
     if (r < 0)
         log_err("cannot start the digest and progress threads: %s",
                 strerror(-r));
     return r;
 }
 
-static void stop_watchers(struct fs *fs)
+static void stop_watchers(struct fs_disk *d)
 {
     struct digest_info di;
 
-    progress_destroy(fs->progress);
-    fs->progress = NULL;
-    if (fs->tcp) {
+    progress_destroy(d->progress);
+    d->progress = NULL;
+    if (d->tcp) {
         struct tcpinfo_stats t;
-        tcpinfo_get(fs->tcp, &t);
+        tcpinfo_get(d->tcp, &t);
         log_info("tcp: %" PRIu64 " samples, %" PRIu64 " with sub-MSS data "
                  "unsent behind unacknowledged segments", t.samples,
                  t.nagle_stalls);
-        tcpinfo_stop(fs->tcp);
-        fs->tcp = NULL;
+        tcpinfo_stop(d->tcp);
+        d->tcp = NULL;
     }
-    digest_get(fs->digest, rawfile_size(fs), &di);
+    digest_get(d->digest, rawfile_size(d), &di);
     struct pool_stats st;
-    pool_get_stats(fs->pool, &st);
+    pool_get_stats(d->pool, &st);
     /* The digest is of what was written, not of what a failed or lost
      * request left on the disk. */
     if (di.state == DIGEST_COMPLETE && !st.nfailures)
-        log_info("inline %s of %s: %s", di.algorithm, fs->filename, di.hex);
-    readback_destroy(fs->readback);
-    fs->readback = NULL;
-    digest_destroy(fs->digest);
-    fs->digest = NULL;
+        log_info("inline %s of %s: %s", di.algorithm, d->filename, di.hex);
+    readback_destroy(d->readback);
+    d->readback = NULL;
+    digest_destroy(d->digest);
+    d->digest = NULL;
 }
 
 #define FINISH_ZEROING_NOTICE (1ull << 30)  /* seconds of zeroing, or more */
@@ -339,14 +340,14 @@ static void stop_watchers(struct fs *fs)
 /* The only failures were writes counted lost at a reconnect: with
  * --verify-readback, read the whole disk back; if it holds every byte
  * written, the server kept them and the mount's verdict is clean. */
-static bool forgive_lost(struct fs *fs, const struct pool_stats *st)
+static bool forgive_lost(struct fs_disk *d, const struct pool_stats *st)
 {
-    if (!fs->readback || st->errors != st->errors_lost || st->flush_failed)
+    if (!d->readback || st->errors != st->errors_lost || st->flush_failed)
         return false;
     log_notice("%" PRIu64 " write(s) counted lost at a reconnect: reading "
                "the disk back to see whether the server kept them",
                st->errors_lost);
-    if (readback_at_unmount(fs) < 0 || pool_forgive_lost(fs->pool) < 0)
+    if (readback_at_unmount(d) < 0 || pool_forgive_lost(d->pool) < 0)
         return false;
     log_notice("the read-back found every byte written on the disk: the "
                "writes counted lost at the reconnect were kept");
@@ -357,19 +358,19 @@ static bool forgive_lost(struct fs *fs, const struct pool_stats *st)
  * if any failure is left unrepaired (the disk may not hold what was
  * written), 0 when every failed range was written again (or zeroed)
  * successfully, with a notice saying so. */
-static int finish(struct fs *fs)
+static int finish(struct fs_disk *d)
 {
     struct pool_stats st;
 
     /* A long zeroing says so before it starts (fs/stopsig.c). */
-    pool_get_stats(fs->pool, &st);
+    pool_get_stats(d->pool, &st);
     if (st.pending_zero >= FINISH_ZEROING_NOTICE && stopsig_started())
         log_notice("zeroing %" PRIu64 " bytes before exiting; a second "
                    "SIGTERM or SIGINT abandons it", st.pending_zero);
-    int r = pool_flush(fs->pool);
-    pool_get_stats(fs->pool, &st);
-    if (st.unrepaired && r == 0 && forgive_lost(fs, &st))
-        pool_get_stats(fs->pool, &st);
+    int r = pool_flush(d->pool);
+    pool_get_stats(d->pool, &st);
+    if (st.unrepaired && r == 0 && forgive_lost(d, &st))
+        pool_get_stats(d->pool, &st);
     if (st.unrepaired || r < 0) {
         const struct pool_failure *f = NULL;
         for (unsigned i = 0; i < st.nfailures && !f; i++)
@@ -391,7 +392,7 @@ static int finish(struct fs *fs)
                    "every range they left wrong was written again "
                    "successfully (%" PRIu64 " repaired)", st.errors,
                    st.repairs);
-    if (readback_at_unmount(fs) < 0)          /* --verify-readback */
+    if (readback_at_unmount(d) < 0)          /* --verify-readback */
         return EXIT_FAILURE;
     log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",
              st.bytes_written, st.bytes_acked);
@@ -452,8 +453,9 @@ static void prepare(struct cli_options *o, struct daemon *d)
 int main(int argc, char **argv)
 {
     struct cli_options o = { 0 };
-    struct daemon d = { .ready_fd = -1 };
+    struct daemon dm = { .ready_fd = -1 };
     struct fs fs = { 0 };
+    struct fs_disk disk = { .fs = &fs, .cfg = &fs.cfg }, *d = &disk;
     struct mountlock *ml = NULL;
     int status = EXIT_FAILURE;
 
@@ -461,9 +463,9 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     command_line(&o, argc, argv);
     status = o.failure_status;
-    prepare(&o, &d);
+    prepare(&o, &dm);
     if (!o.foreground)
-        daemon_fork(&d);
+        daemon_fork(&dm);
     /* After the fork (the lock file names the daemon's pid), before the
      * server: a second writable mount of the export stops here. */
     if (!o.nbd.readonly && !o.fo.multiwriter &&
@@ -471,50 +473,52 @@ int main(int argc, char **argv)
         goto out_nbd;
 
 
-    if (nbdx_open(&o.nbd, &fs.x) < 0)
+    fs.disks = d;
+    fs.ndisks = 1;
+    if (nbdx_open(&o.nbd, &d->x) < 0)
         goto out_nbd;
-    const struct nbdx_info *info = nbdx_info(fs.x);
-    fs.export_size = info->size;
-    fs.apparent_size = info->size;
-    fs.readonly = info->readonly;
-    fs.filename = o.mp.filename;
-    fs.file_mode = o.mp.file_mode;
-    fs.block_device = o.fo.block_device;
-    fs.vhd_fixed = o.fo.vhd_fixed;
-    fs.multiwriter = o.fo.multiwriter;
-    fs.spool_dir = o.spool_dir;
-    fs.spool_max = o.spool_max ? o.spool_max : SPOOL_MAX_DEFAULT;
-    if (fs_views_init(&fs) < 0) {
+    const struct nbdx_info *info = nbdx_info(d->x);
+    d->export_size = info->size;
+    d->apparent_size = info->size;
+    d->readonly = info->readonly;
+    d->filename = o.mp.filename;
+    fs.cfg.file_mode = o.mp.file_mode;
+    fs.cfg.block_device = o.fo.block_device;
+    fs.cfg.vhd_fixed = o.fo.vhd_fixed;
+    fs.cfg.multiwriter = o.fo.multiwriter;
+    fs.cfg.spool_dir = o.spool_dir;
+    fs.cfg.spool_max = o.spool_max ? o.spool_max : SPOOL_MAX_DEFAULT;
+    if (fs_views_init(d) < 0) {
         log_err("out of memory");
         goto out_nbd;
     }
-    fs.uid = o.fo.set_uid ? (uid_t) o.fo.uid : getuid();
-    fs.gid = o.fo.set_gid ? (gid_t) o.fo.gid : getgid();
+    fs.cfg.uid = o.fo.set_uid ? (uid_t) o.fo.uid : getuid();
+    fs.cfg.gid = o.fo.set_gid ? (gid_t) o.fo.gid : getgid();
     if (o.fo.kernel_cache)
         log_info("-o kernel_cache: ignored, every file is direct I/O (the "
                  "write-back pool must see each write)");
-    clock_gettime(CLOCK_REALTIME, &fs.started);
-    fs.mtime = fs.started;
+    clock_gettime(CLOCK_REALTIME, &fs.cfg.started);
+    d->mtime = fs.cfg.started;
     pthread_mutex_init(&fs.lock, NULL);
-    mono_cond_init(&fs.released);
-    pthread_rwlock_init(&fs.size_lock, NULL);
+    mono_cond_init(&fs.h.released);
+    pthread_rwlock_init(&d->size_lock, NULL);
     log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
              info->size, info->connections, info->tcp ? ", tcp" : "",
              info->can_zero ? ", write-zeroes" : "",
              info->can_fast_zero ? ", fast-zero" : "");
 
-    if (open_pool(&fs, &o) < 0)
+    if (open_pool(d, &o) < 0)
         goto out_nbd;
-    if (start_watchers(&fs, &o) < 0)
+    if (start_watchers(d, &o) < 0)
         goto out_pool;
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
-    if (daemon_write_pidfile(&d) < 0)
+    if (daemon_write_pidfile(&dm) < 0)
         goto out_unmount;                 /* logged */
-    if (stopsig_start(se, fs.pool) < 0)   /* libfuse's handlers stay */
+    if (stopsig_start(se, d->pool) < 0)   /* libfuse's handlers stay */
         log_info("a second stop signal will not abandon the final drain");
-    daemon_detach(&d);
+    daemon_detach(&dm);
     serve(&fs, se, o.single_thread);
     status = EXIT_SUCCESS;
 
@@ -534,17 +538,17 @@ out_pool:
         signal(SIGHUP, SIG_IGN);
     }
     if (status == EXIT_SUCCESS)
-        status = finish(&fs);
-    verdict_write(&fs, status);       /* for nbdferry --unmount */
-    stop_watchers(&fs);
-    pool_destroy(fs.pool);
+        status = finish(d);
+    verdict_write(&fs, status, NULL);     /* for nbdferry --unmount */
+    stop_watchers(d);
+    pool_destroy(d->pool);
     stopsig_stop();
 out_nbd:
     fs_close_all(&fs);
-    ra_destroy(fs.ra);        /* after pool_destroy(): no read in flight */
-    fs_views_fini(&fs);
-    nbdx_close(fs.x);
-    daemon_fini(&d);          /* the pidfile, if it still holds our pid */
+    ra_destroy(d->ra);        /* after pool_destroy(): no read in flight */
+    fs_views_fini(d);
+    nbdx_close(d->x);
+    daemon_fini(&dm);          /* the pidfile, if it still holds our pid */
     mountlock_release(ml);
     cli_options_free(&o);
     log_flush();

@@ -88,7 +88,7 @@ struct decompressors {
 /* The format's state beside the skeleton's (imageview_priv()). */
 struct qcow2view {
     pthread_mutex_t read_lock;
-    struct fs *fs;
+    struct fs_disk *d;
     struct imageview *iv;
     struct decompressors q;
     struct qcow2_decompressor *z; /* the writer's own, under the ingest lock */
@@ -122,8 +122,8 @@ static int place(struct qcow2view *v, uint64_t off, const void *buf,
                  size_t len)
 {
     if (is_zero(buf, len))
-        return v->overlay ? rawfile_place_zero(v->fs, off, len) : 0;
-    return rawfile_place(v->fs, off, buf, len);
+        return v->overlay ? rawfile_place_zero(v->d, off, len) : 0;
+    return rawfile_place(v->d, off, buf, len);
 }
 
 /* ---- decompressor threads --------------------------------------------- */
@@ -297,7 +297,7 @@ static int qcow2_init(struct imageview *iv)
     pthread_mutex_init(&v->read_lock, NULL);
     pthread_mutex_init(&v->q.lock, NULL);
     pthread_cond_init(&v->q.cond, NULL);
-    v->fs = imageview_fs(iv);
+    v->d = imageview_fs(iv);
     v->iv = iv;
     imageview_set_priv(iv, v);
     int r = start_decompressors(v);
@@ -366,13 +366,13 @@ static int count_extent(void *opaque, uint64_t off, uint64_t len)
  * (getattr is frequent). */
 static uint64_t qcow2_size(struct imageview *iv)
 {
-    struct fs *fs = imageview_fs(iv);
-    uint64_t size = rawfile_size(fs);
+    struct fs_disk *d = imageview_fs(iv);
+    uint64_t size = rawfile_size(d);
     struct cluster_count c = { .last_c = UINT64_MAX, .last_t = UINT64_MAX };
 
     if (size == 0 || qcow2_synth_size(size, SYNTH_CLUSTER_BITS, 0, 0) == 0)
         return 0;                     /* empty, or past the limit: open says */
-    imageview_each_data(fs, size, count_extent, &c);
+    imageview_each_data(d, size, count_extent, &c);
     return qcow2_synth_size(size, SYNTH_CLUSTER_BITS, c.clusters, c.tables);
 }
 
@@ -436,11 +436,11 @@ static const struct qcow2_sink sink = {
 
 static int qcow2_new_stream(struct imageview *iv, void **out)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct q2stream *st = calloc(1, sizeof *st);
     struct spool_config cfg = {
-        .dir = fs->spool_dir, .mem_max = SPOOL_MEM_MAX_DEFAULT,
-        .max = fs->spool_max, .name = imageview_name(iv),
+        .dir = d->cfg->spool_dir, .mem_max = SPOOL_MEM_MAX_DEFAULT,
+        .max = d->cfg->spool_max, .name = imageview_name(iv),
     };
 
     if (!st)
@@ -449,7 +449,7 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     int r = spool_new(&cfg, &st->sp);
     struct qcow2_stream_opts opts = {
         .spool = &spool_cbs, .spool_opaque = st->sp,
-        .spool_max = fs->spool_max, .spool_option = "--spool-max",
+        .spool_max = d->cfg->spool_max, .spool_option = "--spool-max",
     };
     if (r == 0)
         r = qcow2_stream_new(&sink, iv, &opts, &st->s);

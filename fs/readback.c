@@ -130,9 +130,9 @@ static void put_json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-void readback_put_status(FILE *f, struct fs *fs)
+void readback_put_status(FILE *f, struct fs_disk *d)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
 
     if (!rb) {
         fputs("  \"readback\": null,\n", f);
@@ -589,14 +589,14 @@ static int stream(struct run *run, struct sink *s)
     return r;
 }
 
-static int run_init(struct run *run, struct fs *fs, uint64_t size)
+static int run_init(struct run *run, struct fs_disk *d, uint64_t size)
 {
-    const struct nbdx_info *info = nbdx_info(fs->x);
+    const struct nbdx_info *info = nbdx_info(d->x);
 
-    *run = (struct run) { .rb = fs->readback, .x = fs->x, .pool = fs->pool,
-                          .size = size, .end = fs->export_size,
+    *run = (struct run) { .rb = d->readback, .x = d->x, .pool = d->pool,
+                          .size = size, .end = d->export_size,
                           .chunk = READBACK_CHUNK, .window = BS_WINDOW,
-                          .extents = info->can_extents && fs->readback->extents,
+                          .extents = info->can_extents && d->readback->extents,
                           .tail_nonzero = UINT64_MAX };
     if (info->block_max && info->block_max < run->chunk)
         run->chunk = info->block_max;
@@ -651,14 +651,14 @@ static void coarsen(struct sink *s, unsigned to)
 
 /* blkhash: the regions whose fingerprints differ between the inline
  * digest and the read-back. */
-static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
+static void name_ranges(struct fs_disk *d, struct sink *s, uint64_t size)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     uint64_t *mine = NULL;
     unsigned shift = s->shift;
     size_t n = 0;
 
-    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) < 0) {
+    if (digest_fingerprints(d->digest, size, &shift, &mine, &n) < 0) {
         free(mine);
         return;
     }
@@ -678,11 +678,11 @@ static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 
 /* ---- one verification ------------------------------------------------ */
 
-static uint64_t file_size(struct fs *fs)
+static uint64_t file_size(struct fs_disk *d)
 {
-    pthread_mutex_lock(&fs->lock);
-    uint64_t size = fs->apparent_size;
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    uint64_t size = d->apparent_size;
+    pthread_mutex_unlock(&d->fs->lock);
     return size;
 }
 
@@ -697,16 +697,16 @@ enum rb_cover {
 
 /* The digest as it stands, and what the pool has done; unless
  * COVER_WHOLE, why says why not. */
-static enum rb_cover get_key(struct fs *fs, struct rb_key *k, char *why,
+static enum rb_cover get_key(struct fs_disk *d, struct rb_key *k, char *why,
                              size_t n)
 {
     struct digest_info di;
     struct pool_stats st;
 
     memset(k, 0, sizeof *k);
-    k->size = file_size(fs);
-    digest_get(fs->digest, k->size, &di);
-    pool_get_stats(fs->pool, &st);
+    k->size = file_size(d);
+    digest_get(d->digest, k->size, &di);
+    pool_get_stats(d->pool, &st);
     snprintf(k->hex, sizeof k->hex, "%s", di.hex);
     k->written = st.bytes_written;
     k->writes = st.requests[POOL_WRITE];
@@ -744,10 +744,10 @@ static void reset_status(struct readback *rb, const struct rb_key *k,
 }
 
 /* Compare; 0 (same) or -EIO (differs: status, ranges and log say how). */
-static int judge(struct fs *fs, struct sink *s, const struct run *run,
+static int judge(struct fs_disk *d, struct sink *s, const struct run *run,
                  const struct rb_key *k, const char *hex)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     bool same = strcmp(hex, k->hex) == 0;
 
     pthread_mutex_lock(&rb->lock);
@@ -760,7 +760,7 @@ static int judge(struct fs *fs, struct sink *s, const struct run *run,
         return 0;
     }
     if (!same && s->blkhash)
-        name_ranges(fs, s, k->size);
+        name_ranges(d, s, k->size);
     set_state(rb, RB_FAILED);
     pthread_mutex_lock(&rb->lock);
     char first[96] = "";
@@ -785,17 +785,17 @@ static int judge(struct fs *fs, struct sink *s, const struct run *run,
     return -EIO;
 }
 
-static int verify_locked(struct fs *fs, const struct rb_key *k)
+static int verify_locked(struct fs_disk *d, const struct rb_key *k)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     struct run run;
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
 
     double t0 = mono_now_s();
 
-    reset_status(rb, k, fs->export_size);
-    int r = run_init(&run, fs, k->size);
+    reset_status(rb, k, d->export_size);
+    int r = run_init(&run, d, k->size);
     if (r == 0)
         r = sink_init(&s, rb, k->size);
     else
@@ -803,7 +803,7 @@ static int verify_locked(struct fs *fs, const struct rb_key *k)
     if (r == 0 && (r = stream(&run, &s)) == 0)
         r = sink_finish(&s, k->size, hex);
     if (r == 0)
-        r = judge(fs, &s, &run, k, hex);
+        r = judge(d, &s, &run, k, hex);
     else {
         set_state(rb, RB_ERROR);
         if (!rb->message[0])
@@ -841,9 +841,9 @@ static int cannot_verify(struct readback *rb, const char *at,
 
 /* Verify unless this disk state was verified already.  at: for the log.
  * final: the unmount (a pass still open there is no pass to wait for). */
-static int verify(struct fs *fs, const char *at, bool final)
+static int verify(struct fs_disk *d, const char *at, bool final)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     struct rb_key k, after;
     char why[192];
     int r;
@@ -851,10 +851,10 @@ static int verify(struct fs *fs, const char *at, bool final)
     if (!rb)
         return 0;
     pthread_mutex_lock(&rb->run);
-    if (digest_settle(fs->digest, SETTLE_S) < 0)
+    if (digest_settle(d->digest, SETTLE_S) < 0)
         log_notice("read-back: the digest is still hashing after %d s",
                    SETTLE_S);
-    enum rb_cover cover = get_key(fs, &k, why, sizeof why);
+    enum rb_cover cover = get_key(d, &k, why, sizeof why);
     if (cover == COVER_NOTHING_YET && final && k.writes + k.zeroes > 0)
         cover = COVER_CANNOT;
     if (cover == COVER_NOTHING_YET) {
@@ -866,8 +866,8 @@ static int verify(struct fs *fs, const char *at, bool final)
     } else if (rb->have_key && memcmp(&k, &rb->key, sizeof k) == 0) {
         r = rb->verdict;
     } else {
-        r = verify_locked(fs, &k);
-        get_key(fs, &after, why, sizeof why);
+        r = verify_locked(d, &k);
+        get_key(d, &after, why, sizeof why);
         if (memcmp(&k, &after, sizeof k) != 0) {
             /* Written meanwhile: what was read is no one's content, and
              * the writer that asked has no verdict. */
@@ -891,23 +891,23 @@ static int verify(struct fs *fs, const char *at, bool final)
     return r;
 }
 
-int readback_at_close(struct fs *fs)
+int readback_at_close(struct fs_disk *d)
 {
-    if (!fs->readback || fs->readback->when != READBACK_CLOSE)
+    if (!d->readback || d->readback->when != READBACK_CLOSE)
         return 0;
     /* An empty file is a copy starting (dd's dup2 closes the O_TRUNC
      * descriptor once), not one ending: the unmount checks it. */
-    if (file_size(fs) == 0)
+    if (file_size(d) == 0)
         return 0;
-    return verify(fs, "close", false);
+    return verify(d, "close", false);
 }
 
-int readback_at_unmount(struct fs *fs)
+int readback_at_unmount(struct fs_disk *d)
 {
-    if (!fs->readback)
+    if (!d->readback)
         return 0;
-    struct readback *rb = fs->readback;
-    int r = verify(fs, "unmount", true);
+    struct readback *rb = d->readback;
+    int r = verify(d, "unmount", true);
 
     pthread_mutex_lock(&rb->lock);
     if (r < 0)

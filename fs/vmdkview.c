@@ -82,7 +82,7 @@ struct inflaters {
 struct vmdkview {
     pthread_mutex_t read_lock;
     uint32_t cid;                 /* of the synthesized VMDK, per mount */
-    struct fs *fs;
+    struct fs_disk *d;
     struct imageview *iv;
     struct inflaters q;
     struct vmdk_inflater *z;      /* the writer's own, under the ingest lock */
@@ -96,27 +96,27 @@ static struct vmdkview *vmdk_of(struct imageview *iv)
     return imageview_priv(iv);
 }
 
-static const char *vmdk_name(struct fs *fs)
+static const char *vmdk_name(struct fs_disk *d)
 {
-    return fs->view_name[FS_INO_VMDK];
+    return d->view_name[FS_INO_VMDK];
 }
 
 /* ---- inflater threads ------------------------------------------------ */
 
-static int place(struct fs *fs, uint64_t off, const void *buf, size_t len);
+static int place(struct fs_disk *d, uint64_t off, const void *buf, size_t len);
 
 static void run_job(struct vmdkview *v, struct job *j,
                     struct vmdk_inflater *z, uint8_t *out)
 {
     struct vmdk_err e = { "" };
     int64_t n = vmdk_grain_inflate(z, &j->g, out, &e);
-    int r = n < 0 ? (int) n : place(v->fs, j->g.disk_off, out, (size_t) n);
+    int r = n < 0 ? (int) n : place(v->d, j->g.disk_off, out, (size_t) n);
 
     free(j->data);
     pthread_mutex_lock(&v->q.lock);
     if (r < 0 && !v->q.err) {
         v->q.err = r;
-        log_err("%s: %s", vmdk_name(v->fs),
+        log_err("%s: %s", vmdk_name(v->d),
                 e.msg[0] ? e.msg : strerror(-r));
     }
     v->q.busy--;
@@ -272,7 +272,7 @@ static void vmdk_fini(struct imageview *iv)
 
 static int vmdk_init(struct imageview *iv)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct vmdkview *v = calloc(1, sizeof *v);
     struct timespec ts;
 
@@ -281,12 +281,12 @@ static int vmdk_init(struct imageview *iv)
     pthread_mutex_init(&v->read_lock, NULL);
     pthread_mutex_init(&v->q.lock, NULL);
     pthread_cond_init(&v->q.cond, NULL);
-    v->fs = fs;
+    v->d = d;
     v->iv = iv;
     /* A per-mount content id: re-reads of the view agree within a mount. */
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = ((uint64_t) ts.tv_sec * 1000000007u) ^
-                    (uint64_t) ts.tv_nsec ^ fs->export_size;
+                    (uint64_t) ts.tv_nsec ^ d->export_size;
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     v->cid = (uint32_t) (seed >> 32);
     if (v->cid == 0xffffffffu)
@@ -294,7 +294,7 @@ static int vmdk_init(struct imageview *iv)
     imageview_set_priv(iv, v);
     int r = start_inflaters(v);
     if (r < 0) {
-        log_err("%s: cannot start inflater threads: %s", vmdk_name(fs),
+        log_err("%s: cannot start inflater threads: %s", vmdk_name(d),
                 strerror(-r));
         vmdk_fini(iv);
     }
@@ -347,13 +347,13 @@ static int count_extent(void *opaque, uint64_t off, uint64_t len)
  * 4 bytes per allocated grain). */
 static uint64_t vmdk_size(struct imageview *iv)
 {
-    struct fs *fs = imageview_fs(iv);
-    uint64_t size = rawfile_size(fs);
+    struct fs_disk *d = imageview_fs(iv);
+    uint64_t size = rawfile_size(d);
     struct grain_count c = { .last_g = UINT64_MAX, .last_t = UINT64_MAX };
 
     if (vmdk_synth_size(size, 0, 0) == 0)
         return 0;                     /* past the limit: open says why */
-    imageview_each_data(fs, size, count_extent, &c);
+    imageview_each_data(d, size, count_extent, &c);
     return vmdk_synth_size(size, c.grains, c.tables);
 }
 
@@ -375,25 +375,25 @@ static int64_t vmdk_read(struct imageview *iv, void *s, struct fs_fh *fh,
 static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
 {
     struct imageview *iv = opaque;
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
 
     /* A capacity is whole sectors: an export whose size is not a multiple
      * of 512 takes a VMDK of itself back (place() checks the tail). */
-    if (capacity > fs->export_size &&
-        capacity - fs->export_size < VMDK_SECTOR)
-        capacity = fs->export_size;
+    if (capacity > d->export_size &&
+        capacity - d->export_size < VMDK_SECTOR)
+        capacity = d->export_size;
     return imageview_take(iv, kind == VMDK_STREAM_OPTIMIZED
                                   ? "streamOptimized" : "monolithicSparse",
                           capacity, false, 0);
 }
 
 /* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
-static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
+static int place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 {
-    if (off + len > fs->export_size) {
+    if (off + len > d->export_size) {
         /* The last sector's bytes past an export that ends mid-sector
          * (begin() allowed that): they must be zero. */
-        size_t keep = off < fs->export_size ? (size_t) (fs->export_size - off)
+        size_t keep = off < d->export_size ? (size_t) (d->export_size - off)
                                             : 0;
         if (!is_zero((const char *) buf + keep, len - keep))
             return -ENOSPC;
@@ -401,7 +401,7 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     }
     if (is_zero(buf, len))           /* reads as zero since begin() */
         return 0;
-    return rawfile_place(fs, off, buf, len);
+    return rawfile_place(d, off, buf, len);
 }
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
