@@ -714,6 +714,42 @@ static int parse_target(struct cli_options *o, int argc, char **argv)
     return 0;
 }
 
+/* MOUNTPOINT --all-exports URI, or MOUNTPOINT NAME=URI ...: every disk
+ * connects by URI; the names are checked here (--all-exports: by main(),
+ * once the server has listed them). */
+static int parse_disks(struct cli_options *o, int argc, char **argv)
+{
+    int r;
+
+    if (o->mode_set)
+        return usage_error(o, "several disks are each NAME=URI (or "
+                           "--all-exports URI): not with --%s",
+                           o->nbd.mode == NBDX_UNIX ? "unix"
+                           : o->nbd.mode == NBDX_TCP ? "tcp"
+                           : o->nbd.mode == NBDX_FD ? "fd" : "command");
+    if (strcmp(argv[0], "--all-exports") == 0) {
+        if (argc != 2 || !strstr(argv[1], "://"))
+            return usage_error(o, "--all-exports takes one URI "
+                               "(nbd://HOST[:PORT], "
+                               "nbd+unix:///?socket=SOCKET, ...)");
+        o->all_exports = argv[1];
+        argv++;
+        argc = 1;
+    } else {
+        r = disks_parse_named(argc, argv, &o->disks, &o->ndisks, o->msg,
+                              sizeof o->msg);
+        if (r == 0)
+            r = disks_check_names(o->disks, o->ndisks, o->msg,
+                                  sizeof o->msg);
+        if (r < 0)
+            return usage_helper_error(o, r);
+    }
+    /* The first disk's URI stands for the rest where one is asked for
+     * (the TLS choice, -v); each disk connects with its own. */
+    char *uri[] = { o->all_exports ? argv[0] : o->disks[0].uri, NULL };
+    return parse_server(o, 1, uri);
+}
+
 int cli_parse_args(struct cli_options *o, int argc, char **argv)
 {
     int c, r;
@@ -740,9 +776,18 @@ int cli_parse_args(struct cli_options *o, int argc, char **argv)
         return r;
     /* The server first: --fd N must be checked before the mountpoint's
      * pinned descriptor could take the number N. */
-    r = parse_server(o, argc - optind - 1, argv + optind + 1);
+    if (disks_form(argc - optind - 1, argv + optind + 1))
+        r = parse_disks(o, argc - optind - 1, argv + optind + 1);
+    else
+        r = parse_server(o, argc - optind - 1, argv + optind + 1);
     if (r == 0)
         r = parse_mountpoint(o, argv[optind]);
+    if (r == 0 && (o->ndisks || o->all_exports) &&
+        (o->mp.file_mode || strcmp(o->mp.filename, "nbd") != 0)) {
+        r = usage_error(o, "several disks mount on a directory (each disk "
+                        "is a file named after it): not on %s",
+                        o->mp.file_mode ? "a file" : "DIR/FILENAME");
+    }
     o->nbd.debug = log_verbosity >= 2;
     return r;
 }
@@ -754,4 +799,7 @@ void cli_options_free(struct cli_options *o)
     free(o->spool_dir);
     free(o->vsock_uri);
     o->spool_dir = o->vsock_uri = NULL;
+    disks_free(o->disks, o->ndisks);
+    o->disks = NULL;
+    o->ndisks = 0;
 }

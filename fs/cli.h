@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "common/blkhash.h"
+#include "fs/disks.h"
 #include "fs/readback.h"
 #include "transport/nbdx.h"
 
@@ -158,6 +159,12 @@ struct cli_options {
                                * owned */
     uint64_t spool_max;       /* --spool-max; 0: SPOOL_MAX_DEFAULT */
     const char *log_file;     /* --log-file FILE */
+    /* Several disks (fs/disks.h): MOUNTPOINT NAME=URI ..., or
+     * MOUNTPOINT --all-exports URI (the names and URIs filled in by
+     * main() from the server's list).  ndisks 0: the one-disk form. */
+    struct cli_disk *disks;   /* owned */
+    unsigned ndisks;
+    const char *all_exports;  /* --all-exports URI, or NULL */
 
     /* The exit status of a failed mount: mount(8)'s 32 in the fstab form
      * ("nbdferry URI MOUNTPOINT -o OPTIONS", as mount.fuse3 runs it), 1

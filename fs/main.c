@@ -48,6 +48,12 @@
 
 static const char *program = CLI_PROGRAM;
 
+/* A disk's name at the start of a log line, in a mount of several. */
+#define DISK_FMT "%s%s"
+#define DISK_ARG(d) ((d)->fs->ndisks > 1 ? (d)->filename : ""), \
+                    ((d)->fs->ndisks > 1 ? ": " : "")
+
+
 /* ---- setup ----------------------------------------------------------- */
 
 static uint64_t clamp_request_size(const struct cli_options *o,
@@ -124,7 +130,8 @@ static int open_pool(struct fs_disk *d, const struct cli_options *o)
     const struct nbdx_info *info = nbdx_info(d->x);
     struct pool_config pc = {
         .request_size = clamp_request_size(o, info),
-        .pool_size = o->pool_size,
+        /* One memory bound for the mount: each disk has its share. */
+        .pool_size = o->pool_size / d->fs->ndisks,
         .depth = o->depth,
         .idle_ms = o->idle_ms,
         .write_through = o->write_through,
@@ -148,12 +155,14 @@ static int open_pool(struct fs_disk *d, const struct cli_options *o)
         if (r < 0)
             return r;             /* logged */
     } else if (r < 0) {
-        log_err("cannot create the write-back pool: %s", strerror(-r));
+        log_err(DISK_FMT "cannot create the write-back pool: %s",
+                DISK_ARG(d), strerror(-r));
         return r;
     }
     /* Read requests as large as write requests, as many ahead of one
      * reader as the write side keeps in flight per connection. */
-    r = ra_create(d->pool, (size_t) o->readahead, pc.request_size,
+    r = ra_create(d->pool, (size_t) (o->readahead / d->fs->ndisks),
+                  pc.request_size,
                   READAHEAD_DEPTH, &d->ra);
     if (r < 0)
         log_err("cannot create the read-ahead: %s", strerror(-r));
@@ -214,7 +223,10 @@ static struct fuse_session *mount_fuse(struct fs *fs,
     fuse_opt_add_arg(&args, program);
     fuse_opt_add_arg(&args, "-o");
     fuse_opt_add_arg(&args, "fsname=nbdferry,subtype=nbdferry");
-    if (fs->disks[0].readonly) {
+    bool ro = true;
+    for (unsigned i = 0; i < fs->ndisks; i++)
+        ro = ro && fs->disks[i].readonly;
+    if (ro) {
         fuse_opt_add_arg(&args, "-o");
         fuse_opt_add_arg(&args, "ro");
     }
@@ -273,19 +285,22 @@ static int digest_read_disk(void *ctx, uint64_t off, void *buf, size_t len)
  * comes after the last reply. */
 static int start_watchers(struct fs_disk *d, const struct cli_options *o)
 {
+    /* The bar and the progress lines are one disk's: with several, the
+     * status file has each disk's progress. */
+    bool one = d->fs->ndisks == 1;
+    size_t queue = DIGEST_QUEUE_LIMIT / d->fs->ndisks;
     struct progress_config pc = {
-        .bar = o->progress_bar,
-        .fd = o->progress_fd,
+        .bar = one && o->progress_bar,
+        .fd = one ? o->progress_fd : -1,
         .expected_size = o->expected_size,
         .mountpoint = o->mp.mountpoint,
     };
     struct pool_stats ps;
     pool_get_stats(d->pool, &ps);
     int r = o->no_digest ? 0
-          : o->blkhash ? digest_create_blkhash(DIGEST_QUEUE_LIMIT,
-                                               o->blkhash_md,
+          : o->blkhash ? digest_create_blkhash(queue, o->blkhash_md,
                                                o->blkhash_block, &d->digest)
-                       : digest_create(DIGEST_QUEUE_LIMIT, &d->digest);
+                       : digest_create(queue, &d->digest);
     if (r == 0) {
         digest_set_hold_limit(d->digest, digest_hold_limit(&ps));
         digest_set_reader(d->digest, digest_read_disk, d, d->export_size);
@@ -376,10 +391,10 @@ static int finish(struct fs_disk *d)
         for (unsigned i = 0; i < st.nfailures && !f; i++)
             if (!st.failures[i].repaired)
                 f = &st.failures[i];
-        log_err("%" PRIu64 " NBD request(s) failed during this mount and "
-                "%" PRIu64 " byte(s) in %" PRIu64 " range(s)%s were not "
+        log_err(DISK_FMT "%" PRIu64 " NBD request(s) failed during this "
+                "mount and %" PRIu64 " byte(s) in %" PRIu64 " range(s)%s were not "
                 "repaired; the disk may not hold what was written (first: "
-                "%s of %" PRIu64 " bytes at %" PRIu64 ")",
+                "%s of %" PRIu64 " bytes at %" PRIu64 ")", DISK_ARG(d),
                 st.errors, st.damaged_bytes, st.damaged_ranges,
                 st.flush_failed ? " and the last flush" : "",
                 !f ? "flush" : f->lost ? "lost write"
@@ -388,14 +403,15 @@ static int finish(struct fs_disk *d)
         return EXIT_FAILURE;
     }
     if (st.errors)
-        log_notice("%" PRIu64 " NBD request(s) failed during this mount; "
-                   "every range they left wrong was written again "
-                   "successfully (%" PRIu64 " repaired)", st.errors,
+        log_notice(DISK_FMT "%" PRIu64 " NBD request(s) failed during "
+                   "this mount; every range they left wrong was written "
+                   "again successfully (%" PRIu64 " repaired)", DISK_ARG(d),
+                   st.errors,
                    st.repairs);
     if (readback_at_unmount(d) < 0)          /* --verify-readback */
         return EXIT_FAILURE;
-    log_info("unmounted: %" PRIu64 " bytes written, %" PRIu64 " acknowledged",
-             st.bytes_written, st.bytes_acked);
+    log_info(DISK_FMT "unmounted: %" PRIu64 " bytes written, %" PRIu64
+             " acknowledged", DISK_ARG(d), st.bytes_written, st.bytes_acked);
     return EXIT_SUCCESS;
 }
 
@@ -450,73 +466,158 @@ static void prepare(struct cli_options *o, struct daemon *d)
     }
 }
 
+/* --all-exports URI: the server's list, as NAME=URI disks, checked. */
+static void list_all_exports(struct cli_options *o)
+{
+    char **names, msg[CLI_MSG_MAX];
+    size_t n;
+
+    if (list_export_names(o->all_exports, &names, &n) < 0)   /* logged */
+        exit(o->failure_status);
+    o->disks = calloc(n, sizeof *o->disks);
+    for (size_t i = 0; o->disks && i < n; i++) {
+        o->disks[i].name = names[i];
+        o->disks[i].uri = disks_export_uri(o->all_exports, names[i]);
+        o->ndisks = (unsigned) i + 1;
+        if (!o->disks[i].uri)
+            break;
+    }
+    if (!o->disks || o->ndisks < n || !o->disks[n - 1].uri)
+        cli_exit(o, false, "out of memory");
+    free(names);
+    if (disks_check_names(o->disks, o->ndisks, msg, sizeof msg) < 0) {
+        char line[CLI_MSG_MAX + 64];
+        snprintf(line, sizeof line, "--all-exports %s: %s", o->all_exports,
+                 msg);
+        cli_exit(o, false, line);
+    }
+}
+
+/* The mount's configuration, from the command line. */
+static void set_config(struct fs_config *c, const struct cli_options *o)
+{
+    c->file_mode = o->mp.file_mode;
+    c->block_device = o->fo.block_device;
+    c->vhd_fixed = o->fo.vhd_fixed;
+    c->multiwriter = o->fo.multiwriter;
+    c->spool_dir = o->spool_dir;
+    c->spool_max = o->spool_max ? o->spool_max : SPOOL_MAX_DEFAULT;
+    c->uid = o->fo.set_uid ? (uid_t) o->fo.uid : getuid();
+    c->gid = o->fo.set_gid ? (gid_t) o->fo.gid : getgid();
+    clock_gettime(CLOCK_REALTIME, &c->started);
+}
+
+/* Connect disk d and name its files.  -1, logged. */
+static int open_disk(struct fs_disk *d, const struct cli_options *o)
+{
+    struct nbdx_config nc = o->nbd;
+
+    if (o->ndisks) {
+        nc.mode = NBDX_URI;
+        nc.uri = o->disks[d->index].uri;
+    }
+    d->filename = o->ndisks ? o->disks[d->index].name : o->mp.filename;
+    if (nbdx_open(&nc, &d->x) < 0)
+        return -1;
+    const struct nbdx_info *info = nbdx_info(d->x);
+    d->export_size = info->size;
+    d->apparent_size = info->size;
+    d->readonly = info->readonly;
+    d->mtime = d->cfg->started;
+    pthread_rwlock_init(&d->size_lock, NULL);
+    if (fs_views_init(d) < 0) {
+        log_err("out of memory");
+        return -1;
+    }
+    log_info(DISK_FMT "export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
+             DISK_ARG(d), info->size, info->connections,
+             info->tcp ? ", tcp" : "",
+             info->can_zero ? ", write-zeroes" : "",
+             info->can_fast_zero ? ", fast-zero" : "");
+    return 0;
+}
+
+/* Each disk after its drain and flush: its status in ds[], the mount's
+ * returned (a failure on any disk fails the mount). */
+static int finish_all(struct fs *fs, int *ds)
+{
+    int status = EXIT_SUCCESS;
+
+    for (unsigned i = 0; i < fs->ndisks; i++) {
+        ds[i] = finish(&fs->disks[i]);
+        if (ds[i] != EXIT_SUCCESS) {
+            status = ds[i];
+            if (fs->ndisks > 1)
+                log_err("disk %s: FAILED (see above)",
+                        fs->disks[i].filename);
+        }
+    }
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     struct cli_options o = { 0 };
     struct daemon dm = { .ready_fd = -1 };
     struct fs fs = { 0 };
-    struct fs_disk disk = { .fs = &fs, .cfg = &fs.cfg }, *d = &disk;
-    struct mountlock *ml = NULL;
-    int status = EXIT_FAILURE;
+    struct mountlock **ml = NULL;
+    struct pool **pools = NULL;
+    int status = EXIT_FAILURE, *ds = NULL;
+    unsigned opened = 0, pooled = 0, n;
 
     log_set_program(program);
     signal(SIGPIPE, SIG_IGN);
     command_line(&o, argc, argv);
     status = o.failure_status;
+    if (o.all_exports)
+        list_all_exports(&o);         /* before anything is started */
+    n = o.ndisks ? o.ndisks : 1;
+    fs.disks = calloc(n, sizeof *fs.disks);
+    ml = calloc(n, sizeof *ml);
+    pools = calloc(n, sizeof *pools);
+    ds = calloc(n, sizeof *ds);
+    if (!fs.disks || !ml || !pools || !ds)
+        cli_exit(&o, false, "out of memory");
+    fs.ndisks = n;
     prepare(&o, &dm);
     if (!o.foreground)
         daemon_fork(&dm);
-    /* After the fork (the lock file names the daemon's pid), before the
-     * server: a second writable mount of the export stops here. */
-    if (!o.nbd.readonly && !o.fo.multiwriter &&
-        mountlock_take(&o.nbd, o.mp.mountpoint, &ml) < 0)
-        goto out_nbd;
-
-
-    fs.disks = d;
-    fs.ndisks = 1;
-    if (nbdx_open(&o.nbd, &d->x) < 0)
-        goto out_nbd;
-    const struct nbdx_info *info = nbdx_info(d->x);
-    d->export_size = info->size;
-    d->apparent_size = info->size;
-    d->readonly = info->readonly;
-    d->filename = o.mp.filename;
-    fs.cfg.file_mode = o.mp.file_mode;
-    fs.cfg.block_device = o.fo.block_device;
-    fs.cfg.vhd_fixed = o.fo.vhd_fixed;
-    fs.cfg.multiwriter = o.fo.multiwriter;
-    fs.cfg.spool_dir = o.spool_dir;
-    fs.cfg.spool_max = o.spool_max ? o.spool_max : SPOOL_MAX_DEFAULT;
-    if (fs_views_init(d) < 0) {
-        log_err("out of memory");
-        goto out_nbd;
-    }
-    fs.cfg.uid = o.fo.set_uid ? (uid_t) o.fo.uid : getuid();
-    fs.cfg.gid = o.fo.set_gid ? (gid_t) o.fo.gid : getgid();
+    set_config(&fs.cfg, &o);
+    pthread_mutex_init(&fs.lock, NULL);
+    mono_cond_init(&fs.h.released);
     if (o.fo.kernel_cache)
         log_info("-o kernel_cache: ignored, every file is direct I/O (the "
                  "write-back pool must see each write)");
-    clock_gettime(CLOCK_REALTIME, &fs.cfg.started);
-    d->mtime = fs.cfg.started;
-    pthread_mutex_init(&fs.lock, NULL);
-    mono_cond_init(&fs.h.released);
-    pthread_rwlock_init(&d->size_lock, NULL);
-    log_info("export: %" PRIu64 " bytes, %u connection(s)%s%s%s",
-             info->size, info->connections, info->tcp ? ", tcp" : "",
-             info->can_zero ? ", write-zeroes" : "",
-             info->can_fast_zero ? ", fast-zero" : "");
+    for (unsigned i = 0; i < n; i++) {
+        struct fs_disk *d = &fs.disks[i];
+        struct nbdx_config nc = o.nbd;
 
-    if (open_pool(d, &o) < 0)
-        goto out_nbd;
-    if (start_watchers(d, &o) < 0)
-        goto out_pool;
+        *d = (struct fs_disk) { .fs = &fs, .cfg = &fs.cfg, .index = i };
+        if (o.ndisks)
+            nc.uri = o.disks[i].uri;
+        /* After the fork (the lock file names the daemon's pid), before
+         * the server: a second writable mount of an export stops here. */
+        if (!o.nbd.readonly && !o.fo.multiwriter &&
+            mountlock_take(&nc, o.mp.mountpoint, &ml[i]) < 0)
+            goto out_nbd;
+        opened = i + 1;
+        if (open_disk(d, &o) < 0)
+            goto out_nbd;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        if (open_pool(&fs.disks[i], &o) < 0)
+            goto out_pool;
+        pools[i] = fs.disks[i].pool;
+        pooled = i + 1;
+        if (start_watchers(&fs.disks[i], &o) < 0)
+            goto out_pool;
+    }
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
     if (daemon_write_pidfile(&dm) < 0)
         goto out_unmount;                 /* logged */
-    if (stopsig_start(se, d->pool) < 0)   /* libfuse's handlers stay */
+    if (stopsig_start(se, pools, n) < 0)  /* libfuse's handlers stay */
         log_info("a second stop signal will not abandon the final drain");
     daemon_detach(&dm);
     serve(&fs, se, o.single_thread);
@@ -538,18 +639,31 @@ out_pool:
         signal(SIGHUP, SIG_IGN);
     }
     if (status == EXIT_SUCCESS)
-        status = finish(d);
-    verdict_write(&fs, status, NULL);     /* for nbdferry --unmount */
-    stop_watchers(d);
-    pool_destroy(d->pool);
+        status = finish_all(&fs, ds);
+    else
+        for (unsigned i = 0; i < n; i++)
+            ds[i] = status;
+    if (pooled == n)
+        verdict_write(&fs, status, ds);   /* for nbdferry --unmount */
+    for (unsigned i = 0; i < pooled; i++) {
+        stop_watchers(&fs.disks[i]);
+        pool_destroy(fs.disks[i].pool);
+    }
     stopsig_stop();
 out_nbd:
     fs_close_all(&fs);
-    ra_destroy(d->ra);        /* after pool_destroy(): no read in flight */
-    fs_views_fini(d);
-    nbdx_close(d->x);
+    for (unsigned i = 0; i < opened; i++) {
+        ra_destroy(fs.disks[i].ra);   /* after pool_destroy(): no read in
+                                       * flight */
+        fs_views_fini(&fs.disks[i]);
+        nbdx_close(fs.disks[i].x);
+        mountlock_release(ml[i]);
+    }
     daemon_fini(&dm);          /* the pidfile, if it still holds our pid */
-    mountlock_release(ml);
+    free(fs.disks);
+    free(ml);
+    free(pools);
+    free(ds);
     cli_options_free(&o);
     log_flush();
     return status;

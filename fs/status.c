@@ -316,24 +316,18 @@ static void put_tcp(FILE *f, struct fs_disk *d)
             t.rtt_us, t.rttvar_us, t.unacked, t.notsent_bytes, t.mss);
 }
 
-char *fs_status_json(struct fs *fs, size_t *len)
+/* One disk's keys: the whole document of a one-disk mount, a section of
+ * "disks" in a mount of several. */
+static void put_disk(FILE *f, struct fs_disk *d, double uptime)
 {
-    struct fs_disk *d = &fs->disks[0];
     struct pool_stats s;
     struct nbdx_stats n;
     const struct nbdx_info *info = nbdx_info(d->x);
-    char *buf = NULL;
-    FILE *f = open_memstream(&buf, len);
 
-    if (!f)
-        return NULL;
     pool_get_stats(d->pool, &s);
     nbdx_get_stats(d->x, &n);
     uint64_t apparent = rawfile_size(d);
-    double uptime = elapsed_s(&d->cfg->started);
 
-    fprintf(f, "{\n");
-    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
     fprintf(f, "  \"export_size\": %" PRIu64 ",\n", d->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
     fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
@@ -386,6 +380,60 @@ char *fs_status_json(struct fs *fs, size_t *len)
     put_progress(f, d, &s, uptime);
     readback_put_status(f, d);
     put_digest(f, d, &s, apparent);
+}
+
+/* A mount of several disks: each disk's section, then the totals. */
+static void put_disks(FILE *f, struct fs *fs, double uptime)
+{
+    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0;
+
+    fprintf(f, "  \"disks\": [\n");
+    for (unsigned i = 0; i < fs->ndisks; i++) {
+        struct fs_disk *d = &fs->disks[i];
+        struct pool_stats s;
+
+        fprintf(f, "  {\n  \"name\": ");
+        put_string(f, d->filename);
+        fprintf(f, ",\n");
+        put_disk(f, d, uptime);
+        fprintf(f, "  }%s\n", i + 1 < fs->ndisks ? "," : "");
+        pool_get_stats(d->pool, &s);
+        size += d->export_size;
+        apparent += rawfile_size(d);
+        written += s.bytes_written;
+        acked += s.bytes_acked;
+        errors += s.errors;
+    }
+    fprintf(f, "  ],\n");
+    struct log_entry recent[LOG_RECENT];
+    uint64_t log_errors, log_warnings;
+    log_recent(recent, &log_errors, &log_warnings);
+    fprintf(f, "  \"total\": {\"disks\": %u, \"export_size\": %" PRIu64
+               ", \"apparent_size\": %" PRIu64 ", \"bytes_written\": %"
+               PRIu64 ", \"bytes_acknowledged\": %" PRIu64
+               ", \"bytes_unacknowledged\": %" PRIu64 ", \"errors\": %"
+               PRIu64 ", \"warnings\": %" PRIu64 "}\n",
+            fs->ndisks, size, apparent, written, acked,
+            written > acked ? written - acked : 0, errors + log_errors,
+            log_warnings);
+}
+
+char *fs_status_json(struct fs *fs, size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+
+    if (!f)
+        return NULL;
+    double uptime = elapsed_s(&fs->cfg.started);
+    fprintf(f, "{\n");
+    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
+    if (fs->ndisks == 1) {
+        put_disk(f, &fs->disks[0], uptime);
+    } else {
+        fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
+        put_disks(f, fs, uptime);
+    }
     fprintf(f, "}\n");
     if (fclose(f) != 0) {
         free(buf);
