@@ -35,19 +35,6 @@
 
 #include <libnbd.h>
 
-#define DEFAULT_CONNECTIONS 4
-#define DEFAULT_DEPTH 8
-#define DEFAULT_REQUEST_SIZE (2u << 20)
-#define DEFAULT_POOL_SIZE (64u << 20)
-#define DEFAULT_READAHEAD (64u << 20)   /* read-ahead memory, all readers */
-#define DEFAULT_IDLE_MS 10
-#define DEFAULT_RETRY_TIMEOUT 60
-#define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
-                                       * can take seconds; 30 s rides out
-                                       * that and short stalls, and a dead
-                                       * server is noticed in half a
-                                       * minute */
-
 /* mount(8) helpers exit as mount does: 32 is "mount failure".  Set for
  * the fstab form; a plain command line fails with 1. */
 #define MOUNT_EX_FAIL 32
@@ -71,154 +58,6 @@ static int usage_helper_error(struct cli_options *o, int r)
 {
     o->usage_mistake = true;
     return r;
-}
-
-static void usage(void)
-{
-    printf(
-"nbdferry - mount an NBD export as a file, with pipelined write-back\n"
-"\n"
-"Usage:\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] URI\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] [ CMD ARGS ... ]\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --command CMD ARGS ...\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N\n"
-"  nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT\n"
-"  nbdferry [OPTIONS] FILE URI|SERVER...   (file mode)\n"
-"  nbdferry --unmount MOUNTPOINT\n"
-"  nbdferry --list URI\n"
-"  nbdferry --help | --fuse-help | --version | --long-options |\n"
-"           --short-options\n"
-"\n"
-"The export appears as MOUNTPOINT/FILENAME (default: nbd), or over FILE\n"
-"when FILE is an existing regular file (file mode, as nbdfuse).  Copy a\n"
-"raw disk image into it with cp, dd, rsync --inplace or qemu-img.  Beside\n"
-"it, the same disk in other formats: write a VHD into FILENAME.vhd or a\n"
-"VMDK (streamOptimized, as in an OVA, or monolithicSparse) into\n"
-"FILENAME.vmdk and the decoded disk lands; read them to export the disk\n"
-"(at the raw file's size) in that format.  MOUNTPOINT/.nbdferry-status is\n"
-"the live status (JSON: progress, errors, the inline digest); the\n"
-"nbdferry-status program summarises it.  Unmount with nbdferry --unmount\n"
-"MOUNTPOINT to wait for the final flush and see the verdict (or\n"
-"fusermount3 -u MOUNTPOINT).  [ CMD ARGS ] starts a server with\n"
-"systemd socket activation (also: --socket-activation CMD ARGS);\n"
-"--command runs one on stdin/stdout.  Options go before MOUNTPOINT.\n"
-"\n"
-"The mountpoint must be an empty directory of yours: a directory that\n"
-"holds files is refused unless -o nonempty; a system directory (/, /etc,\n"
-"/tmp, /usr, /var, $HOME, $TMPDIR, ...) and a FUSE mount always; a dead\n"
-"mount is named with the fusermount3 -u that clears it.  File mode's FILE\n"
-"must be an empty file of yours (or -o nonempty), never a system file.\n"
-"\n"
-"Without -f the command returns once the mount is ready and the daemon\n"
-"runs on (nbdfuse stays in the foreground: use -f to wait on the process,\n"
-"or -P FILE to find it).\n"
-"\n"
-"Options:\n"
-"  -C, --connections N    NBD connections if the server offers multi-conn\n"
-"                         (default %u)\n"
-"      --depth N          requests in flight per connection (default %u)\n"
-"      --request-size SIZE  largest NBD write; clamped to the server's\n"
-"                         maximum and to 32M (default 2M)\n"
-"      --pool-size SIZE   write-back memory in all (default 64M)\n"
-"      --readahead SIZE   read-ahead memory for sequential readers, in\n"
-"                         all (default 64M; 0: off)\n"
-"      --idle-ms N        send a partly filled buffer after N ms without\n"
-"                         writes (default %u)\n"
-"      --write-through    no write-back: each write waits for its reply\n"
-"                         (the stock behaviour, for comparison)\n"
-"      --no-nodelay       leave Nagle's algorithm on for TCP connections\n"
-"      --destination-is-zero  the export already reads as zero everywhere:\n"
-"                         never zero it again\n"
-"      --no-extents       do not read block status at start\n"
-"      --digest=blkhash[/DIGEST[/SIZE]]|sha256|none  the inline digest of\n"
-"                         the copy (also -o digest=...).  Default blkhash\n"
-"                         (sha256 of 64K blocks, any write order; holes\n"
-"                         and zeroes cost nothing): check it with\n"
-"                         nbdferry-verify SOURCE, blksum SOURCE or\n"
-"                         nbdcopy --blkhash.  sha256 (one forward pass)\n"
-"                         compares with sha256sum SOURCE.  none: no digest\n"
-"      --blkhash[=DIGEST[/SIZE]]  the same as --digest=blkhash[/...]\n"
-"      --no-digest        the same as --digest=none\n"
-"      --verify-readback[=WHEN]  read the disk back from the server and\n"
-"                         compare it with the inline digest: at a\n"
-"                         writer's close/fsync and at unmount (WHEN\n"
-"                         close, the default) or at unmount only\n"
-"                         (unmount); a difference fails with EIO\n"
-"      --progress[=FD]    show the copy's progress, counted in acknowledged\n"
-"                         bytes: a bar on stderr (needs -f), or \"N/100\"\n"
-"                         lines written to file descriptor FD\n"
-"      --expected-size SIZE  the source's size, for percent and ETA\n"
-"                         (default: the writer's input file, if it can be\n"
-"                         seen; else the size the copy tool truncates to)\n"
-"      --vhd-fixed        FILENAME.vhd also takes fixed VHDs (-o vhd_fixed);\n"
-"                         without it, anything that does not begin like a\n"
-"                         dynamic or differencing VHD is refused\n"
-"      --spool-dir DIR    where a format view keeps the bytes of an image that\n"
-"                         arrive before the table that places them, past\n"
-"                         what it keeps in memory (default $TMPDIR, else\n"
-"                         /var/tmp; an unnamed file, mode 0600)\n"
-"      --spool-max SIZE   at most SIZE bytes spooled at once (default 1G);\n"
-"                         an image that needs more fails with EFBIG\n"
-"      --multiwriter      several processes may write the disk at once, and\n"
-"                         another writable mount of the export may exist\n"
-"                         (-o multiwriter); without it a second writer\n"
-"                         fails with EBUSY and a second mount is refused\n"
-"      --retry-timeout S  when a connection fails, reconnect and resend\n"
-"                         for up to S seconds (URI, --unix, --tcp; 0: fail\n"
-"                         at once; default %u)\n"
-"      --request-timeout S  no reply for S seconds with requests outstanding:\n"
-"                         the server gets --retry-timeout more, then they\n"
-"                         fail (a handshake that slow fails; 0: wait\n"
-"                         forever; default %u)\n"
-"      --tls=require|allow|off  TLS (default: as the URI says; nbds://\n"
-"                         requires it); require refuses a server\n"
-"                         that cannot do TLS\n"
-"      --tls-psk-file FILE  TLS pre-shared keys (psktool format)\n"
-"      --tls-username USER  the PSK or X.509 user name\n"
-"      --tls-certificates DIR  X.509 certificates (ca-cert.pem, ...)\n"
-"      --tls-verify-peer  check the server's X.509 certificate and host\n"
-"                         name (always done, unless --tls-insecure)\n"
-"      --tls-insecure     X.509 TLS without checking the server: INSECURE,\n"
-"                         anyone on the path can read and change the disk\n"
-"      --block-device     nbdfuse's block-device semantics: O_TRUNC and\n"
-"                         truncate leave the disk and its size alone (to\n"
-"                         patch sectors in place); also -o block_device.\n"
-"                         Default: file semantics, right for copying a\n"
-"                         whole image in\n"
-"  -o FUSE-OPTION         FUSE mount option; the mount is private to its\n"
-"                         owner unless -o allow_other; repeatable.  Taken\n"
-"                         by nbdferry: nonempty (mount over a directory\n"
-"                         that holds files), digest=SPEC (as --digest),\n"
-"                         uid=N, gid=N (the files' owner), block_device,\n"
-"                         kernel_cache (accepted and\n"
-"                         ignored: every file is direct I/O, the kernel\n"
-"                         caches nothing); see --fuse-help for the rest\n"
-"      --list URI         print the server's exports, one per line:\n"
-"                         NAME, SIZE, DESCRIPTION separated by tabs\n"
-"      --unmount MOUNTPOINT  unmount, wait for the daemon's final drain\n"
-"                         and flush, print its verdict (failed ranges, the\n"
-"                         digest) and exit with its status (with -P FILE:\n"
-"                         the daemon's pidfile, for a file-mode mount)\n"
-"      --log-file FILE    also append every message to FILE (created 0600;\n"
-"                         a link there is refused), daemon or not\n"
-"  -P, --pidfile, --pid-file FILE  write the daemon's pid here once the\n"
-"                         mount is ready; removed at exit\n"
-"  -r, --readonly, --read-only  read-only mount\n"
-"  -f, --foreground       stay in the foreground\n"
-"  -s                     single-threaded FUSE loop\n"
-"  -d                     debug: -f, -v -v and FUSE's debug output\n"
-"  -v, --verbose          more messages (twice: libnbd debug too)\n"
-"  -V, --version          print the versions and exit\n"
-"      --help             this text\n"
-"      --fuse-help        the FUSE options -o accepts\n"
-"      --long-options, --short-options  list the options (for completion)\n"
-"\n"
-"SIZE takes a K, M, G or T suffix (powers of 1024).\n",
-        DEFAULT_CONNECTIONS, DEFAULT_DEPTH, DEFAULT_IDLE_MS,
-        DEFAULT_RETRY_TIMEOUT, DEFAULT_REQUEST_TIMEOUT);
 }
 
 /* ---- option values --------------------------------------------------- */
@@ -502,7 +341,7 @@ static void version(void)
 void cli_print(enum cli_action a)
 {
     switch (a) {
-    case CLI_HELP: usage(); break;
+    case CLI_HELP: cli_usage(); break;
     case CLI_VERSION: version(); break;
     case CLI_FUSE_HELP: fuse_help(); break;
     case CLI_LONG_OPTIONS: list_long_options(); break;

@@ -24,6 +24,20 @@
 #define CLI_MSG_MAX 512
 #define CLI_PROGRAM "nbdferry"
 
+/* The defaults (fs/cli.c sets them, fs/usage.c shows them). */
+#define DEFAULT_CONNECTIONS 4
+#define DEFAULT_DEPTH 8
+#define DEFAULT_REQUEST_SIZE (2u << 20)
+#define DEFAULT_POOL_SIZE (64u << 20)
+#define DEFAULT_READAHEAD (64u << 20)   /* read-ahead memory, all readers */
+#define DEFAULT_IDLE_MS 10
+#define DEFAULT_RETRY_TIMEOUT 60
+#define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
+                                       * can take seconds; 30 s rides out
+                                       * that and short stalls, and a dead
+                                       * server is noticed in half a
+                                       * minute */
+
 /* Format msg (if msglen) and return -err: the helpers' one error path. */
 int cli_fail(int err, char *msg, size_t msglen, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -186,3 +200,6 @@ int cli_parse_args(struct cli_options *o, int argc, char **argv);
 void cli_print(enum cli_action a);
 
 void cli_options_free(struct cli_options *o);
+
+/* fs/usage.c: the --help text, on stdout. */
+void cli_usage(void);

@@ -503,23 +503,9 @@ static ssize_t write_synced(struct fs_fh *fh, int flags, ssize_t n)
     return r < 0 ? r : n;
 }
 
-/* The end of a copy: a write or zeroing of the raw file that reaches,
- * from below, where the writer's copy ends (fh->copy_end: its source's
- * size, or the size it set).  Some copy tools never fsync and ignore close()'s error
- * (qemu-img convert, whose output cache mode "unsafe" sends no flush and
- * whose close is unchecked): for them the reply to their last write is
- * the only place a failure of the writes before it can show.  So that
- * reply waits until everything before it is acknowledged, and carries
- * the failure.  Served by a worker (fs/fuseloop.c asks waits()). */
-static bool ends_copy(const struct fs_fh *fh, uint64_t off, uint64_t len)
-{
-    uint64_t end = fh ? __atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED) : 0;
-    return end && fh->writer && off < end && off + len >= end;
-}
-
 static ssize_t drained_at_end(struct fs_fh *fh, uint64_t off, ssize_t n)
 {
-    if (n <= 0 || !ends_copy(fh, off, (uint64_t) n))
+    if (n <= 0 || !fs_fh_ends_copy(fh, off, (uint64_t) n))
         return n;
     int r = rawfile_drain_end(fh->disk);
     return r < 0 ? r : n;
@@ -599,123 +585,6 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
     reply_written(req, fh, write_synced(fh, fi->flags, n));
 }
 
-/* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */
-
-/* The loop prepares one pool buffer before it reads a request: in the
- * pool of the disk the last raw-file write went to (fs->land_disk), the
- * likeliest next.  A write to another disk's raw file takes the usual
- * path once, and the next buffer is prepared in its pool.  All on the
- * receiving thread. */
-static void *land_begin(void *opaque, size_t *room)
-{
-    struct fs *fs = opaque;
-    return rawfile_land_begin(fs->land_disk, room);
-}
-
-/* The inode a request the loop serves itself is for (in file mode the
- * mountpoint is the raw file), and the trace line op_*() would print. */
-static fuse_ino_t loop_ino(const struct fs *fs, uint64_t nodeid)
-{
-    return fs->cfg.file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW : nodeid;
-}
-
-static void loop_trace(const char *what, uint32_t pid, fuse_ino_t ino,
-                       uint64_t off, uint32_t size)
-{
-    if (__builtin_expect(log_verbosity >= 1, 0))
-        log_trace("pid %d: %s ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
-                  what, (uint64_t) ino, (intmax_t) off, (size_t) size);
-}
-
-/* The raw file's handle a request the loop may serve is for, or NULL. */
-static struct fs_fh *loop_raw_fh(struct fs *fs, uint64_t nodeid,
-                                 uint64_t fhv)
-{
-    fuse_ino_t ino = loop_ino(fs, nodeid);
-    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
-
-    if (fs_ino_slot(ino) != FS_INO_RAW || !fs_disk_of(fs, ino) || !fh)
-        return NULL;
-    return fh;
-}
-
-/* What op_write_buf() does for the raw file, with the payload already in
- * its pool buffer.  Anything else: -EAGAIN, and libfuse gets the request
- * (the loop makes no reply, so nothing may have happened yet). */
-static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
-                          uint64_t off, uint32_t size, uint32_t pid)
-{
-    struct fs *fs = opaque;
-    struct fs_fh *fh = loop_raw_fh(fs, nodeid, fhv);
-
-    if (!fh || fh->disk != fs->land_disk) {
-        rawfile_land_skip(fs->land_disk);
-        if (fh)
-            fs->land_disk = fh->disk;     /* prepare there next time */
-        return -EAGAIN;
-    }
-    if (off > INT64_MAX)
-        return -EAGAIN;
-    ssize_t n = rawfile_write_landed(fh->disk, fh, off, size);
-    if (n == -EAGAIN)
-        return n;
-    fs_fh_mark_wrote(fh);
-    rawfile_failed(fh->disk, fh, n < 0 ? (int) n : 0);
-    loop_trace("write", pid, loop_ino(fs, nodeid), off, size);
-    return n;
-}
-
-static bool land_waits(void *opaque, uint64_t nodeid, uint64_t fhv,
-                       uint64_t off, uint32_t size)
-{
-    struct fs_fh *fh = loop_raw_fh(opaque, nodeid, fhv);
-    return fh && ends_copy(fh, off, size);
-}
-
-static void land_end(void *opaque)
-{
-    struct fs *fs = opaque;
-    rawfile_land_end(fs->land_disk);
-}
-
-/* What op_read() does for the raw file, when the read-ahead already holds
- * the bytes; 0: op_read() on a worker. */
-static int land_read(void *opaque, uint64_t nodeid, uint64_t fhv,
-                     uint64_t off, uint32_t size, uint32_t pid,
-                     struct iovec *iov, unsigned *niov)
-{
-    struct fs *fs = opaque;
-    struct fs_fh *fh = loop_raw_fh(fs, nodeid, fhv);
-
-    if (!fh || off > INT64_MAX)
-        return 0;
-    int r = raw_read_ready(fh->disk, fh, off, size, iov, niov);
-    if (r == 1) {
-        fs->ready_disk = fh->disk;
-        loop_trace("read", pid, loop_ino(fs, nodeid), off, size);
-    }
-    return r;
-}
-
-static void land_read_done(void *opaque)
-{
-    struct fs *fs = opaque;
-    raw_read_ready_done(fs->ready_disk);
-}
-
-void fs_landing(struct fs *fs, struct fuseloop_landing *out)
-{
-    fs->land_disk = &fs->disks[0];
-    fs->ready_disk = &fs->disks[0];
-    *out = (struct fuseloop_landing) { .begin = land_begin,
-                                       .write = land_write,
-                                       .waits = land_waits,
-                                       .end = land_end,
-                                       .read = land_read,
-                                       .read_done = land_read_done,
-                                       .opaque = fs };
-}
-
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
                          off_t len, struct fuse_file_info *fi)
 {
@@ -728,8 +597,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
     int r = v && v->fallocate ? v->fallocate(fh->disk, fh, mode, off, len)
                               : -EINVAL;
     if (r == 0 && fh->ino == FS_INO_RAW && off >= 0 && len > 0 &&
-        ends_copy(fh, (uint64_t) off, (uint64_t) len))
-        r = rawfile_drain_end(fh->disk);            /* see ends_copy() */
+        fs_fh_ends_copy(fh, (uint64_t) off, (uint64_t) len))
+        r = rawfile_drain_end(fh->disk);            /* see fs_fh_ends_copy() */
     if (fh)
         rawfile_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);

@@ -106,3 +106,18 @@ static inline bool fs_fh_has_written(struct fs_fh *fh)
 {
     return __atomic_load_n(&fh->wrote, __ATOMIC_RELAXED);
 }
+
+/* The end of a copy: a write or zeroing of the raw file that reaches,
+ * from below, where the writer's copy ends (fh->copy_end: its source's
+ * size, or the size it set).  Some copy tools never fsync and ignore close()'s error
+ * (qemu-img convert, whose output cache mode "unsafe" sends no flush and
+ * whose close is unchecked): for them the reply to their last write is
+ * the only place a failure of the writes before it can show.  So that
+ * reply waits until everything before it is acknowledged, and carries
+ * the failure.  Served by a worker (fs/fuseloop.c asks waits(),
+ * fs/landing.c). */
+static inline bool fs_fh_ends_copy(const struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    uint64_t end = fh ? __atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED) : 0;
+    return end && fh->writer && off < end && off + len >= end;
+}
