@@ -315,6 +315,7 @@ static void list_long_options(void)
 {
     optlist_long(long_options);
     printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
+    printf("--all-exports\n");   /* likewise */
 }
 
 static void fuse_help(void)
