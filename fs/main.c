@@ -87,9 +87,12 @@ static int reopen_without_extents(struct fs_disk *d, const struct cli_options *o
                 "mode cannot connect again; mount with --no-extents");
         return -ETIMEDOUT;
     }
+    struct nbdx_config nc = o->nbd;
+    if (o->ndisks)
+        nc.uri = o->disks[d->index].uri;  /* this disk's export */
     nbdx_close(d->x);
     d->x = NULL;
-    if (nbdx_open(&o->nbd, &d->x) < 0)   /* logged */
+    if (nbdx_open(&nc, &d->x) < 0)        /* logged */
         return -ENOTCONN;
     if (nbdx_info(d->x)->size != d->export_size) {
         log_err("the export changed size after connecting again");
