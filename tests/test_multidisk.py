@@ -84,6 +84,10 @@ def test_three_disks_raw_vhd_vmdk(server, mount, shm, tmp_path):
     assert sorted(s["name"] for s in status["disks"]) == ["disk0", "disk1",
                                                            "disk2"]
     assert status["total"]["disks"] == 3
+    # One memory bound for the mount: the pools share the default 64M.
+    pooled = sum(s["pool_buffers"] * s["request_size"]
+                 for s in status["disks"])
+    assert pooled <= 64 * MiB, pooled
     assert status["total"]["bytes_written"] == sum(
         s["bytes_written"] for s in status["disks"])
     tool = run([TOP / "tools" / "status" / "nbdferry-status", m.mp])
