@@ -148,10 +148,12 @@ struct fs {
     struct fs_handles h;
     struct fs_disk *disks;    /* ndisks of them, from index 0 */
     unsigned ndisks;
-    /* The receive loop's (fs/ops.c, fs_landing()): the disk whose pool
-     * holds the prepared buffer, the disk a ready read was served from.
-     * The receiving thread's only. */
+    /* The receive loop's (fs/landing.c, fs_landing()): the disk to
+     * prepare the next buffer in, the disk whose pool holds the prepared
+     * one, the disk a ready read was served from.  The receiving
+     * thread's only. */
     struct fs_disk *land_disk;
+    struct fs_disk *land_cur;
     struct fs_disk *ready_disk;
 };
 

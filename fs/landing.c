@@ -17,13 +17,16 @@
 
 /* The loop prepares one pool buffer before it reads a request: in the
  * pool of the disk the last raw-file write went to (fs->land_disk), the
- * likeliest next.  A write to another disk's raw file takes the usual
- * path once, and the next buffer is prepared in its pool.  All on the
- * receiving thread. */
+ * likeliest next; fs->land_cur is the disk it was prepared in, until
+ * end().  A write to another disk's raw file takes the usual path once,
+ * and the next buffer is prepared in its pool.  All on the receiving
+ * thread. */
 static void *land_begin(void *opaque, size_t *room)
 {
     struct fs *fs = opaque;
-    return rawfile_land_begin(fs->land_disk, room);
+
+    fs->land_cur = fs->land_disk;
+    return rawfile_land_begin(fs->land_cur, room);
 }
 
 /* The inode a request the loop serves itself is for (in file mode the
@@ -41,16 +44,19 @@ static void loop_trace(const char *what, uint32_t pid, fuse_ino_t ino,
                   what, (uint64_t) ino, (intmax_t) off, (size_t) size);
 }
 
+/* Is the request for a disk's raw file? */
+static bool loop_is_raw(struct fs *fs, uint64_t nodeid)
+{
+    fuse_ino_t ino = loop_ino(fs, nodeid);
+
+    return fs_ino_slot(ino) == FS_INO_RAW && fs_disk_of(fs, ino);
+}
+
 /* The raw file's handle a request the loop may serve is for, or NULL. */
 static struct fs_fh *loop_raw_fh(struct fs *fs, uint64_t nodeid,
                                  uint64_t fhv)
 {
-    fuse_ino_t ino = loop_ino(fs, nodeid);
-    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
-
-    if (fs_ino_slot(ino) != FS_INO_RAW || !fs_disk_of(fs, ino) || !fh)
-        return NULL;
-    return fh;
+    return loop_is_raw(fs, nodeid) ? (struct fs_fh *) (uintptr_t) fhv : NULL;
 }
 
 /* What op_write_buf() does for the raw file, with the payload already in
@@ -62,14 +68,16 @@ static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
     struct fs *fs = opaque;
     struct fs_fh *fh = loop_raw_fh(fs, nodeid, fhv);
 
-    if (!fh || fh->disk != fs->land_disk) {
-        rawfile_land_skip(fs->land_disk);
-        if (fh)
-            fs->land_disk = fh->disk;     /* prepare there next time */
+    if (!loop_is_raw(fs, nodeid)) {
+        rawfile_land_skip(fs->land_cur);  /* a view's write: never lands */
         return -EAGAIN;
     }
-    if (off > INT64_MAX)
+    if (off > INT64_MAX || !fh)
         return -EAGAIN;
+    if (fh->disk != fs->land_cur) {
+        fs->land_disk = fh->disk;         /* prepare there next time */
+        return -EAGAIN;
+    }
     ssize_t n = rawfile_write_landed(fh->disk, fh, off, size);
     if (n == -EAGAIN)
         return n;
@@ -89,7 +97,7 @@ static bool land_waits(void *opaque, uint64_t nodeid, uint64_t fhv,
 static void land_end(void *opaque)
 {
     struct fs *fs = opaque;
-    rawfile_land_end(fs->land_disk);
+    rawfile_land_end(fs->land_cur);
 }
 
 /* What op_read() does for the raw file, when the read-ahead already holds
@@ -119,7 +127,7 @@ static void land_read_done(void *opaque)
 
 void fs_landing(struct fs *fs, struct fuseloop_landing *out)
 {
-    fs->land_disk = &fs->disks[0];
+    fs->land_disk = fs->land_cur = &fs->disks[0];
     fs->ready_disk = &fs->disks[0];
     *out = (struct fuseloop_landing) { .begin = land_begin,
                                        .write = land_write,

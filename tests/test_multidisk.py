@@ -199,3 +199,26 @@ def test_no_exports_and_empty_name(server, tmp_path):
     default = server("memory", f"size={MiB}")
     err = refused(tmp_path, ["--all-exports", default.uri])
     assert "empty" in err, err
+
+
+def test_writes_land_on_each_disk(server, mount, shm, tmp_path):
+    """The receive loop's landings (writes read straight into a pool
+    buffer) follow the disk being written: copies to one disk after
+    another each land most of their bytes, into the right pool."""
+    d = disk_dir(tmp_path)
+    srv = server("file", f"dir={d}")
+    m = mount(["--all-exports", srv.uri], raw="disk0")
+    srcs = {n: random_file(shm / n, 12 * MiB) for n in ("disk0", "disk1",
+                                                          "disk2")}
+    for n in ("disk1", "disk0", "disk2", "disk1"):
+        r = run(["dd", f"if={srcs[n]}", f"of={m.mp / n}", "bs=1M",
+                 "conv=notrunc", "status=none"])
+        assert r.returncode == 0, r.stderr
+    status = json.loads((m.mp / ".nbdferry-status").read_text())
+    for s in status["disks"]:
+        assert s["bytes_landed"] >= 8 * MiB, (s["name"], s["bytes_landed"])
+    r = unmount_verdict(m)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for n, src in srcs.items():
+        assert sha256_nbd(export_uri(srv, n)) == \
+            sha256_file(src, pad_to=DISK), n
