@@ -88,8 +88,10 @@ static int reopen_without_extents(struct fs_disk *d, const struct cli_options *o
         return -ETIMEDOUT;
     }
     struct nbdx_config nc = o->nbd;
-    if (o->ndisks)
+    if (o->ndisks) {
         nc.uri = o->disks[d->index].uri;  /* this disk's export */
+        nc.log_subject = o->disks[d->index].name;
+    }
     nbdx_close(d->x);
     d->x = NULL;
     if (nbdx_open(&nc, &d->x) < 0)        /* logged */
@@ -518,6 +520,7 @@ static int open_disk(struct fs_disk *d, const struct cli_options *o)
     if (o->ndisks) {
         nc.mode = NBDX_URI;
         nc.uri = o->disks[d->index].uri;
+        nc.log_subject = o->disks[d->index].name;
     }
     d->filename = o->ndisks ? o->disks[d->index].name : o->mp.filename;
     if (nbdx_open(&nc, &d->x) < 0)

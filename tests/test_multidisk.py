@@ -150,6 +150,9 @@ def test_error_on_one_disk_fails_it_alone(server, mount, shm, tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "bad: FAILED" in r.stdout, r.stdout
     assert "good0: ok" in r.stdout and "good1: ok" in r.stdout, r.stdout
+    # The failed requests' log lines name their disk, and only it.
+    failed = [l for l in m.stderr.splitlines() if "failed:" in l]
+    assert failed and all("bad: " in l for l in failed), m.stderr
     assert sha256_nbd(export_uri(srv, "good0")) == \
         sha256_file(srcs[0], pad_to=DISK)
     assert sha256_nbd(export_uri(srv, "good1")) == \

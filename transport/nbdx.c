@@ -1417,6 +1417,8 @@ static void *conn_thread(void *arg)
     block_stop_signals();
     struct nbdx_conn *c = arg;
 
+    log_set_thread_subject(c->x->cfg.log_subject);   /* a disk's name */
+
     for (;;) {
         bool stopping;
         /* Before taking the queue: an op submitted after nbdx_heal()
