@@ -301,6 +301,10 @@ static int connect_one(const char *uri, bool want_bs, unsigned timeout_s,
     /* No zeroing of each buffer before its read: a failed read is never
      * hashed, and libnbd still zeroes the holes a server answers with. */
     nbd_set_pread_initialize(h, false);
+    /* The user typed this URI: its tls-psk-file and tls-certificates may
+     * name local files (libnbd refuses them by default), as the mount's
+     * do. */
+    nbd_set_uri_allow_local_file(h, true);
     if (want_bs && nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
         goto fail;
     if (nbd_aio_connect_uri(h, uri) == -1)
