@@ -123,7 +123,8 @@ int src_vmdk_open(const char *path, int fd, uint64_t file_size,
                   struct verify_source **out);   /* takes fd, even on error */
 
 /* source-vhdx.c: fixed and dynamic VHDX, decoded to the virtual disk
- * through the BAT; blocks not present known zero without reading. */
+ * through the BAT (a log to replay replayed first); blocks not present
+ * known zero without reading. */
 int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
