@@ -16,6 +16,7 @@
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
 #include "transport/readahead.h"
+#include "fs/unpackers.h"
 #include "fs/view.h"
 
 struct imageview {
@@ -23,6 +24,8 @@ struct imageview {
     struct fs *fs;
     void *priv;                   /* the format's */
     struct synthcache *synths;    /* the read side's, shared */
+    struct unpackers *unpack;     /* the format's unpack workers, or NULL */
+    pthread_mutex_t read_lock;    /* f->serial_read: one read at a time */
 
     pthread_mutex_t lock;
     void *stream;                 /* the ingest in progress, or NULL */
@@ -80,6 +83,41 @@ int imageview_each_data(struct fs *fs, uint64_t size,
         pos = (uint64_t) h;
     }
     return r;
+}
+
+/* Units [first, last] of a data extent and their tables, less the ones
+ * the previous extent already counted. */
+struct unit_count {
+    uint64_t unit, per;
+    struct imageview_count n;
+    uint64_t last_u, last_t;
+};
+
+static int count_extent(void *opaque, uint64_t off, uint64_t len)
+{
+    struct unit_count *c = opaque;
+    uint64_t first = off / c->unit, last = (off + len - 1) / c->unit;
+
+    if (first == c->last_u)
+        first++;
+    if (first <= last) {
+        c->n.units += last - first + 1;
+        uint64_t tfirst = first / c->per, tlast = last / c->per;
+        c->n.tables += tlast - tfirst + 1 - (tfirst == c->last_t);
+        c->last_u = last;
+        c->last_t = tlast;
+    }
+    return 0;
+}
+
+struct imageview_count imageview_count_data(struct fs *fs, uint64_t size,
+                                            uint64_t unit, uint64_t per)
+{
+    struct unit_count c = { .unit = unit, .per = per,
+                            .last_u = UINT64_MAX, .last_t = UINT64_MAX };
+
+    imageview_each_data(fs, size, count_extent, &c);
+    return c.n;
 }
 
 /* Freeze the disk's allocation into a synthesizer: the disk up to the raw
@@ -155,7 +193,12 @@ ssize_t imageview_pread(struct fs *fs, struct fs_fh *fh, char *buf,
 
     if (!fh->view_data)
         return -EBADF;
-    return (ssize_t) iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    if (!iv->f->serial_read)
+        return (ssize_t) iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    pthread_mutex_lock(&iv->read_lock);
+    int64_t n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    pthread_mutex_unlock(&iv->read_lock);
+    return (ssize_t) n;
 }
 
 /* ---- the ingest (write) side ------------------------------------------ */
@@ -163,6 +206,15 @@ ssize_t imageview_pread(struct fs *fs, struct fs_fh *fh, char *buf,
 void imageview_logged(struct imageview *iv)
 {
     iv->logged = true;
+}
+
+int imageview_unpack(struct imageview *iv, const void *desc,
+                     const void *cdata, size_t clen)
+{
+    int r = unpackers_queue(iv->unpack, desc, cdata, clen);
+    if (r < 0)
+        iv->logged = true;            /* the workers said it */
+    return r;
 }
 
 int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
@@ -245,9 +297,9 @@ static int fail_locked(struct imageview *iv, int r)
  * error fails this request and latches for the ingest. */
 static int settle_locked(struct imageview *iv, int r)
 {
-    if (!iv->f->drain)
+    if (!iv->unpack)
         return r;
-    int qerr = iv->f->drain(iv, false);
+    int qerr = unpackers_drain(iv->unpack, false);
     if (qerr && !iv->err) {
         iv->err = -qerr;
         iv->logged = true;                    /* the drain said it */
@@ -257,8 +309,8 @@ static int settle_locked(struct imageview *iv, int r)
 
 static void drop_stream_locked(struct imageview *iv)
 {
-    if (iv->f->drain)
-        iv->f->drain(iv, true);
+    if (iv->unpack)
+        unpackers_drain(iv->unpack, true);
     if (iv->stream)
         iv->f->free_stream(iv->stream);
     iv->stream = NULL;
@@ -389,7 +441,7 @@ int imageview_truncate(struct fs *fs, enum fs_ino ino, uint64_t size)
 /* The end of the stream, under iv->lock. */
 static int finish_locked(struct imageview *iv)
 {
-    int qerr = iv->f->drain ? iv->f->drain(iv, true) : 0;  /* logged */
+    int qerr = iv->unpack ? unpackers_drain(iv->unpack, true) : 0; /* logged */
     int r;
 
     if (iv->err)
@@ -465,11 +517,15 @@ int imageview_init(struct fs *fs, const struct imageview_format *f)
     iv->f = f;
     iv->fs = fs;
     pthread_mutex_init(&iv->lock, NULL);
+    pthread_mutex_init(&iv->read_lock, NULL);
     fs->view_state[f->ino] = iv;
     int r = synthcache_new(&synth_ops, iv, fs->view_name[f->ino],
                            &iv->synths);
     if (r == 0 && f->init)
         r = f->init(iv);
+    if (r == 0 && f->unpack)
+        r = unpackers_start(imageview_name(iv), iv, f->unpack,
+                            &iv->unpack);
     if (r < 0)
         imageview_fini(fs, f->ino);
     return r;
@@ -483,9 +539,12 @@ void imageview_fini(struct fs *fs, enum fs_ino ino)
         return;
     if (iv->stream)
         iv->f->free_stream(iv->stream);
+    unpackers_stop(iv->unpack);       /* nothing is queued between requests */
     if (iv->f->fini)
         iv->f->fini(iv);
+    free(iv->priv);
     synthcache_free(iv->synths);
+    pthread_mutex_destroy(&iv->read_lock);
     pthread_mutex_destroy(&iv->lock);
     free(iv);
     fs->view_state[ino] = NULL;

@@ -31,11 +31,13 @@
  * the sink callbacks run under it.  It is held across pool writes (the
  * writer is throttled, as on the raw file) but never across a FUSE reply.
  * The synthesizers have their own lock (fs/synthcache.c), never taken
- * with iv->lock held nor the other way round.  fs/rawfile.c's size lock
+ * with iv->lock held nor the other way round.  The unpack workers
+ * (fs/unpackers.h) never take iv->lock: the writer waits for them with
+ * it held.  fs/rawfile.c's size lock
  * is taken after iv->lock (inside the sink), never the other way round.
  * The kernel sends a writer's requests in order because async direct I/O
  * is off (fs/ops.c).  The synthesizer hooks (read) run without iv->lock,
- * several at once: a format whose synthesizer is not reentrant locks it.
+ * several at once, unless the format asks for serial_read.
  */
 #pragma once
 #include <stdbool.h>
@@ -47,6 +49,7 @@
 #include "fs/synthcache.h"
 
 struct imageview;
+struct unpackers_ops;
 
 struct imageview_format {
     enum fs_ino ino;
@@ -54,7 +57,8 @@ struct imageview_format {
     const char *status_name;      /* "the VHD view": the status's copy */
     bool readahead;               /* handles read the disk ahead (ra) */
 
-    /* Format state beside the skeleton's (imageview_priv()); optional. */
+    /* Format state beside the skeleton's (imageview_priv(): malloc()ed,
+     * freed by the skeleton after fini); both optional. */
     int  (*init)(struct imageview *iv);
     void (*fini)(struct imageview *iv);
 
@@ -73,10 +77,13 @@ struct imageview_format {
     const char *(*refusal_hint)(struct fs *fs);
     /* Optional: ", 12 grains" after "VMDK received, N bytes". */
     void (*received)(struct imageview *iv, char *buf, size_t n);
-    /* Optional: work the sink left running (threads).  Wait for it and
-     * return its first error (negative, logged), clearing it if asked;
-     * after every write and hole, and at open, close and release. */
-    int  (*drain)(struct imageview *iv, bool clear);
+    /* Optional: compressed units that worker threads decompress and
+     * place (fs/unpackers.h); the sink queues them with
+     * imageview_unpack().  The skeleton starts the threads after init,
+     * stops them before fini, and waits for the queue after every write
+     * and hole, and at open, close and release: its first error fails
+     * the request and latches for the ingest. */
+    const struct unpackers_ops *unpack;
 
     /* The synthesizer: the disk's allocation is frozen by new_synth,
      * allocate (each data extent) and seal; free_synth frees it. */
@@ -91,6 +98,9 @@ struct imageview_format {
     /* The file's bytes; read the disk through imageview_read_disk(). */
     int64_t (*read)(struct imageview *iv, void *synth, struct fs_fh *fh,
                     uint64_t off, char *buf, size_t size);
+    /* The synthesizers keep a cache that handles share: the skeleton
+     * serializes read (its read lock, a leaf). */
+    bool serial_read;
 };
 
 struct fs *imageview_fs(const struct imageview *iv);
@@ -113,6 +123,10 @@ int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
 /* Data the decoder places at [off, off+len) must fit the export: else
  * logged, -ENOSPC. */
 int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len);
+/* Queue a compressed unit for the format's unpack workers (see
+ * unpackers_queue()). */
+int imageview_unpack(struct imageview *iv, const void *desc,
+                     const void *cdata, size_t clen);
 
 /* The synthesizer's disk reader: opaque is a struct imageview_reader. */
 struct imageview_reader {
@@ -126,6 +140,15 @@ int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len);
 int imageview_each_data(struct fs *fs, uint64_t size,
                         int (*fn)(void *opaque, uint64_t off, uint64_t len),
                         void *opaque);
+
+/* For a size hook: the units of 'unit' bytes that the disk's data extents
+ * in [0, size) touch, and the tables of 'per' units each that map them
+ * (a synthesizer stores and maps only those). */
+struct imageview_count {
+    uint64_t units, tables;
+};
+struct imageview_count imageview_count_data(struct fs *fs, uint64_t size,
+                                            uint64_t unit, uint64_t per);
 
 /* The skeleton's hooks (fs/view.h); IMAGEVIEW_DEFINE() wires them. */
 int  imageview_init(struct fs *fs, const struct imageview_format *f);
@@ -204,6 +227,16 @@ void imageview_release(struct fs *fs, struct fs_fh *fh);
     }                                                                        \
     static int P##_seal(void *s) { return P##_synth_seal(s); }               \
     static void P##_free_synth(void *s) { P##_synth_free(s); }
+
+/* The read hook of a library with P_synth_read: the disk read through
+ * imageview_read_disk(), with the handle's read-ahead. */
+#define IMAGEVIEW_SYNTH_READ(P)                                              \
+    static int64_t P##_read(struct imageview *iv, void *s, struct fs_fh *fh, \
+                            uint64_t off, char *buf, size_t size)            \
+    {                                                                        \
+        struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };    \
+        return P##_synth_read(s, off, buf, size, imageview_read_disk, &d);   \
+    }
 
 /* The hooks a format P names by convention: P_new_stream, P_started,
  * P_first_kind, P_new_synth, P_allocate, P_seal, P_free_synth, P_read,

@@ -53,18 +53,13 @@ static int vhd_init(struct imageview *iv)
     return 0;
 }
 
-static void vhd_fini(struct imageview *iv)
-{
-    free(imageview_priv(iv));
-}
-
 /* ---- the synthesized (read) side -------------------------------------- */
 
 /* -EFBIG past the VHD size limit; -EINVAL for size 0. */
 static int vhd_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
     struct vhd_ident *id = imageview_priv(iv);
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = vhd_synth_new(size, id->uuid, id->timestamp,
                           (struct vhd_synth **) out, &e);
@@ -83,12 +78,7 @@ static int vhd_seal(void *s) { return vhd_synth_seal(s); }
 static void vhd_free_synth(void *s) { vhd_synth_free(s); }
 static uint64_t vhd_file_size(const void *s) { return vhd_synth_file_size(s); }
 
-static int64_t vhd_read(struct imageview *iv, void *s, struct fs_fh *fh,
-                        uint64_t off, char *buf, size_t size)
-{
-    struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };
-    return vhd_synth_read(s, off, buf, size, imageview_read_disk, &d);
-}
+IMAGEVIEW_SYNTH_READ(vhd)
 
 /* ---- the ingest (write) side ------------------------------------------ */
 
@@ -166,7 +156,7 @@ static const struct imageview_format vhd_format = {
     IMAGEVIEW_FORMAT_HOOKS(vhd),
     .ino = FS_INO_VHD, .what = "VHD", .status_name = "the VHD view",
     .readahead = true,
-    .init = vhd_init, .fini = vhd_fini,
+    .init = vhd_init,
     .hole = vhd_glue_hole,
     .refusal_hint = vhd_refusal_hint,
     .file_size = vhd_file_size,

@@ -68,16 +68,11 @@ static int vhdx_init(struct imageview *iv)
     return 0;
 }
 
-static void vhdx_fini(struct imageview *iv)
-{
-    free(imageview_priv(iv));
-}
-
 /* ---- the synthesized (read) side -------------------------------------- */
 
 static int vhdx_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
 
     int r = vhdx_synth_new(size, imageview_priv(iv),
                            (struct vhdx_synth **) out, &e);
@@ -98,12 +93,7 @@ static uint64_t vhdx_file_size(const void *s)
     return vhdx_synth_file_size(s);
 }
 
-static int64_t vhdx_read(struct imageview *iv, void *s, struct fs_fh *fh,
-                         uint64_t off, char *buf, size_t size)
-{
-    struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };
-    return vhdx_synth_read(s, off, buf, size, imageview_read_disk, &d);
-}
+IMAGEVIEW_SYNTH_READ(vhdx)
 
 /* ---- the ingest (write) side ------------------------------------------ */
 
@@ -339,7 +329,7 @@ static const struct imageview_format vhdx_format = {
     IMAGEVIEW_FORMAT_HOOKS(vhdx),
     .ino = FS_INO_VHDX, .what = "VHDX", .status_name = "the VHDX view",
     .readahead = true,
-    .init = vhdx_init, .fini = vhdx_fini,
+    .init = vhdx_init,
     .hole = vhdx_glue_hole,
     .received = vhdx_received,
     .file_size = vhdx_file_size,

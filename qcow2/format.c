@@ -9,17 +9,6 @@
 
 #include "qcow2/qcow2-internal.h"
 
-int qcow2_errf(struct qcow2_err *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* ---- fixed header ---------------------------------------------------------- */
 
 static void header_from_disk(const uint8_t *b, size_t len,
@@ -95,40 +84,40 @@ size_t qcow2_header_need(const void *buf, size_t len)
 }
 
 static int check_identity(const uint8_t *b, size_t len,
-                          const struct qcow2_header *h, struct qcow2_err *err)
+                          const struct qcow2_header *h, struct nbdf_err *err)
 {
     if (len < 4 || qcow2_be32(b) != QCOW2_MAGIC)
-        return qcow2_errf(err, -EMEDIUMTYPE, "not a qcow2 image: no \"QFI\\xfb\" "
-                          "magic at byte 0");
+        return nbdf_errf(err, -EMEDIUMTYPE, "not a qcow2 image: no \"QFI\\xfb\" "
+                         "magic at byte 0");
     /* The version and cluster_bits lie in the first 24 bytes, which is
      * all a stream waits for when cluster_bits is out of range: name
      * them, not a short header. */
     if (len >= 8 && h->version != 2 && h->version != 3)
-        return qcow2_errf(err, -EMEDIUMTYPE, "qcow2 version %" PRIu32 " (only "
-                          "2 and 3 are defined; version 1 is qcow, not qcow2)",
-                          h->version);
+        return nbdf_errf(err, -EMEDIUMTYPE, "qcow2 version %" PRIu32 " (only "
+                         "2 and 3 are defined; version 1 is qcow, not qcow2)",
+                         h->version);
     if (len >= 24 && (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
                       h->cluster_bits > QCOW2_MAX_CLUSTER_BITS))
-        return qcow2_errf(err, -EINVAL, "cluster_bits %" PRIu32 " (must be "
-                          "%u..%u: 512 B to 2 MiB clusters)", h->cluster_bits,
-                          QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
+        return nbdf_errf(err, -EINVAL, "cluster_bits %" PRIu32 " (must be "
+                         "%u..%u: 512 B to 2 MiB clusters)", h->cluster_bits,
+                         QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
     if (len < QCOW2_V2_HEADER_LEN)
-        return qcow2_errf(err, -EINVAL, "the header is cut short (%zu bytes)",
-                          len);
+        return nbdf_errf(err, -EINVAL, "the header is cut short (%zu bytes)",
+                         len);
     if (h->version == 3) {
         if (h->header_length < QCOW2_V3_HEADER_LEN ||
             h->header_length % 8 != 0 ||
             h->header_length > qcow2_cluster_size(h))
-            return qcow2_errf(err, -EINVAL, "header_length %" PRIu32 " (must be "
-                              "a multiple of 8 from 104 to the cluster size)",
-                              h->header_length);
+            return nbdf_errf(err, -EINVAL, "header_length %" PRIu32 " (must be "
+                             "a multiple of 8 from 104 to the cluster size)",
+                             h->header_length);
         if (len < h->header_length)
-            return qcow2_errf(err, -EINVAL, "the header is cut short (%zu of "
-                              "%" PRIu32 " bytes)", len, h->header_length);
+            return nbdf_errf(err, -EINVAL, "the header is cut short (%zu of "
+                             "%" PRIu32 " bytes)", len, h->header_length);
     }
     if (h->refcount_order > 6)
-        return qcow2_errf(err, -EINVAL, "refcount_order %" PRIu32 " (at most 6: "
-                          "64-bit refcounts)", h->refcount_order);
+        return nbdf_errf(err, -EINVAL, "refcount_order %" PRIu32 " (at most 6: "
+                         "64-bit refcounts)", h->refcount_order);
     return 0;
 }
 
@@ -151,24 +140,24 @@ static void copy_string(char *dst, size_t cap, const uint8_t *src, size_t n)
 }
 
 static int read_extensions(const uint8_t *b, size_t len, struct qcow2_header *h,
-                           struct exts *x, struct qcow2_err *err)
+                           struct exts *x, struct nbdf_err *err)
 {
     uint64_t end = MIN((uint64_t) len, qcow2_cluster_size(h));
     uint64_t off = h->header_length;
 
     for (;;) {
         if (off + 8 > end)
-            return qcow2_errf(err, -EINVAL, "header extension at byte %" PRIu64
-                              " runs past the first cluster", off);
+            return nbdf_errf(err, -EINVAL, "header extension at byte %" PRIu64
+                             " runs past the first cluster", off);
         uint32_t type = qcow2_be32(b + off), elen = qcow2_be32(b + off + 4);
         if (type == QCOW2_EXT_END) {
             h->ext_end = off + 8;
             return 0;
         }
         if (elen > end - off - 8)
-            return qcow2_errf(err, -EINVAL, "header extension 0x%08" PRIx32
-                              " at byte %" PRIu64 " claims %" PRIu32 " bytes, "
-                              "past the first cluster", type, off, elen);
+            return nbdf_errf(err, -EINVAL, "header extension 0x%08" PRIx32
+                             " at byte %" PRIu64 " claims %" PRIu32 " bytes, "
+                             "past the first cluster", type, off, elen);
         const uint8_t *p = b + off + 8;
         switch (type) {
         case QCOW2_EXT_BACKING_FMT:
@@ -211,7 +200,7 @@ static void feature_name(const struct exts *x, unsigned bit, char *out,
 }
 
 static int check_features(const struct qcow2_header *h, const struct exts *x,
-                          struct qcow2_err *err)
+                          struct nbdf_err *err)
 {
     const uint64_t known = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT |
                            QCOW2_INCOMPAT_DATA_FILE | QCOW2_INCOMPAT_COMPRESSION |
@@ -219,43 +208,43 @@ static int check_features(const struct qcow2_header *h, const struct exts *x,
     char name[80];
 
     if (h->crypt_method != 0 || x->crypto)
-        return qcow2_errf(err, -EMEDIUMTYPE, "the image is encrypted (%s): "
-                          "decrypt it first (qemu-img convert with the key)",
-                          h->crypt_method == 1 ? "AES" : h->crypt_method == 2
-                          ? "LUKS" : "unknown method");
+        return nbdf_errf(err, -EMEDIUMTYPE, "the image is encrypted (%s): "
+                         "decrypt it first (qemu-img convert with the key)",
+                         h->crypt_method == 1 ? "AES" : h->crypt_method == 2
+                         ? "LUKS" : "unknown method");
     if (h->incompatible & ~known) {
         unsigned bit = (unsigned) __builtin_ctzll(h->incompatible & ~known);
         feature_name(x, bit, name, sizeof name);
-        return qcow2_errf(err, -EMEDIUMTYPE, "unknown incompatible feature "
-                          "(%s): this image needs a newer reader", name);
+        return nbdf_errf(err, -EMEDIUMTYPE, "unknown incompatible feature "
+                         "(%s): this image needs a newer reader", name);
     }
     if (h->incompatible & QCOW2_INCOMPAT_DIRTY)
-        return qcow2_errf(err, -EMEDIUMTYPE, "the dirty bit is set: the image "
-                          "was not closed cleanly and its refcounts may be "
-                          "wrong (run qemu-img check -r all on it first)");
+        return nbdf_errf(err, -EMEDIUMTYPE, "the dirty bit is set: the image "
+                         "was not closed cleanly and its refcounts may be "
+                         "wrong (run qemu-img check -r all on it first)");
     if (h->incompatible & QCOW2_INCOMPAT_CORRUPT)
-        return qcow2_errf(err, -EMEDIUMTYPE, "the corrupt bit is set: qemu "
-                          "found this image's metadata damaged (qemu-img "
-                          "check -r all may repair it)");
+        return nbdf_errf(err, -EMEDIUMTYPE, "the corrupt bit is set: qemu "
+                         "found this image's metadata damaged (qemu-img "
+                         "check -r all may repair it)");
     if ((h->incompatible & QCOW2_INCOMPAT_DATA_FILE) || x->data_file ||
         (h->autoclear & QCOW2_AUTOCLEAR_DATA_RAW))
-        return qcow2_errf(err, -EMEDIUMTYPE, "the image keeps its data in an "
-                          "external data file, which a stream does not carry "
-                          "(copy the data file instead, it is the raw disk)");
+        return nbdf_errf(err, -EMEDIUMTYPE, "the image keeps its data in an "
+                         "external data file, which a stream does not carry "
+                         "(copy the data file instead, it is the raw disk)");
     bool ctype = h->incompatible & QCOW2_INCOMPAT_COMPRESSION;
     if (ctype && (h->header_length <= 104 || h->compression_type == 0))
-        return qcow2_errf(err, -EINVAL, "the compression type bit is set but "
-                          "the header has no non-zero compression_type");
+        return nbdf_errf(err, -EINVAL, "the compression type bit is set but "
+                         "the header has no non-zero compression_type");
     if (!ctype && h->compression_type != 0)
-        return qcow2_errf(err, -EINVAL, "compression_type %u without the "
-                          "compression type bit", h->compression_type);
+        return nbdf_errf(err, -EINVAL, "compression_type %u without the "
+                         "compression type bit", h->compression_type);
     if (h->compression_type > QCOW2_COMPRESS_ZSTD)
-        return qcow2_errf(err, -EMEDIUMTYPE, "compression type %u (only 0, "
-                          "zlib, and 1, zstd, are defined)", h->compression_type);
+        return nbdf_errf(err, -EMEDIUMTYPE, "compression type %u (only 0, "
+                         "zlib, and 1, zstd, are defined)", h->compression_type);
     if ((h->incompatible & QCOW2_INCOMPAT_EXTL2) && h->cluster_bits < 14)
-        return qcow2_errf(err, -EINVAL, "extended L2 entries with %" PRIu64
-                          "-byte clusters (they need 16 KiB or more)",
-                          qcow2_cluster_size(h));
+        return nbdf_errf(err, -EINVAL, "extended L2 entries with %" PRIu64
+                         "-byte clusters (they need 16 KiB or more)",
+                         qcow2_cluster_size(h));
     return 0;
 }
 
@@ -267,18 +256,18 @@ struct extent {
 };
 
 static int check_table(const struct qcow2_header *h, const char *name,
-                       uint64_t off, uint64_t len, struct qcow2_err *err)
+                       uint64_t off, uint64_t len, struct nbdf_err *err)
 {
     if (!IS_ALIGNED(off, qcow2_cluster_size(h)))
-        return qcow2_errf(err, -EINVAL, "%s at byte %" PRIu64 " is not "
-                          "cluster-aligned", name, off);
+        return nbdf_errf(err, -EINVAL, "%s at byte %" PRIu64 " is not "
+                         "cluster-aligned", name, off);
     if (off >= QCOW2_MAX_HOST_OFFSET || len > QCOW2_MAX_HOST_OFFSET - off)
-        return qcow2_errf(err, -EINVAL, "%s at byte %" PRIu64 " (%" PRIu64
-                          " bytes) lies past 2^56", name, off, len);
+        return nbdf_errf(err, -EINVAL, "%s at byte %" PRIu64 " (%" PRIu64
+                         " bytes) lies past 2^56", name, off, len);
     return 0;
 }
 
-static int check_tables(const struct qcow2_header *h, struct qcow2_err *err)
+static int check_tables(const struct qcow2_header *h, struct nbdf_err *err)
 {
     uint64_t c = qcow2_cluster_size(h);
     uint64_t per_l1 = c * qcow2_l2_entries(h);        /* disk bytes per L1 entry */
@@ -286,39 +275,39 @@ static int check_tables(const struct qcow2_header *h, struct qcow2_err *err)
     int r;
 
     if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-        return qcow2_errf(err, -EFBIG, "L1 table of %" PRIu32 " entries "
-                          "(qemu's limit is %u)", h->l1_size,
-                          QCOW2_MAX_L1_BYTES / 8);
+        return nbdf_errf(err, -EFBIG, "L1 table of %" PRIu32 " entries "
+                         "(qemu's limit is %u)", h->l1_size,
+                         QCOW2_MAX_L1_BYTES / 8);
     if (h->l1_size < need)
-        return qcow2_errf(err, -EINVAL, "L1 table of %" PRIu32 " entries is "
-                          "too small for a %" PRIu64 "-byte disk (needs %"
-                          PRIu64 ")", h->l1_size, h->size, need);
+        return nbdf_errf(err, -EINVAL, "L1 table of %" PRIu32 " entries is "
+                         "too small for a %" PRIu64 "-byte disk (needs %"
+                         PRIu64 ")", h->l1_size, h->size, need);
     if (h->size / c + 1 > QCOW2_MAX_GUEST_CLUSTERS)
-        return qcow2_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
-                          "2^32 clusters of %" PRIu64 " bytes", h->size, c);
+        return nbdf_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
+                         "2^32 clusters of %" PRIu64 " bytes", h->size, c);
     if (h->l1_size && h->l1_table_offset == 0)
-        return qcow2_errf(err, -EINVAL, "L1 table at byte 0 (the header)");
+        return nbdf_errf(err, -EINVAL, "L1 table at byte 0 (the header)");
     if ((r = check_table(h, "the L1 table", h->l1_table_offset,
                          (uint64_t) h->l1_size * 8, err)) < 0)
         return r;
     if (h->refcount_table_clusters == 0 || h->refcount_table_offset == 0)
-        return qcow2_errf(err, -EINVAL, "no refcount table (offset %" PRIu64
-                          ", %" PRIu32 " clusters)", h->refcount_table_offset,
-                          h->refcount_table_clusters);
+        return nbdf_errf(err, -EINVAL, "no refcount table (offset %" PRIu64
+                         ", %" PRIu32 " clusters)", h->refcount_table_offset,
+                         h->refcount_table_clusters);
     if ((uint64_t) h->refcount_table_clusters * c > QCOW2_MAX_REFTABLE_BYTES)
-        return qcow2_errf(err, -EFBIG, "refcount table of %" PRIu32 " clusters "
-                          "(qemu's limit is %u bytes)",
-                          h->refcount_table_clusters, QCOW2_MAX_REFTABLE_BYTES);
+        return nbdf_errf(err, -EFBIG, "refcount table of %" PRIu32 " clusters "
+                         "(qemu's limit is %u bytes)",
+                         h->refcount_table_clusters, QCOW2_MAX_REFTABLE_BYTES);
     if ((r = check_table(h, "the refcount table", h->refcount_table_offset,
                          (uint64_t) h->refcount_table_clusters * c, err)) < 0)
         return r;
     if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS)
-        return qcow2_errf(err, -EINVAL, "%" PRIu32 " snapshots (at most %u)",
-                          h->nb_snapshots, QCOW2_MAX_SNAPSHOTS);
+        return nbdf_errf(err, -EINVAL, "%" PRIu32 " snapshots (at most %u)",
+                         h->nb_snapshots, QCOW2_MAX_SNAPSHOTS);
     if (h->nb_snapshots && (h->snapshots_offset == 0 ||
         (r = check_table(h, "the snapshot table", h->snapshots_offset, c,
                          err)) < 0))
-        return r ? r : qcow2_errf(err, -EINVAL, "snapshot table at byte 0");
+        return r ? r : nbdf_errf(err, -EINVAL, "snapshot table at byte 0");
     return 0;
 }
 
@@ -328,7 +317,7 @@ static bool overlap(const struct extent *a, const struct extent *b)
            b->off < a->off + a->len;
 }
 
-static int check_overlaps(const struct qcow2_header *h, struct qcow2_err *err)
+static int check_overlaps(const struct qcow2_header *h, struct nbdf_err *err)
 {
     uint64_t c = qcow2_cluster_size(h);
     /* The snapshot table's length needs the table; its first byte is
@@ -343,36 +332,36 @@ static int check_overlaps(const struct qcow2_header *h, struct qcow2_err *err)
     for (size_t i = 0; i < sizeof e / sizeof *e; i++)
         for (size_t j = i + 1; j < sizeof e / sizeof *e; j++)
             if (overlap(&e[i], &e[j]))
-                return qcow2_errf(err, -EINVAL, "%s (byte %" PRIu64 ") and %s "
-                                  "(byte %" PRIu64 ") overlap", e[i].name,
-                                  e[i].off, e[j].name, e[j].off);
+                return nbdf_errf(err, -EINVAL, "%s (byte %" PRIu64 ") and %s "
+                                 "(byte %" PRIu64 ") overlap", e[i].name,
+                                 e[i].off, e[j].name, e[j].off);
     return 0;
 }
 
 static int read_backing(const uint8_t *b, size_t len, struct qcow2_header *h,
-                        struct qcow2_err *err)
+                        struct nbdf_err *err)
 {
     uint64_t off = h->backing_file_offset, n = h->backing_file_size;
 
     if (off == 0)
         return 0;
     if (n == 0 || n > QCOW2_MAX_BACKING_NAME)
-        return qcow2_errf(err, -EINVAL, "backing file name of %" PRIu64
-                          " bytes (must be 1..%u)", n, QCOW2_MAX_BACKING_NAME);
+        return nbdf_errf(err, -EINVAL, "backing file name of %" PRIu64
+                         " bytes (must be 1..%u)", n, QCOW2_MAX_BACKING_NAME);
     if (off < h->ext_end || off > qcow2_cluster_size(h) ||
         n > qcow2_cluster_size(h) - off)
-        return qcow2_errf(err, -EINVAL, "backing file name at byte %" PRIu64
-                          " (%" PRIu64 " bytes) is not in the first cluster "
-                          "after the header extensions", off, n);
+        return nbdf_errf(err, -EINVAL, "backing file name at byte %" PRIu64
+                         " (%" PRIu64 " bytes) is not in the first cluster "
+                         "after the header extensions", off, n);
     if (off + n > len)
-        return qcow2_errf(err, -EINVAL, "the header cluster is cut short "
-                          "(%zu bytes) before the backing file name", len);
+        return nbdf_errf(err, -EINVAL, "the header cluster is cut short "
+                         "(%zu bytes) before the backing file name", len);
     copy_string(h->backing_file, sizeof h->backing_file, b + off, n);
     return 0;
 }
 
 int qcow2_header_decode(const void *buf, size_t len, struct qcow2_header *out,
-                        struct qcow2_err *err)
+                        struct nbdf_err *err)
 {
     const uint8_t *b = buf;
     struct exts x = { 0 };
@@ -494,18 +483,18 @@ static int zstd_cluster(struct qcow2_decompressor *d,
 
 int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
                                 const struct qcow2_compressed *c, void *out,
-                                struct qcow2_err *err)
+                                struct nbdf_err *err)
 {
     int r = c->type == QCOW2_COMPRESS_ZSTD ? zstd_cluster(d, c, out)
                                            : inflate_cluster(d, c, out);
     if (r == -ENOMEM)
-        return qcow2_errf(err, r, "out of memory for a zstd context");
+        return nbdf_errf(err, r, "out of memory for a zstd context");
     if (r < 0)
-        return qcow2_errf(err, -EINVAL, "compressed cluster for disk offset %"
-                          PRIu64 " (%zu bytes at file offset %" PRIu64 ") is "
-                          "not a valid %s stream of %zu bytes", c->disk_off,
-                          c->clen, c->file_off,
-                          c->type == QCOW2_COMPRESS_ZSTD ? "zstd" : "deflate",
-                          c->cluster_size);
+        return nbdf_errf(err, -EINVAL, "compressed cluster for disk offset %"
+                         PRIu64 " (%zu bytes at file offset %" PRIu64 ") is "
+                         "not a valid %s stream of %zu bytes", c->disk_off,
+                         c->clen, c->file_off,
+                         c->type == QCOW2_COMPRESS_ZSTD ? "zstd" : "deflate",
+                         c->cluster_size);
     return (int64_t) c->place_len;
 }

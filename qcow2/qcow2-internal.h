@@ -54,10 +54,6 @@ _Static_assert(__builtin_offsetof(struct qcow2_header_disk,
 /* Refcount table entry: bits 9..63 the block's offset, 0..8 reserved. */
 #define QCOW2_RT_OFFSET_MASK   ((uint64_t) 0xfffffffffffffe00)
 
-/* Printf into err (if any) and return code.  Always returns code. */
-int qcow2_errf(struct qcow2_err *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static inline uint64_t qcow2_be64(const void *p)
 {
     uint64_t v;

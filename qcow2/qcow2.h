@@ -20,7 +20,7 @@
  * negative errno: -EINVAL for a malformed file, -EMEDIUMTYPE for a valid
  * image this library does not land (encrypted, external data file, an
  * unknown incompatible feature, or not a qcow2 at all), -EFBIG past a
- * limit.  Functions that validate input take an optional 'struct qcow2_err
+ * limit.  Functions that validate input take an optional 'struct nbdf_err
  * *' (may be NULL) which receives a one-line message naming the rule that
  * was broken.  Offsets and sizes are bytes.  Nothing here is thread-safe
  * on a shared object; distinct objects may be used from distinct threads.
@@ -31,6 +31,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/err.h"
 
 #define QCOW2_MAGIC            0x514649fbu        /* "QFI\xfb" */
 #define QCOW2_MIN_CLUSTER_BITS 9u                 /* 512 B */
@@ -70,10 +72,6 @@
 #define QCOW2_EXT_DATA_FILE    0x44415441u
 
 enum qcow2_compression { QCOW2_COMPRESS_ZLIB = 0, QCOW2_COMPRESS_ZSTD = 1 };
-
-struct qcow2_err {
-    char msg[256];                                /* "" when no error */
-};
 
 /* ---- header ---------------------------------------------------------------- */
 
@@ -117,7 +115,7 @@ struct qcow2_header {
  * cluster, a backing file name of 1..1023 bytes inside it after the
  * extensions.  -EINVAL, -EMEDIUMTYPE or -EFBIG. */
 int qcow2_header_decode(const void *buf, size_t len, struct qcow2_header *out,
-                        struct qcow2_err *err);
+                        struct nbdf_err *err);
 
 /* Bytes of the file needed for qcow2_header_decode: the first cluster
  * once 24 bytes (magic .. cluster_bits) are known; 24 before that. */
@@ -180,7 +178,7 @@ struct qcow2_compressed {
  * message. */
 int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
                                 const struct qcow2_compressed *c, void *out,
-                                struct qcow2_err *err);
+                                struct nbdf_err *err);
 
 /* ---- forward-only stream decoder ------------------------------------------ */
 
@@ -334,7 +332,7 @@ struct qcow2_synth;
 /* disk_size > 0; cluster_bits 16 for qemu's default, 9..21.  -EINVAL,
  * -EFBIG with a message past the limits. */
 int qcow2_synth_new(uint64_t disk_size, uint32_t cluster_bits,
-                    struct qcow2_synth **out, struct qcow2_err *err);
+                    struct qcow2_synth **out, struct nbdf_err *err);
 
 /* Mark every cluster touched by [disk_off, disk_off+len) allocated; calls
  * in increasing disk_off.  Only before seal; -EINVAL otherwise, -ENOMEM. */

@@ -6,6 +6,7 @@
 #ifndef NBDFERRY_QCOW2_STREAM_INTERNAL_H
 #define NBDFERRY_QCOW2_STREAM_INTERNAL_H
 
+#include "common/fileorder.h"
 #include "qcow2/qcow2-internal.h"
 
 enum st { ST_HEAD, ST_BODY };
@@ -19,7 +20,6 @@ enum { IT_NONE = 0, IT_L1, IT_RT, IT_RB, IT_L2, IT_DATA, IT_SKIP, IT_HEAD,
  * so a far-away claim costs a page, not a bitmap up to it. */
 #define PAGE_SHIFT 15
 #define NPAGES (QCOW2_MAX_HOST_CLUSTERS >> PAGE_SHIFT)
-#define NGAPS 32
 #define NLOOK 4                       /* passed compressed clusters kept */
 #define MAX_ACTIVE 64                 /* compressed ranges open at once */
 #define MAX_ITEMS (1u << 24)          /* clusters mapped ahead: 256 MiB */
@@ -58,7 +58,7 @@ struct qcow2_stream {
     void *opaque;
     struct qcow2_stream_opts o;
     int err;                          /* sticky, negative */
-    struct qcow2_err e;
+    struct nbdf_err e;
     enum st st;
     uint64_t pos;                     /* next file byte expected */
 
@@ -109,16 +109,14 @@ struct qcow2_stream {
     unsigned look_next;
 
     struct qcow2_decompressor *dz;
-    struct { uint64_t off, len; } gaps[NGAPS];
-    unsigned gap_next;
+    struct fileorder order;       /* gaps and holes behind the position */
     struct qcow2_stream_stats stats;
 };
 
 /* ---- stream.c ------------------------------------------------------------ */
 
 /* Record the first error (sticky) with its message; returns it. */
-int qcow2_fail(struct qcow2_stream *s, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define qcow2_fail(s, ...) nbdf_latchf(&(s)->err, &(s)->e, __VA_ARGS__)
 /* Drop everything in the spool (the map is complete, or the end). */
 void qcow2_spool_drop_all(struct qcow2_stream *s);
 

@@ -41,20 +41,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/fileorder.h"
 #include "common/imagekind.h"
 #include "qcow2/stream-internal.h"
-
-int qcow2_fail(struct qcow2_stream *s, int code, const char *fmt, ...)
-{
-    if (!s->err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->e.msg, sizeof s->e.msg, fmt, ap);
-        va_end(ap);
-        s->err = code;
-    }
-    return s->err;
-}
 
 int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
                      const struct qcow2_stream_opts *opts,
@@ -76,19 +65,6 @@ int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
     s->hneed = 24;
     *out = s;
     return 0;
-}
-
-void qcow2_spool_drop_all(struct qcow2_stream *s)
-{
-    for (size_t i = 0; i < s->nsp; i++)
-        if (s->sp[i].state == SP_LIVE) {
-            s->o.spool->drop(s->o.spool_opaque, s->sp[i].off);
-            s->sp[i].state = SP_DEAD;
-        }
-    s->spool_bytes = 0;
-    free(s->sp);
-    s->sp = NULL;
-    s->nsp = s->sp_cap = 0;
 }
 
 void qcow2_stream_free(struct qcow2_stream *s)
@@ -153,7 +129,7 @@ static uint64_t ilen(const struct item *it)   /* file bytes an item spans */
 
 static int header_done(struct qcow2_stream *s)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = qcow2_header_decode(s->hbuf, s->hgot, &s->h, &e);
     if (r < 0)
         return qcow2_fail(s, r, "%s", e.msg);
@@ -484,73 +460,17 @@ static int64_t step_body(struct qcow2_stream *s, const uint8_t *buf,
 
 /* ---- driving -------------------------------------------------------------- */
 
-static int consume(struct qcow2_stream *s, const uint8_t *buf, uint64_t len)
+static int64_t step(void *p, const uint8_t *buf, uint64_t len)
 {
-    while (len > 0) {
-        int64_t n = s->st == ST_HEAD ? step_head(s, buf, len)
-                                     : step_body(s, buf, len);
-        if (n < 0)
-            return qcow2_fail(s, (int) n, "%s", strerror((int) -n));
-        s->pos += (uint64_t) n;
-        len -= (uint64_t) n;
-        if (buf)
-            buf += n;
-    }
-    return 0;
-}
-
-static void remember_gap(struct qcow2_stream *s, uint64_t off, uint64_t len)
-{
-    unsigned last = (s->gap_next + NGAPS - 1) % NGAPS;
-    if (s->gaps[last].len && s->gaps[last].off + s->gaps[last].len == off) {
-        s->gaps[last].len += len;
-        return;
-    }
-    s->gaps[s->gap_next].off = off;
-    s->gaps[s->gap_next].len = len;
-    s->gap_next = (s->gap_next + 1) % NGAPS;
-}
-
-static bool inside_gap(const struct qcow2_stream *s, uint64_t off,
-                       uint64_t len)
-{
-    for (unsigned i = 0; i < NGAPS; i++)
-        if (s->gaps[i].len && off >= s->gaps[i].off &&
-            off + len <= s->gaps[i].off + s->gaps[i].len)
-            return true;
-    return false;
+    struct qcow2_stream *s = p;
+    return s->st == ST_HEAD ? step_head(s, buf, len) : step_body(s, buf, len);
 }
 
 static int accept(struct qcow2_stream *s, uint64_t off, const uint8_t *buf,
                   uint64_t len)
 {
-    if (s->err)
-        return s->err;
-    if (off + len < off)
-        return qcow2_fail(s, -EINVAL, "write at %" PRIu64 " wraps around", off);
-    if (off < s->pos) {
-        uint64_t back = MIN(len, s->pos - off);
-        if ((buf && !is_zero(buf, back)) || !inside_gap(s, off, back))
-            return qcow2_fail(s, -EINVAL, "write at byte %" PRIu64 " goes "
-                        "backwards (the file has been read up to byte %"
-                        PRIu64 "): a qcow2 must be written in file order",
-                        off, s->pos);
-        off += back;
-        len -= back;
-        if (buf)
-            buf += back;
-        if (len == 0)
-            return 0;
-    }
-    if (off > s->pos) {
-        uint64_t gap = off - s->pos;
-        remember_gap(s, s->pos, gap);
-        if (consume(s, NULL, gap) < 0)
-            return s->err;
-    }
-    if (!buf)
-        remember_gap(s, off, len);
-    return consume(s, buf, len);
+    struct fileorder_decoder d = { &s->pos, step, s, &s->err, &s->e };
+    return fileorder_accept(&s->order, &d, "a qcow2", off, buf, len);
 }
 
 int qcow2_stream_feed(struct qcow2_stream *s, uint64_t file_off,

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/unitlist.h"
 #include "qcow2/qcow2-internal.h"
 
 struct layout {
@@ -85,24 +86,24 @@ uint64_t qcow2_synth_size(uint64_t disk_size, uint32_t cluster_bits,
 }
 
 int qcow2_synth_new(uint64_t disk_size, uint32_t cluster_bits,
-                    struct qcow2_synth **out, struct qcow2_err *err)
+                    struct qcow2_synth **out, struct nbdf_err *err)
 {
     struct layout l;
 
     if (disk_size == 0)
-        return qcow2_errf(err, -EINVAL, "disk size 0");
+        return nbdf_errf(err, -EINVAL, "disk size 0");
     if (cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
         cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-        return qcow2_errf(err, -EINVAL, "cluster size 2^%" PRIu32 " (must be "
-                          "512 B to 2 MiB)", cluster_bits);
+        return nbdf_errf(err, -EINVAL, "cluster size 2^%" PRIu32 " (must be "
+                         "512 B to 2 MiB)", cluster_bits);
     if (DIV_ROUND_UP(disk_size, 1ull << cluster_bits) >= QCOW2_MAX_GUEST_CLUSTERS ||
         !layout(disk_size, cluster_bits, DIV_ROUND_UP(disk_size,
                 1ull << cluster_bits), DIV_ROUND_UP(disk_size,
                 (1ull << cluster_bits) * ((1ull << cluster_bits) / 8)), &l))
-        return qcow2_errf(err, -EFBIG, "a disk of %" PRIu64 " bytes needs "
-                          "larger tables than qemu reads with %" PRIu64
-                          "-byte clusters (use larger clusters)", disk_size,
-                          (uint64_t) 1 << cluster_bits);
+        return nbdf_errf(err, -EFBIG, "a disk of %" PRIu64 " bytes needs "
+                         "larger tables than qemu reads with %" PRIu64
+                         "-byte clusters (use larger clusters)", disk_size,
+                         (uint64_t) 1 << cluster_bits);
     struct qcow2_synth *s = calloc(1, sizeof *s);
     if (!s)
         return -ENOMEM;
@@ -124,35 +125,13 @@ void qcow2_synth_free(struct qcow2_synth *s)
     free(s);
 }
 
-static int push_cluster(struct qcow2_synth *s, uint32_t g)
-{
-    if (s->nalloc && s->alloc[s->nalloc - 1] >= g)
-        return s->alloc[s->nalloc - 1] == g ? 0 : -EINVAL;
-    if (s->nalloc == s->alloc_cap) {
-        uint64_t cap = s->alloc_cap ? s->alloc_cap * 2 : 256;
-        uint32_t *a = realloc(s->alloc, cap * sizeof *a);
-        if (!a)
-            return -ENOMEM;
-        s->alloc = a;
-        s->alloc_cap = cap;
-    }
-    s->alloc[s->nalloc++] = g;
-    return 0;
-}
-
 int qcow2_synth_allocate(struct qcow2_synth *s, uint64_t disk_off,
                          uint64_t len)
 {
-    if (s->sealed || disk_off >= s->disk_size || len == 0 ||
-        len > s->disk_size - disk_off)
+    if (s->sealed)
         return -EINVAL;
-    for (uint64_t g = disk_off >> s->cb; g <= (disk_off + len - 1) >> s->cb;
-         g++) {
-        int r = push_cluster(s, (uint32_t) g);
-        if (r < 0)
-            return r;
-    }
-    return 0;
+    return unitlist_allocate(&s->alloc, &s->nalloc, &s->alloc_cap,
+                             s->disk_size, s->C, disk_off, len);
 }
 
 int qcow2_synth_seal(struct qcow2_synth *s)

@@ -39,35 +39,35 @@ static int bat_collect(const struct vhd_layout *l, const uint32_t *bat,
 
 static int bat_check_sorted(const struct vhd_layout *l,
                             const struct vhd_extent *e, uint32_t n,
-                            struct vhd_err *err)
+                            struct nbdf_err *err)
 {
     if (n && e[0].off < l->meta_end)
-        return vhd_errf(err, -EINVAL,
-                        "BAT entry %u (block at file offset %llu) clobbers "
-                        "the metadata (footer copy, header, BAT) ending at %llu",
-                        e[0].block, (unsigned long long) e[0].off,
-                        (unsigned long long) l->meta_end);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT entry %u (block at file offset %llu) clobbers "
+                         "the metadata (footer copy, header, BAT) ending at %llu",
+                         e[0].block, (unsigned long long) e[0].off,
+                         (unsigned long long) l->meta_end);
     for (uint32_t k = 1; k < n; k++)
         if (e[k - 1].off + e[k - 1].len > e[k].off)
-            return vhd_errf(err, -EINVAL,
-                            "BAT entries %u and %u overlap (blocks at file "
-                            "offsets %llu and %llu, each %llu bytes)",
-                            e[k - 1].block, e[k].block,
-                            (unsigned long long) e[k - 1].off,
-                            (unsigned long long) e[k].off,
-                            (unsigned long long) e[k].len);
+            return nbdf_errf(err, -EINVAL,
+                             "BAT entries %u and %u overlap (blocks at file "
+                             "offsets %llu and %llu, each %llu bytes)",
+                             e[k - 1].block, e[k].block,
+                             (unsigned long long) e[k - 1].off,
+                             (unsigned long long) e[k].off,
+                             (unsigned long long) e[k].len);
     return 0;
 }
 
 int vhd_bat_sort_check(const struct vhd_layout *l, const uint32_t *bat,
                        struct vhd_extent **sorted, uint32_t *nused,
-                       struct vhd_err *err)
+                       struct nbdf_err *err)
 {
     struct vhd_extent *e;
     uint32_t n;
     int r = bat_collect(l, bat, &e, &n);
     if (r < 0)
-        return vhd_errf(err, r, "out of memory sorting the BAT");
+        return nbdf_errf(err, r, "out of memory sorting the BAT");
     if ((r = bat_check_sorted(l, e, n, err)) < 0) {
         free(e);
         return r;
@@ -105,12 +105,12 @@ static const char *extent_name(const struct vhd_extent *e, char *buf,
 
 int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
                       const struct vhd_extent *blocks, uint32_t nblocks,
-                      uint32_t bitmap_bytes, struct vhd_err *err)
+                      uint32_t bitmap_bytes, struct nbdf_err *err)
 {
     size_t n = nmeta + nblocks;
     struct vhd_extent *all = malloc((n ? n : 1) * sizeof *all);
     if (!all)
-        return vhd_errf(err, -ENOMEM, "out of memory checking extents");
+        return nbdf_errf(err, -ENOMEM, "out of memory checking extents");
     memcpy(all, meta, nmeta * sizeof *all);
     if (nblocks)
         memcpy(all + nmeta, blocks, (size_t) nblocks * sizeof *all);
@@ -120,12 +120,12 @@ int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
         if (all[k - 1].off + all[k - 1].len > all[k].off && all[k].len &&
             all[k - 1].len) {
             char a[32], b[32];
-            r = vhd_errf(err, -EINVAL, "%s [%llu, +%llu) overlaps %s at %llu",
-                         extent_name(&all[k - 1], a, sizeof a),
-                         (unsigned long long) all[k - 1].off,
-                         (unsigned long long) all[k - 1].len,
-                         extent_name(&all[k], b, sizeof b),
-                         (unsigned long long) all[k].off);
+            r = nbdf_errf(err, -EINVAL, "%s [%llu, +%llu) overlaps %s at %llu",
+                          extent_name(&all[k - 1], a, sizeof a),
+                          (unsigned long long) all[k - 1].off,
+                          (unsigned long long) all[k - 1].len,
+                          extent_name(&all[k], b, sizeof b),
+                          (unsigned long long) all[k].off);
         }
     free(all);
     return r;
@@ -166,7 +166,7 @@ static uint32_t first_ending_after(const uint32_t *bat, const uint32_t *order,
 static int order_check_meta(const struct vhd_layout *l, const uint32_t *bat,
                             const uint32_t *order, uint32_t n,
                             const struct vhd_extent *meta, size_t nmeta,
-                            struct vhd_err *err)
+                            struct nbdf_err *err)
 {
     uint64_t blen = (uint64_t) l->bitmap_bytes + l->block_size;
     int r = vhd_extents_check(meta, nmeta, NULL, 0, l->bitmap_bytes, err);
@@ -174,48 +174,49 @@ static int order_check_meta(const struct vhd_layout *l, const uint32_t *bat,
         uint32_t k = first_ending_after(bat, order, n, blen, meta[i].off);
         if (k < n && meta[i].len &&
             order_off(bat, order, k) < meta[i].off + meta[i].len)
-            r = vhd_errf(err, -EINVAL, "block %u [%llu, +%llu) overlaps %s "
-                         "at %llu", order[k],
-                         (unsigned long long) order_off(bat, order, k),
-                         (unsigned long long) blen, meta[i].what,
-                         (unsigned long long) meta[i].off);
+            r = nbdf_errf(err, -EINVAL, "block %u [%llu, +%llu) overlaps %s "
+                          "at %llu", order[k],
+                          (unsigned long long) order_off(bat, order, k),
+                          (unsigned long long) blen, meta[i].what,
+                          (unsigned long long) meta[i].off);
     }
     return r;
 }
 
 static int order_check_blocks(const struct vhd_layout *l, const uint32_t *bat,
                               const uint32_t *order, uint32_t n,
-                              struct vhd_err *err)
+                              struct nbdf_err *err)
 {
     uint64_t blen = (uint64_t) l->bitmap_bytes + l->block_size;
     if (n && order_off(bat, order, 0) < l->meta_end)
-        return vhd_errf(err, -EINVAL,
-                        "BAT entry %u (block at file offset %llu) clobbers "
-                        "the metadata (footer copy, header, BAT) ending at %llu",
-                        order[0], (unsigned long long) order_off(bat, order, 0),
-                        (unsigned long long) l->meta_end);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT entry %u (block at file offset %llu) clobbers "
+                         "the metadata (footer copy, header, BAT) ending at %llu",
+                         order[0],
+                         (unsigned long long) order_off(bat, order, 0),
+                         (unsigned long long) l->meta_end);
     for (uint32_t k = 1; k < n; k++)
         if (order_off(bat, order, k - 1) + blen > order_off(bat, order, k))
-            return vhd_errf(err, -EINVAL,
-                            "BAT entries %u and %u overlap (blocks at file "
-                            "offsets %llu and %llu, each %llu bytes)",
-                            order[k - 1], order[k],
-                            (unsigned long long) order_off(bat, order, k - 1),
-                            (unsigned long long) order_off(bat, order, k),
-                            (unsigned long long) blen);
+            return nbdf_errf(err, -EINVAL,
+                             "BAT entries %u and %u overlap (blocks at file "
+                             "offsets %llu and %llu, each %llu bytes)",
+                             order[k - 1], order[k],
+                             (unsigned long long) order_off(bat, order, k - 1),
+                             (unsigned long long) order_off(bat, order, k),
+                             (unsigned long long) blen);
     return 0;
 }
 
 int vhd_bat_order(const struct vhd_layout *l, const uint32_t *bat,
                   const struct vhd_extent *meta, size_t nmeta,
-                  uint32_t **order, uint32_t *nused, struct vhd_err *err)
+                  uint32_t **order, uint32_t *nused, struct nbdf_err *err)
 {
     uint32_t n = 0, k = 0;
     for (uint32_t i = 0; i < l->nblocks; i++)
         n += bat[i] != VHD_BAT_UNUSED;
     uint32_t *o = malloc(((size_t) n + 1) * sizeof *o);
     if (!o)
-        return vhd_errf(err, -ENOMEM, "out of memory for %u blocks", n);
+        return nbdf_errf(err, -ENOMEM, "out of memory for %u blocks", n);
     for (uint32_t i = 0; i < l->nblocks; i++)
         if (bat[i] != VHD_BAT_UNUSED)
             o[k++] = i;

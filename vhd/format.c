@@ -5,17 +5,6 @@
 
 #include "vhd/vhd-internal.h"
 
-int vhd_errf(struct vhd_err *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 uint32_t vhd_checksum(const void *buf, size_t len, size_t csum_off)
 {
     const uint8_t *b = buf;
@@ -97,7 +86,7 @@ static bool tap_hidden_checksum_ok(const struct vhd_footer *f,
 }
 
 static int footer_check_checksum(struct vhd_footer *f, const uint8_t *sector,
-                                 struct vhd_err *err)
+                                 struct nbdf_err *err)
 {
     uint32_t sum = vhd_checksum(sector, 512, VHD_FOOTER_CSUM_OFF);
     if (sum == f->checksum)
@@ -106,66 +95,66 @@ static int footer_check_checksum(struct vhd_footer *f, const uint8_t *sector,
         f->legacy_checksum = true;
         return 0;
     }
-    return vhd_errf(err, -EINVAL,
-                    "footer checksum mismatch: stored 0x%08x, computed 0x%08x",
-                    f->checksum, sum);
+    return nbdf_errf(err, -EINVAL,
+                     "footer checksum mismatch: stored 0x%08x, computed 0x%08x",
+                     f->checksum, sum);
 }
 
-static int footer_check_size(const struct vhd_footer *f, struct vhd_err *err)
+static int footer_check_size(const struct vhd_footer *f, struct nbdf_err *err)
 {
     if (f->current_size == 0)
-        return vhd_errf(err, -EINVAL, "footer current size is 0");
+        return nbdf_errf(err, -EINVAL, "footer current size is 0");
     if (f->current_size % VHD_SECTOR)
-        return vhd_errf(err, -EINVAL,
-                        "footer current size %llu is not a multiple of 512",
-                        (unsigned long long) f->current_size);
+        return nbdf_errf(err, -EINVAL,
+                         "footer current size %llu is not a multiple of 512",
+                         (unsigned long long) f->current_size);
     if (f->current_size > VHD_MAX_SIZE)
-        return vhd_errf(err, -EFBIG,
-                        "footer current size %llu exceeds the VHD limit of "
-                        "2040 GiB (%llu bytes)",
-                        (unsigned long long) f->current_size,
-                        (unsigned long long) VHD_MAX_SIZE);
+        return nbdf_errf(err, -EFBIG,
+                         "footer current size %llu exceeds the VHD limit of "
+                         "2040 GiB (%llu bytes)",
+                         (unsigned long long) f->current_size,
+                         (unsigned long long) VHD_MAX_SIZE);
     return 0;
 }
 
 static int footer_check_dynamic(const struct vhd_footer *f,
-                                struct vhd_err *err)
+                                struct nbdf_err *err)
 {
     if (f->data_offset == UINT64_MAX || f->data_offset < VHD_SECTOR ||
         f->data_offset % VHD_SECTOR || f->data_offset >= (1ull << 42))
-        return vhd_errf(err, -EINVAL,
-                        "footer data offset 0x%llx is not a valid dynamic "
-                        "header offset (512-aligned, >= 512)",
-                        (unsigned long long) f->data_offset);
+        return nbdf_errf(err, -EINVAL,
+                         "footer data offset 0x%llx is not a valid dynamic "
+                         "header offset (512-aligned, >= 512)",
+                         (unsigned long long) f->data_offset);
     if (memcmp(f->creator_app, "tap\0", 4) == 0 &&
         f->creator_version == 0x00000001)
-        return vhd_errf(err, -EINVAL,
-                        "creator tap 0.1: sector bitmaps use an unknown bit "
-                        "order, refusing to guess");
+        return nbdf_errf(err, -EINVAL,
+                         "creator tap 0.1: sector bitmaps use an unknown bit "
+                         "order, refusing to guess");
     return 0;
 }
 
 int vhd_footer_decode(const void *sector, struct vhd_footer *f,
-                      struct vhd_err *err)
+                      struct nbdf_err *err)
 {
     footer_from_disk(sector, f);
     if (memcmp(f->cookie, VHD_COOKIE_POISON, 8) == 0)
-        return vhd_errf(err, -EINVAL,
-                        "footer cookie is \"v_poison\": blktap left a metadata "
-                        "change unfinished, the file is unusable");
+        return nbdf_errf(err, -EINVAL,
+                         "footer cookie is \"v_poison\": blktap left a "
+                         "metadata change unfinished, the file is unusable");
     if (memcmp(f->cookie, VHD_COOKIE_FOOTER, 8) != 0)
-        return vhd_errf(err, -EINVAL, "bad footer cookie (want \"conectix\")");
+        return nbdf_errf(err, -EINVAL, "bad footer cookie (want \"conectix\")");
     int r = footer_check_checksum(f, sector, err);
     if (r < 0)
         return r;
     if (f->version >> 16 != 1)
-        return vhd_errf(err, -EINVAL, "unsupported footer format version 0x%08x",
-                        f->version);
+        return nbdf_errf(err, -EINVAL, "unsupported footer format version 0x%08x",
+                         f->version);
     if (f->disk_type != VHD_FIXED && f->disk_type != VHD_DYNAMIC &&
         f->disk_type != VHD_DIFF)
-        return vhd_errf(err, -EINVAL,
-                        "unsupported disk type %u (want 2 fixed, 3 dynamic or "
-                        "4 differencing)", f->disk_type);
+        return nbdf_errf(err, -EINVAL,
+                         "unsupported disk type %u (want 2 fixed, 3 dynamic or "
+                         "4 differencing)", f->disk_type);
     if ((r = footer_check_size(f, err)) < 0)
         return r;
     if (f->disk_type != VHD_FIXED)
@@ -237,25 +226,25 @@ void vhd_header_encode(const struct vhd_header *h, void *buf)
 }
 
 int vhd_header_decode(const void *buf, struct vhd_header *h,
-                      struct vhd_err *err)
+                      struct nbdf_err *err)
 {
     header_from_disk(buf, h);
     if (memcmp(h->cookie, VHD_COOKIE_HEADER, 8) != 0)
-        return vhd_errf(err, -EINVAL,
-                        "bad dynamic header cookie (want \"cxsparse\")");
+        return nbdf_errf(err, -EINVAL,
+                         "bad dynamic header cookie (want \"cxsparse\")");
     uint32_t sum = vhd_checksum(buf, VHD_HEADER_SIZE, VHD_HEADER_CSUM_OFF);
     if (sum != h->checksum)
-        return vhd_errf(err, -EINVAL,
-                        "dynamic header checksum mismatch: stored 0x%08x, "
-                        "computed 0x%08x", h->checksum, sum);
+        return nbdf_errf(err, -EINVAL,
+                         "dynamic header checksum mismatch: stored 0x%08x, "
+                         "computed 0x%08x", h->checksum, sum);
     if (h->version != VHD_VERSION)
-        return vhd_errf(err, -EINVAL,
-                        "unsupported dynamic header version 0x%08x", h->version);
+        return nbdf_errf(err, -EINVAL,
+                         "unsupported dynamic header version 0x%08x", h->version);
     if (!IS_POWER_OF_2(h->block_size) || h->block_size < VHD_SECTOR ||
         h->block_size > VHD_BLOCK_SIZE_MAX)
-        return vhd_errf(err, -EINVAL,
-                        "block size %u is not a power of two in [512, %u]",
-                        h->block_size, VHD_BLOCK_SIZE_MAX);
+        return nbdf_errf(err, -EINVAL,
+                         "block size %u is not a power of two in [512, %u]",
+                         h->block_size, VHD_BLOCK_SIZE_MAX);
     return 0;
 }
 
@@ -272,43 +261,43 @@ static bool locator_is_known(uint32_t code)
 }
 
 static int locator_check(const struct vhd_locator *l, int i,
-                         struct vhd_err *err)
+                         struct nbdf_err *err)
 {
     if (l->code == VHD_PLAT_NONE) {
         if (l->data_space || l->data_length || l->reserved || l->data_offset)
-            return vhd_errf(err, -EINVAL,
-                            "parent locator %d: platform code 0 but entry "
-                            "not zero", i);
+            return nbdf_errf(err, -EINVAL,
+                             "parent locator %d: platform code 0 but entry "
+                             "not zero", i);
         return 0;
     }
     if (!locator_is_known(l->code))
-        return vhd_errf(err, -EINVAL,
-                        "parent locator %d: unknown platform code 0x%08x",
-                        i, l->code);
+        return nbdf_errf(err, -EINVAL,
+                         "parent locator %d: unknown platform code 0x%08x",
+                         i, l->code);
     if (l->reserved)
-        return vhd_errf(err, -EINVAL, "parent locator %d: reserved field set", i);
+        return nbdf_errf(err, -EINVAL, "parent locator %d: reserved field set", i);
     if (!l->data_offset || !l->data_length || !l->space_bytes)
-        return vhd_errf(err, -EINVAL,
-                        "parent locator %d: zero data offset, length or "
-                        "space (or space %u is not whole sectors)",
-                        i, l->data_space);
+        return nbdf_errf(err, -EINVAL,
+                         "parent locator %d: zero data offset, length or "
+                         "space (or space %u is not whole sectors)",
+                         i, l->data_space);
     if (l->data_length > l->space_bytes ||
         l->data_length > VHD_MAX_LOCATOR_LEN)
-        return vhd_errf(err, -EINVAL,
-                        "parent locator %d: length %u exceeds its space %llu "
-                        "or the %u-byte cap", i, l->data_length,
-                        (unsigned long long) l->space_bytes,
-                        VHD_MAX_LOCATOR_LEN);
+        return nbdf_errf(err, -EINVAL,
+                         "parent locator %d: length %u exceeds its space %llu "
+                         "or the %u-byte cap", i, l->data_length,
+                         (unsigned long long) l->space_bytes,
+                         VHD_MAX_LOCATOR_LEN);
     if (l->data_offset >= (1ull << 42))
-        return vhd_errf(err, -EINVAL, "parent locator %d: offset 0x%llx "
-                        "out of range", i,
-                        (unsigned long long) l->data_offset);
+        return nbdf_errf(err, -EINVAL, "parent locator %d: offset 0x%llx "
+                         "out of range", i,
+                         (unsigned long long) l->data_offset);
     return 0;
 }
 
 static int header_check_parent_fields(const struct vhd_footer *f,
                                       const struct vhd_header *h,
-                                      struct vhd_err *err)
+                                      struct nbdf_err *err)
 {
     if (f->disk_type == VHD_DYNAMIC) {
         bool loc_zero = true;
@@ -317,9 +306,9 @@ static int header_check_parent_fields(const struct vhd_footer *f,
                         h->loc[i].data_length == 0 && h->loc[i].data_space == 0;
         if (!is_zero(h->parent_uuid, 16) || h->parent_timestamp ||
             !is_zero(h->parent_name, 512) || !loc_zero)
-            return vhd_errf(err, -EINVAL,
-                            "dynamic disk has parent fields set (id, "
-                            "timestamp, name or locators)");
+            return nbdf_errf(err, -EINVAL,
+                             "dynamic disk has parent fields set (id, "
+                             "timestamp, name or locators)");
         return 0;
     }
     for (int i = 0; i < 8; i++) {
@@ -331,46 +320,46 @@ static int header_check_parent_fields(const struct vhd_footer *f,
 }
 
 static int header_check_bat(const struct vhd_footer *f,
-                            const struct vhd_header *h, struct vhd_err *err)
+                            const struct vhd_header *h, struct nbdf_err *err)
 {
     uint64_t needed = (f->current_size + h->block_size - 1) / h->block_size;
     uint64_t cap = (VHD_MAX_SIZE + h->block_size - 1) / h->block_size;
     if (h->max_entries < needed)
-        return vhd_errf(err, -EINVAL,
-                        "BAT has %u entries but a disk of %llu bytes needs "
-                        "%llu blocks of %u", h->max_entries,
-                        (unsigned long long) f->current_size,
-                        (unsigned long long) needed, h->block_size);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT has %u entries but a disk of %llu bytes needs "
+                         "%llu blocks of %u", h->max_entries,
+                         (unsigned long long) f->current_size,
+                         (unsigned long long) needed, h->block_size);
     if (h->max_entries > cap)
-        return vhd_errf(err, -EINVAL,
-                        "BAT has %u entries, more than the %llu a 2040 GiB "
-                        "disk needs with %u-byte blocks", h->max_entries,
-                        (unsigned long long) cap, h->block_size);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT has %u entries, more than the %llu a 2040 GiB "
+                         "disk needs with %u-byte blocks", h->max_entries,
+                         (unsigned long long) cap, h->block_size);
     if (needed > VHD_MAX_BAT_ENTRIES)
-        return vhd_errf(err, -EFBIG,
-                        "%llu BAT entries exceed the memory cap of %u",
-                        (unsigned long long) needed, VHD_MAX_BAT_ENTRIES);
+        return nbdf_errf(err, -EFBIG,
+                         "%llu BAT entries exceed the memory cap of %u",
+                         (unsigned long long) needed, VHD_MAX_BAT_ENTRIES);
     uint64_t bat_bytes = ROUND_UP(4ull * h->max_entries, VHD_SECTOR);
     if (h->table_offset % VHD_SECTOR || h->table_offset < VHD_SECTOR ||
         h->table_offset >= (1ull << 42))
-        return vhd_errf(err, -EINVAL,
-                        "BAT offset 0x%llx is not 512-aligned or overlaps "
-                        "the footer copy", (unsigned long long) h->table_offset);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT offset 0x%llx is not 512-aligned or overlaps "
+                         "the footer copy", (unsigned long long) h->table_offset);
     if (vhd_ranges_overlap(h->table_offset, bat_bytes, f->data_offset,
                            VHD_HEADER_SIZE))
-        return vhd_errf(err, -EINVAL,
-                        "BAT [0x%llx, +%llu) overlaps the dynamic header at "
-                        "0x%llx", (unsigned long long) h->table_offset,
-                        (unsigned long long) bat_bytes,
-                        (unsigned long long) f->data_offset);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT [0x%llx, +%llu) overlaps the dynamic header at "
+                         "0x%llx", (unsigned long long) h->table_offset,
+                         (unsigned long long) bat_bytes,
+                         (unsigned long long) f->data_offset);
     return 0;
 }
 
 int vhd_header_check(const struct vhd_footer *f, const struct vhd_header *h,
-                     struct vhd_err *err)
+                     struct nbdf_err *err)
 {
     if (f->disk_type == VHD_FIXED)
-        return vhd_errf(err, -EINVAL, "fixed disk has no dynamic header");
+        return nbdf_errf(err, -EINVAL, "fixed disk has no dynamic header");
     int r = header_check_bat(f, h, err);
     if (r < 0)
         return r;
@@ -559,7 +548,7 @@ static int hexval(char c)
 
 /* "file://./x.vhd" -> "./x.vhd"; %XX decoded; NUL padding ends it. */
 static int macx_path(const char *p, size_t len, char *out, size_t outlen,
-                     struct vhd_err *err)
+                     struct nbdf_err *err)
 {
     size_t n = 0;
     if (len >= 7 && memcmp(p, "file://", 7) == 0) {
@@ -572,12 +561,12 @@ static int macx_path(const char *p, size_t len, char *out, size_t outlen,
             int hi = i + 2 < len ? hexval(p[i + 1]) : -1;
             int lo = hi >= 0 ? hexval(p[i + 2]) : -1;
             if (lo < 0 || (hi == 0 && lo == 0))
-                return vhd_errf(err, -EINVAL, "MacX locator: bad %% escape");
+                return nbdf_errf(err, -EINVAL, "MacX locator: bad %% escape");
             c = hi << 4 | lo;
             i += 2;
         }
         if (n + 2 > outlen)
-            return vhd_errf(err, -ENAMETOOLONG, "locator path too long");
+            return nbdf_errf(err, -ENAMETOOLONG, "locator path too long");
         out[n++] = c;
     }
     out[n] = 0;
@@ -586,20 +575,20 @@ static int macx_path(const char *p, size_t len, char *out, size_t outlen,
 
 int vhd_locator_path(const struct vhd_locator *l, const void *payload,
                      size_t len, char *out, size_t outlen,
-                     struct vhd_err *err)
+                     struct nbdf_err *err)
 {
     if (len > l->data_length)
         len = l->data_length;
     if (len == 0 || is_zero(payload, len))
-        return vhd_errf(err, -ENOENT, "locator payload is empty");
+        return nbdf_errf(err, -ENOENT, "locator payload is empty");
     if (l->code == VHD_PLAT_MACX)
         return macx_path(payload, len, out, outlen, err);
     if (l->code != VHD_PLAT_W2RU && l->code != VHD_PLAT_W2KU)
-        return vhd_errf(err, -ENOTSUP, "locator code 0x%08x has no path",
-                        l->code);
+        return nbdf_errf(err, -ENOTSUP, "locator code 0x%08x has no path",
+                         l->code);
     int r = vhd_utf16_to_utf8(payload, len, false, out, outlen);
     if (r < 0)
-        return vhd_errf(err, r, "locator: bad UTF-16LE path");
+        return nbdf_errf(err, r, "locator: bad UTF-16LE path");
     for (int i = 0; i < r; i++)
         if (out[i] == '\\')
             out[i] = '/';

@@ -45,46 +45,46 @@ static int fail(struct vhd_image *img, int r)
 /* ---- construction ------------------------------------------------------------ */
 
 static int image_check_file_size(const struct vhd_image *img,
-                                 struct vhd_err *err)
+                                 struct nbdf_err *err)
 {
     if (img->file_size < VHD_FOOTER_SIZE)
-        return vhd_errf(err, -EINVAL, "file of %llu bytes is shorter than a "
-                        "footer", (unsigned long long) img->file_size);
+        return nbdf_errf(err, -EINVAL, "file of %llu bytes is shorter than a "
+                         "footer", (unsigned long long) img->file_size);
     if (img->file_size % VHD_SECTOR)
-        return vhd_errf(err, -EINVAL, "file length %llu is not a multiple "
-                        "of 512", (unsigned long long) img->file_size);
+        return nbdf_errf(err, -EINVAL, "file length %llu is not a multiple "
+                         "of 512", (unsigned long long) img->file_size);
     return 0;
 }
 
-static int image_check_fixed(const struct vhd_image *img, struct vhd_err *err)
+static int image_check_fixed(const struct vhd_image *img, struct nbdf_err *err)
 {
     if (img->footer_off < img->f.current_size)
-        return vhd_errf(err, -EINVAL,
-                        "fixed disk: file holds %llu bytes before the footer "
-                        "but current size is %llu",
-                        (unsigned long long) img->footer_off,
-                        (unsigned long long) img->f.current_size);
+        return nbdf_errf(err, -EINVAL,
+                         "fixed disk: file holds %llu bytes before the footer "
+                         "but current size is %llu",
+                         (unsigned long long) img->footer_off,
+                         (unsigned long long) img->f.current_size);
     return 0;
 }
 
 static int image_check_header_pos(const struct vhd_image *img,
-                                  struct vhd_err *err)
+                                  struct nbdf_err *err)
 {
     if (img->f.data_offset + VHD_HEADER_SIZE > img->footer_off)
-        return vhd_errf(err, -EINVAL,
-                        "dynamic header at %llu does not fit before the "
-                        "trailing footer at %llu",
-                        (unsigned long long) img->f.data_offset,
-                        (unsigned long long) img->footer_off);
+        return nbdf_errf(err, -EINVAL,
+                         "dynamic header at %llu does not fit before the "
+                         "trailing footer at %llu",
+                         (unsigned long long) img->f.data_offset,
+                         (unsigned long long) img->footer_off);
     return 0;
 }
 
 int vhd_image_new(const void *footer, uint64_t file_size,
-                  struct vhd_image **out, struct vhd_err *err)
+                  struct vhd_image **out, struct nbdf_err *err)
 {
     struct vhd_image *img = calloc(1, sizeof *img);
     if (!img)
-        return vhd_errf(err, -ENOMEM, "out of memory");
+        return nbdf_errf(err, -ENOMEM, "out of memory");
     img->file_size = file_size;
     memcpy(img->footer_raw, footer, 512);
     int r = image_check_file_size(img, err);
@@ -146,21 +146,21 @@ int vhd_image_next(const struct vhd_image *img, uint64_t *off, size_t *len)
     }
 }
 
-static int finish_parse(struct vhd_image *img, struct vhd_err *err);
+static int finish_parse(struct vhd_image *img, struct nbdf_err *err);
 
 /* Next locator with a payload, or the final checks. */
-static int next_locator(struct vhd_image *img, int from, struct vhd_err *err)
+static int next_locator(struct vhd_image *img, int from, struct nbdf_err *err)
 {
     for (int i = from; img->f.disk_type == VHD_DIFF && i < 8; i++) {
         const struct vhd_locator *l = &img->h.loc[i];
         if (l->code == VHD_PLAT_NONE)
             continue;
         if (l->data_offset + l->space_bytes > img->footer_off)
-            return vhd_errf(err, -EINVAL,
-                            "parent locator %d [%llu, +%llu) extends past the "
-                            "trailing footer", i,
-                            (unsigned long long) l->data_offset,
-                            (unsigned long long) l->space_bytes);
+            return nbdf_errf(err, -EINVAL,
+                             "parent locator %d [%llu, +%llu) extends past the "
+                             "trailing footer", i,
+                             (unsigned long long) l->data_offset,
+                             (unsigned long long) l->space_bytes);
         img->loc_i = i;
         request(img, IMG_LOCATOR, l->data_offset, l->data_length);
         return 0;
@@ -169,23 +169,23 @@ static int next_locator(struct vhd_image *img, int from, struct vhd_err *err)
 }
 
 static int supply_copy(struct vhd_image *img, const void *buf,
-                       struct vhd_err *err)
+                       struct nbdf_err *err)
 {
     if (memcmp(buf, img->footer_raw, VHD_FOOTER_SIZE) != 0) {
         struct vhd_footer copy;
-        struct vhd_err e2;
+        struct nbdf_err e2;
         if (vhd_footer_decode(buf, &copy, &e2) < 0)
-            return vhd_errf(err, -EINVAL, "footer copy at offset 0 is "
-                            "invalid: %s", e2.msg);
-        return vhd_errf(err, -EINVAL, "footer copy at offset 0 differs from "
-                        "the trailing footer");
+            return nbdf_errf(err, -EINVAL, "footer copy at offset 0 is "
+                             "invalid: %s", e2.msg);
+        return nbdf_errf(err, -EINVAL, "footer copy at offset 0 differs from "
+                         "the trailing footer");
     }
     request(img, IMG_HEADER, img->f.data_offset, VHD_HEADER_SIZE);
     return 0;
 }
 
 static int supply_header(struct vhd_image *img, const void *buf,
-                         struct vhd_err *err)
+                         struct nbdf_err *err)
 {
     int r = vhd_header_decode(buf, &img->h, err);
     if (r == 0)
@@ -194,36 +194,36 @@ static int supply_header(struct vhd_image *img, const void *buf,
         return r;
     vhd_layout_from(&img->f, &img->h, &img->l);
     if (img->l.bat_off + img->l.bat_bytes > img->footer_off)
-        return vhd_errf(err, -EINVAL,
-                        "BAT [%llu, +%llu) extends past the trailing footer "
-                        "at %llu", (unsigned long long) img->l.bat_off,
-                        (unsigned long long) img->l.bat_bytes,
-                        (unsigned long long) img->footer_off);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT [%llu, +%llu) extends past the trailing footer "
+                         "at %llu", (unsigned long long) img->l.bat_off,
+                         (unsigned long long) img->l.bat_bytes,
+                         (unsigned long long) img->footer_off);
     img->bat = malloc(((size_t) img->l.nblocks + 1) * 4);
     if (!img->bat)
-        return vhd_errf(err, -ENOMEM, "out of memory for %u BAT entries",
-                        img->l.nblocks);
+        return nbdf_errf(err, -ENOMEM, "out of memory for %u BAT entries",
+                         img->l.nblocks);
     request(img, IMG_BAT, img->l.bat_off, (size_t) img->l.nblocks * 4);
     return 0;
 }
 
-static int blocks_inside_file(const struct vhd_image *img, struct vhd_err *err)
+static int blocks_inside_file(const struct vhd_image *img, struct nbdf_err *err)
 {
     if (img->nused == 0)
         return 0;
     const struct vhd_extent *last = &img->sorted[img->nused - 1];
     if (last->off + last->len > img->footer_off)
-        return vhd_errf(err, -EINVAL,
-                        "BAT entry %u: block [%llu, +%llu) extends past the "
-                        "trailing footer at %llu", last->block,
-                        (unsigned long long) last->off,
-                        (unsigned long long) last->len,
-                        (unsigned long long) img->footer_off);
+        return nbdf_errf(err, -EINVAL,
+                         "BAT entry %u: block [%llu, +%llu) extends past the "
+                         "trailing footer at %llu", last->block,
+                         (unsigned long long) last->off,
+                         (unsigned long long) last->len,
+                         (unsigned long long) img->footer_off);
     return 0;
 }
 
 static int supply_bat(struct vhd_image *img, const void *buf,
-                      struct vhd_err *err)
+                      struct nbdf_err *err)
 {
     const uint8_t *b = buf;
     for (uint32_t i = 0; i < img->l.nblocks; i++) {
@@ -250,7 +250,7 @@ static int supply_bat(struct vhd_image *img, const void *buf,
 
 static int batmap_header_check(struct vhd_image *img,
                                const struct vhd_batmap_disk *d,
-                               struct vhd_err *err)
+                               struct nbdf_err *err)
 {
     img->batmap_off = be64toh(d->map_offset);
     img->batmap_sectors = be32toh(d->map_sectors);
@@ -258,26 +258,26 @@ static int batmap_header_check(struct vhd_image *img,
     img->batmap_csum = be32toh(d->checksum);
     if (img->batmap_version >> 16 != 1 ||
         (img->batmap_version & 0xFFFF) > 2)
-        return vhd_errf(err, -EINVAL, "batmap version 0x%08x is not <= 1.2",
-                        img->batmap_version);
+        return nbdf_errf(err, -EINVAL, "batmap version 0x%08x is not <= 1.2",
+                         img->batmap_version);
     uint64_t need = (img->l.nblocks + 8ull * VHD_SECTOR - 1) /
                     (8ull * VHD_SECTOR);
     if (img->batmap_sectors < need || img->batmap_sectors > need + 4096)
-        return vhd_errf(err, -EINVAL, "batmap of %u sectors does not fit "
-                        "%u blocks", img->batmap_sectors, img->l.nblocks);
+        return nbdf_errf(err, -EINVAL, "batmap of %u sectors does not fit "
+                         "%u blocks", img->batmap_sectors, img->l.nblocks);
     uint64_t bytes = (uint64_t) img->batmap_sectors * VHD_SECTOR;
     if (img->batmap_off % VHD_SECTOR || img->batmap_off < VHD_SECTOR ||
         img->batmap_off >= img->footer_off ||
         bytes > img->footer_off - img->batmap_off)
-        return vhd_errf(err, -EINVAL, "batmap at %llu (+%llu) is misaligned "
-                        "or outside the file",
-                        (unsigned long long) img->batmap_off,
-                        (unsigned long long) bytes);
+        return nbdf_errf(err, -EINVAL, "batmap at %llu (+%llu) is misaligned "
+                         "or outside the file",
+                         (unsigned long long) img->batmap_off,
+                         (unsigned long long) bytes);
     return 0;
 }
 
 static int supply_batmap_hdr(struct vhd_image *img, const void *buf,
-                             struct vhd_err *err)
+                             struct nbdf_err *err)
 {
     const struct vhd_batmap_disk *d = buf;
     /* vhd-tool's optional batmap has no cookie: opaque, like padding. */
@@ -302,34 +302,34 @@ static uint32_t batmap_sum(const uint8_t *b, size_t n, uint32_t version)
 }
 
 static int supply_batmap(struct vhd_image *img, const void *buf,
-                         struct vhd_err *err)
+                         struct nbdf_err *err)
 {
     uint32_t sum = batmap_sum(buf, img->req_len, img->batmap_version);
     if (sum != img->batmap_csum)
-        return vhd_errf(err, -EINVAL, "batmap checksum mismatch: stored "
-                        "0x%08x, computed 0x%08x", img->batmap_csum, sum);
+        return nbdf_errf(err, -EINVAL, "batmap checksum mismatch: stored "
+                         "0x%08x, computed 0x%08x", img->batmap_csum, sum);
     for (uint32_t i = 0; i < img->l.nblocks; i++)
         if (vhd_bitmap_test(buf, i) && img->bat[i] == VHD_BAT_UNUSED)
-            return vhd_errf(err, -EINVAL, "batmap marks block %u full but "
-                            "its BAT entry is unallocated", i);
+            return nbdf_errf(err, -EINVAL, "batmap marks block %u full but "
+                             "its BAT entry is unallocated", i);
     img->has_batmap = true;
     return next_locator(img, 0, err);
 }
 
 static int supply_locator(struct vhd_image *img, const void *buf,
-                          struct vhd_err *err)
+                          struct nbdf_err *err)
 {
     int i = img->loc_i;
     img->loc_payload[i] = malloc(img->req_len ? img->req_len : 1);
     if (!img->loc_payload[i])
-        return vhd_errf(err, -ENOMEM, "out of memory");
+        return nbdf_errf(err, -ENOMEM, "out of memory");
     memcpy(img->loc_payload[i], buf, img->req_len);
     img->loc_len[i] = img->req_len;
     return next_locator(img, i + 1, err);
 }
 
 /* Every extent of the file, checked against every other. */
-static int finish_parse(struct vhd_image *img, struct vhd_err *err)
+static int finish_parse(struct vhd_image *img, struct nbdf_err *err)
 {
     struct vhd_extent meta[16];
     size_t n = 0;
@@ -357,7 +357,7 @@ static int finish_parse(struct vhd_image *img, struct vhd_err *err)
 }
 
 int vhd_image_supply(struct vhd_image *img, const void *buf,
-                     struct vhd_err *err)
+                     struct nbdf_err *err)
 {
     int r;
     switch (img->state) {
@@ -368,9 +368,9 @@ int vhd_image_supply(struct vhd_image *img, const void *buf,
     case IMG_BATMAP:     r = supply_batmap(img, buf, err); break;
     case IMG_LOCATOR:    r = supply_locator(img, buf, err); break;
     case IMG_DONE:
-        return vhd_errf(err, -EINVAL, "image already complete");
+        return nbdf_errf(err, -EINVAL, "image already complete");
     default:
-        return vhd_errf(err, -EINVAL, "image failed earlier");
+        return nbdf_errf(err, -EINVAL, "image failed earlier");
     }
     return r < 0 ? fail(img, r) : 0;
 }
@@ -443,13 +443,13 @@ const uint8_t *vhd_image_locator_payload(const struct vhd_image *img, int i,
 
 int vhd_image_check_parent(const struct vhd_image *child,
                            const struct vhd_image *parent,
-                           struct vhd_err *err)
+                           struct nbdf_err *err)
 {
     if (child->f.disk_type != VHD_DIFF)
-        return vhd_errf(err, -EINVAL, "not a differencing disk");
+        return nbdf_errf(err, -EINVAL, "not a differencing disk");
     if (memcmp(child->h.parent_uuid, parent->f.uuid, 16) != 0)
-        return vhd_errf(err, -EINVAL, "parent unique id does not match the "
-                        "child's parent id");
+        return nbdf_errf(err, -EINVAL, "parent unique id does not match the "
+                         "child's parent id");
     return 0;
 }
 

@@ -73,7 +73,7 @@ static int sfail(struct vhd_stream *s, int code, const char *fmt, ...)
     return code;
 }
 
-static int sfail_err(struct vhd_stream *s, int code, const struct vhd_err *e,
+static int sfail_err(struct vhd_stream *s, int code, const struct nbdf_err *e,
                      const char *what)
 {
     return sfail(s, code, "%s%s", what, e->msg);
@@ -289,7 +289,7 @@ enum image_kind vhd_stream_first_kind(const struct vhd_stream *s)
 
 static int decide_kind(struct vhd_stream *s)
 {
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     bool cookie = memcmp(s->copy, VHD_COOKIE_FOOTER, 8) == 0 ||
                   memcmp(s->copy, VHD_COOKIE_POISON, 8) == 0;
     if (!cookie && looks_like_footer(s->copy))
@@ -364,7 +364,7 @@ static int64_t step_fixed(struct vhd_stream *s, const uint8_t *buf,
 
 static int header_done(struct vhd_stream *s)
 {
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     /* qemu-img (convert -O vpc, create) writes the footer copy first and
      * the dynamic header after, seeking back: in file order it is still
      * zeros.  Say so, rather than "bad dynamic header cookie". */
@@ -443,7 +443,7 @@ static uint64_t file_length(const struct vhd_stream *s)
 
 static int bat_done(struct vhd_stream *s)
 {
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     struct vhd_extent meta[11];
     uint32_t *bat = (uint32_t *) s->bat;
     for (uint32_t i = 0; i < s->l.nblocks; i++) {
@@ -651,7 +651,7 @@ static int finish_fixed(struct vhd_stream *s)
 {
     uint8_t tail[512];
     struct vhd_footer f;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     ring_read(s, tail);
     int r = vhd_footer_decode(tail, &f, &e);
     if (r < 0)

@@ -35,25 +35,25 @@ struct vhd_synth {
 
 int vhd_synth_new(uint64_t disk_size, const uint8_t uuid[16],
                   uint32_t timestamp, struct vhd_synth **out,
-                  struct vhd_err *err)
+                  struct nbdf_err *err)
 {
     if (disk_size == 0)
-        return vhd_errf(err, -EINVAL, "cannot describe an empty disk as VHD");
+        return nbdf_errf(err, -EINVAL, "cannot describe an empty disk as VHD");
     if (disk_size > VHD_MAX_SIZE)
-        return vhd_errf(err, -EFBIG, "disk of %llu bytes exceeds the VHD "
-                        "limit of 2040 GiB (%llu bytes)",
-                        (unsigned long long) disk_size,
-                        (unsigned long long) VHD_MAX_SIZE);
+        return nbdf_errf(err, -EFBIG, "disk of %llu bytes exceeds the VHD "
+                         "limit of 2040 GiB (%llu bytes)",
+                         (unsigned long long) disk_size,
+                         (unsigned long long) VHD_MAX_SIZE);
     struct vhd_synth *s = calloc(1, sizeof *s);
     if (!s)
-        return vhd_errf(err, -ENOMEM, "out of memory");
+        return nbdf_errf(err, -ENOMEM, "out of memory");
     s->disk_size = disk_size;
     s->size = ROUND_UP(disk_size, VHD_SECTOR);
     s->nblocks = (s->size + SYNTH_BLOCK - 1) / SYNTH_BLOCK;
     s->alloc = calloc(s->nblocks, 1);
     if (!s->alloc) {
         free(s);
-        return vhd_errf(err, -ENOMEM, "out of memory");
+        return nbdf_errf(err, -ENOMEM, "out of memory");
     }
     struct vhd_footer f = {
         .cookie = "conectix", .features = VHD_FEATURE_RESERVED,

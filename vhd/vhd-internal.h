@@ -88,10 +88,6 @@ _Static_assert(sizeof(struct vhd_batmap_disk) == 512, "batmap header is one sect
 
 /* ---- helpers --------------------------------------------------------------- */
 
-/* Printf into err (if any) and return code.  Always returns code. */
-int vhd_errf(struct vhd_err *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static inline bool vhd_ranges_overlap(uint64_t a, uint64_t alen,
                                       uint64_t b, uint64_t blen)
 {
@@ -129,19 +125,19 @@ struct vhd_extent {
  * free()) receives the used entries in file order; *nused their count. */
 int vhd_bat_sort_check(const struct vhd_layout *l, const uint32_t *bat,
                        struct vhd_extent **sorted, uint32_t *nused,
-                       struct vhd_err *err);
+                       struct nbdf_err *err);
 /* Check that the named extents (locators etc.) overlap neither each other
  * nor the sorted blocks. */
 int vhd_extents_check(const struct vhd_extent *meta, size_t nmeta,
                       const struct vhd_extent *blocks, uint32_t nblocks,
-                      uint32_t bitmap_bytes, struct vhd_err *err);
+                      uint32_t bitmap_bytes, struct nbdf_err *err);
 /* The same checks in the stream decoder's memory budget (4 bytes per used
  * entry, no extent copies): *order (caller frees) receives the used BAT
  * indices in file order; meta (footer copy, header, BAT, locators) must
  * overlap neither each other nor any block. */
 int vhd_bat_order(const struct vhd_layout *l, const uint32_t *bat,
                   const struct vhd_extent *meta, size_t nmeta,
-                  uint32_t **order, uint32_t *nused, struct vhd_err *err);
+                  uint32_t **order, uint32_t *nused, struct nbdf_err *err);
 /* Locator extents of h that occupy file space (code != 0). */
 size_t vhd_locator_extents(const struct vhd_header *h, struct vhd_extent *out);
 

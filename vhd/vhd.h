@@ -8,7 +8,7 @@
  *
  * Conventions: every function that can fail returns 0 (or a count) or a
  * negative errno.  Functions that validate input also take an optional
- * 'struct vhd_err *' (may be NULL) which receives a one-line, human-readable
+ * 'struct nbdf_err *' (may be NULL) which receives a one-line, human-readable
  * message naming the rule that was broken.  Offsets and sizes are bytes.
  * Nothing here is thread-safe on a shared object; distinct objects may be
  * used from distinct threads.
@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "common/imagekind.h"
 
 #define VHD_SECTOR          512u
@@ -44,10 +45,6 @@ enum vhd_kind { VHD_FIXED = 2, VHD_DYNAMIC = 3, VHD_DIFF = 4 };
 #define VHD_PLAT_W2KU 0x57326B75u                 /* absolute, UTF-16LE */
 #define VHD_PLAT_MAC  0x4D616320u                 /* Mac alias blob */
 #define VHD_PLAT_MACX 0x4D616358u                 /* UTF-8 file:// URL */
-
-struct vhd_err {
-    char msg[256];                                /* "" when no error */
-};
 
 /* VHD timestamps count seconds from 2000-01-01T00:00:00Z, this Unix time. */
 #define VHD_EPOCH_UNIX 946684800u
@@ -114,7 +111,7 @@ uint32_t vhd_checksum(const void *buf, size_t len, size_t csum_off);
  * dyn/diff a 512-aligned data offset >= 512 and no creator "tap" 0.1.
  * -EINVAL on any violation. */
 int vhd_footer_decode(const void *sector, struct vhd_footer *out,
-                      struct vhd_err *err);
+                      struct nbdf_err *err);
 
 /* Encode f into 512 bytes, computing the checksum (f->checksum ignored). */
 void vhd_footer_encode(const struct vhd_footer *f, void *sector);
@@ -123,7 +120,7 @@ void vhd_footer_encode(const struct vhd_footer *f, void *sector);
  * checksum, version 0x00010000, block size a power of two in
  * [512, VHD_BLOCK_SIZE_MAX], locator data space.  -EINVAL on violation. */
 int vhd_header_decode(const void *buf, struct vhd_header *out,
-                      struct vhd_err *err);
+                      struct nbdf_err *err);
 
 /* Encode h into 1024 bytes, computing the checksum. */
 void vhd_header_encode(const struct vhd_header *h, void *buf);
@@ -134,7 +131,7 @@ void vhd_header_encode(const struct vhd_header *h, void *buf);
  * fields zero for a dynamic disk, locator entries well formed.  -EINVAL,
  * or -EFBIG when the BAT would exceed VHD_MAX_BAT_ENTRIES in memory. */
 int vhd_header_check(const struct vhd_footer *f, const struct vhd_header *h,
-                     struct vhd_err *err);
+                     struct nbdf_err *err);
 
 /* Report (not fail) oddities: feature bits, reserved bytes, saved state,
  * CHS inconsistent with size, fixed data offset not all-ones, header data
@@ -177,7 +174,7 @@ int vhd_parent_name(const struct vhd_header *h, char *out, size_t outlen);
  * -EINVAL/-EILSEQ if malformed.  The path is untrusted. */
 int vhd_locator_path(const struct vhd_locator *l, const void *payload,
                      size_t len, char *out, size_t outlen,
-                     struct vhd_err *err);
+                     struct nbdf_err *err);
 
 /* ---- a whole image, parsed from caller-read pieces ----------------------- */
 
@@ -202,12 +199,12 @@ struct vhd_image;
 /* footer: the file's last 512 bytes; file_size: its length (>= 512;
  * 512*n + 511 legacy files are not accepted).  *out owned by the caller. */
 int vhd_image_new(const void *footer, uint64_t file_size,
-                  struct vhd_image **out, struct vhd_err *err);
+                  struct vhd_image **out, struct nbdf_err *err);
 /* 1 and (*off, *len): supply these bytes next; 0: parsing complete. */
 int vhd_image_next(const struct vhd_image *img, uint64_t *off, size_t *len);
 /* buf holds exactly the *len bytes last requested at *off. */
 int vhd_image_supply(struct vhd_image *img, const void *buf,
-                     struct vhd_err *err);
+                     struct nbdf_err *err);
 void vhd_image_free(struct vhd_image *img);
 
 enum vhd_kind vhd_image_kind(const struct vhd_image *img);
@@ -228,7 +225,7 @@ const uint8_t *vhd_image_locator_payload(const struct vhd_image *img, int i,
 /* Does this image's parent id equal parent's footer uuid?  0 or -EINVAL. */
 int vhd_image_check_parent(const struct vhd_image *child,
                            const struct vhd_image *parent,
-                           struct vhd_err *err);
+                           struct nbdf_err *err);
 
 enum vhd_source {
     VHD_SRC_FILE,                 /* bytes at file_off in this file */
@@ -370,7 +367,7 @@ struct vhd_synth;
  * -EFBIG with a message when current_size > VHD_MAX_SIZE; -EINVAL if 0. */
 int vhd_synth_new(uint64_t disk_size, const uint8_t uuid[16],
                   uint32_t timestamp, struct vhd_synth **out,
-                  struct vhd_err *err);
+                  struct nbdf_err *err);
 
 /* Mark every 2 MiB block touched by [disk_off, disk_off+len) allocated.
  * Only before vhd_synth_seal(); -EINVAL if out of range or sealed. */

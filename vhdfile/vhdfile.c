@@ -15,9 +15,9 @@
 #include "vhdfile/vhdfile.h"
 
 /* One line into err, cut to fit (messages quote paths of any length). */
-static void errf(struct vhdfile_err *err, const char *fmt, ...)
+static void errf(struct nbdf_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-static void errf(struct vhdfile_err *err, const char *fmt, ...)
+static void errf(struct nbdf_err *err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -60,7 +60,7 @@ void vhdfile_free(struct vhdfile *m)
 }
 
 static int supply_one(struct vhdfile *m, uint64_t off, size_t len,
-                      struct vhd_err *e)
+                      struct nbdf_err *e)
 {
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
@@ -74,7 +74,7 @@ static int supply_one(struct vhdfile *m, uint64_t off, size_t len,
 
 /* Parse the VHD at m->fd.  Returns 0, -EINVAL (invalid: e set) or another
  * -errno (I/O).  A size over a library limit counts as invalid. */
-static int parse(struct vhdfile *m, struct vhd_err *e)
+static int parse(struct vhdfile *m, struct nbdf_err *e)
 {
     uint8_t foot[VHD_FOOTER_SIZE];
     if (m->file_size < VHD_FOOTER_SIZE) {
@@ -100,7 +100,7 @@ static int parse(struct vhdfile *m, struct vhd_err *e)
 }
 
 static int open_fail(struct vhdfile *m, int r, const char *path,
-                     struct vhdfile_err *err)
+                     struct nbdf_err *err)
 {
     errf(err, "%s: %s", path, strerror(-r));
     vhdfile_free(m);
@@ -108,7 +108,7 @@ static int open_fail(struct vhdfile *m, int r, const char *path,
 }
 
 int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
-                    struct vhdfile **out, struct vhdfile_err *err)
+                    struct vhdfile **out, struct nbdf_err *err)
 {
     struct vhdfile *m = calloc(1, sizeof *m);
     struct stat st;
@@ -124,7 +124,7 @@ int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
     m->dev = st.st_dev;
     m->ino = st.st_ino;
     m->file_size = st.st_size;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = parse(m, &e);
     if (r == -EINVAL && raw_ok) {       /* blktap: raw parent */
         vhd_image_free(m->img);
@@ -144,7 +144,7 @@ int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
 }
 
 int vhdfile_open(const char *path, bool raw_ok, struct vhdfile **out,
-                 struct vhdfile_err *err)
+                 struct nbdf_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -238,10 +238,10 @@ static bool zero_id(const uint8_t id[16])
 
 /* Open and attach m's parent at path (owned, freed here). */
 static int attach_parent(struct vhdfile *top, struct vhdfile *m, char *path,
-                         struct vhdfile_err *err)
+                         struct nbdf_err *err)
 {
-    struct vhdfile_err e = { "" };
-    struct vhd_err ve = { "" };
+    struct nbdf_err e = { "" };
+    struct nbdf_err ve = { "" };
     struct vhdfile *p;
     bool raw_ok = zero_id(vhd_image_header(m->img)->parent_uuid);
     int r = vhdfile_open(path, raw_ok, &p, &e);
@@ -266,7 +266,7 @@ static int attach_parent(struct vhdfile *top, struct vhdfile *m, char *path,
 }
 
 int vhdfile_open_chain(struct vhdfile *top, const char *const *parents,
-                       size_t nparents, struct vhdfile_err *err)
+                       size_t nparents, struct nbdf_err *err)
 {
     struct vhdfile *m = top;
     err->msg[0] = 0;

@@ -19,13 +19,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
 #include "vhd/vhd.h"
 
 #define VHDFILE_CHAIN_MAX 32            /* differencing levels followed */
-
-struct vhdfile_err {
-    char msg[1024];                     /* one line; "" when no error */
-};
 
 struct vhdfile {
     char *path;                         /* owned */
@@ -45,10 +42,10 @@ struct vhdfile {
  * err->msg is the broken rule without the path; for other errors it is
  * "PATH: reason". */
 int vhdfile_open(const char *path, bool raw_ok, struct vhdfile **out,
-                 struct vhdfile_err *err);
+                 struct nbdf_err *err);
 /* Same on an open descriptor, which it takes over, even on error. */
 int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
-                    struct vhdfile **out, struct vhdfile_err *err);
+                    struct vhdfile **out, struct nbdf_err *err);
 /* Frees m and its parents.  NULL is fine. */
 void vhdfile_free(struct vhdfile *m);
 
@@ -59,7 +56,7 @@ void vhdfile_free(struct vhdfile *m);
  * child's directory.  Each parent's footer id must equal the child's
  * parent id.  err->msg is a whole line naming the files involved. */
 int vhdfile_open_chain(struct vhdfile *top, const char *const *parents,
-                       size_t nparents, struct vhdfile_err *err);
+                       size_t nparents, struct nbdf_err *err);
 /* Differencing levels in the chain below top (0: not differencing). */
 unsigned vhdfile_chain_depth(const struct vhdfile *top);
 

@@ -2,7 +2,6 @@
  * headers, region table, metadata items, BAT geometry.  See vhdx/vhdx.h.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,17 +25,6 @@ uint32_t vhdx_le32(const void *p)
 uint64_t vhdx_le64(const void *p)
 {
     return vhdx_le32(p) | (uint64_t) vhdx_le32((const uint8_t *) p + 4) << 32;
-}
-
-int vhdx_fail(struct vhdx_err *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
 }
 
 /* ---- CRC-32C ------------------------------------------------------------ */
@@ -120,23 +108,23 @@ static bool all_zero(const uint8_t *p, size_t n)
 
 /* ---- file identifier and headers ---------------------------------------- */
 
-int vhdx_file_id_check(const void *buf, size_t len, struct vhdx_err *err)
+int vhdx_file_id_check(const void *buf, size_t len, struct nbdf_err *err)
 {
     if (len < 8 || memcmp(buf, "vhdxfile", 8) != 0)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "file identifier: not \"vhdxfile\" (not a VHDX file)");
     return 0;
 }
 
 int vhdx_header_decode(const void *buf4k, struct vhdx_header *out,
-                       struct vhdx_err *err)
+                       struct nbdf_err *err)
 {
     const uint8_t *b = buf4k;
     if (memcmp(b, "head", 4) != 0)
-        return vhdx_fail(err, -EINVAL, "header: signature is not \"head\"");
+        return nbdf_errf(err, -EINVAL, "header: signature is not \"head\"");
     uint32_t want = vhdx_le32(b + 4), got = crc_with_hole(b, VHDX_HEADER_BYTES, 4);
     if (want != got)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "header: CRC-32C %08x, the header says %08x",
                          got, want);
     struct vhdx_header h = {
@@ -149,30 +137,30 @@ int vhdx_header_decode(const void *buf4k, struct vhdx_header *out,
     memcpy(h.log_guid, b + 48, 16);
     h.log_pending = !all_zero(h.log_guid, 16);
     if (h.version != 1)
-        return vhdx_fail(err, -ENOTSUP, "header: version %u (only 1 exists)",
+        return nbdf_errf(err, -ENOTSUP, "header: version %u (only 1 exists)",
                          h.version);
     if (h.log_length % VHDX_MiB || h.log_offset % VHDX_MiB)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "header: log at %llu, %u bytes: not 1 MiB multiples",
                          (unsigned long long) h.log_offset, h.log_length);
     if (h.log_length && h.log_offset < VHDX_HEADER_SECTION)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "header: the log (at %llu) overlaps the header section",
                          (unsigned long long) h.log_offset);
     if (h.log_pending && h.log_length == 0)
-        return vhdx_fail(err, -EINVAL, "header: a log GUID but no log");
+        return nbdf_errf(err, -EINVAL, "header: a log GUID but no log");
     if (h.log_pending && h.log_version != 0)
-        return vhdx_fail(err, -ENOTSUP, "header: log version %u (only 0 "
+        return nbdf_errf(err, -ENOTSUP, "header: log version %u (only 0 "
                          "exists)", h.log_version);
     *out = h;
     return 0;
 }
 
 int vhdx_header_pick(const struct vhdx_header *h1, const struct vhdx_header *h2,
-                     struct vhdx_err *err)
+                     struct nbdf_err *err)
 {
     if (!h1 && !h2)
-        return vhdx_fail(err, -EINVAL, "neither header is valid");
+        return nbdf_errf(err, -EINVAL, "neither header is valid");
     if (!h2)
         return 1;
     if (!h1)
@@ -188,38 +176,38 @@ static bool overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 }
 
 static int region_entry(const uint8_t *e, struct vhdx_region *r, bool *seen,
-                        const char *what, struct vhdx_err *err)
+                        const char *what, struct nbdf_err *err)
 {
     if (*seen)
-        return vhdx_fail(err, -EINVAL, "region table: two %s entries", what);
+        return nbdf_errf(err, -EINVAL, "region table: two %s entries", what);
     *seen = true;
     r->off = vhdx_le64(e + 16);
     r->len = vhdx_le32(e + 24);
     if (r->off % VHDX_MiB || r->len % VHDX_MiB || r->len == 0)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "region table: %s at %llu, %llu bytes: not a 1 MiB "
                          "multiple", what, (unsigned long long) r->off,
                          (unsigned long long) r->len);
     if (r->off < VHDX_HEADER_SECTION)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "region table: %s inside the header section", what);
     return 0;
 }
 
 int vhdx_region_table_decode(const void *buf64k, struct vhdx_regions *out,
-                             struct vhdx_err *err)
+                             struct nbdf_err *err)
 {
     const uint8_t *b = buf64k;
     if (memcmp(b, "regi", 4) != 0)
-        return vhdx_fail(err, -EINVAL, "region table: signature is not \"regi\"");
+        return nbdf_errf(err, -EINVAL, "region table: signature is not \"regi\"");
     uint32_t want = vhdx_le32(b + 4), got = crc_with_hole(b, VHDX_REGION_BYTES, 4);
     if (want != got)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "region table: CRC-32C %08x, the table says %08x",
                          got, want);
     uint32_t n = vhdx_le32(b + 8);
     if (n > VHDX_REGION_MAX_ENTRIES)
-        return vhdx_fail(err, -EINVAL, "region table: %u entries (at most %u)",
+        return nbdf_errf(err, -EINVAL, "region table: %u entries (at most %u)",
                          n, VHDX_REGION_MAX_ENTRIES);
     bool have_bat = false, have_meta = false;
     struct vhdx_regions r = { { 0, 0 }, { 0, 0 } };
@@ -231,17 +219,17 @@ int vhdx_region_table_decode(const void *buf64k, struct vhdx_regions *out,
         else if (guid_eq(e, vhdx_guid_metadata))
             rc = region_entry(e, &r.meta, &have_meta, "metadata", err);
         else if (vhdx_le32(e + 28) & 1)
-            rc = vhdx_fail(err, -ENOTSUP,
+            rc = nbdf_errf(err, -ENOTSUP,
                            "region table: entry %u is a required region "
                            "this reader does not know", i);
         if (rc < 0)
             return rc;
     }
     if (!have_bat || !have_meta)
-        return vhdx_fail(err, -EINVAL, "region table: no %s region",
+        return nbdf_errf(err, -EINVAL, "region table: no %s region",
                          have_bat ? "metadata" : "BAT");
     if (overlap(r.bat.off, r.bat.len, r.meta.off, r.meta.len))
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "region table: the BAT and the metadata overlap");
     *out = r;
     return 0;
@@ -279,13 +267,13 @@ static void utf16_to_utf8(const uint8_t *in, size_t bytes, char *out,
 }
 
 static int parent_locator(const uint8_t *p, uint32_t len, struct vhdx_meta *m,
-                          struct vhdx_err *err)
+                          struct nbdf_err *err)
 {
     if (len < 20)
-        return vhdx_fail(err, -EINVAL, "metadata: parent locator too short");
+        return nbdf_errf(err, -EINVAL, "metadata: parent locator too short");
     unsigned pairs = vhdx_le16(p + 18);
     if (20 + (uint64_t) pairs * 12 > len)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: parent locator: %u pairs do not fit", pairs);
     m->parent_pairs = 0;
     for (unsigned i = 0; i < pairs; i++) {
@@ -294,7 +282,7 @@ static int parent_locator(const uint8_t *p, uint32_t len, struct vhdx_meta *m,
         uint16_t kl = vhdx_le16(e + 8), vl = vhdx_le16(e + 10);
         if (!ko || !vo || !kl || !vl || (uint64_t) ko + kl > len ||
             (uint64_t) vo + vl > len)
-            return vhdx_fail(err, -EINVAL,
+            return nbdf_errf(err, -EINVAL,
                              "metadata: parent locator pair %u out of bounds", i);
         if (m->parent_pairs < VHDX_PARENT_MAX_PAIRS) {
             utf16_to_utf8(p + ko, kl, m->parent[m->parent_pairs].key,
@@ -313,7 +301,7 @@ struct item {
 };
 
 static int item_check(const uint8_t *e, size_t region_len, struct item *it,
-                      unsigned i, struct vhdx_err *err)
+                      unsigned i, struct nbdf_err *err)
 {
     it->guid = e;
     it->off = vhdx_le32(e + 16);
@@ -322,7 +310,7 @@ static int item_check(const uint8_t *e, size_t region_len, struct item *it,
         return 0;
     if (it->off < (64u << 10) || it->len > VHDX_META_ITEM_MAX ||
         (uint64_t) it->off + it->len > region_len)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: item %u at %u, %u bytes, outside the "
                          "region's items", i, it->off, it->len);
     return 0;
@@ -330,7 +318,7 @@ static int item_check(const uint8_t *e, size_t region_len, struct item *it,
 
 /* Fixed-size items: which GUID, how long it must be. */
 static int item_value(const struct item *it, const uint8_t *base,
-                      struct vhdx_meta *m, unsigned *seen, struct vhdx_err *err)
+                      struct vhdx_meta *m, unsigned *seen, struct nbdf_err *err)
 {
     const uint8_t *p = base + it->off;
     if (guid_eq(it->guid, vhdx_guid_file_params) && it->len >= 8) {
@@ -357,52 +345,52 @@ static int item_value(const struct item *it, const uint8_t *base,
             return r;
         *seen |= 16;
     } else if (vhdx_le32(it->guid + 24) & 4)
-        return vhdx_fail(err, -ENOTSUP,
+        return nbdf_errf(err, -ENOTSUP,
                          "metadata: a required item this reader does not know");
     return 0;
 }
 
 static int meta_values_check(const struct vhdx_meta *m, unsigned seen,
-                             struct vhdx_err *err)
+                             struct nbdf_err *err)
 {
     if ((seen & 15) != 15)
-        return vhdx_fail(err, -EINVAL, "metadata: no %s item",
+        return nbdf_errf(err, -EINVAL, "metadata: no %s item",
                          !(seen & 1) ? "file parameters" :
                          !(seen & 2) ? "virtual disk size" :
                          !(seen & 4) ? "logical sector size" :
                                        "physical sector size");
     if (m->block_size < VHDX_BLOCK_MIN || m->block_size > VHDX_BLOCK_MAX ||
         (m->block_size & (m->block_size - 1)))
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: block size %u is not a power of 2 from "
                          "1 to 256 MiB", m->block_size);
     if ((m->logical_sector != 512 && m->logical_sector != 4096) ||
         (m->physical_sector != 512 && m->physical_sector != 4096))
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: sector sizes %u/%u (512 or 4096 only)",
                          m->logical_sector, m->physical_sector);
     if (m->disk_size == 0 || m->disk_size % m->logical_sector ||
         m->disk_size > VHDX_DISK_MAX)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: virtual disk size %llu is not a positive "
                          "multiple of %u up to 64 TiB",
                          (unsigned long long) m->disk_size, m->logical_sector);
     if (m->has_parent && !(seen & 16))
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: a differencing file without a parent locator");
     return 0;
 }
 
 int vhdx_metadata_decode(const void *buf, size_t len, struct vhdx_meta *out,
-                         struct vhdx_err *err)
+                         struct nbdf_err *err)
 {
     const uint8_t *b = buf;
     if (len < 32 || memcmp(b, "metadata", 8) != 0)
-        return vhdx_fail(err, -EINVAL,
+        return nbdf_errf(err, -EINVAL,
                          "metadata: table signature is not \"metadata\"");
     unsigned n = vhdx_le16(b + 10);
     if (n > VHDX_META_MAX_ENTRIES || 32 + 32 * (size_t) n > (64u << 10))
-        return vhdx_fail(err, -EINVAL, "metadata: %u entries (at most %u)", n,
+        return nbdf_errf(err, -EINVAL, "metadata: %u entries (at most %u)", n,
                          VHDX_META_MAX_ENTRIES);
     struct vhdx_meta m;
     memset(&m, 0, sizeof m);
@@ -415,7 +403,7 @@ int vhdx_metadata_decode(const void *buf, size_t len, struct vhdx_meta *out,
         for (unsigned j = 0; j < i; j++)
             if (items[i].len && items[j].len &&
                 overlap(items[i].off, items[i].len, items[j].off, items[j].len))
-                return vhdx_fail(err, -EINVAL,
+                return nbdf_errf(err, -EINVAL,
                                  "metadata: items %u and %u overlap", j, i);
         if (items[i].len && (r = item_value(&items[i], b, &m, &seen, err)) < 0)
             return r;

@@ -244,22 +244,22 @@ static int plan_entry(const struct ring *r, const struct entry *e,
 }
 
 static int plan_run(const struct ring *r, const struct run *run, size_t from,
-                    struct vhdx_log_plan *p, struct vhdx_err *err)
+                    struct vhdx_log_plan *p, struct nbdf_err *err)
 {
     uint64_t ndata = 0;
     for (size_t i = from; i < run->n; i++)
         ndata += run->v[i].nsec;        /* at least the data sectors */
     if (!(p->sectors = malloc((ndata + 1) * SEC)))
-        return vhdx_fail(err, -ENOMEM, "log: out of memory for its sectors");
+        return nbdf_errf(err, -ENOMEM, "log: out of memory for its sectors");
     uint8_t *next = p->sectors;
     size_t cap = 0;
     for (size_t i = from; i < run->n; i++) {
         int rc = plan_entry(r, &run->v[i], p, &cap, &next);
         if (rc == -EINVAL)
-            return vhdx_fail(err, rc, "log entry %" PRIu64 " writes past "
+            return nbdf_errf(err, rc, "log entry %" PRIu64 " writes past "
                              "the end of the address space", run->v[i].seq);
         if (rc < 0)
-            return vhdx_fail(err, rc, "log: out of memory for its writes");
+            return nbdf_errf(err, rc, "log: out of memory for its writes");
     }
     const struct entry *head = &run->v[run->n - 1];
     p->entries = run->n - from;
@@ -270,12 +270,12 @@ static int plan_run(const struct ring *r, const struct run *run, size_t from,
 }
 
 int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
-                  struct vhdx_log_plan *p, struct vhdx_err *err)
+                  struct vhdx_log_plan *p, struct nbdf_err *err)
 {
     memset(p, 0, sizeof *p);
     p->lo = UINT64_MAX;
     if (len == 0 || len % SEC)
-        return vhdx_fail(err, -EINVAL, "log: %zu bytes, not whole 4 KiB "
+        return nbdf_errf(err, -EINVAL, "log: %zu bytes, not whole 4 KiB "
                          "sectors", len);
     struct ring r = { .log = log, .nsec = len / SEC,
                       .crc_left = (uint64_t) len * CRC_BUDGET };
@@ -302,13 +302,13 @@ int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
     free(run.v);
     if (rc < 0) {
         free(best.v);
-        return vhdx_fail(err, rc, "log: out of memory searching it");
+        return nbdf_errf(err, rc, "log: out of memory searching it");
     }
     if (r.exhausted) {
         /* Not knowing the active sequence, replaying nothing could be
          * wrong: refuse. */
         free(best.v);
-        return vhdx_fail(err, -EINVAL, "log: too many entry headers with "
+        return nbdf_errf(err, -EINVAL, "log: too many entry headers with "
                          "the log's GUID that do not check to search it");
     }
     if (best_from >= 0)

@@ -64,7 +64,7 @@ struct vhdx_stream {
     void *opaque;
     struct vhdx_stream_config cfg;
     int err;                            /* sticky, negative */
-    struct vhdx_err e;
+    struct nbdf_err e;
     uint64_t pos;                       /* next file byte expected */
 
     uint8_t *head;                      /* HEAD_BYTES, freed after */
@@ -93,19 +93,8 @@ struct vhdx_stream {
     struct vhdx_stream_stats stats;
 };
 
-static int fail(struct vhdx_stream *s, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(struct vhdx_stream *s, int code, const char *fmt, ...)
-{
-    if (s->err == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->e.msg, sizeof s->e.msg, fmt, ap);
-        va_end(ap);
-        s->err = code;
-    }
-    return s->err;
-}
+/* The first error (sticky) with its message; returns it. */
+#define fail(s, ...) nbdf_latchf(&(s)->err, &(s)->e, __VA_ARGS__)
 
 static int sink_fail(struct vhdx_stream *s, int r, const char *what)
 {
@@ -675,7 +664,7 @@ static int log_finish(struct vhdx_stream *s)
 
 static int head_decode(struct vhdx_stream *s)
 {
-    struct vhdx_err e1 = { "" }, e2 = { "" };
+    struct nbdf_err e1 = { "" }, e2 = { "" };
     struct vhdx_header h1, h2;
     int r = vhdx_file_id_check(s->head, HEAD_BYTES, &s->e);
     if (r < 0)
@@ -688,7 +677,7 @@ static int head_decode(struct vhdx_stream *s)
     s->info.header = pick == 1 ? h1 : h2;
     s->log_off = s->info.header.log_offset;
     s->log_len = s->info.header.log_length;
-    struct vhdx_err re = { "" };
+    struct nbdf_err re = { "" };
     r = vhdx_region_table_decode(s->head + VHDX_REGION1_OFF,
                                  &s->info.regions, &re);
     if (r == -EINVAL)       /* the second copy is the fallback */

@@ -43,10 +43,10 @@ static void checksum(uint8_t *p, size_t len)
 }
 
 int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
-                   struct vhdx_synth **out, struct vhdx_err *err)
+                   struct vhdx_synth **out, struct nbdf_err *err)
 {
     if (disk_size == 0 || disk_size > VHDX_DISK_MAX)
-        return vhdx_fail(err, -EINVAL, "a VHDX disk is 1 byte to 64 TiB, "
+        return nbdf_errf(err, -EINVAL, "a VHDX disk is 1 byte to 64 TiB, "
                          "not %llu bytes", (unsigned long long) disk_size);
     struct vhdx_synth *s = calloc(1, sizeof *s);
     if (!s)

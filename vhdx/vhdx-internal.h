@@ -9,8 +9,6 @@
 uint16_t vhdx_le16(const void *p);
 uint32_t vhdx_le32(const void *p);
 uint64_t vhdx_le64(const void *p);
-int vhdx_fail(struct vhdx_err *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 extern const uint8_t vhdx_guid_bat[16], vhdx_guid_metadata[16],
     vhdx_guid_file_params[16], vhdx_guid_disk_size[16], vhdx_guid_page83[16],
     vhdx_guid_logical_sector[16], vhdx_guid_physical_sector[16],

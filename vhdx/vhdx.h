@@ -11,7 +11,7 @@
  * updates, and refused with how to clean it otherwise.
  *
  * Conventions: every function that can fail returns 0 (or a count) or a
- * negative errno; validating functions take an optional 'struct vhdx_err *'
+ * negative errno; validating functions take an optional 'struct nbdf_err *'
  * that receives a one-line message naming the rule that was broken.
  * Everything on disk is little-endian; GUIDs are stored in Microsoft's
  * mixed-endian layout and handled here as 16 opaque bytes.
@@ -21,6 +21,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/err.h"
 
 #define VHDX_MiB               (1ull << 20)
 #define VHDX_HEADER_SECTION    VHDX_MiB             /* file id .. region tables */
@@ -55,17 +57,13 @@ enum vhdx_block_state {
 #define VHDX_SB_NOT_PRESENT 0u
 #define VHDX_SB_PRESENT     6u
 
-struct vhdx_err {
-    char msg[256];                                /* "" when no error */
-};
-
 /* CRC-32C (Castagnoli), as every VHDX checksum uses: crc starts at 0. */
 uint32_t vhdx_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* ---- the header section ---------------------------------------------- */
 
 /* The first 8 bytes are "vhdxfile".  -EINVAL otherwise. */
-int vhdx_file_id_check(const void *buf, size_t len, struct vhdx_err *err);
+int vhdx_file_id_check(const void *buf, size_t len, struct nbdf_err *err);
 
 struct vhdx_header {
     uint64_t seq;
@@ -80,13 +78,13 @@ struct vhdx_header {
  * the checksum field zero, version 1, log offset and length multiples of
  * 1 MiB (the log after the header section).  -EINVAL on a violation. */
 int vhdx_header_decode(const void *buf4k, struct vhdx_header *out,
-                       struct vhdx_err *err);
+                       struct nbdf_err *err);
 
 /* The current header of the two (h1 and h2 may be NULL when that copy did
  * not decode): the valid one with the larger sequence number.  Returns 1
  * or 2, or -EINVAL if neither is valid. */
 int vhdx_header_pick(const struct vhdx_header *h1, const struct vhdx_header *h2,
-                     struct vhdx_err *err);
+                     struct nbdf_err *err);
 
 struct vhdx_region {
     uint64_t off;                                 /* bytes, 1 MiB aligned */
@@ -102,7 +100,7 @@ struct vhdx_regions {
  * overlapping; an unknown entry marked required is -ENOTSUP (the file
  * needs a feature we do not know), an unknown optional one is ignored. */
 int vhdx_region_table_decode(const void *buf64k, struct vhdx_regions *out,
-                             struct vhdx_err *err);
+                             struct nbdf_err *err);
 
 /* ---- the metadata region ---------------------------------------------- */
 
@@ -130,7 +128,7 @@ struct vhdx_meta {
  * logical sector and at most 64 TiB), and a parent locator when the file
  * has a parent.  An unknown item marked required is -ENOTSUP. */
 int vhdx_metadata_decode(const void *buf, size_t len, struct vhdx_meta *out,
-                         struct vhdx_err *err);
+                         struct nbdf_err *err);
 
 /* ---- the block allocation table --------------------------------------- */
 
@@ -195,7 +193,7 @@ struct vhdx_log_plan {
  * damaged to search (docs/vhdx-format.md); -ENOMEM.
  * Free with vhdx_log_plan_free() (also after a failure: harmless). */
 int vhdx_log_plan(const void *log, size_t len, const uint8_t log_guid[16],
-                  struct vhdx_log_plan *out, struct vhdx_err *err);
+                  struct vhdx_log_plan *out, struct nbdf_err *err);
 void vhdx_log_plan_free(struct vhdx_log_plan *p);
 /* Does any patch touch the file's bytes [off, off+len)? */
 bool vhdx_log_overlaps(const struct vhdx_log_plan *p, uint64_t off,
@@ -326,7 +324,7 @@ struct vhdx_synth;
  * and page 83 data (a disk's identity: the same disk should get the same
  * one).  -EINVAL with a message otherwise. */
 int vhdx_synth_new(uint64_t disk_size, const uint8_t guid[16],
-                   struct vhdx_synth **out, struct vhdx_err *err);
+                   struct vhdx_synth **out, struct nbdf_err *err);
 /* Mark every block touched by [disk_off, disk_off+len) allocated (inside
  * the rounded-up size).  Only before seal; -EINVAL otherwise. */
 int vhdx_synth_allocate(struct vhdx_synth *s, uint64_t disk_off, uint64_t len);

@@ -9,17 +9,6 @@
 
 #include "vmdk/vmdk-internal.h"
 
-int vmdk_errf(struct vmdk_err *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* ---- header ---------------------------------------------------------------- */
 
 static void header_from_disk(const struct vmdk_header_disk *d,
@@ -77,79 +66,79 @@ uint64_t vmdk_header_gts(const struct vmdk_header *h)
  * sum of two of them, times 512, fits in 64 bits. */
 #define SECTORS_SANE (1ull << 40)
 
-static int check_identity(const struct vmdk_header *h, struct vmdk_err *err)
+static int check_identity(const struct vmdk_header *h, struct nbdf_err *err)
 {
     if (h->magic != VMDK_MAGIC)
-        return vmdk_errf(err, -EINVAL, "not a VMDK sparse extent: magic "
+        return nbdf_errf(err, -EINVAL, "not a VMDK sparse extent: magic "
                          "0x%08" PRIx32 " is not \"KDMV\"", h->magic);
     if (h->version < 1 || h->version > 3)
-        return vmdk_errf(err, -ENOTSUP, "sparse header version %" PRIu32
+        return nbdf_errf(err, -ENOTSUP, "sparse header version %" PRIu32
                          " (only 1 to 3 are defined)", h->version);
     if ((h->flags & VMDK_FLAG_NL_TEST) && memcmp(h->nl, "\n \r\n", 4) != 0)
-        return vmdk_errf(err, -EINVAL, "newline test bytes altered: the "
+        return nbdf_errf(err, -EINVAL, "newline test bytes altered: the "
                          "file went through a text-mode transfer");
     return 0;
 }
 
-static int check_geometry(const struct vmdk_header *h, struct vmdk_err *err)
+static int check_geometry(const struct vmdk_header *h, struct nbdf_err *err)
 {
     if (!IS_POWER_OF_2(h->grain_size) ||
         h->grain_size < VMDK_GRAIN_MIN_SECTORS ||
         h->grain_size > VMDK_GRAIN_MAX_SECTORS)
-        return vmdk_errf(err, -EINVAL, "grain size %" PRIu64 " sectors: "
+        return nbdf_errf(err, -EINVAL, "grain size %" PRIu64 " sectors: "
                          "must be a power of two from %u to %u",
                          h->grain_size, VMDK_GRAIN_MIN_SECTORS,
                          VMDK_GRAIN_MAX_SECTORS);
     if (h->capacity == 0)
-        return vmdk_errf(err, -EINVAL, "capacity is 0 sectors");
+        return nbdf_errf(err, -EINVAL, "capacity is 0 sectors");
     if (h->capacity > VMDK_MAX_GRAINS * h->grain_size)
-        return vmdk_errf(err, -EFBIG, "capacity %" PRIu64 " sectors: more "
+        return nbdf_errf(err, -EFBIG, "capacity %" PRIu64 " sectors: more "
                          "than %llu grains", h->capacity,
                          (unsigned long long) VMDK_MAX_GRAINS);
     if (h->gtes_per_gt < 1 || h->gtes_per_gt > VMDK_GTES_MAX)
-        return vmdk_errf(err, -EINVAL, "%" PRIu32 " entries per grain table "
+        return nbdf_errf(err, -EINVAL, "%" PRIu32 " entries per grain table "
                          "(must be 1 to %u)", h->gtes_per_gt, VMDK_GTES_MAX);
     return 0;
 }
 
-static int check_compression(const struct vmdk_header *h, struct vmdk_err *err)
+static int check_compression(const struct vmdk_header *h, struct nbdf_err *err)
 {
     bool flag = h->flags & VMDK_FLAG_COMPRESSED;
 
     if (h->compress > VMDK_COMPRESS_DEFLATE)
-        return vmdk_errf(err, -ENOTSUP, "compression algorithm %u (only 0, "
+        return nbdf_errf(err, -ENOTSUP, "compression algorithm %u (only 0, "
                          "none, and 1, deflate, are defined)", h->compress);
     if (flag != (h->compress == VMDK_COMPRESS_DEFLATE))
-        return vmdk_errf(err, -EINVAL, "compressed-grains flag %s but "
+        return nbdf_errf(err, -EINVAL, "compressed-grains flag %s but "
                          "compression algorithm %u", flag ? "set" : "clear",
                          h->compress);
     if ((h->flags & VMDK_FLAG_MARKERS) && !flag)
-        return vmdk_errf(err, -EINVAL, "markers flag set on uncompressed "
+        return nbdf_errf(err, -EINVAL, "markers flag set on uncompressed "
                          "grains");
     if (flag && !(h->flags & VMDK_FLAG_MARKERS))
-        return vmdk_errf(err, -ENOTSUP, "compressed grains without markers "
+        return nbdf_errf(err, -ENOTSUP, "compressed grains without markers "
                          "(only streamOptimized VMDKs compress)");
     return 0;
 }
 
-static int check_layout(const struct vmdk_header *h, struct vmdk_err *err)
+static int check_layout(const struct vmdk_header *h, struct nbdf_err *err)
 {
     if (h->overhead < 1 || h->overhead >= SECTORS_SANE)
-        return vmdk_errf(err, -EINVAL, "overhead %" PRIu64 " sectors: must "
+        return nbdf_errf(err, -EINVAL, "overhead %" PRIu64 " sectors: must "
                          "cover the header and be below 2^40", h->overhead);
     if (h->desc_offset == 0)
-        return vmdk_errf(err, -ENOTSUP, "no embedded descriptor: this is one "
+        return nbdf_errf(err, -ENOTSUP, "no embedded descriptor: this is one "
                          "extent of a multi-file VMDK (convert it to a single "
                          "file first)");
     if (h->desc_size == 0)
-        return vmdk_errf(err, -EINVAL, "descriptor at sector %" PRIu64
+        return nbdf_errf(err, -EINVAL, "descriptor at sector %" PRIu64
                          " has size 0", h->desc_offset);
     if (h->desc_size > VMDK_DESC_MAX / VMDK_SECTOR)
-        return vmdk_errf(err, -EFBIG, "descriptor of %" PRIu64 " sectors "
+        return nbdf_errf(err, -EFBIG, "descriptor of %" PRIu64 " sectors "
                          "(limit %u)", h->desc_size, VMDK_DESC_MAX / VMDK_SECTOR);
     if (h->desc_offset >= h->overhead ||
         h->desc_size > h->overhead - h->desc_offset)
-        return vmdk_errf(err, -EINVAL, "descriptor (sectors %" PRIu64 "+%"
+        return nbdf_errf(err, -EINVAL, "descriptor (sectors %" PRIu64 "+%"
                          PRIu64 ") is not inside the overhead (%" PRIu64
                          " sectors)", h->desc_offset, h->desc_size,
                          h->overhead);
@@ -158,19 +147,19 @@ static int check_layout(const struct vmdk_header *h, struct vmdk_err *err)
     uint64_t gd_sectors = vmdk_div_up(vmdk_header_gts(h) * 4, VMDK_SECTOR);
     if (h->gd_offset == 0 || h->gd_offset == VMDK_GD_AT_END ||
         h->gd_offset >= h->overhead || gd_sectors > h->overhead - h->gd_offset)
-        return vmdk_errf(err, -EINVAL, "grain directory (sector %" PRIu64
+        return nbdf_errf(err, -EINVAL, "grain directory (sector %" PRIu64
                          ", %" PRIu64 " sectors) is not inside the overhead "
                          "(%" PRIu64 " sectors)", h->gd_offset, gd_sectors,
                          h->overhead);
     if (h->gd_offset < h->desc_offset + h->desc_size &&
         h->desc_offset < h->gd_offset + gd_sectors)
-        return vmdk_errf(err, -EINVAL, "grain directory overlaps the "
+        return nbdf_errf(err, -EINVAL, "grain directory overlaps the "
                          "descriptor");
     return 0;
 }
 
 int vmdk_header_decode(const void *sector, struct vmdk_header *out,
-                       struct vmdk_err *err)
+                       struct nbdf_err *err)
 {
     struct vmdk_header_disk d;
     int r;
@@ -239,7 +228,7 @@ static int parse_hex32(const char *v, uint32_t *out)
 
 /* "RW 8192 SPARSE "name.vmdk" [offset]" */
 static int parse_extent(char *line, const char *access, struct vmdk_desc *d,
-                        struct vmdk_err *err)
+                        struct nbdf_err *err)
 {
     char *p = line + strlen(access), *end;
 
@@ -250,12 +239,12 @@ static int parse_extent(char *line, const char *access, struct vmdk_desc *d,
     while (isspace((unsigned char) *p))
         p++;
     if (!isdigit((unsigned char) *p))
-        return vmdk_errf(err, -EINVAL, "descriptor: extent line without a "
+        return nbdf_errf(err, -EINVAL, "descriptor: extent line without a "
                          "size: \"%.60s\"", line);
     errno = 0;
     d->extent_sectors = strtoull(p, &end, 10);
     if (errno || !isspace((unsigned char) *end))
-        return vmdk_errf(err, -EINVAL, "descriptor: extent size not a number: "
+        return nbdf_errf(err, -EINVAL, "descriptor: extent size not a number: "
                          "\"%.60s\"", line);
     p = end;
     while (isspace((unsigned char) *p))
@@ -272,7 +261,7 @@ static int parse_extent(char *line, const char *access, struct vmdk_desc *d,
 }
 
 static int parse_kv(char *line, struct vmdk_desc *d, bool *has_type,
-                    struct vmdk_err *err)
+                    struct nbdf_err *err)
 {
     char *eq = strchr(line, '=');
     if (!eq)
@@ -284,18 +273,18 @@ static int parse_kv(char *line, struct vmdk_desc *d, bool *has_type,
         *has_type = true;
     } else if (strcasecmp(k, "CID") == 0) {
         if (parse_hex32(v, &d->cid) < 0)
-            return vmdk_errf(err, -EINVAL, "descriptor: CID \"%.20s\" is not "
+            return nbdf_errf(err, -EINVAL, "descriptor: CID \"%.20s\" is not "
                              "32-bit hex", v);
     } else if (strcasecmp(k, "parentCID") == 0) {
         if (parse_hex32(v, &d->parent_cid) < 0)
-            return vmdk_errf(err, -EINVAL, "descriptor: parentCID \"%.20s\" "
+            return nbdf_errf(err, -EINVAL, "descriptor: parentCID \"%.20s\" "
                              "is not 32-bit hex", v);
     }
     return 0;
 }
 
 static int parse_line(char *line, struct vmdk_desc *d, bool *has_type,
-                      struct vmdk_err *err)
+                      struct nbdf_err *err)
 {
     static const char *access[] = { "RW", "RDONLY", "NOACCESS" };
 
@@ -311,40 +300,40 @@ static int parse_line(char *line, struct vmdk_desc *d, bool *has_type,
 }
 
 static int check_desc(const struct vmdk_desc *d, bool has_type,
-                      const struct vmdk_header *h, struct vmdk_err *err)
+                      const struct vmdk_header *h, struct nbdf_err *err)
 {
     bool stream = h->flags & VMDK_FLAG_MARKERS;
 
     if (!has_type)
-        return vmdk_errf(err, -EINVAL, "descriptor: no createType");
+        return nbdf_errf(err, -EINVAL, "descriptor: no createType");
     if (strcmp(d->create_type, "streamOptimized") != 0 &&
         strcmp(d->create_type, "monolithicSparse") != 0)
-        return vmdk_errf(err, -ENOTSUP, "descriptor: createType \"%s\" "
+        return nbdf_errf(err, -ENOTSUP, "descriptor: createType \"%s\" "
                          "(only streamOptimized and monolithicSparse files "
                          "are decoded)", d->create_type);
     if (stream != (strcmp(d->create_type, "streamOptimized") == 0))
-        return vmdk_errf(err, -EINVAL, "descriptor says %s but the header "
+        return nbdf_errf(err, -EINVAL, "descriptor says %s but the header "
                          "%s markers", d->create_type,
                          stream ? "has" : "has no");
     if (d->parent_cid != 0xffffffffu)
-        return vmdk_errf(err, -ENOTSUP, "descriptor: parentCID %08" PRIx32
+        return nbdf_errf(err, -ENOTSUP, "descriptor: parentCID %08" PRIx32
                          ": a delta disk needs its parent (not supported)",
                          d->parent_cid);
     if (d->extents != 1)
-        return vmdk_errf(err, -EINVAL, "descriptor: %" PRIu32 " extents "
+        return nbdf_errf(err, -EINVAL, "descriptor: %" PRIu32 " extents "
                          "(a single-file VMDK has exactly one)", d->extents);
     if (strcmp(d->extent_type, "SPARSE") != 0)
-        return vmdk_errf(err, -EINVAL, "descriptor: extent type \"%s\" in a "
+        return nbdf_errf(err, -EINVAL, "descriptor: extent type \"%s\" in a "
                          "sparse file (must be SPARSE)", d->extent_type);
     if (d->extent_sectors != h->capacity)
-        return vmdk_errf(err, -EINVAL, "descriptor: extent of %" PRIu64
+        return nbdf_errf(err, -EINVAL, "descriptor: extent of %" PRIu64
                          " sectors but header capacity %" PRIu64,
                          d->extent_sectors, h->capacity);
     return 0;
 }
 
 int vmdk_desc_parse(const char *text, size_t len, const struct vmdk_header *h,
-                    struct vmdk_desc *out, struct vmdk_err *err)
+                    struct vmdk_desc *out, struct nbdf_err *err)
 {
     size_t n = strnlen(text, len);
     char *copy = malloc(n + 1);
@@ -426,17 +415,17 @@ void vmdk_grain_init(struct vmdk_grain *g, const struct vmdk_header *h,
 }
 
 int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
-                           void *out, struct vmdk_err *err)
+                           void *out, struct nbdf_err *err)
 {
     uint64_t lba = g->disk_off / VMDK_SECTOR;
     int64_t n = vmdk_inflate(z, g->cdata, g->clen, out, g->grain_bytes);
 
     if (n < 0)
-        return vmdk_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
+        return nbdf_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
                          "byte %" PRIu64 "): deflate data corrupt or longer "
                          "than the grain", lba, g->file_off);
     if ((uint64_t) n < g->min_len)
-        return vmdk_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
+        return nbdf_errf(err, -EINVAL, "grain for LBA %" PRIu64 " (marker at "
                          "byte %" PRIu64 ") inflates to %" PRId64 " bytes, "
                          "not %zu", lba, g->file_off, n,
                          g->min_len == g->grain_bytes

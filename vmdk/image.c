@@ -50,19 +50,19 @@ static void next_gt(struct vmdk_image *img)
     img->want = img->gt_next < img->ngts ? W_GT : W_DONE;
 }
 
-static int check_gd_room(const struct vmdk_image *img, struct vmdk_err *err)
+static int check_gd_room(const struct vmdk_image *img, struct nbdf_err *err)
 {
     uint64_t gd_off = img->h.gd_offset;
     if (gd_off == 0 || gd_off == VMDK_GD_AT_END ||
         gd_off > img->file_size / VMDK_SECTOR ||
         img->ngts * 4 > img->file_size - gd_off * VMDK_SECTOR)
-        return vmdk_errf(err, -EINVAL, "grain directory at sector %" PRIu64
+        return nbdf_errf(err, -EINVAL, "grain directory at sector %" PRIu64
                          " is not inside the file", gd_off);
     return 0;
 }
 
 int vmdk_image_new(const void *sector0, uint64_t file_size,
-                   struct vmdk_image **out, struct vmdk_err *err)
+                   struct vmdk_image **out, struct nbdf_err *err)
 {
     struct vmdk_image *img = calloc(1, sizeof *img);
     int r;
@@ -77,18 +77,18 @@ int vmdk_image_new(const void *sector0, uint64_t file_size,
     img->ngrains = vmdk_header_grains(&img->h);
     img->ngts = vmdk_header_gts(&img->h);
     if (img->ngrains > VMDK_IMAGE_MAX_GRAINS) {
-        r = vmdk_errf(err, -EFBIG, "%" PRIu64 " grains: more than the "
+        r = nbdf_errf(err, -EFBIG, "%" PRIu64 " grains: more than the "
                       "random-access parser holds (%u)", img->ngrains,
                       VMDK_IMAGE_MAX_GRAINS);
         goto fail;
     }
     if (img->ngts > GD_MAX_ENTRIES) {
-        r = vmdk_errf(err, -EFBIG, "grain directory of %" PRIu64 " entries "
+        r = nbdf_errf(err, -EFBIG, "grain directory of %" PRIu64 " entries "
                       "(limit %u)", img->ngts, GD_MAX_ENTRIES);
         goto fail;
     }
     if (img->h.desc_offset + img->h.desc_size > file_size / VMDK_SECTOR) {
-        r = vmdk_errf(err, -EINVAL, "descriptor is not inside the file");
+        r = nbdf_errf(err, -EINVAL, "descriptor is not inside the file");
         goto fail;
     }
     img->gd = calloc(img->ngts ? img->ngts : 1, 4);
@@ -131,7 +131,7 @@ int vmdk_image_next(const struct vmdk_image *img, uint64_t *off, size_t *len)
 }
 
 static int supply_footer(struct vmdk_image *img, const uint8_t *buf,
-                         struct vmdk_err *err)
+                         struct nbdf_err *err)
 {
     struct vmdk_marker_disk fm, eos;
     struct vmdk_header f;
@@ -141,21 +141,21 @@ static int supply_footer(struct vmdk_image *img, const uint8_t *buf,
     if (le32toh(fm.size) != 0 || le32toh(fm.type) != VMDK_MARKER_FOOTER ||
         le64toh(eos.lba) != 0 || le32toh(eos.size) != 0 ||
         le32toh(eos.type) != VMDK_MARKER_EOS)
-        return vmdk_errf(err, -EINVAL, "GD_AT_END, but the file does not end "
+        return nbdf_errf(err, -EINVAL, "GD_AT_END, but the file does not end "
                          "with footer marker, footer and end-of-stream marker");
     int r = vmdk_header_decode(buf + VMDK_SECTOR, &f, err);
     if (r < 0)
         return r;
     if (f.capacity != img->h.capacity || f.grain_size != img->h.grain_size ||
         f.gtes_per_gt != img->h.gtes_per_gt || f.gd_offset == VMDK_GD_AT_END)
-        return vmdk_errf(err, -EINVAL, "footer does not match the header or "
+        return nbdf_errf(err, -EINVAL, "footer does not match the header or "
                          "has no grain directory offset");
     img->h = f;
     return 0;
 }
 
 static int supply_gt(struct vmdk_image *img, const uint8_t *buf,
-                     struct vmdk_err *err)
+                     struct nbdf_err *err)
 {
     bool stream = img->h.flags & VMDK_FLAG_MARKERS;
     uint64_t base = img->gt_next * img->h.gtes_per_gt;
@@ -171,7 +171,7 @@ static int supply_gt(struct vmdk_image *img, const uint8_t *buf,
         uint64_t need = stream ? VMDK_GRAIN_MARKER_SIZE : img->grain_bytes;
         if (v < img->h.overhead || at > img->file_size ||
             need > img->file_size - at)
-            return vmdk_errf(err, -EINVAL, "grain %" PRIu64 " at sector %"
+            return nbdf_errf(err, -EINVAL, "grain %" PRIu64 " at sector %"
                              PRIu32 " is %s", base + j, v,
                              v < img->h.overhead ? "inside the overhead"
                                                  : "past the end of the file");
@@ -191,7 +191,7 @@ static int cmp_u32(const void *a, const void *b)
 }
 
 /* monolithicSparse: no two grains overlap. */
-static int check_overlaps(struct vmdk_image *img, struct vmdk_err *err)
+static int check_overlaps(struct vmdk_image *img, struct nbdf_err *err)
 {
     uint32_t *s = malloc(img->ngrains * 4);
     uint64_t n = 0;
@@ -208,14 +208,14 @@ static int check_overlaps(struct vmdk_image *img, struct vmdk_err *err)
     for (uint64_t i = 1; i < n && r == 0; i++)
         if ((uint64_t) s[i] * VMDK_SECTOR <
             (uint64_t) s[i - 1] * VMDK_SECTOR + img->grain_bytes)
-            r = vmdk_errf(err, -EINVAL, "grains at sectors %" PRIu32 " and %"
+            r = nbdf_errf(err, -EINVAL, "grains at sectors %" PRIu32 " and %"
                           PRIu32 " overlap", s[i - 1], s[i]);
     free(s);
     return r;
 }
 
 int vmdk_image_supply(struct vmdk_image *img, const void *buf,
-                      struct vmdk_err *err)
+                      struct nbdf_err *err)
 {
     struct vmdk_desc d;
     int r = 0;
@@ -227,7 +227,7 @@ int vmdk_image_supply(struct vmdk_image *img, const void *buf,
             return r;
         if (img->h.gd_offset == VMDK_GD_AT_END) {
             if (img->file_size < 3 * VMDK_SECTOR)
-                return vmdk_errf(err, -EINVAL, "GD_AT_END in a file too "
+                return nbdf_errf(err, -EINVAL, "GD_AT_END in a file too "
                                  "short for a footer");
             img->want = W_FOOTER;
             return 0;
@@ -247,7 +247,7 @@ int vmdk_image_supply(struct vmdk_image *img, const void *buf,
             if (img->gd[i] && (at > img->file_size ||
                                (uint64_t) img->h.gtes_per_gt * 4 >
                                img->file_size - at))
-                return vmdk_errf(err, -EINVAL, "grain table %" PRIu64 " at "
+                return nbdf_errf(err, -EINVAL, "grain table %" PRIu64 " at "
                                  "sector %" PRIu32 " is past the end of the "
                                  "file", i, img->gd[i]);
         }

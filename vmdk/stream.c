@@ -31,12 +31,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/fileorder.h"
 #include "vmdk/vmdk-internal.h"
 
 enum st { ST_HEADER, ST_PRE, ST_GRAINS, ST_MARKER, ST_GRAIN, ST_SKIP,
           ST_META, ST_FOOTER, ST_END };
 
-#define NGAPS 32
 #define GD_MAX_ENTRIES (1u << 22)             /* 16 MiB of directory */
 #define ALLOC_MAX (1u << 25)                  /* 256 MiB of grain map */
 
@@ -54,7 +54,7 @@ struct vmdk_stream {
     const struct vmdk_sink *sink;
     void *opaque;
     int err;                                  /* sticky, negative */
-    struct vmdk_err e;
+    struct nbdf_err e;
     enum st st;
     uint64_t pos;                             /* next file byte expected */
     bool began;
@@ -91,23 +91,12 @@ struct vmdk_stream {
     uint64_t nlisted;                         /* tables: bits set in listed */
     struct vmdk_inflater *z;
 
-    struct { uint64_t off, len; } gaps[NGAPS];
-    unsigned gap_next;
+    struct fileorder order;       /* gaps and holes behind the position */
     struct vmdk_stream_stats stats;
 };
 
-__attribute__((format(printf, 3, 4)))
-static int fail(struct vmdk_stream *s, int code, const char *fmt, ...)
-{
-    if (!s->err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->e.msg, sizeof s->e.msg, fmt, ap);
-        va_end(ap);
-        s->err = code;
-    }
-    return s->err;
-}
+/* The first error (sticky) with its message; returns it. */
+#define fail(s, ...) nbdf_latchf(&(s)->err, &(s)->e, __VA_ARGS__)
 
 int vmdk_stream_new(const struct vmdk_sink *sink, void *opaque,
                     struct vmdk_stream **out)
@@ -278,7 +267,7 @@ static int not_vmdk(struct vmdk_stream *s)
 
 static int header_done(struct vmdk_stream *s)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     s->first_kind = image_kind(s->sect, VMDK_SECTOR);
     if (memcmp(s->sect, "KDMV", 4) != 0)
         return not_vmdk(s);
@@ -327,7 +316,7 @@ static int desc_done(struct vmdk_stream *s)
                     "does); a view takes a VMDK in file order only: copy a "
                     "VMDK file in, or qemu-img convert -n -O raw SRC "
                     "MNT/nbd");
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = vmdk_desc_parse(s->descbuf, s->desc_len, &s->h, &s->desc, &e);
     if (r < 0)
         return fail(s, r, "%s", e.msg);
@@ -635,7 +624,7 @@ static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
                         PRIu64 "): %s", s->glba, s->gat, strerror(-r));
         return 0;
     }
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int64_t n = vmdk_grain_inflate(s->z, &g, s->gbuf, &e);
     if (n < 0)
         return fail(s, (int) n, "%s", e.msg);
@@ -667,7 +656,7 @@ static int64_t step_grain(struct vmdk_stream *s, const uint8_t *buf,
 static int footer_done(struct vmdk_stream *s)
 {
     struct vmdk_header f;
-    struct vmdk_err e;
+    struct nbdf_err e;
     const struct vmdk_header *h = &s->h;
     uint64_t at = s->pos - VMDK_SECTOR;
 
@@ -795,74 +784,16 @@ static int64_t step(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
     return fail(s, -EINVAL, "internal: bad state");
 }
 
-/* Consume len bytes at pos (zeros if buf is NULL). */
-static int consume(struct vmdk_stream *s, const uint8_t *buf, uint64_t len)
+static int64_t step_cb(void *s, const uint8_t *buf, uint64_t len)
 {
-    while (len > 0) {
-        int64_t n = step(s, buf, len);
-        if (n < 0)
-            return fail(s, (int) n, "%s", strerror((int) -n));
-        s->pos += (uint64_t) n;
-        len -= (uint64_t) n;
-        if (buf)
-            buf += n;
-    }
-    return 0;
+    return step(s, buf, len);
 }
 
-static void remember_gap(struct vmdk_stream *s, uint64_t off, uint64_t len)
-{
-    unsigned last = (s->gap_next + NGAPS - 1) % NGAPS;
-    if (s->gaps[last].len && s->gaps[last].off + s->gaps[last].len == off) {
-        s->gaps[last].len += len;
-        return;
-    }
-    s->gaps[s->gap_next].off = off;
-    s->gaps[s->gap_next].len = len;
-    s->gap_next = (s->gap_next + 1) % NGAPS;
-}
-
-static bool inside_gap(const struct vmdk_stream *s, uint64_t off, uint64_t len)
-{
-    for (unsigned i = 0; i < NGAPS; i++)
-        if (s->gaps[i].len && off >= s->gaps[i].off &&
-            off + len <= s->gaps[i].off + s->gaps[i].len)
-            return true;
-    return false;
-}
-
-/* Shared by feed and hole: the backwards part (a no-op if zeros over a
- * gap), the forward gap, then the bytes. */
 static int accept(struct vmdk_stream *s, uint64_t off, const uint8_t *buf,
                   uint64_t len)
 {
-    if (s->err)
-        return s->err;
-    if (off + len < off)
-        return fail(s, -EINVAL, "write at %" PRIu64 " wraps around", off);
-    if (off < s->pos) {
-        uint64_t back = MIN(len, s->pos - off);
-        if ((buf && !is_zero(buf, back)) || !inside_gap(s, off, back))
-            return fail(s, -EINVAL, "write at byte %" PRIu64 " goes "
-                        "backwards (the file has been read up to byte %"
-                        PRIu64 "): a VMDK must be written in file order",
-                        off, s->pos);
-        off += back;
-        len -= back;
-        if (buf)
-            buf += back;
-        if (len == 0)
-            return 0;
-    }
-    if (off > s->pos) {
-        uint64_t gap = off - s->pos;
-        remember_gap(s, s->pos, gap);
-        if (consume(s, NULL, gap) < 0)
-            return s->err;
-    }
-    if (!buf)
-        remember_gap(s, off, len);
-    return consume(s, buf, len);
+    struct fileorder_decoder d = { &s->pos, step_cb, s, &s->err, &s->e };
+    return fileorder_accept(&s->order, &d, "a VMDK", off, buf, len);
 }
 
 int vmdk_stream_feed(struct vmdk_stream *s, uint64_t file_off,

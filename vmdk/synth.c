@@ -14,6 +14,7 @@
 
 #include <libdeflate.h>
 
+#include "common/unitlist.h"
 #include "vmdk/vmdk-internal.h"
 
 #define G_SECT      VMDK_SYNTH_GRAIN_SECTORS              /* 128 */
@@ -51,13 +52,13 @@ struct vmdk_synth {
 };
 
 int vmdk_synth_new(uint64_t disk_size, uint32_t cid, const char *name,
-                   struct vmdk_synth **out, struct vmdk_err *err)
+                   struct vmdk_synth **out, struct nbdf_err *err)
 {
     if (disk_size == 0)
-        return vmdk_errf(err, -EINVAL, "disk size 0");
+        return nbdf_errf(err, -EINVAL, "disk size 0");
     uint64_t grains = vmdk_div_up(disk_size, G_BYTES);
     if (grains > VMDK_MAX_GRAINS)
-        return vmdk_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
+        return nbdf_errf(err, -EFBIG, "disk of %" PRIu64 " bytes: more than "
                          "%llu grains of 64 KiB", disk_size,
                          (unsigned long long) VMDK_MAX_GRAINS);
     struct vmdk_synth *s = calloc(1, sizeof *s);
@@ -85,34 +86,12 @@ void vmdk_synth_free(struct vmdk_synth *s)
     free(s);
 }
 
-static int push_grain(struct vmdk_synth *s, uint32_t g)
-{
-    if (s->nalloc && s->alloc[s->nalloc - 1] >= g)
-        return s->alloc[s->nalloc - 1] == g ? 0 : -EINVAL;
-    if (s->nalloc == s->alloc_cap) {
-        uint64_t cap = s->alloc_cap ? s->alloc_cap * 2 : 256;
-        uint32_t *a = realloc(s->alloc, cap * sizeof *a);
-        if (!a)
-            return -ENOMEM;
-        s->alloc = a;
-        s->alloc_cap = cap;
-    }
-    s->alloc[s->nalloc++] = g;
-    return 0;
-}
-
 int vmdk_synth_allocate(struct vmdk_synth *s, uint64_t disk_off, uint64_t len)
 {
-    if (s->sealed || disk_off >= s->disk_size || len == 0 ||
-        len > s->disk_size - disk_off)
+    if (s->sealed)
         return -EINVAL;
-    for (uint64_t g = disk_off / G_BYTES; g <= (disk_off + len - 1) / G_BYTES;
-         g++) {
-        int r = push_grain(s, (uint32_t) g);
-        if (r < 0)
-            return r;
-    }
-    return 0;
+    return unitlist_allocate(&s->alloc, &s->nalloc, &s->alloc_cap,
+                             s->disk_size, G_BYTES, disk_off, len);
 }
 
 /* ---- layout --------------------------------------------------------------- */

@@ -46,10 +46,6 @@ _Static_assert(sizeof(struct vmdk_marker_disk) == 16, "marker head");
 
 /* ---- helpers --------------------------------------------------------------- */
 
-/* Printf into err (if any) and return code.  Always returns code. */
-int vmdk_errf(struct vmdk_err *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static inline uint64_t vmdk_div_up(uint64_t x, uint64_t d)
 {
     return x / d + (x % d != 0);

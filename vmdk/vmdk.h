@@ -13,7 +13,7 @@
  *
  * Conventions: every function that can fail returns 0 (or a count) or a
  * negative errno.  Functions that validate input take an optional
- * 'struct vmdk_err *' (may be NULL) which receives a one-line message
+ * 'struct nbdf_err *' (may be NULL) which receives a one-line message
  * naming the rule that was broken.  Sizes are bytes unless a name says
  * sectors.  Nothing here is thread-safe on a shared object; distinct
  * objects may be used from distinct threads.
@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "common/imagekind.h"
 
 #define VMDK_SECTOR          512u
@@ -60,10 +61,6 @@ enum vmdk_marker {
     VMDK_MARKER_FOOTER = 3,
 };
 
-struct vmdk_err {
-    char msg[256];                                /* "" when no error */
-};
-
 /* ---- header and descriptor ----------------------------------------------- */
 
 /* The sparse extent header (sector 0; the footer has the same layout),
@@ -96,7 +93,7 @@ struct vmdk_header {
  * variant (compressed grains without markers, no embedded descriptor),
  * -EFBIG past a limit. */
 int vmdk_header_decode(const void *sector, struct vmdk_header *out,
-                       struct vmdk_err *err);
+                       struct nbdf_err *err);
 
 /* Encode h into 512 bytes (the rest zero). */
 void vmdk_header_encode(const struct vmdk_header *h, void *sector);
@@ -128,7 +125,7 @@ struct vmdk_desc {
  * keys and DDB entries are ignored.  -EINVAL or -ENOTSUP (other
  * createTypes, a parent). */
 int vmdk_desc_parse(const char *text, size_t len, const struct vmdk_header *h,
-                    struct vmdk_desc *out, struct vmdk_err *err);
+                    struct vmdk_desc *out, struct nbdf_err *err);
 
 /* Report (not fail) oddities: unknown flag bits, unclean shutdown, a
  * non-stream file with compressed grains, descriptor size 0.  Calls warn
@@ -171,7 +168,7 @@ void vmdk_grain_init(struct vmdk_grain *g, const struct vmdk_header *h,
  * than a sector).  Returns the bytes to place at g->disk_off (clipped to
  * the capacity), or -EINVAL with a message in err. */
 int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
-                           void *out, struct vmdk_err *err);
+                           void *out, struct nbdf_err *err);
 
 /* ---- a whole file, parsed from caller-read pieces (random access) -------- */
 
@@ -197,12 +194,12 @@ int64_t vmdk_grain_inflate(struct vmdk_inflater *z, const struct vmdk_grain *g,
 struct vmdk_image;
 
 int vmdk_image_new(const void *sector0, uint64_t file_size,
-                   struct vmdk_image **out, struct vmdk_err *err);
+                   struct vmdk_image **out, struct nbdf_err *err);
 /* 1 and (*off, *len): supply these bytes next; 0: parsing complete. */
 int vmdk_image_next(const struct vmdk_image *img, uint64_t *off, size_t *len);
 /* buf holds exactly the *len bytes last requested. */
 int vmdk_image_supply(struct vmdk_image *img, const void *buf,
-                      struct vmdk_err *err);
+                      struct nbdf_err *err);
 void vmdk_image_free(struct vmdk_image *img);
 const struct vmdk_header *vmdk_image_header(const struct vmdk_image *img);
 
@@ -352,7 +349,7 @@ struct vmdk_synth;
  * descriptor (copied, truncated to 64 bytes).  -EFBIG with a message past
  * VMDK_MAX_GRAINS; -EINVAL if 0. */
 int vmdk_synth_new(uint64_t disk_size, uint32_t cid, const char *name,
-                   struct vmdk_synth **out, struct vmdk_err *err);
+                   struct vmdk_synth **out, struct nbdf_err *err);
 
 /* Mark every grain touched by [disk_off, disk_off+len) allocated; calls
  * must come in increasing disk_off.  Only before seal; -EINVAL otherwise,

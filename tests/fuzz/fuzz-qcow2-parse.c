@@ -23,7 +23,7 @@ static void warn(void *opaque, const char *msg)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct qcow2_header h;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
 
     (void) qcow2_header_need(data, size);
     int r = qcow2_header_decode(data, size, &h, &e);

@@ -86,7 +86,7 @@ static int s_zero(void *o, uint64_t off, uint64_t len)
 static int s_compressed(void *o, const struct qcow2_compressed *c)
 {
     struct state *st = o;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     if (!st->dz && qcow2_decompressor_new(&st->dz) < 0)
         return -ENOMEM;
     if (!st->zout && !(st->zout = malloc(2u << 20)))

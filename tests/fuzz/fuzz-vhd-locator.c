@@ -116,7 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .space_bytes = (size + 511) / 512 * 512,
     };
     char *out = malloc(outlen);
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     if (!out)
         abort();
     int r = vhd_locator_path(&l, data, size, out, outlen, &e);

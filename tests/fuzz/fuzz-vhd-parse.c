@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 static void parse_one(const uint8_t *data, size_t size)
 {
-    struct vhd_err err;
+    struct nbdf_err err;
     struct vhd_footer f;
     struct vhd_header h;
     if (size >= 512 && vhd_footer_decode(data, &f, &err) == 0) {

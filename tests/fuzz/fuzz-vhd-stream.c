@@ -18,6 +18,7 @@
 
 #include "common/iszero.h"
 #include "vhd/vhd.h"
+#include "tests/unit/stream-cuts.h"
 #include "fuzz-vhd-fixup.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -89,44 +90,12 @@ static int s_zero(void *o, uint64_t off, uint64_t len)
 
 static const struct vhd_sink sink = { s_begin, s_data, s_zero };
 
-static uint32_t next(uint32_t *x)
-{
-    *x ^= *x << 13;
-    *x ^= *x >> 17;
-    *x ^= *x << 5;
-    return *x;
-}
+CUTS_STREAM(stream_cuts, vhd);
 
 static int feed(struct vhd_stream *s, const uint8_t *f, size_t len,
                 uint32_t seed)
 {
-    uint32_t x = seed | 1;
-    size_t off = 0, gap_at = 0, gap_len = 0;
-    unsigned maxp = 1 + (seed & 0xFFFF);
-    int r = 0;
-    while (off < len && r == 0) {
-        size_t n = 1 + next(&x) % maxp;
-        if (n > len - off)
-            n = len - off;
-        unsigned how = next(&x) % 4;
-        if (is_zero(f + off, n) && how) {
-            if (how == 1)
-                r = vhd_stream_hole(s, off, n);
-            if (!gap_len)
-                gap_at = off;
-            gap_len = off + n - gap_at;
-        } else {
-            r = vhd_stream_feed(s, off, f + off, n);
-            if (r == 0 && gap_len && how == 3)
-                r = vhd_stream_hole(s, gap_at, gap_len);    /* re-punch */
-            gap_len = 0;
-        }
-        off += n;
-    }
-    if (r == 0 && vhd_stream_position(s) < len)
-        r = vhd_stream_hole(s, vhd_stream_position(s),
-                            len - vhd_stream_position(s));
-    return r;
+    return cuts_feed(&stream_cuts, s, f, len, seed, 1 + (seed & 0xFFFF));
 }
 
 /* Reference decode through the image API (random access). */
@@ -134,7 +103,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *disk,
                         uint64_t *vsize)
 {
     struct vhd_image *img;
-    struct vhd_err err;
+    struct nbdf_err err;
     if (len < 512 || vhd_image_new(f + len - 512, len, &img, &err) < 0)
         return -1;
     uint64_t off;

@@ -166,7 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size -= 9;
 
     struct vhd_synth *s;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = vhd_synth_new(dsize, uuid, 12345, &s, &e);
     uint64_t cur = (dsize + 511) / 512 * 512;
     if ((dsize == 0 || cur > VHD_MAX_SIZE) != (r < 0))

@@ -112,7 +112,7 @@ static int log_only(const uint8_t *data, size_t size)
             fix_crc(e, elen);
     }
     struct vhdx_log_plan p;
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = vhdx_log_plan(log, len, G_LOG, &p, &e);
     if (r < 0 && e.msg[0] == 0)
         abort();

@@ -30,7 +30,7 @@ static void parse(const uint8_t *data, size_t size)
 {
     struct vmdk_header h, h2;
     struct vmdk_desc d;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint8_t sec[512];
 
     if (size < 512)
@@ -56,7 +56,7 @@ static void parse(const uint8_t *data, size_t size)
 static void image(const uint8_t *data, size_t size)
 {
     struct vmdk_image *img;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t off;
     size_t n;
     int r;
@@ -130,7 +130,7 @@ static void synth(const uint8_t *data, size_t size)
     uint64_t dsize = 1 + ((uint64_t) data[0] << 16 | data[1] << 8 | data[2])
                              % SYNTH_MAX;
     struct vmdk_synth *s;
-    struct vmdk_err e;
+    struct nbdf_err e;
     if (vmdk_synth_new(dsize, 0x1234, "f.vmdk", &s, &e) < 0)
         abort();
     memset(disk, 0, SYNTH_MAX);

@@ -21,6 +21,7 @@
 
 #include "common/iszero.h"
 #include "vmdk/vmdk.h"
+#include "tests/unit/stream-cuts.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -63,44 +64,12 @@ static int s_data(void *o, uint64_t off, const void *buf, size_t len)
 
 static const struct vmdk_sink sink = { .begin = s_begin, .data = s_data };
 
-static uint32_t next(uint32_t *x)
-{
-    *x ^= *x << 13;
-    *x ^= *x >> 17;
-    *x ^= *x << 5;
-    return *x;
-}
+CUTS_STREAM(stream_cuts, vmdk);
 
 static int feed(struct vmdk_stream *s, const uint8_t *f, size_t len,
                 uint32_t seed)
 {
-    uint32_t x = seed | 1;
-    size_t off = 0, gap_at = 0, gap_len = 0;
-    unsigned maxp = 1 + (seed & 0xFFFF);
-    int r = 0;
-    while (off < len && r == 0) {
-        size_t n = 1 + next(&x) % maxp;
-        if (n > len - off)
-            n = len - off;
-        unsigned how = next(&x) % 4;
-        if (is_zero(f + off, n) && how) {
-            if (how == 1)
-                r = vmdk_stream_hole(s, off, n);
-            if (!gap_len)
-                gap_at = off;
-            gap_len = off + n - gap_at;
-        } else {
-            r = vmdk_stream_feed(s, off, f + off, n);
-            if (r == 0 && gap_len && how == 3)
-                r = vmdk_stream_hole(s, gap_at, gap_len);
-            gap_len = 0;
-        }
-        off += n;
-    }
-    if (r == 0 && vmdk_stream_position(s) < len)
-        r = vmdk_stream_hole(s, vmdk_stream_position(s),
-                             len - vmdk_stream_position(s));
-    return r;
+    return cuts_feed(&stream_cuts, s, f, len, seed, 1 + (seed & 0xFFFF));
 }
 
 /* Decode f with cutting seed (0: one piece); returns the result. */
@@ -129,7 +98,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *ref,
                         uint64_t *cap)
 {
     struct vmdk_image *img;
-    struct vmdk_err e;
+    struct nbdf_err e;
     uint64_t off;
     size_t n;
     int r;

@@ -25,7 +25,7 @@ static void mutate(const char *what, size_t at, int width, uint64_t v,
 {
     uint8_t *b = malloc(img_len);
     struct qcow2_header h;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     memcpy(b, img, img_len);
     if (width == 4)
         put32(b + at, (uint32_t) v);
@@ -48,7 +48,7 @@ static int decode_file(const char *name, const char **msg)
     size_t len;
     uint8_t *f = load(name, &len);
     struct qcow2_header h;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     int r = qcow2_header_decode(f, len, &h, &e);
     snprintf(m, sizeof m, "%s", e.msg);
     *msg = m;
@@ -181,7 +181,7 @@ int main(void)
      * table if present (qemu writes one). */
     {
         uint8_t *b = malloc(img_len);
-        struct qcow2_err e = { "" };
+        struct nbdf_err e = { "" };
         memcpy(b, img, img_len);
         qcow2_put64_t(b + 72, 1ull << 4);        /* extended L2 at 64 KiB: ok */
         CHECK(qcow2_header_decode(b, img_len, &h, &e) == 0);

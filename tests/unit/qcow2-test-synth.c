@@ -57,7 +57,7 @@ static void allocate(struct qcow2_synth *q, const uint8_t *raw, uint64_t size,
 static void one(const char *rawname, const uint8_t *raw, uint64_t size,
                 uint32_t cb)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     struct qcow2_synth *q;
     uint64_t clusters, tables, x = cb;
 
@@ -122,7 +122,7 @@ static void one(const char *rawname, const uint8_t *raw, uint64_t size,
 
 int main(void)
 {
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     struct qcow2_synth *q;
 
     setvbuf(stdout, NULL, _IOLBF, 0);

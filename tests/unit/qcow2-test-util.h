@@ -16,12 +16,7 @@
 #include <unistd.h>
 
 #include "qcow2/qcow2.h"
-
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    abort(); } } while (0)
-
-static char dir[64];
+#include "test-util.h"
 
 static inline void mkscratch(void)
 {
@@ -34,52 +29,6 @@ static inline void rmscratch(void)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-}
-
-__attribute__((format(printf, 1, 2)))
-static inline void sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "command failed: %s\n", cmd);
-        abort();
-    }
-}
-
-static inline uint8_t *load(const char *name, size_t *len)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    CHECK(f);
-    struct stat st;
-    CHECK(fstat(fileno(f), &st) == 0);
-    uint8_t *b = malloc((size_t) st.st_size + 1);
-    CHECK(b);
-    CHECK(fread(b, 1, (size_t) st.st_size, f) == (size_t) st.st_size);
-    fclose(f);
-    *len = (size_t) st.st_size;
-    return b;
-}
-
-static inline void save(const char *name, const void *buf, size_t len)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0);
-}
-
-static inline uint64_t rnd(uint64_t *x)
-{
-    *x ^= *x >> 12;
-    *x ^= *x << 25;
-    *x ^= *x >> 27;
-    return *x * 2685821657736338717ull;
 }
 
 /* 5 MiB + 12800 bytes in 64 KiB pieces: random data, all-zero pieces, a
@@ -185,7 +134,7 @@ static inline int d_zero(void *o, uint64_t off, uint64_t len)
 static inline int d_compressed(void *o, const struct qcow2_compressed *c)
 {
     struct disk *d = o;
-    struct qcow2_err e = { "" };
+    struct nbdf_err e = { "" };
     if (!d->dz)
         CHECK(qcow2_decompressor_new(&d->dz) == 0);
     if (!d->zout)

@@ -16,7 +16,7 @@
 static uint8_t *qemu_file, *tapdyn_file, *tapdiff_file, *delta_file, *fixed_file;
 static size_t qemu_len, tapdyn_len, tapdiff_len, delta_len, fixed_len;
 
-static void expect_err(int r, int want, const struct vhd_err *e,
+static void expect_err(int r, int want, const struct nbdf_err *e,
                        const char *needle, const char *label)
 {
     printf("%-34s -> %d %s\n", label, r, e->msg);
@@ -32,7 +32,7 @@ static void expect_err(int r, int want, const struct vhd_err *e,
 static void test_footer_decode(void)
 {
     struct vhd_footer f;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhd_footer_decode(qemu_file, &f, &e) == 0);
     CHECK(memcmp(f.creator_app, "qemu", 4) == 0);
     CHECK(f.creator_version == 0x00050003 && f.creator_os == 0x5769326B);
@@ -94,7 +94,7 @@ static const struct {
 static void test_footer_rules(void)
 {
     struct vhd_footer f;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     uint8_t s[512];
 
     memcpy(s, qemu_file, 512);
@@ -137,7 +137,7 @@ static void test_header_decode(void)
 {
     struct vhd_footer f;
     struct vhd_header h;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhd_footer_decode(tapdiff_file, &f, &e) == 0);
     CHECK(vhd_header_decode(tapdiff_file + 512, &h, &e) == 0);
     CHECK(vhd_header_check(&f, &h, &e) == 0);
@@ -187,7 +187,7 @@ static void test_strings(void)
     CHECK(vhd_utf16_to_utf8(cut, sizeof cut, true, out, sizeof out) == -EILSEQ);
     CHECK(vhd_utf16_to_utf8(be, sizeof be, true, out, 3) == -ENAMETOOLONG);
     struct vhd_locator l = { .code = VHD_PLAT_MACX, .data_length = 30 };
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vhd_locator_path(&l, "file://./a%20b.vhd", 18, out, sizeof out, &e) == 9);
     CHECK(strcmp(out, "./a b.vhd") == 0);
     CHECK(vhd_locator_path(&l, "file://x%0", 10, out, sizeof out, &e) == -EINVAL);
@@ -210,7 +210,7 @@ static void test_geometry(void)
     vhd_geometry(64 * MiB, &c, &h, &s);             /* tap-dyn-64m */
     CHECK(c == 963 && h == 8 && s == 17);
     struct vhd_footer f;
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vhd_footer_decode(qemu_file, &f, &e) == 0);
     CHECK(vhd_qemu_size(&f) == f.current_size);     /* CHS exact */
     uint8_t caml[512];
@@ -240,7 +240,7 @@ static struct mut copy_of(const uint8_t *f, size_t len)
 static void edit_footers(struct mut *m, footer_patch fn)
 {
     struct vhd_footer f;
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vhd_footer_decode(m->f + m->len - 512, &f, &e) == 0);
     fn(&f);
     vhd_footer_encode(&f, m->f + m->len - 512);
@@ -251,7 +251,7 @@ typedef void (*header_patch)(struct vhd_header *h);
 static void edit_header(struct mut *m, header_patch fn)
 {
     struct vhd_header h;
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vhd_header_decode(m->f + 512, &h, &e) == 0);
     fn(&h);
     vhd_header_encode(&h, m->f + 512);
@@ -275,7 +275,7 @@ static void expect_invalid(struct mut *m, int want, const char *needle,
                            const char *label, bool stream_before_begin)
 {
     struct vhd_image *img;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     expect_err(vt_image_parse(m->f, m->len, &img, &e), want, &e, needle, label);
 
     struct vt_disk d = { .cap = 128 * MiB };
@@ -288,7 +288,7 @@ static void expect_invalid(struct mut *m, int want, const char *needle,
                             m->len - off < 65536 ? m->len - off : 65536);
     if (r == 0)
         r = vhd_stream_finish(s);
-    struct vhd_err se;
+    struct nbdf_err se;
     snprintf(se.msg, sizeof se.msg, "%s", vhd_stream_error(s));
     char slabel[64];
     snprintf(slabel, sizeof slabel, "  (stream) %s", label);
@@ -342,7 +342,7 @@ static void test_file_rules(void)
     m = copy_of(qemu_file, qemu_len);
     {   /* copy valid but different from the trailing footer */
         struct vhd_footer f;
-        struct vhd_err e;
+        struct nbdf_err e;
         CHECK(vhd_footer_decode(m.f, &f, &e) == 0);
         f.timestamp++;
         vhd_footer_encode(&f, m.f + m.len - 512);
@@ -428,7 +428,7 @@ static void test_file_rules(void)
     m.f[0xa00 + 7] = 0x80;                      /* map byte changed */
     {
         struct vhd_image *img;
-        struct vhd_err e = { "" };
+        struct nbdf_err e = { "" };
         expect_err(vt_image_parse(m.f, m.len, &img, &e), -EINVAL, &e,
                    "batmap checksum", "batmap checksum");
     }
@@ -439,7 +439,7 @@ static void test_file_rules(void)
 static void test_images(void)
 {
     struct vhd_image *img;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t off;
     CHECK(vt_image_parse(tapdyn_file, tapdyn_len, &img, &e) == 0);
     CHECK(vhd_image_kind(img) == VHD_DYNAMIC && vhd_image_blocks(img) == 32);
@@ -512,7 +512,7 @@ static void end_stream(struct vhd_stream *s, struct vt_disk *d)
 static void stream_expect(struct vhd_stream *s, int r, int want,
                           const char *needle, const char *label)
 {
-    struct vhd_err e;
+    struct nbdf_err e;
     snprintf(e.msg, sizeof e.msg, "%s", vhd_stream_error(s));
     expect_err(r, want, &e, needle, label);
 }
@@ -596,7 +596,7 @@ static void test_stream_rules(void)
     {
         struct vhd_footer f;
         struct vhd_header h;
-        struct vhd_err e;
+        struct nbdf_err e;
         CHECK(vhd_footer_decode(m.f, &f, &e) == 0);
         CHECK(vhd_header_decode(m.f + 512, &h, &e) == 0);
         uint8_t bat[512];
@@ -615,7 +615,7 @@ static void test_stream_rules(void)
     end_stream(s, &d);
     {   /* the image parser (random access) accepts that layout */
         struct vhd_image *img;
-        struct vhd_err e = { "" };
+        struct nbdf_err e = { "" };
         r = vt_image_parse(m.f, m.len, &img, &e);
         printf("image with BAT before header: %d %s\n", r, e.msg);
         CHECK(r == 0);
@@ -627,7 +627,7 @@ static void test_stream_rules(void)
     m = copy_of(fixed_file, fixed_len);
     {
         struct vhd_footer f;
-        struct vhd_err e;
+        struct nbdf_err e;
         CHECK(vhd_footer_decode(m.f + m.len - 512, &f, &e) == 0);
         f.current_size -= 512;
         vhd_footer_encode(&f, m.f + m.len - 512);
@@ -675,7 +675,7 @@ static void test_stream_rules(void)
 static uint64_t clear_first_data_bit(struct mut *m)
 {
     struct vhd_image *img;
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vt_image_parse(m->f, m->len, &img, &e) == 0);
     uint32_t bs = vhd_image_block_size(img), bm = vhd_image_bitmap_bytes(img);
     for (uint32_t b = 0; b < vhd_image_blocks(img); b++) {
@@ -709,7 +709,7 @@ static void decode_both(const struct mut *m, const uint8_t *base, size_t cap,
     CHECK(vhd_stream_finish(s) == 0);
     vhd_stream_free(s);
     struct vhd_image *img;
-    struct vhd_err e;
+    struct nbdf_err e;
     CHECK(vt_image_parse(m->f, m->len, &img, &e) == 0);
     if (base)
         memcpy(via_image, base, cap);

@@ -152,7 +152,7 @@ static void check_image_decode(const uint8_t *file, size_t len,
                                const char *want_sha)
 {
     struct vhd_image *img;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     if (vt_image_parse(file, len, &img, &e) < 0) {
         fprintf(stderr, "image parse: %s\n", e.msg);
         abort();
@@ -267,7 +267,7 @@ static void test_fixture(const struct fixture *fx)
             junk[k] = 0x5A ^ (k >> 9);
         memcpy(ref, junk, wlen);
         struct vhd_image *img;
-        struct vhd_err e;
+        struct nbdf_err e;
         CHECK(vt_image_parse(file, len, &img, &e) == 0);
         vt_image_decode(img, file, ref);
         vhd_image_free(img);

@@ -62,7 +62,7 @@ static void round_trip(uint64_t disk_size, unsigned alloc_pct, uint64_t seed)
     uint8_t *expect = calloc(1, vsize);
     CHECK(disk && expect);
     struct vhd_synth *sy;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhd_synth_new(disk_size, uuid, 12345, &sy, &e) == 0);
     uint64_t nblocks = (vsize + BLK - 1) / BLK, nalloc = 0;
     for (uint64_t b = 0; b < nblocks; b++) {
@@ -148,7 +148,7 @@ static void round_trip(uint64_t disk_size, unsigned alloc_pct, uint64_t seed)
 static void test_limits(void)
 {
     struct vhd_synth *sy;
-    struct vhd_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhd_synth_new(0, uuid, 0, &sy, &e) == -EINVAL);
     CHECK(vhd_synth_new(VHD_MAX_SIZE + 1, uuid, 0, &sy, &e) == -EFBIG);
     CHECK(strstr(e.msg, "2040 GiB"));
@@ -177,7 +177,7 @@ static void test_limits(void)
 static void test_qemu_size(void)
 {
     struct vhd_synth *sy;
-    struct vhd_err e;
+    struct nbdf_err e;
     uint8_t f[512];
     CHECK(vhd_synth_new(10 * MiB, uuid, 0, &sy, &e) == 0);
     CHECK(vhd_synth_seal(sy) == 0);

@@ -145,7 +145,7 @@ uint64_t vt_rand(uint64_t *s)
 /* ---- image API helpers ----------------------------------------------------- */
 
 int vt_image_parse(const uint8_t *file, size_t len, struct vhd_image **out,
-                   struct vhd_err *err)
+                   struct nbdf_err *err)
 {
     struct vhd_image *img;
     if (len < 512) {

@@ -45,7 +45,7 @@ uint64_t vt_rand(uint64_t *state);
 
 /* Parse a whole in-memory VHD with the image API; 0 or -errno, err set. */
 int vt_image_parse(const uint8_t *file, size_t len, struct vhd_image **img,
-                   struct vhd_err *err);
+                   struct nbdf_err *err);
 
 /* Decode an in-memory VHD to raw through vhd_image_lookup (random access,
  * independent of the stream decoder).  For a differencing image, disk

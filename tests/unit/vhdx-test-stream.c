@@ -24,51 +24,10 @@
 #include <unistd.h>
 
 #include "vhdx/vhdx.h"
+#include "test-util.h"
 #include "vhdx-build.h"
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    abort(); } } while (0)
 #define MiB (1ull << 20)
-
-static char dir[64];
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "command failed: %s\n", cmd);
-        abort();
-    }
-}
-
-static uint8_t *load(const char *name, size_t *len)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    CHECK(f);
-    struct stat st;
-    CHECK(fstat(fileno(f), &st) == 0);
-    uint8_t *b = malloc((size_t) st.st_size + 1);
-    CHECK(b && fread(b, 1, (size_t) st.st_size, f) == (size_t) st.st_size);
-    fclose(f);
-    *len = (size_t) st.st_size;
-    return b;
-}
-
-static void save(const char *name, const void *buf, size_t len)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0);
-}
 
 /* ---- the sink: a disk in memory, and a spool ------------------------------- */
 
@@ -453,7 +412,7 @@ static void log_parser_cases(void)
 {
     uint8_t *log = calloc(1, MiB);
     struct vhdx_log_plan p;
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhdx_log_plan(log, MiB, G_LOG, &p, &e) == 0 && p.npatches == 0 &&
           p.entries == 0);
     vhdx_log_plan_free(&p);

@@ -13,27 +13,9 @@
 #include <string.h>
 
 #include "vhdx/vhdx.h"
+#include "test-util.h"
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    abort(); } } while (0)
 #define MiB (1ull << 20)
-
-static char dir[64];
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "command failed: %s\n", cmd);
-        abort();
-    }
-}
 
 struct disk { const uint8_t *bytes; uint64_t size; uint64_t reads; };
 
@@ -119,7 +101,7 @@ static void small_disk(void)
     unsigned seed = 11;
     static const uint8_t guid[16] = "nbdferry-test-01";
     struct vhdx_synth *s;
-    struct vhdx_err e;
+    struct nbdf_err e;
     CHECK(vhdx_synth_new(size, guid, &s, &e) == 0);
     CHECK(vhdx_synth_block_size(s) == VHDX_SYNTH_BLOCK);
     /* Data in blocks 0, 3 (a partial run), 7-9 (one long run), the last. */
@@ -255,7 +237,7 @@ int main(void)
         return 1;
     }
     struct vhdx_synth *s;
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
     CHECK(vhdx_synth_new(0, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);
     CHECK(strstr(e.msg, "1 byte to 64 TiB"));
     CHECK(vhdx_synth_new(65ull << 40, (const uint8_t *) "0123456789abcdef", &s, &e) == -EINVAL);

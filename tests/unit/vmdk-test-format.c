@@ -35,7 +35,7 @@ static void expect(const struct vmdk_header *h, int code, const char *needle)
 {
     uint8_t sec[512];
     struct vmdk_header out;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     vmdk_header_encode(h, sec);
     int r = vmdk_header_decode(sec, &out, &e);
     if (r != code || (code && !strstr(e.msg, needle))) {
@@ -140,7 +140,7 @@ static void expect_desc(bool stream, const char *type, const char *extent,
     char text[1024];
     struct vmdk_header h = valid(stream);
     struct vmdk_desc d;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int n = snprintf(text, sizeof text, DESC, type, extent);
     snprintf(text + n, sizeof text - (size_t) n, "%s", extra);
     int r = vmdk_desc_parse(text, sizeof text, &h, &d, &e);
@@ -186,7 +186,7 @@ static void test_desc_rules(void)
     /* No createType at all. */
     struct vmdk_header h = valid(true);
     struct vmdk_desc d;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     const char *t = "version=1\nRW 8192 SPARSE \"a\"\n";
     CHECK(vmdk_desc_parse(t, strlen(t), &h, &d, &e) == -EINVAL);
     CHECK(strstr(e.msg, "no createType"));

@@ -25,59 +25,10 @@
 
 #include "common/iszero.h"
 #include "vmdk/vmdk.h"
-
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    abort(); } } while (0)
-
-static char dir[64];
+#include "stream-cuts.h"
+#include "test-util.h"
 
 /* ---- files and tools ------------------------------------------------------- */
-
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "command failed: %s\n", cmd);
-        abort();
-    }
-}
-
-static uint8_t *load(const char *name, size_t *len)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    CHECK(f);
-    struct stat st;
-    CHECK(fstat(fileno(f), &st) == 0);
-    uint8_t *b = malloc((size_t) st.st_size + 1);
-    CHECK(b && fread(b, 1, (size_t) st.st_size, f) == (size_t) st.st_size);
-    fclose(f);
-    *len = (size_t) st.st_size;
-    return b;
-}
-
-static void save(const char *name, const void *buf, size_t len)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0);
-}
-
-static uint64_t rnd(uint64_t *x)
-{
-    *x ^= *x >> 12;
-    *x ^= *x << 25;
-    *x ^= *x >> 27;
-    return *x * 2685821657736338717ull;
-}
 
 /* 5 MiB + 12800 bytes: grains of random data, all-zero grains, a grain
  * half zero, and a short last grain. */
@@ -164,7 +115,7 @@ static int d_grain(void *o, const struct vmdk_grain *g)
 {
     static struct vmdk_inflater *z;
     static uint8_t out[1 << 20];
-    struct vmdk_err e;
+    struct nbdf_err e;
     if (!z)
         CHECK(vmdk_inflater_new(&z) == 0);
     CHECK(g->grain_bytes <= sizeof out && g->disk_off < g->capacity);
@@ -191,37 +142,16 @@ static void disk_free(struct disk *d)
     free(d->written);
 }
 
-/* Feed f[0, len) cut by seed: piece sizes 1..maxp; all-zero pieces become
- * forward gaps, holes, or gaps re-punched backwards.  Returns the first
- * error or finish()'s result. */
+/* Feed f[0, len) cut by seed (0: one piece; tests/unit/stream-cuts.h),
+ * pieces of 1..maxp bytes.  Returns the first error or finish()'s
+ * result. */
+CUTS_STREAM(stream_cuts, vmdk);
+
 static int decode(struct vmdk_stream *s, const uint8_t *f, size_t len,
                   uint64_t seed, size_t maxp)
 {
-    uint64_t x = seed | 1;
-    size_t off = 0, gap_at = 0, gap_len = 0;
-    int r = 0;
-    while (off < len && r == 0) {
-        size_t n = seed == 0 ? len : 1 + rnd(&x) % maxp;
-        if (n > len - off)
-            n = len - off;
-        unsigned how = (unsigned) (rnd(&x) % 4);
-        if (seed && is_zero(f + off, n) && how) {
-            if (how == 1)
-                r = vmdk_stream_hole(s, off, n);
-            if (!gap_len)
-                gap_at = off;
-            gap_len = off + n - gap_at;
-        } else {
-            r = vmdk_stream_feed(s, off, f + off, n);
-            if (r == 0 && gap_len && how == 3)
-                r = vmdk_stream_hole(s, gap_at, gap_len);
-            gap_len = 0;
-        }
-        off += n;
-    }
-    if (r == 0 && vmdk_stream_position(s) < len)    /* trailing gap */
-        r = vmdk_stream_hole(s, vmdk_stream_position(s),
-                             len - vmdk_stream_position(s));
+    int r = cuts_feed(&stream_cuts, s, f, len, (uint32_t) seed,
+                      seed ? (unsigned) maxp : 0);
     return r ? r : vmdk_stream_finish(s);
 }
 
@@ -293,7 +223,7 @@ static uint8_t *dup_buf(const uint8_t *f, size_t len)
 /* Parse f with the image API; decode the disk into out (capacity bytes)
  * through lookups, inflating marker grains.  0 or -errno, e set. */
 static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
-                        uint64_t *capacity, struct vmdk_err *e)
+                        uint64_t *capacity, struct nbdf_err *e)
 {
     struct vmdk_image *img;
     static struct vmdk_inflater *z;
@@ -342,7 +272,7 @@ static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
 static void image_ok(const char *name, const uint8_t *f, size_t len,
                      const uint8_t *raw, size_t raw_len)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t cap = 0;
     uint8_t *out = malloc(raw_len + 65536);
     int r = image_decode(f, len, out, &cap, &e);
@@ -359,7 +289,7 @@ static void image_ok(const char *name, const uint8_t *f, size_t len,
 static void image_bad(const char *what, const uint8_t *f, size_t len,
                       const char *needle)
 {
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t cap;
     uint8_t *out = malloc(64u << 20);
     int r = image_decode(f, len, out, &cap, &e);
@@ -615,7 +545,7 @@ static void test_synth(const uint8_t *raw)
 {
     uint64_t size = RAW_SIZE;
     struct vmdk_synth *sy;
-    struct vmdk_err e;
+    struct nbdf_err e;
     CHECK(vmdk_synth_new(0, 1, "x", &sy, &e) == -EINVAL);
     CHECK(vmdk_synth_new(1ull << 50, 1, "x", &sy, &e) == -EFBIG);
     CHECK(vmdk_synth_new(size, 0x12345678, "nbd.vmdk", &sy, &e) == 0);

@@ -17,7 +17,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,14 +24,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/optlist.h"
-#include "config.h"
 #include "qcow2/qcow2.h"
 #include "tools/imgtool/imgtool.h"
 
 const char *imgtool_prog = "nbdferry-qcow2";
-
-static uint64_t spool_max = 1ull << 30;
 
 /* What map collects: one extent per run, in the order tables arrive. */
 struct extent {
@@ -173,6 +168,11 @@ static int exit_status(const struct decode *d, int r)
            ? IMGTOOL_EXIT_INVALID : IMGTOOL_EXIT_USAGE;
 }
 
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return qcow2_stream_feed(s, off, buf, len);
+}
+
 /* Decode the whole input.  0, or the exit status. */
 static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
 {
@@ -181,34 +181,19 @@ static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
     if (fd < 0)
         return IMGTOOL_EXIT_USAGE;
     struct qcow2_stream_opts opts = { .spool = &spool, .spool_opaque = d,
-                                      .spool_max = spool_max,
+                                      .spool_max = imgtool_spool_max,
                                       .spool_option = "--spool-max" };
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    if (!buf || qcow2_stream_new(&sink, d, &opts, &d->s) < 0) {
+    int r = qcow2_stream_new(&sink, d, &opts, &d->s);
+    if (r < 0)
         imgtool_msg("out of memory");
-        free(buf);
-        if (fd != STDIN_FILENO)
-            close(fd);
-        return IMGTOOL_EXIT_USAGE;
-    }
-    uint64_t off = 0;
-    int r = 0;
-    for (;;) {
-        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
-        if (n < 0) {
-            imgtool_msg("%s: %s", d->path, strerror((int) -n));
-            free(buf);
-            if (fd != STDIN_FILENO)
-                close(fd);
-            return IMGTOOL_EXIT_USAGE;
-        }
-        if (n == 0 || (r = qcow2_stream_feed(d->s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    else
+        r = imgtool_feed(fd, d->path, feed_cb, d->s);
     if (fd != STDIN_FILENO)
         close(fd);
+    if (r < 0 && !d->s)
+        return IMGTOOL_EXIT_USAGE;
+    if (r > 0)
+        return r;
     if (r == 0)
         r = qcow2_stream_finish(d->s);
     if (st)
@@ -366,172 +351,31 @@ static int cmd_cat(const char *path, const char *out)
         return IMGTOOL_EXIT_USAGE;
     int r = run_decode(&d, NULL);
     const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
-    if (r == 0 && h && imgtool_out_finish(&d.out, h->size) < 0)
-        r = IMGTOOL_EXIT_USAGE;
-    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
-        close(d.out.fd);
+    r = imgtool_out_end(&d.out, r, h ? &h->size : NULL);
     decode_free(&d);
     return r;
 }
 
-static int add_range(void *opaque, uint64_t off, uint64_t len)
-{
-    return qcow2_synth_allocate(opaque, off, len);
-}
-
-static unsigned export_cluster_bits = 16;   /* --cluster-size; 64 KiB */
-
-/* RAW as a qcow2 v3 (export_cluster_bits), in one pass, metadata first;
+/* RAW as a qcow2 v3 with --cluster-size clusters (64 KiB unless set), in one pass, metadata first;
  * the raw file's holes (SEEK_DATA) are not stored. */
-static int cmd_export(const char *raw, const char *out)
+static int export_new(const char *raw, const struct stat *st, const char *out,
+                      void **s)
 {
-    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
-    struct qcow2_synth *s = NULL;
-    struct qcow2_err e = { "" };
-    struct imgtool_out o = { .fd = -1 };
-    struct stat st;
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    int rr;
-    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
-        if (fd >= 0)
-            imgtool_msg("%s: %s", raw, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+    struct nbdf_err e = { "" };
+
+    (void) out;
+    if (!S_ISREG(st->st_mode) || st->st_size == 0) {
         imgtool_msg("%s: not a non-empty regular file (export reads a raw "
                     "disk image)", raw);
-        goto out;
+        return IMGTOOL_EXIT_USAGE;
     }
-    if (qcow2_synth_new((uint64_t) st.st_size, export_cluster_bits, &s,
+    if (qcow2_synth_new((uint64_t) st->st_size,
+                        imgtool_cluster_size ? (unsigned) __builtin_ctzll(imgtool_cluster_size) : 16, (struct qcow2_synth **) s,
                         &e) < 0) {
         imgtool_msg("%s: %s", raw, e.msg);
-        goto out;
+        return IMGTOOL_EXIT_USAGE;
     }
-    if ((rr = imgtool_data_ranges(fd, (uint64_t) st.st_size, add_range, s))
-        < 0 || (rr = qcow2_synth_seal(s)) < 0) {
-        imgtool_msg("%s: %s", raw, strerror(-rr));
-        goto out;
-    }
-    if (imgtool_out_open(&o, out) < 0)
-        goto out;
-    for (uint64_t off = 0;;) {
-        int64_t n = qcow2_synth_read(s, off, buf, IMGTOOL_CHUNK,
-                                     imgtool_raw_read, &fd);
-        if (n < 0) {
-            imgtool_msg("%s: %s", raw, strerror((int) -n));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        if (imgtool_out_write(&o, off, buf, (size_t) n) < 0)
-            goto out;
-        off += (uint64_t) n;
-    }
-    r = imgtool_out_finish(&o, qcow2_synth_file_size(s)) < 0
-        ? IMGTOOL_EXIT_USAGE : 0;
-out:
-    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
-        close(o.fd);
-    if (fd >= 0 && fd != STDIN_FILENO)
-        close(fd);
-    qcow2_synth_free(s);
-    free(buf);
-    return r;
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: %s info FILE\n"
-        "       %s check FILE\n"
-        "       %s map FILE\n"
-        "       %s cat FILE [-o OUT]\n"
-        "       %s export [--cluster-size SIZE] RAW -o OUT\n"
-        "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
-        "         the tables that place them have not arrived.\n"
-        "         --cluster-size SIZE (default 64K): export's clusters, a\n"
-        "         power of two from 512 to 2M.\n"
-        "FILE may be - (standard input).\n"
-        "Exit status: 0 ok, 1 invalid qcow2, 2 usage or I/O error.\n",
-        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    switch (*end) {
-    case 'K': case 'k': shift = 10; end++; break;
-    case 'M': case 'm': shift = 20; end++; break;
-    case 'G': case 'g': shift = 30; end++; break;
-    case 'T': case 't': shift = 40; end++; break;
-    }
-    if (errno || end == s || *end || s[0] == '-' ||
-        (v << shift) >> shift != v)
-        return -EINVAL;
-    *out = (uint64_t) v << shift;
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    static const struct option opts[] = {
-        { "output", required_argument, NULL, 'o' },
-        { "spool-max", required_argument, NULL, 258 },
-        { "cluster-size", required_argument, NULL, 259 },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { "long-options", no_argument, NULL, 256 },
-        { "short-options", no_argument, NULL, 257 },
-        { NULL, 0, NULL, 0 },
-    };
-    static const char short_opts[] = "o:hV";
-    const char *out = NULL;
-    int c;
-    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 258:
-            if (parse_size(optarg, &spool_max) < 0) {
-                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
-                return IMGTOOL_EXIT_USAGE;
-            }
-            break;
-        case 259: {
-            uint64_t v;
-            if (parse_size(optarg, &v) < 0 || v < 512 || v > (2u << 20) ||
-                (v & (v - 1))) {
-                imgtool_msg("--cluster-size %s: not a power of two from 512 "
-                            "to 2M", optarg);
-                return IMGTOOL_EXIT_USAGE;
-            }
-            export_cluster_bits = (unsigned) __builtin_ctzll(v);
-            break;
-        }
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
-        case 256: optlist_long(opts); return 0;         /* completion */
-        case 257: optlist_short(short_opts); return 0;
-        default: usage(stderr); return IMGTOOL_EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
-        return IMGTOOL_EXIT_USAGE;
-    }
-    const char *cmd = argv[optind], *file = argv[optind + 1];
-    if (strcmp(cmd, "cat") == 0)
-        return cmd_cat(file, out);
-    if (strcmp(cmd, "export") == 0 && out)
-        return cmd_export(file, out);
-    if (!out && strcmp(cmd, "info") == 0)
-        return cmd_info(file);
-    if (!out && strcmp(cmd, "check") == 0)
-        return cmd_check(file);
-    if (!out && strcmp(cmd, "map") == 0)
-        return cmd_map(file);
-    usage(stderr);
-    return IMGTOOL_EXIT_USAGE;
-}
+IMGTOOL_PROGRAM_OPTS(qcow2, "qcow2", true, true, export_new);

@@ -117,7 +117,7 @@ static const struct verify_source_ops vhd_ops = {
 static int open_chain(const char *path, struct vhdfile *top,
                       const struct source_options *opt)
 {
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     int r = vhdfile_open_chain(top, opt->vhd_parents, opt->vhd_nparents, &err);
 
     if (r < 0) {
@@ -137,7 +137,7 @@ static int open_chain(const char *path, struct vhdfile *top,
 int src_vhd_open(const char *path, int fd, const struct source_options *opt,
                  struct verify_source **out)
 {
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     struct vhdfile *top;
     struct vhd_src *v;
     int r = vhdfile_open_fd(path, fd, false, &top, &err);

@@ -213,7 +213,7 @@ static int read_log(struct vhdx_src *v, const struct vhdx_header *h,
 /* The header section: the current header (and its log, replayed), the
  * region table (the first copy, else the second). */
 static int read_head(struct vhdx_src *v, struct vhdx_regions *rg,
-                     struct vhdx_err *e)
+                     struct nbdf_err *e)
 {
     uint8_t *head = malloc(VHDX_HEADER_SECTION);
     struct vhdx_header h1, h2;
@@ -235,7 +235,7 @@ static int read_head(struct vhdx_src *v, struct vhdx_regions *rg,
     return r;
 }
 
-static int read_tables(struct vhdx_src *v, struct vhdx_err *e)
+static int read_tables(struct vhdx_src *v, struct nbdf_err *e)
 {
     struct vhdx_regions rg;
     int r = read_head(v, &rg, e);
@@ -280,7 +280,7 @@ static int read_tables(struct vhdx_src *v, struct vhdx_err *e)
 int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out)
 {
-    struct vhdx_err e = { "" };
+    struct nbdf_err e = { "" };
     struct vhdx_src *v = calloc(1, sizeof *v);
 
     *out = NULL;

@@ -85,7 +85,7 @@ static int read_compressed(struct vmdk_src *v, uint64_t marker, uint64_t *lba,
 static int inflate_grain(struct vmdk_src *v, uint64_t goff, uint64_t marker)
 {
     struct vmdk_grain g;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t lba;
     size_t clen;
 
@@ -207,7 +207,7 @@ static const struct verify_source_ops vmdk_ops = {
 static int parse(struct vmdk_src *v, uint64_t file_size)
 {
     unsigned char sec[VMDK_SECTOR], *buf = NULL;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     uint64_t off;
     size_t len;
     int r = pread_full(v->fd, sec, sizeof sec, 0);

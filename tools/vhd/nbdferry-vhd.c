@@ -7,14 +7,14 @@
  *   nbdferry-vhd export RAW -o OUT
  *
  * Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.
- * The library never does I/O; this file and vhdfile/vhdfile.c (the chain
- * reader shared with nbdferry-verify) do all of it (pread, pwrite).
+ * The library never does I/O; this file, tools/imgtool/ (the inspectors'
+ * shared I/O and export) and vhdfile/vhdfile.c (the chain reader
+ * shared with nbdferry-verify) do all of it (pread, pwrite).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,25 +26,15 @@
 #include "common/optlist.h"
 #include "common/uuid.h"
 #include "config.h"
+#include "tools/imgtool/imgtool.h"
 #include "vhdfile/vhdfile.h"
 #include "vhd/vhd.h"
 
-#define EXIT_INVALID 1
-#define EXIT_USAGE   2
+#define EXIT_INVALID IMGTOOL_EXIT_INVALID
+#define EXIT_USAGE   IMGTOOL_EXIT_USAGE
 #define CHUNK        (2u << 20)
 
-static const char *prog = "nbdferry-vhd";
-
-static void msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void msg(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "%s: ", prog);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
+const char *imgtool_prog = "nbdferry-vhd";
 
 /* ---- I/O helpers ------------------------------------------------------------ */
 
@@ -214,7 +204,7 @@ static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
     if (vhd_image_kind(top->img) == VHD_DIFF) {
         int r = decode_to(top->parent, out_fd, true);
         if (r < 0) {
-            msg("%s: %s", out_path, strerror(-r));
+            imgtool_msg("%s: %s", out_path, strerror(-r));
             return EXIT_USAGE;
         }
         o.size = top->parent->size;
@@ -228,13 +218,13 @@ static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
         r = vhd_stream_finish(s) < 0 ? -EINVAL : 0;
     int ret = 0;
     if (r == -EINVAL) {
-        msg("%s: stream decode: %s", top->path, vhd_stream_error(s));
+        imgtool_msg("%s: stream decode: %s", top->path, vhd_stream_error(s));
         ret = EXIT_INVALID;
     } else if (r < 0) {
-        msg("%s: %s", top->path, strerror(-r));
+        imgtool_msg("%s: %s", top->path, strerror(-r));
         ret = EXIT_USAGE;
     } else if (ftruncate(out_fd, top->size) < 0) {
-        msg("%s: %s", out_path, strerror(errno));
+        imgtool_msg("%s: %s", out_path, strerror(errno));
         ret = EXIT_USAGE;
     }
     vhd_stream_free(s);
@@ -245,14 +235,14 @@ static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
 
 static int open_top(const char *path, struct vhdfile **m)
 {
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     int r = vhdfile_open(path, false, m, &err);
     if (r == 0)
         return 0;
     if (r == -EINVAL)
-        msg("%s: invalid: %s", path, err.msg);
+        imgtool_msg("%s: invalid: %s", path, err.msg);
     else
-        msg("%s", err.msg);
+        imgtool_msg("%s", err.msg);
     return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
 }
 
@@ -362,7 +352,7 @@ static void info_header(const struct vhdfile *m)
         const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
         if (l->code == VHD_PLAT_NONE)
             continue;
-        struct vhd_err e = { "" };
+        struct nbdf_err e = { "" };
         int r = p ? vhd_locator_path(l, p, len, name, sizeof name, &e) : -ENOENT;
         printf("parent locator %d:  %s space %u length %u offset %" PRIu64
                " -> %s%s%s\n", i, plat_name(l->code), l->data_space,
@@ -391,7 +381,7 @@ static int cmd_info(const char *path)
 
 static void warn_cb(void *opaque, const char *w)
 {
-    msg("%s: warning: %s", (const char *) opaque, w);
+    imgtool_msg("%s: warning: %s", (const char *) opaque, w);
 }
 
 static int cmd_check(const char *path)
@@ -444,7 +434,7 @@ static int cmd_map(const char *path)
     for (uint32_t i = 0; r == 0 && i < vhd_image_blocks(m->img); i++)
         r = map_block(m, i);
     if (r < 0)
-        msg("%s: %s", path, strerror(-r));
+        imgtool_msg("%s: %s", path, strerror(-r));
     vhdfile_free(m);
     return r < 0 ? EXIT_USAGE : 0;
 }
@@ -457,20 +447,20 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
     if (r)
         return r;
     if (stream && !out) {
-        msg("cat --stream needs -o OUT (blocks arrive out of order)");
+        imgtool_msg("cat --stream needs -o OUT (blocks arrive out of order)");
         vhdfile_free(m);
         return EXIT_USAGE;
     }
-    struct vhdfile_err err = { "" };
+    struct nbdf_err err = { "" };
     if ((r = vhdfile_open_chain(m, &parent, parent ? 1 : 0, &err)) < 0) {
-        msg("%s", err.msg);
+        imgtool_msg("%s", err.msg);
         vhdfile_free(m);
         return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
     }
     int fd = out ? open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
                  : STDOUT_FILENO;
     if (fd < 0) {
-        msg("%s: %s", out, strerror(errno));
+        imgtool_msg("%s: %s", out, strerror(errno));
         vhdfile_free(m);
         return EXIT_USAGE;
     }
@@ -481,11 +471,11 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
     } else {
         r = decode_to(m, fd, sparse);
         if (r < 0)
-            msg("%s: %s", out ? out : "stdout", strerror(-r));
+            imgtool_msg("%s: %s", out ? out : "stdout", strerror(-r));
         r = r < 0 ? EXIT_USAGE : 0;
     }
     if (out && close(fd) < 0 && r == 0) {
-        msg("%s: %s", out, strerror(errno));
+        imgtool_msg("%s: %s", out, strerror(errno));
         r = EXIT_USAGE;
     }
     vhdfile_free(m);
@@ -494,74 +484,34 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
 
 /* ---- export: synthesize a dynamic VHD of a raw file ------------------------------ */
 
-static int raw_read(void *opaque, uint64_t off, void *buf, size_t len)
+static int export_new(const char *raw, const struct stat *st, const char *out,
+                      void **s)
 {
-    return vhdfile_pread(*(int *) opaque, buf, len, off);
-}
+    struct nbdf_err err = { "" };
+    uint8_t uuid[16];
 
-static int mark_allocated(struct vhd_synth *sy, int fd, uint64_t size)
-{
-    uint64_t pos = 0;
-    while (pos < size) {
-        off_t d = lseek(fd, pos, SEEK_DATA);
-        if (d < 0)
-            return errno == ENXIO ? 0 : -errno;
-        off_t h = lseek(fd, d, SEEK_HOLE);
-        if (h < 0)
-            return -errno;
-        int r = vhd_synth_allocate(sy, d, h - d);
-        if (r < 0)
-            return r;
-        pos = h;
+    (void) out;
+    uuid_v4(uuid);
+    if (vhd_synth_new(st->st_size, uuid, time(NULL) - VHD_EPOCH_UNIX,
+                      (struct vhd_synth **) s, &err) < 0) {
+        imgtool_msg("%s: %s", raw, err.msg);
+        return EXIT_INVALID;
     }
     return 0;
 }
 
+IMGTOOL_SYNTH_GLUE(vhd)
+static const struct imgtool_synth_ops export_ops = {
+    .new_synth = export_new, IMGTOOL_SYNTH_HOOKS(vhd),
+};
+
 static int cmd_export(const char *raw, const char *out)
 {
     if (!out) {
-        msg("export needs -o OUT");
+        imgtool_msg("export needs -o OUT");
         return EXIT_USAGE;
     }
-    int fd = open(raw, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        msg("%s: %s", raw, strerror(errno));
-        return EXIT_USAGE;
-    }
-    uint8_t uuid[16];
-    uuid_v4(uuid);
-    struct vhd_synth *sy;
-    struct vhd_err err = { "" };
-    int r = vhd_synth_new(st.st_size, uuid, time(NULL) - VHD_EPOCH_UNIX, &sy, &err);
-    if (r < 0) {
-        msg("%s: %s", raw, err.msg);
-        close(fd);
-        return EXIT_INVALID;
-    }
-    r = mark_allocated(sy, fd, st.st_size);
-    if (r == 0)
-        r = vhd_synth_seal(sy);
-    int ofd = r == 0 ? open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
-                     : -1;
-    uint64_t fsz = vhd_synth_file_size(sy);
-    uint8_t *buf = malloc(CHUNK);
-    if (r == 0 && (ofd < 0 || !buf || ftruncate(ofd, fsz) < 0))
-        r = -errno;
-    for (uint64_t off = 0; r == 0 && off < fsz; off += CHUNK) {
-        int64_t n = vhd_synth_read(sy, off, buf, CHUNK, raw_read, &fd);
-        r = n < 0 ? (int) n : pwrite_sparse(ofd, buf, n, off);
-    }
-    if (r < 0)
-        msg("export %s -> %s: %s", raw, out, strerror(-r));
-    if (ofd >= 0 && close(ofd) < 0 && r == 0) {
-        msg("%s: %s", out, strerror(errno));
-        r = -EIO;
-    }
-    free(buf);
-    close(fd);
-    vhd_synth_free(sy);
-    return r < 0 ? EXIT_USAGE : 0;
+    return imgtool_export(raw, out, &export_ops);
 }
 
 /* ---- main --------------------------------------------------------------------------- */
@@ -575,7 +525,7 @@ static void usage(FILE *f)
         "       %s cat FILE [-o OUT] [--parent PARENT] [--stream]\n"
         "       %s export RAW -o OUT\n"
         "Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.\n",
-        prog, prog, prog, prog, prog);
+        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
 }
 
 int main(int argc, char **argv)
@@ -601,7 +551,7 @@ int main(int argc, char **argv)
         case 'p': parent = optarg; break;
         case 's': stream = true; break;
         case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", prog, PACKAGE_VERSION); return 0;
+        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
         case 256: optlist_long(opts); return 0;         /* completion */
         case 257: optlist_short(short_opts); return 0;
         default: usage(stderr); return EXIT_USAGE;

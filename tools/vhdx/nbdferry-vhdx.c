@@ -14,7 +14,6 @@
  * Exit status: 0 ok, 1 invalid VHDX, 2 usage or I/O error.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +22,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/optlist.h"
-#include "config.h"
 #include "tools/imgtool/imgtool.h"
 #include "vhdx/vhdx.h"
 
 const char *imgtool_prog = "nbdferry-vhdx";
-
-static uint64_t spool_max = 1ull << 30;
 
 struct decode {
     const char *path;
@@ -76,32 +71,24 @@ static int d_get(void *o, uint64_t off, void *buf, size_t len)
 static const struct vhdx_sink sink = { .begin = d_begin, .data = d_data,
                                        .spool_put = d_put, .spool_get = d_get };
 
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return vhdx_stream_feed(s, off, buf, len);
+}
+
 /* Decode the whole input.  0, or the exit status. */
 static int run_decode(struct decode *d, struct vhdx_stream_stats *st)
 {
     int fd = imgtool_open_in(d->path);
     if (fd < 0)
         return IMGTOOL_EXIT_USAGE;
-    struct vhdx_stream_config cfg = { spool_max, "--spool-max" };
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    if (!buf || vhdx_stream_new(&sink, d, &cfg, &d->s) < 0) {
-        free(buf);
+    struct vhdx_stream_config cfg = { imgtool_spool_max, "--spool-max" };
+    if (vhdx_stream_new(&sink, d, &cfg, &d->s) < 0) {
+        if (fd != STDIN_FILENO)
+            close(fd);
         return IMGTOOL_EXIT_USAGE;
     }
-    uint64_t off = 0;
-    int r = 0;
-    for (;;) {
-        ssize_t n = imgtool_read_full(fd, buf, IMGTOOL_CHUNK);
-        if (n < 0) {
-            imgtool_msg("%s: %s", d->path, strerror((int) -n));
-            r = IMGTOOL_EXIT_USAGE;
-            break;
-        }
-        if (n == 0 || (r = vhdx_stream_feed(d->s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    int r = imgtool_feed(fd, d->path, feed_cb, d->s);
     if (fd != STDIN_FILENO)
         close(fd);
     if (r == 0)
@@ -261,147 +248,29 @@ static int cmd_cat(const char *path, const char *out)
         return IMGTOOL_EXIT_USAGE;
     int r = run_decode(&d, NULL);
     const struct vhdx_info *i = d.s ? vhdx_stream_info(d.s) : NULL;
-    if (r == 0 && i && imgtool_out_finish(&d.out, i->meta.disk_size) < 0)
-        r = IMGTOOL_EXIT_USAGE;
-    else if (r != 0 && d.out.fd >= 0 && d.out.fd != STDOUT_FILENO)
-        close(d.out.fd);
+    r = imgtool_out_end(&d.out, r, i ? &i->meta.disk_size : NULL);
     decode_free(&d);
     return r;
 }
 
-static int add_range(void *opaque, uint64_t off, uint64_t len)
+/* RAW as a dynamic VHDX with a new random (version 4) data-write GUID. */
+static int export_new(const char *raw, const struct stat *st, const char *out,
+                      void **s)
 {
-    return vhdx_synth_allocate(opaque, off, len);
-}
-
-static int cmd_export(const char *raw, const char *out)
-{
-    int fd = imgtool_open_in(raw), r = IMGTOOL_EXIT_USAGE;
-    struct vhdx_synth *s = NULL;
-    struct vhdx_err e = { "" };
-    struct imgtool_out o = { .fd = -1 };
-    struct stat st;
+    struct nbdf_err e = { "" };
     uint8_t guid[16];
-    uint8_t *buf = malloc(IMGTOOL_CHUNK);
-    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
-        if (fd >= 0)
-            imgtool_msg("%s: %s", raw, strerror(errno));
-        goto out;
-    }
+
+    (void) out;
     if (getrandom(guid, sizeof guid, 0) != sizeof guid)
         memset(guid, 0x5a, sizeof guid);
     guid[7] = (uint8_t) ((guid[7] & 0x0f) | 0x40);      /* version 4 */
     guid[8] = (uint8_t) ((guid[8] & 0x3f) | 0x80);
-    if (vhdx_synth_new((uint64_t) st.st_size, guid, &s, &e) < 0) {
+    if (vhdx_synth_new((uint64_t) st->st_size, guid,
+                       (struct vhdx_synth **) s, &e) < 0) {
         imgtool_msg("%s: %s", raw, e.msg);
-        goto out;
+        return IMGTOOL_EXIT_USAGE;
     }
-    if (imgtool_data_ranges(fd, (uint64_t) st.st_size, add_range, s) < 0 ||
-        vhdx_synth_seal(s) < 0 || imgtool_out_open(&o, out) < 0)
-        goto out;
-    for (uint64_t off = 0;;) {
-        int64_t n = vhdx_synth_read(s, off, buf, IMGTOOL_CHUNK,
-                                    imgtool_raw_read, &fd);
-        if (n < 0) {
-            imgtool_msg("%s: %s", raw, strerror((int) -n));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        if (imgtool_out_write(&o, off, buf, (size_t) n) < 0)
-            goto out;
-        off += (uint64_t) n;
-    }
-    r = imgtool_out_finish(&o, vhdx_synth_file_size(s)) < 0
-        ? IMGTOOL_EXIT_USAGE : 0;
-out:
-    if (o.fd >= 0 && o.fd != STDOUT_FILENO)
-        close(o.fd);
-    if (fd >= 0 && fd != STDIN_FILENO)
-        close(fd);
-    vhdx_synth_free(s);
-    free(buf);
-    return r;
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: %s info FILE\n"
-        "       %s check FILE\n"
-        "       %s map FILE\n"
-        "       %s cat FILE [-o OUT]\n"
-        "       %s export RAW -o OUT\n"
-        "Options: --spool-max SIZE (default 1G): bytes of a file held while\n"
-        "         the tables that place them have not arrived.\n"
-        "FILE may be - (standard input).\n"
-        "Exit status: 0 ok, 1 invalid VHDX, 2 usage or I/O error.\n",
-        imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog, imgtool_prog);
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    switch (*end) {
-    case 'K': case 'k': shift = 10; end++; break;
-    case 'M': case 'm': shift = 20; end++; break;
-    case 'G': case 'g': shift = 30; end++; break;
-    case 'T': case 't': shift = 40; end++; break;
-    }
-    if (errno || end == s || *end || (v << shift) >> shift != v)
-        return -EINVAL;
-    *out = (uint64_t) v << shift;
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    static const struct option opts[] = {
-        { "output", required_argument, NULL, 'o' },
-        { "spool-max", required_argument, NULL, 258 },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { "long-options", no_argument, NULL, 256 },
-        { "short-options", no_argument, NULL, 257 },
-        { NULL, 0, NULL, 0 },
-    };
-    static const char short_opts[] = "o:hV";
-    const char *out = NULL;
-    int c;
-    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 258:
-            if (parse_size(optarg, &spool_max) < 0) {
-                imgtool_msg("--spool-max %s: not a size (like 512M)", optarg);
-                return IMGTOOL_EXIT_USAGE;
-            }
-            break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", imgtool_prog, PACKAGE_VERSION); return 0;
-        case 256: optlist_long(opts); return 0;         /* completion */
-        case 257: optlist_short(short_opts); return 0;
-        default: usage(stderr); return IMGTOOL_EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
-        return IMGTOOL_EXIT_USAGE;
-    }
-    const char *cmd = argv[optind], *file = argv[optind + 1];
-    if (strcmp(cmd, "cat") == 0)
-        return cmd_cat(file, out);
-    if (strcmp(cmd, "export") == 0 && out)
-        return cmd_export(file, out);
-    if (!out && strcmp(cmd, "info") == 0)
-        return cmd_info(file);
-    if (!out && strcmp(cmd, "check") == 0)
-        return cmd_check(file);
-    if (!out && strcmp(cmd, "map") == 0)
-        return cmd_map(file);
-    usage(stderr);
-    return IMGTOOL_EXIT_USAGE;
-}
+IMGTOOL_PROGRAM(vhdx, "VHDX", true, export_new);

@@ -13,9 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,53 +22,14 @@
 #include <unistd.h>
 
 #include "common/iszero.h"
-#include "common/optlist.h"
-#include "config.h"
+#include "tools/imgtool/imgtool.h"
 #include "vmdk/vmdk.h"
 
-#define EXIT_INVALID 1
-#define EXIT_USAGE   2
-#define CHUNK        (1u << 20)
+#define EXIT_INVALID IMGTOOL_EXIT_INVALID
+#define EXIT_USAGE   IMGTOOL_EXIT_USAGE
+#define CHUNK        IMGTOOL_CHUNK
 
-static const char *prog = "nbdferry-vmdk";
-
-static void msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void msg(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "%s: ", prog);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
-static int open_in(const char *path)
-{
-    if (strcmp(path, "-") == 0)
-        return STDIN_FILENO;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        msg("%s: %s", path, strerror(errno));
-    return fd;
-}
-
-/* read() until len bytes or end of file; returns the count or -errno. */
-static ssize_t read_full(int fd, void *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, (uint8_t *) buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            break;
-        got += (size_t) n;
-    }
-    return (ssize_t) got;
-}
+const char *imgtool_prog = "nbdferry-vmdk";
 
 /* ---- a decode, front to back --------------------------------------------- */
 
@@ -117,7 +76,7 @@ static int write_at(struct decode *d, uint64_t off, const uint8_t *buf,
         return 0;
     }
     if (off < d->out_pos) {
-        msg("%s: grains out of disk order: cat to a pipe needs them in "
+        imgtool_msg("%s: grains out of disk order: cat to a pipe needs them in "
             "order (use -o FILE)", d->path);
         return -ESPIPE;
     }
@@ -152,32 +111,21 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
 static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
 
 /* Stream the whole input into s.  0, or the exit status. */
+static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
+{
+    return vmdk_stream_feed(s, off, buf, len);
+}
+
 static int feed_all(struct vmdk_stream *s, int fd, const char *path)
 {
-    uint8_t *buf = malloc(CHUNK);
-    uint64_t off = 0;
-    int r = 0;
+    int r = imgtool_feed(fd, path, feed_cb, s);
 
-    if (!buf)
-        return EXIT_USAGE;
-    for (;;) {
-        ssize_t n = read_full(fd, buf, CHUNK);
-        if (n < 0) {
-            msg("%s: %s", path, strerror((int) -n));
-            free(buf);
-            return EXIT_USAGE;
-        }
-        if (n == 0)
-            break;
-        if ((r = vmdk_stream_feed(s, off, buf, (size_t) n)) < 0)
-            break;
-        off += (uint64_t) n;
-    }
-    free(buf);
+    if (r > 0)
+        return r;
     if (r == 0)
         r = vmdk_stream_finish(s);
     if (r < 0) {
-        msg("%s: %s", path, vmdk_stream_error(s)[0] ? vmdk_stream_error(s)
+        imgtool_msg("%s: %s", path, vmdk_stream_error(s)[0] ? vmdk_stream_error(s)
                                                     : strerror(-r));
         return r == -ESPIPE || r == -EIO || r == -ENOSPC ? EXIT_USAGE
                                                          : EXIT_INVALID;
@@ -234,21 +182,22 @@ static void print_header(const struct vmdk_header *h, const struct vmdk_desc *d)
 /* Read the header and descriptor only (stops at the overhead). */
 static int cmd_info(const char *path)
 {
-    int fd = open_in(path);
+    warn_out = stdout;                /* the warnings are its report */
+    int fd = imgtool_open_in(path);
     uint8_t sec[VMDK_SECTOR];
     struct vmdk_header h;
     struct vmdk_desc d;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     int warns = 0;
 
     if (fd < 0)
         return EXIT_USAGE;
-    if (read_full(fd, sec, sizeof sec) != (ssize_t) sizeof sec) {
-        msg("%s: shorter than a sparse header", path);
+    if (imgtool_read_full(fd, sec, sizeof sec) != (ssize_t) sizeof sec) {
+        imgtool_msg("%s: shorter than a sparse header", path);
         return EXIT_INVALID;
     }
     if (vmdk_header_decode(sec, &h, &e) < 0) {
-        msg("%s: %s", path, e.msg);
+        imgtool_msg("%s: %s", path, e.msg);
         return EXIT_INVALID;
     }
     size_t dlen = (size_t) (h.desc_size * VMDK_SECTOR);
@@ -257,12 +206,12 @@ static int cmd_info(const char *path)
     bool ok = text != NULL;
     while (ok && skip) {                      /* forward only: stdin too */
         uint8_t junk[VMDK_SECTOR];
-        ok = read_full(fd, junk, sizeof junk) == (ssize_t) sizeof junk;
+        ok = imgtool_read_full(fd, junk, sizeof junk) == (ssize_t) sizeof junk;
         skip -= VMDK_SECTOR;
     }
-    ok = ok && read_full(fd, text, dlen) == (ssize_t) dlen;
+    ok = ok && imgtool_read_full(fd, text, dlen) == (ssize_t) dlen;
     if (!ok) {
-        msg("%s: descriptor: unexpected end of file", path);
+        imgtool_msg("%s: descriptor: unexpected end of file", path);
         free(text);
         return EXIT_INVALID;
     }
@@ -271,7 +220,7 @@ static int cmd_info(const char *path)
     print_header(&h, r == 0 ? &d : NULL);
     vmdk_lint(&h, warn_cb, &warns);
     if (r < 0) {
-        msg("%s: %s", path, e.msg);
+        imgtool_msg("%s: %s", path, e.msg);
         return EXIT_INVALID;
     }
     return 0;
@@ -281,7 +230,7 @@ static int run_decode(const char *path, struct decode *d,
                       struct vmdk_stream_stats *st)
 {
     struct vmdk_stream *s;
-    int fd = open_in(path);
+    int fd = imgtool_open_in(path);
     if (fd < 0)
         return EXIT_USAGE;
     if (vmdk_stream_new(&sink, d, &s) < 0)
@@ -301,19 +250,6 @@ static int run_decode(const char *path, struct decode *d,
     return r;
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-    while (len) {
-        ssize_t n = pread(fd, buf, len, (off_t) off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n < 0 ? -errno : -EIO;
-        buf = (uint8_t *) buf + n, off += (uint64_t) n, len -= (size_t) n;
-    }
-    return 0;
-}
-
 /* Parse the file the way qemu reads it (grain directory and tables) and,
  * for streamOptimized, check that every table entry points at a marker
  * for its own LBA and that tables and markers list the same number of
@@ -322,14 +258,14 @@ static int cross_check(const char *path, uint64_t markers)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct vmdk_image *img = NULL;
-    struct vmdk_err e = { "" };
+    struct nbdf_err e = { "" };
     struct stat st;
     uint8_t sec[VMDK_SECTOR], *buf = NULL;
     uint64_t off, grains = 0;
     size_t len;
     int r = EXIT_USAGE;
 
-    if (fd < 0 || fstat(fd, &st) < 0 || pread_full(fd, sec, sizeof sec, 0))
+    if (fd < 0 || fstat(fd, &st) < 0 || imgtool_pread_full(fd, sec, sizeof sec, 0))
         goto out;
     if ((r = vmdk_image_new(sec, (uint64_t) st.st_size, &img, &e)) == -EFBIG) {
         printf("note: %s; tables not cross-checked\n", e.msg);
@@ -338,7 +274,7 @@ static int cross_check(const char *path, uint64_t markers)
     }
     while (r == 0 && (r = vmdk_image_next(img, &off, &len)) > 0) {
         uint8_t *b = realloc(buf, len ? len : 1);
-        if (!b || pread_full(fd, b, len, off) < 0) {
+        if (!b || imgtool_pread_full(fd, b, len, off) < 0) {
             free(b ? b : buf), buf = NULL;
             r = -EIO;
             break;
@@ -347,7 +283,7 @@ static int cross_check(const char *path, uint64_t markers)
         r = vmdk_image_supply(img, buf, &e);
     }
     if (r < 0) {
-        msg("%s: read as qemu does (through the tables): %s", path,
+        imgtool_msg("%s: read as qemu does (through the tables): %s", path,
             e.msg[0] ? e.msg : strerror(-r));
         r = EXIT_INVALID;
         goto out;
@@ -363,12 +299,12 @@ static int cross_check(const char *path, uint64_t markers)
             vmdk_image_lookup(img, d, &p);
             if (p.src == VMDK_SRC_MARKER) {
                 grains++;
-                if (pread_full(fd, m, 12, p.file_off) < 0)
+                if (imgtool_pread_full(fd, m, 12, p.file_off) < 0)
                     lba = UINT64_MAX, size = 0;
                 else
                     vmdk_marker_decode(m, &lba, &size);
                 if (lba != d / VMDK_SECTOR || size == 0) {
-                    msg("%s: the grain table entry for LBA %" PRIu64 " points "
+                    imgtool_msg("%s: the grain table entry for LBA %" PRIu64 " points "
                         "at byte %" PRIu64 ", which is not its grain marker: "
                         "qemu would read another disk", path,
                         d / VMDK_SECTOR, p.file_off);
@@ -379,7 +315,7 @@ static int cross_check(const char *path, uint64_t markers)
             d += p.len;
         }
         if (grains != markers) {
-            msg("%s: the grain tables list %" PRIu64 " grains, the stream "
+            imgtool_msg("%s: the grain tables list %" PRIu64 " grains, the stream "
                 "has %" PRIu64 " grain markers", path, grains, markers);
             r = EXIT_INVALID;
             goto out;
@@ -390,7 +326,7 @@ static int cross_check(const char *path, uint64_t markers)
     r = 0;
 out:
     if (r == EXIT_USAGE)
-        msg("%s: %s", path, strerror(errno));
+        imgtool_msg("%s: %s", path, strerror(errno));
     vmdk_image_free(img);
     free(buf);
     if (fd >= 0)
@@ -400,6 +336,7 @@ out:
 
 static int cmd_check(const char *path)
 {
+    warn_out = stdout;                /* the warnings are its report */
     struct decode d = { .path = path, .out_fd = -1 };
     struct vmdk_stream_stats st;
     int r = run_decode(path, &d, &st);
@@ -443,7 +380,7 @@ static int cmd_cat(const char *path, const char *out)
     if (out) {
         d.out_fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (d.out_fd < 0) {
-            msg("%s: %s", out, strerror(errno));
+            imgtool_msg("%s: %s", out, strerror(errno));
             return EXIT_USAGE;
         }
     } else
@@ -451,14 +388,14 @@ static int cmd_cat(const char *path, const char *out)
     d.seekable = lseek(d.out_fd, 0, SEEK_CUR) >= 0;
     int r = run_decode(path, &d, NULL);
     if (r == 0 && d.seekable && ftruncate(d.out_fd, (off_t) d.capacity) < 0) {
-        msg("%s: %s", out ? out : "stdout", strerror(errno));
+        imgtool_msg("%s: %s", out ? out : "stdout", strerror(errno));
         r = EXIT_USAGE;
     }
     if (r == 0 && !d.seekable && d.out_pos < d.capacity &&
         write_at(&d, d.capacity, NULL, 0) < 0)
         r = EXIT_USAGE;
     if (out && close(d.out_fd) < 0 && r == 0) {
-        msg("%s: %s", out, strerror(errno));
+        imgtool_msg("%s: %s", out, strerror(errno));
         r = EXIT_USAGE;
     }
     return r;
@@ -466,139 +403,21 @@ static int cmd_cat(const char *path, const char *out)
 
 /* ---- export: a raw file as a streamOptimized VMDK --------------------------- */
 
-static int raw_read(void *opaque, uint64_t off, void *buf, size_t len)
+static int export_new(const char *raw, const struct stat *st, const char *out,
+                      void **s)
 {
-    int fd = *(int *) opaque;
-    while (len) {
-        ssize_t n = pread(fd, buf, len, (off_t) off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n < 0 ? -errno : -EIO;
-        buf = (uint8_t *) buf + n, off += (uint64_t) n, len -= (size_t) n;
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    struct nbdf_err e = { "" };
+    uint32_t cid;
+
+    if (getrandom(&cid, sizeof cid, 0) != sizeof cid || cid == 0xffffffffu)
+        cid = 1;
+    if (vmdk_synth_new((uint64_t) st->st_size, cid, base,
+                       (struct vmdk_synth **) s, &e) < 0) {
+        imgtool_msg("%s: %s", raw, e.msg);
+        return EXIT_USAGE;
     }
     return 0;
 }
 
-static int cmd_export(const char *raw, const char *out)
-{
-    int fd = open(raw, O_RDONLY | O_CLOEXEC), ofd = -1, r = EXIT_USAGE;
-    struct vmdk_synth *s = NULL;
-    struct vmdk_err e = { "" };
-    struct stat st;
-    uint32_t cid;
-    uint8_t *buf = malloc(CHUNK);
-    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-
-    if (fd < 0 || fstat(fd, &st) < 0 || !buf) {
-        msg("%s: %s", raw, strerror(errno));
-        goto out;
-    }
-    if (getrandom(&cid, sizeof cid, 0) != sizeof cid || cid == 0xffffffffu)
-        cid = 1;
-    if (vmdk_synth_new((uint64_t) st.st_size, cid, base, &s, &e) < 0) {
-        msg("%s: %s", raw, e.msg);
-        goto out;
-    }
-    for (off_t pos = 0; pos < st.st_size; ) {     /* allocation: the holes */
-        off_t d = lseek(fd, pos, SEEK_DATA);
-        if (d < 0)
-            break;
-        off_t h = lseek(fd, d, SEEK_HOLE);
-        if (h <= d)
-            h = st.st_size;
-        vmdk_synth_allocate(s, (uint64_t) d, (uint64_t) (h - d));
-        pos = h;
-    }
-    vmdk_synth_seal(s);
-    ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (ofd < 0) {
-        msg("%s: %s", out, strerror(errno));
-        goto out;
-    }
-    for (uint64_t off = 0; ; ) {
-        int64_t n = vmdk_synth_read(s, off, buf, CHUNK, raw_read, &fd);
-        if (n < 0) {
-            msg("%s: %s", raw, strerror((int) -n));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        if (write(ofd, buf, (size_t) n) != n) {
-            msg("%s: %s", out, strerror(errno));
-            goto out;
-        }
-        off += (uint64_t) n;
-    }
-    r = close(ofd) < 0 ? EXIT_USAGE : 0;
-    ofd = -1;
-out:
-    if (ofd >= 0)
-        close(ofd);
-    if (fd >= 0)
-        close(fd);
-    vmdk_synth_free(s);
-    free(buf);
-    return r;
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: %s info FILE\n"
-        "       %s check FILE\n"
-        "       %s map FILE\n"
-        "       %s cat FILE [-o OUT]\n"
-        "       %s export RAW -o OUT\n"
-        "FILE may be - (standard input).\n"
-        "Exit status: 0 ok, 1 invalid VMDK, 2 usage or I/O error.\n",
-        prog, prog, prog, prog, prog);
-}
-
-int main(int argc, char **argv)
-{
-    static const struct option opts[] = {
-        { "output", required_argument, NULL, 'o' },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { "long-options", no_argument, NULL, 256 },
-        { "short-options", no_argument, NULL, 257 },
-        { NULL, 0, NULL, 0 },
-    };
-    static const char short_opts[] = "o:hV";
-    const char *out = NULL;
-    int c;
-    while ((c = getopt_long(argc, argv, short_opts, opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", prog, PACKAGE_VERSION); return 0;
-        case 256: optlist_long(opts); return 0;         /* completion */
-        case 257: optlist_short(short_opts); return 0;
-        default: usage(stderr); return EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    const char *cmd = argv[optind], *file = argv[optind + 1];
-    if (strcmp(cmd, "info") == 0 || strcmp(cmd, "check") == 0)
-        warn_out = stdout;
-    if (strcmp(cmd, "cat") == 0)
-        return cmd_cat(file, out);
-    if (strcmp(cmd, "export") == 0 && out)
-        return cmd_export(file, out);
-    if (out) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    if (strcmp(cmd, "info") == 0)
-        return cmd_info(file);
-    if (strcmp(cmd, "check") == 0)
-        return cmd_check(file);
-    if (strcmp(cmd, "map") == 0)
-        return cmd_map(file);
-    usage(stderr);
-    return EXIT_USAGE;
-}
+IMGTOOL_PROGRAM(vmdk, "VMDK", false, export_new);
