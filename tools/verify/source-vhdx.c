@@ -159,7 +159,7 @@ static const struct verify_source_ops vhdx_ops = {
  * header section, the log itself), and the file must be as long as the
  * log says it was. */
 static int log_check(struct vhdx_src *v, const struct vhdx_header *h,
-                     struct vhdx_err *e)
+                     struct nbdf_err *e)
 {
     const struct vhdx_log_plan *p = &v->plan;
     off_t end = lseek(v->fd, 0, SEEK_END);
@@ -167,18 +167,14 @@ static int log_check(struct vhdx_src *v, const struct vhdx_header *h,
     if (end < 0)
         return -errno;
     if (p->npatches && (p->lo < VHDX_HEADER_SECTION ||
-                        vhdx_log_overlaps(p, h->log_offset, h->log_length))) {
-        snprintf(e->msg, sizeof e->msg, "its log to replay (not closed "
-                 "cleanly) writes into the header section or the log: "
-                 LOG_CLEAN);
-        return -ENOTSUP;
-    }
-    if ((uint64_t) end < p->flushed_file_offset) {
-        snprintf(e->msg, sizeof e->msg, "the file ends at %lld, cut short: "
-                 "its log says it was at least %" PRIu64 " bytes",
-                 (long long) end, p->flushed_file_offset);
-        return -EINVAL;
-    }
+                        vhdx_log_overlaps(p, h->log_offset, h->log_length)))
+        return nbdf_errf(e, -ENOTSUP, "its log to replay (not closed "
+                         "cleanly) writes into the header section or the "
+                         "log: " LOG_CLEAN);
+    if ((uint64_t) end < p->flushed_file_offset)
+        return nbdf_errf(e, -EINVAL, "the file ends at %lld, cut short: its "
+                         "log says it was at least %" PRIu64 " bytes",
+                         (long long) end, p->flushed_file_offset);
     v->reach = (uint64_t) end;
     if (p->last_file_offset > v->reach)
         v->reach = p->last_file_offset;
@@ -190,14 +186,12 @@ static int log_check(struct vhdx_src *v, const struct vhdx_header *h,
 /* A header with a log GUID: read the log and plan its replay (nothing to
  * replay leaves the plan empty). */
 static int read_log(struct vhdx_src *v, const struct vhdx_header *h,
-                    struct vhdx_err *e)
+                    struct nbdf_err *e)
 {
-    if (h->log_length > VHDX_LOG_MAX) {
-        snprintf(e->msg, sizeof e->msg, "a log to replay (not closed "
-                 "cleanly) of %" PRIu32 " bytes, more than %llu: " LOG_CLEAN,
-                 h->log_length, VHDX_LOG_MAX);
-        return -EFBIG;
-    }
+    if (h->log_length > VHDX_LOG_MAX)
+        return nbdf_errf(e, -EFBIG, "a log to replay (not closed cleanly) "
+                         "of %" PRIu32 " bytes, more than %llu: " LOG_CLEAN,
+                         h->log_length, VHDX_LOG_MAX);
     uint8_t *log = malloc(h->log_length ? h->log_length : 1);
     int r = log ? read_at(v->fd, log, h->log_length, h->log_offset)
                 : -ENOMEM;
