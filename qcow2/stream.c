@@ -67,19 +67,6 @@ int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
     return 0;
 }
 
-void qcow2_spool_drop_all(struct qcow2_stream *s)
-{
-    for (size_t i = 0; i < s->nsp; i++)
-        if (s->sp[i].state == SP_LIVE) {
-            s->o.spool->drop(s->o.spool_opaque, s->sp[i].off);
-            s->sp[i].state = SP_DEAD;
-        }
-    s->spool_bytes = 0;
-    free(s->sp);
-    s->sp = NULL;
-    s->nsp = s->sp_cap = 0;
-}
-
 void qcow2_stream_free(struct qcow2_stream *s)
 {
     if (!s)

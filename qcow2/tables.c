@@ -216,6 +216,20 @@ int qcow2_claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
 
 /* ---- spool ------------------------------------------------------------------ */
 
+/* Every spooled cluster dropped (the stream is failing or done). */
+void qcow2_spool_drop_all(struct qcow2_stream *s)
+{
+    for (size_t i = 0; i < s->nsp; i++)
+        if (s->sp[i].state == SP_LIVE) {
+            s->o.spool->drop(s->o.spool_opaque, s->sp[i].off);
+            s->sp[i].state = SP_DEAD;
+        }
+    s->spool_bytes = 0;
+    free(s->sp);
+    s->sp = NULL;
+    s->nsp = s->sp_cap = 0;
+}
+
 int qcow2_spool_zero_run(struct qcow2_stream *s, uint64_t off, uint64_t len,
                      int state)
 {

@@ -141,7 +141,7 @@ MAIN = man_examples("nbdferry.1")
 
 
 def test_every_nbdferry_example_has_a_case():
-    assert len(MAIN) == 7, MAIN       # one test below per block
+    assert len(MAIN) == 8, MAIN       # one test below per block
 
 
 def test_example_progress_unix_socket(server, runner, shortdir):
@@ -254,13 +254,43 @@ def test_example_nbdkit_command_and_progress_fd(runner, shortdir):
             sha256_file(src)
 
 
+def test_example_several_disks_of_a_vm(server, runner, shortdir, tmp_path):
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for n in ("disk0", "disk1", "disk2"):
+        with open(exports / n, "wb") as f:
+            f.truncate(EXPORT)
+    srv = server("file", f"dir={exports}", tcp=True)
+    mp = shortdir / "vm"
+    mp.mkdir()
+    runner.mps.append(mp)
+    w = runner.work
+    imgs = [disk(w / "disk0.img", seed=3), disk(w / "d1.img", seed=4),
+            disk(w / "d2.img", seed=5)]
+    qemu(imgs[1], w / "disk1.vhd", "vpc", "subformat=dynamic",
+         "force_size=on")
+    qemu(imgs[2], w / "disk2.vmdk", "vmdk", "subformat=streamOptimized")
+    run(["tar", "-cf", str(w / "vm.ova"), "-C", str(w), "disk2.vmdk"],
+        check=True)
+    (w / "disk2.vmdk").unlink()           # only in the OVA
+    runner.sub("/mnt/vm", mp)
+    runner.sub("nbd://dest.example.com", srv.uri.rstrip("/"))
+    r = runner(MAIN[7])
+    for n in ("disk0", "disk1", "disk2"):
+        assert f"{n}: ok: " in r.stdout, r.stdout
+    assert not is_mounted(mp)
+    for n, img in zip(("disk0", "disk1", "disk2"), imgs):
+        assert_content(img, EXPORT, uri=f"{srv.uri.rstrip('/')}/{n}",
+                       what=f"nbdferry(1) several-disk example, {n}")
+
+
 # ---- nbdferry-verify(1) -------------------------------------------------
 
 VERIFY = man_examples("nbdferry-verify.1")
 
 
 def test_every_verify_example_has_a_case():
-    assert len(VERIFY) == 6, VERIFY
+    assert len(VERIFY) == 7, VERIFY
 
 
 def test_verify_example_copy_through_mount(server, mount, runner):
@@ -329,6 +359,20 @@ def test_verify_example_digest_of_an_export(server, runner):
     runner.sub("nbd://storage/vm1", srv.uri)
     r = runner(VERIFY[5])
     assert r.stdout.split()[0] == sha256_nbd(srv.uri), r.stdout
+
+
+def test_verify_example_request_timeout(server, runner):
+    """Against a server whose reads the delay filter holds for an hour;
+    the timeout is cut to 1 s to keep the test short."""
+    srv = server("memory", f"size={SIZE}", "rdelay=3600",
+                 filters=["delay"])
+    fill_random(srv.uri, SIZE)
+    disk(runner.work / "disk.img")
+    runner.sub("nbd://storage/vm1", srv.uri)
+    runner.sub("--request-timeout=10", "--request-timeout=1")
+    r = runner(VERIFY[6], rc=2)
+    assert f"{srv.uri}: no reply from the server for 1 s" in r.stderr, \
+        r.stderr
 
 
 # ---- nbdferry-vhd(1), nbdferry-vmdk(1) -----------------------------------
