@@ -76,6 +76,7 @@ struct vmdk_stream {
     struct vmdk_stream_stats stats;
 };
 
+/* The first error (sticky) with its message; returns it. */
 #define fail(s, ...) nbdf_latchf(&(s)->err, &(s)->e, __VA_ARGS__)
 
 /* What the header's flags make of the file (vmdk_stream_kind() once
@@ -105,7 +106,7 @@ static inline int begin(struct vmdk_stream *s)
     return 0;
 }
 
-/* ---- stream-head.c: HEADER and PRE ---------------------------------------- */
+/* ---- stream-head.c: HEADER and PRE --------------------------------------- */
 
 /* One step of each state: consume up to len bytes at s->pos (buf NULL:
  * zeros); return how many, or a negative errno (latched). */
@@ -116,7 +117,7 @@ int64_t vmdk_step_pre(struct vmdk_stream *s, const uint8_t *buf,
 /* End of the overhead: the map is complete; on to GRAINS or MARKER. */
 int vmdk_pre_done(struct vmdk_stream *s);
 
-/* ---- stream-grains.c: GRAINS, MARKER, GRAIN, SKIP, META, FOOTER, END ------ */
+/* ---- stream-grains.c: GRAINS, MARKER, GRAIN, SKIP, META, FOOTER, END ----- */
 
 int64_t vmdk_step_grains(struct vmdk_stream *s, const uint8_t *buf,
                          uint64_t len);
