@@ -297,16 +297,6 @@ oom:
     return -ENOMEM;
 }
 
-static bool busy(struct vreader *r)
-{
-    if (r->bs_inflight)
-        return true;
-    for (size_t i = 0; i < r->count; i++)
-        if (!ent_done(&r->ring[(r->head + i) % r->cap]))
-            return true;
-    return false;
-}
-
 static int64_t mono_ms(void)
 {
     struct timespec t;
@@ -319,8 +309,10 @@ bool vreader_drain(struct vreader *r, int timeout_ms)
     int64_t due = mono_ms() + timeout_ms;
     unsigned n;
 
-    if (!busy(r))
-        return true;
+    /* Only the backend's count: an entry marked done may still be inside
+     * its completion, which touches the backend's state (its lock) after
+     * marking it; the backend counts a request out only once that is
+     * over. */
     while ((n = r->b->in_flight(r->ctx)) > 0) {
         int64_t left = timeout_ms < 0 ? -1 : due - mono_ms();
         if (timeout_ms >= 0 && left <= 0) {

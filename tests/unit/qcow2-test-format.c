@@ -46,7 +46,7 @@ static void mutate(const char *what, size_t at, int width, uint64_t v,
 
 static int decode_file(const char *name, const char **msg)
 {
-    static char m[256];
+    static char m[sizeof ((struct nbdf_err *) 0)->msg];
     size_t len;
     uint8_t *f = load(name, &len);
     struct qcow2_header h;
