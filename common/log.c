@@ -175,14 +175,24 @@ static bool admit_locked(const void *fmt, uint64_t *held)
 static void vlog(int prio, const char *tag, const void *site,
                  const char *fmt, va_list ap)
     __attribute__((format(printf, 4, 0)));
+/* The calling thread's subject (log_set_thread_subject()), or NULL. */
+static __thread const char *thread_subject;
+
+void log_set_thread_subject(const char *subject)
+{
+    thread_subject = subject;
+}
+
 static void vlog(int prio, const char *tag, const void *site,
                  const char *fmt, va_list ap)
 {
     char msg[1024];
     uint64_t held = 0;
     bool print = true;
+    int n = thread_subject ? snprintf(msg, sizeof msg, "%s: ",
+                                      thread_subject) : 0;
 
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(msg + n, sizeof msg - (size_t) n, fmt, ap);
     if (prio != LOG_DEBUG) {
         pthread_mutex_lock(&lock);
         if (prio <= LOG_WARNING)

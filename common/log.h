@@ -33,6 +33,10 @@ void log_set_program(const char *name);
 /* Prefix of syslog lines, e.g. the mountpoint; borrowed, must outlive
  * the log (NULL: none). */
 void log_set_context(const char *context);
+/* Start every line the calling thread logs with "SUBJECT: " (a disk's
+ * name in a mount of several); borrowed, must outlive the thread's
+ * logging (NULL: none). */
+void log_set_thread_subject(const char *subject);
 /* Also append every line to path (--log-file), whatever goes to stderr
  * or syslog, with the UTC time and the pid.  Created 0600 if missing;
  * -EPERM unless it is a regular file of ours with one link (O_NOFOLLOW:

@@ -1,874 +1,671 @@
-/* fs/cli.c: command-line parsing helpers (see fs/cli.h). */
+/* fs/cli.c: the daemon's command line (see fs/cli.h): the option table,
+ * the defaults, the usage text and the parsing, which returns its one
+ * message rather than printing it.
+ *
+ * Command line (nbdfuse's, plus our own options):
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] URI
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] [ CMD ARGS ]
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --command CMD ARGS
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --unix SOCKET
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --tcp HOST PORT
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --fd N
+ *   nbdferry [OPTIONS] MOUNTPOINT[/FILENAME] --vsock CID PORT
+ *   nbdferry [OPTIONS] FILE ...            (file mode: the disk over FILE)
+ *
+ * The mountpoint is checked and resolved while parsing, before anything
+ * forks, connects or mounts (fs/mountpoint.c). */
+#include "fs/fs.h"
 #include "fs/cli.h"
 
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fuse_opt.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <limits.h>
-#include <pwd.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
+#include <unistd.h>
 
-static int fail(int err, char *msg, size_t msglen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int err, char *msg, size_t msglen, const char *fmt, ...)
+#include "common/blkhash.h"
+#include "common/log.h"
+#include "common/optlist.h"
+#include "qcow2/qcow2.h"
+#include "config.h"
+
+#include <libnbd.h>
+
+/* mount(8) helpers exit as mount does: 32 is "mount failure".  Set for
+ * the fstab form; a plain command line fails with 1. */
+#define MOUNT_EX_FAIL 32
+
+/* A usage mistake: the message, printed with "(see nbdferry --help)". */
+static int usage_error(struct cli_options *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int usage_error(struct cli_options *o, const char *fmt, ...)
 {
     va_list ap;
 
-    if (msglen) {
-        va_start(ap, fmt);
-        vsnprintf(msg, msglen, fmt, ap);
-        va_end(ap);
-    }
-    return -err;
+    va_start(ap, fmt);
+    vsnprintf(o->msg, sizeof o->msg, fmt, ap);
+    va_end(ap);
+    o->usage_mistake = true;
+    return -EINVAL;
 }
 
-int cli_parse_size(const char *opt, const char *s, uint64_t *out,
-                   char *msg, size_t msglen)
+/* A helper of fs/cliargs.c failed with its message in o->msg. */
+static int usage_helper_error(struct cli_options *o, int r)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    uint64_t mul = 1;
+    o->usage_mistake = true;
+    return r;
+}
 
-    if (errno || end == s || !isdigit((unsigned char) s[0]))
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a size", opt, s);
-    switch (toupper((unsigned char) *end)) {
-    case 'K': mul = 1ull << 10; end++; break;
-    case 'M': mul = 1ull << 20; end++; break;
-    case 'G': mul = 1ull << 30; end++; break;
-    case 'T': mul = 1ull << 40; end++; break;
-    }
-    if (*end == 'i' || *end == 'B')
-        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end != '\0')
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a size", opt, s);
-    if (v > UINT64_MAX / mul)
-        return fail(ERANGE, msg, msglen, "%s: '%s' is too large", opt, s);
-    *out = v * mul;
+/* ---- option values --------------------------------------------------- */
+
+static int parse_size(struct cli_options *o, const char *opt, const char *s,
+                      uint64_t *out)
+{
+    int r = cli_parse_size(opt, s, out, o->msg, sizeof o->msg);
+
+    return r < 0 ? usage_helper_error(o, r) : 0;
+}
+
+static int parse_uint(struct cli_options *o, const char *opt, const char *s,
+                      unsigned min, unsigned max, unsigned *out)
+{
+    int r = cli_parse_uint(opt, s, min, max, out, o->msg, sizeof o->msg);
+
+    return r < 0 ? usage_helper_error(o, r) : 0;
+}
+
+/* blkhash[=DIGEST[/SIZE]]: checked here, so a bad name fails the
+ * command line rather than the mount. */
+static int parse_blkhash(struct cli_options *o, const char *spec)
+{
+    char why[128];
+    struct blkhash *h;
+
+    if (blkhash_parse_spec(spec, o->blkhash_md, &o->blkhash_block, why,
+                           sizeof why) < 0)
+        return usage_error(o, "--blkhash=%s: %s", spec, why);
+    if (blkhash_create(o->blkhash_md, o->blkhash_block, &h) < 0)
+        return usage_error(o, "--blkhash=%s: no such digest in OpenSSL (or "
+                           "one of variable length)", spec);
+    blkhash_free(h);
+    o->blkhash = spec;
     return 0;
 }
 
-int cli_parse_uint(const char *opt, const char *s, unsigned min,
-                   unsigned max, unsigned *out, char *msg, size_t msglen)
+/* Two options naming different digests are a mistake, not a choice. */
+static int digest_named(struct cli_options *o, const char *opt, bool same)
 {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-
-    if (errno || end == s || *end || !isdigit((unsigned char) s[0]))
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a number", opt, s);
-    if (v < min || v > max)
-        return fail(ERANGE, msg, msglen, "%s: %s is out of range (%u to %u)",
-                    opt, s, min, max);
-    *out = (unsigned) v;
+    if (o->digest_opt && !same)
+        return usage_error(o, "%s and %s name different digests",
+                           o->digest_opt, opt);
+    o->digest_opt = opt;
     return 0;
 }
 
-int cli_set_mode(struct nbdx_config *nbd, bool *mode_set, enum nbdx_mode m,
-                 char *msg, size_t msglen)
-{
-    if (*mode_set && nbd->mode != m)
-        return fail(EINVAL, msg, msglen,
-                    "only one of --command, --socket-activation, --unix, "
-                    "--tcp and --fd may be given");
-    nbd->mode = m;
-    *mode_set = true;
-    return 0;
-}
-
-/* 1 if arg is a mode flag (recorded), 0 if not, -errno on a conflict. */
-static int mode_flag(struct nbdx_config *nbd, bool *mode_set, const char *arg,
-                     char *msg, size_t msglen)
-{
-    static const struct { const char *name; enum nbdx_mode mode; } flags[] = {
-        { "--command", NBDX_COMMAND },
-        { "--socket-activation", NBDX_SOCKET_ACTIVATION },
-        { "--unix", NBDX_UNIX },
-        { "--tcp", NBDX_TCP },
-        { "--fd", NBDX_FD },
-    };
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-        if (strcmp(arg, flags[i].name) == 0) {
-            int r = cli_set_mode(nbd, mode_set, flags[i].mode, msg, msglen);
-            return r < 0 ? r : 1;
-        }
-    return 0;
-}
-
-int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
-                     char **argv, char *msg, size_t msglen)
+/* --digest=blkhash[/DIGEST[/SIZE]]|sha256|none (and -o digest=...). */
+static int parse_digest(struct cli_options *o, const char *opt,
+                        const char *spec)
 {
     int r;
 
-    if (!*mode_set && argc > 0) {
-        r = mode_flag(nbd, mode_set, argv[0], msg, msglen);
-        if (r < 0)
-            return r;
-        if (r > 0) {
-            argc--;
-            argv++;
-        }
+    if (strcmp(spec, "none") == 0) {
+        r = digest_named(o, opt, o->no_digest);
+        o->no_digest = true;
+    } else if (strcmp(spec, "sha256") == 0) {
+        r = digest_named(o, opt, !o->no_digest && !o->blkhash);
+        o->blkhash = NULL;
+    } else if (strcmp(spec, "blkhash") == 0 ||
+               strncmp(spec, "blkhash/", 8) == 0) {
+        r = digest_named(o, opt, o->blkhash != NULL);
+        if (r == 0)
+            r = parse_blkhash(o, spec[7] ? spec + 8 : "");
+    } else {
+        r = usage_error(o, "%s=%s: not blkhash[/DIGEST[/SIZE]], sha256 or "
+                        "none", opt, spec);
     }
-    if (!*mode_set && argc > 0 && strcmp(argv[0], "[") == 0) {
-        if (argc < 3 || strcmp(argv[argc - 1], "]") != 0)
-            return fail(EINVAL, msg, msglen,
-                        "'[ CMD ARGS ]' needs a command and a closing ']'");
-        argv[argc - 1] = NULL;
-        r = cli_set_mode(nbd, mode_set, NBDX_SOCKET_ACTIVATION, msg, msglen);
-        if (r < 0)
-            return r;
-        nbd->argv = argv + 1;
-        return 0;
-    }
-    if (!*mode_set) {
-        r = cli_set_mode(nbd, mode_set, NBDX_URI, msg, msglen);
-        if (r < 0)
-            return r;
-    }
-    switch (nbd->mode) {
-    case NBDX_URI:
-        if (argc != 1)
-            return fail(EINVAL, msg, msglen, "%s",
-                        argc ? "too many arguments after the URI"
-                             : "missing the server: URI, [ CMD ], --unix, "
-                               "--tcp, --command or --fd");
-        nbd->uri = argv[0];
-        break;
-    case NBDX_SOCKET_ACTIVATION:
-    case NBDX_COMMAND:
-        if (argc < 1)
-            return fail(EINVAL, msg, msglen, "missing the server command");
-        nbd->argv = argv;
-        break;
-    case NBDX_UNIX:
-        if (argc != 1)
-            return fail(EINVAL, msg, msglen, "--unix takes one socket path");
-        nbd->path = argv[0];
-        break;
-    case NBDX_TCP:
-        if (argc != 2)
-            return fail(EINVAL, msg, msglen, "--tcp takes a host and a port");
-        nbd->host = argv[0];
-        nbd->port = argv[1];
-        break;
-    case NBDX_FD: {
-        unsigned fd;
-        if (argc != 1)
-            return fail(EINVAL, msg, msglen,
-                        "--fd takes one file descriptor number");
-        r = cli_parse_uint("--fd", argv[0], 0, INT_MAX, &fd, msg, msglen);
-        if (r < 0)
-            return r;
-        nbd->fd = (int) fd;
-        if (fcntl(nbd->fd, F_GETFD) == -1)
-            return fail(EBADF, msg, msglen,
-                        "--fd %d: not an open file descriptor", nbd->fd);
-        break;
-    }
-    }
+    return r;
+}
+
+/* --qcow2-cluster-size SIZE (and -o qcow2_cluster_size=SIZE): what qemu
+ * accepts, a power of two from 512 B to 2 MiB. */
+static int parse_qcow2_cluster_size(struct cli_options *o, const char *opt,
+                                    const char *s)
+{
+    uint64_t v;
+    int r = parse_size(o, opt, s, &v);
+
+    if (r < 0)
+        return r;
+    if (v < (1u << QCOW2_MIN_CLUSTER_BITS) ||
+        v > (1u << QCOW2_MAX_CLUSTER_BITS) || (v & (v - 1)))
+        return usage_error(o, "%s %s: not a power of two from 512 to 2M",
+                           opt, s);
+    o->qcow2_cluster_bits = (unsigned) __builtin_ctzll(v);
     return 0;
 }
 
-/* ---- mountpoint ------------------------------------------------------ */
-
-/* THE PIN
- * The mountpoint is resolved once (realpath: the name in messages and in
- * the mount table), then opened with O_PATH|O_NOFOLLOW before any check.
- * Every check is made on that descriptor (fstat, fstatfs, openat(fd,
- * ".") for the listing, openat(fd, "..") for the parent), and main()
- * mounts through it (/proc/self/fd/N) after cli_mountpoint_recheck(): a
- * mountpoint swapped (for a symlink, another directory) between the
- * checks and the mount is refused, never mounted elsewhere. */
-
-#define FUSE_SUPER_MAGIC 0x65735546
-#define PIN_FLAGS (O_PATH | O_NOFOLLOW | O_CLOEXEC)
-
-/* Never mounted over, even with -o nonempty: hiding one of these breaks
- * every program on the machine (fusermount3 -u itself locks a file under
- * /etc).  Compared by device and inode (/bin is /usr/bin on merged-/usr
- * systems). */
-static const char *const system_dirs[] = {
-    "/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib",
-    "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run", "/sbin",
-    "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
-    "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/tmp",
-};
-
-/* File mode: no file in or below these (their files are the system's:
- * /etc/passwd, /usr/bin/ls), but for the user_trees within them. */
-static const char *const system_trees[] = {
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
-    "/proc", "/run", "/sbin", "/sys", "/usr", "/var",
-};
-static const char *const user_trees[] = { "/dev/shm", "/run/user",
-                                          "/var/tmp" };
-
-#define NELEMS(v) (sizeof (v) / sizeof (v)[0])
-
-static bool same_inode(const struct stat *a, const struct stat *b)
+/* After every option (-o digest= may come last, in the fstab form): the
+ * default when none named a digest is blkhash/sha256/64K. */
+static int finish_digest(struct cli_options *o)
 {
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
-}
-
-static bool is_path(const struct stat *st, const char *path)
-{
-    struct stat p;
-
-    return path && path[0] && stat(path, &p) == 0 && same_inode(st, &p);
-}
-
-static const char *in_list(const struct stat *st, const char *const *v,
-                           size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (is_path(st, v[i]))
-            return v[i];
-    return NULL;
-}
-
-/* The user's home and temporary directories, wherever they are. */
-static bool is_users_dir(const struct stat *st)
-{
-    struct passwd *pw = getpwuid(getuid());
-
-    return is_path(st, getenv("HOME")) || is_path(st, getenv("TMPDIR")) ||
-           (pw && is_path(st, pw->pw_dir));
-}
-
-static bool is_system_dir(const struct stat *st)
-{
-    return in_list(st, system_dirs, NELEMS(system_dirs)) || is_users_dir(st);
-}
-
-/* File mode: the system tree the directory dfd is in or below (NULL if
- * none); a user tree, $HOME or $TMPDIR on the way up ends the search.  A
- * directory on the way that cannot be examined counts as a system one. */
-static const char *system_tree_of(int dfd)
-{
-    static const char unknown[] = "a directory that cannot be examined";
-    const char *tree = unknown;
-    struct stat st, up;
-    int cur = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-
-    while (cur >= 0 && fstat(cur, &st) == 0) {
-        const char *t = in_list(&st, system_trees, NELEMS(system_trees));
-        if (t || in_list(&st, user_trees, NELEMS(user_trees)) ||
-            is_users_dir(&st)) {
-            tree = t;
-            break;
-        }
-        int next = openat(cur, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
-        close(cur);
-        cur = next;
-        if (cur < 0 || fstat(cur, &up) == -1)
-            break;
-        if (same_inode(&st, &up)) {   /* "/": its parent is itself */
-            tree = NULL;
-            break;
-        }
-    }
-    if (cur >= 0)
-        close(cur);
-    return tree;
-}
-
-/* Is fd the root of a FUSE mount (another nbdferry, or any FUSE
- * filesystem)?  A mount root lives on another device than its parent. */
-static bool is_fuse_mount(int fd, int parent)
-{
-    struct statfs sf;
-    struct stat st, up;
-
-    if (fstatfs(fd, &sf) == -1 || sf.f_type != FUSE_SUPER_MAGIC)
-        return false;
-    return fstat(fd, &st) == -1 || fstat(parent, &up) == -1 ||
-           st.st_dev != up.st_dev;
-}
-
-/* 1 if the directory fd holds an entry besides . and .., 0 if not,
- * -errno. */
-static int dir_has_entries(int fd)
-{
-    int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-    struct dirent *e;
     int r = 0;
 
-    if (!d) {
-        r = -errno;
-        if (dfd >= 0)
-            close(dfd);
-        return r;
+    if (o->fo.digest)
+        r = parse_digest(o, "-o digest", o->fo.digest);
+    if (r == 0 && o->fo.qcow2_cluster_size)   /* not digest's, but as late */
+        r = parse_qcow2_cluster_size(o, "-o qcow2_cluster_size",
+                                     o->fo.qcow2_cluster_size);
+    if (r == 0 && !o->digest_opt)
+        r = parse_blkhash(o, "");
+    if (r == 0 && o->verify_readback && o->no_digest)
+        r = usage_error(o, "--verify-readback compares with the inline "
+                        "digest: not with --digest=none");
+    return r;
+}
+
+/* --spool-dir DIR: absolute (the daemon leaves its directory), and a
+ * directory now rather than at the first image that needs it. */
+static int parse_spool_dir(struct cli_options *o, const char *dir)
+{
+    struct stat st;
+
+    free(o->spool_dir);
+    o->spool_dir = realpath(dir, NULL);
+    if (!o->spool_dir || stat(o->spool_dir, &st) < 0)
+        return usage_error(o, "--spool-dir %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return usage_error(o, "--spool-dir %s: not a directory", dir);
+    return 0;
+}
+
+static int add_fuse_opt(struct cli_options *o, const char *opt)
+{
+    int r = cli_add_fuse_opts(&o->fo, opt, o->msg, sizeof o->msg);
+
+    return r < 0 ? usage_helper_error(o, r) : 0;
+}
+
+/* --tls require|on|allow|off */
+static int parse_tls(struct cli_options *o, const char *arg)
+{
+    if (strcmp(arg, "require") == 0 || strcmp(arg, "on") == 0)
+        o->nbd.tls = LIBNBD_TLS_REQUIRE;
+    else if (strcmp(arg, "allow") == 0)
+        o->nbd.tls = LIBNBD_TLS_ALLOW;
+    else if (strcmp(arg, "off") == 0)
+        o->nbd.tls = LIBNBD_TLS_DISABLE;
+    else
+        return usage_error(o, "--tls: '%s' is not require, allow or off",
+                           arg);
+    return 0;
+}
+
+/* --progress (the bar) or --progress=FD */
+static int parse_progress(struct cli_options *o, const char *arg)
+{
+    unsigned fd;
+
+    if (!arg) {
+        o->progress_bar = true;
+        return 0;
     }
-    errno = 0;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-            r = 1;
-            break;
-        }
-    if (!e && errno)
-        r = -errno;
-    closedir(d);
-    return r;
-}
-
-static const char *user_name(uid_t uid, char *buf, size_t n)
-{
-    struct passwd *pw = getpwuid(uid);
-
-    if (pw)
-        snprintf(buf, n, "%s", pw->pw_name);
-    else
-        snprintf(buf, n, "uid %u", (unsigned) uid);
-    return buf;
-}
-
-/* The mountpoint must be the daemon's user's; for root, also in a
- * directory no other user can change: root's, and not writable by
- * others unless sticky (as /tmp, where only an entry's owner may rename
- * it).  Otherwise another user could swap it (for a symlink to /etc)
- * between the checks and the mount. */
-static int check_owner(const char *path, int fd, int parent, char *msg,
-                       size_t msglen)
-{
-    struct stat st, up;
-    uid_t me = geteuid();
-    char a[64], b[64];
-
-    if (fstat(fd, &st) == -1 || fstat(parent, &up) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", path,
-                    strerror(errno));
-    if (st.st_uid != me)
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: it "
-                    "belongs to %s, not to %s (its owner could replace it "
-                    "while nbdferry starts); mount on a %s of your own",
-                    path, user_name(st.st_uid, a, sizeof a),
-                    user_name(me, b, sizeof b),
-                    S_ISDIR(st.st_mode) ? "directory" : "file");
-    if (me != 0)
-        return 0;
-    if (up.st_uid != 0)
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
-                    "directory belongs to %s, who could replace it while "
-                    "nbdferry starts; mount in a directory of root's",
-                    path, user_name(up.st_uid, a, sizeof a));
-    if ((up.st_mode & (S_IWGRP | S_IWOTH)) && !(up.st_mode & S_ISVTX))
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
-                    "directory is writable by other users (mode %04o, not "
-                    "sticky), who could replace it while nbdferry starts; "
-                    "chmod go-w (or +t) its directory, or mount elsewhere",
-                    path, (unsigned) (up.st_mode & 07777));
+    if (parse_uint(o, "--progress", arg, 0, INT_MAX, &fd) < 0)
+        return -EINVAL;
+    o->progress_fd = (int) fd;
+    if (fcntl(o->progress_fd, F_GETFD) == -1)
+        return usage_error(o, "--progress=%d: not an open file descriptor",
+                           o->progress_fd);
     return 0;
 }
 
-/* The directory a mount would hide: refused when it is a system
- * directory, a FUSE mount already, another user's or replaceable, or
- * (without -o nonempty) not empty.  missing: the FILENAME that was taken
- * from the argument because it does not exist (NULL for DIR). */
-static int check_dir(const char *resolved, int fd, bool nonempty,
-                     const char *missing, char *msg, size_t msglen)
-{
-    struct stat st;
-    int parent = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    int r = 0;
+/* ---- command line ---------------------------------------------------- */
 
-    if (parent < 0 || fstat(fd, &st) == -1)
-        r = fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
-                 strerror(errno));
-    else if (is_system_dir(&st))
-        r = fail(EPERM, msg, msglen,
-                 "refusing to mount on %s: a system directory (its "
-                 "files would be hidden from every program); mount on "
-                 "an empty directory of your own", resolved);
-    else if (is_fuse_mount(fd, parent))
-        r = fail(EBUSY, msg, msglen,
-                 "%s is already a FUSE mount: unmount it first "
-                 "(fusermount3 -u %s) or choose another directory",
-                 resolved, resolved);
-    else
-        r = check_owner(resolved, fd, parent, msg, msglen);
-    if (parent >= 0)
-        close(parent);
-    if (r < 0 || nonempty)
-        return r;
-    r = dir_has_entries(fd);
-    if (r < 0)
-        return fail(-r, msg, msglen, "mountpoint %s: %s (add -o nonempty "
-                    "to mount without looking)", resolved, strerror(-r));
-    if (r > 0 && missing)
-        return fail(ENOTEMPTY, msg, msglen,
-                    "%s/%s does not exist, so '%s' was taken as the "
-                    "FILENAME to show in %s, but %s is not empty: check the "
-                    "spelling, or mount on an empty directory, or name an "
-                    "existing file for file mode, or add -o nonempty",
-                    resolved, missing, missing, resolved, resolved);
-    if (r > 0)
-        return fail(ENOTEMPTY, msg, msglen,
-                    "%s is not empty: mount on an empty directory, or name "
-                    "an existing file for file mode, or add -o nonempty",
-                    resolved);
-    return 0;
-}
-
-/* stat() said ENOTCONN: a FUSE mount whose daemon is gone.  Name the
- * dead mount itself, the highest path that still answers ENOTCONN. */
-static int dead_mount(const char *arg, char *msg, size_t msglen)
-{
-    char path[PATH_MAX], up[PATH_MAX];
-    struct stat st;
-
-    char cwd[PATH_MAX] = "";
-
-    if (arg[0] != '/' && !getcwd(cwd, sizeof cwd))
-        cwd[0] = '\0';
-    if (snprintf(path, sizeof path, "%s%s%s", cwd, cwd[0] ? "/" : "", arg) >=
-        (int) sizeof path)
-        return fail(ENAMETOOLONG, msg, msglen, "mountpoint %s: %s", arg,
-                    strerror(ENAMETOOLONG));
-    for (;;) {
-        snprintf(up, sizeof up, "%s", path);
-        char *d = dirname(up);
-        if (strcmp(d, path) == 0 || stat(d, &st) == 0 || errno != ENOTCONN)
-            break;
-        memmove(path, d, strlen(d) + 1);
-    }
-    return fail(ENOTCONN, msg, msglen,
-                "%s is a dead nbdferry mount: run fusermount3 -u %s",
-                path, path);
-}
-
-static int resolve(const char *path, char **out, char *msg, size_t msglen)
-{
-    *out = realpath(path, NULL);
-    if (!*out)
-        return errno == ENOTCONN ? dead_mount(path, msg, msglen)
-                                 : fail(errno, msg, msglen, "mountpoint %s: %s",
-                                        path, strerror(errno));
-    return 0;
-}
-
-/* Open what was resolved, not following a symlink put there since. */
-static int pin(const char *resolved, int dirfd, const char *name, int flags,
-               int *out, char *msg, size_t msglen)
-{
-    *out = openat(dirfd, name, PIN_FLAGS | flags);
-    if (*out >= 0)
-        return 0;
-    int err = errno;
-    if (err == ELOOP || err == ENOTDIR)
-        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while being "
-                    "checked (now a symlink or not a directory); nothing was "
-                    "mounted", resolved);
-    return fail(err, msg, msglen, "mountpoint %s: %s", resolved,
-                strerror(err));
-}
-
-/* File mode's file: not the system's, not a FUSE mount, not another
- * user's or replaceable, and (without -o nonempty) empty: a file with
- * bytes in it is most likely the source image named by mistake. */
-static int check_file(const char *resolved, int fd, int dfd, bool nonempty,
-                      char *msg, size_t msglen)
-{
-    struct stat st, dir;
-    const char *tree = system_tree_of(dfd);
-
-    if (fstat(fd, &st) == -1 || fstat(dfd, &dir) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
-                    strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while "
-                    "being checked (no longer a regular file); nothing was "
-                    "mounted", resolved);
-    struct stat up;
-    bool top = fstatat(dfd, "..", &up, 0) == 0 && same_inode(&dir, &up);
-    if (tree || top)
-        return fail(EPERM, msg, msglen, "refusing to mount over %s: a "
-                    "system file (in %s; programs would see the disk "
-                    "instead); name an empty file of your own for file "
-                    "mode, or an empty directory", resolved,
-                    tree ? tree : "/");
-    if (is_fuse_mount(fd, dfd))
-        return fail(EBUSY, msg, msglen,
-                    "%s is already a FUSE mount: unmount it first "
-                    "(fusermount3 -u %s)", resolved, resolved);
-    int r = check_owner(resolved, fd, dfd, msg, msglen);
-    if (r < 0 || nonempty || st.st_size == 0)
-        return r;
-    return fail(ENOTEMPTY, msg, msglen, "refusing to mount over %s: it "
-                "holds %lld bytes, which file mode would hide until the "
-                "unmount (is it the source image? the mountpoint comes "
-                "first: nbdferry MOUNTPOINT URI); name an empty file or a "
-                "directory, or add -o nonempty", resolved,
-                (long long) st.st_size);
-}
-
-/* FILE: file mode, the disk appears over that regular file. */
-static int file_mode(const char *arg, bool nonempty,
-                     struct cli_mountpoint *out, char *msg, size_t msglen)
-{
-    int r = resolve(arg, &out->mountpoint, msg, msglen);
-
-    if (r < 0)
-        return r;
-    char *base = strrchr(out->mountpoint, '/');
-    out->filename = strdup(base + 1);
-    char *dir = strndup(out->mountpoint, base == out->mountpoint ? 1
-                        : (size_t) (base - out->mountpoint));
-    int dfd = -1;
-    if (!out->filename || !dir)
-        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    else
-        r = pin(dir, AT_FDCWD, dir, O_DIRECTORY, &dfd, msg, msglen);
-    if (r == 0)
-        r = pin(out->mountpoint, dfd, out->filename, 0, &out->fd, msg,
-                msglen);
-    if (r == 0)
-        r = check_file(out->mountpoint, out->fd, dfd, nonempty, msg, msglen);
-    if (dfd >= 0)
-        close(dfd);
-    free(dir);
-    out->file_mode = true;
-    return r;
-}
-
-/* DIR: the disk appears as DIR/nbd. */
-static int dir_mode(const char *arg, bool nonempty, const char *missing,
-                    struct cli_mountpoint *out, char *msg, size_t msglen)
-{
-    int r = resolve(arg, &out->mountpoint, msg, msglen);
-
-    if (r < 0)
-        return r;
-    out->filename = strdup("nbd");
-    if (!out->filename)
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    r = pin(out->mountpoint, AT_FDCWD, out->mountpoint, O_DIRECTORY,
-            &out->fd, msg, msglen);
-    return r < 0 ? r : check_dir(out->mountpoint, out->fd, nonempty, missing,
-                                 msg, msglen);
-}
-
-/* DIR/FILENAME with FILENAME missing: the disk appears as DIR/FILENAME. */
-static int name_mode(const char *arg, const char *reserved_name,
-                     bool nonempty, struct cli_mountpoint *out,
-                     char *msg, size_t msglen)
-{
-    struct stat st;
-    const char *slash = strrchr(arg, '/');
-
-    if (!slash || slash[1] == '\0')
-        return fail(ENOENT, msg, msglen, "mountpoint %s: no such directory",
-                    arg);
-    const char *fn = slash + 1;
-    if (strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0 ||
-        (reserved_name && strcmp(fn, reserved_name) == 0) ||
-        strlen(fn) > 200)
-        return fail(EINVAL, msg, msglen, "'%s' cannot be the file name", fn);
-    char *dir = slash == arg ? strdup("/")
-                : strndup(arg, (size_t) (slash - arg));
-    if (!dir)
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    int r = 0;
-    if (stat(dir, &st) == -1)
-        r = errno == ENOTCONN ? dead_mount(dir, msg, msglen)
-            : fail(errno, msg, msglen, "mountpoint %s: %s", dir,
-                   errno == ENOENT ? "no such directory" : strerror(errno));
-    else if (!S_ISDIR(st.st_mode))
-        r = fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory", dir);
-    else
-        r = dir_mode(dir, nonempty, fn, out, msg, msglen);
-    free(dir);
-    if (r == 0) {                 /* dir_mode() set the default name */
-        free(out->filename);
-        out->filename = strdup(fn);
-        if (!out->filename)
-            r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    }
-    return r;
-}
-
-int cli_parse_mountpoint(const char *arg, const char *reserved_name,
-                         bool nonempty, struct cli_mountpoint *out,
-                         char *msg, size_t msglen)
-{
-    struct stat st;
-    int r;
-
-    memset(out, 0, sizeof *out);
-    out->fd = -1;
-    if (!arg[0])
-        r = fail(EINVAL, msg, msglen, "the mountpoint is an empty string");
-    else if (stat(arg, &st) == 0)
-        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, NULL, out, msg,
-                                           msglen)
-            : S_ISREG(st.st_mode) ? file_mode(arg, nonempty, out, msg,
-                                              msglen)
-            : fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory "
-                   "or a regular file", arg);
-    else if (errno == ENOTCONN)
-        r = dead_mount(arg, msg, msglen);
-    else if (errno == ENOENT)
-        r = name_mode(arg, reserved_name, nonempty, out, msg, msglen);
-    else
-        r = fail(errno, msg, msglen, "mountpoint %s: %s", arg,
-                 errno == ENOTDIR ? "not a directory" : strerror(errno));
-    if (r < 0)
-        cli_mountpoint_free(out);
-    return r;
-}
-
-int cli_mountpoint_recheck(const struct cli_mountpoint *m, char *msg,
-                           size_t msglen)
-{
-    struct stat pinned, now;
-
-    if (fstat(m->fd, &pinned) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
-                    strerror(errno));
-    if (lstat(m->mountpoint, &now) == 0 && same_inode(&pinned, &now))
-        return 0;
-    return fail(EAGAIN, msg, msglen, "mountpoint %s changed after it was "
-                "checked (%s); nothing was mounted: make sure no one else "
-                "can write to its directory, and try again", m->mountpoint,
-                errno == ENOENT ? "it is gone" : "replaced");
-}
-
-int cli_mountpoint_landed(const struct cli_mountpoint *m, char *msg,
-                          size_t msglen)
-{
-    char link[64], now[PATH_MAX];
-
-    snprintf(link, sizeof link, "/proc/self/fd/%d", m->fd);
-    ssize_t n = readlink(link, now, sizeof now - 1);
-    if (n < 0)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
-                    strerror(errno));
-    now[n] = '\0';
-    if (strcmp(now, m->mountpoint) == 0)
-        return 0;
-    return fail(EAGAIN, msg, msglen, "mountpoint %s moved during the mount "
-                "(now %s): unmounted; make sure no one else can write to "
-                "its directory, and try again", m->mountpoint, now);
-}
-
-void cli_mountpoint_free(struct cli_mountpoint *m)
-{
-    if (m->fd >= 0)
-        close(m->fd);
-    m->fd = -1;
-    free(m->mountpoint);
-    free(m->filename);
-    m->mountpoint = m->filename = NULL;
-    m->file_mode = false;
-}
-
-/* ---- -o options ------------------------------------------------------ */
-
-/* Append libfuse's kept options (already escaped) to fo->pass. */
-static int pass_on(struct cli_fuse_opts *fo, const char *opts)
-{
-    size_t have = fo->pass ? strlen(fo->pass) : 0, n = strlen(opts);
-    char *s = realloc(fo->pass, have + n + 2);
-
-    if (!s)
-        return -ENOMEM;
-    if (have)
-        s[have++] = ',';
-    memcpy(s + have, opts, n + 1);
-    fo->pass = s;
-    return 0;
-}
-
-/* The -o items nbdferry takes; fuse_opt_parse() hands each match to
- * own_opt() with its key, and every other item with FUSE_OPT_KEY_OPT. */
 enum {
-    KEY_NONEMPTY, KEY_KERNEL_CACHE, KEY_BLOCK_DEVICE, KEY_VHD_FIXED,
-    KEY_MULTIWRITER, KEY_UID, KEY_GID, KEY_DIGEST, KEY_QCOW2_CLUSTER_SIZE,
-};
-static const struct fuse_opt own_opts[] = {
-    FUSE_OPT_KEY("nonempty", KEY_NONEMPTY),
-    FUSE_OPT_KEY("kernel_cache", KEY_KERNEL_CACHE),
-    FUSE_OPT_KEY("block_device", KEY_BLOCK_DEVICE),
-    FUSE_OPT_KEY("vhd_fixed", KEY_VHD_FIXED),
-    FUSE_OPT_KEY("multiwriter", KEY_MULTIWRITER),
-    FUSE_OPT_KEY("uid=", KEY_UID),
-    FUSE_OPT_KEY("gid=", KEY_GID),
-    FUSE_OPT_KEY("digest=", KEY_DIGEST),
-    FUSE_OPT_KEY("qcow2_cluster_size=", KEY_QCOW2_CLUSTER_SIZE),
-    FUSE_OPT_END
+    OPT_HELP = 256, OPT_DEPTH, OPT_REQUEST_SIZE, OPT_POOL_SIZE, OPT_IDLE_MS,
+    OPT_WRITE_THROUGH, OPT_NO_NODELAY, OPT_DEST_ZERO, OPT_NO_EXTENTS,
+    OPT_COMMAND, OPT_SOCKACT, OPT_UNIX, OPT_TCP, OPT_FD, OPT_RETRY_TIMEOUT,
+    OPT_TLS, OPT_TLS_PSK_FILE, OPT_TLS_USERNAME, OPT_TLS_CERTIFICATES,
+    OPT_TLS_VERIFY_PEER,
+    OPT_NO_DIGEST, OPT_PROGRESS, OPT_EXPECTED_SIZE, OPT_VHD_FIXED,
+    OPT_REQUEST_TIMEOUT, OPT_TLS_INSECURE, OPT_READAHEAD,
+    OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
+    OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
+    OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
+    OPT_QCOW2_CLUSTER_SIZE,
 };
 
-#define OPT_ITEM_MAX 1024         /* longer -o items are refused */
+#define SHORT_OPTIONS "+:C:o:P:rfvVds"
 
-struct own_ctx {
-    struct cli_fuse_opts *fo;
-    char *msg;
-    size_t msglen;
-    int err;                      /* set when own_opt() says -1 */
+static const struct option long_options[] = {
+    { "connections", required_argument, NULL, 'C' },
+    { "depth", required_argument, NULL, OPT_DEPTH },
+    { "request-size", required_argument, NULL, OPT_REQUEST_SIZE },
+    { "pool-size", required_argument, NULL, OPT_POOL_SIZE },
+    { "readahead", required_argument, NULL, OPT_READAHEAD },
+    { "idle-ms", required_argument, NULL, OPT_IDLE_MS },
+    { "write-through", no_argument, NULL, OPT_WRITE_THROUGH },
+    { "no-nodelay", no_argument, NULL, OPT_NO_NODELAY },
+    { "destination-is-zero", no_argument, NULL, OPT_DEST_ZERO },
+    { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "digest", required_argument, NULL, OPT_DIGEST },
+    { "no-digest", no_argument, NULL, OPT_NO_DIGEST },
+    { "blkhash", optional_argument, NULL, OPT_BLKHASH },
+    { "verify-readback", optional_argument, NULL, OPT_VERIFY_READBACK },
+    { "progress", optional_argument, NULL, OPT_PROGRESS },
+    { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
+    { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
+    { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
+    { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
+    { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
+    { "qcow2-cluster-size", required_argument, NULL, OPT_QCOW2_CLUSTER_SIZE },
+    { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
+    { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
+    { "tls-insecure", no_argument, NULL, OPT_TLS_INSECURE },
+    { "tls", required_argument, NULL, OPT_TLS },
+    { "tls-psk-file", required_argument, NULL, OPT_TLS_PSK_FILE },
+    { "tls-username", required_argument, NULL, OPT_TLS_USERNAME },
+    { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
+    { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
+    { "pidfile", required_argument, NULL, 'P' },
+    { "pid-file", required_argument, NULL, 'P' },
+    { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
+    { "unmount", no_argument, NULL, OPT_UNMOUNT },
+    { "list", no_argument, NULL, OPT_LIST },
+    { "log-file", required_argument, NULL, OPT_LOG_FILE },
+    { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
+    { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
+    { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
+    { "readonly", no_argument, NULL, 'r' },
+    { "read-only", no_argument, NULL, 'r' },
+    { "foreground", no_argument, NULL, 'f' },
+    { "verbose", no_argument, NULL, 'v' },
+    { "version", no_argument, NULL, 'V' },
+    { "help", no_argument, NULL, OPT_HELP },
+    { "command", no_argument, NULL, OPT_COMMAND },
+    { "socket-activation", no_argument, NULL, OPT_SOCKACT },
+    { "unix", no_argument, NULL, OPT_UNIX },
+    { "tcp", no_argument, NULL, OPT_TCP },
+    { "fd", no_argument, NULL, OPT_FD },
+    { NULL },
 };
 
-static int owner_opt(struct own_ctx *c, const char *item, unsigned *id,
-                     bool *set)
+static int set_mode(struct cli_options *o, enum nbdx_mode m)
 {
-    int r = cli_parse_uint(item[0] == 'u' ? "-o uid" : "-o gid",
-                           strchr(item, '=') + 1, 0, UINT32_MAX - 1, id,
-                           c->msg, c->msglen);
-    if (r < 0) {
-        c->err = r;
-        return -1;
+    int r = cli_set_mode(&o->nbd, &o->mode_set, m, o->msg, sizeof o->msg);
+
+    return r < 0 ? usage_helper_error(o, r) : 0;
+}
+
+static int parse_server(struct cli_options *o, int argc, char **argv)
+{
+    int r;
+
+    if (!o->mode_set && argc > 0 && strcmp(argv[0], "--vsock") == 0) {
+        r = cli_vsock_uri(argc, argv, &o->vsock_uri, o->msg, sizeof o->msg);
+        if (r < 0)
+            return usage_helper_error(o, r);
+        argc = 1;
+        argv = &o->vsock_uri;
     }
-    *set = true;
+    r = cli_parse_server(&o->nbd, &o->mode_set, argc, argv, o->msg,
+                         sizeof o->msg);
+    if (r < 0) {
+        /* An option after the mountpoint: say where options go. */
+        for (int i = 0; o->nbd.mode == NBDX_URI && i < argc; i++)
+            if (argv[i][0] == '-' && argv[i][1])
+                return usage_error(o, "'%s' after the mountpoint: options "
+                                   "go before it", argv[i]);
+        return usage_helper_error(o, r);
+    }
     return 0;
 }
 
-/* fuse_opt_proc_t: 0 takes the item, 1 keeps it for libfuse, -1 fails. */
-static int own_opt(void *data, const char *item, int key,
-                   struct fuse_args *outargs)
+/* Checks happen here, before anything forks, connects or mounts.  A
+ * refused mountpoint is not a usage mistake: its message stands alone. */
+static int parse_mountpoint(struct cli_options *o, const char *arg)
 {
-    struct own_ctx *c = data;
-    struct cli_fuse_opts *fo = c->fo;
+    return cli_parse_mountpoint(arg, FS_STATUS_NAME, o->fo.nonempty, &o->mp,
+                                o->msg, sizeof o->msg);
+}
 
-    if (strlen(item) >= OPT_ITEM_MAX) {
-        c->err = fail(EINVAL, c->msg, c->msglen, "-o: option too long");
-        return -1;
-    }
-    switch (key) {
-    case KEY_NONEMPTY: fo->nonempty = true; return 0;
-    case KEY_KERNEL_CACHE: fo->kernel_cache = true; return 0;
-    case KEY_BLOCK_DEVICE: fo->block_device = true; return 0;
-    case KEY_VHD_FIXED: fo->vhd_fixed = true; return 0;
-    case KEY_MULTIWRITER: fo->multiwriter = true; return 0;
-    case KEY_UID: return owner_opt(c, item, &fo->uid, &fo->set_uid);
-    case KEY_GID: return owner_opt(c, item, &fo->gid, &fo->set_gid);
-    case KEY_DIGEST:              /* checked with the other digest options */
-        free(fo->digest);
-        if (!(fo->digest = strdup(item + strlen("digest=")))) {
-            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
-            return -1;
-        }
-        return 0;
-    case KEY_QCOW2_CLUSTER_SIZE:  /* checked with --qcow2-cluster-size */
-        free(fo->qcow2_cluster_size);
-        fo->qcow2_cluster_size = strdup(strchr(item, '=') + 1);
-        if (!fo->qcow2_cluster_size) {
-            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
-            return -1;
-        }
-        return 0;
-    case FUSE_OPT_KEY_OPT: return item[0] != '\0';   /* ",," is nothing */
-    default: return 1;            /* a non-option: cannot come from -o */
+/* --long-options, --short-options: for the bash completion script, from
+ * the same tables getopt uses. */
+static void list_long_options(void)
+{
+    optlist_long(long_options);
+    printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
+    printf("--all-exports\n");   /* likewise */
+}
+
+static void fuse_help(void)
+{
+    printf("FUSE options for -o (libfuse %s), besides nbdferry's own\n"
+           "(nonempty, digest=SPEC, uid=N, gid=N, block_device,\n"
+           "kernel_cache):\n",
+           fuse_pkgversion());
+    fflush(stdout);
+    fuse_lowlevel_help();
+}
+
+static void version(void)
+{
+    struct nbd_handle *h = nbd_create();
+
+    printf("%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+    if (h)
+        printf("libnbd %s\n", nbd_get_version(h));
+    printf("libfuse %s\n", fuse_pkgversion());
+    nbd_close(h);
+}
+
+void cli_print(enum cli_action a)
+{
+    switch (a) {
+    case CLI_HELP: cli_usage(); break;
+    case CLI_VERSION: version(); break;
+    case CLI_FUSE_HELP: fuse_help(); break;
+    case CLI_LONG_OPTIONS: list_long_options(); break;
+    case CLI_SHORT_OPTIONS: optlist_short(SHORT_OPTIONS); break;
+    default: break;
     }
 }
 
-int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
-                      size_t msglen)
+static int unknown_option(struct cli_options *o, int optopt_,
+                          const char *arg)
 {
-    char *argv[] = { "nbdferry", "-o", (char *) arg, NULL };
-    struct fuse_args args = FUSE_ARGS_INIT(3, argv);
-    struct own_ctx c = { .fo = fo, .msg = msg, .msglen = msglen };
-    int r = 0;
+    if (optopt_ && optopt_ < 256)
+        return usage_error(o, "invalid option -- '%c'", optopt_);
+    const char *hint = cli_suggest_option(arg, long_options);
+    if (hint)
+        return usage_error(o, "unrecognized option '%s' (did you mean "
+                           "--%s?)", arg, hint);
+    return usage_error(o, "unrecognized or incomplete option '%s'", arg);
+}
 
-    /* Splits at commas (a backslash escapes one), calls own_opt() for each
-     * item and leaves the kept ones, escaped again, as "-o" "LIST". */
-    if (fuse_opt_parse(&args, &c, own_opts, own_opt) == -1)
-        r = c.err ? c.err : fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    else if (args.argc == 3 && pass_on(fo, args.argv[2]) < 0)
-        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    fuse_opt_free_args(&args);
+/* mount.fuse3 (fstab: "nbdferry#URI /mnt fuse3 ..." or "URI /mnt
+ * fuse.nbdferry ...") runs "nbdferry URI MOUNTPOINT -o OPTIONS": the
+ * source first, options last.  Recognised when the first argument is a
+ * URI and the second an existing directory.  1: it is (and was parsed),
+ * 0: it is not, or -errno. */
+static int fstab_form(struct cli_options *o, int argc, char **argv)
+{
+    struct stat st;
+    int r;
+
+    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set)
+        return 0;
+    /* A dead mount (ENOTCONN) is the fstab form too, to be named. */
+    if (stat(argv[1], &st) == -1 ? errno != ENOTCONN
+        : !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)))
+        return 0;
+    for (int i = 2; i < argc; i += 2) {
+        if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)
+            return usage_error(o, "unexpected '%s' after the mountpoint",
+                               argv[i]);
+        if ((r = add_fuse_opt(o, argv[i + 1])) < 0)
+            return r;
+    }
+    o->failure_status = MOUNT_EX_FAIL;
+    if ((r = parse_mountpoint(o, argv[1])) < 0)
+        return r;
+    char *uri[] = { argv[0], NULL };
+    if ((r = parse_server(o, 1, uri)) < 0)
+        return r;
+    o->nbd.debug = log_verbosity >= 2;
+    return 1;
+}
+
+/* The options that take a value.  0, or -errno. */
+static int parse_value_option(struct cli_options *o, int c, const char *arg)
+{
+    int r;
+
+    switch (c) {
+    case 'C':
+        return parse_uint(o, "--connections", arg, 1, 64,
+                          &o->nbd.connections);
+    case OPT_DEPTH:
+        return parse_uint(o, "--depth", arg, 1, 1024, &o->depth);
+    case OPT_REQUEST_SIZE:
+        if ((r = parse_size(o, "--request-size", arg, &o->request_size)) < 0)
+            return r;
+        if (o->request_size < 4096)
+            return usage_error(o, "--request-size must be at least 4K");
+        return 0;
+    case OPT_POOL_SIZE:
+        if ((r = parse_size(o, "--pool-size", arg, &o->pool_size)) < 0)
+            return r;
+        if (o->pool_size < 8192 || o->pool_size > (64ull << 30))
+            return usage_error(o, "--pool-size must be between 8K and 64G");
+        return 0;
+    case OPT_READAHEAD:
+        if ((r = parse_size(o, "--readahead", arg, &o->readahead)) < 0)
+            return r;
+        if (o->readahead > (64ull << 30))
+            return usage_error(o, "--readahead must be at most 64G");
+        return 0;
+    case OPT_IDLE_MS:
+        return parse_uint(o, "--idle-ms", arg, 1, 60000, &o->idle_ms);
+    case OPT_TLS:
+        return parse_tls(o, arg);
+    case OPT_TLS_PSK_FILE:
+        if (access(arg, R_OK) == -1)
+            return usage_error(o, "--tls-psk-file %s: %s", arg,
+                               strerror(errno));
+        o->nbd.tls_psk_file = arg;
+        return 0;
+    case OPT_TLS_USERNAME: o->nbd.tls_username = arg; return 0;
+    case OPT_TLS_CERTIFICATES:
+        if (access(arg, R_OK | X_OK) == -1)
+            return usage_error(o, "--tls-certificates %s: %s", arg,
+                               strerror(errno));
+        o->nbd.tls_certificates = arg;
+        return 0;
+    case OPT_RETRY_TIMEOUT:
+        return parse_uint(o, "--retry-timeout", arg, 0, 86400,
+                          &o->nbd.retry_timeout_s);
+    case OPT_REQUEST_TIMEOUT:
+        return parse_uint(o, "--request-timeout", arg, 0, 86400,
+                          &o->nbd.request_timeout_s);
+    case OPT_DIGEST: return parse_digest(o, "--digest", arg);
+    case OPT_BLKHASH:
+        if ((r = digest_named(o, "--blkhash",
+                              o->blkhash && !o->no_digest)) < 0)
+            return r;
+        return parse_blkhash(o, arg ? arg : "");
+    case OPT_VERIFY_READBACK:
+        if (readback_parse_when(arg, &o->verify_readback) < 0)
+            return usage_error(o, "--verify-readback=%s: not close or "
+                               "unmount", arg);
+        return 0;
+    case OPT_PROGRESS: return parse_progress(o, arg);
+    case OPT_EXPECTED_SIZE:
+        return parse_size(o, "--expected-size", arg, &o->expected_size);
+    case OPT_SPOOL_DIR: return parse_spool_dir(o, arg);
+    case OPT_SPOOL_MAX:
+        return parse_size(o, "--spool-max", arg, &o->spool_max);
+    case OPT_QCOW2_CLUSTER_SIZE:
+        return parse_qcow2_cluster_size(o, "--qcow2-cluster-size", arg);
+    case 'o': return add_fuse_opt(o, arg);
+    case 'P': o->pidfile = arg; return 0;
+    case OPT_LOG_FILE: o->log_file = arg; return 0;
+    }
+    return 1;                 /* not one of them */
+}
+
+/* One option.  0: go on; 1: stop, o->action says what to do; -errno. */
+static int parse_option(struct cli_options *o, int c, char **argv)
+{
+    int r = parse_value_option(o, c, optarg);
+
+    if (r <= 0)
+        return r;
+    switch (c) {
+    case OPT_WRITE_THROUGH: o->write_through = true; break;
+    case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
+    case OPT_DEST_ZERO: o->destination_is_zero = true; break;
+    case OPT_NO_EXTENTS: o->no_extents = true; break;
+    case OPT_TLS_VERIFY_PEER: o->nbd.tls_verify_peer = true; break;
+    case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
+    case OPT_NO_DIGEST: return parse_digest(o, "--no-digest", "none");
+    case OPT_VHD_FIXED: o->fo.vhd_fixed = true; break;
+    case OPT_MULTIWRITER: o->fo.multiwriter = true; break;
+    case 'r': o->nbd.readonly = true; break;
+    case 'f': o->foreground = true; break;
+    case 'v': log_verbosity++; break;
+    case 's': o->single_thread = true; break;
+    case 'd':
+        o->foreground = o->fuse_debug = true;
+        log_verbosity += 2;
+        break;
+    case OPT_BLOCK_DEVICE: o->fo.block_device = true; break;
+    case OPT_UNMOUNT:         /* --list wins, whichever comes first */
+        if (o->action != CLI_LIST)
+            o->action = CLI_UNMOUNT;
+        break;
+    case OPT_LIST: o->action = CLI_LIST; break;
+    case 'V': o->action = CLI_VERSION; return 1;
+    case OPT_FUSE_HELP: o->action = CLI_FUSE_HELP; return 1;
+    case OPT_LONG_OPTIONS: o->action = CLI_LONG_OPTIONS; return 1;
+    case OPT_SHORT_OPTIONS: o->action = CLI_SHORT_OPTIONS; return 1;
+    case OPT_HELP: o->action = CLI_HELP; return 1;
+    case OPT_COMMAND: return set_mode(o, NBDX_COMMAND);
+    case OPT_SOCKACT: return set_mode(o, NBDX_SOCKET_ACTIVATION);
+    case OPT_UNIX: return set_mode(o, NBDX_UNIX);
+    case OPT_TCP: return set_mode(o, NBDX_TCP);
+    case OPT_FD: return set_mode(o, NBDX_FD);
+    case ':':
+        return usage_error(o, "option '%s' needs a value", argv[optind - 1]);
+    default:
+        /* opterr is 0: one line, ours. */
+        return unknown_option(o, optopt, argv[optind - 1]);
+    }
+    return 0;
+}
+
+static void set_defaults(struct cli_options *o)
+{
+    o->action = CLI_MOUNT;
+    o->failure_status = EXIT_FAILURE;
+    o->mp.fd = -1;
+    o->nbd.connections = DEFAULT_CONNECTIONS;
+    o->nbd.nodelay = true;
+    o->nbd.retry_timeout_s = DEFAULT_RETRY_TIMEOUT;
+    o->nbd.request_timeout_s = DEFAULT_REQUEST_TIMEOUT;
+    o->nbd.tls = NBDX_TLS_FROM_URI;
+    o->progress_fd = -1;
+    o->depth = DEFAULT_DEPTH;
+    o->request_size = DEFAULT_REQUEST_SIZE;
+    o->pool_size = DEFAULT_POOL_SIZE;
+    o->readahead = DEFAULT_READAHEAD;
+    o->idle_ms = DEFAULT_IDLE_MS;
+}
+
+/* --list URI, --unmount MOUNTPOINT: one argument each. */
+static int parse_target(struct cli_options *o, int argc, char **argv)
+{
+    if (o->action == CLI_LIST &&
+        (argc != 1 || !strstr(argv[0], "://")))
+        return usage_error(o, "--list takes one URI (nbd://HOST[:PORT], "
+                           "nbd+unix:///?socket=SOCKET, nbds://...)");
+    if (o->action == CLI_UNMOUNT && argc != 1)
+        return usage_error(o, "--unmount takes one MOUNTPOINT and nothing "
+                           "else");
+    o->target = argv[0];
+    return 0;
+}
+
+/* MOUNTPOINT --all-exports URI, or MOUNTPOINT NAME=URI ...: every disk
+ * connects by URI; the names are checked here (--all-exports: by main(),
+ * once the server has listed them). */
+static int parse_disks(struct cli_options *o, int argc, char **argv)
+{
+    int r;
+
+    if (o->mode_set)
+        return usage_error(o, "several disks are each NAME=URI (or "
+                           "--all-exports URI): not with --%s",
+                           o->nbd.mode == NBDX_UNIX ? "unix"
+                           : o->nbd.mode == NBDX_TCP ? "tcp"
+                           : o->nbd.mode == NBDX_FD ? "fd" : "command");
+    if (strcmp(argv[0], "--all-exports") == 0) {
+        if (argc != 2 || !strstr(argv[1], "://"))
+            return usage_error(o, "--all-exports takes one URI "
+                               "(nbd://HOST[:PORT], "
+                               "nbd+unix:///?socket=SOCKET, ...)");
+        o->all_exports = argv[1];
+        argv++;
+        argc = 1;
+    } else {
+        r = disks_parse_named(argc, argv, &o->disks, &o->ndisks, o->msg,
+                              sizeof o->msg);
+        if (r == 0)
+            r = disks_check_names(o->disks, o->ndisks, o->msg,
+                                  sizeof o->msg);
+        if (r < 0)
+            return usage_helper_error(o, r);
+    }
+    /* The first disk's URI stands for the rest where one is asked for
+     * (the TLS choice, -v); each disk connects with its own. */
+    char *uri[] = { o->all_exports ? argv[0] : o->disks[0].uri, NULL };
+    return parse_server(o, 1, uri);
+}
+
+int cli_parse_args(struct cli_options *o, int argc, char **argv)
+{
+    int c, r;
+
+    set_defaults(o);
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
+                            NULL)) != -1) {
+        r = parse_option(o, c, argv);
+        if (r != 0)
+            return r < 0 ? r : 0;
+    }
+    if (o->action == CLI_LIST || o->action == CLI_UNMOUNT)
+        return parse_target(o, argc - optind, argv + optind);
+    if (optind >= argc)
+        return usage_error(o, "missing the mountpoint");
+    if (o->progress_bar && !o->foreground)
+        return usage_error(o, "--progress draws on stderr, which a daemon "
+                           "closes: add -f, or use --progress=FD");
+    r = fstab_form(o, argc - optind, argv + optind);
+    if (r != 0)
+        return r < 0 ? r : finish_digest(o);
+    if ((r = finish_digest(o)) < 0)
+        return r;
+    /* The server first: --fd N must be checked before the mountpoint's
+     * pinned descriptor could take the number N. */
+    if (disks_form(argc - optind - 1, argv + optind + 1))
+        r = parse_disks(o, argc - optind - 1, argv + optind + 1);
+    else
+        r = parse_server(o, argc - optind - 1, argv + optind + 1);
+    if (r == 0)
+        r = parse_mountpoint(o, argv[optind]);
+    if (r == 0 && (o->ndisks || o->all_exports) &&
+        (o->mp.file_mode || strcmp(o->mp.filename, "nbd") != 0)) {
+        r = usage_error(o, "several disks mount on a directory (each disk "
+                        "is a file named after it): not on %s",
+                        o->mp.file_mode ? "a file" : "DIR/FILENAME");
+    }
+    o->nbd.debug = log_verbosity >= 2;
     return r;
 }
 
-void cli_fuse_opts_free(struct cli_fuse_opts *fo)
+void cli_options_free(struct cli_options *o)
 {
-    free(fo->pass);
-    free(fo->digest);
-    free(fo->qcow2_cluster_size);
-    fo->pass = fo->digest = fo->qcow2_cluster_size = NULL;
-}
-
-/* ---- suggestions ----------------------------------------------------- */
-
-/* Optimal string alignment distance, capped: only small ones matter. */
-static unsigned edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned d[3][65];
-
-    if (la > 64 || lb > 64)
-        return UINT_MAX;
-    for (size_t j = 0; j <= lb; j++)
-        d[0][j] = (unsigned) j;
-    for (size_t i = 1; i <= la; i++) {
-        unsigned *cur = d[i % 3], *prev = d[(i - 1) % 3], *pp = d[(i + 1) % 3];
-        cur[0] = (unsigned) i;
-        for (size_t j = 1; j <= lb; j++) {
-            unsigned cost = a[i - 1] != b[j - 1];
-            unsigned v = prev[j] + 1;
-            if (cur[j - 1] + 1 < v) v = cur[j - 1] + 1;
-            if (prev[j - 1] + cost < v) v = prev[j - 1] + cost;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]
-                && pp[j - 2] + 1 < v)
-                v = pp[j - 2] + 1;
-            cur[j] = v;
-        }
-    }
-    return d[la % 3][lb];
-}
-
-const char *cli_suggest_option(const char *arg, const struct option *opts)
-{
-    const char *best = NULL;
-    unsigned best_d = UINT_MAX;
-    char word[65];
-
-    if (strncmp(arg, "--", 2) != 0)
-        return NULL;
-    size_t n = strcspn(arg + 2, "=");
-    if (n == 0 || n >= sizeof word)
-        return NULL;
-    memcpy(word, arg + 2, n);
-    word[n] = '\0';
-    for (const struct option *o = opts; o->name; o++) {
-        unsigned d = edit_distance(word, o->name);
-        if (d < best_d) {
-            best_d = d;
-            best = o->name;
-        }
-    }
-    /* Close enough to be a typo, not a different word. */
-    return best && best_d <= (n < 6 ? 1u : 2u) ? best : NULL;
-}
-
-int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
-                  size_t msglen)
-{
-    unsigned cid, port;
-    int r;
-
-    *uri = NULL;
-    if (argc != 3)
-        return fail(EINVAL, msg, msglen, "--vsock takes a CID and a port");
-    r = cli_parse_uint("--vsock CID", argv[1], 0, UINT32_MAX, &cid, msg,
-                       msglen);
-    if (r == 0)
-        r = cli_parse_uint("--vsock PORT", argv[2], 0, UINT32_MAX, &port,
-                           msg, msglen);
-    if (r < 0)
-        return r;
-    if (asprintf(uri, "nbd+vsock://%u:%u/", cid, port) == -1) {
-        *uri = NULL;
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
-    }
-    return 0;
+    cli_mountpoint_free(&o->mp);
+    cli_fuse_opts_free(&o->fo);
+    free(o->spool_dir);
+    free(o->vsock_uri);
+    o->spool_dir = o->vsock_uri = NULL;
+    disks_free(o->disks, o->ndisks);
+    o->disks = NULL;
+    o->ndisks = 0;
 }

@@ -1,16 +1,46 @@
-/* fs/cli.h: the daemon's command-line parsing helpers, without side
- * effects beyond stat()/fcntl() checks: each returns 0 or -errno and, on
- * error, writes the one-line message main() prints into msg (msglen
- * bytes, always NUL-terminated).  Kept apart from main() so that they can
+/* fs/cli.h: the daemon's command line.
+ *
+ * cli_parse_args() (fs/cli.c) reads the whole command line into struct
+ * cli_options: the option table, the defaults, every check that can be
+ * made before anything forks, connects or mounts.  It prints nothing and
+ * exits nowhere: a mistake comes back as one line in o->msg for main() to
+ * print.
+ *
+ * Below it, the helpers it is built from (fs/cliargs.c, fs/mountpoint.c),
+ * without side effects beyond stat()/fcntl() checks: each returns 0 or
+ * -errno and, on error, writes the one-line message into msg (msglen
+ * bytes, always NUL-terminated).  Kept apart from cli.c so that they can
  * be fuzzed (tests/fuzz/fuzz-cli.c). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/blkhash.h"
+#include "fs/disks.h"
+#include "fs/readback.h"
 #include "transport/nbdx.h"
 
 #define CLI_MSG_MAX 512
+#define CLI_PROGRAM "nbdferry"
+
+/* The defaults (fs/cli.c sets them, fs/usage.c shows them). */
+#define DEFAULT_CONNECTIONS 4
+#define DEFAULT_DEPTH 8
+#define DEFAULT_REQUEST_SIZE (2u << 20)
+#define DEFAULT_POOL_SIZE (64u << 20)
+#define DEFAULT_READAHEAD (64u << 20)   /* read-ahead memory, all readers */
+#define DEFAULT_IDLE_MS 10
+#define DEFAULT_RETRY_TIMEOUT 60
+#define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
+                                       * can take seconds; 30 s rides out
+                                       * that and short stalls, and a dead
+                                       * server is noticed in half a
+                                       * minute */
+
+/* Format msg (if msglen) and return -err: the helpers' one error path. */
+int cli_fail(int err, char *msg, size_t msglen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* "SIZE" with an optional K/M/G/T suffix (powers of 1024), optionally
  * followed by "i", "B" or "iB".  -EINVAL: not a size; -ERANGE: too large. */
@@ -98,3 +128,80 @@ void cli_fuse_opts_free(struct cli_fuse_opts *fo);
  * typo of, or NULL. */
 struct option;
 const char *cli_suggest_option(const char *arg, const struct option *opts);
+
+/* ---- the command line (fs/cli.c) ------------------------------------ */
+
+/* What the command line asks for.  Everything but CLI_MOUNT is done by
+ * main() at once: cli_print() for the texts, fs/listexports.c for
+ * --list, fs/verdict.c for --unmount. */
+enum cli_action {
+    CLI_MOUNT,
+    CLI_HELP, CLI_VERSION, CLI_FUSE_HELP, CLI_LONG_OPTIONS,
+    CLI_SHORT_OPTIONS,
+    CLI_LIST,                 /* --list URI: target is the URI */
+    CLI_UNMOUNT,              /* --unmount MOUNTPOINT: target */
+};
+
+/* The whole command line, as parsed.  Strings are borrowed from argv
+ * unless marked; cli_options_free() frees the rest. */
+struct cli_options {
+    enum cli_action action;
+    const char *target;       /* --list, --unmount: their argument */
+    struct nbdx_config nbd;
+    bool mode_set;
+    unsigned depth;
+    uint64_t request_size, pool_size;
+    uint64_t readahead;       /* --readahead SIZE; 0: off */
+    unsigned idle_ms;
+    bool write_through, destination_is_zero, no_extents;
+    struct cli_fuse_opts fo;  /* -o: ours taken out, the rest libfuse's */
+    const char *pidfile;
+    bool foreground, single_thread, fuse_debug;
+    char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI;
+                               * owned */
+    struct cli_mountpoint mp; /* owned */
+    bool no_digest, progress_bar;
+    const char *blkhash;      /* the blkhash spec ("DIGEST/SIZE", "" for
+                               * the defaults), or NULL: sha256 or none */
+    const char *digest_opt;   /* the option that named the digest, or NULL
+                               * (the default: blkhash) */
+    char blkhash_md[BLKHASH_NAME_MAX];
+    uint64_t blkhash_block;
+    enum readback_when verify_readback;   /* --verify-readback[=WHEN] */
+    int progress_fd;          /* --progress=FD, or -1 */
+    uint64_t expected_size;
+    char *spool_dir;          /* --spool-dir, absolute; NULL: $TMPDIR;
+                               * owned */
+    uint64_t spool_max;       /* --spool-max; 0: SPOOL_MAX_DEFAULT */
+    unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size, as log2; 0: 64K */
+    const char *log_file;     /* --log-file FILE */
+    /* Several disks (fs/disks.h): MOUNTPOINT NAME=URI ..., or
+     * MOUNTPOINT --all-exports URI (the names and URIs filled in by
+     * main() from the server's list).  ndisks 0: the one-disk form. */
+    struct cli_disk *disks;   /* owned */
+    unsigned ndisks;
+    const char *all_exports;  /* --all-exports URI, or NULL */
+
+    /* The exit status of a failed mount: mount(8)'s 32 in the fstab form
+     * ("nbdferry URI MOUNTPOINT -o OPTIONS", as mount.fuse3 runs it), 1
+     * otherwise.  A usage mistake always exits 1. */
+    int failure_status;
+    /* On a negative return: the one line to print, and whether it is a
+     * usage mistake (printed with "(see nbdferry --help)", exit 1) or a
+     * refused mountpoint (printed alone, exit failure_status). */
+    char msg[CLI_MSG_MAX];
+    bool usage_mistake;
+};
+
+/* Parse argv into *o (zeroed by the caller).  0, with o->action set, or
+ * -errno with o->msg.  Sets log_verbosity (-v, -d) as it goes. */
+int cli_parse_args(struct cli_options *o, int argc, char **argv);
+
+/* The texts of CLI_HELP, CLI_VERSION, CLI_FUSE_HELP, CLI_LONG_OPTIONS and
+ * CLI_SHORT_OPTIONS, on stdout. */
+void cli_print(enum cli_action a);
+
+void cli_options_free(struct cli_options *o);
+
+/* fs/usage.c: the --help text, on stdout. */
+void cli_usage(void);

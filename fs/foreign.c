@@ -7,14 +7,14 @@
 
 #include "common/log.h"
 
-const char *foreign_advice(const struct fs *fs, enum image_kind k,
+const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
                            enum fs_ino ino, char *buf, size_t n)
 {
-    const char *raw = fs->view_name[FS_INO_RAW];
-    const char *vhd = fs->view_name[FS_INO_VHD];
-    const char *vmdk = fs->view_name[FS_INO_VMDK];
-    const char *qcow2 = fs->view_name[FS_INO_QCOW2];
-    const char *vhdx = fs->view_name[FS_INO_VHDX];
+    const char *raw = d->view_name[FS_INO_RAW];
+    const char *vhd = d->view_name[FS_INO_VHD];
+    const char *vmdk = d->view_name[FS_INO_VMDK];
+    const char *qcow2 = d->view_name[FS_INO_QCOW2];
+    const char *vhdx = d->view_name[FS_INO_VHDX];
 
     if ((k == IMAGE_VHD && ino == FS_INO_VHD) ||
         (k == IMAGE_VMDK && ino == FS_INO_VMDK) ||
@@ -57,7 +57,7 @@ const char *foreign_advice(const struct fs *fs, enum image_kind k,
     return buf;
 }
 
-void foreign_raw_write(struct fs *fs, uint64_t off, const void *buf,
+void foreign_raw_write(struct fs_disk *d, uint64_t off, const void *buf,
                        size_t len)
 {
     if (off != 0)
@@ -65,15 +65,15 @@ void foreign_raw_write(struct fs *fs, uint64_t off, const void *buf,
     enum image_kind k = image_kind(buf, len);
     char advice[200];
     if (k == IMAGE_UNKNOWN ||
-        __atomic_exchange_n(&fs->foreign_warned, true, __ATOMIC_RELAXED))
+        __atomic_exchange_n(&d->foreign_warned, true, __ATOMIC_RELAXED))
         return;
-    foreign_advice(fs, k, FS_INO_RAW, advice, sizeof advice);
+    foreign_advice(d, k, FS_INO_RAW, advice, sizeof advice);
     log_warn("%s: written as asked, but it is %s: the disk now holds the "
              "image file, not the disk inside it; %s",
-             fs->view_name[FS_INO_RAW], image_kind_name(k), advice);
+             d->view_name[FS_INO_RAW], image_kind_name(k), advice);
 }
 
-void foreign_raw_pass(struct fs *fs)
+void foreign_raw_pass(struct fs_disk *d)
 {
-    __atomic_store_n(&fs->foreign_warned, false, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->foreign_warned, false, __ATOMIC_RELAXED);
 }

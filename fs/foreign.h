@@ -19,12 +19,12 @@
 /* What to do with a file of kind k that was written into the view ino:
  * "write it into MNT/nbd.vhd", "use qemu-img convert ...", in buf (n
  * bytes).  NULL: nothing to say (unknown, or ino's own format). */
-const char *foreign_advice(const struct fs *fs, enum image_kind k,
+const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
                            enum fs_ino ino, char *buf, size_t n);
 
 /* A write of the raw file landed [off, off + len) from buf: at offset 0
  * with a known header, warn (once until foreign_raw_pass()). */
-void foreign_raw_write(struct fs *fs, uint64_t off, const void *buf,
+void foreign_raw_write(struct fs_disk *d, uint64_t off, const void *buf,
                        size_t len);
 /* A new writer of the raw file: its copy is warned about afresh. */
-void foreign_raw_pass(struct fs *fs);
+void foreign_raw_pass(struct fs_disk *d);

@@ -9,10 +9,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "transport/readahead.h"
+#include "fs/readahead.h"
 #include "transport/nbdx.h"
 #include "transport/pool.h"
 
+/* Inodes.  Each disk has FS_INO_COUNT numbers: disk i's view in slot s
+ * (enum fs_ino) is inode i * FS_INO_COUNT + s, so disk 0's are the
+ * numbers a single-disk mount always had; the root and the status file
+ * are the mount's (disk 0's slots). */
 enum fs_ino {
     FS_INO_ROOT = 1,
     FS_INO_RAW = 2,           /* the export as a raw file ("nbd") */
@@ -24,23 +28,31 @@ enum fs_ino {
     FS_INO_COUNT              /* fs_views[] (fs/view.h) has this many */
 };
 
+static inline unsigned fs_ino_slot(uint64_t ino)
+{
+    return (unsigned) (ino % FS_INO_COUNT);
+}
+
+static inline unsigned fs_ino_disk(uint64_t ino)
+{
+    return (unsigned) (ino / FS_INO_COUNT);
+}
+
+static inline uint64_t fs_ino_of(unsigned disk, unsigned slot)
+{
+    return (uint64_t) disk * FS_INO_COUNT + slot;
+}
+
 #define FS_STATUS_NAME ".nbdferry-status"
 
 struct tcpinfo_sampler;
 struct readahead;
 struct ra_stream;
+struct fs;
 
-struct fs {
-    struct nbdx *x;
-    struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
-    /* Per view (fs/view.h), by inode: its name, its state (its own). */
-    char *view_name[FS_INO_COUNT];
-    void *view_state[FS_INO_COUNT];
-    struct pool *pool;
-    struct readahead *ra;     /* transport/readahead.c, for all handles */
-    uint64_t export_size;
-    const char *filename;
-    bool readonly;
+/* The mount's configuration: set before the mount, never changed after
+ * (read without a lock by every thread). */
+struct fs_config {
     bool allow_other;         /* -o allow_other: the directory is 0755 */
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
     const char *spool_dir;    /* --spool-dir (fs/spool.h); NULL: $TMPDIR */
@@ -52,11 +64,31 @@ struct fs {
     bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     bool multiwriter;         /* -o multiwriter: several writers at once
                                * (fs/writers.c) */
-    bool foreign_warned;      /* fs/foreign.c: this copy's header warned
-                               * about; __atomic builtins */
     uid_t uid;
     gid_t gid;
     struct timespec started;
+};
+
+/* One disk: an export, its connections, pool and watchers, and the files
+ * that show it (the raw file and its views).  Everything a view or the
+ * raw-file module works on. */
+struct fs_disk {
+    struct fs *fs;            /* the mount (its lock, its handles) */
+    const struct fs_config *cfg;  /* &fs->cfg */
+    unsigned index;           /* in fs->disks[]: its inodes (fs_ino_of) */
+    const char *filename;     /* the raw file's name; the views add a
+                               * suffix */
+    struct nbdx *x;
+    struct tcpinfo_sampler *tcp;  /* TCP connections only, else NULL */
+    /* Per view (fs/view.h), by slot: its name, its state (its own). */
+    char *view_name[FS_INO_COUNT];
+    void *view_state[FS_INO_COUNT];
+    struct pool *pool;
+    struct readahead *ra;     /* transport/readahead.c: shared by the handles */
+    uint64_t export_size;
+    bool readonly;
+    bool foreign_warned;      /* fs/foreign.c: this copy's header warned
+                               * about; __atomic builtins */
 
     /* The raw file's size, time and size lock belong to fs/rawfile.c:
      * everything else reads them through rawfile_size() and
@@ -72,14 +104,10 @@ struct fs {
      * (i_rwsem); this keeps the rule where it does not (parallel direct
      * writes). */
     pthread_rwlock_t size_lock;
-    pthread_mutex_t lock;     /* protects the fields below */
+    /* Under fs->lock: */
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
                                * is pending or known zero on the disk */
     struct timespec mtime;
-    struct fs_fh *open_files; /* every handle between open and release */
-    pthread_cond_t released;  /* a handle left open_files (fs/writers.h);
-                               * CLOCK_MONOTONIC (mono_cond_init) */
-    uint64_t fh_serial;       /* the last handle's serial */
     uint64_t pass_fh;         /* the serial of the handle whose copy the
                                * progress counts (fs/rawfile.c) */
 
@@ -107,9 +135,42 @@ struct fs {
     struct progress *progress;/* fs/progress.c: pass, samples, bar */
 };
 
+/* Every handle between open and release, under fs->lock. */
+struct fs_handles {
+    struct fs_fh *open_files;
+    pthread_cond_t released;  /* a handle left open_files (fs/writers.h);
+                               * CLOCK_MONOTONIC (mono_cond_init) */
+    uint64_t fh_serial;       /* the last handle's serial */
+};
+
+/* The mount: its configuration, its disks, its handles. */
+struct fs {
+    struct fs_config cfg;
+    pthread_mutex_t lock;     /* protects the handles and each disk's
+                               * fields marked so */
+    struct fs_handles h;
+    struct fs_disk *disks;    /* ndisks of them, from index 0 */
+    unsigned ndisks;
+    /* The receive loop's (fs/landing.c, fs_landing()): the disk to
+     * prepare the next buffer in, the disk whose pool holds the prepared
+     * one, the disk a ready read was served from.  The receiving
+     * thread's only. */
+    struct fs_disk *land_disk;
+    struct fs_disk *land_cur;
+    struct fs_disk *ready_disk;
+};
+
+/* The disk an inode belongs to, or NULL. */
+static inline struct fs_disk *fs_disk_of(struct fs *fs, uint64_t ino)
+{
+    unsigned i = fs_ino_disk(ino);
+    return i < fs->ndisks ? &fs->disks[i] : NULL;
+}
+
 /* One open file. */
 struct fs_fh {
-    enum fs_ino ino;
+    enum fs_ino ino;          /* the view's slot (not the inode number) */
+    struct fs_disk *disk;     /* the disk it shows */
     bool writer;              /* opened for writing */
     bool wrote;               /* changed the file (write, truncate, zero):
                                * only then does its close drain the pool.
@@ -136,7 +197,7 @@ struct fs_fh {
     void *view_data;          /* the view's, from its open to its release
                                * (the status text, a frozen VHD, ...) */
     struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */
-    struct fs_fh *prev, *next;/* fs->open_files, under fs->lock */
+    struct fs_fh *prev, *next;/* fs->h.open_files, under fs->lock */
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;

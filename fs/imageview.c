@@ -21,7 +21,7 @@
 
 struct imageview {
     const struct imageview_format *f;
-    struct fs *fs;
+    struct fs_disk *d;
     void *priv;                   /* the format's */
     struct synthcache *synths;    /* the read side's, shared */
     struct unpackers *unpack;     /* the format's unpack workers, or NULL */
@@ -43,29 +43,29 @@ enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK, SITE_BUSY,
        SITE_RECEIVING, SITE_RECEIVED };
 #define SITE(iv, k) ((const char *) (iv) + (k))
 
-struct imageview *imageview_of(struct fs *fs, enum fs_ino ino)
+struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino)
 {
-    return fs->view_state[ino];
+    return d->view_state[ino];
 }
 
-struct fs *imageview_fs(const struct imageview *iv) { return iv->fs; }
+struct fs_disk *imageview_fs(const struct imageview *iv) { return iv->d; }
 void *imageview_priv(const struct imageview *iv) { return iv->priv; }
 void imageview_set_priv(struct imageview *iv, void *p) { iv->priv = p; }
 void *imageview_stream(const struct imageview *iv) { return iv->stream; }
 
 const char *imageview_name(const struct imageview *iv)
 {
-    return iv->fs->view_name[iv->f->ino];
+    return iv->d->view_name[iv->f->ino];
 }
 
-static struct imageview *iv_of_fh(struct fs *fs, struct fs_fh *fh)
+static struct imageview *iv_of_fh(struct fs_disk *d, struct fs_fh *fh)
 {
-    return imageview_of(fs, fh->ino);
+    return imageview_of(d, fh->ino);
 }
 
 /* ---- the synthesized (read) side -------------------------------------- */
 
-int imageview_each_data(struct fs *fs, uint64_t size,
+int imageview_each_data(struct fs_disk *d, uint64_t size,
                         int (*fn)(void *opaque, uint64_t off, uint64_t len),
                         void *opaque)
 {
@@ -73,13 +73,13 @@ int imageview_each_data(struct fs *fs, uint64_t size,
     int r = 0;
 
     while (pos < size && r == 0) {
-        int64_t d = pool_seek(fs->pool, pos, SEEK_DATA, size);
-        if (d < 0)
+        int64_t data = pool_seek(d->pool, pos, SEEK_DATA, size);
+        if (data < 0)
             break;                            /* -ENXIO: no more data */
-        int64_t h = pool_seek(fs->pool, (uint64_t) d, SEEK_HOLE, size);
-        if (h <= d)
+        int64_t h = pool_seek(d->pool, (uint64_t) data, SEEK_HOLE, size);
+        if (h <= data)
             h = (int64_t) size;
-        r = fn(opaque, (uint64_t) d, (uint64_t) (h - d));
+        r = fn(opaque, (uint64_t) data, (uint64_t) (h - data));
         pos = (uint64_t) h;
     }
     return r;
@@ -110,29 +110,29 @@ static int count_extent(void *opaque, uint64_t off, uint64_t len)
     return 0;
 }
 
-struct imageview_count imageview_count_data(struct fs *fs, uint64_t size,
+struct imageview_count imageview_count_data(struct fs_disk *d, uint64_t size,
                                             uint64_t unit, uint64_t per)
 {
     struct unit_count c = { .unit = unit, .per = per,
                             .last_u = UINT64_MAX, .last_t = UINT64_MAX };
 
-    imageview_each_data(fs, size, count_extent, &c);
+    imageview_each_data(d, size, count_extent, &c);
     return c.n;
 }
 
 /* Freeze the disk's allocation into a synthesizer: the disk up to the raw
  * file's apparent size (what `cp src.img MNT/nbd` made it), as the raw
  * file shows it.  The format logs why it cannot make one. */
-static int synth_build(void *opaque, struct fs *fs, void **out)
+static int synth_build(void *opaque, struct fs_disk *d, void **out)
 {
     struct imageview *iv = opaque;
     const struct imageview_format *f = iv->f;
     void *s;
 
-    int r = f->new_synth(iv, rawfile_size(fs), &s);
+    int r = f->new_synth(iv, rawfile_size(d), &s);
     if (r < 0)
         return r;
-    r = imageview_each_data(fs, rawfile_size(fs), f->allocate, s);
+    r = imageview_each_data(d, rawfile_size(d), f->allocate, s);
     if (r == 0)
         r = f->seal(s);                       /* -ENOMEM */
     if (r < 0) {
@@ -165,7 +165,7 @@ static uint64_t view_size(struct imageview *iv)
     if (iv->f->size)
         return iv->f->size(iv);
     /* At the cap, the newest synthesizer's size (an open says why). */
-    void *s = synthcache_get(iv->synths, iv->fs, true, &err);
+    void *s = synthcache_get(iv->synths, iv->d, true, &err);
     if (!s)
         return 0;
     uint64_t n = iv->f->file_size(s);
@@ -186,10 +186,10 @@ int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len)
     return pool_read(d->fs->pool, off, buf, len);
 }
 
-ssize_t imageview_pread(struct fs *fs, struct fs_fh *fh, char *buf,
+ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
                         size_t size, uint64_t off)
 {
-    struct imageview *iv = iv_of_fh(fs, fh);
+    struct imageview *iv = iv_of_fh(d, fh);
 
     if (!fh->view_data)
         return -EBADF;
@@ -220,13 +220,13 @@ int imageview_unpack(struct imageview *iv, const void *desc,
 int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
                    bool overlay, uint64_t file_len)
 {
-    struct fs *fs = iv->fs;
+    struct fs_disk *d = iv->d;
 
-    if (size > fs->export_size) {
+    if (size > d->export_size) {
         log_err_site(SITE(iv, SITE_TAKE), "%s: the %s's disk is %" PRIu64
                      " bytes, larger than the export (%" PRIu64 "): nothing "
                      "written", imageview_name(iv), iv->f->what, size,
-                     fs->export_size);
+                     d->export_size);
         iv->logged = true;
         return -ENOSPC;
     }
@@ -235,24 +235,24 @@ int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
                   size);
     /* Under iv->lock (inside a feed): the stream is ours.  From here on
      * the copy is this one (its writer's input file the total). */
-    rawfile_view_begin(fs, iv->writer, iv->writer_pid, iv->f->status_name);
+    rawfile_view_begin(d, iv->writer, iv->writer_pid, iv->f->status_name);
     if (file_len)
-        rawfile_view_length(fs, file_len);
+        rawfile_view_length(d, file_len);
     if (overlay)
         return 0;                             /* applied over the parent */
-    return rawfile_replace(fs, size);
+    return rawfile_replace(d, size);
 }
 
 int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len)
 {
-    struct fs *fs = iv->fs;
+    struct fs_disk *d = iv->d;
 
-    if (off <= fs->export_size && len <= fs->export_size - off)
+    if (off <= d->export_size && len <= d->export_size - off)
         return 0;
     log_err_site(SITE(iv, SITE_FITS), "%s: the %s's disk is larger than the "
                  "export (%" PRIu64 " bytes): data at offset %" PRIu64
                  " does not fit", imageview_name(iv), iv->f->what,
-                 fs->export_size, off);
+                 d->export_size, off);
     iv->logged = true;
     return -ENOSPC;
 }
@@ -264,10 +264,10 @@ static const char *refusal_hint(struct imageview *iv, int r, char *buf,
 {
     if (r != -EMEDIUMTYPE)
         return "";
-    const char *advice = foreign_advice(iv->fs, iv->f->first_kind(iv->stream),
+    const char *advice = foreign_advice(iv->d, iv->f->first_kind(iv->stream),
                                         iv->f->ino, buf + 2, n - 2);
     if (!advice) {
-        const char *h = iv->f->refusal_hint ? iv->f->refusal_hint(iv->fs)
+        const char *h = iv->f->refusal_hint ? iv->f->refusal_hint(iv->d)
                                             : NULL;
         return h ? h : "";
     }
@@ -340,13 +340,13 @@ static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
     return r;
 }
 
-int imageview_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+int imageview_open(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid)
 {
-    struct imageview *iv = iv_of_fh(fs, fh);
+    struct imageview *iv = iv_of_fh(d, fh);
     int r;
 
     if ((flags & O_ACCMODE) == O_RDONLY) {
-        fh->view_data = synthcache_get(iv->synths, fs, false, &r);
+        fh->view_data = synthcache_get(iv->synths, d, false, &r);
         if (!fh->view_data)
             return r;
         r = 0;
@@ -354,14 +354,14 @@ int imageview_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
         return r;
     }
     if (iv->f->readahead)
-        fh->ra = ra_stream_open(fs->ra);      /* NULL: reads on demand */
+        fh->ra = ra_stream_open(d->ra);      /* NULL: reads on demand */
     return 0;
 }
 
-ssize_t imageview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+ssize_t imageview_write(struct fs_disk *d, struct fs_fh *fh, const char *buf,
                         size_t size, off_t soff)
 {
-    struct imageview *iv = iv_of_fh(fs, fh);
+    struct imageview *iv = iv_of_fh(d, fh);
     uint64_t off = (uint64_t) soff;
     int r;
 
@@ -380,7 +380,7 @@ ssize_t imageview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
         r = settle_locked(iv, r);
     pthread_mutex_unlock(&iv->lock);
     if (r >= 0)
-        rawfile_view_wrote(fs, fh, off, size);
+        rawfile_view_wrote(d, fh, off, size);
     return r < 0 ? r : (ssize_t) size;
 }
 
@@ -405,23 +405,23 @@ static int view_hole(struct imageview *iv, struct fs_fh *fh, uint64_t off,
         r = settle_locked(iv, r);
     pthread_mutex_unlock(&iv->lock);
     if (r >= 0)
-        rawfile_view_zeroed(iv->fs, writer, off, len);
+        rawfile_view_zeroed(iv->d, writer, off, len);
     return r;
 }
 
 /* cp --sparse=always punches the holes it skipped: zeros of the file. */
-int imageview_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+int imageview_fallocate(struct fs_disk *d, struct fs_fh *fh, int mode, off_t off,
                         off_t len)
 {
     if (off < 0 || len <= 0 || (mode & ~FALLOC_FL_KEEP_SIZE) == 0)
         return -EINVAL;
-    return view_hole(iv_of_fh(fs, fh), fh, (uint64_t) off, (uint64_t) len);
+    return view_hole(iv_of_fh(d, fh), fh, (uint64_t) off, (uint64_t) len);
 }
 
 /* A truncate that shrinks cannot be decoded. */
-int imageview_truncate(struct fs *fs, enum fs_ino ino, uint64_t size)
+int imageview_truncate(struct fs_disk *d, enum fs_ino ino, uint64_t size)
 {
-    struct imageview *iv = imageview_of(fs, ino);
+    struct imageview *iv = imageview_of(d, ino);
 
     pthread_mutex_lock(&iv->lock);
     bool active = iv->stream != NULL;
@@ -456,14 +456,14 @@ static int finish_locked(struct imageview *iv)
     log_info_site(SITE(iv, SITE_RECEIVED), "%s: %s received, %" PRIu64
                   " bytes%s", imageview_name(iv), iv->f->what, iv->file_size,
                   more);
-    rawfile_view_close(iv->fs, iv->file_size);
+    rawfile_view_close(iv->d, iv->file_size);
     return 0;
 }
 
 /* close(2): the decoder's error first, else the first write error. */
-int imageview_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+int imageview_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
-    struct imageview *iv = iv_of_fh(fs, fh);
+    struct imageview *iv = iv_of_fh(d, fh);
     int r = 0;
 
     pthread_mutex_lock(&iv->lock);
@@ -477,13 +477,13 @@ int imageview_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
         iv->writer = NULL;
     }
     pthread_mutex_unlock(&iv->lock);
-    int err = rawfile_drain(fs, fh, wrote);
+    int err = rawfile_drain(d, fh, wrote);
     return r < 0 ? r : err;
 }
 
-void imageview_release(struct fs *fs, struct fs_fh *fh)
+void imageview_release(struct fs_disk *d, struct fs_fh *fh)
 {
-    struct imageview *iv = iv_of_fh(fs, fh);
+    struct imageview *iv = iv_of_fh(d, fh);
 
     pthread_mutex_lock(&iv->lock);
     if (iv->writer == fh) {
@@ -500,26 +500,26 @@ void imageview_release(struct fs *fs, struct fs_fh *fh)
 
 /* ---- the view ---------------------------------------------------------- */
 
-void imageview_attr(struct fs *fs, enum fs_ino ino, struct stat *st)
+void imageview_attr(struct fs_disk *d, enum fs_ino ino, struct stat *st)
 {
-    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_mode = S_IFREG | (d->readonly ? 0400 : 0600);
     st->st_nlink = 1;
-    st->st_size = (off_t) view_size(imageview_of(fs, ino));
+    st->st_size = (off_t) view_size(imageview_of(d, ino));
     st->st_blocks = (st->st_size + 511) / 512;
 }
 
-int imageview_init(struct fs *fs, const struct imageview_format *f)
+int imageview_init(struct fs_disk *d, const struct imageview_format *f)
 {
     struct imageview *iv = calloc(1, sizeof *iv);
 
     if (!iv)
         return -ENOMEM;
     iv->f = f;
-    iv->fs = fs;
+    iv->d = d;
     pthread_mutex_init(&iv->lock, NULL);
     pthread_mutex_init(&iv->read_lock, NULL);
-    fs->view_state[f->ino] = iv;
-    int r = synthcache_new(&synth_ops, iv, fs->view_name[f->ino],
+    d->view_state[f->ino] = iv;
+    int r = synthcache_new(&synth_ops, iv, d->view_name[f->ino],
                            &iv->synths);
     if (r == 0 && f->init)
         r = f->init(iv);
@@ -527,13 +527,13 @@ int imageview_init(struct fs *fs, const struct imageview_format *f)
         r = unpackers_start(imageview_name(iv), iv, f->unpack,
                             &iv->unpack);
     if (r < 0)
-        imageview_fini(fs, f->ino);
+        imageview_fini(d, f->ino);
     return r;
 }
 
-void imageview_fini(struct fs *fs, enum fs_ino ino)
+void imageview_fini(struct fs_disk *d, enum fs_ino ino)
 {
-    struct imageview *iv = imageview_of(fs, ino);
+    struct imageview *iv = imageview_of(d, ino);
 
     if (!iv)
         return;
@@ -547,5 +547,5 @@ void imageview_fini(struct fs *fs, enum fs_ino ino)
     pthread_mutex_destroy(&iv->read_lock);
     pthread_mutex_destroy(&iv->lock);
     free(iv);
-    fs->view_state[ino] = NULL;
+    d->view_state[ino] = NULL;
 }

@@ -74,7 +74,7 @@ struct imageview_format {
     enum image_kind (*first_kind)(const void *st); /* what arrived first */
     /* Optional: what to say about a refusal foreign_advice() has no
      * advice for ("" or NULL: nothing). */
-    const char *(*refusal_hint)(struct fs *fs);
+    const char *(*refusal_hint)(struct fs_disk *d);
     /* Optional: ", 12 grains" after "VMDK received, N bytes". */
     void (*received)(struct imageview *iv, char *buf, size_t n);
     /* Optional: compressed units that worker threads decompress and
@@ -103,12 +103,12 @@ struct imageview_format {
     bool serial_read;
 };
 
-struct fs *imageview_fs(const struct imageview *iv);
+struct fs_disk *imageview_fs(const struct imageview *iv);
 const char *imageview_name(const struct imageview *iv);  /* "disk.vhd" */
 void *imageview_priv(const struct imageview *iv);
 void imageview_set_priv(struct imageview *iv, void *priv);
 void *imageview_stream(const struct imageview *iv);      /* under iv->lock */
-struct imageview *imageview_of(struct fs *fs, enum fs_ino ino);
+struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino);
 
 /* Sink helpers, under iv->lock. */
 /* The sink logged its error itself: the skeleton does not log it again. */
@@ -130,14 +130,14 @@ int imageview_unpack(struct imageview *iv, const void *desc,
 
 /* The synthesizer's disk reader: opaque is a struct imageview_reader. */
 struct imageview_reader {
-    struct fs *fs;
+    struct fs_disk *fs;
     struct fs_fh *fh;             /* its read-ahead stream, if any */
 };
 int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len);
 
 /* Calls fn for each data extent of the disk in [0, size) (the zero maps:
  * block status and what was written since), in order, until fn fails. */
-int imageview_each_data(struct fs *fs, uint64_t size,
+int imageview_each_data(struct fs_disk *d, uint64_t size,
                         int (*fn)(void *opaque, uint64_t off, uint64_t len),
                         void *opaque);
 
@@ -147,38 +147,38 @@ int imageview_each_data(struct fs *fs, uint64_t size,
 struct imageview_count {
     uint64_t units, tables;
 };
-struct imageview_count imageview_count_data(struct fs *fs, uint64_t size,
+struct imageview_count imageview_count_data(struct fs_disk *d, uint64_t size,
                                             uint64_t unit, uint64_t per);
 
 /* The skeleton's hooks (fs/view.h); IMAGEVIEW_DEFINE() wires them. */
-int  imageview_init(struct fs *fs, const struct imageview_format *f);
-void imageview_fini(struct fs *fs, enum fs_ino ino);
-void imageview_attr(struct fs *fs, enum fs_ino ino, struct stat *st);
-int  imageview_truncate(struct fs *fs, enum fs_ino ino, uint64_t size);
-int  imageview_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid);
-ssize_t imageview_pread(struct fs *fs, struct fs_fh *fh, char *buf,
+int  imageview_init(struct fs_disk *d, const struct imageview_format *f);
+void imageview_fini(struct fs_disk *d, enum fs_ino ino);
+void imageview_attr(struct fs_disk *d, enum fs_ino ino, struct stat *st);
+int  imageview_truncate(struct fs_disk *d, enum fs_ino ino, uint64_t size);
+int  imageview_open(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid);
+ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
                         size_t size, uint64_t off);
-ssize_t imageview_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+ssize_t imageview_write(struct fs_disk *d, struct fs_fh *fh, const char *buf,
                         size_t size, off_t off);
-int  imageview_fallocate(struct fs *fs, struct fs_fh *fh, int mode,
+int  imageview_fallocate(struct fs_disk *d, struct fs_fh *fh, int mode,
                          off_t off, off_t len);
-int  imageview_flush(struct fs *fs, struct fs_fh *fh, bool wrote);
-void imageview_release(struct fs *fs, struct fs_fh *fh);
+int  imageview_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote);
+void imageview_release(struct fs_disk *d, struct fs_fh *fh);
 
 /* const struct fs_view var: the view of format fmt, named FILENAME sfx.
  * The hooks that get no handle (init, fini, attr, truncate) need the
  * inode, hence the wrappers. */
 #define IMAGEVIEW_DEFINE(var, fmt, sfx)                                      \
-    static int var##_init(struct fs *fs) { return imageview_init(fs, &fmt); }\
-    static void var##_fini(struct fs *fs) { imageview_fini(fs, fmt.ino); }   \
-    static void var##_attr(struct fs *fs, struct stat *st)                   \
+    static int var##_init(struct fs_disk *d) { return imageview_init(d, &fmt); }\
+    static void var##_fini(struct fs_disk *d) { imageview_fini(d, fmt.ino); }   \
+    static void var##_attr(struct fs_disk *d, struct stat *st)                   \
     {                                                                        \
-        imageview_attr(fs, fmt.ino, st);                                     \
+        imageview_attr(d, fmt.ino, st);                                     \
     }                                                                        \
-    static int var##_truncate(struct fs *fs, struct fs_fh *fh, uint64_t n)   \
+    static int var##_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t n)   \
     {                                                                        \
         (void) fh;                                                           \
-        return imageview_truncate(fs, fmt.ino, n);                           \
+        return imageview_truncate(d, fmt.ino, n);                           \
     }                                                                        \
     const struct fs_view var = {                                             \
         .suffix = sfx,                                                       \

@@ -58,6 +58,41 @@ static int connect_listing(struct nbd_handle *h, const char *uri)
     return nbd_connect_uri(h, uri);
 }
 
+/* Connect to uri in option mode and collect its list into *l.  0, or -1
+ * with the one line logged ("--list URI: ..." where what is "--list"). */
+static int get_list(struct nbd_handle *h, const char *what, const char *uri,
+                    struct list *l)
+{
+    if (connect_listing(h, uri) == -1) {
+        log_err("%s %s: %s", what, uri, nbd_get_error());
+        return -1;
+    }
+    if (nbd_opt_list(h, (nbd_list_callback){ .callback = add_export,
+                                             .user_data = l }) == -1) {
+        log_err("%s %s: the server does not list its exports: %s", what,
+                uri, nbd_get_error());
+        return -1;
+    }
+    if (l->oom) {
+        log_err("%s: out of memory", what);
+        return -1;
+    }
+    if (l->n == 0) {
+        log_err("%s %s: the server lists no exports", what, uri);
+        return -1;
+    }
+    return 0;
+}
+
+static void free_list(struct list *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->v[i].name);
+        free(l->v[i].desc);
+    }
+    free(l->v);
+}
+
 int list_exports(const char *uri)
 {
     struct nbd_handle *h = nbd_create();
@@ -68,24 +103,8 @@ int list_exports(const char *uri)
         log_err("--list: %s", nbd_get_error());
         return 1;
     }
-    if (connect_listing(h, uri) == -1) {
-        log_err("--list %s: %s", uri, nbd_get_error());
+    if (get_list(h, "--list", uri, &l) < 0)
         goto out;
-    }
-    if (nbd_opt_list(h, (nbd_list_callback){ .callback = add_export,
-                                             .user_data = &l }) == -1) {
-        log_err("--list %s: the server does not list its exports: %s", uri,
-                nbd_get_error());
-        goto out;
-    }
-    if (l.oom) {
-        log_err("--list: out of memory");
-        goto out;
-    }
-    if (l.n == 0) {
-        log_err("--list %s: the server lists no exports", uri);
-        goto out;
-    }
     for (size_t i = 0; i < l.n; i++) {
         int64_t size = -1;
         if (nbd_set_export_name(h, l.v[i].name) != -1 &&
@@ -102,11 +121,38 @@ int list_exports(const char *uri)
     status = fflush(stdout) == 0 ? 0 : 1;
     nbd_opt_abort(h);
 out:
-    for (size_t i = 0; i < l.n; i++) {
-        free(l.v[i].name);
-        free(l.v[i].desc);
-    }
-    free(l.v);
+    free_list(&l);
     nbd_close(h);
     return status;
+}
+
+int list_export_names(const char *uri, char ***names, size_t *n)
+{
+    struct nbd_handle *h = nbd_create();
+    struct list l = { NULL, 0, false };
+    int r = -1;
+
+    *names = NULL;
+    *n = 0;
+    if (!h) {
+        log_err("--all-exports: %s", nbd_get_error());
+        return -1;
+    }
+    if (get_list(h, "--all-exports", uri, &l) < 0)
+        goto out;                               /* logged */
+    if (!(*names = calloc(l.n, sizeof **names))) {
+        log_err("--all-exports: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        (*names)[i] = l.v[i].name;              /* moved */
+        l.v[i].name = NULL;
+    }
+    *n = l.n;
+    r = 0;
+    nbd_opt_abort(h);
+out:
+    free_list(&l);
+    nbd_close(h);
+    return r;
 }

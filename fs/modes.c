@@ -18,7 +18,7 @@
 static fuse_ino_t map(fuse_req_t req, fuse_ino_t ino)
 {
     const struct fs *fs = fuse_req_userdata(req);
-    return fs->file_mode && ino == FS_INO_ROOT ? FS_INO_RAW : ino;
+    return fs->cfg.file_mode && ino == FS_INO_ROOT ? FS_INO_RAW : ino;
 }
 
 static void m_getattr(fuse_req_t req, fuse_ino_t ino,
@@ -33,7 +33,7 @@ static void m_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
     const struct fs *fs = fuse_req_userdata(req);
 
     ino = map(req, ino);
-    if (fs->block_device && ino == FS_INO_RAW)
+    if (fs->cfg.block_device && fs_ino_slot(ino) == FS_INO_RAW)
         to_set &= ~FUSE_SET_ATTR_SIZE;    /* a disk keeps its size */
     fs_ops.setattr(req, ino, attr, to_set, fi);
 }
@@ -42,7 +42,7 @@ static void m_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     const struct fs *fs = fuse_req_userdata(req);
 
-    if (fs->file_mode)
+    if (fs->cfg.file_mode)
         fuse_reply_err(req, ENOTDIR);
     else
         fs_ops.lookup(req, parent, name);
@@ -59,7 +59,7 @@ static void m_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     const struct fs *fs = fuse_req_userdata(req);
 
     ino = map(req, ino);
-    if (fs->block_device && ino == FS_INO_RAW)
+    if (fs->cfg.block_device && fs_ino_slot(ino) == FS_INO_RAW)
         fi->flags &= ~O_TRUNC;            /* as nbdfuse: ignored */
     fs_ops.open(req, ino, fi);
 }

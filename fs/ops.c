@@ -36,6 +36,26 @@
 
 static struct fs *fs_of(fuse_req_t req) { return fuse_req_userdata(req); }
 
+/* The disk an inode shows, and its view: NULL for an inode no disk has
+ * (the root, or a number the mount never gave out). */
+static struct fs_disk *disk_of(fuse_req_t req, fuse_ino_t ino)
+{
+    return fs_disk_of(fs_of(req), ino);
+}
+
+static const struct fs_view *view_of(struct fs *fs, fuse_ino_t ino)
+{
+    return fs_disk_of(fs, ino) ? fs_view_of(ino) : NULL;
+}
+
+/* The disk of a handle's request (the raw file's or a view's), or of the
+ * inode when there is no handle (a truncate by path). */
+static struct fs_disk *fh_disk(fuse_req_t req, fuse_ino_t ino,
+                               const struct fs_fh *fh)
+{
+    return fh ? fh->disk : disk_of(req, ino);
+}
+
 static struct fs_fh *fh_of(struct fuse_file_info *fi)
 {
     return fi ? (struct fs_fh *) (uintptr_t) fi->fh : NULL;
@@ -45,19 +65,19 @@ static struct fs_fh *fh_of(struct fuse_file_info *fi)
 
 static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
 {
-    const struct fs_view *v = fs_view_of(ino);
+    const struct fs_view *v = view_of(fs, ino);
 
     memset(st, 0, sizeof *st);
     st->st_ino = ino;
-    st->st_uid = fs->uid;
-    st->st_gid = fs->gid;
-    st->st_atim = st->st_ctim = st->st_mtim = fs->started;
+    st->st_uid = fs->cfg.uid;
+    st->st_gid = fs->cfg.gid;
+    st->st_atim = st->st_ctim = st->st_mtim = fs->cfg.started;
     st->st_blksize = FS_BLKSIZE;
     if (ino == FS_INO_ROOT) {
-        st->st_mode = S_IFDIR | (fs->allow_other ? 0755 : 0700);
+        st->st_mode = S_IFDIR | (fs->cfg.allow_other ? 0755 : 0700);
         st->st_nlink = 2;
     } else if (v)
-        v->attr(fs, st);
+        v->attr(fs_disk_of(fs, ino), st);
 }
 
 static void reply_attr(fuse_req_t req, fuse_ino_t ino)
@@ -71,9 +91,13 @@ static void reply_attr(fuse_req_t req, fuse_ino_t ino)
 
 static fuse_ino_t ino_by_name(struct fs *fs, const char *name)
 {
-    for (fuse_ino_t i = 0; i < FS_INO_COUNT; i++)
-        if (fs_views[i] && strcmp(name, fs->view_name[i]) == 0)
-            return i;
+    for (unsigned d = 0; d < fs->ndisks; d++)
+        for (unsigned i = 0; i < FS_INO_COUNT; i++) {
+            fuse_ino_t ino = fs_ino_of(d, i);
+            if (view_of(fs, ino) && fs->disks[d].view_name[i] &&
+                strcmp(name, fs->disks[d].view_name[i]) == 0)
+                return ino;
+        }
     return 0;
 }
 
@@ -108,17 +132,18 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
 static int set_attr(struct fs *fs, fuse_ino_t ino, struct stat *attr,
                     int to_set, struct fuse_file_info *fi)
 {
-    const struct fs_view *v = fs_view_of(ino);
+    const struct fs_view *v = view_of(fs, ino);
+    struct fs_disk *d = fs_disk_of(fs, ino);
 
     if (!v || !v->truncate)
         return -EPERM;
     if (!(to_set & FUSE_SET_ATTR_SIZE))
         return 0;
-    if (fs->readonly)
+    if (d->readonly)
         return -EROFS;
     if (attr->st_size < 0)
         return -EINVAL;
-    return v->truncate(fs, fh_of(fi), (uint64_t) attr->st_size);
+    return v->truncate(d, fh_of(fi), (uint64_t) attr->st_size);
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
@@ -128,7 +153,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
           (unsigned) to_set, (intmax_t) attr->st_size);
     int r = set_attr(fs_of(req), ino, attr, to_set, fi);
 
-    rawfile_failed(fs_of(req), fh_of(fi), r);
+    if (disk_of(req, ino))
+        rawfile_failed(disk_of(req, ino), fh_of(fi), r);
     if (r < 0)
         fuse_reply_err(req, -r);
     else
@@ -172,9 +198,11 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     }
     dirbuf_add(req, &b, ".", FS_INO_ROOT);
     dirbuf_add(req, &b, "..", FS_INO_ROOT);
-    for (fuse_ino_t i = 0; i < FS_INO_COUNT; i++)
-        if (fs_views[i])
-            dirbuf_add(req, &b, fs->view_name[i], i);
+    for (unsigned d = 0; d < fs->ndisks; d++)
+        for (unsigned i = 0; i < FS_INO_COUNT; i++)
+            if (view_of(fs, fs_ino_of(d, i)))
+                dirbuf_add(req, &b, fs->disks[d].view_name[i],
+                           fs_ino_of(d, i));
     if ((size_t) off < b.size) {
         size_t n = b.size - (size_t) off;
         fuse_reply_buf(req, b.p + off, MIN(n, size));
@@ -244,10 +272,10 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 static void remember_fh_locked(struct fs *fs, struct fs_fh *fh)
 {
-    fh->next = fs->open_files;
+    fh->next = fs->h.open_files;
     if (fh->next)
         fh->next->prev = fh;
-    fs->open_files = fh;
+    fs->h.open_files = fh;
 }
 
 static void remember_fh(struct fs *fs, struct fs_fh *fh)
@@ -263,10 +291,10 @@ static void forget_fh(struct fs *fs, struct fs_fh *fh)
     if (fh->prev)
         fh->prev->next = fh->next;
     else
-        fs->open_files = fh->next;
+        fs->h.open_files = fh->next;
     if (fh->next)
         fh->next->prev = fh->prev;
-    pthread_cond_broadcast(&fs->released);      /* fs/writers.h */
+    pthread_cond_broadcast(&fs->h.released);      /* fs/writers.h */
     pthread_mutex_unlock(&fs->lock);
 }
 
@@ -276,7 +304,7 @@ static void close_fh(struct fs *fs, struct fs_fh *fh)
     const struct fs_view *v = fs_view_of(fh->ino);
 
     if (v->release)
-        v->release(fs, fh);
+        v->release(fh->disk, fh);
     forget_fh(fs, fh);
     free(fh);
 }
@@ -294,7 +322,7 @@ static int admit_writer(struct fs *fs, struct fs_fh *fh)
 
     pthread_mutex_lock(&fs->lock);
     while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
-        if (pthread_cond_timedwait(&fs->released, &fs->lock, &deadline) ==
+        if (pthread_cond_timedwait(&fs->h.released, &fs->lock, &deadline) ==
             ETIMEDOUT) {
             r = writers_admit_locked(fs, fh, why, sizeof why);
             break;
@@ -314,11 +342,12 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
                              int *err)
 {
     struct fs *fs = fs_of(req);
-    const struct fs_view *v = fs_view_of(ino);
+    const struct fs_view *v = view_of(fs, ino);
+    struct fs_disk *d = fs_disk_of(fs, ino);
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
     *err = !v ? (ino == FS_INO_ROOT ? -EISDIR : -ENOENT)
-           : writing && fs->readonly ? -EROFS
+           : writing && d->readonly ? -EROFS
            : writing && !v->writable ? -EACCES : 0;
     struct fs_fh *fh = *err ? NULL : calloc(1, sizeof *fh);
     if (!fh) {
@@ -326,10 +355,11 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
         return NULL;
     }
     pid_t pid = fuse_req_ctx(req)->pid;
-    fh->ino = (enum fs_ino) ino;
+    fh->ino = (enum fs_ino) fs_ino_slot(ino);
+    fh->disk = d;
     fh->writer = writing;
-    fh->err_seq = pool_error_seq(fs->pool);
-    fh->serial = __atomic_add_fetch(&fs->fh_serial, 1, __ATOMIC_RELAXED);
+    fh->err_seq = pool_error_seq(d->pool);
+    fh->serial = __atomic_add_fetch(&fs->h.fh_serial, 1, __ATOMIC_RELAXED);
     if (writing && (flags & O_TRUNC))
         fh->wrote = true;
     if (writing) {
@@ -339,7 +369,7 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
             return NULL;
         }
     }
-    *err = v->open ? v->open(fs, fh, flags, pid) : 0;
+    *err = v->open ? v->open(d, fh, flags, pid) : 0;
     if (*err < 0) {               /* the view undid its part */
         if (writing)
             forget_fh(fs, fh);
@@ -358,8 +388,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* A mount whose server was given up on tries it again here, so that
      * a new copy finds it healed.  The open succeeds either way: the
      * handle's writes and reads report a server still gone. */
-    if (fs_view_of(ino) != &fs_status_view)
-        pool_heal(fs_of(req)->pool);
+    if (view_of(fs_of(req), ino) && fs_view_of(ino) != &fs_status_view)
+        pool_heal(disk_of(req, ino)->pool);
     struct fs_fh *fh = open_fh(req, ino, fi->flags, &err);
 
     if (!fh) {
@@ -379,19 +409,20 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     TRACE(req, "flush ino=%" PRIu64 " fh=%#" PRIx64, (uint64_t) ino, (uint64_t) fi->fh);
-    const struct fs_view *v = fs_view_of(ino);
+    const struct fs_view *v = view_of(fs_of(req), ino);
     struct fs_fh *fh = fh_of(fi);
 
     /* A handle that changed nothing has nothing to wait for: its close
      * (head -c1 while cp writes) must not drain the pool nor send the
      * pending zeroes the writer's own close will send. */
-    int r = v && v->flush ? v->flush(fs_of(req), fh, fs_fh_has_written(fh))
-                          : 0;
+    bool wrote = fh && fs_fh_has_written(fh);
+    int r = v && v->flush ? v->flush(fh_disk(req, ino, fh), fh, wrote) : 0;
     /* Closed: unless it writes again (another descriptor of the same open
      * file), its copy is over once its process is (fs/writers.h). */
     if (fh && fh->writer)
         __atomic_store_n(&fh->idle, true, __ATOMIC_RELAXED);
-    rawfile_failed(fs_of(req), fh, r);
+    if (fh)
+        rawfile_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);
 }
 
@@ -399,10 +430,12 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
                      struct fuse_file_info *fi)
 {
     TRACE(req, "fsync ino=%" PRIu64 " datasync=%d", (uint64_t) ino, datasync);
-    const struct fs_view *v = fs_view_of(ino);
-    int r = v && v->fsync ? v->fsync(fs_of(req), fh_of(fi)) : 0;
+    const struct fs_view *v = view_of(fs_of(req), ino);
+    struct fs_fh *fh = fh_of(fi);
+    int r = v && v->fsync ? v->fsync(fh_disk(req, ino, fh), fh) : 0;
 
-    rawfile_failed(fs_of(req), fh_of(fi), r);
+    if (fh)
+        rawfile_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);
 }
 
@@ -410,8 +443,8 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
  * release for them after SIGTERM or a lazy unmount). */
 void fs_close_all(struct fs *fs)
 {
-    while (fs->open_files)
-        close_fh(fs, fs->open_files);
+    while (fs->h.open_files)
+        close_fh(fs, fs->h.open_files);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino,
@@ -434,7 +467,7 @@ static void read_copied(fuse_req_t req, const struct fs_view *v,
         fuse_reply_err(req, off < 0 ? EINVAL : ENOMEM);
         return;
     }
-    ssize_t n = v->pread(fs_of(req), fh, buf, size, (uint64_t) off);
+    ssize_t n = v->pread(fh->disk, fh, buf, size, (uint64_t) off);
     if (n < 0)
         fuse_reply_err(req, (int) -n);
     else
@@ -447,10 +480,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
     TRACE(req, "read ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino, (intmax_t) off,
           size);
-    const struct fs_view *v = fs_view_of(ino);
+    const struct fs_view *v = fh_of(fi) ? view_of(fs_of(req), ino) : NULL;
 
     if (v && v->read)
-        v->read(req, fs_of(req), fh_of(fi), size, off);
+        v->read(req, fh_of(fi)->disk, fh_of(fi), size, off);
     else if (v && v->pread)
         read_copied(req, v, fh_of(fi), size, off);
     else
@@ -462,41 +495,26 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
  * durable before it is answered, as fdatasync() would make it (every
  * write drained, then an NBD flush).  fs/fuseloop.c serves such writes
  * on a worker.  An error of the drain or the flush is the write's. */
-static ssize_t write_synced(struct fs *fs, struct fs_fh *fh, int flags,
-                            ssize_t n)
+static ssize_t write_synced(struct fs_fh *fh, int flags, ssize_t n)
 {
     if (n < 0 || !(flags & O_DSYNC))
         return n;
-    int r = rawfile_fsync(fs, fh);
+    int r = rawfile_fsync(fh->disk, fh);
     return r < 0 ? r : n;
 }
 
-/* The end of a copy: a write or zeroing of the raw file that reaches,
- * from below, where the writer's copy ends (fh->copy_end: its source's
- * size, or the size it set).  Some copy tools never fsync and ignore close()'s error
- * (qemu-img convert, whose output cache mode "unsafe" sends no flush and
- * whose close is unchecked): for them the reply to their last write is
- * the only place a failure of the writes before it can show.  So that
- * reply waits until everything before it is acknowledged, and carries
- * the failure.  Served by a worker (fs/fuseloop.c asks waits()). */
-static bool ends_copy(const struct fs_fh *fh, uint64_t off, uint64_t len)
+static ssize_t drained_at_end(struct fs_fh *fh, uint64_t off, ssize_t n)
 {
-    uint64_t end = fh ? __atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED) : 0;
-    return end && fh->writer && off < end && off + len >= end;
-}
-
-static ssize_t drained_at_end(struct fs *fs, struct fs_fh *fh, uint64_t off,
-                              ssize_t n)
-{
-    if (n <= 0 || !ends_copy(fh, off, (uint64_t) n))
+    if (n <= 0 || !fs_fh_ends_copy(fh, off, (uint64_t) n))
         return n;
-    int r = rawfile_drain_end(fs);
+    int r = rawfile_drain_end(fh->disk);
     return r < 0 ? r : n;
 }
 
 static void reply_written(fuse_req_t req, struct fs_fh *fh, ssize_t n)
 {
-    rawfile_failed(fs_of(req), fh, n < 0 ? (int) n : 0);
+    if (fh)
+        rawfile_failed(fh->disk, fh, n < 0 ? (int) n : 0);
     if (n < 0)
         fuse_reply_err(req, (int) -n);
     else
@@ -508,15 +526,15 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 {
     TRACE(req, "write ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino,
           (intmax_t) off, size);
-    const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
+    const struct fs_view *v = fh ? view_of(fs_of(req), ino) : NULL;
 
     fs_fh_mark_wrote(fh);
-    ssize_t n = v && v->write ? v->write(fs_of(req), fh, buf, size, off)
+    ssize_t n = v && v->write ? v->write(fh->disk, fh, buf, size, off)
                               : -EBADF;
-    if (ino == FS_INO_RAW)
-        n = drained_at_end(fs_of(req), fh, (uint64_t) off, n);
-    reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
+    if (fh && fh->ino == FS_INO_RAW)
+        n = drained_at_end(fh, (uint64_t) off, n);
+    reply_written(req, fh, fh ? write_synced(fh, fi->flags, n) : n);
 }
 
 /* Copy the payload into memory and take op_write()'s path (the VHD view,
@@ -552,113 +570,19 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
 {
     TRACE(req, "write ino=%" PRIu64 " off=%jd len=%zu", (uint64_t) ino,
           (intmax_t) off, fuse_buf_size(bufv));
-    const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
+    const struct fs_view *v = fh ? view_of(fs_of(req), ino) : NULL;
 
     fs_fh_mark_wrote(fh);
-    ssize_t n = v && v->write_buf ? v->write_buf(fs_of(req), fh, bufv, off)
+    ssize_t n = v && v->write_buf ? v->write_buf(fh->disk, fh, bufv, off)
                                   : -EAGAIN;
     if (n == -EAGAIN) {
         write_buf_copied(req, ino, bufv, off, fi);
         return;
     }
-    if (ino == FS_INO_RAW)
-        n = drained_at_end(fs_of(req), fh, (uint64_t) off, n);
-    reply_written(req, fh, write_synced(fs_of(req), fh, fi->flags, n));
-}
-
-/* ---- the receive loop's landing (fs/fuseloop.h) ------------------------ */
-
-static void *land_begin(void *opaque, size_t *room)
-{
-    return rawfile_land_begin(opaque, room);
-}
-
-/* The inode a request the loop serves itself is for (in file mode the
- * mountpoint is the raw file), and the trace line op_*() would print. */
-static fuse_ino_t loop_ino(const struct fs *fs, uint64_t nodeid)
-{
-    return fs->file_mode && nodeid == FS_INO_ROOT ? FS_INO_RAW : nodeid;
-}
-
-static void loop_trace(const char *what, uint32_t pid, fuse_ino_t ino,
-                       uint64_t off, uint32_t size)
-{
-    if (__builtin_expect(log_verbosity >= 1, 0))
-        log_trace("pid %d: %s ino=%" PRIu64 " off=%jd len=%zu", (int) pid,
-                  what, (uint64_t) ino, (intmax_t) off, (size_t) size);
-}
-
-/* What op_write_buf() does for the raw file, with the payload already in
- * its pool buffer.  Anything else: -EAGAIN, and libfuse gets the request
- * (the loop makes no reply, so nothing may have happened yet). */
-static ssize_t land_write(void *opaque, uint64_t nodeid, uint64_t fhv,
-                          uint64_t off, uint32_t size, uint32_t pid)
-{
-    struct fs *fs = opaque;
-    fuse_ino_t ino = loop_ino(fs, nodeid);
-    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
-
-    if (ino != FS_INO_RAW) {
-        rawfile_land_skip(fs);
-        return -EAGAIN;
-    }
-    if (off > INT64_MAX || !fh)
-        return -EAGAIN;
-    ssize_t n = rawfile_write_landed(fs, fh, off, size);
-    if (n == -EAGAIN)
-        return n;
-    fs_fh_mark_wrote(fh);
-    rawfile_failed(fs, fh, n < 0 ? (int) n : 0);
-    loop_trace("write", pid, ino, off, size);
-    return n;
-}
-
-static bool land_waits(void *opaque, uint64_t nodeid, uint64_t fhv,
-                       uint64_t off, uint32_t size)
-{
-    struct fs *fs = opaque;
-    return loop_ino(fs, nodeid) == FS_INO_RAW &&
-           ends_copy((const struct fs_fh *) (uintptr_t) fhv, off, size);
-}
-
-static void land_end(void *opaque)
-{
-    rawfile_land_end(opaque);
-}
-
-/* What op_read() does for the raw file, when the read-ahead already holds
- * the bytes; 0: op_read() on a worker. */
-static int land_read(void *opaque, uint64_t nodeid, uint64_t fhv,
-                     uint64_t off, uint32_t size, uint32_t pid,
-                     struct iovec *iov, unsigned *niov)
-{
-    struct fs *fs = opaque;
-    fuse_ino_t ino = loop_ino(fs, nodeid);
-    struct fs_fh *fh = (struct fs_fh *) (uintptr_t) fhv;
-
-    if (ino != FS_INO_RAW || !fh || off > INT64_MAX)
-        return 0;
-    int r = raw_read_ready(fs, fh, off, size, iov, niov);
-    if (r == 1)
-        loop_trace("read", pid, ino, off, size);
-    return r;
-}
-
-static void land_read_done(void *opaque)
-{
-    raw_read_ready_done(opaque);
-}
-
-void fs_landing(struct fs *fs, struct fuseloop_landing *out)
-{
-    *out = (struct fuseloop_landing) { .begin = land_begin,
-                                       .write = land_write,
-                                       .waits = land_waits,
-                                       .end = land_end,
-                                       .read = land_read,
-                                       .read_done = land_read_done,
-                                       .opaque = fs };
+    if (fh->ino == FS_INO_RAW)
+        n = drained_at_end(fh, (uint64_t) off, n);
+    reply_written(req, fh, write_synced(fh, fi->flags, n));
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
@@ -666,16 +590,17 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
 {
     TRACE(req, "fallocate ino=%" PRIu64 " mode=%#x off=%jd len=%jd",
           (uint64_t) ino, (unsigned) mode, (intmax_t) off, (intmax_t) len);
-    const struct fs_view *v = fs_view_of(ino);
     struct fs_fh *fh = fh_of(fi);
+    const struct fs_view *v = fh ? view_of(fs_of(req), ino) : NULL;
 
     fs_fh_mark_wrote(fh);
-    int r = v && v->fallocate ? v->fallocate(fs_of(req), fh, mode, off, len)
+    int r = v && v->fallocate ? v->fallocate(fh->disk, fh, mode, off, len)
                               : -EINVAL;
-    if (r == 0 && ino == FS_INO_RAW && off >= 0 && len > 0 &&
-        ends_copy(fh, (uint64_t) off, (uint64_t) len))
-        r = rawfile_drain_end(fs_of(req));          /* see ends_copy() */
-    rawfile_failed(fs_of(req), fh, r);
+    if (r == 0 && fh->ino == FS_INO_RAW && off >= 0 && len > 0 &&
+        fs_fh_ends_copy(fh, (uint64_t) off, (uint64_t) len))
+        r = rawfile_drain_end(fh->disk);            /* see fs_fh_ends_copy() */
+    if (fh)
+        rawfile_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);
 }
 
@@ -684,8 +609,9 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 {
     TRACE(req, "lseek ino=%" PRIu64 " off=%jd whence=%d", (uint64_t) ino,
           (intmax_t) off, whence);
-    const struct fs_view *v = fs_view_of(ino);
-    int64_t r = v && v->lseek ? v->lseek(fs_of(req), fh_of(fi), off, whence)
+    struct fs_fh *fh = fh_of(fi);
+    const struct fs_view *v = fh ? view_of(fs_of(req), ino) : NULL;
+    int64_t r = v && v->lseek ? v->lseek(fh->disk, fh, off, whence)
                               : -EINVAL;
     if (r < 0)
         fuse_reply_err(req, (int) -r);
@@ -698,12 +624,16 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
     TRACE(req, "statfs");
     struct fs *fs = fs_of(req);
     struct statvfs sv = { 0 };
-    uint64_t used = rawfile_size(fs);
+    uint64_t used = 0, size = 0;
 
+    for (unsigned i = 0; i < fs->ndisks; i++) {
+        used += rawfile_size(&fs->disks[i]);
+        size += fs->disks[i].export_size;
+    }
     sv.f_bsize = FS_BLKSIZE;
     sv.f_frsize = 4096;
-    sv.f_blocks = fs->export_size / 4096;
-    sv.f_bfree = sv.f_bavail = (fs->export_size - used) / 4096;
+    sv.f_blocks = size / 4096;
+    sv.f_bfree = sv.f_bavail = (size - used) / 4096;
     sv.f_files = 2;
     sv.f_ffree = 0;
     sv.f_namemax = 255;

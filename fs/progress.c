@@ -6,7 +6,7 @@
  * calls progress_get() from whichever thread opens it; one progress
  * thread samples every PROGRESS_TICK_MS and draws.  pg->lock protects
  * the pass and the ring of samples; it is taken after (never around)
- * pool_get_stats() and fs->lock, and never held while writing to stderr
+ * pool_get_stats() and d->fs->lock, and never held while writing to stderr
  * or the progress fd.
  *
  * 100% only after the last reply: progress_get() reads the frontier
@@ -46,7 +46,7 @@ struct sample {
 };
 
 struct progress {
-    struct fs *fs;
+    struct fs_disk *d;
     struct progress_config cfg;
     pthread_t thread;
 
@@ -193,7 +193,7 @@ void progress_truncate(struct progress *pg, uint64_t size)
     if (!pg)
         return;
     if (size == 0)
-        pool_get_stats(pg->fs->pool, &s);
+        pool_get_stats(pg->d->pool, &s);
     pthread_mutex_lock(&pg->lock);
     if (size == 0) {              /* a new pass */
         pg->frontier = 0;
@@ -447,10 +447,10 @@ void progress_get(struct progress *pg, struct progress_info *out)
         return;
     pthread_mutex_lock(&pg->lock);
     out->frontier = pg->frontier;         /* first: see THREAD MODEL */
-    total_locked(pg, pg->fs->export_size, out);
+    total_locked(pg, pg->d->export_size, out);
     bool failed = pg->failed;
     pthread_mutex_unlock(&pg->lock);
-    pool_get_stats(pg->fs->pool, &s);
+    pool_get_stats(pg->d->pool, &s);
 
     out->unacknowledged = s.bytes_written > s.bytes_acked
                               ? s.bytes_written - s.bytes_acked : 0;
@@ -487,7 +487,7 @@ static void sample(struct progress *pg, const struct progress_info *pi)
 {
     struct pool_stats s;
 
-    pool_get_stats(pg->fs->pool, &s);
+    pool_get_stats(pg->d->pool, &s);
     pthread_mutex_lock(&pg->lock);
     pg->ring[pg->next] = (struct sample) {
         .t = mono_now_s(), .acked = s.bytes_acked, .done = pi->data_done,
@@ -605,14 +605,14 @@ static void *progress_thread(void *arg)
 
 /* ---- life ------------------------------------------------------------ */
 
-int progress_create(struct fs *fs, const struct progress_config *cfg,
+int progress_create(struct fs_disk *d, const struct progress_config *cfg,
                     struct progress **out)
 {
     struct progress *pg = calloc(1, sizeof *pg);
 
     if (!pg)
         return -ENOMEM;
-    pg->fs = fs;
+    pg->d = d;
     pg->cfg = *cfg;
     pg->last_line = -1;
     pthread_mutex_init(&pg->lock, NULL);

@@ -32,7 +32,7 @@
 
 #define PROGRESS_TICK_MS 250
 
-struct fs;
+struct fs_disk;
 struct progress;
 
 struct progress_config {
@@ -73,8 +73,8 @@ struct progress_info {
     uint64_t pass_written, pass_acked;
 };
 
-/* Starts the sampling thread; fs->pool must exist. */
-int  progress_create(struct fs *fs, const struct progress_config *cfg,
+/* Starts the sampling thread; d->pool must exist. */
+int  progress_create(struct fs_disk *d, const struct progress_config *cfg,
                      struct progress **out);
 /* Draws the final state (after the final flush) and stops the thread. */
 void progress_destroy(struct progress *pg);

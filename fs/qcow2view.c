@@ -62,7 +62,7 @@
 
 /* The format's state beside the skeleton's (imageview_priv()). */
 struct qcow2view {
-    struct fs *fs;
+    struct fs_disk *d;
     bool overlay;                 /* the stream has a backing file */
 };
 
@@ -92,8 +92,8 @@ static int place(struct qcow2view *v, uint64_t off, const void *buf,
                  size_t len)
 {
     if (is_zero(buf, len))
-        return v->overlay ? rawfile_place_zero(v->fs, off, len) : 0;
-    return rawfile_place(v->fs, off, buf, len);
+        return v->overlay ? rawfile_place_zero(v->d, off, len) : 0;
+    return rawfile_place(v->d, off, buf, len);
 }
 
 /* ---- decompressor threads --------------------------------------------- */
@@ -118,7 +118,7 @@ static int qcow2_init(struct imageview *iv)
 
     if (!v)
         return -ENOMEM;
-    v->fs = imageview_fs(iv);
+    v->d = imageview_fs(iv);
     imageview_set_priv(iv, v);
     return 0;
 }
@@ -155,13 +155,13 @@ static uint64_t qcow2_file_size(const void *s)
  * (of cluster / 8 entries) they need. */
 static uint64_t qcow2_size(struct imageview *iv)
 {
-    struct fs *fs = imageview_fs(iv);
-    uint64_t size = rawfile_size(fs);
-    const unsigned cb = fs->qcow2_cluster_bits;
+    struct fs_disk *d = imageview_fs(iv);
+    uint64_t size = rawfile_size(d);
+    const unsigned cb = d->cfg->qcow2_cluster_bits;
 
     if (size == 0 || qcow2_synth_size(size, cb, 0, 0) == 0)
         return 0;                     /* empty, or past the limit: open says */
-    struct imageview_count c = imageview_count_data(fs, size, 1ull << cb,
+    struct imageview_count c = imageview_count_data(d, size, 1ull << cb,
                                                     1ull << (cb - 3));
     return qcow2_synth_size(size, cb, c.units, c.tables);
 }
@@ -215,11 +215,11 @@ static const struct qcow2_sink sink = {
 
 static int qcow2_new_stream(struct imageview *iv, void **out)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct q2stream *st = calloc(1, sizeof *st);
     struct spool_config cfg = {
-        .dir = fs->spool_dir, .mem_max = spool_mem_max(fs->spool_max),
-        .max = fs->spool_max, .name = imageview_name(iv),
+        .dir = d->cfg->spool_dir, .mem_max = spool_mem_max(d->cfg->spool_max),
+        .max = d->cfg->spool_max, .name = imageview_name(iv),
     };
 
     if (!st)
@@ -228,7 +228,7 @@ static int qcow2_new_stream(struct imageview *iv, void **out)
     int r = spool_new(&cfg, &st->sp);
     struct qcow2_stream_opts opts = {
         .spool = &spool_cbs, .spool_opaque = st->sp,
-        .spool_max = fs->spool_max,
+        .spool_max = d->cfg->spool_max,
         /* Named in "... bytes of spool (raise %s)". */
         .spool_option = "--spool-max; past half of it the spool is a file "
                         "in --spool-dir",

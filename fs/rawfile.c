@@ -2,7 +2,7 @@
  * disk, with the watchers notified here and nowhere else (fs/rawfile.h).
  *
  * THREAD MODEL: see fs/rawfile.h.  No lock is held across a
- * fuse_reply_*() (nothing here replies); fs->size_lock may be held across
+ * fuse_reply_*() (nothing here replies); d->size_lock may be held across
  * a pool call that waits for a buffer (the writer is throttled). */
 #include "fs/rawfile.h"
 
@@ -20,104 +20,104 @@
 #include "fs/progress.h"
 #include "transport/readahead.h"
 
-uint64_t rawfile_size(struct fs *fs)
+uint64_t rawfile_size(struct fs_disk *d)
 {
-    pthread_mutex_lock(&fs->lock);
-    uint64_t s = fs->apparent_size;
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    uint64_t s = d->apparent_size;
+    pthread_mutex_unlock(&d->fs->lock);
     return s;
 }
 
-void rawfile_stat(struct fs *fs, uint64_t *size, struct timespec *mtime)
+void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime)
 {
-    pthread_mutex_lock(&fs->lock);
-    *size = fs->apparent_size;
-    *mtime = fs->mtime;
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    *size = d->apparent_size;
+    *mtime = d->mtime;
+    pthread_mutex_unlock(&d->fs->lock);
 }
 
 /* ---- the size ----------------------------------------------------------- */
 
 /* Set the size and stamp the time; returns the old size.  Caller holds
  * size_lock exclusive. */
-static uint64_t set_size(struct fs *fs, uint64_t size)
+static uint64_t set_size(struct fs_disk *d, uint64_t size)
 {
-    pthread_mutex_lock(&fs->lock);
-    uint64_t old = fs->apparent_size;
-    fs->apparent_size = size;
-    clock_gettime(CLOCK_REALTIME, &fs->mtime);
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    uint64_t old = d->apparent_size;
+    d->apparent_size = size;
+    clock_gettime(CLOCK_REALTIME, &d->mtime);
+    pthread_mutex_unlock(&d->fs->lock);
     return old;
 }
 
 /* The disk changed up to end: grow the size to cover it (0: keep it) and
  * stamp the time, in one lock round (once per FUSE request). */
-static void extend_to(struct fs *fs, uint64_t end)
+static void extend_to(struct fs_disk *d, uint64_t end)
 {
-    pthread_mutex_lock(&fs->lock);
-    if (end > fs->apparent_size)
-        fs->apparent_size = end;
-    clock_gettime(CLOCK_REALTIME, &fs->mtime);
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    if (end > d->apparent_size)
+        d->apparent_size = end;
+    clock_gettime(CLOCK_REALTIME, &d->mtime);
+    pthread_mutex_unlock(&d->fs->lock);
 }
 
 /* Bytes [off, off + len) will read as zero, lazily; readers must not see
  * the old bytes from the read-ahead. */
-static int cut(struct fs *fs, uint64_t off, uint64_t len)
+static int cut(struct fs_disk *d, uint64_t off, uint64_t len)
 {
     if (len == 0)
         return 0;
-    int r = pool_zero_lazy(fs->pool, off, len);
-    ra_invalidate(fs->ra, off, len);
+    int r = pool_zero_lazy(d->pool, off, len);
+    ra_invalidate(d->ra, off, len);
     return r;
 }
 
 /* Damage past the new size: zeroed again (the disk reads as zero there
  * once the zeroing lands, which repairs it). */
-static int rezero_damage(struct fs *fs, uint64_t from)
+static int rezero_damage(struct fs_disk *d, uint64_t from)
 {
-    int r = pool_zero_damage(fs->pool, from);
-    ra_invalidate(fs->ra, from, fs->export_size - from);
+    int r = pool_zero_damage(d->pool, from);
+    ra_invalidate(d->ra, from, d->export_size - from);
     return r;
 }
 
-static int too_big(struct fs *fs, uint64_t size, const char *what)
+static int too_big(struct fs_disk *d, uint64_t size, const char *what)
 {
     log_err("%s to %" PRIu64 " bytes refused: the export holds %" PRIu64,
-               what, size, fs->export_size);
+               what, size, d->export_size);
     return -EFBIG;
 }
 
-int rawfile_truncate(struct fs *fs, uint64_t size)
+int rawfile_truncate(struct fs_disk *d, uint64_t size)
 {
-    if (size > fs->export_size)
-        return too_big(fs, size, "truncate");
-    pthread_rwlock_wrlock(&fs->size_lock);
-    uint64_t old = set_size(fs, size);
-    digest_truncate(fs->digest, size, old);     /* size 0: a new pass */
-    progress_truncate(fs->progress, size);
+    if (size > d->export_size)
+        return too_big(d, size, "truncate");
+    pthread_rwlock_wrlock(&d->size_lock);
+    uint64_t old = set_size(d, size);
+    digest_truncate(d->digest, size, old);     /* size 0: a new pass */
+    progress_truncate(d->progress, size);
     /* Bytes past the old size already read as zero, but where a zeroing
      * (or a write) failed: those are zeroed again. */
-    int r = size < old ? cut(fs, size, old - size) : 0;
+    int r = size < old ? cut(d, size, old - size) : 0;
     if (r == 0)
-        r = rezero_damage(fs, size);
-    pthread_rwlock_unlock(&fs->size_lock);
+        r = rezero_damage(d, size);
+    pthread_rwlock_unlock(&d->size_lock);
     return r;
 }
 
-int rawfile_replace(struct fs *fs, uint64_t size)
+int rawfile_replace(struct fs_disk *d, uint64_t size)
 {
-    if (size > fs->export_size)
-        return too_big(fs, size, "replacing the disk");
-    pthread_rwlock_wrlock(&fs->size_lock);
-    uint64_t old = set_size(fs, size);
+    if (size > d->export_size)
+        return too_big(d, size, "replacing the disk");
+    pthread_rwlock_wrlock(&d->size_lock);
+    uint64_t old = set_size(d, size);
     /* A new pass over a disk of size bytes that reads as zero: the view's
      * decoded data and zeroes follow (rawfile_place*()). */
-    digest_replace(fs->digest, size);
-    int r = cut(fs, 0, old);
+    digest_replace(d->digest, size);
+    int r = cut(d, 0, old);
     if (r == 0)
-        r = rezero_damage(fs, 0);
-    pthread_rwlock_unlock(&fs->size_lock);
+        r = rezero_damage(d, 0);
+    pthread_rwlock_unlock(&d->size_lock);
     return r;
 }
 
@@ -125,62 +125,62 @@ int rawfile_replace(struct fs *fs, uint64_t size)
 
 /* A raw write's size: -errno to fail it, shorter at the end of the
  * export. */
-static ssize_t write_size(struct fs *fs, struct fs_fh *fh, size_t size,
+static ssize_t write_size(struct fs_disk *d, struct fs_fh *fh, size_t size,
                           uint64_t off)
 {
     if (fh && fh->refused)
         return -fh->refused;      /* said at its open */
-    if (off >= fs->export_size) {
+    if (off >= d->export_size) {
         if (size == 0)
             return 0;
         log_err("write of %zu bytes at offset %" PRIu64 " is past the "
                    "end of the export (%" PRIu64 " bytes)", size, off,
-                   fs->export_size);
+                   d->export_size);
         return -ENOSPC;
     }
     /* A write that fails later is reported at close or fsync; once one
      * has failed, later writes through this handle fail at once. */
-    int err = pool_error_peek(fs->pool, &fh->err_seq);
+    int err = pool_error_peek(d->pool, &fh->err_seq);
     if (err)
         return -err;
-    if (size > fs->export_size - off)
-        size = (size_t) (fs->export_size - off);  /* short */
+    if (size > d->export_size - off)
+        size = (size_t) (d->export_size - off);  /* short */
     return (ssize_t) size;
 }
 
 /* The content changed: drop read-ahead, cover it with the size.  Caller
  * holds size_lock shared. */
-static void changed(struct fs *fs, uint64_t off, uint64_t len, bool grow)
+static void changed(struct fs_disk *d, uint64_t off, uint64_t len, bool grow)
 {
-    ra_invalidate(fs->ra, off, len);
-    extend_to(fs, grow ? off + len : 0);
+    ra_invalidate(d->ra, off, len);
+    extend_to(d, grow ? off + len : 0);
 }
 
 /* Where the next sequential write will start. */
-static void land_note(struct fs *fs, uint64_t end)
+static void land_note(struct fs_disk *d, uint64_t end)
 {
-    __atomic_store_n(&fs->land_next, end, __ATOMIC_RELAXED);
-    __atomic_store_n(&fs->land_skip, false, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->land_next, end, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->land_skip, false, __ATOMIC_RELAXED);
 }
 
-ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
+ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
-    pthread_rwlock_rdlock(&fs->size_lock);
-    ssize_t n = write_size(fs, fh, size, off);
+    pthread_rwlock_rdlock(&d->size_lock);
+    ssize_t n = write_size(d, fh, size, off);
     if (n > 0) {
-        ssize_t r = pool_write(fs->pool, off, buf, (size_t) n);
+        ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
         if (r < 0)
             n = r;
     }
     if (n > 0)
-        changed(fs, off, (uint64_t) n, true);
-    pthread_rwlock_unlock(&fs->size_lock);
+        changed(d, off, (uint64_t) n, true);
+    pthread_rwlock_unlock(&d->size_lock);
     if (n > 0) {
-        land_note(fs, off + (uint64_t) n);
-        foreign_raw_write(fs, off, buf, (size_t) n);
-        digest_write(fs->digest, off, buf, (size_t) n);   /* copies */
-        progress_write(fs->progress, off, (uint64_t) n);
+        land_note(d, off + (uint64_t) n);
+        foreign_raw_write(d, off, buf, (size_t) n);
+        digest_write(d->digest, off, buf, (size_t) n);   /* copies */
+        progress_write(d->progress, off, (uint64_t) n);
     }
     return n;
 }
@@ -216,211 +216,211 @@ static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
 }
 
 /* The digest reads each pool buffer in place until it lets go. */
-static void digest_holds(struct fs *fs, const struct pool_fill *f)
+static void digest_holds(struct fs_disk *d, const struct pool_fill *f)
 {
     for (unsigned i = 0; i < f->nhold; i++)
-        digest_write_held(fs->digest, f->hold[i].off, f->hold[i].mem,
+        digest_write_held(d->digest, f->hold[i].off, f->hold[i].mem,
                           f->hold[i].len, pool_hold_release, f->hold[i].ref);
 }
 
-void *rawfile_land_begin(struct fs *fs, size_t *room)
+void *rawfile_land_begin(struct fs_disk *d, size_t *room)
 {
-    if (fs->readonly || __atomic_load_n(&fs->land_skip, __ATOMIC_RELAXED) ||
-        pool_land_begin(fs->pool,
-                        __atomic_load_n(&fs->land_next, __ATOMIC_RELAXED),
-                        FS_MAX_WRITE, fs->land_streak, &fs->land) < 0)
+    if (d->readonly || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
+        pool_land_begin(d->pool,
+                        __atomic_load_n(&d->land_next, __ATOMIC_RELAXED),
+                        FS_MAX_WRITE, d->land_streak, &d->land) < 0)
         return NULL;
-    *room = fs->land.room;
-    return fs->land.mem;
+    *room = d->land.room;
+    return d->land.mem;
 }
 
-void rawfile_land_end(struct fs *fs)
+void rawfile_land_end(struct fs_disk *d)
 {
-    fs->land_streak = fs->land.used;
-    pool_land_end(fs->pool, &fs->land);
+    d->land_streak = d->land.used;
+    pool_land_end(d->pool, &d->land);
 }
 
-void rawfile_land_skip(struct fs *fs)
+void rawfile_land_skip(struct fs_disk *d)
 {
-    __atomic_store_n(&fs->land_skip, true, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->land_skip, true, __ATOMIC_RELAXED);
 }
 
-ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                              size_t size)
 {
     struct pool_fill f;
 
-    pthread_rwlock_rdlock(&fs->size_lock);
-    ssize_t n = write_size(fs, fh, size, off);
+    pthread_rwlock_rdlock(&d->size_lock);
+    ssize_t n = write_size(d, fh, size, off);
     if (n >= 0 && (size_t) n != size)
         n = -EAGAIN;              /* short or empty: the usual path says so */
     if (n > 0)
-        foreign_raw_write(fs, off, fs->land.mem, (size_t) n);
+        foreign_raw_write(d, off, d->land.mem, (size_t) n);
     if (n > 0)
-        n = pool_land_commit(fs->pool, &fs->land, off, (size_t) n,
-                             fs->digest != NULL, &f);
+        n = pool_land_commit(d->pool, &d->land, off, (size_t) n,
+                             d->digest != NULL, &f);
     if (n > 0)
-        changed(fs, off, (uint64_t) n, true);
-    pthread_rwlock_unlock(&fs->size_lock);
+        changed(d, off, (uint64_t) n, true);
+    pthread_rwlock_unlock(&d->size_lock);
     if (n > 0) {
-        land_note(fs, off + (uint64_t) n);
-        digest_holds(fs, &f);
-        progress_write(fs->progress, off, (uint64_t) n);
+        land_note(d, off + (uint64_t) n);
+        digest_holds(d, &f);
+        progress_write(d->progress, off, (uint64_t) n);
     }
     return n;
 }
 
-ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
+ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                            struct fuse_bufvec *bufv)
 {
     struct pool_fill f;
 
-    pthread_rwlock_rdlock(&fs->size_lock);
-    ssize_t size = write_size(fs, fh, fuse_buf_size(bufv), off);
+    pthread_rwlock_rdlock(&d->size_lock);
+    ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
     int r = size <= 0 ? (int) size
-            : pool_fill_begin(fs->pool, off, (size_t) size, &f);
+            : pool_fill_begin(d->pool, off, (size_t) size, &f);
     if (r == 0 && size > 0) {
         int filled = fill_from(&f, bufv);
         if (filled == 0 && f.nseg)
-            foreign_raw_write(fs, off, f.seg[0].mem, f.seg[0].len);
-        r = (int) pool_fill_commit(fs->pool, &f, filled, fs->digest != NULL);
+            foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
+        r = (int) pool_fill_commit(d->pool, &f, filled, d->digest != NULL);
         if (r == -EAGAIN)
             r = -EIO;             /* not the caller's cue: bufv is spent */
     }
     if (r >= 0 && size > 0)
-        changed(fs, off, (uint64_t) size, true);
-    pthread_rwlock_unlock(&fs->size_lock);
+        changed(d, off, (uint64_t) size, true);
+    pthread_rwlock_unlock(&d->size_lock);
     if (r < 0)
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
-        land_note(fs, off + (uint64_t) size);
-        digest_holds(fs, &f);
-        progress_write(fs->progress, off, (uint64_t) size);
+        land_note(d, off + (uint64_t) size);
+        digest_holds(d, &f);
+        progress_write(d->progress, off, (uint64_t) size);
     }
     return size;
 }
 
-int rawfile_zero(struct fs *fs, uint64_t start, uint64_t end, bool zero,
+int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
                  bool keep_size)
 {
     int r = 0;
 
-    pthread_rwlock_rdlock(&fs->size_lock);
+    pthread_rwlock_rdlock(&d->size_lock);
     if (zero && start < end) {
-        r = pool_zero(fs->pool, start, end - start);   /* write-zeroes */
-        ra_invalidate(fs->ra, start, end - start);    /* even if it failed */
+        r = pool_zero(d->pool, start, end - start);   /* write-zeroes */
+        ra_invalidate(d->ra, start, end - start);    /* even if it failed */
     }
     if (r == 0)
-        extend_to(fs, keep_size ? 0 : end);
-    pthread_rwlock_unlock(&fs->size_lock);
+        extend_to(d, keep_size ? 0 : end);
+    pthread_rwlock_unlock(&d->size_lock);
     if (r == 0 && zero && start < end) {
-        digest_zero(fs->digest, start, end - start, rawfile_size(fs));
-        progress_zero(fs->progress, start, end - start);
+        digest_zero(d->digest, start, end - start, rawfile_size(d));
+        progress_zero(d->progress, start, end - start);
     }
     return r;
 }
 
-void rawfile_close_pass(struct fs *fs)
+void rawfile_close_pass(struct fs_disk *d)
 {
-    uint64_t size = rawfile_size(fs);
-    digest_close(fs->digest, size);
-    progress_close(fs->progress, size);
+    uint64_t size = rawfile_size(d);
+    digest_close(d->digest, size);
+    progress_close(d->progress, size);
 }
 
 /* ---- other views' writes ------------------------------------------------ */
 
-int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len)
+int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 {
-    pthread_rwlock_rdlock(&fs->size_lock);
-    ssize_t r = pool_write(fs->pool, off, buf, len);
+    pthread_rwlock_rdlock(&d->size_lock);
+    ssize_t r = pool_write(d->pool, off, buf, len);
     if (r >= 0)
-        changed(fs, off, len, true);
-    pthread_rwlock_unlock(&fs->size_lock);
+        changed(d, off, len, true);
+    pthread_rwlock_unlock(&d->size_lock);
     if (r >= 0)
-        digest_write(fs->digest, off, buf, len);          /* copies */
+        digest_write(d->digest, off, buf, len);          /* copies */
     return r < 0 ? (int) r : 0;
 }
 
-int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len)
+int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    pthread_rwlock_rdlock(&fs->size_lock);
-    int r = pool_zero(fs->pool, off, len);
-    ra_invalidate(fs->ra, off, len);      /* even if it failed */
+    pthread_rwlock_rdlock(&d->size_lock);
+    int r = pool_zero(d->pool, off, len);
+    ra_invalidate(d->ra, off, len);      /* even if it failed */
     if (r == 0)
-        extend_to(fs, off + len);
-    pthread_rwlock_unlock(&fs->size_lock);
+        extend_to(d, off + len);
+    pthread_rwlock_unlock(&d->size_lock);
     if (r == 0)
-        digest_zero(fs->digest, off, len, rawfile_size(fs));
+        digest_zero(d->digest, off, len, rawfile_size(d));
     return r;
 }
 
 /* The handle whose copy the progress counts. */
-static void set_pass(struct fs *fs, const struct fs_fh *fh)
+static void set_pass(struct fs_disk *d, const struct fs_fh *fh)
 {
-    __atomic_store_n(&fs->pass_fh, fh->serial, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->pass_fh, fh->serial, __ATOMIC_RELAXED);
 }
 
-static bool is_pass(struct fs *fs, const struct fs_fh *fh)
+static bool is_pass(struct fs_disk *d, const struct fs_fh *fh)
 {
-    return fh && fh->serial == __atomic_load_n(&fs->pass_fh,
+    return fh && fh->serial == __atomic_load_n(&d->pass_fh,
                                                __ATOMIC_RELAXED);
 }
 
-void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
+void rawfile_view_begin(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                         const char *what)
 {
     /* The raw file's pass is over.  An image that replaces the disk
      * starts a new one (rawfile_replace()) that the decoded data feed; a
      * differencing image, applied over the old content, leaves it over. */
-    digest_foreign(fs->digest, what);
+    digest_foreign(d->digest, what);
     /* A new pass, counted in bytes of the view's file. */
-    progress_truncate(fs->progress, 0);
-    progress_writer(fs->progress, pid);
-    set_pass(fs, fh);
+    progress_truncate(d->progress, 0);
+    progress_writer(d->progress, pid);
+    set_pass(d, fh);
 }
 
-void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
+void rawfile_view_wrote(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                         uint64_t len)
 {
-    digest_barrier(fs->digest);   /* the request's data are all placed */
-    if (is_pass(fs, fh))          /* not before begin: another's pass */
-        progress_write(fs->progress, off, len);
+    digest_barrier(d->digest);   /* the request's data are all placed */
+    if (is_pass(d, fh))          /* not before begin: another's pass */
+        progress_write(d->progress, off, len);
 }
 
-void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+void rawfile_view_zeroed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                          uint64_t len)
 {
-    digest_barrier(fs->digest);
-    if (is_pass(fs, fh))
-        progress_zero(fs->progress, off, len);
+    digest_barrier(d->digest);
+    if (is_pass(d, fh))
+        progress_zero(d->progress, off, len);
 }
 
-void rawfile_view_length(struct fs *fs, uint64_t len)
+void rawfile_view_length(struct fs_disk *d, uint64_t len)
 {
-    progress_vhd_length(fs->progress, len);
+    progress_vhd_length(d->progress, len);
 }
 
-void rawfile_view_close(struct fs *fs, uint64_t len)
+void rawfile_view_close(struct fs_disk *d, uint64_t len)
 {
-    digest_close(fs->digest, rawfile_size(fs));  /* the disk that landed */
-    progress_close(fs->progress, len);
+    digest_close(d->digest, rawfile_size(d));  /* the disk that landed */
+    progress_close(d->progress, len);
 }
 
 /* The source is larger than the export: every change through this handle
  * fails with ENOSPC, and the disk is not touched (not even truncated). */
-static void refuse_source(struct fs *fs, struct fs_fh *fh, pid_t pid,
+static void refuse_source(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                           const char *path, uint64_t size, long fdnum)
 {
     log_err("%s: the writer, pid %d (%s), reads %s, %" PRIu64 " bytes, "
             "larger than the export (%" PRIu64 " bytes): its writes fail "
             "with ENOSPC and the disk is left as it was",
-            fs->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
-            fs->export_size);
+            d->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
+            d->export_size);
     fh->refused = ENOSPC;
-    progress_truncate(fs->progress, 0);       /* this copy's pass, failed */
-    progress_set_source(fs->progress, pid, size, fdnum);
-    set_pass(fs, fh);
-    progress_fail(fs->progress);
+    progress_truncate(d->progress, 0);       /* this copy's pass, failed */
+    progress_set_source(d->progress, pid, size, fdnum);
+    set_pass(d, fh);
+    progress_fail(d->progress);
 }
 
 /* A source in an image format (qcow2 with snapshots, a compressed or
@@ -444,7 +444,7 @@ static bool is_container(const char *path, uint64_t *disk_size)
     return k != IMAGE_UNKNOWN;
 }
 
-int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
+int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                         bool trunc)
 {
     char path[PATH_MAX];
@@ -453,32 +453,32 @@ int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
      * open now; a shell redirection opens the file before the tool runs,
      * so the truncate has happened by the time the tool's writes fail. */
     long fdnum;
-    uint64_t src = progress_source(fs->progress, pid, path, sizeof path,
+    uint64_t src = progress_source(d->progress, pid, path, sizeof path,
                                    &fdnum);
     uint64_t disk = 0;
     bool container = src && is_container(path, &disk);
-    if (src > fs->export_size && !container) {
-        refuse_source(fs, fh, pid, path, src, fdnum);
+    if (src > d->export_size && !container) {
+        refuse_source(d, fh, pid, path, src, fdnum);
         return 0;
     }
     /* Where the copy ends (fs/ops.c, ends_copy()): a raw source's size,
      * a qcow2 source's disk size; other containers: unknown. */
     uint64_t end = container ? disk : src;
-    if (end && end <= fs->export_size)
+    if (end && end <= d->export_size)
         __atomic_store_n(&fh->copy_end, end, __ATOMIC_RELAXED);
-    int r = trunc ? rawfile_truncate(fs, 0) : 0;
+    int r = trunc ? rawfile_truncate(d, 0) : 0;
     if (r < 0)
         return r;
-    set_pass(fs, fh);
-    progress_set_source(fs->progress, pid, src, fdnum);
-    foreign_raw_pass(fs);
+    set_pass(d, fh);
+    progress_set_source(d->progress, pid, src, fdnum);
+    foreign_raw_pass(d);
     return 0;
 }
 
-void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err)
+void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err)
 {
-    if (err < 0 && fh && fh->writer && is_pass(fs, fh))
-        progress_fail(fs->progress);
+    if (err < 0 && fh && fh->writer && is_pass(d, fh))
+        progress_fail(d->progress);
 }
 
 /* ---- handles ------------------------------------------------------------ */
@@ -488,30 +488,30 @@ void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err)
  * told once is lost to a close nobody checks, such as the one a shell's
  * redirection or dd's dup2 makes.  A handle is first told of the
  * failures since it was last told (errseq), then of the damage left. */
-static int told(struct fs *fs, struct fs_fh *fh)
+static int told(struct fs_disk *d, struct fs_fh *fh)
 {
-    int err = pool_error_take(fs->pool, &fh->err_seq);
+    int err = pool_error_take(d->pool, &fh->err_seq);
     if (!err)
-        err = pool_damage(fs->pool);
+        err = pool_damage(d->pool);
     return err;
 }
 
-int rawfile_drain_end(struct fs *fs)
+int rawfile_drain_end(struct fs_disk *d)
 {
-    pool_drain(fs->pool);
-    return -pool_range_damage(fs->pool);
+    pool_drain(d->pool);
+    return -pool_range_damage(d->pool);
 }
 
-int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote)
+int rawfile_drain(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
     if (wrote)
-        pool_drain(fs->pool);
-    return -told(fs, fh);
+        pool_drain(d->pool);
+    return -told(d, fh);
 }
 
-int rawfile_fsync(struct fs *fs, struct fs_fh *fh)
+int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh)
 {
-    int r = pool_flush(fs->pool);
-    int err = told(fs, fh);
+    int r = pool_flush(d->pool);
+    int err = told(d, fh);
     return err ? -err : r < 0 ? -EIO : 0;
 }

@@ -2,7 +2,7 @@
  * size (fs/rawfile.c).  The only code that changes the disk, its size or
  * its time: every view (fs/view.h) goes through here.
  *
- * It owns fs->apparent_size, fs->mtime and fs->size_lock, and notifies the
+ * It owns d->apparent_size, d->mtime and d->size_lock, and notifies the
  * watchers of each change from one place: the read-ahead (its chunks of a
  * changed range are dropped), the digest (the raw file's inline hash, with
  * blkpass under it) and the progress (the pass of the file being written,
@@ -14,17 +14,17 @@
  * is ENOSPC (a write, a fallocate that would grow the file).
  *
  * THREAD MODEL: any FUSE worker and the VMDK view's inflater threads.
- * fs->lock guards the size and time (a leaf, never held across a pool
- * call).  fs->size_lock is held shared from a change's check until the
+ * d->fs->lock guards the size and time (a leaf, never held across a pool
+ * call).  d->size_lock is held shared from a change's check until the
  * size it extends is set, exclusive by a truncate or replace from the new
  * size until the cut-off bytes are pending zero.  Views take it after
  * their own lock, never the other way round. */
 #pragma once
 #include "fs/fs.h"
 
-uint64_t rawfile_size(struct fs *fs);
+uint64_t rawfile_size(struct fs_disk *d);
 /* Size and mtime read together. */
-void rawfile_stat(struct fs *fs, uint64_t *size, struct timespec *mtime);
+void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime);
 
 /* ---- the size ----------------------------------------------------------- */
 
@@ -32,22 +32,22 @@ void rawfile_stat(struct fs *fs, uint64_t *size, struct timespec *mtime);
  * bytes [size, old size) become pending zero, done lazily at the next
  * drain for the parts not written again meanwhile.  Size 0 starts a new
  * pass.  -EFBIG past the export. */
-int rawfile_truncate(struct fs *fs, uint64_t size);
+int rawfile_truncate(struct fs_disk *d, uint64_t size);
 /* A view's file replaces the disk's content by a disk of size bytes that
  * reads as zero until written (lazy zeroing).  -EFBIG past the export. */
-int rawfile_replace(struct fs *fs, uint64_t size);
+int rawfile_replace(struct fs_disk *d, uint64_t size);
 
 /* ---- the raw file's own writes (fs/rawview.c) --------------------------- */
 
 /* write(2) of the raw file: -ENOSPC at or past the export's end, short at
  * it; the handle's sticky pool error once one happened.  Returns the
  * bytes written; the digest copies them. */
-ssize_t rawfile_write(struct fs *fs, struct fs_fh *fh, uint64_t off,
+ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size);
 /* The same from a FUSE buffer vector, moved straight into reserved pool
  * buffers that the digest then reads in place.  -EAGAIN: nothing done,
  * take rawfile_write() with a copy. */
-ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
+ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                            struct fuse_bufvec *bufv);
 /* fallocate(2) over [start, end): write-zeroes if zero, then grow the
  * size to end unless keep_size.  The caller checked the range. */
@@ -56,18 +56,18 @@ ssize_t rawfile_write_bufv(struct fs *fs, struct fs_fh *fh, uint64_t off,
  * NULL when none is worth it; write serves a write whose payload landed
  * there (-EAGAIN: take rawfile_write_bufv() with a copy); end gives the
  * place back. */
-void *rawfile_land_begin(struct fs *fs, size_t *room);
-ssize_t rawfile_write_landed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+void *rawfile_land_begin(struct fs_disk *d, size_t *room);
+ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                              size_t size);
-void rawfile_land_end(struct fs *fs);
+void rawfile_land_end(struct fs_disk *d);
 /* A write to another view arrived: stop preparing landings until the raw
  * file is written again. */
-void rawfile_land_skip(struct fs *fs);
+void rawfile_land_skip(struct fs_disk *d);
 
-int rawfile_zero(struct fs *fs, uint64_t start, uint64_t end, bool zero,
+int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
                  bool keep_size);
 /* close(2) of a writer: the pass covers the file up to its size now. */
-void rawfile_close_pass(struct fs *fs);
+void rawfile_close_pass(struct fs_disk *d);
 
 /* ---- other views' writes ------------------------------------------------ */
 
@@ -76,8 +76,8 @@ void rawfile_close_pass(struct fs *fs);
  * (after a rawfile_replace() it is a pass over the decoded disk: blkhash
  * in any order, sha256 in disk order; rawfile_view_wrote() and _zeroed()
  * end a request: the digest's barrier). */
-int rawfile_place(struct fs *fs, uint64_t off, const void *buf, size_t len);
-int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len);
+int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len);
+int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len);
 
 /* The pass through a view's file (the progress counts its bytes; the
  * digest's pass over the raw file ends when the view's stream begins,
@@ -89,25 +89,25 @@ int rawfile_place_zero(struct fs *fs, uint64_t off, uint64_t len);
  * the status, pid is the writer (its input file is the pass's total).
  * wrote, zeroed: bytes of the view's file, counted once fh's stream
  * began.  length: the file's length, when its metadata tell it. */
-void rawfile_view_begin(struct fs *fs, struct fs_fh *fh, pid_t pid,
+void rawfile_view_begin(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                         const char *what);
-void rawfile_view_wrote(struct fs *fs, struct fs_fh *fh, uint64_t off,
+void rawfile_view_wrote(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                         uint64_t len);
-void rawfile_view_zeroed(struct fs *fs, struct fs_fh *fh, uint64_t off,
+void rawfile_view_zeroed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                          uint64_t len);
-void rawfile_view_length(struct fs *fs, uint64_t len);
-void rawfile_view_close(struct fs *fs, uint64_t len);
+void rawfile_view_length(struct fs_disk *d, uint64_t len);
+void rawfile_view_close(struct fs_disk *d, uint64_t len);
 
 /* A process opened the raw file for writing (trunc: with O_TRUNC).  Its
  * input file, if one is visible, is the pass's total; one larger than the
  * export fails every change through fh with ENOSPC (logged here) and the
  * open does not truncate.  0 or the truncate's -errno. */
-int rawfile_open_writer(struct fs *fs, struct fs_fh *fh, pid_t pid,
+int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                         bool trunc);
 
 /* A request through fh failed with err (< 0; else nothing): if fh is
  * writing the pass the progress counts, that copy failed. */
-void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err);
+void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err);
 
 /* ---- handles ------------------------------------------------------------ */
 
@@ -115,11 +115,11 @@ void rawfile_failed(struct fs *fs, struct fs_fh *fh, int err);
  * acknowledged (flushed) first.  -errno: the first pool error this handle
  * was not told of yet, else the damage left on the disk (pool_damage()),
  * which every close and fsync of every handle reports until repaired. */
-int rawfile_drain(struct fs *fs, struct fs_fh *fh, bool wrote);
+int rawfile_drain(struct fs_disk *d, struct fs_fh *fh, bool wrote);
 /* The end of a copy (fs/ops.c): drain, then -errno if the disk holds
  * damage (a failed range not yet repaired; a failed flush is fsync's to
  * report), else 0.  Unlike a close it
  * tells the handle nothing: failures already repaired do not fail the
  * write that ends the copy (its close still reports them, errseq). */
-int rawfile_drain_end(struct fs *fs);
-int rawfile_fsync(struct fs *fs, struct fs_fh *fh);
+int rawfile_drain_end(struct fs_disk *d);
+int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh);

@@ -19,39 +19,39 @@
 #include "transport/readahead.h"
 #include "fs/readback.h"
 
-static void raw_attr(struct fs *fs, struct stat *st)
+static void raw_attr(struct fs_disk *d, struct stat *st)
 {
     uint64_t size;
 
-    rawfile_stat(fs, &size, &st->st_mtim);
+    rawfile_stat(d, &size, &st->st_mtim);
     st->st_ctim = st->st_mtim;
-    st->st_mode = S_IFREG | (fs->readonly ? 0400 : 0600);
+    st->st_mode = S_IFREG | (d->readonly ? 0400 : 0600);
     st->st_nlink = 1;
     st->st_size = (off_t) size;
     /* From the zero maps, so sparse-aware readers (cp --sparse=auto
      * wants st_blocks < st_size / 512) look for holes. */
-    st->st_blocks = (blkcnt_t) ((pool_allocated(fs->pool, size) + 511) / 512);
+    st->st_blocks = (blkcnt_t) ((pool_allocated(d->pool, size) + 511) / 512);
 }
 
-static int raw_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+static int raw_open(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid)
 {
     bool writing = (flags & O_ACCMODE) != O_RDONLY;
 
     /* libfuse enables atomic O_TRUNC: the kernel sends no setattr.  The
      * writer's input file, if visible, is the progress's total. */
     if (writing) {
-        int r = rawfile_open_writer(fs, fh, pid, flags & O_TRUNC);
+        int r = rawfile_open_writer(d, fh, pid, flags & O_TRUNC);
         if (r < 0)
             return r;
     }
-    fh->ra = ra_stream_open(fs->ra);    /* NULL: reads on demand */
+    fh->ra = ra_stream_open(d->ra);    /* NULL: reads on demand */
     return 0;
 }
 
 /* The file's size; *size cut to what lies below it from off (0 past it). */
-static uint64_t clip_read(struct fs *fs, uint64_t off, size_t *size)
+static uint64_t clip_read(struct fs_disk *d, uint64_t off, size_t *size)
 {
-    uint64_t end = rawfile_size(fs);
+    uint64_t end = rawfile_size(d);
     if (off >= end)
         *size = 0;
     else if (*size > end - off)
@@ -59,10 +59,10 @@ static uint64_t clip_read(struct fs *fs, uint64_t off, size_t *size)
     return end;
 }
 
-static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
+static void raw_read(fuse_req_t req, struct fs_disk *d, struct fs_fh *fh,
                      size_t size, off_t off)
 {
-    uint64_t end = off < 0 ? 0 : clip_read(fs, (uint64_t) off, &size);
+    uint64_t end = off < 0 ? 0 : clip_read(d, (uint64_t) off, &size);
     if (off < 0 || size == 0) {
         fuse_reply_buf(req, NULL, 0);
         return;
@@ -70,7 +70,7 @@ static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
     /* Straight from the read-ahead's chunks when they hold the range. */
     struct ra_span span[RA_SPANS];
     unsigned n = 0;
-    int r = ra_read_spans(fs->ra, fh->ra, (uint64_t) off, size, end, span,
+    int r = ra_read_spans(d->ra, fh->ra, (uint64_t) off, size, end, span,
                           &n);
     if (r < 0) {
         fuse_reply_err(req, -r);
@@ -83,40 +83,40 @@ static void raw_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
         iov[i] = (struct iovec) { .iov_base = (void *) span[i].mem,
                                   .iov_len = span[i].len };
     fuse_reply_iov(req, iov, (int) n);
-    ra_put(fs->ra, span, n);
+    ra_put(d->ra, span, n);
 }
 
-int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
+int raw_read_ready(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                    size_t size, struct iovec *iov, unsigned *niov)
 {
-    uint64_t end = clip_read(fs, off, &size);
+    uint64_t end = clip_read(d, off, &size);
     if (!fh->ra || size == 0)
         return 0;
-    assert(fs->ready_n == 0);
+    assert(d->ready_n == 0);
     unsigned n = 0;
-    if (ra_try_spans(fs->ra, fh->ra, off, size, end, fs->ready_span,
+    if (ra_try_spans(d->ra, fh->ra, off, size, end, d->ready_span,
                      &n) != 1)
         return 0;
     for (unsigned i = 0; i < n; i++)
-        iov[i] = (struct iovec) { .iov_base = (void *) fs->ready_span[i].mem,
-                                  .iov_len = fs->ready_span[i].len };
-    fs->ready_n = n;
+        iov[i] = (struct iovec) { .iov_base = (void *) d->ready_span[i].mem,
+                                  .iov_len = d->ready_span[i].len };
+    d->ready_n = n;
     *niov = n;
     return 1;
 }
 
-void raw_read_ready_done(struct fs *fs)
+void raw_read_ready_done(struct fs_disk *d)
 {
-    ra_put(fs->ra, fs->ready_span, fs->ready_n);
-    fs->ready_n = 0;
+    ra_put(d->ra, d->ready_span, d->ready_n);
+    d->ready_n = 0;
 }
 
-static ssize_t raw_write(struct fs *fs, struct fs_fh *fh, const char *buf,
+static ssize_t raw_write(struct fs_disk *d, struct fs_fh *fh, const char *buf,
                          size_t size, off_t off)
 {
     if (off < 0)
         return size ? -ENOSPC : 0;    /* as past the end */
-    return rawfile_write(fs, fh, (uint64_t) off, buf, size);
+    return rawfile_write(d, fh, (uint64_t) off, buf, size);
 }
 
 /* write_buf gets the payload where libfuse read it (memory; a pipe fd if
@@ -124,15 +124,15 @@ static ssize_t raw_write(struct fs *fs, struct fs_fh *fh, const char *buf,
  * buffers reserved for it: the only copy the daemon makes in user space.
  * The inline digest then hashes those pool buffers in place (holds)
  * instead of a copy of its own. */
-static ssize_t raw_write_buf(struct fs *fs, struct fs_fh *fh,
+static ssize_t raw_write_buf(struct fs_disk *d, struct fs_fh *fh,
                              struct fuse_bufvec *bufv, off_t off)
 {
     if (off < 0)
         return fuse_buf_size(bufv) ? -ENOSPC : 0;
-    return rawfile_write_bufv(fs, fh, (uint64_t) off, bufv);
+    return rawfile_write_bufv(d, fh, (uint64_t) off, bufv);
 }
 
-static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+static int raw_fallocate(struct fs_disk *d, struct fs_fh *fh, int mode, off_t off,
                          off_t len)
 {
     bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
@@ -140,7 +140,7 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
 
     if (off < 0 || len <= 0)
         return -EINVAL;
-    if (fs->readonly)
+    if (d->readonly)
         return -EROFS;
     if (fh && fh->refused)
         return -fh->refused;
@@ -148,22 +148,22 @@ static int raw_fallocate(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
         kind != FALLOC_FL_ZERO_RANGE)
         return -EOPNOTSUPP;
     uint64_t start = (uint64_t) off, end = start + (uint64_t) len;
-    if (end < start || (!keep_size && end > fs->export_size)) {
+    if (end < start || (!keep_size && end > d->export_size)) {
         log_err("fallocate of %jd bytes at offset %jd is past the end of "
                 "the export (%" PRIu64 " bytes)", (intmax_t) len,
-                (intmax_t) off, fs->export_size);
+                (intmax_t) off, d->export_size);
         return -ENOSPC;
     }
-    if (end > fs->export_size)
-        end = fs->export_size;    /* keep-size: nothing exists past it */
-    return rawfile_zero(fs, start, end, kind != 0, keep_size);
+    if (end > d->export_size)
+        end = d->export_size;    /* keep-size: nothing exists past it */
+    return rawfile_zero(d, start, end, kind != 0, keep_size);
 }
 
-static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
+static int raw_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 {
     if (fh && fh->refused)
         return -fh->refused;          /* said at its open */
-    int r = rawfile_truncate(fs, size);
+    int r = rawfile_truncate(d, size);
     fs_fh_mark_wrote(fh);
     /* A writer that sets the size first (qemu-img convert: the disk's
      * size) says where its copy ends (fs/ops.c, ends_copy()). */
@@ -173,41 +173,41 @@ static int raw_truncate(struct fs *fs, struct fs_fh *fh, uint64_t size)
     return r;
 }
 
-static int64_t raw_lseek(struct fs *fs, struct fs_fh *fh, off_t off,
+static int64_t raw_lseek(struct fs_disk *d, struct fs_fh *fh, off_t off,
                          int whence)
 {
     if (whence != SEEK_DATA && whence != SEEK_HOLE)
         return -EINVAL;
     if (off < 0)
         return -ENXIO;
-    return pool_seek(fs->pool, (uint64_t) off, whence, rawfile_size(fs));
+    return pool_seek(d->pool, (uint64_t) off, whence, rawfile_size(d));
 }
 
 /* close(2): every write is acknowledged before close returns, and the
  * first error since this handle last reported one is returned. */
-static int raw_flush(struct fs *fs, struct fs_fh *fh, bool wrote)
+static int raw_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
-    int r = rawfile_drain(fs, fh, wrote);
+    int r = rawfile_drain(d, fh, wrote);
     /* The pass covers the file up to its size (cp's final ftruncate).  A
      * reader closing (sha256sum during a copy) ends nobody's pass, nor
      * does a writer that was refused (its source did not fit). */
     bool passed = fh->writer && !fh->refused;
     if (passed)
-        rawfile_close_pass(fs);
+        rawfile_close_pass(d);
     if (passed && r == 0)
-        r = readback_at_close(fs);          /* --verify-readback */
+        r = readback_at_close(d);          /* --verify-readback */
     return r;
 }
 
 /* fsync(2): everything written is on stable storage, and, with
  * --verify-readback, read back and compared with the inline digest. */
-static int raw_fsync(struct fs *fs, struct fs_fh *fh)
+static int raw_fsync(struct fs_disk *d, struct fs_fh *fh)
 {
-    int r = rawfile_fsync(fs, fh);
-    return r == 0 ? readback_at_close(fs) : r;
+    int r = rawfile_fsync(d, fh);
+    return r == 0 ? readback_at_close(d) : r;
 }
 
-static void raw_release(struct fs *fs, struct fs_fh *fh)
+static void raw_release(struct fs_disk *d, struct fs_fh *fh)
 {
     ra_stream_close(fh->ra);
     fh->ra = NULL;

@@ -117,9 +117,9 @@ static void set_state(struct readback *rb, enum rb_state s)
     pthread_mutex_unlock(&rb->lock);
 }
 
-void readback_put_status(FILE *f, struct fs *fs)
+void readback_put_status(FILE *f, struct fs_disk *d)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
 
     if (!rb) {
         fputs("  \"readback\": null,\n", f);
@@ -387,14 +387,14 @@ static const struct vr_backend rb_backend = {
 
 /* Stream the disk through k, READBACK_SLOTS reads in flight.  0 or
  * -errno (a read failed: logged). */
-static int stream(struct fs *fs, struct sink *k)
+static int stream(struct fs_disk *d, struct sink *k)
 {
-    const struct nbdx_info *info = nbdx_info(fs->x);
-    struct run run = { .rb = fs->readback, .x = fs->x, .pool = fs->pool };
+    const struct nbdx_info *info = nbdx_info(d->x);
+    struct run run = { .rb = d->readback, .x = d->x, .pool = d->pool };
     struct vr_config c = {
         .name = "read-back", .requests = READBACK_SLOTS,
         .request_size = READBACK_CHUNK, .bs_span = BS_WINDOW,
-        .block_status = info->can_extents && fs->readback->extents,
+        .block_status = info->can_extents && d->readback->extents,
         .zero_piece = UINT64_MAX, .bs_retry = true,
     };
     struct vreader *r;
@@ -433,9 +433,9 @@ static bool region_differs(const void *ctx, size_t i)
 
 /* blkhash: the regions whose fingerprints differ between the inline
  * digest and the read-back. */
-static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
+static void name_ranges(struct fs_disk *d, struct sink *s, uint64_t size)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     uint64_t *mine = NULL, *got = NULL, bytes = 0;
     unsigned shift = region_shift((size + rb->bs - 1) / rb->bs);
     struct verify_range *v = NULL;
@@ -443,7 +443,7 @@ static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 
     if (shift < blkhash_fp_min_shift(s->bh))
         shift = blkhash_fp_min_shift(s->bh);
-    if (digest_fingerprints(fs->digest, size, &shift, &mine, &n) == 0 &&
+    if (digest_fingerprints(d->digest, size, &shift, &mine, &n) == 0 &&
         (got = calloc(n ? n : 1, sizeof *got)) &&
         blkhash_fingerprints(s->bh, size, shift, got, n) == 0 &&
         verify_name_ranges(n, rb->bs << shift, size, region_differs,
@@ -464,11 +464,11 @@ static void name_ranges(struct fs *fs, struct sink *s, uint64_t size)
 
 /* ---- one verification ------------------------------------------------ */
 
-static uint64_t file_size(struct fs *fs)
+static uint64_t file_size(struct fs_disk *d)
 {
-    pthread_mutex_lock(&fs->lock);
-    uint64_t size = fs->apparent_size;
-    pthread_mutex_unlock(&fs->lock);
+    pthread_mutex_lock(&d->fs->lock);
+    uint64_t size = d->apparent_size;
+    pthread_mutex_unlock(&d->fs->lock);
     return size;
 }
 
@@ -483,16 +483,16 @@ enum rb_cover {
 
 /* The digest as it stands, and what the pool has done; unless
  * COVER_WHOLE, why says why not. */
-static enum rb_cover get_key(struct fs *fs, struct rb_key *k, char *why,
+static enum rb_cover get_key(struct fs_disk *d, struct rb_key *k, char *why,
                              size_t n)
 {
     struct digest_info di;
     struct pool_stats st;
 
     memset(k, 0, sizeof *k);
-    k->size = file_size(fs);
-    digest_get(fs->digest, k->size, &di);
-    pool_get_stats(fs->pool, &st);
+    k->size = file_size(d);
+    digest_get(d->digest, k->size, &di);
+    pool_get_stats(d->pool, &st);
     snprintf(k->hex, sizeof k->hex, "%s", di.hex);
     k->written = st.bytes_written;
     k->writes = st.requests[POOL_WRITE];
@@ -530,10 +530,10 @@ static void reset_status(struct readback *rb, const struct rb_key *k,
 }
 
 /* Compare; 0 (same) or -EIO (differs: status, ranges and log say how). */
-static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
+static int judge(struct fs_disk *d, struct sink *s, const struct rb_key *k,
                  const char *hex)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     bool same = strcmp(hex, k->hex) == 0;
     uint64_t tail = s->tail_nonzero < 0 ? UINT64_MAX
                                         : (uint64_t) s->tail_nonzero;
@@ -548,7 +548,7 @@ static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
         return 0;
     }
     if (!same && rb->blkhash)
-        name_ranges(fs, s, k->size);
+        name_ranges(d, s, k->size);
     set_state(rb, RB_FAILED);
     pthread_mutex_lock(&rb->lock);
     char first[96] = "";
@@ -573,20 +573,20 @@ static int judge(struct fs *fs, struct sink *s, const struct rb_key *k,
     return -EIO;
 }
 
-static int verify_locked(struct fs *fs, const struct rb_key *k)
+static int verify_locked(struct fs_disk *d, const struct rb_key *k)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     atomic_bool stop = false;         /* one side: nothing aborts it */
     struct sink s;
     char hex[DIGEST_HEX_MAX] = "";
     double t0 = mono_now_s();
 
-    reset_status(rb, k, fs->export_size);
-    int r = rb_sink_init(&s, rb, k->size, fs->export_size, &stop);
-    if (r == 0 && (r = stream(fs, &s)) == 0 && (r = sink_finish(&s)) == 0)
+    reset_status(rb, k, d->export_size);
+    int r = rb_sink_init(&s, rb, k->size, d->export_size, &stop);
+    if (r == 0 && (r = stream(d, &s)) == 0 && (r = sink_finish(&s)) == 0)
         rb_sink_hex(&s, hex);
     if (r == 0)
-        r = judge(fs, &s, k, hex);
+        r = judge(d, &s, k, hex);
     else {
         set_state(rb, RB_ERROR);
         if (!rb->message[0])
@@ -623,9 +623,9 @@ static int cannot_verify(struct readback *rb, const char *at,
 
 /* Verify unless this disk state was verified already.  at: for the log.
  * final: the unmount (a pass still open there is no pass to wait for). */
-static int verify(struct fs *fs, const char *at, bool final)
+static int verify(struct fs_disk *d, const char *at, bool final)
 {
-    struct readback *rb = fs->readback;
+    struct readback *rb = d->readback;
     struct rb_key k, after;
     char why[192];
     int r;
@@ -633,10 +633,10 @@ static int verify(struct fs *fs, const char *at, bool final)
     if (!rb)
         return 0;
     pthread_mutex_lock(&rb->run);
-    if (digest_settle(fs->digest, SETTLE_S) < 0)
+    if (digest_settle(d->digest, SETTLE_S) < 0)
         log_notice("read-back: the digest is still hashing after %d s",
                    SETTLE_S);
-    enum rb_cover cover = get_key(fs, &k, why, sizeof why);
+    enum rb_cover cover = get_key(d, &k, why, sizeof why);
     if (cover == COVER_NOTHING_YET && final && k.writes + k.zeroes > 0)
         cover = COVER_CANNOT;
     if (cover == COVER_NOTHING_YET) {
@@ -648,8 +648,8 @@ static int verify(struct fs *fs, const char *at, bool final)
     } else if (rb->have_key && memcmp(&k, &rb->key, sizeof k) == 0) {
         r = rb->verdict;
     } else {
-        r = verify_locked(fs, &k);
-        get_key(fs, &after, why, sizeof why);
+        r = verify_locked(d, &k);
+        get_key(d, &after, why, sizeof why);
         if (memcmp(&k, &after, sizeof k) != 0) {
             /* Written meanwhile: what was read is no one's content, and
              * the writer that asked has no verdict. */
@@ -673,23 +673,23 @@ static int verify(struct fs *fs, const char *at, bool final)
     return r;
 }
 
-int readback_at_close(struct fs *fs)
+int readback_at_close(struct fs_disk *d)
 {
-    if (!fs->readback || fs->readback->when != READBACK_CLOSE)
+    if (!d->readback || d->readback->when != READBACK_CLOSE)
         return 0;
     /* An empty file is a copy starting (dd's dup2 closes the O_TRUNC
      * descriptor once), not one ending: the unmount checks it. */
-    if (file_size(fs) == 0)
+    if (file_size(d) == 0)
         return 0;
-    return verify(fs, "close", false);
+    return verify(d, "close", false);
 }
 
-int readback_at_unmount(struct fs *fs)
+int readback_at_unmount(struct fs_disk *d)
 {
-    if (!fs->readback)
+    if (!d->readback)
         return 0;
-    struct readback *rb = fs->readback;
-    int r = verify(fs, "unmount", true);
+    struct readback *rb = d->readback;
+    int r = verify(d, "unmount", true);
 
     pthread_mutex_lock(&rb->lock);
     if (r < 0)

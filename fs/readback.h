@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-struct fs;
+struct fs_disk;
 struct readback;
 
 enum readback_when {
@@ -56,9 +56,9 @@ void readback_destroy(struct readback *rb);   /* NULL is fine */
  * verify if the digest is complete and the disk changed since the last
  * verification.  0 (passed, or nothing to verify) or -EIO.  Blocks for
  * the read. */
-int  readback_at_close(struct fs *fs);
+int  readback_at_close(struct fs_disk *d);
 /* The same at unmount, after the final flush; logs the outcome. */
-int  readback_at_unmount(struct fs *fs);
+int  readback_at_unmount(struct fs_disk *d);
 
 /* The status file's "readback" member, with its trailing ",\n". */
-void readback_put_status(FILE *f, struct fs *fs);
+void readback_put_status(FILE *f, struct fs_disk *d);

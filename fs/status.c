@@ -120,12 +120,12 @@ static void put_server(FILE *f, const struct nbdx_info *info)
             info->can_extents ? "true" : "false", info->block_max);
 }
 
-static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
+static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                          double uptime)
 {
     struct progress_info pi;
 
-    progress_get(fs->progress, &pi);
+    progress_get(d->progress, &pi);
     fprintf(f, "  \"throughput\": {\"last_1s\": %.0f, \"last_5s\": %.0f, "
                "\"last_10s\": %.0f, \"average\": %.0f},\n",
             pi.rate_1s, pi.rate_5s, pi.rate_10s,
@@ -151,13 +151,13 @@ static void put_progress(FILE *f, struct fs *fs, const struct pool_stats *s,
 
 /* The digest describes what was written through the file; once an NBD
  * write failed the disk may differ, so no value is shown then. */
-static void put_digest(FILE *f, struct fs *fs, const struct pool_stats *s,
+static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                        uint64_t apparent)
 {
     struct digest_info di;
     char reason[160];
 
-    digest_get(fs->digest, apparent, &di);
+    digest_get(d->digest, apparent, &di);
     const char *state = digest_state_name(di.state);
     snprintf(reason, sizeof reason, "%s", di.reason);
     if (s->nfailures && di.state != DIGEST_DISABLED) {
@@ -259,12 +259,12 @@ static void health_message(const struct nbdx_health *h, const char *state,
                  "ever)", h->silent_s, h->outstanding);
 }
 
-static void put_health(FILE *f, struct fs *fs)
+static void put_health(FILE *f, struct fs_disk *d)
 {
     struct nbdx_health h;
     char msg[512];
 
-    nbdx_get_health(fs->x, &h);
+    nbdx_get_health(d->x, &h);
     const char *state = health_state(&h);
     health_message(&h, state, msg, sizeof msg);
     fprintf(f, "  \"server_answers\": {\"state\": \"%s\", "
@@ -286,15 +286,15 @@ static void put_health(FILE *f, struct fs *fs)
 /* Stall diagnostics of TCP connections (transport/tcpinfo.h): samples
  * where less than one MSS waits unsent behind unacknowledged segments are
  * the Nagle/delayed-ACK signature. */
-static void put_tcp(FILE *f, struct fs *fs)
+static void put_tcp(FILE *f, struct fs_disk *d)
 {
     struct tcpinfo_stats t;
 
-    if (!fs->tcp) {
+    if (!d->tcp) {
         fputs("  \"tcp\": null,\n", f);
         return;
     }
-    tcpinfo_get(fs->tcp, &t);
+    tcpinfo_get(d->tcp, &t);
     fprintf(f, "  \"tcp\": {\"sample_interval_ms\": %u, \"samples\": %" PRIu64
                ", \"nagle_stall_samples\": %" PRIu64
                ", \"unsent_samples\": %" PRIu64 ", \"rtt_us\": %u"
@@ -304,24 +304,19 @@ static void put_tcp(FILE *f, struct fs *fs)
             t.rtt_us, t.rttvar_us, t.unacked, t.notsent_bytes, t.mss);
 }
 
-char *fs_status_json(struct fs *fs, size_t *len)
+/* One disk's keys: the whole document of a one-disk mount, a section of
+ * "disks" in a mount of several. */
+static void put_disk(FILE *f, struct fs_disk *d, double uptime)
 {
     struct pool_stats s;
     struct nbdx_stats n;
-    const struct nbdx_info *info = nbdx_info(fs->x);
-    char *buf = NULL;
-    FILE *f = open_memstream(&buf, len);
+    const struct nbdx_info *info = nbdx_info(d->x);
 
-    if (!f)
-        return NULL;
-    pool_get_stats(fs->pool, &s);
-    nbdx_get_stats(fs->x, &n);
-    uint64_t apparent = rawfile_size(fs);
-    double uptime = elapsed_s(&fs->started);
+    pool_get_stats(d->pool, &s);
+    nbdx_get_stats(d->x, &n);
+    uint64_t apparent = rawfile_size(d);
 
-    fprintf(f, "{\n");
-    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
-    fprintf(f, "  \"export_size\": %" PRIu64 ",\n", fs->export_size);
+    fprintf(f, "  \"export_size\": %" PRIu64 ",\n", d->export_size);
     fprintf(f, "  \"apparent_size\": %" PRIu64 ",\n", apparent);
     fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
     put_server(f, info);
@@ -350,7 +345,7 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"in_flight\": %u,\n", s.in_flight);
     fprintf(f, "  \"in_flight_peak\": %u,\n", s.in_flight_peak);
     struct ra_stats ra;
-    ra_get_stats(fs->ra, &ra);
+    ra_get_stats(d->ra, &ra);
     fprintf(f, "  \"readahead\": {\"budget\": %zu, \"in_use\": %zu, "
             "\"hit_bytes\": %" PRIu64 ", \"miss_bytes\": %" PRIu64 ", "
             "\"chunks\": %" PRIu64 ", \"dropped\": %" PRIu64 "},\n",
@@ -360,8 +355,8 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"pool_hold_buffers\": %u,\n", s.hold_bufs);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
-    put_tcp(f, fs);
-    put_health(f, fs);
+    put_tcp(f, d);
+    put_health(f, d);
     put_requests(f, &s, &n);
     struct log_entry recent[LOG_RECENT];
     uint64_t log_errors, log_warnings;
@@ -370,9 +365,63 @@ char *fs_status_json(struct fs *fs, size_t *len)
     fprintf(f, "  \"warnings\": %" PRIu64 ",\n", log_warnings);
     put_failures(f, &s, recent, nrecent);
     put_damage(f, &s);
-    put_progress(f, fs, &s, uptime);
-    readback_put_status(f, fs);
-    put_digest(f, fs, &s, apparent);
+    put_progress(f, d, &s, uptime);
+    readback_put_status(f, d);
+    put_digest(f, d, &s, apparent);
+}
+
+/* A mount of several disks: each disk's section, then the totals. */
+static void put_disks(FILE *f, struct fs *fs, double uptime)
+{
+    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0;
+
+    fprintf(f, "  \"disks\": [\n");
+    for (unsigned i = 0; i < fs->ndisks; i++) {
+        struct fs_disk *d = &fs->disks[i];
+        struct pool_stats s;
+
+        fprintf(f, "  {\n  \"name\": ");
+        put_string(f, d->filename);
+        fprintf(f, ",\n");
+        put_disk(f, d, uptime);
+        fprintf(f, "  }%s\n", i + 1 < fs->ndisks ? "," : "");
+        pool_get_stats(d->pool, &s);
+        size += d->export_size;
+        apparent += rawfile_size(d);
+        written += s.bytes_written;
+        acked += s.bytes_acked;
+        errors += s.errors;
+    }
+    fprintf(f, "  ],\n");
+    struct log_entry recent[LOG_RECENT];
+    uint64_t log_errors, log_warnings;
+    log_recent(recent, &log_errors, &log_warnings);
+    fprintf(f, "  \"total\": {\"disks\": %u, \"export_size\": %" PRIu64
+               ", \"apparent_size\": %" PRIu64 ", \"bytes_written\": %"
+               PRIu64 ", \"bytes_acknowledged\": %" PRIu64
+               ", \"bytes_unacknowledged\": %" PRIu64 ", \"errors\": %"
+               PRIu64 ", \"warnings\": %" PRIu64 "}\n",
+            fs->ndisks, size, apparent, written, acked,
+            written > acked ? written - acked : 0, errors + log_errors,
+            log_warnings);
+}
+
+char *fs_status_json(struct fs *fs, size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+
+    if (!f)
+        return NULL;
+    double uptime = elapsed_s(&fs->cfg.started);
+    fprintf(f, "{\n");
+    fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
+    if (fs->ndisks == 1) {
+        put_disk(f, &fs->disks[0], uptime);
+    } else {
+        fprintf(f, "  \"uptime_s\": %.3f,\n", uptime);
+        put_disks(f, fs, uptime);
+    }
     fprintf(f, "}\n");
     if (fclose(f) != 0) {
         free(buf);
@@ -388,18 +437,18 @@ struct snapshot {
     char *text;
 };
 
-static void status_attr(struct fs *fs, struct stat *st)
+static void status_attr(struct fs_disk *d, struct stat *st)
 {
     st->st_mode = S_IFREG | 0400;
     st->st_nlink = 1;
     st->st_size = 0;              /* generated at open; read until EOF */
 }
 
-static int status_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
+static int status_open(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid)
 {
     struct snapshot *s = calloc(1, sizeof *s);
 
-    if (!s || !(s->text = fs_status_json(fs, &s->len))) {
+    if (!s || !(s->text = fs_status_json(d->fs, &s->len))) {
         free(s);
         return -ENOMEM;
     }
@@ -407,7 +456,7 @@ static int status_open(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid)
     return 0;
 }
 
-static void status_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
+static void status_read(fuse_req_t req, struct fs_disk *d, struct fs_fh *fh,
                         size_t size, off_t off)
 {
     const struct snapshot *s = fh->view_data;
@@ -432,7 +481,7 @@ static void status_read(fuse_req_t req, struct fs *fs, struct fs_fh *fh,
     free(copy);
 }
 
-static void status_release(struct fs *fs, struct fs_fh *fh)
+static void status_release(struct fs_disk *d, struct fs_fh *fh)
 {
     struct snapshot *s = fh->view_data;
 

@@ -46,16 +46,20 @@ static void on_stop(int sig)
     errno = saved;
 }
 
+static struct pool *const *stop_pools;   /* the disks' pools, every one */
+static unsigned stop_npools;
+
 static void *stop_main(void *arg)
 {
-    struct pool *p = arg;
     char c;
 
+    (void) arg;
     block_stop_signals();
     while (read(stop_pipe[0], &c, 1) == 1) {
         log_notice("second stop signal: any zeroing still to do is "
                    "abandoned");
-        pool_abandon_zeroing(p);
+        for (unsigned i = 0; i < stop_npools; i++)
+            pool_abandon_zeroing(stop_pools[i]);
     }
     return NULL;                  /* the write end was closed */
 }
@@ -69,8 +73,11 @@ static void set_handlers(void (*fn)(int))
         sigaction(stop_signals[i], &sa, NULL);
 }
 
-int stopsig_start(struct fuse_session *se, struct pool *p)
+int stopsig_start(struct fuse_session *se, struct pool *const *pools,
+                  unsigned npools)
 {
+    stop_pools = pools;
+    stop_npools = npools;
     if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) == -1)
         return -errno;
     /* Only the write end is non-blocking (the handler must never wait). */
@@ -88,7 +95,7 @@ int stopsig_start(struct fuse_session *se, struct pool *p)
     for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
         sigaddset(&stop, stop_signals[i]);
     pthread_sigmask(SIG_BLOCK, &stop, &old);
-    int r = pthread_create(&stop_thread, NULL, stop_main, p);
+    int r = pthread_create(&stop_thread, NULL, stop_main, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (r != 0) {
         close(stop_pipe[0]);

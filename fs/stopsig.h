@@ -10,8 +10,11 @@
 #include "fs/fs.h"
 
 /* After fuse_set_signal_handlers(): take the stop signals over from
- * libfuse.  -errno (libfuse's handlers stay). */
-int  stopsig_start(struct fuse_session *se, struct pool *p);
+ * libfuse; a second one abandons the zeroing of every pool in
+ * pools[0..npools) (borrowed until stopsig_stop()).  -errno (libfuse's
+ * handlers stay). */
+int  stopsig_start(struct fuse_session *se, struct pool *const *pools,
+                   unsigned npools);
 
 /* stopsig_start() succeeded and stopsig_stop() has not run. */
 bool stopsig_started(void);

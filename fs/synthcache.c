@@ -38,14 +38,14 @@ struct synthcache {
     unsigned live;                /* current + retired */
 };
 
-static void disk_key(struct fs *fs, struct synth_key *k)
+static void disk_key(struct fs_disk *d, struct synth_key *k)
 {
     struct pool_stats st;
     uint64_t size;
 
-    pool_get_stats(fs->pool, &st);
+    pool_get_stats(d->pool, &st);
     memset(k, 0, sizeof *k);
-    rawfile_stat(fs, &size, &k->mtime);
+    rawfile_stat(d, &size, &k->mtime);
     k->written = st.bytes_written;
     k->zeroed = st.bytes_zeroed;
     k->skipped = st.bytes_zero_skipped;
@@ -125,7 +125,7 @@ static bool at_cap_locked(const struct synthcache *c)
 
 /* Retire the current synthesizer (its handles keep it) and build one for
  * the disk as it is now. */
-static int replace_locked(struct synthcache *c, struct fs *fs,
+static int replace_locked(struct synthcache *c, struct fs_disk *d,
                           const struct synth_key *key)
 {
     struct synth_ref *r = calloc(1, sizeof *r);
@@ -143,7 +143,7 @@ static int replace_locked(struct synthcache *c, struct fs *fs,
     }
     r->key = *key;
     r->refs = 1;
-    r->err = c->ops->build(c->opaque, fs, &r->synth);
+    r->err = c->ops->build(c->opaque, d, &r->synth);
     if (r->err > 0)
         r->err = -r->err;
     c->current = r;
@@ -151,18 +151,18 @@ static int replace_locked(struct synthcache *c, struct fs *fs,
     return 0;
 }
 
-void *synthcache_get(struct synthcache *c, struct fs *fs, bool stale_ok,
+void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
                      int *err)
 {
     struct synth_key key;
     struct synth_ref *r = NULL;
 
-    disk_key(fs, &key);
+    disk_key(d, &key);
     pthread_mutex_lock(&c->lock);
     *err = 0;
     if (!c->current || !same_key(&c->current->key, &key)) {
         if (!at_cap_locked(c))
-            *err = replace_locked(c, fs, &key);
+            *err = replace_locked(c, d, &key);
         else if (!stale_ok || !c->current) {
             log_notice("%s: %u versions of the disk are already open (a "
                        "reader kept open across each change); close some "

@@ -15,7 +15,7 @@
  * THREAD MODEL
  * c->lock protects the synthesizers and their counts; building one holds
  * it, so concurrent opens and stats wait for one build rather than make
- * several.  build() may take the pool's lock and fs->lock (never c->lock
+ * several.  build() may take the pool's lock and d->fs->lock (never c->lock
  * the other way round); no other lock is held while taking c->lock.
  */
 #pragma once
@@ -26,7 +26,7 @@
 struct synthcache_ops {
     /* Freeze the disk as it is now.  0 and *out, or -errno (logged by
      * build; the failure is kept, and returned, until the disk changes). */
-    int  (*build)(void *opaque, struct fs *fs, void **out);
+    int  (*build)(void *opaque, struct fs_disk *d, void **out);
     void (*free)(void *opaque, void *synth);
 };
 
@@ -43,6 +43,6 @@ void synthcache_free(struct synthcache *c);
  * caller (synthcache_put()); NULL and -errno: the build failed, or
  * -EMFILE at the cap.  stale_ok (a stat): at the cap, the newest one
  * instead, however old. */
-void *synthcache_get(struct synthcache *c, struct fs *fs, bool stale_ok,
+void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
                      int *err);
 void synthcache_put(struct synthcache *c, void *synth);   /* NULL: no-op */

@@ -85,14 +85,14 @@ static int open_file(int dfd, const char *name, int flags)
 
 /* ---- the daemon's side ------------------------------------------------- */
 
-static void put_digest(FILE *f, struct fs *fs)
+static void put_digest(FILE *f, struct fs_disk *d)
 {
     struct digest_info di;
 
-    if (!fs->digest)
+    if (!d->digest)
         return;
-    digest_settle(fs->digest, 10);
-    digest_get(fs->digest, rawfile_size(fs), &di);
+    digest_settle(d->digest, 10);
+    digest_get(d->digest, rawfile_size(d), &di);
     if (di.state == DIGEST_COMPLETE)
         fprintf(f, "digest: %s %s of %" PRIu64 " bytes\n", di.algorithm,
                 di.hex, di.covered);
@@ -102,11 +102,13 @@ static void put_digest(FILE *f, struct fs *fs)
                 di.reason);
 }
 
-static void put_failures(FILE *f, const struct pool_stats *st)
+/* The disk's failed requests; with log, the recent log lines too (once,
+ * after the last disk: they are the mount's and name their disk). */
+static void put_failures(FILE *f, const struct pool_stats *st, bool log)
 {
     struct log_entry recent[LOG_RECENT];
     uint64_t errors, warnings;
-    unsigned n = log_recent(recent, &errors, &warnings);
+    unsigned n = log ? log_recent(recent, &errors, &warnings) : 0;
 
     for (unsigned i = 0; i < st->nfailures; i++)
         fprintf(f, "failed: %s of %" PRIu64 " bytes at offset %" PRIu64
@@ -119,7 +121,8 @@ static void put_failures(FILE *f, const struct pool_stats *st)
 }
 
 /* The text the unmounter prints, "exit N" first. */
-static char *verdict_text(struct fs *fs, int status, size_t *len)
+static char *verdict_text(struct fs *fs, int status, const int *disk_status,
+                          size_t *len)
 {
     struct pool_stats st;
     char *buf = NULL;
@@ -127,15 +130,20 @@ static char *verdict_text(struct fs *fs, int status, size_t *len)
 
     if (!f)
         return NULL;
-    pool_get_stats(fs->pool, &st);
     fprintf(f, "exit %d\n", status);
-    fprintf(f, "%s: %s: %" PRIu64 " bytes written, %" PRIu64 " acknowledged "
-            "by the server, %" PRIu64 " request(s) failed; final flush %s\n",
-            fs->filename, status == 0 ? "ok" : "FAILED", st.bytes_written,
-            st.bytes_acked, st.errors, status == 0 ? "done" : "or check "
-            "failed");
-    put_failures(f, &st);
-    put_digest(f, fs);
+    for (unsigned i = 0; i < fs->ndisks; i++) {
+        struct fs_disk *d = &fs->disks[i];
+        int ds = disk_status ? disk_status[i] : status;
+
+        pool_get_stats(d->pool, &st);
+        fprintf(f, "%s: %s: %" PRIu64 " bytes written, %" PRIu64
+                " acknowledged by the server, %" PRIu64 " request(s) "
+                "failed; final flush %s\n", d->filename,
+                ds == 0 ? "ok" : "FAILED", st.bytes_written, st.bytes_acked,
+                st.errors, ds == 0 ? "done" : "or check failed");
+        put_failures(f, &st, i + 1 == fs->ndisks);
+        put_digest(f, d);
+    }
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
@@ -143,7 +151,7 @@ static char *verdict_text(struct fs *fs, int status, size_t *len)
     return buf;
 }
 
-void verdict_write(struct fs *fs, int status)
+void verdict_write(struct fs *fs, int status, const int *disk_status)
 {
     char dir[PATH_MAX], name[32];
     const char *why = "";
@@ -160,7 +168,7 @@ void verdict_write(struct fs *fs, int status)
             log_notice("verdict %s/%s: %s", dir, name, strerror(-fd));
         return;
     }
-    char *text = verdict_text(fs, status, &len);
+    char *text = verdict_text(fs, status, disk_status, &len);
     if (!text || ftruncate(fd, 0) == -1 ||
         write(fd, text, len) != (ssize_t) len)
         log_notice("verdict %s/%s: %s", dir, name,

@@ -19,9 +19,10 @@
 
 struct fs;
 
-/* The daemon, after its final flush: status is its exit status.  Does
- * nothing unless an unmounter asked (logs why at -v). */
-void verdict_write(struct fs *fs, int status);
+/* The daemon, after its final flush: status is its exit status,
+ * disk_status[i] disk i's (NULL: each the mount's).  One line per disk,
+ * naming it.  Does nothing unless an unmounter asked (logs why at -v). */
+void verdict_write(struct fs *fs, int status, const int *disk_status);
 
 /* nbdferry --unmount MOUNTPOINT: unmount, wait for the daemon, print its
  * verdict.  The daemon's pid comes from pidfile if not NULL (-P; a

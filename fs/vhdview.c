@@ -121,12 +121,12 @@ static const struct vhd_sink sink = {
 
 static int vhd_new_stream(struct imageview *iv, void **out)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct vhd_stream *s;
 
     int r = vhd_stream_new(&sink, iv, &s);
     if (r == 0) {
-        vhd_stream_limit(s, fs->export_size, fs->vhd_fixed);
+        vhd_stream_limit(s, d->export_size, d->cfg->vhd_fixed);
         *out = s;
     }
     return r;
@@ -146,9 +146,9 @@ static enum image_kind vhd_first_kind(const void *s)
 }
 
 /* Not a known format: how a fixed VHD gets in. */
-static const char *vhd_refusal_hint(struct fs *fs)
+static const char *vhd_refusal_hint(struct fs_disk *d)
 {
-    return fs->vhd_fixed ? "" : " (a fixed VHD needs the mount option "
+    return d->cfg->vhd_fixed ? "" : " (a fixed VHD needs the mount option "
                                 "--vhd-fixed, -o vhd_fixed)";
 }
 

@@ -193,14 +193,14 @@ static void vhdx_free_stream(void *st)
 
 static int vhdx_new_stream(struct imageview *iv, void **out)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct vhdx_ingest *in = calloc(1, sizeof *in);
     struct spool_config sc = {
-        .dir = fs->spool_dir, .max = fs->spool_max,
-        .mem_max = spool_mem_max(fs->spool_max),
+        .dir = d->cfg->spool_dir, .max = d->cfg->spool_max,
+        .mem_max = spool_mem_max(d->cfg->spool_max),
         .name = imageview_name(iv),
     };
-    struct vhdx_stream_config cfg = { .spool_max = fs->spool_max,
+    struct vhdx_stream_config cfg = { .spool_max = d->cfg->spool_max,
                                       .spool_option = "--spool-max" };
 
     if (!in)

@@ -18,37 +18,37 @@ const struct fs_view *const fs_views[FS_INO_COUNT] = {
     [FS_INO_VHDX] = &fs_vhdx_view,
 };
 
-static int name_view(struct fs *fs, const struct fs_view *v, char **out)
+static int name_view(struct fs_disk *d, const struct fs_view *v, char **out)
 {
     if (v->fixed_name)
         *out = strdup(v->fixed_name);
-    else if (asprintf(out, "%s%s", fs->filename, v->suffix) == -1)
+    else if (asprintf(out, "%s%s", d->filename, v->suffix) == -1)
         *out = NULL;
     return *out ? 0 : -ENOMEM;
 }
 
-int fs_views_init(struct fs *fs)
+int fs_views_init(struct fs_disk *d)
 {
     for (unsigned i = 0; i < FS_INO_COUNT; i++) {
-        const struct fs_view *v = fs_views[i];
-        int r = !v ? 0 : name_view(fs, v, &fs->view_name[i]);
+        const struct fs_view *v = fs_view_of(fs_ino_of(d->index, i));
+        int r = !v ? 0 : name_view(d, v, &d->view_name[i]);
         if (r == 0 && v && v->init)
-            r = v->init(fs);
+            r = v->init(d);
         if (r < 0) {
-            fs_views_fini(fs);
+            fs_views_fini(d);
             return r;
         }
     }
     return 0;
 }
 
-void fs_views_fini(struct fs *fs)
+void fs_views_fini(struct fs_disk *d)
 {
     for (unsigned i = FS_INO_COUNT; i-- > 0;) {
-        const struct fs_view *v = fs_views[i];
+        const struct fs_view *v = fs_view_of(fs_ino_of(d->index, i));
         if (v && v->fini)
-            v->fini(fs);          /* a no-op without its state */
-        free(fs->view_name[i]);
-        fs->view_name[i] = NULL;
+            v->fini(d);          /* a no-op without its state */
+        free(d->view_name[i]);
+        d->view_name[i] = NULL;
     }
 }

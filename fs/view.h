@@ -3,7 +3,7 @@
  * A view is one name in the mount's directory: the raw file (fs/rawview.c),
  * the status document (fs/status.c), the disk as a VHD (fs/vhdview.c) or a
  * VMDK (fs/vmdkview.c).  fs/ops.c owns what is common to all of them (the
- * handle, its place on fs->open_files, argument checks, the FUSE reply) and
+ * handle, its place on fs->h.open_files, argument checks, the FUSE reply) and
  * dispatches the rest here through fs_views[], indexed by inode.  A new
  * view is a new file defining a struct fs_view, plus its inode number in
  * enum fs_ino and one line in fs_views[] (fs/view.c); a new image format
@@ -41,50 +41,54 @@ struct fs_view {
     const char *suffix;       /* its name: FILENAME + suffix, */
     const char *fixed_name;   /* or this one */
     bool writable;            /* may be opened for writing */
-    int  (*init)(struct fs *fs);              /* before the mount */
-    void (*fini)(struct fs *fs);              /* after fs_close_all() */
+    int  (*init)(struct fs_disk *d);              /* before the mount */
+    void (*fini)(struct fs_disk *d);              /* after fs_close_all() */
     /* st arrives with owner, times and st_blksize set; set the rest. */
-    void (*attr)(struct fs *fs, struct stat *st);
-    int  (*open)(struct fs *fs, struct fs_fh *fh, int flags, pid_t pid);
-    void (*read)(fuse_req_t req, struct fs *fs, struct fs_fh *fh, size_t size,
+    void (*attr)(struct fs_disk *d, struct stat *st);
+    int  (*open)(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid);
+    void (*read)(fuse_req_t req, struct fs_disk *d, struct fs_fh *fh, size_t size,
                  off_t off);
-    ssize_t (*pread)(struct fs *fs, struct fs_fh *fh, char *buf, size_t size,
+    ssize_t (*pread)(struct fs_disk *d, struct fs_fh *fh, char *buf, size_t size,
                      uint64_t off);
-    ssize_t (*write)(struct fs *fs, struct fs_fh *fh, const char *buf,
+    ssize_t (*write)(struct fs_disk *d, struct fs_fh *fh, const char *buf,
                      size_t size, off_t off);
-    ssize_t (*write_buf)(struct fs *fs, struct fs_fh *fh,
+    ssize_t (*write_buf)(struct fs_disk *d, struct fs_fh *fh,
                          struct fuse_bufvec *bufv, off_t off);
-    int  (*fallocate)(struct fs *fs, struct fs_fh *fh, int mode, off_t off,
+    int  (*fallocate)(struct fs_disk *d, struct fs_fh *fh, int mode, off_t off,
                       off_t len);
-    int  (*truncate)(struct fs *fs, struct fs_fh *fh, uint64_t size);
-    int64_t (*lseek)(struct fs *fs, struct fs_fh *fh, off_t off, int whence);
-    int  (*flush)(struct fs *fs, struct fs_fh *fh, bool wrote);
-    int  (*fsync)(struct fs *fs, struct fs_fh *fh);
-    void (*release)(struct fs *fs, struct fs_fh *fh);
+    int  (*truncate)(struct fs_disk *d, struct fs_fh *fh, uint64_t size);
+    int64_t (*lseek)(struct fs_disk *d, struct fs_fh *fh, off_t off, int whence);
+    int  (*flush)(struct fs_disk *d, struct fs_fh *fh, bool wrote);
+    int  (*fsync)(struct fs_disk *d, struct fs_fh *fh);
+    void (*release)(struct fs_disk *d, struct fs_fh *fh);
 };
 
 /* fs/view.c: the views by inode (NULL: not a file, e.g. the root). */
 extern const struct fs_view *const fs_views[FS_INO_COUNT];
 
+/* The view of an inode (fs_ino_of()); the status file is the mount's,
+ * disk 0's slot only.  The caller checks the disk exists (fs_disk_of()). */
 static inline const struct fs_view *fs_view_of(fuse_ino_t ino)
 {
-    return ino < FS_INO_COUNT ? fs_views[ino] : NULL;
+    unsigned slot = fs_ino_slot(ino);
+    return ino >= FS_INO_COUNT && slot == FS_INO_STATUS ? NULL
+                                                        : fs_views[slot];
 }
 
-/* Names every view (fs->view_name[]) and runs the init hooks; on failure
+/* Names every view (d->view_name[]) and runs the init hooks; on failure
  * what was set up is undone.  fini: the reverse; safe after a failed or
  * absent init. */
-int  fs_views_init(struct fs *fs);
-void fs_views_fini(struct fs *fs);
+int  fs_views_init(struct fs_disk *d);
+void fs_views_fini(struct fs_disk *d);
 
 /* The views each define one. */
 /* fs/rawview.c, for the receiving thread: a read of the raw file whose
  * bytes have all arrived in the read-ahead (nothing to wait for): 1 and
  * iov[0..*niov) (at most RA_SPANS) to reply with, held until
  * raw_read_ready_done(); 0: serve it the usual way (nothing changed). */
-int raw_read_ready(struct fs *fs, struct fs_fh *fh, uint64_t off,
+int raw_read_ready(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                    size_t size, struct iovec *iov, unsigned *niov);
-void raw_read_ready_done(struct fs *fs);
+void raw_read_ready_done(struct fs_disk *d);
 
 extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
                             fs_vmdk_view, fs_qcow2_view, fs_vhdx_view;
@@ -101,4 +105,19 @@ static inline void fs_fh_mark_wrote(struct fs_fh *fh)
 static inline bool fs_fh_has_written(struct fs_fh *fh)
 {
     return __atomic_load_n(&fh->wrote, __ATOMIC_RELAXED);
+}
+
+/* The end of a copy: a write or zeroing of the raw file that reaches,
+ * from below, where the writer's copy ends (fh->copy_end: its source's
+ * size, or the size it set).  Some copy tools never fsync and ignore close()'s error
+ * (qemu-img convert, whose output cache mode "unsafe" sends no flush and
+ * whose close is unchecked): for them the reply to their last write is
+ * the only place a failure of the writes before it can show.  So that
+ * reply waits until everything before it is acknowledged, and carries
+ * the failure.  Served by a worker (fs/fuseloop.c asks waits(),
+ * fs/landing.c). */
+static inline bool fs_fh_ends_copy(const struct fs_fh *fh, uint64_t off, uint64_t len)
+{
+    uint64_t end = fh ? __atomic_load_n(&fh->copy_end, __ATOMIC_RELAXED) : 0;
+    return end && fh->writer && off < end && off + len >= end;
 }

@@ -78,7 +78,7 @@ static int sink_grain(void *opaque, const struct vmdk_grain *g)
 
 static int vmdk_init(struct imageview *iv)
 {
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
     struct vmdkview *v = calloc(1, sizeof *v);
     struct timespec ts;
 
@@ -87,7 +87,7 @@ static int vmdk_init(struct imageview *iv)
     /* A per-mount content id: re-reads of the view agree within a mount. */
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = ((uint64_t) ts.tv_sec * 1000000007u) ^
-                    (uint64_t) ts.tv_nsec ^ fs->export_size;
+                    (uint64_t) ts.tv_nsec ^ d->export_size;
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     v->cid = (uint32_t) (seed >> 32);
     if (v->cid == 0xffffffffu)
@@ -117,13 +117,13 @@ IMAGEVIEW_SYNTH_GLUE(vmdk)
 static uint64_t vmdk_size(struct imageview *iv)
 {
     const uint64_t G = VMDK_SYNTH_GRAIN_SECTORS * VMDK_SECTOR;
-    struct fs *fs = imageview_fs(iv);
-    uint64_t size = rawfile_size(fs);
+    struct fs_disk *d = imageview_fs(iv);
+    uint64_t size = rawfile_size(d);
 
     if (vmdk_synth_size(size, 0, 0) == 0)
         return 0;                     /* past the limit: open says why */
     struct imageview_count c =
-        imageview_count_data(fs, size, G, VMDK_SYNTH_TABLE_BYTES / G);
+        imageview_count_data(d, size, G, VMDK_SYNTH_TABLE_BYTES / G);
     return vmdk_synth_size(size, c.units, c.tables);
 }
 
@@ -135,25 +135,25 @@ IMAGEVIEW_SYNTH_READ(vmdk)
 static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
 {
     struct imageview *iv = opaque;
-    struct fs *fs = imageview_fs(iv);
+    struct fs_disk *d = imageview_fs(iv);
 
     /* A capacity is whole sectors: an export whose size is not a multiple
      * of 512 takes a VMDK of itself back (place() checks the tail). */
-    if (capacity > fs->export_size &&
-        capacity - fs->export_size < VMDK_SECTOR)
-        capacity = fs->export_size;
+    if (capacity > d->export_size &&
+        capacity - d->export_size < VMDK_SECTOR)
+        capacity = d->export_size;
     return imageview_take(iv, kind == VMDK_STREAM_OPTIMIZED
                                   ? "streamOptimized" : "monolithicSparse",
                           capacity, false, 0);
 }
 
 /* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
-static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
+static int place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 {
-    if (off + len > fs->export_size) {
+    if (off + len > d->export_size) {
         /* The last sector's bytes past an export that ends mid-sector
          * (begin() allowed that): they must be zero. */
-        size_t keep = off < fs->export_size ? (size_t) (fs->export_size - off)
+        size_t keep = off < d->export_size ? (size_t) (d->export_size - off)
                                             : 0;
         if (!is_zero((const char *) buf + keep, len - keep))
             return -ENOSPC;
@@ -161,7 +161,7 @@ static int place(struct fs *fs, uint64_t off, const void *buf, size_t len)
     }
     if (is_zero(buf, len))           /* reads as zero since begin() */
         return 0;
-    return rawfile_place(fs, off, buf, len);
+    return rawfile_place(d, off, buf, len);
 }
 
 static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)

@@ -74,15 +74,15 @@ static bool finished(const struct fs_fh *o)
     return closed(o) && o->tgid > 0 && process_gone(o->tgid);
 }
 
-static void say_busy(const struct fs *fs, const struct fs_fh *fh,
-                     const struct fs_fh *o, char *why, size_t n)
+static void say_busy(const struct fs_fh *fh, const struct fs_fh *o,
+                     char *why, size_t n)
 {
     snprintf(why, n, "%s: a second writer refused: pid %d (%s) opens %s "
              "for writing while pid %d (%s) has %s open for writing; one "
              "writer at a time (the mount option -o multiwriter allows "
-             "several)", fs->view_name[fh->ino], (int) fh->tgid, fh->comm,
-             fs->view_name[fh->ino], (int) o->tgid, o->comm,
-             fs->view_name[o->ino]);
+             "several)", fh->disk->view_name[fh->ino], (int) fh->tgid,
+             fh->comm, fh->disk->view_name[fh->ino], (int) o->tgid, o->comm,
+             o->disk->view_name[o->ino]);
 }
 
 int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
@@ -90,16 +90,16 @@ int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
 {
     int r = 0;
 
-    if (fs->multiwriter)
+    if (fs->cfg.multiwriter)
         return 0;
-    for (const struct fs_fh *o = fs->open_files; o; o = o->next) {
-        if (o == fh || !o->writer)
-            continue;
+    for (const struct fs_fh *o = fs->h.open_files; o; o = o->next) {
+        if (o == fh || !o->writer || o->disk != fh->disk)
+            continue;                 /* one writer per disk */
         if (fh->tgid > 0 && o->tgid == fh->tgid)
             continue;                 /* one process: one copy */
         if (finished(o))
             continue;                 /* only its release is late */
-        say_busy(fs, fh, o, why, n);
+        say_busy(fh, o, why, n);
         if (!closed(o))
             return -EBUSY;
         r = -EAGAIN;                  /* its release may be on its way */

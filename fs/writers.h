@@ -26,7 +26,7 @@
  * THREAD MODEL: writers_identify() on the opening FUSE thread, before the
  * handle is shared; writers_admit_locked() under fs->lock, which also
  * guards the list it reads (fs/ops.c), so that two opens at once cannot
- * both be admitted; fs/ops.c waits on fs->released (broadcast whenever a
+ * both be admitted; fs/ops.c waits on fs->h.released (broadcast whenever a
  * handle leaves the list) with fs->lock held around the checks. */
 #pragma once
 #include <stddef.h>
@@ -39,7 +39,7 @@ void writers_identify(struct fs_fh *fh, pid_t pid);
 
 #define WRITERS_RELEASE_WAIT_MS 2000
 
-/* 0 if the writer fh may join fs->open_files; -EBUSY and the reason in
+/* 0 if the writer fh may join fs->h.open_files; -EBUSY and the reason in
  * why (n bytes) if another process is writing; -EAGAIN (and the reason,
  * should the wait end) if the only others are closed handles of live
  * processes, whose release may be on its way.  Caller holds fs->lock. */

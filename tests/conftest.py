@@ -143,7 +143,7 @@ def jitter_server(server):
 @pytest.fixture
 def mount(shortdir):
     """Factory: mount(target, *opts, filename=None, expect_rc=0,
-    expect_errors=False, pass_fds=(), ready_timeout=30) -> Mount.
+    expect_errors=False, pass_fds=(), ready_timeout=30, raw=None) -> Mount.
 
     target is a server (its .uri is used), a URI string, or a list of
     arguments that follow MOUNTPOINT (["--unix", SOCK], ["[", "nbdkit", ...,
@@ -152,7 +152,8 @@ def mount(shortdir):
     waits for the pidfile and the mount.  Teardown unmounts with fusermount3
     -u (retrying while busy, lazily at last), waits for the daemon and asserts
     its exit code (expect_rc; None means any) and, unless expect_errors, that
-    its stderr holds no error/warning/sanitizer line."""
+    its stderr holds no error/warning/sanitizer line.  raw names the
+    raw file when it is not FILENAME (a mount of several disks: NAME)."""
     mounts = []
 
     def do_mount(target, *opts, **kw):

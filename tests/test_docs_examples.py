@@ -141,7 +141,7 @@ MAIN = man_examples("nbdferry.1")
 
 
 def test_every_nbdferry_example_has_a_case():
-    assert len(MAIN) == 7, MAIN       # one test below per block
+    assert len(MAIN) == 8, MAIN       # one test below per block
 
 
 def test_example_progress_unix_socket(server, runner, shortdir):
@@ -252,6 +252,36 @@ def test_example_nbdkit_command_and_progress_fd(runner, shortdir):
     with open(out, "rb") as f:
         assert hashlib.sha256(f.read(5 * MiB)).hexdigest() == \
             sha256_file(src)
+
+
+def test_example_several_disks_of_a_vm(server, runner, shortdir, tmp_path):
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for n in ("disk0", "disk1", "disk2"):
+        with open(exports / n, "wb") as f:
+            f.truncate(EXPORT)
+    srv = server("file", f"dir={exports}", tcp=True)
+    mp = shortdir / "vm"
+    mp.mkdir()
+    runner.mps.append(mp)
+    w = runner.work
+    imgs = [disk(w / "disk0.img", seed=3), disk(w / "d1.img", seed=4),
+            disk(w / "d2.img", seed=5)]
+    qemu(imgs[1], w / "disk1.vhd", "vpc", "subformat=dynamic",
+         "force_size=on")
+    qemu(imgs[2], w / "disk2.vmdk", "vmdk", "subformat=streamOptimized")
+    run(["tar", "-cf", str(w / "vm.ova"), "-C", str(w), "disk2.vmdk"],
+        check=True)
+    (w / "disk2.vmdk").unlink()           # only in the OVA
+    runner.sub("/mnt/vm", mp)
+    runner.sub("nbd://dest.example.com", srv.uri.rstrip("/"))
+    r = runner(MAIN[7])
+    for n in ("disk0", "disk1", "disk2"):
+        assert f"{n}: ok: " in r.stdout, r.stdout
+    assert not is_mounted(mp)
+    for n, img in zip(("disk0", "disk1", "disk2"), imgs):
+        assert_content(img, EXPORT, uri=f"{srv.uri.rstrip('/')}/{n}",
+                       what=f"nbdferry(1) several-disk example, {n}")
 
 
 # ---- nbdferry-verify(1) -------------------------------------------------

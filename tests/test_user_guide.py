@@ -259,6 +259,43 @@ def SIZE_OF(p):
     return os.path.getsize(p)
 
 
+def test_guide_whole_vm(server, runner, shortdir, tmp_path):
+    """"Migrating a whole VM": one mount of every export of one nbdkit, a
+    raw image, a VHD chain and an OVA's VMDK copied at once, one unmount
+    with a line per disk; each export holds its disk."""
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for name, size in (("disk0", EXPORT), ("disk1", 96 * MiB),
+                       ("disk2", EXPORT)):
+        with open(exports / name, "wb") as f:
+            f.truncate(size)
+    srv = server("file", f"dir={exports}", tcp=True)
+    mp = shortdir / "vm"
+    mp.mkdir()
+    runner.mps.append(mp)
+    w = runner.work
+    raw = disk(w / "vm-disk0.img", seed=5)
+    shutil.copy(fixture("tap-dyn-64m.vhd", w), w / "base.vhd")
+    shutil.copy(fixture("tap-diff-64m.vhd", w), w / "snap1.vhd")
+    third = disk(w / "third.img", seed=6)
+    qemu(third, w / "vm-disk2.vmdk", "vmdk", "subformat=streamOptimized")
+    run(["tar", "-cf", str(w / "vm.ova"), "-C", str(w), "vm-disk2.vmdk"],
+        check=True)
+    (w / "vm-disk2.vmdk").unlink()        # only in the OVA
+    runner.sub("/mnt/vm", mp)
+    runner.sub("nbd://dest.example.com", srv.uri.rstrip("/"))
+    r = runner(gblock(r"^nbdferry /mnt/vm --all-exports",
+                      r"^nbdferry --unmount /mnt/vm"))
+    for n in ("disk0", "disk1", "disk2"):
+        assert f"{n}: ok: " in r.stdout, r.stdout
+    base = srv.uri.rstrip("/")
+    assert_content(raw, EXPORT, uri=f"{base}/disk0", what="guide VM disk0")
+    assert_content(fixture("tap-diff-64m.raw", w), 96 * MiB,
+                   uri=f"{base}/disk1", what="guide VM disk1 (VHD chain)")
+    assert_content(third, EXPORT, uri=f"{base}/disk2",
+                   what="guide VM disk2 (OVA)")
+
+
 def test_guide_verify_lines(server, mount, runner):
     srv = server("memory", f"size={EXPORT}")
     m = mount(srv)

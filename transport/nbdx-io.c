@@ -194,6 +194,8 @@ void *nbdx_conn_thread(void *arg)
     block_stop_signals();
     struct nbdx_conn *c = arg;
 
+    log_set_thread_subject(c->x->cfg.log_subject);   /* a disk's name */
+
     for (;;) {
         bool stopping;
         /* Before taking the queue: an op submitted after nbdx_heal()

@@ -42,6 +42,9 @@ struct nbdx_config {
                                * explicit, logged opt-out */
     unsigned retry_timeout_s; /* reconnect and resend for this long when a
                                * connection dies (URI, unix, tcp); 0: fail */
+    const char *log_subject;  /* the connection threads' log lines start
+                               * with it (log_set_thread_subject()); NULL:
+                               * none.  Borrowed: outlives the nbdx */
     unsigned request_timeout_s; /* no reply progress for this long with
                                  * requests outstanding (or a handshake
                                  * this slow) counts as a lost

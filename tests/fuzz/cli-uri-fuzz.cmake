@@ -9,7 +9,8 @@ set(CLI_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(CLI_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined
                    -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 set(CLI_FUZZ_TIME 30 CACHE STRING "seconds per cli/uri fuzz target in ctest")
-set(fuzz-cli_SOURCES ${CMAKE_SOURCE_DIR}/fs/cli.c)
+set(fuzz-cli_SOURCES ${CMAKE_SOURCE_DIR}/fs/cliargs.c
+                      ${CMAKE_SOURCE_DIR}/fs/mountpoint.c)
 set(fuzz-uri_SOURCES ${CMAKE_SOURCE_DIR}/transport/uri.c)
 foreach(t fuzz-cli fuzz-uri)
   add_executable(${t} ${CLI_FUZZ_DIR}/${t}.c ${${t}_SOURCES})

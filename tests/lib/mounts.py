@@ -143,12 +143,14 @@ class Mount(SimpleNamespace):
 
 
 def start_mount(d, mounts, target, *opts, filename=None, expect_rc=0,
-                expect_errors=False, pass_fds=(), ready_timeout=30):
+                expect_errors=False, pass_fds=(), ready_timeout=30,
+                raw=None):
     """Mount target on d/mntN: ``[WRAPPER] nbdferry -f -P PIDFILE OPTS
     MP[/FILENAME] TARGET``; append the Mount to mounts (before waiting, so
     a failed start is still cleaned up) and wait for the pidfile and the
     mount.  target is a server (its .uri), a URI string, or the list of
-    arguments that follow MOUNTPOINT."""
+    arguments that follow MOUNTPOINT.  raw: the raw file's name when it
+    is not FILENAME ("nbd"), as in a mount of several disks."""
     n = len(mounts)
     mp = d / f"mnt{n}"
     mp.mkdir()
@@ -166,7 +168,7 @@ def start_mount(d, mounts, target, *opts, filename=None, expect_rc=0,
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                 stdout=errf, stderr=errf,
                                 pass_fds=pass_fds)
-    m = Mount(mp=mp, file=mp / (filename or "nbd"), proc=proc,
+    m = Mount(mp=mp, file=mp / (raw or filename or "nbd"), proc=proc,
               pid=proc.pid, pidfile=pidfile, stderr_path=stderr_path,
               expect_rc=expect_rc, expect_errors=expect_errors,
               checked=False, cmd=cmd)
