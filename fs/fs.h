@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "transport/nbdx.h"
 #include "transport/pool.h"
 

@@ -28,7 +28,7 @@
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "fs/spool.h"
-#include "fs/readahead.h"
+#include "transport/readahead.h"
 #include "fs/listexports.h"
 #include "fs/verdict.h"
 #include "fs/view.h"

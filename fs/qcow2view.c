@@ -129,7 +129,7 @@ static int qcow2_new_synth(struct imageview *iv, uint64_t size, void **out)
 {
     struct nbdf_err e = { "" };
 
-    int r = qcow2_synth_new(size, imageview_fs(iv)->qcow2_cluster_bits,
+    int r = qcow2_synth_new(size, imageview_fs(iv)->cfg->qcow2_cluster_bits,
                             (struct qcow2_synth **) out, &e);
     if (r < 0)
         log_notice("%s: %s", imageview_name(iv),

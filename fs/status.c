@@ -381,7 +381,7 @@ static void put_disks(FILE *f, struct fs *fs, double uptime)
         struct pool_stats s;
 
         fprintf(f, "  {\n  \"name\": ");
-        put_string(f, d->filename);
+        json_put_string(f, d->filename);
         fprintf(f, ",\n");
         put_disk(f, d, uptime);
         fprintf(f, "  }%s\n", i + 1 < fs->ndisks ? "," : "");

@@ -290,7 +290,7 @@ VERIFY = man_examples("nbdferry-verify.1")
 
 
 def test_every_verify_example_has_a_case():
-    assert len(VERIFY) == 6, VERIFY
+    assert len(VERIFY) == 7, VERIFY
 
 
 def test_verify_example_copy_through_mount(server, mount, runner):
@@ -359,6 +359,20 @@ def test_verify_example_digest_of_an_export(server, runner):
     runner.sub("nbd://storage/vm1", srv.uri)
     r = runner(VERIFY[5])
     assert r.stdout.split()[0] == sha256_nbd(srv.uri), r.stdout
+
+
+def test_verify_example_request_timeout(server, runner):
+    """Against a server whose reads the delay filter holds for an hour;
+    the timeout is cut to 1 s to keep the test short."""
+    srv = server("memory", f"size={SIZE}", "rdelay=3600",
+                 filters=["delay"])
+    fill_random(srv.uri, SIZE)
+    disk(runner.work / "disk.img")
+    runner.sub("nbd://storage/vm1", srv.uri)
+    runner.sub("--request-timeout=10", "--request-timeout=1")
+    r = runner(VERIFY[6], rc=2)
+    assert f"{srv.uri}: no reply from the server for 1 s" in r.stderr, \
+        r.stderr
 
 
 # ---- nbdferry-vhd(1), nbdferry-vmdk(1) -----------------------------------

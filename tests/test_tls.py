@@ -39,6 +39,7 @@ from lib.images import random_file
 from lib.mounts import fusermount_u, is_mounted
 from lib.procs import free_tcp_port, nonempty, run, wait_for
 from lib.tls import make_psk
+from test_verify import VERIFY
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("psktool") and shutil.which("certtool")),
@@ -132,6 +133,35 @@ def test_tls_psk_uri(server, mount, shm, shortdir):
     uri = f"nbds+unix://alice@/?socket={srv.sock}&tls-psk-file={keys}"
     m = mount(uri)
     copy_and_verify(m, shm, srv.disk)
+
+
+def verify_tls(uri, disk):
+    """nbdferry-verify over a TLS URI: the disk's sha256, and a match
+    against the server's backing file."""
+    p = subprocess.run([str(VERIFY), "--digest=sha256", uri],
+                       capture_output=True, text=True, timeout=timeout(60))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[0] == sha256_file(disk), p.stdout
+    p = subprocess.run([str(VERIFY), "--request-timeout=10", disk, uri],
+                       capture_output=True, text=True, timeout=timeout(60))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+
+
+def test_tls_psk_uri_verify(server, shm, shortdir):
+    """nbdferry-verify takes the URI's tls-psk-file (a local file libnbd
+    refuses unless asked)."""
+    keys = make_psk(shortdir)
+    srv = disk_server(server, shm, "--tls=require", f"--tls-psk={keys}")
+    verify_tls(f"nbds+unix://alice@/?socket={srv.sock}&tls-psk-file={keys}",
+               srv.disk)
+
+
+def test_tls_x509_uri_verify(server, shm, shortdir):
+    sdir, cdir = make_pki(shortdir)
+    srv = disk_server(server, shm, "--tls=require",
+                      f"--tls-certificates={sdir}", tcp=True)
+    verify_tls(f"nbds://localhost:{srv.port}/?tls-certificates={cdir}",
+               srv.disk)
 
 
 def test_tls_psk_wrong_key_refused(server, shm, shortdir):

@@ -10,7 +10,10 @@ decoded data arrive in disk order),
 and `nbdferry-verify --zero-tail IMAGE URI` matches the export.  An image
 as DESTINATION is decoded too (the view's own export, read back with cp).
 An image nbdferry-verify recognises but does not decode (qcow2, a tar
-archive) is refused with the reason, exit 2, unless --format=raw.
+archive) is refused with the reason, exit 2, unless --format=raw.  A VHDX
+not closed cleanly (tests/unit/vhdx-build.h's log) is decoded with its
+log replayed, as the view lands it; a log that writes behind itself and
+a file shorter than its log says are errors naming the rule.
 
 Run: /usr/bin/python3 -m pytest tests/test_verify_views.py
 """
@@ -26,6 +29,7 @@ from lib.nbd import fill_random
 from lib.procs import run
 from test_digest_inline import settled_digest
 from test_verify import VERIFY
+from test_vhdx_view import mkfile
 
 for tool in ("qemu-img", "tar"):
     if not shutil.which(tool):
@@ -190,6 +194,31 @@ def test_format_option(images):
     assert "--format=vhdx, but this is a VHD" in r.stderr, r.stderr
     r = verify("--format=qcow2", raw, rc=2)
     assert "unknown format" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("digest", ["blkhash", "sha256"])
+def test_verify_vhdx_log_is_replayed(tmp_path, digest):
+    """The log restores the BAT's first sector (all zeros in place: without
+    the replay every block there reads as zero) and zeros a block's first
+    64 KiB: the value is that of the disk after the replay, the one the
+    view lands (tests/test_vhdx_view.py), and the image matches that disk
+    as SOURCE and as DESTINATION."""
+    vhdx, want = mkfile(tmp_path, "log", 8 * MiB + 4096, flags="l")
+    opt = f"--digest={digest}"
+    value = verify(opt, want).stdout.split()[0]
+    assert verify(opt, vhdx).stdout.split()[0] == value
+    verify(opt, vhdx, want)
+    verify(opt, want, vhdx)
+
+
+def test_verify_vhdx_bad_log_is_an_error(tmp_path):
+    behind, _ = mkfile(tmp_path, "behind", 4 * MiB, flags="lb")
+    r = verify(behind, rc=2)
+    assert "writes into the header section" in r.stderr, r.stderr
+    assert "qemu-img check -r all" in r.stderr, r.stderr
+    cut, _ = mkfile(tmp_path, "cut", 4 * MiB, flags="lc")
+    r = verify(cut, rc=2)
+    assert "cut short: its log says it was at least" in r.stderr, r.stderr
 
 
 def test_views_export_the_raw_file_size(server, mount, shm):

@@ -22,6 +22,7 @@
 
 #include "common/log.h"
 #include "common/monotime.h"
+#include "transport/nbdpoll.h"
 
 /* ---- connecting ------------------------------------------------------ */
 
@@ -69,31 +70,6 @@ static int start_connect(struct nbd_handle *h, const struct nbdx_config *cfg)
         return nbd_aio_connect_socket(h, cfg->fd);
     }
     return -1;
-}
-
-/* Drive the handshake until the handle is ready, for at most timeout_ms
- * (-1: no limit): a server that accepts the connection and then says
- * nothing (a paused process: the kernel completes the accept) must not
- * hold a reconnection forever.  nbd_poll() is fine here: no other thread
- * knows the handle yet.  Returns 0, -ETIMEDOUT, or -1 with the libnbd
- * error set. */
-static int finish_connect(struct nbd_handle *h, int64_t timeout_ms)
-{
-    uint64_t due = mono_now_ns() + (uint64_t) (timeout_ms < 0 ? 0 : timeout_ms) *
-                              NS_PER_MS;
-
-    while (nbd_aio_is_connecting(h) == 1) {
-        int wait = -1;
-        if (timeout_ms >= 0) {
-            uint64_t now = mono_now_ns();
-            if (now >= due)
-                return -ETIMEDOUT;
-            wait = (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
-        }
-        if (nbd_poll(h, wait) == -1)
-            return -1;
-    }
-    return nbd_aio_is_ready(h) == 1 ? 0 : -1;
 }
 
 void nbdx_set_int_opt(int fd, int level, int name, int v, const char *what)
@@ -241,7 +217,7 @@ int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
     }
     r = start_connect(c->h, cfg);
     if (r == 0)
-        r = finish_connect(c->h, timeout_ms);
+        r = nbdpoll_handshake(c->h, timeout_ms);
     if (r == -ETIMEDOUT) {
         describe(cfg, what, sizeof what);
         if (quiet)

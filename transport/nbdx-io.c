@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/signals.h"
+#include "transport/nbdpoll.h"
 
 static void run_done(struct nbdx_conn *c)
 {
@@ -145,7 +146,6 @@ static void wait_for_io(struct nbdx_conn *c)
     struct pollfd fds[2 + NBDX_PARKED_MAX] = {
         { .fd = c->efd, .events = POLLIN },
         { .fd = -1 } };
-    unsigned dir = 0;
     int timeout = -1;
 
     if (!c->dead) {
@@ -154,10 +154,7 @@ static void wait_for_io(struct nbdx_conn *c)
             stalled(c);
             return;
         }
-        dir = nbd_aio_get_direction(c->h);
-        fds[1].fd = nbd_aio_get_fd(c->h);
-        fds[1].events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0) |
-                        (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0);
+        fds[1] = nbdpoll_watch(c->h);
     }
     for (unsigned i = 0; i < c->nparked; i++)
         fds[2 + i] = (struct pollfd) { .fd = c->parked[i], .events = POLLIN };
@@ -179,12 +176,8 @@ static void wait_for_io(struct nbdx_conn *c)
      * replying. */
     if (fds[1].revents)
         atomic_store(&c->progress_ns, mono_now_ns());
-    /* Same dispatch as libnbd's own nbd_poll(). */
-    if (fds[1].revents & (POLLIN | POLLHUP))
-        nbd_aio_notify_read(c->h);
-    else if (fds[1].revents & POLLOUT)
-        nbd_aio_notify_write(c->h);
-    else if (fds[1].revents & (POLLERR | POLLNVAL))
+    /* A failed notify leaves the handle dead: nbdx_check_dead() sees it. */
+    if (nbdpoll_notify(c->h, fds[1].revents) == NBDPOLL_SOCKET_ERROR)
         nbd_aio_notify_read(c->h);        /* let libnbd see the error */
     nbdx_check_dead(c);
 }

@@ -13,12 +13,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
+#include "transport/nbdpoll.h"
 
 const char *const nbdx_kind_name[NBDX_NKINDS] = {
     [NBDX_OP_READ] = "read", [NBDX_OP_WRITE] = "write",
@@ -64,20 +64,22 @@ static int op_completed(void *user_data, int *error)
     return 1;                             /* retire the command */
 }
 
+static int op_extent(void *opaque, uint64_t off, uint64_t len,
+                     uint32_t flags)
+{
+    struct nbdx_op *op = opaque;
+
+    op->extent(op, off, len, flags);
+    return 0;
+}
+
 /* libnbd extent callback: runs inside libnbd, records only. */
 static int op_extents(void *user_data, const char *metacontext,
                       uint64_t offset, uint32_t *entries, size_t nr,
                       int *error)
 {
-    struct nbdx_op *op = user_data;
-
-    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
-        return 0;
-    for (size_t i = 0; i + 1 < nr; i += 2) {
-        op->extent(op, offset, entries[i], entries[i + 1]);
-        offset += entries[i];
-    }
-    return 0;
+    return nbdpoll_extents(metacontext, offset, entries, nr, error,
+                           op_extent, user_data);
 }
 
 static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)

@@ -76,7 +76,8 @@ static const char usage_text[] =
 "virtual disk: VHD (fixed, dynamic and differencing: the footer's current\n"
 "size), VMDK (streamOptimized, as in an OVA, and monolithicSparse: the\n"
 "header's capacity) and VHDX (fixed and dynamic: the metadata's virtual\n"
-"disk size), unallocated blocks as zeros without reading.  A\n"
+"disk size; a log left by a writer that did not close it is replayed),\n"
+"unallocated blocks as zeros without reading.  A\n"
 "differencing VHD's parents are found through its locators, inside its own\n"
 "directory, or given with --parent.  A malformed image is an error naming\n"
 "the broken rule.  An image or archive it recognises but does not decode\n"
@@ -120,6 +121,9 @@ static const char usage_text[] =
 "  -R, --request-size=N    bytes per read request (default 2M)\n"
 "  -C, --connections=N     NBD connections per export when the server\n"
 "                          allows multi-conn (default 1)\n"
+"      --request-timeout=S fail when an NBD server with requests outstanding\n"
+"                          (or a handshake) moves no byte for S seconds\n"
+"                          (default 60, 0: wait forever)\n"
 "  -h, --help              print this help\n"
 "  -V, --version           print the version\n"
 "\n"
@@ -127,7 +131,7 @@ static const char usage_text[] =
 "Exit status: 0 match, 1 mismatch, 2 error.\n";
 
 enum { OPT_RAW = 256, OPT_NO_EXTENTS, OPT_PARENT, OPT_LONG_OPTIONS,
-       OPT_SHORT_OPTIONS, OPT_BLKHASH };
+       OPT_SHORT_OPTIONS, OPT_BLKHASH, OPT_REQUEST_TIMEOUT };
 
 #define SHORT_OPTIONS ":d:f:s:zb:m:jqr:R:C:t:hV"
 
@@ -148,6 +152,7 @@ static const struct option long_options[] = {
     { "requests",     required_argument, NULL, 'r' },
     { "request-size", required_argument, NULL, 'R' },
     { "connections",  required_argument, NULL, 'C' },
+    { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "help",         no_argument,       NULL, 'h' },
     { "version",      no_argument,       NULL, 'V' },
     { "long-options", no_argument,       NULL, OPT_LONG_OPTIONS },
@@ -215,6 +220,20 @@ static int size_arg(const char *opt, uint64_t min, uint64_t max, uint64_t *out)
         r_; })
 
 static int blkhash_opt(struct options *o, const char *spec);
+
+/* Whole seconds, no suffix: a size suffix would be a surprise here. */
+static int timeout_arg(struct options *o)
+{
+    char *end;
+
+    errno = 0;
+    unsigned long v = strtoul(optarg, &end, 10);
+    if (*optarg < '0' || *optarg > '9' || *end || errno || v > 86400)
+        return usage_err("--request-timeout: bad value '%s' (0..86400 "
+                         "seconds)", optarg);
+    o->src.request_timeout_s = (unsigned) v;
+    return 0;
+}
 
 static int digest_arg(struct options *o)
 {
@@ -349,6 +368,7 @@ static int parse_one(struct options *o, int c, char **argv)
     case 'R': return SIZE_ARG("--request-size", 4096, 32u << 20,
                               o->src.request_size);
     case 'C': return SIZE_ARG("--connections", 1, 16, o->src.connections);
+    case OPT_REQUEST_TIMEOUT: return timeout_arg(o);
     case 'h': fputs(usage_text, stdout); return PARSE_DONE;
     case 'V': printf("nbdferry-verify %s\n", PACKAGE_VERSION); return PARSE_DONE;
     case OPT_LONG_OPTIONS: optlist_long(long_options); return PARSE_DONE;
@@ -374,7 +394,8 @@ static int parse_options(struct options *o, int argc, char **argv)
         .algorithm = "sha256", .md = EVP_sha256(), .block_size = 1u << 20,
         .max_ranges = 10, .threads = default_threads(),
         .src = { .request_size = 2u << 20, .requests = 32, .connections = 1,
-                 .use_extents = true },
+                 .use_extents = true,
+                 .request_timeout_s = VERIFY_REQUEST_TIMEOUT_S },
     };
     opterr = 0;                         /* our own one-line messages */
     while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,

@@ -13,7 +13,14 @@
  * The verify library's reader (verify/reader.h) keeps up to 'requests'
  * reads in flight and feeds the sink in order; this file is its libnbd
  * backend: reads spread round-robin over the connections, block status
- * on the first, and the poll loop.
+ * on the first, and the poll loop (on the poll pieces the mount's
+ * connections use too, transport/nbdpoll.h).
+ *
+ * TIMEOUT
+ * With requests outstanding, a server that moves no byte on any of the
+ * connections for --request-timeout seconds (a handshake that takes that
+ * long too) fails the side: one message naming the server, -ETIMEDOUT,
+ * and the handles are closed without waiting for the replies.
  *
  * OWNERSHIP
  * A buffer belongs to libnbd from nbd_aio_pread() until read_done() runs;
@@ -33,7 +40,9 @@
 
 #include <libnbd.h>
 
+#include "common/monotime.h"
 #include "tools/verify/verify.h"
+#include "transport/nbdpoll.h"
 #include "verify/reader.h"
 
 #define NBD_MAX_CONN   16
@@ -58,31 +67,48 @@ struct nbd_src {
     size_t request_size;                /* clamped to the server maximum */
     uint64_t bs_span;                   /* block status request length */
     unsigned next_conn;                 /* the next read's connection */
+    uint64_t progress_ns;               /* a byte last moved, or the
+                                         * first request went out */
+    bool timed_out;                     /* the server stopped answering */
 };
 
 /* ---- the reader's backend (verify/reader.h) ---- */
+
+static unsigned in_flight(const struct nbd_src *ns)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < ns->nconn; i++) {
+        int k = nbd_aio_in_flight(ns->h[i]);
+        n += k > 0 ? (unsigned) k : 0;
+    }
+    return n;
+}
+
+/* The request timeout runs from the moment something is outstanding. */
+static void start_clock(struct nbd_src *ns)
+{
+    if (in_flight(ns) == 0)
+        ns->progress_ns = mono_now_ns();
+}
+
+/* A zero-length extent ends the reply: nothing after it can be placed. */
+static int extent_one(void *opaque, uint64_t off, uint64_t len,
+                      uint32_t flags)
+{
+    if (len == 0)
+        return 1;
+    return vr_extent(opaque, off, len, flags & LIBNBD_STATE_ZERO) < 0
+           ? -ENOMEM : 0;
+}
 
 /* Runs inside nbd_aio_notify_read() on the worker thread. */
 static int extent_cb(void *user_data, const char *metacontext,
                      uint64_t offset, uint32_t *entries, size_t nr_entries,
                      int *error)
 {
-    struct vreader *r = user_data;
-
-    /* Only base:allocation. */
-    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
-        return 0;
-    for (size_t i = 0; i + 1 < nr_entries; i += 2) {
-        if (entries[i] == 0)
-            break;
-        if (vr_extent(r, offset, entries[i],
-                      entries[i + 1] & LIBNBD_STATE_ZERO) < 0) {
-            *error = ENOMEM;
-            return -1;
-        }
-        offset += entries[i];
-    }
-    return 0;
+    return nbdpoll_extents(metacontext, offset, entries, nr_entries, error,
+                           extent_one, user_data);
 }
 
 static int bs_done(void *user_data, int *error)
@@ -96,6 +122,7 @@ static int nbd_extents(void *ctx, struct vreader *r, uint64_t off,
 {
     struct nbd_src *ns = ctx;
 
+    start_clock(ns);
     if (nbd_aio_block_status(ns->h[0], len, off,
                              (nbd_extent_callback) { .callback = extent_cb,
                                                      .user_data = r },
@@ -121,6 +148,7 @@ static int nbd_read(void *ctx, struct vr_ent *e)
     struct nbd_src *ns = ctx;
     struct nbd_handle *h = ns->h[ns->next_conn++ % ns->nconn];
 
+    start_clock(ns);
     if (nbd_aio_pread(h, e->buf, e->len, e->off,
                       (nbd_completion_callback) { .callback = read_done,
                                                   .user_data = e },
@@ -137,14 +165,9 @@ static int nbd_read(void *ctx, struct vr_ent *e)
 
 static int notify(struct nbd_src *ns, struct nbd_handle *h, short revents)
 {
-    int r = 0;
+    int r = nbdpoll_notify(h, revents);
 
-    /* One event per round, in the order nbd_poll() uses. */
-    if (revents & (POLLIN | POLLHUP))
-        r = nbd_aio_notify_read(h);
-    else if (revents & POLLOUT)
-        r = nbd_aio_notify_write(h);
-    else if (revents & (POLLERR | POLLNVAL)) {
+    if (r == NBDPOLL_SOCKET_ERROR) {
         verify_err("%s: server closed the connection", ns->s.name);
         return -ENOTCONN;
     }
@@ -156,17 +179,40 @@ static int notify(struct nbd_src *ns, struct nbd_handle *h, short revents)
     return 0;
 }
 
+/* How long poll() may sleep: timeout_ms, shortened to when the request
+ * timeout expires (0: it has; logged once). */
+static int stall_wait_ms(struct nbd_src *ns, int timeout_ms, int *err)
+{
+    uint64_t limit = (uint64_t) ns->s.opt->request_timeout_s * NS_PER_S;
+    uint64_t now = mono_now_ns(), due = ns->progress_ns + limit;
+
+    *err = 0;
+    if (limit == 0 || in_flight(ns) == 0)
+        return timeout_ms;
+    if (now >= due) {
+        if (!ns->timed_out)
+            verify_err("%s: no reply from the server for %u s with %u "
+                       "request(s) outstanding (--request-timeout)",
+                       ns->s.name, ns->s.opt->request_timeout_s,
+                       in_flight(ns));
+        ns->timed_out = true;
+        *err = -ETIMEDOUT;
+        return 0;
+    }
+    int left = (int) ((due - now + NS_PER_MS - 1) / NS_PER_MS);
+    return timeout_ms >= 0 && timeout_ms < left ? timeout_ms : left;
+}
+
 static int nbd_wait(void *ctx, int timeout)
 {
     struct nbd_src *ns = ctx;
     struct pollfd fds[NBD_MAX_CONN];
+    int err;
 
+    if ((timeout = stall_wait_ms(ns, timeout, &err)) == 0 && err)
+        return err;
     for (unsigned i = 0; i < ns->nconn; i++) {
-        unsigned dir = nbd_aio_get_direction(ns->h[i]);
-        fds[i].fd = nbd_aio_get_fd(ns->h[i]);
-        fds[i].events = ((dir & LIBNBD_AIO_DIRECTION_READ) ? POLLIN : 0) |
-                        ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? POLLOUT : 0);
-        fds[i].revents = 0;
+        fds[i] = nbdpoll_watch(ns->h[i]);
         if (fds[i].fd == -1) {
             verify_err("%s: %s", ns->s.name, nbd_get_error());
             return -ENOTCONN;
@@ -175,6 +221,8 @@ static int nbd_wait(void *ctx, int timeout)
     int n = poll(fds, ns->nconn, timeout);
     if (n == -1)
         return errno == EINTR ? 0 : -errno;
+    if (n > 0)                          /* bytes move: the server is alive */
+        ns->progress_ns = mono_now_ns();
     for (unsigned i = 0; n > 0 && i < ns->nconn; i++) {
         int r = notify(ns, ns->h[i], fds[i].revents);
         if (r < 0)
@@ -185,14 +233,7 @@ static int nbd_wait(void *ctx, int timeout)
 
 static unsigned nbd_in_flight(void *ctx)
 {
-    struct nbd_src *ns = ctx;
-    unsigned n = 0;
-
-    for (unsigned i = 0; i < ns->nconn; i++) {
-        int k = nbd_aio_in_flight(ns->h[i]);
-        n += k > 0 ? (unsigned) k : 0;
-    }
-    return n;
+    return in_flight(ctx);
 }
 
 static const struct vr_backend nbd_backend = {
@@ -249,19 +290,33 @@ static const struct verify_source_ops nbd_ops = {
     .close = nbd_src_close,
 };
 
-static int connect_one(const char *uri, bool want_bs, struct nbd_handle **out)
+static int connect_one(const char *uri, bool want_bs, unsigned timeout_s,
+                       struct nbd_handle **out)
 {
     struct nbd_handle *h = nbd_create();
-    int err;
+    int err, r;
 
     if (!h)
         goto fail;
     /* No zeroing of each buffer before its read: a failed read is never
      * hashed, and libnbd still zeroes the holes a server answers with. */
     nbd_set_pread_initialize(h, false);
+    /* The user typed this URI: its tls-psk-file and tls-certificates may
+     * name local files (libnbd refuses them by default), as the mount's
+     * do. */
+    nbd_set_uri_allow_local_file(h, true);
     if (want_bs && nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
         goto fail;
-    if (nbd_connect_uri(h, uri) == -1)
+    if (nbd_aio_connect_uri(h, uri) == -1)
+        goto fail;
+    r = nbdpoll_handshake(h, timeout_s ? (int64_t) timeout_s * 1000 : -1);
+    if (r == -ETIMEDOUT) {
+        verify_err("%s: no answer to the handshake within %u s "
+                   "(--request-timeout)", uri, timeout_s);
+        nbd_close(h);
+        return r;
+    }
+    if (r < 0)
         goto fail;
     *out = h;
     return 0;
@@ -307,7 +362,8 @@ int src_nbd_open(const char *uri, const struct source_options *opt,
         return -ENOMEM;
     }
     ns->s = (struct verify_source) { .ops = &nbd_ops, .name = uri, .opt = opt };
-    if ((r = connect_one(uri, opt->use_extents, &ns->h[0])) < 0)
+    if ((r = connect_one(uri, opt->use_extents, opt->request_timeout_s,
+                         &ns->h[0])) < 0)
         goto fail;
     ns->nconn = 1;
     if ((r = negotiate(ns, opt)) < 0)
@@ -316,7 +372,9 @@ int src_nbd_open(const char *uri, const struct source_options *opt,
     unsigned want = opt->connections < NBD_MAX_CONN ? opt->connections : NBD_MAX_CONN;
     if (want > 1 && nbd_can_multi_conn(ns->h[0]) == 1)
         for (; ns->nconn < want; ns->nconn++)
-            if ((r = connect_one(uri, ns->block_status, &ns->h[ns->nconn])) < 0)
+            if ((r = connect_one(uri, ns->block_status,
+                                    opt->request_timeout_s,
+                                    &ns->h[ns->nconn])) < 0)
                 goto fail;
     *out = &ns->s;
     return 0;

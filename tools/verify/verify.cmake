@@ -11,5 +11,5 @@ add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/source-vmdk.c
   ${CMAKE_CURRENT_LIST_DIR}/source-vhdx.c)
 target_link_libraries(nbdferry-verify PRIVATE
-  verify vhdfile vhd vmdk vhdx blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
+  verify transport vhdfile vhd vmdk vhdx blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
 install(TARGETS nbdferry-verify DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -30,6 +30,10 @@
 #define VERIFY_EXIT_MISMATCH 1
 #define VERIFY_EXIT_ERROR    2
 
+/* --request-timeout's default: a server that stops answering fails the
+ * run instead of hanging it. */
+#define VERIFY_REQUEST_TIMEOUT_S 60
+
 /* source.c: the interface every kind of operand implements. */
 enum source_format {
     SOURCE_FORMAT_AUTO,                  /* decode VHD, VMDK, VHDX, refuse
@@ -46,6 +50,9 @@ struct source_options {
     unsigned requests;                   /* NBD reads in flight per side */
     unsigned connections;                /* NBD connections, if multi-conn */
     bool use_extents;                    /* SEEK_DATA/HOLE, block status */
+    unsigned request_timeout_s;          /* NBD: no reply progress for this
+                                          * long fails the side; 0: wait
+                                          * forever */
     const char *const *vhd_parents;      /* --parent: level i's parent */
     size_t vhd_nparents;                 /* only for a VHD SOURCE */
 };
@@ -116,7 +123,8 @@ int src_vmdk_open(const char *path, int fd, uint64_t file_size,
                   struct verify_source **out);   /* takes fd, even on error */
 
 /* source-vhdx.c: fixed and dynamic VHDX, decoded to the virtual disk
- * through the BAT; blocks not present known zero without reading. */
+ * through the BAT (a log to replay replayed first); blocks not present
+ * known zero without reading. */
 int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
