@@ -5,7 +5,7 @@
  * THREAD MODEL
  * The hooks run with d->lock held on the thread that reported the
  * change (fs/digest.c, THREAD MODEL: the FUSE receiving thread for
- * writes, a FUSE worker for the rest, a view's decoder threads);
+ * writes, a FUSE worker for the rest, a view's unpack threads);
  * they only queue items.  blk_thread, the one digest thread, applies
  * them in order to the blkpass under d->bp_lock, with d->lock released;
  * the blkpass hashes a write's whole blocks on its own helper threads

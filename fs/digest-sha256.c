@@ -4,7 +4,7 @@
  * THREAD MODEL
  * The hooks run with d->lock held on the thread that reported the
  * change (fs/digest.c, THREAD MODEL: the FUSE receiving thread for
- * writes, a FUSE worker for the rest, a view's decoder threads);
+ * writes, a FUSE worker for the rest, a view's unpack threads);
  * they only check the pass and queue items.  sha_thread, the one digest
  * thread, hashes the queue in order with OpenSSL EVP; its EVP context is
  * its own, and it holds no lock while hashing.

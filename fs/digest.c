@@ -9,8 +9,9 @@
  * run on the thread that changed the raw file, after the pool accepted
  * the change: the FUSE receiving thread for writes (fs/fuseloop.c), a
  * FUSE worker for a durable write, a truncate, a fallocate or a flush
- * (the close), a format view's decoder threads (the VMDK view's
- * inflaters, the qcow2 view's decompressors) for decoded data.
+ * (the close); a format view's decoded data on the thread feeding the
+ * view or on its unpack threads (fs/unpackers.h: the VMDK view's
+ * inflaters, the qcow2 view's decompressors).
  * digest_get() runs on whichever thread opens the status file,
  * digest_settle() and digest_fingerprints() on the thread verifying a
  * read-back.  They only check the pass and queue work: a data item is

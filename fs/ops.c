@@ -5,11 +5,13 @@
  * fs/rawfile.c).
  *
  * THREAD MODEL
- * The receive loop (fs/fuseloop.c) calls these handlers: writes on its
- * receiver thread (a durable one, O_DSYNC or O_SYNC, on a worker),
- * everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
- * fs/rawfile.c, the apparent size and times); it is never held across a
- * view's hook nor across fuse_reply_*().
+ * The receive loop (fs/fuseloop.c) calls these handlers: writes (but a
+ * durable one, O_DSYNC or O_SYNC), releases, init and destroy on its
+ * receiving thread, in arrival order; everything else on its workers,
+ * concurrently (with -s, libfuse's one thread serves everything).
+ * fs->lock protects the list of open handles (and, in fs/rawfile.c, the
+ * apparent size and times); it is never held across a view's hook nor
+ * across fuse_reply_*().
  */
 #include "fs/view.h"
 

@@ -2,8 +2,10 @@
  * --progress bar and "N/100" lines.  The definition is in progress.h.
  *
  * THREAD MODEL
- * FUSE worker threads call progress_truncate/write/zero/close; the status
- * calls progress_get() from whichever thread opens it; one progress
+ * The thread that changed the raw file calls progress_truncate/write/
+ * zero/close (fs/rawfile.c: the receive loop's receiving thread for
+ * writes, a worker for the rest); the status calls progress_get() from
+ * whichever thread opens it; one progress
  * thread samples every PROGRESS_TICK_MS and draws.  pg->lock protects
  * the pass and the ring of samples; it is taken after (never around)
  * pool_get_stats() and d->fs->lock, and never held while writing to stderr
