@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/cleanup.h"
 #include "common/iszero.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
@@ -226,11 +227,9 @@ static int store(struct blkhash *h, uint64_t b, const unsigned char *digest,
 {
     int r = 0;
 
-    pthread_mutex_lock(&h->lock);
-    if (b < h->folded) {
-        pthread_mutex_unlock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
+    if (b < h->folded)
         return -ESTALE;                  /* folded in: final */
-    }
     unsigned char *c = chunk_locked(h, b, !zero);
     if (c)
         memcpy(c + (b % BLKHASH_CHUNK) * h->dsize,
@@ -243,7 +242,6 @@ static int store(struct blkhash *h, uint64_t b, const unsigned char *digest,
         h->short_block = b;
         h->short_len = len;
     }
-    pthread_mutex_unlock(&h->lock);
     return r;
 }
 
@@ -278,11 +276,9 @@ int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len)
     uint64_t b = off / h->block_size;
     uint64_t end = b + (len + h->block_size - 1) / h->block_size;
 
-    pthread_mutex_lock(&h->lock);
-    if (b < h->folded && len > 0) {
-        pthread_mutex_unlock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
+    if (b < h->folded && len > 0)
         return -ESTALE;
-    }
     while (b < end) {
         uint64_t stop = (b / BLKHASH_CHUNK + 1) * BLKHASH_CHUNK;
         unsigned char *c = chunk_locked(h, b, false);
@@ -296,7 +292,6 @@ int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len)
             h->short_len = 0;
         b = stop;
     }
-    pthread_mutex_unlock(&h->lock);
     return 0;
 }
 
@@ -391,9 +386,10 @@ int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
     int r = -ENOMEM;
 
     if (c && EVP_DigestInit_ex(c, h->md, NULL) == 1) {
-        pthread_mutex_lock(&h->lock);
-        r = finish_locked(h, c, length);
-        pthread_mutex_unlock(&h->lock);
+        {
+            LOCK_FOR_SCOPE(&h->lock);
+            r = finish_locked(h, c, length);
+        }
         if (r == 0 && EVP_DigestFinal_ex(c, out, out_len) != 1)
             r = -EIO;
     } else if (c) {
@@ -410,11 +406,9 @@ int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
 {
     uint64_t nblocks = (length + h->block_size - 1) / h->block_size;
 
-    pthread_mutex_lock(&h->lock);
-    if (h->folded && shift < h->fold_shift) {
-        pthread_mutex_unlock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
+    if (h->folded && shift < h->fold_shift)
         return -EINVAL;
-    }
     for (size_t i = 0; i < h->nfold_fp; i++)
         if ((i >> (shift - h->fold_shift)) < n)
             fp[i >> (shift - h->fold_shift)] ^= h->fold_fp[i];
@@ -430,7 +424,6 @@ int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
                 fp[b >> shift] ^= blkhash_fp_term(b, c + i * h->dsize);
         }
     }
-    pthread_mutex_unlock(&h->lock);
     return 0;
 }
 
@@ -484,63 +477,52 @@ static int fold_fingerprints_locked(struct blkhash *h, uint64_t upto)
 
 int blkhash_fold(struct blkhash *h, uint64_t upto)
 {
-    int r = 0;
+    int r;
 
-    pthread_mutex_lock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
     if (upto <= h->folded)
-        goto out;
-    if (h->short_len && h->short_block < upto) {
-        r = -EINVAL;
-        goto out;
-    }
+        return 0;
+    if (h->short_len && h->short_block < upto)
+        return -EINVAL;
     if (!h->outer) {
-        if (!(h->outer = EVP_MD_CTX_new())) {
-            r = -ENOMEM;
-            goto out;
-        }
-        if (EVP_DigestInit_ex(h->outer, h->md, NULL) != 1) {
-            r = -EIO;
-            goto out;
-        }
+        if (!(h->outer = EVP_MD_CTX_new()))
+            return -ENOMEM;
+        if (EVP_DigestInit_ex(h->outer, h->md, NULL) != 1)
+            return -EIO;
     }
     if ((r = fold_fingerprints_locked(h, upto)) < 0 ||
         (r = feed_full_locked(h, h->outer, h->folded, upto)) < 0)
-        goto out;
+        return r;
     for (uint64_t ci = h->folded / BLKHASH_CHUNK;
          ci < h->nchunks && (ci + 1) * BLKHASH_CHUNK <= upto; ci++) {
         free(h->chunks[ci]);
         h->chunks[ci] = NULL;
     }
     h->folded = upto;
-out:
-    pthread_mutex_unlock(&h->lock);
-    return r;
+    return 0;
 }
 
 uint64_t blkhash_folded(struct blkhash *h)
 {
-    pthread_mutex_lock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
     uint64_t f = h->folded;
-    pthread_mutex_unlock(&h->lock);
     return f;
 }
 
 unsigned blkhash_fp_min_shift(struct blkhash *h)
 {
-    pthread_mutex_lock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
     unsigned s = h->folded ? h->fold_shift : 0;
-    pthread_mutex_unlock(&h->lock);
     return s;
 }
 
 size_t blkhash_memory(struct blkhash *h)
 {
-    pthread_mutex_lock(&h->lock);
+    LOCK_FOR_SCOPE(&h->lock);
     size_t m = h->nchunks * sizeof *h->chunks +
                h->nfold_fp * sizeof *h->fold_fp;
     for (size_t i = 0; i < h->nchunks; i++)
         if (h->chunks[i])
             m += (size_t) BLKHASH_CHUNK * h->dsize;
-    pthread_mutex_unlock(&h->lock);
     return m;
 }

@@ -2,10 +2,14 @@
  *
  *   CLEANUP_FREE char *s = strdup(...);     freed when s leaves scope
  *   LOCK_FOR_SCOPE(&p->lock);               unlocked when the scope ends
+ *   RDLOCK_FOR_SCOPE(&p->rw);               the same for a pthread_rwlock_t,
+ *   WRLOCK_FOR_SCOPE(&p->rw);               shared or exclusive
  *
- * LOCK_FOR_SCOPE checks the lock call: pthread_mutex_lock() fails only on
- * a programming error (EDEADLK, EINVAL on a destroyed mutex), and going on
- * unlocked would corrupt whatever the lock guards, so it aborts instead. */
+ * These check the lock call: pthread_mutex_lock() fails only on a
+ * programming error (EDEADLK, EINVAL on a destroyed mutex), and so do the
+ * rwlock calls (EDEADLK: this thread holds it for writing; EAGAIN: too
+ * many readers, a leak); going on unlocked would corrupt whatever the
+ * lock guards, so they abort instead. */
 #pragma once
 #include <pthread.h>
 #include <stdio.h>
@@ -39,3 +43,39 @@ static inline pthread_mutex_t *cleanup_lock(pthread_mutex_t *m)
 #define LOCK_FOR_SCOPE(m)                                                     \
     __attribute__((cleanup(cleanup_unlock))) pthread_mutex_t                 \
         *LOCK_FOR_SCOPE_CAT(lock_for_scope_, __COUNTER__) = cleanup_lock(m)
+
+static inline void cleanup_rwunlock(pthread_rwlock_t **l)
+{
+    int r = pthread_rwlock_unlock(*l);
+    if (r != 0) {
+        fprintf(stderr, "pthread_rwlock_unlock: %s\n", strerror(r));
+        abort();
+    }
+}
+
+static inline pthread_rwlock_t *cleanup_rdlock(pthread_rwlock_t *l)
+{
+    int r = pthread_rwlock_rdlock(l);
+    if (r != 0) {
+        fprintf(stderr, "pthread_rwlock_rdlock: %s\n", strerror(r));
+        abort();
+    }
+    return l;
+}
+
+static inline pthread_rwlock_t *cleanup_wrlock(pthread_rwlock_t *l)
+{
+    int r = pthread_rwlock_wrlock(l);
+    if (r != 0) {
+        fprintf(stderr, "pthread_rwlock_wrlock: %s\n", strerror(r));
+        abort();
+    }
+    return l;
+}
+
+#define RDLOCK_FOR_SCOPE(l)                                                   \
+    __attribute__((cleanup(cleanup_rwunlock))) pthread_rwlock_t              \
+        *LOCK_FOR_SCOPE_CAT(rdlock_for_scope_, __COUNTER__) = cleanup_rdlock(l)
+#define WRLOCK_FOR_SCOPE(l)                                                   \
+    __attribute__((cleanup(cleanup_rwunlock))) pthread_rwlock_t              \
+        *LOCK_FOR_SCOPE_CAT(wrlock_for_scope_, __COUNTER__) = cleanup_wrlock(l)

@@ -18,6 +18,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/monotime.h"
 
 #define LIMIT_SLOTS 64            /* call sites tracked; beyond: shared slot */
@@ -194,11 +195,10 @@ static void vlog(int prio, const char *tag, const void *site,
 
     vsnprintf(msg + n, sizeof msg - (size_t) n, fmt, ap);
     if (prio != LOG_DEBUG) {
-        pthread_mutex_lock(&lock);
+        LOCK_FOR_SCOPE(&lock);
         if (prio <= LOG_WARNING)
             remember_locked(prio <= LOG_ERR, msg);
         print = admit_locked(site ? site : fmt, &held);
-        pthread_mutex_unlock(&lock);
     }
     if (held) {
         char note[96];
@@ -212,13 +212,14 @@ static void vlog(int prio, const char *tag, const void *site,
 
 void log_flush(void)
 {
-    pthread_mutex_lock(&lock);
     uint64_t held = 0;
-    for (size_t i = 0; i < LIMIT_SLOTS; i++) {
-        held += sites[i].held;
-        sites[i].held = 0;
+    {
+        LOCK_FOR_SCOPE(&lock);
+        for (size_t i = 0; i < LIMIT_SLOTS; i++) {
+            held += sites[i].held;
+            sites[i].held = 0;
+        }
     }
-    pthread_mutex_unlock(&lock);
     if (held) {
         char note[96];
         snprintf(note, sizeof note, "%" PRIu64 " repeated line(s) were not "
@@ -230,13 +231,12 @@ void log_flush(void)
 unsigned log_recent(struct log_entry *out, uint64_t *errors,
                     uint64_t *warnings)
 {
-    pthread_mutex_lock(&lock);
+    LOCK_FOR_SCOPE(&lock);
     unsigned n = nrecent;
     for (unsigned i = 0; i < n; i++)
         out[i] = recent[(next_recent + LOG_RECENT - n + i) % LOG_RECENT];
     *errors = nerrors;
     *warnings = nwarnings;
-    pthread_mutex_unlock(&lock);
     return n;
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/blkhash.h"
+#include "common/cleanup.h"
 #include "fs/blkpass.h"
 #include "transport/extmap.h"
 
@@ -139,7 +140,7 @@ static void *hasher_main(void *arg)
     struct hashers *hs = arg;
     uint64_t seen = 0;
 
-    pthread_mutex_lock(&hs->lock);
+    LOCK_FOR_SCOPE(&hs->lock);
     while (!hs->stop) {
         if (hs->gen == seen) {
             pthread_cond_wait(&hs->go, &hs->lock);
@@ -148,7 +149,6 @@ static void *hasher_main(void *arg)
         seen = hs->gen;
         hash_some_locked(hs);
     }
-    pthread_mutex_unlock(&hs->lock);
     return NULL;
 }
 
@@ -170,10 +170,11 @@ static void hashers_start(struct hashers *hs)
 
 static void hashers_stop(struct hashers *hs)
 {
-    pthread_mutex_lock(&hs->lock);
-    hs->stop = true;
-    pthread_cond_broadcast(&hs->go);
-    pthread_mutex_unlock(&hs->lock);
+    {
+        LOCK_FOR_SCOPE(&hs->lock);
+        hs->stop = true;
+        pthread_cond_broadcast(&hs->go);
+    }
     for (unsigned i = 0; i < hs->n; i++)
         pthread_join(hs->tid[i], NULL);
     pthread_mutex_destroy(&hs->lock);
@@ -188,7 +189,7 @@ static int hash_blocks(struct blkpass *p, const uint64_t *blk,
 {
     struct hashers *hs = &p->hs;
 
-    pthread_mutex_lock(&hs->lock);
+    LOCK_FOR_SCOPE(&hs->lock);
     hs->gen++;
     hs->h = p->h;
     hs->bs = p->bs;
@@ -204,7 +205,6 @@ static int hash_blocks(struct blkpass *p, const uint64_t *blk,
         pthread_cond_wait(&hs->done, &hs->lock);
     int r = hs->err;
     hs->count = hs->next = hs->finished = 0;   /* no job */
-    pthread_mutex_unlock(&hs->lock);
     return r;
 }
 

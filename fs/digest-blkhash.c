@@ -5,7 +5,7 @@
  * THREAD MODEL
  * The hooks run with d->lock held on the thread that reported the
  * change (fs/digest.c, THREAD MODEL: the FUSE receiving thread for
- * writes, a FUSE worker for the rest, a view's decoder threads);
+ * writes, a FUSE worker for the rest, a view's unpack threads);
  * they only queue items.  blk_thread, the one digest thread, applies
  * them in order to the blkpass under d->bp_lock, with d->lock released;
  * the blkpass hashes a write's whole blocks on its own helper threads
@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
 #include "common/signals.h"
 
 #define PART_BUDGET (16u << 20)   /* copies of blocks written in part,
@@ -91,7 +92,7 @@ static void *blk_thread(void *arg)
     uint64_t pass_gen = UINT64_MAX;
     struct item it;
 
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     while (digest_take_locked(d, &it)) {
         uint64_t gen = d->gen;
         char hex[DIGEST_HEX_MAX] = "", why[BLKPASS_REASON_MAX] = "";
@@ -99,12 +100,13 @@ static void *blk_thread(void *arg)
         digest_slow_down(d, &it);
 
         int r = 0;
-        pthread_mutex_lock(&d->bp_lock);
-        if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
-            snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
-        if (r == 0)
-            r = blk_apply(d, &it, hex, why);
-        pthread_mutex_unlock(&d->bp_lock);
+        {
+            LOCK_FOR_SCOPE(&d->bp_lock);
+            if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
+                snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
+            if (r == 0)
+                r = blk_apply(d, &it, hex, why);
+        }
         if (it.data)
             digest_drop_data(&it);
         pass_gen = gen;
@@ -114,7 +116,6 @@ static void *blk_thread(void *arg)
         if (gen == d->gen)        /* else the pass restarted or ended */
             blk_record_locked(d, &it, r, hex, why);
     }
-    pthread_mutex_unlock(&d->lock);
     return NULL;
 }
 
@@ -222,7 +223,7 @@ static void blk_hint(const struct digest *d, char *out, size_t n)
 static int blk_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
                             uint64_t **fp, size_t *n)
 {
-    pthread_mutex_lock(&d->bp_lock);
+    LOCK_FOR_SCOPE(&d->bp_lock);
     unsigned min = blkpass_fp_min_shift(d->bp);
     uint64_t bs = d->blkhash_block;
     uint64_t nblocks = (size + bs - 1) / bs;
@@ -232,7 +233,6 @@ static int blk_fingerprints(struct digest *d, uint64_t size, unsigned *shift,
     *fp = calloc(*n ? *n : 1, sizeof **fp);
     int r = *fp ? blkpass_fingerprints(d->bp, size, *shift, *fp, *n)
                 : -ENOMEM;
-    pthread_mutex_unlock(&d->bp_lock);
     return r;
 }
 
@@ -241,9 +241,8 @@ static void blk_set_reader(struct digest *d,
                                        size_t len),
                            void *ctx, uint64_t size)
 {
-    pthread_mutex_lock(&d->bp_lock);
+    LOCK_FOR_SCOPE(&d->bp_lock);
     blkpass_set_reader(d->bp, read, ctx, size);
-    pthread_mutex_unlock(&d->bp_lock);
 }
 
 static const struct digest_ops digest_blkhash_ops = {

@@ -4,7 +4,7 @@
  * THREAD MODEL
  * The hooks run with d->lock held on the thread that reported the
  * change (fs/digest.c, THREAD MODEL: the FUSE receiving thread for
- * writes, a FUSE worker for the rest, a view's decoder threads);
+ * writes, a FUSE worker for the rest, a view's unpack threads);
  * they only check the pass and queue items.  sha_thread, the one digest
  * thread, hashes the queue in order with OpenSSL EVP; its EVP context is
  * its own, and it holds no lock while hashing.
@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
 #include "common/signals.h"
 
 #define ZERO_BUF (1u << 20)
@@ -91,15 +92,14 @@ static bool snapshot_hex(EVP_MD_CTX *ctx, char hex[65])
     return ok;
 }
 
-static void *sha_thread(void *arg)
+/* Hash the queue until digest_take_locked() says stop.  Holds d->lock
+ * except while hashing. */
+static void sha_serve(struct digest *d, EVP_MD_CTX *ctx)
 {
-    block_stop_signals();
-    struct digest *d = arg;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     uint64_t ctx_gen = UINT64_MAX;
     struct item it;
 
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     while (digest_take_locked(d, &it)) {
         uint64_t gen = d->gen;
         bool fresh = gen != ctx_gen;
@@ -130,7 +130,15 @@ static void *sha_thread(void *arg)
         d->hex_len = d->hashed;
         d->hex_gen = gen;
     }
-    pthread_mutex_unlock(&d->lock);
+}
+
+static void *sha_thread(void *arg)
+{
+    block_stop_signals();
+    struct digest *d = arg;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+
+    sha_serve(d, ctx);
     EVP_MD_CTX_free(ctx);
     return NULL;
 }

@@ -9,8 +9,9 @@
  * run on the thread that changed the raw file, after the pool accepted
  * the change: the FUSE receiving thread for writes (fs/fuseloop.c), a
  * FUSE worker for a durable write, a truncate, a fallocate or a flush
- * (the close), a format view's decoder threads (the VMDK view's
- * inflaters, the qcow2 view's decompressors) for decoded data.
+ * (the close); a format view's decoded data on the thread feeding the
+ * view or on its unpack threads (fs/unpackers.h: the VMDK view's
+ * inflaters, the qcow2 view's decompressors).
  * digest_get() runs on whichever thread opens the status file,
  * digest_settle() and digest_fingerprints() on the thread verifying a
  * read-back.  They only check the pass and queue work: a data item is
@@ -53,6 +54,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/cleanup.h"
 #include "common/iszero.h"
 #include "common/list.h"
 #include "common/log.h"
@@ -311,39 +313,35 @@ void digest_truncate(struct digest *d, uint64_t size, uint64_t old)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     if (size == 0)
         d->via = NULL;            /* the raw file's own pass */
     d->ops->truncate(d, size, old);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_replace(struct digest *d, uint64_t size)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->truncate(d, 0, 0);    /* a new pass, every byte zero ... */
     d->ops->truncate(d, size, 0); /* ... of a file this long */
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_barrier(struct digest *d)
 {
     if (!d || !d->ops->barrier)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->barrier(d);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
 {
     if (!d || len == 0)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->write(d, off, buf, len);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_write_held(struct digest *d, uint64_t off, const void *buf,
@@ -353,9 +351,8 @@ void digest_write_held(struct digest *d, uint64_t off, const void *buf,
         release(ref);
         return;
     }
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->write_held(d, off, buf, len, release, ref);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_zero(struct digest *d, uint64_t off, uint64_t len,
@@ -363,30 +360,27 @@ void digest_zero(struct digest *d, uint64_t off, uint64_t len,
 {
     if (!d || len == 0)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->zero(d, off, len, apparent);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_close(struct digest *d, uint64_t apparent)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->ops->close(d, apparent);
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_foreign(struct digest *d, const char *what)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     if (d->state != DIGEST_NOT_FORWARD)
         digest_fail_locked(d, DIGEST_NOT_FORWARD, "the disk was written "
                            "through %s", what);
     d->via = what;
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
@@ -398,7 +392,7 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
         return;
     }
     d->ops->hint(d, out->check, sizeof out->check);
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     out->held = d->pool_held;
     out->hold_limit = d->hold_limit;
     out->copied = d->copied;
@@ -408,7 +402,6 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
     out->queued = d->queued;
     snprintf(out->reason, sizeof out->reason, "%s", d->reason);
     d->ops->get(d, apparent, out);
-    pthread_mutex_unlock(&d->lock);
 }
 
 int digest_settle(struct digest *d, unsigned timeout_s)
@@ -418,12 +411,11 @@ int digest_settle(struct digest *d, unsigned timeout_s)
     if (!d)
         return 0;
     struct timespec deadline = mono_deadline_ns(timeout_s * NS_PER_S);
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     while ((d->head || d->busy) && !d->stopping && r == 0)
         if (pthread_cond_timedwait(&d->idle, &d->lock, &deadline) ==
             ETIMEDOUT)
             r = -ETIMEDOUT;
-    pthread_mutex_unlock(&d->lock);
     return r;
 }
 
@@ -488,21 +480,21 @@ void digest_set_hold_limit(struct digest *d, size_t bytes)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
+    LOCK_FOR_SCOPE(&d->lock);
     d->hold_limit = bytes;
-    pthread_mutex_unlock(&d->lock);
 }
 
 void digest_destroy(struct digest *d)
 {
     if (!d)
         return;
-    pthread_mutex_lock(&d->lock);
-    d->stopping = true;
-    pthread_cond_signal(&d->cond);
-    pthread_cond_broadcast(&d->space);
-    pthread_cond_broadcast(&d->idle);
-    pthread_mutex_unlock(&d->lock);
+    {
+        LOCK_FOR_SCOPE(&d->lock);
+        d->stopping = true;
+        pthread_cond_signal(&d->cond);
+        pthread_cond_broadcast(&d->space);
+        pthread_cond_broadcast(&d->idle);
+    }
     pthread_join(d->thread, NULL);
     digest_free_queue_locked(d);
     digest_drop_held_locked(d);

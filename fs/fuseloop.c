@@ -89,6 +89,7 @@
 #include <sys/uio.h>
 #include <time.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 
 /* The receive buffer.  The kernel never sends more than max_write (1 MiB,
@@ -165,27 +166,34 @@ static bool write_is_sync(const struct loop *l, const void *mem, size_t size)
                               w->offset, w->size));
 }
 
+/* The next job, once there is one; NULL once stopping with the queue
+ * empty. */
+static struct job *take_job(struct loop *l)
+{
+    LOCK_FOR_SCOPE(&l->lock);
+    while (!l->head && !l->stop) {
+        l->idle++;
+        pthread_cond_wait(&l->cond, &l->lock);
+        l->idle--;
+    }
+    struct job *j = l->head;
+    if (!j)
+        return NULL;              /* stop, and the queue is empty */
+    l->head = j->next;
+    if (!l->head)
+        l->tail = NULL;
+    l->queued--;
+    return j;
+}
+
 static void *worker_main(void *arg)
 {
     struct loop *l = arg;
 
     for (;;) {
-        pthread_mutex_lock(&l->lock);
-        while (!l->head && !l->stop) {
-            l->idle++;
-            pthread_cond_wait(&l->cond, &l->lock);
-            l->idle--;
-        }
-        struct job *j = l->head;
-        if (!j) {                 /* stop, and the queue is empty */
-            pthread_mutex_unlock(&l->lock);
+        struct job *j = take_job(l);
+        if (!j)
             return NULL;
-        }
-        l->head = j->next;
-        if (!l->head)
-            l->tail = NULL;
-        l->queued--;
-        pthread_mutex_unlock(&l->lock);
 
         struct fuse_buf b = { .size = j->size, .mem = j->mem };
         fuse_session_process_buf(l->se, &b);
@@ -216,13 +224,12 @@ static int hand_off(struct loop *l, const struct fuse_buf *b)
     j->size = b->size;
     memcpy(j->mem, b->mem, b->size);
 
-    pthread_mutex_lock(&l->lock);
+    LOCK_FOR_SCOPE(&l->lock);
     if (l->queued + 1 > l->idle && l->nworkers < l->max_workers) {
         int r = start_thread(&l->workers[l->nworkers], worker_main, l);
         if (r == 0)
             l->nworkers++;
         else if (l->nworkers == 0) {
-            pthread_mutex_unlock(&l->lock);
             free(j);
             return -r;
         }
@@ -234,7 +241,6 @@ static int hand_off(struct loop *l, const struct fuse_buf *b)
     l->tail = j;
     l->queued++;
     pthread_cond_signal(&l->cond);
-    pthread_mutex_unlock(&l->lock);
     return 0;
 }
 
@@ -420,10 +426,11 @@ static void serve_split(struct loop *l, const struct fuseloop_landing *land,
 /* Tell the workers to finish the queue and exit; wait for them. */
 static void stop_workers(struct loop *l)
 {
-    pthread_mutex_lock(&l->lock);
-    l->stop = true;
-    pthread_cond_broadcast(&l->cond);
-    pthread_mutex_unlock(&l->lock);
+    {
+        LOCK_FOR_SCOPE(&l->lock);
+        l->stop = true;
+        pthread_cond_broadcast(&l->cond);
+    }
     for (unsigned i = 0; i < l->nworkers; i++)
         pthread_join(l->workers[i], NULL);
     assert(!l->head && l->queued == 0);

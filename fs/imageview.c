@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
@@ -156,10 +157,13 @@ static uint64_t view_size(struct imageview *iv)
 {
     int err;
 
-    pthread_mutex_lock(&iv->lock);
-    bool ingesting = iv->stream != NULL;
-    uint64_t written = iv->file_size;
-    pthread_mutex_unlock(&iv->lock);
+    bool ingesting;
+    uint64_t written;
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        ingesting = iv->stream != NULL;
+        written = iv->file_size;
+    }
     if (ingesting)
         return written;
     if (iv->f->size)
@@ -195,9 +199,8 @@ ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
         return -EBADF;
     if (!iv->f->serial_read)
         return (ssize_t) iv->f->read(iv, fh->view_data, fh, off, buf, size);
-    pthread_mutex_lock(&iv->read_lock);
+    LOCK_FOR_SCOPE(&iv->read_lock);
     int64_t n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
-    pthread_mutex_unlock(&iv->read_lock);
     return (ssize_t) n;
 }
 
@@ -316,15 +319,10 @@ static void drop_stream_locked(struct imageview *iv)
     iv->stream = NULL;
 }
 
-static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
+/* A new ingest, fh its writer. */
+static int new_stream_locked(struct imageview *iv, struct fs_fh *fh,
+                             pid_t pid)
 {
-    pthread_mutex_lock(&iv->lock);
-    if (iv->stream && iv->writer) {
-        pthread_mutex_unlock(&iv->lock);
-        log_notice_site(SITE(iv, SITE_BUSY), "%s: a %s is already being "
-                        "written", imageview_name(iv), iv->f->what);
-        return -EBUSY;
-    }
     drop_stream_locked(iv);
     int r = iv->f->new_stream(iv, &iv->stream);
     if (r == 0) {
@@ -336,7 +334,23 @@ static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
     } else {
         iv->stream = NULL;
     }
-    pthread_mutex_unlock(&iv->lock);
+    return r;
+}
+
+static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
+{
+    bool busy;
+    int r = -EBUSY;
+
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        busy = iv->stream && iv->writer;
+        if (!busy)
+            r = new_stream_locked(iv, fh, pid);
+    }
+    if (busy)                     /* logged without iv->lock */
+        log_notice_site(SITE(iv, SITE_BUSY), "%s: a %s is already being "
+                        "written", imageview_name(iv), iv->f->what);
     return r;
 }
 
@@ -367,18 +381,19 @@ ssize_t imageview_write(struct fs_disk *d, struct fs_fh *fh, const char *buf,
 
     if (soff < 0)
         return -EINVAL;
-    pthread_mutex_lock(&iv->lock);
-    if (iv->writer != fh || !iv->stream)
-        r = -EBADF;
-    else if (iv->err)
-        r = -iv->err;
-    else if ((r = iv->f->feed(iv->stream, off, buf, size)) < 0)
-        r = fail_locked(iv, r);
-    else if (off + size > iv->file_size)
-        iv->file_size = off + size;
-    if (iv->writer == fh && iv->stream)
-        r = settle_locked(iv, r);
-    pthread_mutex_unlock(&iv->lock);
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        if (iv->writer != fh || !iv->stream)
+            r = -EBADF;
+        else if (iv->err)
+            r = -iv->err;
+        else if ((r = iv->f->feed(iv->stream, off, buf, size)) < 0)
+            r = fail_locked(iv, r);
+        else if (off + size > iv->file_size)
+            iv->file_size = off + size;
+        if (iv->writer == fh && iv->stream)
+            r = settle_locked(iv, r);
+    }
     if (r >= 0)
         rawfile_view_wrote(d, fh, off, size);
     return r < 0 ? r : (ssize_t) size;
@@ -391,19 +406,21 @@ static int view_hole(struct imageview *iv, struct fs_fh *fh, uint64_t off,
 {
     int r;
 
-    pthread_mutex_lock(&iv->lock);
-    struct fs_fh *writer = iv->writer;
-    if (!iv->stream || (fh && iv->writer != fh))
-        r = -EBADF;
-    else if (iv->err)
-        r = -iv->err;
-    else if ((r = iv->f->hole(iv->stream, off, len)) < 0)
-        r = fail_locked(iv, r);
-    else if (off + len > iv->file_size)
-        iv->file_size = off + len;
-    if (iv->stream)
-        r = settle_locked(iv, r);
-    pthread_mutex_unlock(&iv->lock);
+    struct fs_fh *writer;
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        writer = iv->writer;
+        if (!iv->stream || (fh && iv->writer != fh))
+            r = -EBADF;
+        else if (iv->err)
+            r = -iv->err;
+        else if ((r = iv->f->hole(iv->stream, off, len)) < 0)
+            r = fail_locked(iv, r);
+        else if (off + len > iv->file_size)
+            iv->file_size = off + len;
+        if (iv->stream)
+            r = settle_locked(iv, r);
+    }
     if (r >= 0)
         rawfile_view_zeroed(iv->d, writer, off, len);
     return r;
@@ -423,10 +440,13 @@ int imageview_truncate(struct fs_disk *d, enum fs_ino ino, uint64_t size)
 {
     struct imageview *iv = imageview_of(d, ino);
 
-    pthread_mutex_lock(&iv->lock);
-    bool active = iv->stream != NULL;
-    uint64_t cur = iv->file_size;
-    pthread_mutex_unlock(&iv->lock);
+    bool active;
+    uint64_t cur;
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        active = iv->stream != NULL;
+        cur = iv->file_size;
+    }
     if (!active)
         return size == 0 ? 0 : -EINVAL;   /* O_TRUNC-style: nothing yet */
     if (size < cur) {
@@ -474,17 +494,18 @@ int imageview_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
     struct imageview *iv = iv_of_fh(d, fh);
     int r = 0;
 
-    pthread_mutex_lock(&iv->lock);
-    if (iv->writer == fh && iv->stream && !iv->err &&
-        !iv->f->started(iv->stream)) {
-        /* Nothing written yet: a close of a duplicate (dd does
-         * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
-    } else if (iv->writer == fh && iv->stream) {
-        r = finish_locked(iv);
-        drop_stream_locked(iv);
-        iv->writer = NULL;
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        if (iv->writer == fh && iv->stream && !iv->err &&
+            !iv->f->started(iv->stream)) {
+            /* Nothing written yet: a close of a duplicate (dd does
+             * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
+        } else if (iv->writer == fh && iv->stream) {
+            r = finish_locked(iv);
+            drop_stream_locked(iv);
+            iv->writer = NULL;
+        }
     }
-    pthread_mutex_unlock(&iv->lock);
     int err = rawfile_drain(d, fh, wrote);
     return r < 0 ? r : err;
 }
@@ -493,13 +514,14 @@ void imageview_release(struct fs_disk *d, struct fs_fh *fh)
 {
     struct imageview *iv = iv_of_fh(d, fh);
 
-    pthread_mutex_lock(&iv->lock);
-    if (iv->writer == fh) {
-        /* Closed without a flush reaching us (cannot normally happen). */
-        drop_stream_locked(iv);
-        iv->writer = NULL;
+    {
+        LOCK_FOR_SCOPE(&iv->lock);
+        if (iv->writer == fh) {
+            /* Closed without a flush reaching us (cannot normally happen). */
+            drop_stream_locked(iv);
+            iv->writer = NULL;
+        }
     }
-    pthread_mutex_unlock(&iv->lock);
     synthcache_put(iv->synths, fh->view_data);
     fh->view_data = NULL;
     ra_stream_close(fh->ra);

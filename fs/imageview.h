@@ -26,6 +26,9 @@
  * helpers below.
  *
  * THREAD MODEL
+ * The ingest arrives on the receive loop's threads (fs/fuseloop.c):
+ * writes on its receiving thread (a durable one on a worker), truncates,
+ * fallocates and flushes on its workers; reads on its workers.
  * iv->lock serializes everything about the ingest (decoders are not
  * thread-safe and their input must stay in order); every decoder hook and
  * the sink callbacks run under it.  It is held across pool writes (the

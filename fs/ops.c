@@ -5,11 +5,13 @@
  * fs/rawfile.c).
  *
  * THREAD MODEL
- * The receive loop (fs/fuseloop.c) calls these handlers: writes on its
- * receiver thread (a durable one, O_DSYNC or O_SYNC, on a worker),
- * everything else on worker threads, concurrently.  fs->lock protects the list of open handles (and, in
- * fs/rawfile.c, the apparent size and times); it is never held across a
- * view's hook nor across fuse_reply_*().
+ * The receive loop (fs/fuseloop.c) calls these handlers: writes (but a
+ * durable one, O_DSYNC or O_SYNC), releases, init and destroy on its
+ * receiving thread, in arrival order; everything else on its workers,
+ * concurrently (with -s, libfuse's one thread serves everything).
+ * fs->lock protects the list of open handles (and, in fs/rawfile.c, the
+ * apparent size and times); it is never held across a view's hook nor
+ * across fuse_reply_*().
  */
 #include "fs/view.h"
 
@@ -23,6 +25,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/minmax.h"
@@ -280,14 +283,13 @@ static void remember_fh_locked(struct fs *fs, struct fs_fh *fh)
 
 static void remember_fh(struct fs *fs, struct fs_fh *fh)
 {
-    pthread_mutex_lock(&fs->lock);
+    LOCK_FOR_SCOPE(&fs->lock);
     remember_fh_locked(fs, fh);
-    pthread_mutex_unlock(&fs->lock);
 }
 
 static void forget_fh(struct fs *fs, struct fs_fh *fh)
 {
-    pthread_mutex_lock(&fs->lock);
+    LOCK_FOR_SCOPE(&fs->lock);
     if (fh->prev)
         fh->prev->next = fh->next;
     else
@@ -295,7 +297,6 @@ static void forget_fh(struct fs *fs, struct fs_fh *fh)
     if (fh->next)
         fh->next->prev = fh->prev;
     pthread_cond_broadcast(&fs->h.released);      /* fs/writers.h */
-    pthread_mutex_unlock(&fs->lock);
 }
 
 /* The end of a handle that was remembered: the view lets go of it. */
@@ -320,18 +321,19 @@ static int admit_writer(struct fs *fs, struct fs_fh *fh)
         mono_deadline_ns(WRITERS_RELEASE_WAIT_MS * NS_PER_MS);
     int r;
 
-    pthread_mutex_lock(&fs->lock);
-    while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
-        if (pthread_cond_timedwait(&fs->h.released, &fs->lock, &deadline) ==
-            ETIMEDOUT) {
-            r = writers_admit_locked(fs, fh, why, sizeof why);
-            break;
-        }
-    if (r == -EAGAIN)
-        r = -EBUSY;               /* still open elsewhere (a dup of it) */
-    if (r == 0)
-        remember_fh_locked(fs, fh);
-    pthread_mutex_unlock(&fs->lock);
+    {
+        LOCK_FOR_SCOPE(&fs->lock);
+        while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
+            if (pthread_cond_timedwait(&fs->h.released, &fs->lock,
+                                       &deadline) == ETIMEDOUT) {
+                r = writers_admit_locked(fs, fh, why, sizeof why);
+                break;
+            }
+        if (r == -EAGAIN)
+            r = -EBUSY;           /* still open elsewhere (a dup of it) */
+        if (r == 0)
+            remember_fh_locked(fs, fh);
+    }
     if (r < 0)
         log_err("%s", why);
     return r;

@@ -2,8 +2,10 @@
  * --progress bar and "N/100" lines.  The definition is in progress.h.
  *
  * THREAD MODEL
- * FUSE worker threads call progress_truncate/write/zero/close; the status
- * calls progress_get() from whichever thread opens it; one progress
+ * The thread that changed the raw file calls progress_truncate/write/
+ * zero/close (fs/rawfile.c: the receive loop's receiving thread for
+ * writes, a worker for the rest); the status calls progress_get() from
+ * whichever thread opens it; one progress
  * thread samples every PROGRESS_TICK_MS and draws.  pg->lock protects
  * the pass and the ring of samples; it is taken after (never around)
  * pool_get_stats() and d->fs->lock, and never held while writing to stderr
@@ -30,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/signals.h"
@@ -167,15 +170,16 @@ static void scan_map(struct progress *pg, int fd, uint64_t size)
     }
     if (ok && m.nmap == 0)
         ok = map_add(&m, size, 0);        /* all hole: an empty map */
-    pthread_mutex_lock(&pg->lock);
-    free_map_locked(pg);
-    if (ok) {
-        pg->map = m.map;
-        pg->below = m.below;
-        pg->nmap = m.nmap;
-        pg->map_data = m.map_data;
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        free_map_locked(pg);
+        if (ok) {
+            pg->map = m.map;
+            pg->below = m.below;
+            pg->nmap = m.nmap;
+            pg->map_data = m.map_data;
+        }
     }
-    pthread_mutex_unlock(&pg->lock);
     if (!ok) {
         free(m.map);
         free(m.below);
@@ -194,7 +198,7 @@ void progress_truncate(struct progress *pg, uint64_t size)
         return;
     if (size == 0)
         pool_get_stats(pg->d->pool, &s);
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     if (size == 0) {              /* a new pass */
         pg->frontier = 0;
         pg->source = 0;
@@ -206,18 +210,16 @@ void progress_truncate(struct progress *pg, uint64_t size)
     }
     pg->truncated = size;
     pg->closed = 0;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 static void advance(struct progress *pg, uint64_t end)
 {
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     if (end > pg->frontier)
         pg->frontier = end;
     pg->closed = 0;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 void progress_write(struct progress *pg, uint64_t off, uint64_t len)
@@ -235,20 +237,18 @@ void progress_close(struct progress *pg, uint64_t apparent)
 {
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     if (apparent > pg->frontier)
         pg->frontier = apparent;
     pg->closed = apparent;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 void progress_fail(struct progress *pg)
 {
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     pg->failed = true;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 /* ---- the writer's source (as pv -d) ---------------------------------- */
@@ -347,9 +347,10 @@ void progress_set_source(struct progress *pg, pid_t pid, uint64_t best,
         return;
     log_info("progress: the writer (pid %d) reads a file of %" PRIu64
              " bytes: the total", (int) pid, best);
-    pthread_mutex_lock(&pg->lock);
-    pg->source = best;
-    pthread_mutex_unlock(&pg->lock);
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        pg->source = best;
+    }
     if (fdnum < 0)
         return;
     /* Reopened through /proc (permission checked against the file): the
@@ -367,9 +368,8 @@ void progress_vhd_length(struct progress *pg, uint64_t len)
 {
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     pg->vhd_len = len;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 /* ---- the numbers ----------------------------------------------------- */
@@ -445,11 +445,13 @@ void progress_get(struct progress *pg, struct progress_info *out)
     out->eta_s = -1;
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
-    out->frontier = pg->frontier;         /* first: see THREAD MODEL */
-    total_locked(pg, pg->d->export_size, out);
-    bool failed = pg->failed;
-    pthread_mutex_unlock(&pg->lock);
+    bool failed;
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        out->frontier = pg->frontier;         /* first: see THREAD MODEL */
+        total_locked(pg, pg->d->export_size, out);
+        failed = pg->failed;
+    }
     pool_get_stats(pg->d->pool, &s);
 
     out->unacknowledged = s.bytes_written > s.bytes_acked
@@ -461,23 +463,25 @@ void progress_get(struct progress *pg, struct progress_info *out)
     out->settled = !failed && out->unacknowledged == 0 &&
                    s.in_flight == 0 && s.pending_zero == 0 &&
                    s.bufs_in_use == 0;
-    pthread_mutex_lock(&pg->lock);
-    data_locked(pg, reach, out);
-    out->pass_written = s.bytes_written - pg->pass_written;
-    out->pass_acked = s.bytes_acked - pg->pass_acked;
-    pthread_mutex_unlock(&pg->lock);
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        data_locked(pg, reach, out);
+        out->pass_written = s.bytes_written - pg->pass_written;
+        out->pass_acked = s.bytes_acked - pg->pass_acked;
+    }
     out->remaining = out->data_total - out->data_done;
     out->percent = out->data_total ? 100.0 * (double) out->data_done /
                                          (double) out->data_total : 100.0;
     if (!(out->settled && out->done == out->total) && out->percent > 99.9)
         out->percent = 99.9;
 
-    pthread_mutex_lock(&pg->lock);
-    out->rate_1s = rate_locked(pg, 1, false);
-    out->rate_5s = rate_locked(pg, 5, false);
-    out->rate_10s = rate_locked(pg, 10, false);
-    out->done_rate = rate_locked(pg, 5, true);
-    pthread_mutex_unlock(&pg->lock);
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        out->rate_1s = rate_locked(pg, 1, false);
+        out->rate_5s = rate_locked(pg, 5, false);
+        out->rate_10s = rate_locked(pg, 10, false);
+        out->done_rate = rate_locked(pg, 5, true);
+    }
     out->eta_s = out->done_rate > 0
                      ? (double) out->remaining / out->done_rate
                      : (out->remaining == 0 ? 0 : -1);
@@ -488,14 +492,13 @@ static void sample(struct progress *pg, const struct progress_info *pi)
     struct pool_stats s;
 
     pool_get_stats(pg->d->pool, &s);
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     pg->ring[pg->next] = (struct sample) {
         .t = mono_now_s(), .acked = s.bytes_acked, .done = pi->data_done,
     };
     pg->next = (pg->next + 1) % NSAMPLES;
     if (pg->nsamples < NSAMPLES)
         pg->nsamples++;
-    pthread_mutex_unlock(&pg->lock);
 }
 
 /* ---- drawing --------------------------------------------------------- */
@@ -589,7 +592,7 @@ static void *progress_thread(void *arg)
     struct timespec next;
 
     clock_gettime(CLOCK_MONOTONIC, &next);
-    pthread_mutex_lock(&pg->lock);
+    LOCK_FOR_SCOPE(&pg->lock);
     while (!pg->stopping) {
         pthread_mutex_unlock(&pg->lock);
         tick(pg, false);
@@ -599,7 +602,6 @@ static void *progress_thread(void *arg)
                pthread_cond_timedwait(&pg->cond, &pg->lock, &next) != ETIMEDOUT)
             ;
     }
-    pthread_mutex_unlock(&pg->lock);
     return NULL;
 }
 
@@ -632,10 +634,11 @@ void progress_destroy(struct progress *pg)
 {
     if (!pg)
         return;
-    pthread_mutex_lock(&pg->lock);
-    pg->stopping = true;
-    pthread_cond_signal(&pg->cond);
-    pthread_mutex_unlock(&pg->lock);
+    {
+        LOCK_FOR_SCOPE(&pg->lock);
+        pg->stopping = true;
+        pthread_cond_signal(&pg->cond);
+    }
     pthread_join(pg->thread, NULL);
     tick(pg, true);
     free_map_locked(pg);          /* the thread is gone */

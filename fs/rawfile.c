@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "fs/digest.h"
 #include "fs/foreign.h"
@@ -23,18 +24,16 @@
 
 uint64_t rawfile_size(struct fs_disk *d)
 {
-    pthread_mutex_lock(&d->fs->lock);
+    LOCK_FOR_SCOPE(&d->fs->lock);
     uint64_t s = d->apparent_size;
-    pthread_mutex_unlock(&d->fs->lock);
     return s;
 }
 
 void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime)
 {
-    pthread_mutex_lock(&d->fs->lock);
+    LOCK_FOR_SCOPE(&d->fs->lock);
     *size = d->apparent_size;
     *mtime = d->mtime;
-    pthread_mutex_unlock(&d->fs->lock);
 }
 
 /* ---- the size ----------------------------------------------------------- */
@@ -43,11 +42,10 @@ void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime)
  * size_lock exclusive. */
 static uint64_t set_size(struct fs_disk *d, uint64_t size)
 {
-    pthread_mutex_lock(&d->fs->lock);
+    LOCK_FOR_SCOPE(&d->fs->lock);
     uint64_t old = d->apparent_size;
     d->apparent_size = size;
     clock_gettime(CLOCK_REALTIME, &d->mtime);
-    pthread_mutex_unlock(&d->fs->lock);
     return old;
 }
 
@@ -55,11 +53,10 @@ static uint64_t set_size(struct fs_disk *d, uint64_t size)
  * stamp the time, in one lock round (once per FUSE request). */
 static void extend_to(struct fs_disk *d, uint64_t end)
 {
-    pthread_mutex_lock(&d->fs->lock);
+    LOCK_FOR_SCOPE(&d->fs->lock);
     if (end > d->apparent_size)
         d->apparent_size = end;
     clock_gettime(CLOCK_REALTIME, &d->mtime);
-    pthread_mutex_unlock(&d->fs->lock);
 }
 
 /* Bytes [off, off + len) will read as zero, lazily; readers must not see
@@ -93,7 +90,7 @@ int rawfile_truncate(struct fs_disk *d, uint64_t size)
 {
     if (size > d->export_size)
         return too_big(d, size, "truncate");
-    pthread_rwlock_wrlock(&d->size_lock);
+    WRLOCK_FOR_SCOPE(&d->size_lock);
     uint64_t old = set_size(d, size);
     digest_truncate(d->digest, size, old);     /* size 0: a new pass */
     progress_truncate(d->progress, size);
@@ -102,7 +99,6 @@ int rawfile_truncate(struct fs_disk *d, uint64_t size)
     int r = size < old ? cut(d, size, old - size) : 0;
     if (r == 0)
         r = rezero_damage(d, size);
-    pthread_rwlock_unlock(&d->size_lock);
     return r;
 }
 
@@ -110,7 +106,7 @@ int rawfile_replace(struct fs_disk *d, uint64_t size)
 {
     if (size > d->export_size)
         return too_big(d, size, "replacing the disk");
-    pthread_rwlock_wrlock(&d->size_lock);
+    WRLOCK_FOR_SCOPE(&d->size_lock);
     uint64_t old = set_size(d, size);
     /* A new pass over a disk of size bytes that reads as zero: the view's
      * decoded data and zeroes follow (rawfile_place*()). */
@@ -118,7 +114,6 @@ int rawfile_replace(struct fs_disk *d, uint64_t size)
     int r = cut(d, 0, old);
     if (r == 0)
         r = rezero_damage(d, 0);
-    pthread_rwlock_unlock(&d->size_lock);
     return r;
 }
 
@@ -167,16 +162,18 @@ static void land_note(struct fs_disk *d, uint64_t end)
 ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
-    pthread_rwlock_rdlock(&d->size_lock);
-    ssize_t n = write_size(d, fh, size, off);
-    if (n > 0) {
-        ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
-        if (r < 0)
-            n = r;
+    ssize_t n;
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        n = write_size(d, fh, size, off);
+        if (n > 0) {
+            ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
+            if (r < 0)
+                n = r;
+        }
+        if (n > 0)
+            changed(d, off, (uint64_t) n, true);
     }
-    if (n > 0)
-        changed(d, off, (uint64_t) n, true);
-    pthread_rwlock_unlock(&d->size_lock);
     if (n > 0) {
         land_note(d, off + (uint64_t) n);
         foreign_raw_write(d, off, buf, (size_t) n);
@@ -251,18 +248,20 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
 {
     struct pool_fill f;
 
-    pthread_rwlock_rdlock(&d->size_lock);
-    ssize_t n = write_size(d, fh, size, off);
-    if (n >= 0 && (size_t) n != size)
-        n = -EAGAIN;              /* short or empty: the usual path says so */
-    if (n > 0)
-        foreign_raw_write(d, off, d->land.mem, (size_t) n);
-    if (n > 0)
-        n = pool_land_commit(d->pool, &d->land, off, (size_t) n,
-                             d->digest != NULL, &f);
-    if (n > 0)
-        changed(d, off, (uint64_t) n, true);
-    pthread_rwlock_unlock(&d->size_lock);
+    ssize_t n;
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        n = write_size(d, fh, size, off);
+        if (n >= 0 && (size_t) n != size)
+            n = -EAGAIN;          /* short or empty: the usual path says so */
+        if (n > 0)
+            foreign_raw_write(d, off, d->land.mem, (size_t) n);
+        if (n > 0)
+            n = pool_land_commit(d->pool, &d->land, off, (size_t) n,
+                                 d->digest != NULL, &f);
+        if (n > 0)
+            changed(d, off, (uint64_t) n, true);
+    }
     if (n > 0) {
         land_note(d, off + (uint64_t) n);
         digest_holds(d, &f);
@@ -276,21 +275,25 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
 {
     struct pool_fill f;
 
-    pthread_rwlock_rdlock(&d->size_lock);
-    ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
-    int r = size <= 0 ? (int) size
-            : pool_fill_begin(d->pool, off, (size_t) size, &f);
-    if (r == 0 && size > 0) {
-        int filled = fill_from(&f, bufv);
-        if (filled == 0 && f.nseg)
-            foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
-        r = (int) pool_fill_commit(d->pool, &f, filled, d->digest != NULL);
-        if (r == -EAGAIN)
-            r = -EIO;             /* not the caller's cue: bufv is spent */
+    ssize_t size;
+    int r;
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        size = write_size(d, fh, fuse_buf_size(bufv), off);
+        r = size <= 0 ? (int) size
+                : pool_fill_begin(d->pool, off, (size_t) size, &f);
+        if (r == 0 && size > 0) {
+            int filled = fill_from(&f, bufv);
+            if (filled == 0 && f.nseg)
+                foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
+            r = (int) pool_fill_commit(d->pool, &f, filled,
+                                       d->digest != NULL);
+            if (r == -EAGAIN)
+                r = -EIO;         /* not the caller's cue: bufv is spent */
+        }
+        if (r >= 0 && size > 0)
+            changed(d, off, (uint64_t) size, true);
     }
-    if (r >= 0 && size > 0)
-        changed(d, off, (uint64_t) size, true);
-    pthread_rwlock_unlock(&d->size_lock);
     if (r < 0)
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
@@ -306,14 +309,15 @@ int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
 {
     int r = 0;
 
-    pthread_rwlock_rdlock(&d->size_lock);
-    if (zero && start < end) {
-        r = pool_zero(d->pool, start, end - start);   /* write-zeroes */
-        ra_invalidate(d->ra, start, end - start);    /* even if it failed */
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        if (zero && start < end) {
+            r = pool_zero(d->pool, start, end - start);     /* write-zeroes */
+            ra_invalidate(d->ra, start, end - start); /* even if it failed */
+        }
+        if (r == 0)
+            extend_to(d, keep_size ? 0 : end);
     }
-    if (r == 0)
-        extend_to(d, keep_size ? 0 : end);
-    pthread_rwlock_unlock(&d->size_lock);
     if (r == 0 && zero && start < end) {
         digest_zero(d->digest, start, end - start, rawfile_size(d));
         progress_zero(d->progress, start, end - start);
@@ -344,18 +348,20 @@ static void fill_copy(const struct pool_fill *f, const char *buf)
 int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 {
     struct pool_fill f;
-
-    pthread_rwlock_rdlock(&d->size_lock);
-    ssize_t r = pool_fill_begin(d->pool, off, len, &f);
-    bool held = r == 0;
-    if (held) {
-        fill_copy(&f, buf);
-        r = pool_fill_commit(d->pool, &f, 0, d->digest != NULL);
-    } else if (r == -EAGAIN)
-        r = pool_write(d->pool, off, buf, len);
-    if (r >= 0)
-        changed(d, off, len, true);
-    pthread_rwlock_unlock(&d->size_lock);
+    ssize_t r;
+    bool held;
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        r = pool_fill_begin(d->pool, off, len, &f);
+        held = r == 0;
+        if (held) {
+            fill_copy(&f, buf);
+            r = pool_fill_commit(d->pool, &f, 0, d->digest != NULL);
+        } else if (r == -EAGAIN)
+            r = pool_write(d->pool, off, buf, len);
+        if (r >= 0)
+            changed(d, off, len, true);
+    }
     if (r >= 0 && held)
         digest_holds(d, &f);
     else if (r >= 0)
@@ -365,12 +371,14 @@ int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 
 int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    pthread_rwlock_rdlock(&d->size_lock);
-    int r = pool_zero(d->pool, off, len);
-    ra_invalidate(d->ra, off, len);      /* even if it failed */
-    if (r == 0)
-        extend_to(d, off + len);
-    pthread_rwlock_unlock(&d->size_lock);
+    int r;
+    {
+        RDLOCK_FOR_SCOPE(&d->size_lock);
+        r = pool_zero(d->pool, off, len);
+        ra_invalidate(d->ra, off, len);      /* even if it failed */
+        if (r == 0)
+            extend_to(d, off + len);
+    }
     if (r == 0)
         digest_zero(d->digest, off, len, rawfile_size(d));
     return r;

@@ -13,7 +13,10 @@
  * view's disk replacing the content) is EFBIG; data past the export's end
  * is ENOSPC (a write, a fallocate that would grow the file).
  *
- * THREAD MODEL: any FUSE worker and the VMDK view's inflater threads.
+ * THREAD MODEL: the receive loop's threads (fs/fuseloop.c: its receiving
+ * thread for writes and landings, a worker for a durable write and the
+ * rest) and the format views' unpack threads (fs/unpackers.h), which
+ * place decoded data.
  * d->fs->lock guards the size and time (a leaf, never held across a pool
  * call).  d->size_lock is held shared from a change's check until the
  * size it extends is set, exclusive by a truncate or replace from the new

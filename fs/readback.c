@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/cleanup.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
@@ -103,18 +104,16 @@ static void set_message(struct readback *rb, const char *fmt, ...)
 {
     va_list ap;
 
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     va_start(ap, fmt);
     vsnprintf(rb->message, sizeof rb->message, fmt, ap);
     va_end(ap);
-    pthread_mutex_unlock(&rb->lock);
 }
 
 static void set_state(struct readback *rb, enum rb_state s)
 {
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     rb->state = s;
-    pthread_mutex_unlock(&rb->lock);
 }
 
 void readback_put_status(FILE *f, struct fs_disk *d)
@@ -125,7 +124,7 @@ void readback_put_status(FILE *f, struct fs_disk *d)
         fputs("  \"readback\": null,\n", f);
         return;
     }
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     fprintf(f, "  \"readback\": {\"when\": \"%s\", \"state\": \"%s\", "
                "\"algorithm\": \"%s\", \"runs\": %u, \"verified\": %" PRIu64
                ", \"total\": %" PRIu64 ", \"bytes_read\": %" PRIu64
@@ -157,7 +156,6 @@ void readback_put_status(FILE *f, struct fs_disk *d)
         json_put_string(f, rb->message);
     }
     fputs("},\n", f);
-    pthread_mutex_unlock(&rb->lock);
 }
 
 /* ---- the sink: the verify library's (verify/sink.h) ------------------ */
@@ -228,13 +226,12 @@ static void read_done(struct nbdx_op *op, int err)
     struct rb_read *rd = (struct rb_read *) op;
     struct run *run = rd->run;
 
-    pthread_mutex_lock(&run->lock);
+    LOCK_FOR_SCOPE(&run->lock);
     vr_done(rd->e, err);
     rd->busy = false;
     run->in_flight--;
     run->events++;
     pthread_cond_broadcast(&run->cond);
-    pthread_mutex_unlock(&run->lock);
 }
 
 static int rb_read(void *ctx, struct vr_ent *e)
@@ -242,12 +239,13 @@ static int rb_read(void *ctx, struct vr_ent *e)
     struct run *run = ctx;
     struct rb_read *rd = run->reads;
 
-    pthread_mutex_lock(&run->lock);
-    while (rd->busy)                  /* at most READBACK_SLOTS in flight */
-        rd++;
-    rd->busy = true;
-    run->in_flight++;
-    pthread_mutex_unlock(&run->lock);
+    {
+        LOCK_FOR_SCOPE(&run->lock);
+        while (rd->busy)              /* at most READBACK_SLOTS in flight */
+            rd++;
+        rd->busy = true;
+        run->in_flight++;
+    }
     rd->e = e;
     rd->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = e->off,
                                 .len = e->len, .buf = e->buf,
@@ -263,11 +261,10 @@ static int rb_wait(void *ctx, int timeout_ms)
 
     if (timeout_ms == 0)
         return 0;
-    pthread_mutex_lock(&run->lock);
+    LOCK_FOR_SCOPE(&run->lock);
     while (run->events == run->seen && run->in_flight)
         pthread_cond_wait(&run->cond, &run->lock);
     run->seen = run->events;
-    pthread_mutex_unlock(&run->lock);
     return 0;
 }
 
@@ -275,9 +272,8 @@ static unsigned rb_in_flight(void *ctx)
 {
     struct run *run = ctx;
 
-    pthread_mutex_lock(&run->lock);
+    LOCK_FOR_SCOPE(&run->lock);
     unsigned n = run->in_flight;
-    pthread_mutex_unlock(&run->lock);
     return n;
 }
 
@@ -364,7 +360,7 @@ static void rb_consumed(void *ctx, const struct vr_ent *e)
 {
     struct readback *rb = ((struct run *) ctx)->rb;
 
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     rb->done += e->len;
     if (!e->buf) {
         rb->zero_bytes += e->len;
@@ -372,7 +368,6 @@ static void rb_consumed(void *ctx, const struct vr_ent *e)
         rb->bytes_read += e->len;
         rb->reads++;
     }
-    pthread_mutex_unlock(&rb->lock);
 }
 
 static const struct vr_backend rb_backend = {
@@ -449,13 +444,12 @@ static void name_ranges(struct fs_disk *d, struct sink *s, uint64_t size)
         verify_name_ranges(n, rb->bs << shift, size, region_differs,
                            &(struct rb_fps) { mine, got }, &v, &nv,
                            &bytes) == 0) {
-        pthread_mutex_lock(&rb->lock);
+        LOCK_FOR_SCOPE(&rb->lock);
         rb->ranges_known = true;
         rb->nranges = nv;
         rb->range_bytes = bytes;
         for (size_t i = 0; i < nv && i < RANGES_SHOWN; i++)
             rb->ranges[i] = (struct rb_range) { v[i].off, v[i].len };
-        pthread_mutex_unlock(&rb->lock);
     }
     free(v);
     free(mine);
@@ -466,9 +460,8 @@ static void name_ranges(struct fs_disk *d, struct sink *s, uint64_t size)
 
 static uint64_t file_size(struct fs_disk *d)
 {
-    pthread_mutex_lock(&d->fs->lock);
+    LOCK_FOR_SCOPE(&d->fs->lock);
     uint64_t size = d->apparent_size;
-    pthread_mutex_unlock(&d->fs->lock);
     return size;
 }
 
@@ -516,7 +509,7 @@ static enum rb_cover get_key(struct fs_disk *d, struct rb_key *k, char *why,
 static void reset_status(struct readback *rb, const struct rb_key *k,
                          uint64_t total)
 {
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     rb->state = RB_RUNNING;
     rb->runs++;
     rb->total = total;
@@ -526,7 +519,6 @@ static void reset_status(struct readback *rb, const struct rb_key *k,
     rb->ranges_known = false;
     rb->nranges = rb->range_bytes = 0;
     rb->tail_nonzero = UINT64_MAX;
-    pthread_mutex_unlock(&rb->lock);
 }
 
 /* Compare; 0 (same) or -EIO (differs: status, ranges and log say how). */
@@ -538,10 +530,11 @@ static int judge(struct fs_disk *d, struct sink *s, const struct rb_key *k,
     uint64_t tail = s->tail_nonzero < 0 ? UINT64_MAX
                                         : (uint64_t) s->tail_nonzero;
 
-    pthread_mutex_lock(&rb->lock);
-    snprintf(rb->got, sizeof rb->got, "%s", hex);
-    rb->tail_nonzero = tail;
-    pthread_mutex_unlock(&rb->lock);
+    {
+        LOCK_FOR_SCOPE(&rb->lock);
+        snprintf(rb->got, sizeof rb->got, "%s", hex);
+        rb->tail_nonzero = tail;
+    }
     if (same && tail == UINT64_MAX) {
         set_state(rb, RB_PASSED);
         set_message(rb, "the disk holds what was written");
@@ -550,7 +543,7 @@ static int judge(struct fs_disk *d, struct sink *s, const struct rb_key *k,
     if (!same && rb->blkhash)
         name_ranges(d, s, k->size);
     set_state(rb, RB_FAILED);
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     char first[96] = "";
     if (rb->nranges)
         snprintf(first, sizeof first, "; first %" PRIu64 " bytes at offset %"
@@ -569,7 +562,6 @@ static int judge(struct fs_disk *d, struct sink *s, const struct rb_key *k,
     for (uint64_t i = 0; i < rb->nranges && i < RANGES_SHOWN; i++)
         log_err("read-back: differs: %" PRIu64 " bytes at offset %" PRIu64,
                 rb->ranges[i].len, rb->ranges[i].off);
-    pthread_mutex_unlock(&rb->lock);
     return -EIO;
 }
 
@@ -595,9 +587,8 @@ static int verify_locked(struct fs_disk *d, const struct rb_key *k)
         r = -EIO;
     }
     sink_free(&s);
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     rb->seconds = mono_now_s() - t0;
-    pthread_mutex_unlock(&rb->lock);
     return r;
 }
 
@@ -632,7 +623,7 @@ static int verify(struct fs_disk *d, const char *at, bool final)
 
     if (!rb)
         return 0;
-    pthread_mutex_lock(&rb->run);
+    LOCK_FOR_SCOPE(&rb->run);
     if (digest_settle(d->digest, SETTLE_S) < 0)
         log_notice("read-back: the digest is still hashing after %d s",
                    SETTLE_S);
@@ -669,7 +660,6 @@ static int verify(struct fs_disk *d, const char *at, bool final)
                            k.size, rb->bytes_read, rb->seconds);
         }
     }
-    pthread_mutex_unlock(&rb->run);
     return r;
 }
 
@@ -691,11 +681,10 @@ int readback_at_unmount(struct fs_disk *d)
     struct readback *rb = d->readback;
     int r = verify(d, "unmount", true);
 
-    pthread_mutex_lock(&rb->lock);
+    LOCK_FOR_SCOPE(&rb->lock);
     if (r < 0)
         log_err("read-back: the disk does not hold what was written (%s); "
                 "exiting 1", rb->message);
-    pthread_mutex_unlock(&rb->lock);
     return r;
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "fs/rawfile.h"
 
@@ -158,7 +159,7 @@ void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
     struct synth_ref *r = NULL;
 
     disk_key(d, &key);
-    pthread_mutex_lock(&c->lock);
+    LOCK_FOR_SCOPE(&c->lock);
     *err = 0;
     if (!c->current || !same_key(&c->current->key, &key)) {
         if (!at_cap_locked(c))
@@ -178,7 +179,6 @@ void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
         } else
             r->refs++;
     }
-    pthread_mutex_unlock(&c->lock);
     return r ? r->synth : NULL;
 }
 
@@ -186,7 +186,7 @@ void synthcache_put(struct synthcache *c, void *synth)
 {
     if (!synth)
         return;
-    pthread_mutex_lock(&c->lock);
+    LOCK_FOR_SCOPE(&c->lock);
     struct synth_ref *r = c->current && c->current->synth == synth
                           ? c->current : NULL;
     for (struct synth_ref *p = c->retired; !r && p; p = p->next)
@@ -194,5 +194,4 @@ void synthcache_put(struct synthcache *c, void *synth)
             r = p;
     assert(r);
     unref_locked(c, r);
-    pthread_mutex_unlock(&c->lock);
 }

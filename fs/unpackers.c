@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "common/rounding.h"
 
@@ -54,14 +55,13 @@ static void run_job(struct unpackers *u, struct job *j, void *ctx,
     int r = n < 0 ? (int) n : u->ops->place(u->opaque, off, out, (size_t) n);
 
     free(j->mem);
-    pthread_mutex_lock(&u->lock);
+    LOCK_FOR_SCOPE(&u->lock);
     if (r < 0 && !u->err) {
         u->err = r;
         log_err("%s: %s", u->name, e.msg[0] ? e.msg : strerror(-r));
     }
     u->busy--;
     pthread_cond_broadcast(&u->cond);
-    pthread_mutex_unlock(&u->lock);
 }
 
 /* Take the oldest job: the caller then runs it without u->lock. */
@@ -85,6 +85,20 @@ static void run_one_locked(struct unpackers *u, void *ctx, uint8_t *out)
     pthread_mutex_lock(&u->lock);
 }
 
+/* Run jobs until quit and nothing left.  Holds u->lock except while
+ * running one. */
+static void worker_serve(struct unpackers *u, void *ctx, uint8_t *out)
+{
+    LOCK_FOR_SCOPE(&u->lock);
+    for (;;) {
+        while (!u->count && !u->quit)
+            pthread_cond_wait(&u->cond, &u->lock);
+        if (!u->count)
+            break;                    /* quit, and nothing left */
+        run_one_locked(u, ctx, out);
+    }
+}
+
 static void *worker(void *opaque)
 {
     struct unpackers *u = opaque;
@@ -93,15 +107,7 @@ static void *worker(void *opaque)
 
     if (u->ops->new_ctx(&ctx) < 0 || !out)
         abort();                      /* startup only; cannot recover */
-    pthread_mutex_lock(&u->lock);
-    for (;;) {
-        while (!u->count && !u->quit)
-            pthread_cond_wait(&u->cond, &u->lock);
-        if (!u->count)
-            break;                    /* quit, and nothing left */
-        run_one_locked(u, ctx, out);
-    }
-    pthread_mutex_unlock(&u->lock);
+    worker_serve(u, ctx, out);
     u->ops->free_ctx(ctx);
     free(out);
     return NULL;
@@ -129,11 +135,12 @@ void unpackers_stop(struct unpackers *u)
 {
     if (!u)
         return;
-    pthread_mutex_lock(&u->lock);
-    assert(u->count == 0);            /* nothing is queued between requests */
-    u->quit = true;
-    pthread_cond_broadcast(&u->cond);
-    pthread_mutex_unlock(&u->lock);
+    {
+        LOCK_FOR_SCOPE(&u->lock);
+        assert(u->count == 0);        /* nothing is queued between requests */
+        u->quit = true;
+        pthread_cond_broadcast(&u->cond);
+    }
     for (unsigned i = 0; i < u->nthreads; i++)
         pthread_join(u->threads[i], NULL);
     if (u->ctx)
@@ -180,16 +187,18 @@ int unpackers_queue(struct unpackers *u, const void *desc, const void *cdata,
     memcpy(mem + u->ops->cdata_at, &copy, sizeof copy);
     if (clen)
         memcpy(mem + cdata_off(u), cdata, clen);
-    pthread_mutex_lock(&u->lock);
-    while (u->count == QMAX && !u->err)
-        run_one_locked(u, u->ctx, u->out);
-    int r = u->err;
-    if (r == 0) {
-        u->jobs[(u->head + u->count) % QMAX].mem = mem;
-        u->count++;
-        pthread_cond_broadcast(&u->cond);
+    int r;
+    {
+        LOCK_FOR_SCOPE(&u->lock);
+        while (u->count == QMAX && !u->err)
+            run_one_locked(u, u->ctx, u->out);
+        r = u->err;
+        if (r == 0) {
+            u->jobs[(u->head + u->count) % QMAX].mem = mem;
+            u->count++;
+            pthread_cond_broadcast(&u->cond);
+        }
     }
-    pthread_mutex_unlock(&u->lock);
     if (r < 0)
         free(mem);                    /* run_job said it */
     return r;
@@ -197,7 +206,7 @@ int unpackers_queue(struct unpackers *u, const void *desc, const void *cdata,
 
 int unpackers_drain(struct unpackers *u, bool clear)
 {
-    pthread_mutex_lock(&u->lock);
+    LOCK_FOR_SCOPE(&u->lock);
     while (u->count)
         run_one_locked(u, u->ctx, u->out);
     while (u->busy)
@@ -205,6 +214,5 @@ int unpackers_drain(struct unpackers *u, bool clear)
     int r = u->err;
     if (clear)
         u->err = 0;
-    pthread_mutex_unlock(&u->lock);
     return r;
 }

@@ -14,11 +14,12 @@
  * opaque its place hook gets and the name its messages carry.
  *
  * THREAD MODEL
- * Worker threads take jobs from the ring under u->lock (a leaf: held only
- * to move jobs and counters, never across a run hook).  The writing
- * thread, holding the ingest lock (fs/imageview.h), runs queued jobs
- * itself when the ring is full or must drain, then waits on u->cond for
- * the jobs workers still run.  Workers never take the ingest lock, so
+ * Worker threads take jobs from the ring under u->lock (held only to move
+ * jobs and counters and to log a job's error, never across a run hook:
+ * only the log's lock is taken inside it).  The writing thread, holding
+ * the ingest lock (fs/imageview.h), runs queued jobs itself when the ring
+ * is full or must drain, then waits on u->cond for the jobs workers still
+ * run.  Workers never take the ingest lock, so
  * that wait cannot deadlock.  What the writer stores before queueing a
  * job (under the ingest lock) the job's run sees: the ring's lock orders
  * them.

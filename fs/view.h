@@ -30,8 +30,11 @@
  *               kernel never released.
  * Hooks return 0, a count, or a negative errno; fs/ops.c replies.
  *
- * THREAD MODEL: hooks run on libfuse's worker threads, several at once
- * (also for one handle); each view locks its own state. */
+ * THREAD MODEL: hooks run on the receive loop's threads (fs/fuseloop.c):
+ * write and release on its receiving thread (a durable write on a
+ * worker), the others on its workers, several at once (also for one
+ * handle); with -s, all on libfuse's one thread.  Each view locks its own
+ * state. */
 #pragma once
 #include <sys/uio.h>
 
@@ -93,7 +96,7 @@ void raw_read_ready_done(struct fs_disk *d);
 extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
                             fs_vmdk_view, fs_qcow2_view, fs_vhdx_view;
 
-/* fh->wrote: several worker threads may use one handle at once. */
+/* fh->wrote: several threads may use one handle at once. */
 static inline void fs_fh_mark_wrote(struct fs_fh *fh)
 {
     if (fh) {

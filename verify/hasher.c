@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
 #include "common/list.h"
 #include "verify/sink.h"
 
@@ -64,7 +65,7 @@ static void *worker(void *arg)
 {
     struct hasher *q = arg;
 
-    pthread_mutex_lock(&q->lock);
+    LOCK_FOR_SCOPE(&q->lock);
     for (;;) {
         while (!q->head && !q->stop)
             pthread_cond_wait(&q->work, &q->lock);
@@ -84,7 +85,6 @@ static void *worker(void *arg)
         q->busy--;
         pthread_cond_broadcast(&q->room);
     }
-    pthread_mutex_unlock(&q->lock);
     return NULL;
 }
 
@@ -121,14 +121,16 @@ int hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
 static struct job *get_job(struct hasher *q)
 {
     struct job *j = NULL;
+    bool failed;
 
-    pthread_mutex_lock(&q->lock);
-    while (q->bytes >= q->max_bytes && !q->err)
-        pthread_cond_wait(&q->room, &q->lock);
-    if (!q->err && (j = q->free) != NULL)
-        q->free = j->next;
-    bool failed = q->err != 0;
-    pthread_mutex_unlock(&q->lock);
+    {
+        LOCK_FOR_SCOPE(&q->lock);
+        while (q->bytes >= q->max_bytes && !q->err)
+            pthread_cond_wait(&q->room, &q->lock);
+        if (!q->err && (j = q->free) != NULL)
+            q->free = j->next;
+        failed = q->err != 0;
+    }
     if (!j && !failed && !(j = malloc(sizeof *j + q->job_cap)))
         verify_err("out of memory");
     return j;
@@ -139,14 +141,15 @@ static int enqueue(struct hasher *q, struct job *j)
 {
     int r;
 
-    pthread_mutex_lock(&q->lock);
-    if ((r = q->err) == 0) {
-        QUEUE_APPEND(q->head, q->tail, j);
-        q->bytes += q->job_cap;
-        pthread_cond_signal(&q->work);
-        j = NULL;
+    {
+        LOCK_FOR_SCOPE(&q->lock);
+        if ((r = q->err) == 0) {
+            QUEUE_APPEND(q->head, q->tail, j);
+            q->bytes += q->job_cap;
+            pthread_cond_signal(&q->work);
+            j = NULL;
+        }
     }
-    pthread_mutex_unlock(&q->lock);
     free(j);                             /* only after a failure */
     return r;
 }
@@ -155,9 +158,8 @@ static int no_job(struct hasher *q)
 {
     int r;
 
-    pthread_mutex_lock(&q->lock);
+    LOCK_FOR_SCOPE(&q->lock);
     r = q->err ? q->err : -ENOMEM;
-    pthread_mutex_unlock(&q->lock);
     return r;
 }
 
@@ -189,11 +191,10 @@ int hasher_drain(struct hasher *q)
 {
     int r;
 
-    pthread_mutex_lock(&q->lock);
+    LOCK_FOR_SCOPE(&q->lock);
     while ((q->head || q->busy) && !q->err)
         pthread_cond_wait(&q->room, &q->lock);
     r = q->err;                          /* logged by the worker */
-    pthread_mutex_unlock(&q->lock);
     return r;
 }
 
@@ -201,16 +202,17 @@ void hasher_free(struct hasher *q)
 {
     if (!q)
         return;
-    pthread_mutex_lock(&q->lock);
-    q->stop = true;
-    while (q->head) {                    /* after an error: drop the rest */
-        struct job *j = q->head;
-        q->head = j->next;
-        free(j);
+    {
+        LOCK_FOR_SCOPE(&q->lock);
+        q->stop = true;
+        while (q->head) {                /* after an error: drop the rest */
+            struct job *j = q->head;
+            q->head = j->next;
+            free(j);
+        }
+        q->tail = NULL;
+        pthread_cond_broadcast(&q->work);
     }
-    q->tail = NULL;
-    pthread_cond_broadcast(&q->work);
-    pthread_mutex_unlock(&q->lock);
     for (unsigned i = 0; i < q->nthreads; i++)
         pthread_join(q->threads[i], NULL);
     while (q->free) {
