@@ -53,31 +53,28 @@ def disk_path(src, path):
     return path + ".raw" if src.kind in IMAGES else path
 
 
-def make_vmdk25(path, size):
-    """path ends in .part; the disk goes to the final name + .raw."""
+def make_image25(path, size, fmt, opts, what, seed=20240604):
+    """An image of a 25%-data disk (mixed25_raw), made by qemu-img convert
+    -O fmt opts; path ends in .part, the disk goes to the final name +
+    .raw.  Returns the source's note."""
     raw = path[:-len(".part")] + ".raw"
-    make_disk25(raw, size)
-    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk",
-                    "-o", "subformat=streamOptimized", raw, path], check=True)
-    return (f"streamOptimized VMDK of {os.path.getsize(path) >> 20} MiB "
-            f"made by qemu-img from a {size >> 20} MiB disk with "
-            f"{size // MiB // 4} MiB of data")
+    data = mixed25_raw(raw, size, seed)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", fmt,
+                    *opts, raw, path], check=True)
+    return (f"{what} of {os.path.getsize(path) >> 20} MiB made by qemu-img "
+            f"convert {' '.join(opts)} from a {size >> 20} MiB disk with "
+            f"{data} MiB of data").replace("  ", " ")
+
+
+def make_vmdk25(path, size):
+    return make_image25(path, size, "vmdk",
+                        ("-o", "subformat=streamOptimized"),
+                        "streamOptimized VMDK")
 
 
 def make_vhdx25(path, size):
-    """path ends in .part; the disk goes to the final name + .raw."""
-    raw = path[:-len(".part")] + ".raw"
-    make_disk25(raw, size)
-    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vhdx",
-                    "-o", "subformat=dynamic", raw, path], check=True)
-    return (f"dynamic VHDX of {os.path.getsize(path) >> 20} MiB made by "
-            f"qemu-img from a {size >> 20} MiB disk with "
-            f"{size // MiB // 4} MiB of data")
-
-
-def make_disk25(raw, size):
-    """25% data in 1 MiB extents, half text-like and half random bytes."""
-    mixed25_raw(raw, size, 20240604)
+    return make_image25(path, size, "vhdx", ("-o", "subformat=dynamic"),
+                        "dynamic VHDX")
 
 
 def make_dense(path, size):
@@ -182,14 +179,7 @@ def mixed25_raw(raw, size, seed):
 
 
 def make_qcow2(path, size, opts=(), what="qcow2"):
-    """path ends in .part; the disk goes to the final name + .raw."""
-    raw = path[:-len(".part")] + ".raw"
-    data = mixed25_raw(raw, size, 20240607)
-    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2",
-                    *opts, raw, path], check=True)
-    return (f"{what} of {os.path.getsize(path) >> 20} MiB made by qemu-img "
-            f"convert {' '.join(opts)} from a {size >> 20} MiB disk with "
-            f"{data} MiB of data").replace("  ", " ")
+    return make_image25(path, size, "qcow2", opts, what, seed=20240607)
 
 
 IMAGES["qcow2-25"] = (".qcow2", make_qcow2)
