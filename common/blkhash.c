@@ -29,8 +29,10 @@
 #include "common/blkhash.h"
 #include "common/cleanup.h"
 #include "common/iszero.h"
+#include "common/sha256x.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
+#define HASH_GROUP 8u                    /* blocks hashed in one call */
 #define FOLD_REGIONS (1u << 18)          /* fingerprints of folded blocks:
                                           * 2 MiB at most */
 
@@ -38,6 +40,7 @@ struct blkhash {
     EVP_MD *md;                          /* owned (EVP_MD_fetch) */
     uint64_t block_size;
     unsigned dsize;                      /* bytes per block digest */
+    bool lanes;                          /* sha256 on common/sha256x.c */
     unsigned char zero_digest[EVP_MAX_MD_SIZE];  /* D(block_size zeros) */
     unsigned char *zero_run;             /* BLKHASH_CHUNK zero digests */
     pthread_mutex_t lock;
@@ -151,6 +154,7 @@ int blkhash_create(const char *digest, uint64_t block_size,
         return -EINVAL;
     }
     h->dsize = (unsigned) EVP_MD_get_size(h->md);
+    h->lanes = EVP_MD_is_a(h->md, "SHA2-256") && sha256x_available();
     pthread_mutex_init(&h->lock, NULL);
     if (digest_zeros(h->md, block_size, h->zero_digest) < 0) {
         blkhash_free(h);
@@ -245,28 +249,86 @@ static int store(struct blkhash *h, uint64_t b, const unsigned char *digest,
     return r;
 }
 
+/* Digests of n blocks of len bytes each, block blk[i] at mem[i], all
+ * holding data, stored.  Several at once on the SHA lanes (sha256x.h),
+ * else one by one through OpenSSL. */
+static int hash_store(struct blkhash *h, const uint64_t *blk,
+                      const unsigned char *const *mem, size_t n, size_t len)
+{
+    unsigned char d[HASH_GROUP][EVP_MAX_MD_SIZE > SHA256X_DIGEST
+                                ? EVP_MAX_MD_SIZE : SHA256X_DIGEST];
+    int r = 0;
+
+    assert(n <= HASH_GROUP);
+    if (h->lanes) {
+        unsigned char lane[HASH_GROUP][SHA256X_DIGEST];
+        sha256x_many(mem, n, len, lane);
+        for (size_t i = 0; i < n; i++)
+            memcpy(d[i], lane[i], SHA256X_DIGEST);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (EVP_Digest(mem[i], len, d[i], NULL, h->md, NULL) != 1)
+                return -EIO;
+    }
+    for (size_t i = 0; i < n && r == 0; i++)
+        r = store(h, blk[i], d[i], len, false);
+    return r;
+}
+
+int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
+                          const unsigned char *const *mem, size_t n)
+{
+    uint64_t gb[HASH_GROUP];
+    const unsigned char *gm[HASH_GROUP];
+    size_t g = 0;
+    int r;
+
+    for (size_t i = 0; i < n; i++) {
+        if (is_zero(mem[i], h->block_size)) {
+            if ((r = store(h, blk[i], NULL, h->block_size, true)) < 0)
+                return r;
+            continue;
+        }
+        gb[g] = blk[i];
+        gm[g++] = mem[i];
+        if (g == HASH_GROUP || i + 1 == n) {
+            if ((r = hash_store(h, gb, gm, g, h->block_size)) < 0)
+                return r;
+            g = 0;
+        }
+    }
+    return g ? hash_store(h, gb, gm, g, h->block_size) : 0;
+}
+
 int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
                    size_t len)
 {
     const unsigned char *p = buf;
-    unsigned char d[EVP_MAX_MD_SIZE];
+    uint64_t blk[HASH_GROUP];
+    const unsigned char *mem[HASH_GROUP];
+    int r;
 
     if (off % h->block_size)
         return -EINVAL;
-    while (len > 0) {
-        size_t n = len < h->block_size ? len : h->block_size;
-        bool zero = is_zero(p, n);
-        int r;
-
-        if (!zero && EVP_Digest(p, n, d, NULL, h->md, NULL) != 1)
-            return -EIO;
-        if ((r = store(h, off / h->block_size, d, n, zero)) < 0)
+    while (len >= h->block_size) {
+        size_t n = 0;
+        for (; n < HASH_GROUP && len >= h->block_size; n++) {
+            blk[n] = off / h->block_size;
+            mem[n] = p;
+            off += h->block_size;
+            p += h->block_size;
+            len -= h->block_size;
+        }
+        if ((r = blkhash_update_blocks(h, blk, mem, n)) < 0)
             return r;
-        off += n;
-        p += n;
-        len -= n;
     }
-    return 0;
+    if (len == 0)
+        return 0;
+    /* The short last block of the stream. */
+    blk[0] = off / h->block_size;
+    if (is_zero(p, len))
+        return store(h, blk[0], NULL, len, true);
+    return hash_store(h, blk, &p, 1, len);
 }
 
 int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len)

@@ -59,6 +59,14 @@ unsigned blkhash_digest_size(const struct blkhash *h);
 int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
                    size_t len);
 
+/* n whole blocks (block_size bytes each), block blk[i] at mem[i], in any
+ * order: as blkhash_update() of each (zero blocks stored without
+ * hashing).  With sha256 on a CPU with the SHA extensions, blocks are
+ * hashed several at once (common/sha256x.h), so callers with many
+ * blocks pass them together.  Returns 0, -ENOMEM or -EIO. */
+int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
+                          const unsigned char *const *mem, size_t n);
+
 /* [off, off + len) reads as zero from now on; off a multiple of the block
  * size, len too unless the range ends the stream.  Never hashes. */
 int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len);

@@ -85,6 +85,8 @@ struct part {
  * last one done wakes the pass. */
 #define MAX_HELPERS 7u
 #define HASH_BATCH 256u           /* blocks handed to the helpers at once */
+#define HASH_TAKE 4u              /* blocks a thread takes at a time: they
+                                   * are hashed side by side (blkhash.h) */
 
 struct hashers {
     pthread_mutex_t lock;
@@ -94,7 +96,6 @@ struct hashers {
     bool stop;
     uint64_t gen;                 /* job number */
     struct blkhash *h;            /* the job: blocks blk[i] at mem[i] */
-    uint64_t bs;
     const uint64_t *blk;
     const unsigned char *const *mem;
     size_t count, next, finished;
@@ -123,14 +124,16 @@ struct blkpass {
 static void hash_some_locked(struct hashers *hs)
 {
     while (hs->next < hs->count) {
-        size_t i = hs->next++;
+        size_t i = hs->next, n = hs->count - i;
+        if (n > HASH_TAKE)
+            n = HASH_TAKE;
+        hs->next += n;
         pthread_mutex_unlock(&hs->lock);
-        int r = blkhash_update(hs->h, hs->blk[i] * hs->bs, hs->mem[i],
-                               hs->bs);
+        int r = blkhash_update_blocks(hs->h, hs->blk + i, hs->mem + i, n);
         pthread_mutex_lock(&hs->lock);
         if (r < 0 && !hs->err)
             hs->err = r;
-        if (++hs->finished == hs->count)
+        if ((hs->finished += n) == hs->count)
             pthread_cond_broadcast(&hs->done);
     }
 }
@@ -192,7 +195,6 @@ static int hash_blocks(struct blkpass *p, const uint64_t *blk,
     LOCK_FOR_SCOPE(&hs->lock);
     hs->gen++;
     hs->h = p->h;
-    hs->bs = p->bs;
     hs->blk = blk;
     hs->mem = mem;
     hs->count = count;

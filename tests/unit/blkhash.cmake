@@ -7,3 +7,12 @@ add_test(NAME blkhash COMMAND blkhash-test)
 if(FUZZ)
   include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/blkhash-fuzz.cmake)
 endif()
+
+# SHA-256 side by side (common/sha256x.c) against OpenSSL; blkhash-test
+# again on OpenSSL's path alone (the lanes are what the CPU here uses).
+add_executable(sha256x-test ${CMAKE_CURRENT_LIST_DIR}/sha256x-test.c)
+target_link_libraries(sha256x-test PRIVATE blkhash)
+add_test(NAME sha256x COMMAND sha256x-test)
+add_test(NAME blkhash-openssl COMMAND blkhash-test)
+set_tests_properties(blkhash-openssl PROPERTIES
+                     ENVIRONMENT NBDFERRY_SHA256=openssl)
