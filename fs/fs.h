@@ -116,6 +116,9 @@ struct fs_disk {
      * write to the raw file ended, whoever served it (the next
      * sequential write's offset); land_skip: the last write that arrived
      * was to another view, which never lands (not worth preparing);
+     * land_jumped: the last write did not start where the one before it
+     * ended; land_whole: so the next landing is a whole buffer, not a
+     * tail (it or the write before it jumped);
      * land_streak: the last request was a write that landed, so the
      * next is likely one too and may wait for a buffer before it is
      * read, as it would after. */
@@ -123,6 +126,8 @@ struct fs_disk {
     bool land_streak;         /* the last request was a landed write */
     uint64_t land_next;       /* __atomic builtins */
     bool land_skip;           /* __atomic builtins */
+    bool land_jumped;         /* __atomic builtins */
+    bool land_whole;          /* __atomic builtins */
     /* A read the receiving thread served from arrived read-ahead chunks
      * (fs/rawview.c, raw_read_ready()): the spans it holds until the
      * reply is written.  The receiving thread's only. */

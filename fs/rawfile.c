@@ -152,9 +152,22 @@ static void changed(struct fs_disk *d, uint64_t off, uint64_t len, bool grow)
     extend_to(d, grow ? off + len : 0);
 }
 
-/* Where the next sequential write will start. */
-static void land_note(struct fs_disk *d, uint64_t end)
+/* Where the next sequential write will start, and whether the next
+ * landing should be a whole buffer, which takes a write anywhere, rather
+ * than the tail of this write's buffer, which takes only the write right
+ * after it.  A writer skipping holes (cp --sparse on a disk of scattered
+ * data) jumps again soon, so a whole buffer follows a jump, and the
+ * write after a jump too: the kernel splits a write from a buffer that
+ * is not page-aligned into a large piece and a small one, and the small
+ * one, though sequential, is still the end of the jump.  A guess only
+ * (whoever served the write: fs.h), so relaxed atomics. */
+static void land_note(struct fs_disk *d, uint64_t off, uint64_t end)
 {
+    uint64_t prev = __atomic_load_n(&d->land_next, __ATOMIC_RELAXED);
+    bool jumped = off != prev;
+    bool before = __atomic_exchange_n(&d->land_jumped, jumped,
+                                      __ATOMIC_RELAXED);
+    __atomic_store_n(&d->land_whole, jumped || before, __ATOMIC_RELAXED);
     __atomic_store_n(&d->land_next, end, __ATOMIC_RELAXED);
     __atomic_store_n(&d->land_skip, false, __ATOMIC_RELAXED);
 }
@@ -175,7 +188,7 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             changed(d, off, (uint64_t) n, true);
     }
     if (n > 0) {
-        land_note(d, off + (uint64_t) n);
+        land_note(d, off, off + (uint64_t) n);
         foreign_raw_write(d, off, buf, (size_t) n);
         digest_write(d->digest, off, buf, (size_t) n);   /* copies */
         progress_write(d->progress, off, (uint64_t) n);
@@ -225,7 +238,9 @@ void *rawfile_land_begin(struct fs_disk *d, size_t *room)
 {
     if (d->readonly || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
         pool_land_begin(d->pool,
-                        __atomic_load_n(&d->land_next, __ATOMIC_RELAXED),
+                        __atomic_load_n(&d->land_whole, __ATOMIC_RELAXED)
+                            ? UINT64_MAX  /* no tail: a whole buffer */
+                            : __atomic_load_n(&d->land_next, __ATOMIC_RELAXED),
                         FS_MAX_WRITE, d->land_streak, &d->land) < 0)
         return NULL;
     *room = d->land.room;
@@ -263,7 +278,7 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             changed(d, off, (uint64_t) n, true);
     }
     if (n > 0) {
-        land_note(d, off + (uint64_t) n);
+        land_note(d, off, off + (uint64_t) n);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) n);
     }
@@ -297,7 +312,7 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     if (r < 0)
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
-        land_note(d, off + (uint64_t) size);
+        land_note(d, off, off + (uint64_t) size);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) size);
     }

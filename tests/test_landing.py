@@ -66,6 +66,39 @@ def test_cp_lands_in_place(target, mount, shm):
                    mount_size=48 * MiB)
 
 
+def test_jumping_writer_lands(target, mount, shm):
+    """A writer that skips holes (cp --sparse on a disk of scattered
+    data) starts nearly every write somewhere new.  Each such write is
+    taken by a whole free buffer, not by the tail of the last write's
+    buffer, which takes only the write right after it (that was the old
+    guess: fewer than half the bytes of a 25%-data copy landed).  Here
+    every write jumps: 1 MiB blocks, no two adjacent, in a random order
+    over the pre-sized file, with a rewrite of an earlier block among
+    them; all but the first write land, and the disk holds exactly what
+    was written over the old bytes."""
+    srv, old = target
+    m = mount(srv, "--no-digest", "--idle-ms", "60000")
+    rng = random.Random(31)
+    blocks = list(range(0, EXPORT // MiB, 2))
+    rng.shuffle(blocks)
+    blocks.append(blocks[3])           # a rewrite, still a jump
+    want = bytearray(old)
+    fd = os.open(m.file, os.O_WRONLY)
+    try:
+        for b in blocks:
+            data = rng.randbytes(MiB)
+            assert os.pwrite(fd, data, b * MiB) == MiB
+            want[b * MiB:(b + 1) * MiB] = data
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    written, got = landed(m)
+    assert written == len(blocks) * MiB
+    assert got >= written - MiB, \
+        f"{got} of {written} bytes landed in place (want all but one write)"
+    assert_content(bytes(want), EXPORT, mount_file=m.file, uri=srv.uri)
+
+
 @pytest.mark.parametrize("bs", ["4k", "64k", "1536k", "3M", "1000000"])
 def test_dd_block_sizes(target, mount, shm, bs):
     """dd's block sizes: small (many writes per buffer), not dividing the
