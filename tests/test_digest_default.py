@@ -71,6 +71,25 @@ def test_default_cp_sparse_always(target, shm):
                    mount_size=img.size, what="cp --sparse=always")
 
 
+@pytest.mark.parametrize("hasher", ["lanes", "openssl"])
+def test_default_digest_either_hasher(target, shm, monkeypatch, hasher):
+    """The daemon and nbdferry-verify hash blkhash's blocks two at a time
+    with the SHA instructions (common/sha256x.c), or one at a time with
+    OpenSSL when NBDFERRY_SHA256=openssl: the value is the same, and
+    equal to an independent reference (Python's hashlib), for a file
+    whose size is no multiple of the block (a short last block), with
+    holes, and with an odd count of whole blocks in a write."""
+    if hasher == "openssl":
+        monkeypatch.setenv("NBDFERRY_SHA256", "openssl")
+    srv, m = target()
+    img = make_sparse_image(shm / "src.img", 23 * MiB + 65536 * 3 + 777,
+                            runs=7, seed=11)
+    run(["cp", "--sparse=always", img.path, m.file], check=True)
+    assert_default_digest(m, img.path)
+    assert_content(img.path, EXPORT, mount_file=m.file, uri=srv.uri,
+                   mount_size=img.size, what=f"cp, {hasher}")
+
+
 def test_default_dd_conv_sparse(target, shm):
     srv, m = target()
     img = make_sparse_image(shm / "src.img", 30 * MiB,
