@@ -132,11 +132,16 @@ bool nbdx_tune_socket(int fd, const struct nbdx_config *cfg)
                      "TCP_KEEPINTVL");
     nbdx_set_int_opt(fd, IPPROTO_TCP, TCP_KEEPCNT, KEEPALIVE_CNT,
                      "TCP_KEEPCNT");
-    /* Unacknowledged data older than the request timeout: the peer is
-     * gone. */
+    /* Unacknowledged data older than the daemon's own patience (the
+     * request timeout, then the retry timeout; a second more): the peer
+     * is gone.  Never sooner: a paused server's kernel stops taking our
+     * bytes as soon as its buffer is full, and a drop at the request
+     * timeout alone cut the retry window short and took the "no reply"
+     * path's verdict with it (seen as a flaky stall test). */
     if (cfg->request_timeout_s)
         nbdx_set_int_opt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT,
-                         (int) (cfg->request_timeout_s * 1000u),
+                         (int) ((cfg->request_timeout_s +
+                                 cfg->retry_timeout_s + 1u) * 1000u),
                          "TCP_USER_TIMEOUT");
     return true;
 }
