@@ -111,7 +111,6 @@
 #include "transport/extmap.h"
 #include "transport/nbdx.h"
 
-#define HUGE_PAGE (2u << 20)      /* x86-64 and arm64 (4K pages) THP size */
 #define MAX_FILLING 4             /* buffers open for coalescing at once */
 #define MAX_ZERO_REQS 256         /* zero requests queued at once */
 /* Request lengths.  A server that advertises no maximum block size may

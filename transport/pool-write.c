@@ -11,8 +11,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
+#include "common/bigbuf.h"
 #include "common/iszero.h"
 #include "common/monotime.h"
 #include "common/rounding.h"
@@ -59,15 +59,9 @@ char *pool_get_buffer_locked(struct pool *p)
     if (p->nfree > 0)
         return p->free_bufs[--p->nfree];
     if (p->nallocated < p->nbufs + p->cfg.hold_buffers) {
-        void *b;
-        size_t align = p->cfg.request_size % HUGE_PAGE == 0 ? HUGE_PAGE
-                                                             : 4096;
-        if (posix_memalign(&b, align, p->cfg.request_size) != 0)
+        char *b = bigbuf_alloc(p->cfg.request_size);  /* huge pages */
+        if (!b)
             return NULL;
-        /* Huge pages: one fault per buffer instead of 512, and fewer
-         * TLB misses in the copies.  Advice only: failure is harmless. */
-        if (align == HUGE_PAGE)
-            madvise(b, p->cfg.request_size, MADV_HUGEPAGE);
         p->nallocated++;
         return b;
     }

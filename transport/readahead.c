@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bigbuf.h"
 #include "common/cleanup.h"
 #include "common/list.h"
 #include "transport/pool.h"
@@ -98,7 +99,8 @@ static char *get_buf_locked(struct readahead *ra)
 {
     if (ra->nfree > 0)
         return ra->free_bufs[--ra->nfree];
-    return malloc(ra->chunk);
+    return bigbuf_alloc(ra->chunk);   /* huge pages: a fresh mount's first
+                                       * chunks fault 2 MiB at a time */
 }
 
 static void free_chunk_locked(struct readahead *ra, struct ra_chunk *c)
