@@ -291,7 +291,7 @@ int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
         }
         gb[g] = blk[i];
         gm[g++] = mem[i];
-        if (g == HASH_GROUP || i + 1 == n) {
+        if (g == HASH_GROUP) {
             if ((r = hash_store(h, gb, gm, g, h->block_size)) < 0)
                 return r;
             g = 0;
