@@ -9,7 +9,11 @@
 - only bench/benchlib puts the test harness on sys.path;
 - the daemon is built with its assertions on;
 - tests/README.md lists every test file, and its map from design.md
-  sections names only files that exist.
+  sections names only files that exist;
+- every fuzz target (tests/fuzz/fuzz-*.c) is registered with
+  tests/fuzz/fuzz.cmake, so that the build lists it for the fuzz stage
+  and replays its corpus and kept crash inputs in every build; every
+  corpus and crash input belongs to a target.
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -159,3 +163,30 @@ def test_tests_readme_design_map_names_real_files():
         gone += [s for s in re.findall(r"`([^`]+)`", tests)
                  if not (TESTS / s).exists()]
     assert not gone, f"named in tests/README.md but missing: {gone}"
+
+
+def test_every_fuzz_target_is_registered_and_replayed():
+    """A fuzz target built only in the fuzz stage broke unseen there
+    (fuzz-blkhash listed its library's sources by hand and lost a new
+    one): each target is declared once (nbdferry_fuzz), the build writes
+    the list the fuzz stage runs, and its replay runs in this build."""
+    from lib.env import BUILD
+    fuzz = TESTS / "fuzz"
+    targets = sorted(p.stem for p in fuzz.glob("fuzz-*.c"))
+    listed = (BUILD / "fuzz-targets.txt").read_text().split("\n")
+    listed = sorted(line.split()[0] for line in listed
+                    if line and not line.startswith("#"))
+    assert listed == targets, "tests/fuzz/*-fuzz.cmake must nbdferry_fuzz() each"
+    for t in targets:
+        exe = BUILD / "tests" / f"replay-{t}"
+        assert exe.is_file(), f"{exe} not built"
+        assert any((fuzz / "corpus" / t).iterdir()), f"{t}: empty corpus"
+    for d in (fuzz / "corpus").iterdir():
+        assert d.name in targets, f"corpus/{d.name}: no such target"
+    for c in (fuzz / "crashes").iterdir():
+        assert f"fuzz-{c.name.split('-')[0]}" in targets, \
+            f"crashes/{c.name}: name it TARGET-what (TARGET without fuzz-)"
+    text = "".join(p.read_text() for p in fuzz.glob("*.cmake"))
+    assert "add_executable" not in text.replace(
+        (fuzz / "fuzz.cmake").read_text(), ""), \
+        "fuzz targets are built by nbdferry_fuzz() alone"

@@ -50,8 +50,9 @@ static void make_tree(void)
     snprintf(tmpl, sizeof tmpl, "%s/fuzz-loc.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(tmpl) || !realpath(tmpl, root))
         abort();
-    snprintf(chain, sizeof chain, "%s/chain", root);
-    snprintf(sub, sizeof sub, "%s/sub", chain);
+    if (snprintf(chain, sizeof chain, "%s/chain", root) >= (int) sizeof chain ||
+        snprintf(sub, sizeof sub, "%s/sub", chain) >= (int) sizeof sub)
+        abort();
     if (mkdir(chain, 0700) || mkdir(sub, 0700))
         abort();
     touch(root, "outside.vhd");

@@ -1,5 +1,6 @@
-# libFuzzer targets for qcow2/ (only with -DFUZZ=ON and clang).  Included
-# from tests/unit/qcow2.cmake; see format-fuzz.cmake.
-include(${CMAKE_CURRENT_LIST_DIR}/format-fuzz.cmake)
-nbdferry_format_fuzz(qcow2 qcow2 TARGETS fuzz-qcow2-parse fuzz-qcow2-stream
-                     FLAGS -UNDEBUG)   # the decoder's asserts are oracles too
+# Fuzz targets for qcow2/ (see fuzz.cmake).  Included from
+# tests/unit/qcow2.cmake.  -UNDEBUG: the decoder's asserts are oracles too.
+include(${CMAKE_CURRENT_LIST_DIR}/fuzz.cmake)
+foreach(t fuzz-qcow2-parse fuzz-qcow2-stream)
+  nbdferry_fuzz(${t} LIBRARY qcow2 FLAGS -UNDEBUG)
+endforeach()

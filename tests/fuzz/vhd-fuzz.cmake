@@ -1,7 +1,9 @@
-# libFuzzer targets for vhd/ (only with -DFUZZ=ON and clang).  Included
-# from tests/unit/vhd.cmake; see format-fuzz.cmake.  fuzz-vhd-synth: the
-# export view's synthesizer; fuzz-vhd-locator: parent locator paths and
-# the VHD tool's resolution of them (vhdfile/vhdfile.c).
-include(${CMAKE_CURRENT_LIST_DIR}/format-fuzz.cmake)
-nbdferry_format_fuzz(vhd VHD TARGETS fuzz-vhd-parse fuzz-vhd-stream
-                     fuzz-vhd-synth fuzz-vhd-locator QUARANTINE_MB 16)
+# Fuzz targets for vhd/ (see fuzz.cmake: replayed over their corpus in
+# every build, libFuzzer with -DFUZZ=ON and clang).  Included from
+# tests/unit/vhd.cmake.  fuzz-vhd-synth: the export view's synthesizer;
+# fuzz-vhd-locator: parent locator paths and the VHD tool's resolution of
+# them (vhdfile/vhdfile.c, included by the target).
+include(${CMAKE_CURRENT_LIST_DIR}/fuzz.cmake)
+foreach(t fuzz-vhd-parse fuzz-vhd-stream fuzz-vhd-synth fuzz-vhd-locator)
+  nbdferry_fuzz(${t} LIBRARY vhd QUARANTINE_MB 16)
+endforeach()

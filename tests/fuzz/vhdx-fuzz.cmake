@@ -1,4 +1,4 @@
-# libFuzzer target for vhdx/ (only with -DFUZZ=ON and clang).  Included
-# from tests/unit/vhdx.cmake; see format-fuzz.cmake.
-include(${CMAKE_CURRENT_LIST_DIR}/format-fuzz.cmake)
-nbdferry_format_fuzz(vhdx VHDX TARGETS fuzz-vhdx-stream RSS_MB 512)
+# Fuzz target for vhdx/ (see fuzz.cmake).  Included from
+# tests/unit/vhdx.cmake.
+include(${CMAKE_CURRENT_LIST_DIR}/fuzz.cmake)
+nbdferry_fuzz(fuzz-vhdx-stream LIBRARY vhdx RSS_MB 512)

@@ -1,4 +1,6 @@
-# libFuzzer targets for vmdk/ (only with -DFUZZ=ON and clang).  Included
-# from tests/unit/vmdk.cmake; see format-fuzz.cmake.
-include(${CMAKE_CURRENT_LIST_DIR}/format-fuzz.cmake)
-nbdferry_format_fuzz(vmdk VMDK TARGETS fuzz-vmdk-parse fuzz-vmdk-stream)
+# Fuzz targets for vmdk/ (see fuzz.cmake).  Included from
+# tests/unit/vmdk.cmake.
+include(${CMAKE_CURRENT_LIST_DIR}/fuzz.cmake)
+foreach(t fuzz-vmdk-parse fuzz-vmdk-stream)
+  nbdferry_fuzz(${t} LIBRARY vmdk)
+endforeach()

@@ -3,10 +3,8 @@ add_executable(blkhash-test ${CMAKE_CURRENT_LIST_DIR}/blkhash-test.c)
 target_link_libraries(blkhash-test PRIVATE blkhash)
 add_test(NAME blkhash COMMAND blkhash-test)
 
-# fuzz-blkhash (tests/fuzz/blkhash-fuzz.cmake), with -DFUZZ=ON.
-if(FUZZ)
-  include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/blkhash-fuzz.cmake)
-endif()
+# Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
+include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/blkhash-fuzz.cmake)
 
 # SHA-256 side by side (common/sha256x.c) against OpenSSL; blkhash-test
 # again on OpenSSL's path alone (the lanes are what the CPU here uses).

@@ -11,6 +11,5 @@ foreach(t format stream synth)
   endif()
 endforeach()
 
-if(FUZZ)
-  include(${QCOW2_TEST_DIR}/../fuzz/qcow2-fuzz.cmake)
-endif()
+# Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
+include(${QCOW2_TEST_DIR}/../fuzz/qcow2-fuzz.cmake)

@@ -32,6 +32,5 @@ add_test(NAME vhd-tool-pytest
 set_tests_properties(vhd-tool-pytest PROPERTIES
   ENVIRONMENT "NBDFERRY_BUILD=${CMAKE_BINARY_DIR}" TIMEOUT 1200)
 
-if(FUZZ)
-  include(${VHD_TEST_DIR}/../fuzz/vhd-fuzz.cmake)
-endif()
+# Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
+include(${VHD_TEST_DIR}/../fuzz/vhd-fuzz.cmake)

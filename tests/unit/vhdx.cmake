@@ -6,9 +6,8 @@ target_link_libraries(vhdx-test-stream PRIVATE vhdx)
 add_test(NAME vhdx-stream COMMAND vhdx-test-stream)
 set_tests_properties(vhdx-stream PROPERTIES TIMEOUT 600)
 
-if(FUZZ)
-  include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/vhdx-fuzz.cmake)
-endif()
+# Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
+include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/vhdx-fuzz.cmake)
 
 add_executable(vhdx-test-synth ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-synth.c)
 target_link_libraries(vhdx-test-synth PRIVATE vhdx)

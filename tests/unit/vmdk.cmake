@@ -9,6 +9,5 @@ foreach(t format stream)
   set_tests_properties(vmdk-${t} PROPERTIES TIMEOUT 600)
 endforeach()
 
-if(FUZZ)
-  include(${VMDK_TEST_DIR}/../fuzz/vmdk-fuzz.cmake)
-endif()
+# Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
+include(${VMDK_TEST_DIR}/../fuzz/vmdk-fuzz.cmake)
