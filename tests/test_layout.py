@@ -186,7 +186,6 @@ def test_every_fuzz_target_is_registered_and_replayed():
     for c in (fuzz / "crashes").iterdir():
         assert f"fuzz-{c.name.split('-')[0]}" in targets, \
             f"crashes/{c.name}: name it TARGET-what (TARGET without fuzz-)"
-    text = "".join(p.read_text() for p in fuzz.glob("*.cmake"))
-    assert "add_executable" not in text.replace(
-        (fuzz / "fuzz.cmake").read_text(), ""), \
-        "fuzz targets are built by nbdferry_fuzz() alone"
+    for p in fuzz.glob("*.cmake"):
+        assert p.name == "fuzz.cmake" or "add_executable" not in \
+            p.read_text(), f"{p.name}: fuzz targets are built by nbdferry_fuzz()"
