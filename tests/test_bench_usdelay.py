@@ -3,12 +3,12 @@ delays writes, zeroes and trims, rdelay delays reads, with microsecond
 resolution; data passes through unchanged.  Only lower bounds are checked
 (a sleep never ends early), never how fast anything runs."""
 import hashlib
-import os
 import time
 
 import pytest
 
 from lib.env import BUILD, MiB, libnbd
+from lib.images import random_bytes
 
 FILTER = BUILD / "bench" / "nbdkit-filters" / "nbdkit-usdelay-filter.so"
 
@@ -32,7 +32,7 @@ def test_usdelay_delays_and_passes_data(server, key):
     srv = server("memory", "size=8M", f"{key}=20000us",
                  filters=[filter_path()])
     h = connect(srv.uri)
-    data = os.urandom(MiB)
+    data = random_bytes(MiB)
     t0 = time.monotonic()
     for i in range(4):
         h.pwrite(data, i * MiB)

@@ -16,7 +16,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_file
 from lib.env import MiB, daemon_cmd, timeout
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.mounts import fusermount_u, is_mounted, stderr_problems
 from lib.nbd import fill_random, read_nbd
 from lib.procs import free_tcp_port, nonempty, pid_alive, wait_for
@@ -110,7 +110,7 @@ def write_and_verify(path, uri=None, backing=None, size=EXPORT):
     """Write random data at an odd offset through the mount, close, read it
     back through the mount; check the server or backing file if given."""
     off, n = MiB + 7, 4 * MiB + 3
-    data = os.urandom(n)
+    data = random_bytes(n)
     fd = os.open(path, os.O_RDWR)
     try:
         assert os.pwrite(fd, data, off) == n

@@ -28,7 +28,7 @@ from lib.content import assert_content
 from lib.copytools import (describe, garbage_target, make_mixed_image, traffic,
                            zero_payload)
 from lib.env import MiB
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import random_export, read_nbd
 from lib.procs import run
 
@@ -111,7 +111,7 @@ def test_pwrite_odd_sizes_and_offsets(target):
     fd = os.open(m.file, os.O_RDWR)
     try:
         for off, n in odd_writes(EXPORT, rng):
-            data = os.urandom(n)
+            data = random_bytes(n)
             assert os.pwrite(fd, data, off) == n, f"short write {n}@{off}"
             ref[off:off + n] = data
     finally:

@@ -20,7 +20,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, daemon_cmd
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import fill_random
 from lib.procs import punch_hole, run
 from test_blkhash import DIGESTS, blkhash as reference, tail_shapes, \
@@ -187,7 +187,7 @@ def test_blkhash_part_of_hashed_block_rewritten(target):
     it: the daemon reads the block back from the disk and the value
     follows the rewrite."""
     srv, m = target("--blkhash")
-    data = bytearray(os.urandom(4 * MiB))
+    data = bytearray(random_bytes(4 * MiB))
     with open(m.file, "wb") as f:
         f.write(data)
         f.flush()
@@ -203,7 +203,7 @@ def test_blkhash_part_of_hashed_block_rewritten(target):
 def test_blkhash_old_data_left_is_incomplete(target):
     """No O_TRUNC and a prefix written: the rest of the file is older data."""
     srv, m = target("--blkhash")
-    data = os.urandom(3 * MiB)
+    data = random_bytes(3 * MiB)
     fd = os.open(m.file, os.O_WRONLY)
     try:
         os.pwrite(fd, data, 0)
@@ -239,7 +239,7 @@ def test_blkhash_two_writers_and_a_reader(target):
     the value of the whole; the reader's closes change nothing."""
     srv, m = target("--blkhash=sha256/128k", "-o", "multiwriter")
     size = 24 * MiB + 1000
-    content = os.urandom(size)
+    content = random_bytes(size)
     os.truncate(m.file, 0)
     os.truncate(m.file, size)
     script = ("import os, random, sys\n"

@@ -21,7 +21,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import blkhash_file, sha256_file
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, daemon_cmd
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import fill_random
 from lib.procs import run
 from test_digest_inline import settled_digest
@@ -114,7 +114,7 @@ def test_default_rsync_inplace_over_old_disk(target, shm):
     with open(src, "r+b") as f:               # change a few places
         for off in (0, 5 * MiB + 100, 20 * MiB + 12345):
             f.seek(off)
-            f.write(os.urandom(7000))
+            f.write(random_bytes(7000))
     run(["rsync", "--inplace", "--no-whole-file", "-I", str(src),
          str(m.file)], check=True)
     assert_default_digest(m, src)

@@ -16,7 +16,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_bytes
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, timeout
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import fill_random
 from lib.procs import punch_hole, run
 
@@ -120,7 +120,7 @@ def test_digest_empty_file(target):
 def test_digest_descending_writes_not_forward(target):
     """pwrite at descending offsets: never a value, state says why."""
     srv, m = target
-    data = os.urandom(8 * MiB)
+    data = random_bytes(8 * MiB)
     fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
     try:
         for off in range(len(data) - MiB, -1, -MiB):
@@ -138,7 +138,7 @@ def test_digest_descending_writes_not_forward(target):
 def test_digest_rewrite_behind_position(target):
     """A forward pass, then one rewrite of its start: no value."""
     srv, m = target
-    data = bytearray(os.urandom(4 * MiB))
+    data = bytearray(random_bytes(4 * MiB))
     with open(m.file, "wb") as f:
         f.write(data)
         f.seek(100)
@@ -197,8 +197,8 @@ def test_digest_punch_at_position(target, shm):
     """fallocate --punch-hole at the position advances it as zeros (what
     cp --sparse=always does on some coreutils versions)."""
     srv, m = target
-    head = os.urandom(MiB + 5)
-    tail = os.urandom(4096)
+    head = random_bytes(MiB + 5)
+    tail = random_bytes(4096)
     with open(m.file, "wb") as f:
         f.write(head)
         f.flush()

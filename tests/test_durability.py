@@ -28,7 +28,7 @@ from lib.content import assert_content
 from lib.copytools import log_mark
 from lib.digest import sha256_file
 from lib.env import MiB
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.nbd import fill_random, read_nbd, sha256_nbd
 from lib.procs import run
 
@@ -70,7 +70,7 @@ def test_fsync_sends_flush_after_writes_complete(server, mount):
     srv = server("memory", f"size={EXPORT}", "wdelay=30ms",
                  filters=["delay"], log=True)
     m = mount(srv)
-    data = os.urandom(8 * MiB + 3)
+    data = random_bytes(8 * MiB + 3)
     fd = os.open(m.file, os.O_RDWR)
     try:
         assert os.pwrite(fd, data, 5) == len(data)
@@ -91,7 +91,7 @@ def test_fdatasync_sends_flush(server, mount):
     srv = server("memory", f"size={EXPORT}", "wdelay=30ms",
                  filters=["delay"], log=True)
     m = mount(srv)
-    data = os.urandom(3 * MiB)
+    data = random_bytes(3 * MiB)
     fd = os.open(m.file, os.O_RDWR)
     try:
         os.pwrite(fd, data, 0)
@@ -123,7 +123,7 @@ def test_every_fsync_flushes_after_its_writes(server, mount):
     try:
         for i in range(ROUNDS):
             mark = log_mark(srv)
-            data = os.urandom(MiB + 7 * i)
+            data = random_bytes(MiB + 7 * i)
             off = i * 3 * MiB + 11
             assert os.pwrite(fd, data, off) == len(data)
             os.fsync(fd)
@@ -149,7 +149,7 @@ def test_every_close_returns_after_its_writes_are_answered(server, mount):
     rounds = []
     for i in range(ROUNDS):
         mark = log_mark(srv)
-        data = os.urandom(2 * MiB + 5 * i)
+        data = random_bytes(2 * MiB + 5 * i)
         off = i * 4 * MiB + 3
         fd = os.open(m.file, os.O_WRONLY)
         try:
@@ -179,7 +179,7 @@ def test_close_returns_after_server_ack(server, mount, handles):
     m = mount(srv)
     others = [os.open(m.file, os.O_RDONLY) for _ in range(handles - 1)]
     try:
-        data = os.urandom(6 * MiB + 1)
+        data = random_bytes(6 * MiB + 1)
         fd = os.open(m.file, os.O_WRONLY)
         assert os.pwrite(fd, data, MiB - 1) == len(data)
         os.close(fd)
@@ -307,7 +307,7 @@ def test_o_sync_handle_each_write_flushed_on_return(server, mount):
         fd = os.open(m.file, os.O_RDWR | flag)
         try:
             for _ in range(3):
-                data = os.urandom(MiB + 17)
+                data = random_bytes(MiB + 17)
                 off = rounds * 2 * MiB + 5
                 assert os.pwrite(fd, data, off) == len(data)
                 rounds += 1
@@ -329,12 +329,12 @@ def test_pwritev2_rwf_dsync_flushes_that_write_only(server, mount):
     srv = server("memory", f"size={EXPORT}", log=True)
     m = mount(srv)
     fd = os.open(m.file, os.O_RDWR)
-    plain, written = os.urandom(MiB), []
+    plain, written = random_bytes(MiB), []
     try:
         assert os.pwrite(fd, plain, 0) == MiB
         assert flushes(log_ranged_events(srv.log)) == 0, "plain write flushed"
         for i in range(1, 4):
-            data = os.urandom(MiB - 3)
+            data = random_bytes(MiB - 3)
             before = flushes(log_ranged_events(srv.log))
             assert os.pwritev(fd, [data], i * 2 * MiB,
                               os.RWF_DSYNC) == len(data)

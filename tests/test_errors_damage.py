@@ -28,7 +28,7 @@ import pytest
 from lib.digest import sha256_file
 from lib.env import MiB
 from lib.faults import (judge, status_json, wait_progress, written_bytes)
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import sha256_nbd
 from lib.procs import run
 from lib.servers import plugin_path
@@ -275,7 +275,7 @@ def test_every_handle_is_told(server, mount, shm, shortdir, kind, view):
 
 
 def told_and_repaired(m, srv, flag, kind, w, r, s):
-    data = os.urandom(256 << 10)
+    data = random_bytes(256 << 10)
     # A fourth handle, open when the request fails and left alone until
     # the damage is repaired: it is still told, once (errseq), however
     # often the other handles were told meanwhile.

@@ -32,7 +32,7 @@ from lib.env import MiB, daemon_has_option, timeout
 from lib.faults import (flushfail_server, judge, lost_ranges, sha256_mount,
                         sha256_prefix, status_json, wait_progress,
                         written_bytes)
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.mounts import RssSampler
 from lib.nbd import fill_random, read_nbd
 from lib.procs import run, tail
@@ -264,7 +264,7 @@ def test_fault_sigterm_during_copy(server, mount, shm, tally):
     srv = server("file", disk, "wdelay=3ms", filters=["delay"])
     m = mount(srv, "--request-size", "256K", expect_rc=0,
               expect_errors=False)
-    src = os.urandom(48 * MiB)
+    src = random_bytes(48 * MiB)
     box = {"n": 0, "err": None}
 
     def writer():
@@ -451,8 +451,8 @@ def test_fault_error_reaches_fsync_or_close(server, mount, shortdir, surface):
                  "error-pwrite-rate=100%", f"error-pwrite-file={flag}",
                  filters=["error"])
     m = mount(srv, expect_rc=None, expect_errors=True)
-    good = os.urandom(8 * MiB)
-    bad = os.urandom(8 * MiB)
+    good = random_bytes(8 * MiB)
+    bad = random_bytes(8 * MiB)
     fd = os.open(m.file, os.O_RDWR)
     errors = []
     try:
@@ -591,7 +591,7 @@ def test_fault_sigterm_with_failing_pending_writes(server, mount, shortdir):
         touch(flag)
         for i in range(4):
             try:
-                os.pwrite(fd, os.urandom(MiB), i * MiB)
+                os.pwrite(fd, random_bytes(MiB), i * MiB)
             except OSError:
                 break
         rc = m.terminate(check=False)

@@ -29,7 +29,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_bytes, sha256_file
 from lib.env import BUILD, MiB, timeout
-from lib.images import make_sparse_image
+from lib.images import make_sparse_image, random_bytes
 from lib.mounts import fusermount_u, is_mounted, mounted_paths
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import pid_alive, run, wait_for
@@ -285,7 +285,7 @@ def test_fstab_nonempty_directory(server, prefix, shortdir, nonempty):
     mp = shortdir / "full"
     mp.mkdir()
     (mp / "a.txt").write_text("keep me\n")
-    data = os.urandom(3 * MiB + 1)
+    data = random_bytes(3 * MiB + 1)
     src = shortdir / "src"
     src.write_bytes(data)
     opts = "rw,nonempty,_netdev" if nonempty else "rw,_netdev"

@@ -44,7 +44,7 @@ import threading
 
 from lib.content import assert_content
 from lib.env import GiB, MiB, NBDFERRY, WRAPPER, timeout
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.mounts import RssSampler
 from lib.nbd import nbd_handle
 from lib.procs import run, wait_for
@@ -205,7 +205,7 @@ def test_backpressure_writer_waits_while_server_paused(server, mount, shm,
     srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
     m = mount(srv, "--pool-size", "8M")
     pause = PauseControl(ctl)
-    data = os.urandom(64 * MiB)
+    data = random_bytes(64 * MiB)
     box = {}
 
     def writer():

@@ -39,6 +39,7 @@ import tarfile
 import pytest
 
 from lib.env import MiB, daemon_cmd
+from lib.images import random_bytes
 from lib.mounts import fusermount_u, is_mounted
 from lib.nbd import fill_random, read_nbd, sha256_nbd
 from lib.procs import oserror_errno, run, wait_for
@@ -93,7 +94,7 @@ def test_second_writer_refused_with_ebusy_naming_the_first(victim, shm,
                                                            second):
     srv, m, before = victim()
     src = shm / "src.raw"
-    src.write_bytes(os.urandom(4 * MiB))
+    src.write_bytes(random_bytes(4 * MiB))
     dd = holder(m.file)
     cp = run(["cp", src, m.mp / second])
     # Readers are never refused, while a writer has the disk.
@@ -126,7 +127,7 @@ def test_second_writer_of_a_view_refused_while_raw_is_written(victim, shm):
 
 def test_same_process_may_open_a_second_writable_handle(victim):
     srv, m, _ = victim()
-    a, b = os.urandom(MiB), os.urandom(MiB)
+    a, b = random_bytes(MiB), random_bytes(MiB)
     with open(m.file, "r+b") as f, open(m.file, "r+b") as g:
         f.write(a)
         g.seek(MiB)
@@ -143,7 +144,7 @@ def test_a_closed_writer_of_a_live_process_lets_the_next_copy_in(victim,
     waited for), many times over."""
     srv, m, _ = victim()
     for i in range(20):
-        head, data = os.urandom(4096), os.urandom(MiB)
+        head, data = random_bytes(4096), random_bytes(MiB)
         with open(m.file, "r+b") as f:
             f.write(head)
         src = shm / "src.raw"
@@ -160,7 +161,7 @@ def test_multiwriter_allows_parallel_writers(victim, shm):
     srv, m, _ = victim("-o", "multiwriter")
     halves = [shm / "a", shm / "b"]
     for h in halves:
-        h.write_bytes(os.urandom(8 * MiB))
+        h.write_bytes(random_bytes(8 * MiB))
     dd = holder(m.file)
     procs = [subprocess.Popen(["dd", f"if={h}", f"of={m.file}", "bs=1M",
                                f"seek={8 * i}", "conv=notrunc",
@@ -195,7 +196,7 @@ def test_back_to_back_copies_with_every_tool_are_one_writer_each(
     ]
     for i, tool in enumerate(tools):
         src = shm / f"src{i}.raw"
-        data = os.urandom(6 * MiB)
+        data = random_bytes(6 * MiB)
         src.write_bytes(data)
         r = run([a.format(src=src, dst=dst) for a in tool])
         assert r.returncode == 0, (tool, r.stderr)
@@ -266,7 +267,7 @@ def test_source_larger_than_export_fails_before_the_disk_changes(
         victim, shm, tool):
     srv, m, before = victim()
     src = shm / "big.raw"
-    src.write_bytes(os.urandom(48 * MiB))
+    src.write_bytes(random_bytes(48 * MiB))
     cmd = {"cp": ["cp", src, m.file],
            "dd": ["dd", f"if={src}", f"of={m.file}", "bs=1M",
                   "status=none"]}[tool]
@@ -285,7 +286,7 @@ def test_source_larger_than_export_fails_before_the_disk_changes(
     assert "FAILED" in shown and "larger than the export" in shown, shown
     # The next copy, of the right size, works and is not failed.
     good = shm / "good.raw"
-    good.write_bytes(os.urandom(EXPORT))
+    good.write_bytes(random_bytes(EXPORT))
     assert run(["cp", good, m.file]).returncode == 0
     assert sha256_nbd(srv.uri) == hashlib.sha256(good.read_bytes()).hexdigest()
     wait_for(lambda: status(m)["progress"]["settled"], what="settled")
@@ -298,7 +299,7 @@ def test_container_source_larger_than_export_is_converted(victim, shm):
     metadata on top of the whole disk) is the converter's business."""
     srv, m, _ = victim()
     raw = shm / "disk.raw"
-    raw.write_bytes(os.urandom(EXPORT))
+    raw.write_bytes(random_bytes(EXPORT))
     img = shm / "full.qcow2"
     qemu_img("convert", "-f", "raw", "-O", "qcow2", "-o",
              "preallocation=full", raw, img)
@@ -328,7 +329,7 @@ def make_image(shm, kind):
     """A small file of one kind the daemon recognizes."""
     raw = shm / "disk.raw"
     if not raw.exists():
-        raw.write_bytes(os.urandom(2 * MiB))
+        raw.write_bytes(random_bytes(2 * MiB))
     out = shm / f"disk.{kind}"
     if out.exists():
         return out
@@ -375,7 +376,7 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
         f.write(data[:4096])
     # A raw disk is not warned about.
     plain = shm / "plain.raw"
-    plain.write_bytes(os.urandom(MiB))
+    plain.write_bytes(random_bytes(MiB))
     assert run(["cp", plain, m.file]).returncode == 0
     assert read_nbd(srv.uri, 0, MiB) == plain.read_bytes()
     lines = [l for l in m.stderr.splitlines() if "written as asked" in l]
@@ -444,7 +445,7 @@ def test_qemu_img_writing_into_a_view_says_why(victim, shm, view, fmt, what):
     so; the disk is untouched."""
     srv, m, before = victim()
     raw = shm / "disk.raw"
-    raw.write_bytes(os.urandom(2 * MiB))
+    raw.write_bytes(random_bytes(2 * MiB))
     r = qemu_img("convert", "-f", "raw", "-O", fmt, raw, m.mp / view,
                  check=False)
     assert r.returncode != 0
@@ -461,14 +462,14 @@ def test_refused_view_write_keeps_digest_progress_and_status(victim, shm,
                                                             view):
     srv, m, _ = victim()
     src = shm / "src.raw"
-    src.write_bytes(os.urandom(EXPORT))
+    src.write_bytes(random_bytes(EXPORT))
     assert run(["cp", src, m.file]).returncode == 0
     wait_for(lambda: status(m)["digest"]["state"] == "complete" and
              status(m)["progress"]["settled"], what="the copy settled")
     before = status(m)
     sha = sha256_nbd(srv.uri)
     bad = shm / "bad.bin"
-    bad.write_bytes(b"QFI\xfb" + os.urandom(MiB))
+    bad.write_bytes(b"QFI\xfb" + random_bytes(MiB))
     r = run(["cp", bad, m.mp / view])
     assert r.returncode != 0 and "Wrong medium type" in r.stderr
     after = status(m)

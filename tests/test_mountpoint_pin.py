@@ -22,6 +22,7 @@ import shutil
 
 import pytest
 
+from lib.images import random_bytes
 from lib.privatens import daemon_lines, run_private
 
 NOBODY = 65534
@@ -101,7 +102,7 @@ def test_swap_after_the_check_is_refused(shortdir, public, target):
     os.chown(qd, NOBODY, NOBODY)
     mp = qd / "r" / "mnt"
     disk = shortdir / "disk.img"
-    disk.write_bytes(os.urandom(4 << 20))
+    disk.write_bytes(random_bytes(4 << 20))
     before = hashlib.sha256(disk.read_bytes()).hexdigest()
     swapper = shortdir / "swap.py"
     swapper.write_text(SWAPPER)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from lib.env import MiB
+from lib.images import random_bytes
 from lib.privatens import daemon_lines, run_private
 
 EXPORT = 16 * MiB
@@ -143,7 +144,7 @@ def test_already_mounted_refused_first_keeps_serving(shortdir):
     mp = shortdir / "mp"
     mp.mkdir()
     src = shortdir / "src"
-    src.write_bytes(os.urandom(3 * MiB + 5))
+    src.write_bytes(random_bytes(3 * MiB + 5))
     pid1 = shortdir / "first.pid"
     script = f"""
 $NBDFERRY -P {q(pid1)} {q(mp)} [ nbdkit memory 16M ] || exit 9
@@ -215,7 +216,7 @@ def test_nonempty_opt_in(shortdir, full):
     unmount the directory's own files are visible again, unchanged."""
     disk = shortdir / "disk.img"
     disk.write_bytes(b"\0" * EXPORT)
-    data = os.urandom(5 * MiB + 17)
+    data = random_bytes(5 * MiB + 17)
     src = shortdir / "src"
     src.write_bytes(data)
     pidfile = shortdir / "optin.pid"
@@ -301,7 +302,7 @@ def test_file_mode_nonempty_file_refused(shortdir):
     mountpoint: refused with the reason and the fix, the image untouched,
     no server started (the disk is untouched)."""
     img = shortdir / "disk.img"
-    img.write_bytes(os.urandom(MiB + 3))
+    img.write_bytes(random_bytes(MiB + 3))
     before = sha(img)
     rc, lines, mounted = refused(shortdir, img, extra_mounts=[img])
     assert rc != 0
@@ -319,7 +320,7 @@ def test_file_mode_nonempty_opt_in(shortdir):
     f.write_bytes(b"the user's own bytes\n")
     disk = shortdir / "disk.img"
     disk.write_bytes(b"\0" * EXPORT)
-    data = os.urandom(2 * MiB + 5)
+    data = random_bytes(2 * MiB + 5)
     src = shortdir / "src"
     src.write_bytes(data)
     pidfile = shortdir / "fm.pid"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from lib.env import MiB, daemon_cmd, timeout
+from lib.images import random_bytes
 from lib.mounts import Mount, is_mounted, stderr_problems
 from lib.nbd import fill_random, read_nbd
 from lib.procs import nonempty, pid_alive, run, wait_for
@@ -69,7 +70,7 @@ def daemon(shortdir):
 
 
 def write_read_check(path, uri, off=MiB + 3, n=2 * MiB + 7):
-    data = os.urandom(n)
+    data = random_bytes(n)
     with open(path, "r+b") as f:
         f.seek(off)
         f.write(data)
@@ -113,7 +114,7 @@ def test_file_mode_uri(daemon, server, empty_file):
 
 def test_file_mode_socket_activation(daemon, shm, empty_file):
     disk = shm / "backing.img"
-    old = os.urandom(EXPORT)
+    old = random_bytes(EXPORT)
     disk.write_bytes(old)
     m = daemon(empty_file, ["[", "nbdkit", "file", disk, "]"])
     assert_file_mode(m)
@@ -137,7 +138,7 @@ def test_file_mode_cp_image(daemon, server, empty_file, shm):
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri)
     src = shm / "src.img"
-    data = os.urandom(5 * MiB + 11)
+    data = random_bytes(5 * MiB + 11)
     src.write_bytes(data)
     m = daemon(empty_file, [srv.uri])
     r = run(["cp", src, empty_file])
@@ -223,7 +224,7 @@ def test_option_s_single_thread(daemon, server, shortdir, shm):
     multi-threaded loop, and the bytes land either way."""
     srv = server("memory", f"size={EXPORT}")
     src = shm / "src"
-    src.write_bytes(os.urandom(6 * MiB + 1))
+    src.write_bytes(random_bytes(6 * MiB + 1))
     single = busy_mount_threads(daemon, srv, shortdir / "s", src, "-s")
     multi = busy_mount_threads(daemon, srv, shortdir / "m", src)
     assert single < multi, (single, multi)
@@ -320,7 +321,7 @@ def test_o_trunc_semantics(daemon, server, shortdir, mode):
     (shortdir / "mp").mkdir()
     opts = ["--block-device"] if mode == "block-device" else []
     m = daemon(shortdir / "mp", [srv.uri], *opts)
-    sector = os.urandom(512)
+    sector = random_bytes(512)
     src = shortdir / "mbr.bin"
     src.write_bytes(sector)
     r = run(["dd", f"if={src}", f"of={m.mp / 'nbd'}", "bs=512", "count=1",
@@ -377,7 +378,7 @@ def test_small_writes_are_coalesced(daemon, server, shortdir):
     srv = server("memory", f"size={EXPORT}", log=True)
     (shortdir / "mp").mkdir()
     m = daemon(shortdir / "mp", [srv.uri])
-    data = os.urandom(4 * MiB)
+    data = random_bytes(4 * MiB)
     fd = os.open(m.mp / "nbd", os.O_WRONLY)
     try:
         for off in range(0, len(data), 4096):

@@ -28,7 +28,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.env import MiB
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 
 EXPORT = 32 * MiB
 STRIPE = 256 * 1024
@@ -254,14 +254,14 @@ def test_ordering_truncate_over_pending_writes(reorder_disk, mount):
     m = mount(srv, *STRESS)
     fd = os.open(m.file, os.O_RDWR)
     try:
-        data = os.urandom(8 * MiB)
+        data = random_bytes(8 * MiB)
         assert os.pwrite(fd, data, 0) == len(data)
         ref[:len(data)] = data
         os.ftruncate(fd, 4 * MiB + 1)                  # cut pending data
         ref[4 * MiB + 1:] = bytes(EXPORT - 4 * MiB - 1)
         assert os.fstat(fd).st_size == 4 * MiB + 1
         tail_off = 6 * MiB + 5
-        tail = os.urandom(100003)
+        tail = random_bytes(100003)
         assert os.pwrite(fd, tail, tail_off) == len(tail)
         ref[tail_off:tail_off + len(tail)] = tail
         size = tail_off + len(tail)
@@ -280,12 +280,12 @@ def test_ordering_otrunc_reopen_while_pending(reorder_disk, mount):
     m = mount(srv, *STRESS)
     a = os.open(m.file, os.O_RDWR)
     try:
-        old = os.urandom(6 * MiB)
+        old = random_bytes(6 * MiB)
         assert os.pwrite(a, old, MiB) == len(old)
         b = os.open(m.file, os.O_RDWR | os.O_TRUNC)
         try:
             assert os.fstat(b).st_size == 0
-            new = os.urandom(2 * MiB + 1)
+            new = random_bytes(2 * MiB + 1)
             assert os.pwrite(b, new, 0) == len(new)
         finally:
             os.close(b)

@@ -19,7 +19,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, TOP, daemon_cmd, timeout
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import fill_random
 from lib.procs import run
 from lib.servers import PauseControl
@@ -89,7 +89,7 @@ def test_progress_100_only_after_last_reply(server, mount, shm, shortdir):
     srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
     m, lines = progress_mount(mount, srv, "--expected-size", str(size))
     pause = PauseControl(ctl)
-    data = os.urandom(size)
+    data = random_bytes(size)
     box = {}
 
     pause.pause()
@@ -155,7 +155,7 @@ def test_progress_rates_count_acknowledged_bytes(server, mount, shm, shortdir):
         f.truncate(EXPORT)
     srv = server("file", disk, f"pause-control={ctl}", filters=["pause"])
     m = mount(srv, "--progress", "--expected-size", str(size))
-    data = os.urandom(size)
+    data = random_bytes(size)
     pause = PauseControl(ctl)
     pause.pause()
     fd = os.open(m.file, os.O_WRONLY)
@@ -199,7 +199,7 @@ def test_progress_slow_copy_lines(server, mount, shm):
     srv = server("memory", f"size={EXPORT}", "wdelay=60ms", filters=["delay"])
     m, lines = progress_mount(mount, srv, "-C", "1", "--depth", "1",
                               "--pool-size", "4M", "--request-size", "1M")
-    data = os.urandom(20 * MiB)
+    data = random_bytes(20 * MiB)
     with open(m.file, "wb", buffering=0) as f:
         f.truncate(len(data))                   # like qemu-img: size first
         for i in range(0, len(data), MiB):
@@ -392,7 +392,7 @@ def test_progress_thin_disk_counts_the_data_to_come(server, mount, shm):
     with open(src, "wb") as f:
         f.truncate(size)
         f.seek(data_off)
-        f.write(os.urandom(data_len))
+        f.write(random_bytes(data_len))
     srv = server("memory", f"size={2 * size}", "wdelay=200ms",
                  filters=["delay"])
     m = mount(srv, "-C", "1", "--depth", "1", "--request-size", "1M",

@@ -15,7 +15,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.env import MiB, timeout
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.procs import in_thread
 from lib.servers import PauseControl
 
@@ -117,7 +117,7 @@ def test_read_after_write_while_server_paused(server, mount, shm, shortdir):
     pause = PauseControl(ctl)
     ref = bytearray(disk.read_bytes())
     off, n = 8 * MiB, 8 * MiB
-    data = os.urandom(n)
+    data = random_bytes(n)
     ref[off:off + n] = data
     # Pending data, pending data mixed with old bytes, tiny and unaligned.
     ranges = [(off + 3 * MiB, MiB), (off + 3 * MiB + 123, 4567),

@@ -30,7 +30,7 @@ import pytest
 from lib.copytools import log_mark, status, traffic
 from lib.digest import sha256_file
 from lib.env import MiB
-from lib.images import make_sparse_image
+from lib.images import make_sparse_image, random_bytes
 from lib.nbd import fill_random
 from lib.procs import run
 from lib.vhd import qemu_img, vpc_spec
@@ -376,7 +376,7 @@ def test_change_ahead_of_reader(server, mount, how):
                           half, half)
                 new = bytes(half)
             else:
-                new = os.urandom(half)
+                new = random_bytes(half)
                 w.seek(half)
                 w.write(new)
         rest = b""

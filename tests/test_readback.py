@@ -25,7 +25,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_file
 from lib.env import MiB, timeout
-from lib.images import make_sparse_image
+from lib.images import make_sparse_image, random_bytes
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import run
 from lib.servers import plugin_path
@@ -343,7 +343,7 @@ def test_readback_after_a_failed_write_fails_close(liar, mount, shortdir):
     flag = shortdir / "failwrite"
     srv = liar(size, failwrite=flag)
     m = mount(srv, "--verify-readback", expect_rc=1, expect_errors=True)
-    data = os.urandom(2 * MiB)
+    data = random_bytes(2 * MiB)
     fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
     flag.write_text("")
     os.write(fd, data)
@@ -374,7 +374,7 @@ def test_readback_not_a_forward_pass_fails_close(server, mount, shm):
     srv = server("memory", f"size={size}")
     m = mount(srv, "--verify-readback", "--digest=sha256", expect_rc=1,
               expect_errors=True)
-    a, b = os.urandom(MiB), os.urandom(MiB)
+    a, b = random_bytes(MiB), random_bytes(MiB)
     fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
     os.pwrite(fd, b, MiB)
     os.pwrite(fd, a, 0)

@@ -39,6 +39,7 @@ import pytest
 from lib.content import assert_content
 from lib.copytools import log_mark, nbd_requests
 from lib.env import MiB, timeout
+from lib.images import random_bytes
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import run, wait_for
 from lib.servers import PauseControl
@@ -79,7 +80,7 @@ def test_reader_close_leaves_writer_alone(server, mount, shortdir):
     fill_random(srv.uri, EXPORT)              # old data everywhere
     m = mount(srv)
     pause = PauseControl(ctl)
-    data = os.urandom(MiB) + b"\x5a" * 4096
+    data = random_bytes(MiB) + b"\x5a" * 4096
     w = subprocess.Popen([sys.executable, "-c", WRITER, str(m.file),
                           str(len(data)), str(EXPORT)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)
@@ -142,7 +143,7 @@ def test_reader_close_mid_copy_zeroes_nothing(server, mount, shortdir,
     srv = server("memory", f"size={COPY_EXPORT}", "delay-write=2ms",
                  filters=["delay"], log=True)
     fill_random(srv.uri, COPY_EXPORT)                      # a used disk
-    src = os.urandom(SRC_SIZE)
+    src = random_bytes(SRC_SIZE)
     m = mount(srv)
     mark = log_mark(srv)
 

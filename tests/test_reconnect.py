@@ -27,7 +27,7 @@ from lib.env import MiB, timeout
 from lib.faults import (children, judge, lost_ranges, read_bytes, sha256_mount,
                         sha256_prefix, status_json, wait_progress,
                         written_bytes)
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.nbd import sha256_nbd
 
 EXPORT = 96 * MiB
@@ -113,7 +113,7 @@ def test_reconnect_restarted_too_late(kit, mount, shm, bg, tally):
     assert re.search(r"could not reconnect within 2 s", text), text
     lost = lost_ranges(text)
     assert lost, f"the log names no lost range:\n{text}"
-    data = os.urandom(4096)
+    data = random_bytes(4096)
     for back in (False, True):
         if back:
             k.start()                      # back, too late for the copy

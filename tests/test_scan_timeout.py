@@ -16,6 +16,7 @@ import subprocess
 
 from lib.copytools import status
 from lib.env import MiB, daemon_cmd, timeout
+from lib.images import random_bytes
 from lib.mounts import is_mounted
 from lib.nbd import read_nbd
 
@@ -30,7 +31,7 @@ def test_scan_without_reply_mounts_without_extents(server, mount):
     st = status(m)
     assert st["block_status_scan"] == "timed out", st["block_status_scan"]
     assert st["known_zero_bytes"] == 0
-    data = os.urandom(4 * MiB + 5)
+    data = random_bytes(4 * MiB + 5)
     with open(m.file, "r+b") as f:
         f.seek(3 * MiB + 1)
         f.write(data)

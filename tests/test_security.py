@@ -22,7 +22,7 @@ import pytest
 from lib.digest import sha256_file
 from lib.env import MiB, daemon_cmd, timeout
 from lib.faults import sha256_prefix, status_json
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.mounts import is_mounted
 from lib.procs import run
 from lib.tls import make_psk, psk_key
@@ -65,7 +65,7 @@ def test_security_psk_never_shown(server, mount, shm, shortdir, verbosity):
     srv = server("file", disk, extra=["--tls=require", f"--tls-psk={keys}"])
     uri = f"nbds+unix://alice@/?socket={srv.sock}&tls-psk-file={keys}"
     m = mount(uri, *(["-v"] * verbosity), expect_errors=verbosity > 0)
-    data = os.urandom(MiB)
+    data = random_bytes(MiB)
     fd = os.open(m.file, os.O_RDWR)
     try:
         os.pwrite(fd, data, 0)
@@ -167,7 +167,7 @@ def test_security_allow_other_default_permissions(server, mount, shortdir):
 def test_security_write_beyond_export_enospc(server, mount, shm):
     srv = server("memory", f"size={EXPORT}")
     m = mount(srv, expect_errors=True)
-    data = os.urandom(8192)
+    data = random_bytes(8192)
     fd = os.open(m.file, os.O_RDWR)
     try:
         # Straddling the end: a short write or ENOSPC, never past it.

@@ -21,7 +21,7 @@ import pytest
 from lib.copytools import describe, log_mark, status, traffic
 from lib.digest import sha256_file, update_zeros
 from lib.env import GiB, MiB, libnbd
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.nbd import read_nbd, sha256_nbd, write_nbd
 from lib.procs import run
 
@@ -46,7 +46,7 @@ def make_runs_image(path, size, fraction, seed):
     with open(path, "wb") as f:
         f.truncate(size)
         for off, n in runs:
-            data = os.urandom(n)
+            data = random_bytes(n)
             f.seek(off)
             f.write(data)
             update_zeros(h, off - pos)
@@ -139,7 +139,7 @@ def test_sparse_1t_truncate_then_small_copy(server, mount, shm, old):
     srv = server("memory", "size=1T", log=True)
     if old:
         for off, n in OLD:
-            write_nbd(srv.uri, os.urandom(n), off)
+            write_nbd(srv.uri, random_bytes(n), off)
     mark = log_mark(srv)
     m = mount(srv)
     assert os.path.getsize(m.file) == TIB

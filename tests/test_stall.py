@@ -21,7 +21,7 @@ from lib.digest import sha256_file
 from lib.env import MiB, timeout
 from lib.faults import (judge, lost_ranges, sha256_mount, sha256_prefix,
                         wait_progress, written_bytes)
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.procs import in_thread
 
 EXPORT = 96 * MiB
@@ -108,7 +108,7 @@ def test_stall_close_and_unmount_on_paused_server(kit, mount, shm, tally):
     k = slow_kit(kit, shm)
     m = mount(k.target, "--request-timeout", "2", "--retry-timeout", "2",
               expect_rc=1, expect_errors=True)
-    data = os.urandom(8 * MiB)
+    data = random_bytes(8 * MiB)
     fd = os.open(m.file, os.O_WRONLY)
     with Paused(k):
         os.pwrite(fd, data, 0)         # write-back: the pool takes it
@@ -153,7 +153,7 @@ def test_stall_unmount_after_clean_copy_on_paused_server(kit, mount, shm,
     lost."""
     k = slow_kit(kit, shm)
     m = mount(k.target, "--request-timeout", "2")
-    data = os.urandom(8 * MiB)
+    data = random_bytes(8 * MiB)
     with open(m.file, "r+b") as f:
         f.write(data)
         os.fsync(f.fileno())
@@ -238,7 +238,7 @@ def test_stall_tcp_keepalive_set(kit, mount, shm):
     assert len(lines) == 2, r.stdout
     for l in lines:
         assert "timer:(keepalive" in l, r.stdout
-    data = os.urandom(4 * MiB)
+    data = random_bytes(4 * MiB)
     with open(m.file, "r+b") as f:
         f.write(data)
         os.fsync(f.fileno())

@@ -32,7 +32,7 @@ from lib.digest import sha256_file
 from lib.env import TOP, MiB
 from lib.faults import (children, judge, sha256_mount, status_json,
                         wait_progress, written_bytes)
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.nbd import sha256_nbd
 
 TOOL = TOP / "tools" / "status" / "nbdferry-status"
@@ -262,7 +262,7 @@ def test_stall_reads_on_lost_connection_are_eio(kit, mount, shm):
               expect_rc=None, expect_errors=True)
     with open(m.file, "r+b") as f:     # data: not answered from the
         f.seek(8 * MiB)                # known-zero map
-        f.write(os.urandom(MiB))
+        f.write(random_bytes(MiB))
         os.fsync(f.fileno())
     k.kill()
     for _ in range(2):
@@ -285,7 +285,7 @@ def test_stall_reconnect_refuses_changed_server(kit, mount, shm, bg, tally):
     k = memory_kit(kit)
     m = mount(k.target, "--retry-timeout", "2", expect_rc=1,
               expect_errors=True)
-    data = os.urandom(MiB)
+    data = random_bytes(MiB)
     plain = ["--filter=delay", "memory", f"size={EXPORT}", "wdelay=4ms"]
     for i, (extra, args, why) in enumerate([
             (["-r"], plain, "the export is now read-only"),

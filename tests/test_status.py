@@ -20,7 +20,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import blkhash_file, sha256_bytes
 from lib.env import HAVE_FUSE, HAVE_NBDKIT, MiB, TOP, daemon_cmd, timeout
-from lib.images import random_file
+from lib.images import random_bytes, random_file
 from lib.nbd import fill_random
 from lib.procs import oserror_errno, run
 
@@ -74,7 +74,7 @@ def test_status_counters_add_up_during_slow_copy(server, mount, shm):
     srv = server("memory", f"size={EXPORT}", "wdelay=50ms", filters=["delay"])
     m = mount(srv, "--digest=sha256", "--pool-size", "8M", "--request-size",
               "1M", "-C", "1", "--depth", "2")
-    data = os.urandom(24 * MiB)
+    data = random_bytes(24 * MiB)
     done = threading.Event()
     box = {}
 
@@ -139,7 +139,7 @@ def test_status_zero_runs_count_as_acknowledged(server, mount):
     srv = server("memory", f"size={EXPORT}")
     fill_random(srv.uri, EXPORT)
     m = mount(srv)
-    data = os.urandom(MiB) + bytes(8 * MiB) + os.urandom(MiB)
+    data = random_bytes(MiB) + bytes(8 * MiB) + random_bytes(MiB)
     with open(m.file, "wb") as f:
         f.write(data)
     st = status(m)
@@ -158,12 +158,12 @@ def test_status_lists_failed_ranges(server, mount, shortdir):
                  "error-pwrite-rate=100%", f"error-pwrite-file={trigger}",
                  filters=["error"])
     m = mount(srv, expect_rc=None, expect_errors=True)
-    good = os.urandom(4 * MiB)
+    good = random_bytes(4 * MiB)
     with open(m.file, "wb") as f:
         f.write(good)
     trigger.touch()
     fd = os.open(m.file, os.O_WRONLY)
-    os.pwrite(fd, os.urandom(2 * MiB), 8 * MiB)   # write-back: accepted
+    os.pwrite(fd, random_bytes(2 * MiB), 8 * MiB)   # write-back: accepted
     assert oserror_errno(os.close, fd) == errno.EIO, "close hid the failure"
     trigger.unlink()
     st = status(m)

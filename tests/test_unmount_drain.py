@@ -14,7 +14,7 @@ import pytest
 
 from lib.digest import sha256_bytes, sha256_file
 from lib.env import MiB, timeout
-from lib.images import make_sparse_image, random_file
+from lib.images import make_sparse_image, random_bytes, random_file
 from lib.mounts import fusermount_u
 from lib.procs import run
 
@@ -83,7 +83,7 @@ def write_pending(path, ref, start=4 * MiB, total=32 * MiB):
     """Open, write total bytes in 1 MiB pieces, return the open fd."""
     fd = os.open(path, os.O_RDWR)
     for off in range(start, start + total, MiB):
-        data = os.urandom(MiB)
+        data = random_bytes(MiB)
         assert os.pwrite(fd, data, off) == MiB
         ref[off:off + MiB] = data
     return fd
@@ -135,7 +135,7 @@ def test_unmount_busy_refused_then_succeeds(slow_file_server, mount):
                            capture_output=True, text=True)
         assert r.returncode != 0, "unmount succeeded with the file open"
         assert m.proc.poll() is None, "daemon exited on a refused unmount"
-        more = os.urandom(MiB)
+        more = random_bytes(MiB)
         assert os.pwrite(fd, more, 40 * MiB) == MiB
         ref[40 * MiB:41 * MiB] = more
     finally:

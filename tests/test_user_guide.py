@@ -33,7 +33,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.env import BUILD, MiB
-from lib.images import make_sparse_image
+from lib.images import make_sparse_image, random_bytes
 from lib.mounts import is_mounted
 from lib.nbd import fill_random, write_nbd
 from lib.procs import run
@@ -78,9 +78,9 @@ def test_one_writer_verify_against_the_server(server, mount, shm):
     m = mount(srv)
     src = shm / "disk.img"
     with open(src, "wb") as f:             # data, 16 MiB hole, data
-        f.write(os.urandom(8 * MiB))
+        f.write(random_bytes(8 * MiB))
         f.seek(24 * MiB)
-        f.write(os.urandom(8 * MiB))
+        f.write(random_bytes(8 * MiB))
     write_nbd(srv.uri, b"\x77" * MiB, 12 * MiB)     # the other writer
     run(["cp", "--sparse=always", src, m.file], check=True)
     with open(m.file, "rb") as f:

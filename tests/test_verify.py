@@ -28,6 +28,7 @@ import pytest
 
 from lib.digest import blkhash_bytes, sha256_file
 from lib.env import BUILD
+from lib.images import random_bytes
 
 # $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
 # the tool alone).
@@ -450,7 +451,7 @@ def test_verify_zero_tail_stop_leaves_the_server_alive(tmp_path, kits,
     replies are being sent) still serves afterwards."""
     t = two_sizes
     dst = tmp_path / "dst.img"
-    dst.write_bytes(t.data + os.urandom(64 * MiB))
+    dst.write_bytes(t.data + random_bytes(64 * MiB))
     kit = kits.start("file", dst, "rdelay=20ms", filters=["delay"])
     rc, rep = verify_json("--zero-tail", t.src, kit.uri)
     assert rc == 1

@@ -22,6 +22,7 @@ import struct
 import pytest
 
 from lib.env import GiB, MiB
+from lib.images import random_bytes
 from lib.nbd import nbd_handle, sha256_nbd
 from lib.procs import oserror_errno
 from lib.vhd import footer_checksum, header_checksum, qemu_img
@@ -34,7 +35,7 @@ def scatter(uri, export, step):
     """4 KiB of data every step bytes: a fragmented allocation map."""
     with nbd_handle(uri) as h:
         for off in range(0, export, step):
-            h.pwrite(os.urandom(4096), off)
+            h.pwrite(random_bytes(4096), off)
 
 
 def test_many_opens_share_one_description(server, mount):
@@ -59,7 +60,7 @@ def test_many_opens_share_one_description(server, mount):
     # the description follows the disk: a write changes the view's size
     with open(m.file, "r+b") as f:
         f.seek(export - 3 * MiB)
-        f.write(os.urandom(4096))
+        f.write(random_bytes(4096))
     assert os.stat(view).st_size > size, "the view did not see the write"
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from lib.digest import sha256_file
 from lib.env import MiB
+from lib.images import random_bytes
 from lib.nbd import fill_random, sha256_nbd
 from lib.procs import oserror_errno, run
 from lib.vhd import SHA, VIRTUAL, copy_into, fixture, qemu_img
@@ -48,20 +49,20 @@ def victim(server, mount):
 
 def garbage(shm):
     p = shm / "garbage.bin"
-    p.write_bytes(os.urandom(3 * MiB + 100))
+    p.write_bytes(random_bytes(3 * MiB + 100))
     return p
 
 
 def qcow2(shm):
     raw = shm / "src.raw"
-    raw.write_bytes(os.urandom(2 * MiB))
+    raw.write_bytes(random_bytes(2 * MiB))
     p = shm / "disk.qcow2"
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, p)
     return p
 
 
 def raw_with_boot_sector(shm):
-    data = bytearray(os.urandom(4 * MiB))
+    data = bytearray(random_bytes(4 * MiB))
     data[510:512] = b"\x55\xaa"
     p = shm / "disk.raw"
     p.write_bytes(bytes(data))
@@ -73,7 +74,7 @@ def raw_starting_with_zeros(shm):
     with open(p, "wb") as f:
         f.truncate(6 * MiB)
         f.seek(3 * MiB)
-        f.write(os.urandom(MiB))
+        f.write(random_bytes(MiB))
     return p
 
 

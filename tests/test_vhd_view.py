@@ -28,6 +28,7 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_file, sha256_zeros
 from lib.env import GiB, MiB
+from lib.images import random_bytes
 from lib.nbd import fill_random, read_nbd, sha256_nbd, write_nbd
 from lib.procs import oserror_errno, run
 from lib.vhd import (COPY_TOOLS, HAVE_QEMU, SHA, VHD_TOOL, VIRTUAL, VhdFile,
@@ -139,8 +140,8 @@ def test_second_vhd_replaces_first(server, mount, shm):
 def test_large_export_ingest(server, mount, shm):
     """Landing on a 3 TiB sparse export: the disk lands, far bytes are 0."""
     srv = server("memory", "size=3T")
-    write_nbd(srv.uri, os.urandom(MiB), 2 * 1024 * GiB)
-    write_nbd(srv.uri, os.urandom(MiB), 0)
+    write_nbd(srv.uri, random_bytes(MiB), 2 * 1024 * GiB)
+    write_nbd(srv.uri, random_bytes(MiB), 0)
     m = mount(srv, expect_errors=True)     # reading nbd.vhd is refused
     land(m, fixture("qemu-dyn-10m.vhd", shm), "cp")
     virt = VIRTUAL["qemu-dyn-10m"]
@@ -282,7 +283,7 @@ def test_qemu_1g_sparse_known_offsets(server, mount, shm):
     spots = sorted({o // MiB * MiB for o in offsets} |
                    {100 * MiB, 600 * MiB, export - MiB, cur // MiB * MiB})
     for o in spots:
-        write_nbd(srv.uri, os.urandom(min(MiB, export - o)), o)
+        write_nbd(srv.uri, random_bytes(min(MiB, export - o)), o)
     m = mount(srv)
     land(m, vhd, "cp-sparse-always")
     for o, p in offsets.items():
@@ -636,7 +637,7 @@ def test_garbage_with_fixed_enabled_fails_at_close(server, mount, shm):
     file's own bytes (documented in docs/vhd-view.md)."""
     srv, old = random_export(server, 16 * MiB)
     m = mount(srv, "--vhd-fixed", expect_errors=True)
-    data = os.urandom(3 * MiB)
+    data = random_bytes(3 * MiB)
     r = copy_into("cp", write_bad(shm, data), m.mp / "nbd.vhd")
     assert r.returncode != 0, "garbage landed as a fixed VHD"
     errs = vhd_errors(m)

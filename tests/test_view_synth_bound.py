@@ -17,6 +17,7 @@ import os
 import pytest
 
 from lib.env import MiB
+from lib.images import random_bytes
 from lib.mounts import RssSampler
 from lib.nbd import read_nbd
 
@@ -39,7 +40,7 @@ def test_opens_after_changes_are_capped(server, mount, view):
         base = m.rss()[0]
         with RssSampler(m) as rss:
             for i in range(OPENS):
-                data = os.urandom(4096)
+                data = random_bytes(4096)
                 off = (i + 1) * 3 * (1 << 30)    # a new 2 MiB block each
                 assert os.pwrite(raw, data, off) == len(data)
                 written.append((off, data))

@@ -32,6 +32,7 @@ import pytest
 
 from lib.digest import sha256_file
 from lib.env import BUILD, MiB, timeout
+from lib.images import random_bytes
 from lib.nbd import fill_random, read_nbd, sha256_nbd
 from lib.procs import oserror_errno, run, wait_for
 from lib.vhd import SHA, VIRTUAL, fixture
@@ -56,8 +57,8 @@ def vmdk_image(tmp_path):
     streamOptimized files of whole grains without the end-of-stream
     marker, which the decoder refuses; this size gets one.)"""
     raw = tmp_path / "src.raw"
-    grains = [bytes(BS) if g % 4 == 1 else os.urandom(BS) for g in range(96)]
-    raw.write_bytes(b"".join(grains) + os.urandom(12800))
+    grains = [bytes(BS) if g % 4 == 1 else random_bytes(BS) for g in range(96)]
+    raw.write_bytes(b"".join(grains) + random_bytes(12800))
     vmdk = tmp_path / "src.vmdk"
     r = run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vmdk", "-o",
              "subformat=streamOptimized", str(raw), str(vmdk)])

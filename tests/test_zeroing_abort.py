@@ -19,6 +19,7 @@ import pytest
 
 from lib.copytools import status
 from lib.env import TOP, MiB, timeout
+from lib.images import random_bytes
 from lib.nbd import read_nbd, write_nbd
 from lib.procs import run, wait_for
 
@@ -52,7 +53,7 @@ def zeroing(m):
                          ids=["SIGTERM", "SIGINT"])
 def test_second_signal_abandons_zeroing(server, mount, sig):
     srv = server("memory", "size=1T", "delay-zero=50ms", filters=["delay"])
-    old = os.urandom(MiB)
+    old = random_bytes(MiB)
     for off in OLD_AT:
         write_nbd(srv.uri, old, off)
     m = mount(srv, "--no-extents", expect_rc=1, expect_errors=True)

@@ -26,7 +26,7 @@ def wait_for(pred, proc=None, what="condition", timeout=30, log=None):
     """Poll pred() until true.  Fails at once if proc exits first (showing
     the tail of log, if given), and after timeout seconds (scaled)."""
     deadline = time.monotonic() + timeout * env.SCALE
-    delay = 0.01
+    delay = 0.002           # a daemon is ready in 10-30 ms: poll finely
     while True:
         if pred():
             return
@@ -37,7 +37,7 @@ def wait_for(pred, proc=None, what="condition", timeout=30, log=None):
             pytest.fail(f"{what}: not ready after {timeout * env.SCALE:.0f}s\n"
                         f"{tail(log) if log else ''}")
         time.sleep(delay)
-        delay = min(delay * 2, 0.2)
+        delay = min(delay * 1.5, 0.05)
 
 
 def nonempty(path):
