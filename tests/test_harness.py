@@ -1,7 +1,8 @@
 """The tests' own oracles: assert_content (byte for byte, the file
 through a mount and the export on the server against the source) fails on
-every kind of difference it must catch, and random_bytes gives data in
-which no block repeats another."""
+every kind of difference it must catch, random_bytes gives data in which
+no block repeats another, and pread_many returns what the server holds,
+range by range in the order asked."""
 
 import zlib
 
@@ -10,7 +11,7 @@ import pytest
 from lib.content import assert_content
 from lib.env import MiB
 from lib.images import random_bytes
-from lib.nbd import write_nbd
+from lib.nbd import pread_many, write_nbd
 
 SIZE = 9 * MiB + 4097           # past two 4 MiB chunks, not aligned
 
@@ -72,3 +73,15 @@ def test_random_bytes_no_block_repeats():
     assert len(set(blocks)) == len(blocks)
     assert random_bytes(4 * MiB) != random_bytes(4 * MiB)
     assert len(zlib.compress(b, 6)) > len(b)       # incompressible
+
+
+def test_pread_many_returns_each_range_in_order(landed):
+    data, srv, f, src = landed
+    ranges = [(off, n) for off, n in
+              [(SIZE - 4096, 4096), (0, 1), (4 * MiB - 3, 7), (MiB, 65536)]
+              * 40]
+    got = list(pread_many(srv.uri, ranges, depth=8))
+    assert [o for o, _ in got] == [o for o, _ in ranges]
+    padded = data + bytes(SIZE - len(data))
+    for (off, n), (_, b) in zip(ranges, got):
+        assert b == padded[off:off + n], off
