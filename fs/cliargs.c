@@ -356,7 +356,7 @@ const char *cli_suggest_option(const char *arg, const struct option *opts)
 int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
                   size_t msglen)
 {
-    unsigned cid, port;
+    unsigned cid = 0, port = 0;
     int r;
 
     *uri = NULL;

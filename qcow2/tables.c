@@ -199,7 +199,7 @@ int qcow2_claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
 {
     uint64_t first = off >> s->cb, last = (off + len - 1) >> s->cb;
     for (uint64_t hc = first; hc <= last; hc++) {
-        uint64_t *u, *c;
+        uint64_t *u = NULL, *c = NULL;
         if (page_of(s, s->used, hc, &u) < 0 || page_of(s, s->comp, hc, &c) < 0)
             return s->err;
         bool compressed = what == IT_NONE;
@@ -568,7 +568,7 @@ int qcow2_rb_parse(struct qcow2_stream *s, uint32_t rti, const uint8_t *b)
     s->rb_seen[rti] = 1;
     for (uint64_t i = 0; i < n && base + i < QCOW2_MAX_HOST_CLUSTERS; i += 64) {
         const uint8_t *g = b + (i / 64) * gbytes;
-        uint64_t zw = 0, hc = base + i, *z;
+        uint64_t zw = 0, hc = base + i, *z = NULL;
         if (is_zero(g, gbytes))
             zw = UINT64_MAX;
         else

@@ -112,7 +112,7 @@ struct vmdk_desc {
     uint32_t cid;
     uint32_t parent_cid;                          /* 0xffffffff: no parent */
     uint64_t extent_sectors;
-    char     extent_access[8];                    /* RW, RDONLY, NOACCESS */
+    char     extent_access[16];                   /* RW, RDONLY, NOACCESS */
     char     extent_type[16];                     /* SPARSE */
     char     extent_file[128];                    /* as quoted (truncated) */
     uint32_t extents;

@@ -153,6 +153,9 @@ static void expect_desc(bool stream, const char *type, const char *extent,
         CHECK(d.cid == 0x9b757d86u && d.extents == 1);
         CHECK(d.extent_sectors == 8192);
         CHECK(strcmp(d.create_type, type) == 0);
+        /* The extent's access word, whole (NOACCESS is 8 letters). */
+        CHECK(strncmp(d.extent_access, extent, strlen(d.extent_access)) == 0);
+        CHECK(extent[strlen(d.extent_access)] == ' ');
     }
 }
 
@@ -162,6 +165,8 @@ static void test_desc_rules(void)
     expect_desc(true, "streamOptimized", ext, "", 0, NULL);
     expect_desc(false, "monolithicSparse", ext, "", 0, NULL);
     expect_desc(true, "streamOptimized", "RDONLY 8192 SPARSE \"call-me-stream.vmdk\"",
+                "", 0, NULL);
+    expect_desc(true, "streamOptimized", "NOACCESS 8192 SPARSE \"a.vmdk\"",
                 "", 0, NULL);
     expect_desc(true, "streamOptimized", "RW 8192 SPARSE \"a.vmdk\"\r",
                 "", 0, NULL);         /* CRLF text */
