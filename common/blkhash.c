@@ -32,7 +32,8 @@
 #include "common/sha256x.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
-#define HASH_GROUP 8u                    /* blocks hashed in one call */
+#define HASH_GROUP 16u                   /* blocks hashed in one call: the
+                                          * AVX-512 path takes 16 */
 #define FOLD_REGIONS (1u << 18)          /* fingerprints of folded blocks:
                                           * 2 MiB at most */
 

@@ -16,6 +16,7 @@
  * false and blkhash stays with OpenSSL.
  */
 #include "common/sha256x.h"
+#include "common/sha256x-int.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -180,25 +181,63 @@ static bool cpu_has_sha(void)
     return (b & bit_SHA) != 0;
 }
 
-bool sha256x_available(void)
+/* Which path, decided once (a benign race: every thread computes the
+ * same answer): 0 none (OpenSSL), 1 the SHA-NI lanes, 2 sixteen at a
+ * time with AVX-512 and the rest on the SHA-NI lanes where the CPU has
+ * them.  NBDFERRY_SHA256=openssl or =sha-ni chooses less. */
+static int path(void)
 {
-    static int known = -1;       /* a benign race: every thread computes
-                                  * the same answer */
+    static int known = -1;
     int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
 
     if (k < 0) {
         const char *env = getenv("NBDFERRY_SHA256");
-        k = cpu_has_sha() && !(env && strcmp(env, "openssl") == 0);
+        bool sha = cpu_has_sha(), avx = sha256x16_cpu();
+        if (env && strcmp(env, "openssl") == 0)
+            k = 0;
+        else if (env && strcmp(env, "sha-ni") == 0)
+            k = sha;
+        else
+            k = avx ? 2 : sha;
+        if (k == 2 && !sha)
+            k = 3;                  /* AVX-512 alone: the rest padded */
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
     return k;
+}
+
+bool sha256x_available(void)
+{
+    return path() != 0;
+}
+
+const char *sha256x_path(void)
+{
+    static const char *names[] = { "openssl", "sha-ni", "avx512+sha-ni",
+                                   "avx512" };
+    return names[path()];
 }
 
 void sha256x_many(const unsigned char *const *msg, size_t n, size_t len,
                   unsigned char (*out)[SHA256X_DIGEST])
 {
     size_t i = 0;
+    int k = path();
 
+    if (k >= 2)
+        for (; i + 16 <= n; i += 16)
+            sha256x16_hash(msg + i, len, out + i);
+    if (k == 3 && i < n) {
+        /* No SHA-NI: the last few ride in a group of 16, the spare lanes
+         * hashing the last message again. */
+        const unsigned char *m[16];
+        unsigned char o[16][SHA256X_DIGEST];
+        for (size_t j = 0; j < 16; j++)
+            m[j] = msg[i + j < n ? i + j : n - 1];
+        sha256x16_hash(m, len, o);
+        memcpy(out + i, o, (n - i) * sizeof *o);
+        return;
+    }
     for (; i + 2 <= n; i += 2)
         hash2(msg + i, len, out + i);
     if (i < n)
@@ -210,6 +249,11 @@ void sha256x_many(const unsigned char *const *msg, size_t n, size_t len,
 bool sha256x_available(void)
 {
     return false;
+}
+
+const char *sha256x_path(void)
+{
+    return "openssl";
 }
 
 void sha256x_many(const unsigned char *const *msg, size_t n, size_t len,

@@ -25,13 +25,19 @@
 
 #define SHA256X_DIGEST 32
 
-/* True when this CPU has the SHA extensions (CPUID) and the environment
- * does not say NBDFERRY_SHA256=openssl (the switch tests and a wary user
+/* True when this CPU has the SHA extensions or AVX-512 (CPUID) and the
+ * environment does not say NBDFERRY_SHA256=openssl (the switch tests and a wary user
  * use to take the OpenSSL path).  Decided once, on the first call. */
 bool sha256x_available(void);
 
-/* out[i] = SHA-256 of the len bytes at msg[i], for i < n, two at a
- * time.  Only after
- * sha256x_available() said true. */
+/* Which code hashes: "avx512+sha-ni" (sixteen messages at a time with
+ * AVX-512, common/sha256x16.c, the rest two at a time on the SHA
+ * lanes), "avx512", "sha-ni" or "openssl".  NBDFERRY_SHA256=sha-ni
+ * keeps to the SHA lanes. */
+const char *sha256x_path(void);
+
+/* out[i] = SHA-256 of the len bytes at msg[i], for i < n: sixteen at a
+ * time where the CPU has AVX-512, two at a time on the SHA lanes.  Only
+ * after sha256x_available() said true. */
 void sha256x_many(const unsigned char *const *msg, size_t n, size_t len,
                   unsigned char (*out)[SHA256X_DIGEST]);

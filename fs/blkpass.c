@@ -85,7 +85,7 @@ struct part {
  * last one done wakes the pass. */
 #define MAX_HELPERS 7u
 #define HASH_BATCH 256u           /* blocks handed to the helpers at once */
-#define HASH_TAKE 4u              /* blocks a thread takes at a time: they
+#define HASH_TAKE 16u             /* blocks a thread takes at a time: they
                                    * are hashed side by side (blkhash.h) */
 
 struct hashers {

@@ -11,6 +11,9 @@ include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/blkhash-fuzz.cmake)
 add_executable(sha256x-test ${CMAKE_CURRENT_LIST_DIR}/sha256x-test.c)
 target_link_libraries(sha256x-test PRIVATE blkhash)
 add_test(NAME sha256x COMMAND sha256x-test)
+add_test(NAME sha256x-sha-ni COMMAND sha256x-test)
+set_tests_properties(sha256x-sha-ni PROPERTIES
+                     ENVIRONMENT NBDFERRY_SHA256=sha-ni)
 add_test(NAME blkhash-openssl COMMAND blkhash-test)
 set_tests_properties(blkhash-openssl PROPERTIES
                      ENVIRONMENT NBDFERRY_SHA256=openssl)
