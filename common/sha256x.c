@@ -29,7 +29,9 @@
 #define SHA_TARGET __attribute__((target("sha,sse4.1,ssse3")))
 #define MAX_LANES 2
 
-static const uint32_t K[64] = {
+/* FIPS 180-4's round constants and initial hash value, shared with
+ * sha256x16.c (sha256x-int.h). */
+const uint32_t sha256x_K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
     0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
     0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
@@ -43,7 +45,7 @@ static const uint32_t K[64] = {
     0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
 };
 
-static const uint32_t H0[8] = {
+const uint32_t sha256x_H0[8] = {
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 };
@@ -55,8 +57,8 @@ struct lane {
 
 SHA_TARGET static struct lane initial_state(void)
 {
-    __m128i dcba = _mm_loadu_si128((const __m128i *) &H0[0]);
-    __m128i hgfe = _mm_loadu_si128((const __m128i *) &H0[4]);
+    __m128i dcba = _mm_loadu_si128((const __m128i *) &sha256x_H0[0]);
+    __m128i hgfe = _mm_loadu_si128((const __m128i *) &sha256x_H0[4]);
     __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1);
     __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
 
@@ -98,7 +100,7 @@ compress(unsigned lanes, struct lane *s, const unsigned char *const *p,
 #pragma GCC unroll 16
         for (unsigned i = 0; i < 16; i++) {
             /* Rounds 4i .. 4i+3; w[j][i % 4] holds W[4i .. 4i+3]. */
-            __m128i k = _mm_loadu_si128((const __m128i *) &K[4 * i]);
+            __m128i k = _mm_loadu_si128((const __m128i *) &sha256x_K[4 * i]);
             for (unsigned j = 0; j < lanes; j++) {
                 __m128i *v = w[j];
                 if (i < 4)
@@ -138,18 +140,13 @@ hash_lanes(unsigned lanes, const unsigned char *const *msg, size_t len,
     struct lane s[MAX_LANES];
     unsigned char tail[MAX_LANES][128];
     const unsigned char *tp[MAX_LANES];
-    size_t rest = len % 64, ntail = rest < 56 ? 1 : 2;
-    uint64_t bits = (uint64_t) len * 8;
+    size_t ntail = 0;
 
     for (unsigned j = 0; j < lanes; j++)
         s[j] = initial_state();
     compress(lanes, s, msg, len / 64);
     for (unsigned j = 0; j < lanes; j++) {
-        memset(tail[j], 0, sizeof tail[j]);
-        memcpy(tail[j], msg[j] + (len - rest), rest);
-        tail[j][rest] = 0x80;
-        for (unsigned i = 0; i < 8; i++)
-            tail[j][ntail * 64 - 1 - i] = (unsigned char) (bits >> (8 * i));
+        ntail = sha256x_pad(tail[j], msg[j], len);
         tp[j] = tail[j];
     }
     compress(lanes, s, tp, ntail);
@@ -198,9 +195,7 @@ static int path(void)
         else if (env && strcmp(env, "sha-ni") == 0)
             k = sha;
         else
-            k = avx ? 2 : sha;
-        if (k == 2 && !sha)
-            k = 3;                  /* AVX-512 alone: the rest padded */
+            k = !avx ? sha : sha ? 2 : 3;   /* 3: AVX-512 alone */
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
     return k;

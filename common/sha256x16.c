@@ -27,25 +27,6 @@
 
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
 
-static const uint32_t K[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
-    0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
-    0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-    0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-    0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
-
-static const uint32_t H0[8] = {
-    0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
-};
-
 #define ROR(x, n) _mm512_ror_epi32(x, n)
 #define XOR3(a, b, c) _mm512_ternarylogic_epi32(a, b, c, 0x96)
 #define CH(e, f, g) _mm512_ternarylogic_epi32(e, f, g, 0xCA)
@@ -110,9 +91,9 @@ AVX512 static void compress16(__m512i s[8], __m512i w[16])
             wi = w[i & 15] = ADD(ADD(w[i & 15], s0),
                                  ADD(w[(i - 7) & 15], s1));
         }
+        __m512i k = _mm512_set1_epi32((int) sha256x_K[i]);
         __m512i t1 = ADD(ADD(h, XOR3(ROR(e, 6), ROR(e, 11), ROR(e, 25))),
-                         ADD(CH(e, f, g),
-                             ADD(wi, _mm512_set1_epi32((int) K[i]))));
+                         ADD(CH(e, f, g), ADD(wi, k)));
         __m512i t2 = ADD(XOR3(ROR(a, 2), ROR(a, 13), ROR(a, 22)),
                          MAJ(a, b, c));
         h = g;
@@ -138,25 +119,18 @@ AVX512 void sha256x16_hash(const unsigned char *const *msg, size_t len,
                            unsigned char (*out)[SHA256X_DIGEST])
 {
     __m512i s[8], w[16];
-    size_t rest = len % 64, ntail = rest < 56 ? 1 : 2;
-    uint64_t bits = (uint64_t) len * 8;
     unsigned char tail[16][128];
     const unsigned char *tp[16];
 
     for (int j = 0; j < 8; j++)
-        s[j] = _mm512_set1_epi32((int) H0[j]);
+        s[j] = _mm512_set1_epi32((int) sha256x_H0[j]);
     for (size_t off = 0; off + 64 <= len; off += 64) {
         load_block(w, msg, off);
         compress16(s, w);
     }
-    /* The padding: 0x80, zeros, the bit length big-endian; one block,
-     * or two when fewer than 9 bytes are left in the last. */
+    size_t ntail = 0;
     for (int i = 0; i < 16; i++) {
-        memset(tail[i], 0, sizeof tail[i]);
-        memcpy(tail[i], msg[i] + (len - rest), rest);
-        tail[i][rest] = 0x80;
-        for (unsigned k = 0; k < 8; k++)
-            tail[i][ntail * 64 - 1 - k] = (unsigned char) (bits >> (8 * k));
+        ntail = sha256x_pad(tail[i], msg[i], len);
         tp[i] = tail[i];
     }
     for (size_t off = 0; off < ntail * 64; off += 64) {

@@ -68,7 +68,7 @@ def _expected_chunks(expected, exp_len, size):
             if f is None:
                 b = bytes(expected[off:off + k])
             else:
-                b = f.read(k) if k else b""
+                b = read_full(f, k)
             yield b + bytes(n - len(b)) if len(b) < n else b
             off += n
     finally:
