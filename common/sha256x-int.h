@@ -10,7 +10,7 @@
 #include "common/sha256x.h"
 
 /* SHA-256's round constants and initial hash value (FIPS 180-4), defined
- * in sha256x.c on x86-64. */
+ * in sha256x-k.c. */
 extern const uint32_t sha256x_K[64];
 extern const uint32_t sha256x_H0[8];
 
