@@ -172,6 +172,22 @@ def tally():
     TALLY.save()
 
 
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker sends its tally to the controller."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["fault_tally"] = TALLY.data()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up each worker's tally as the worker ends."""
+    data = getattr(node, "workeroutput", {}).get("fault_tally")
+    if data:
+        TALLY.merge(data)
+        TALLY.save()
+
+
 @pytest.fixture
 def bg():
     """Factory: bg(cmd, errpath) -> Copy; killed at teardown if running."""

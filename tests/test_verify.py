@@ -16,7 +16,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import tempfile
@@ -29,6 +28,7 @@ import pytest
 from lib.digest import blkhash_bytes, sha256_file
 from lib.env import BUILD
 from lib.images import random_bytes
+from lib.procs import free_tcp_port
 
 # $NBDFERRY_VERIFY, else the CMake tree's tools/ (or its top, for a build of
 # the tool alone).
@@ -497,9 +497,7 @@ def test_verify_unreachable_server_is_one_line_exit_2(tmp_path):
     line = assert_one_error_line(
         verify(src, "nbd+unix:///?socket=/nonexistent/sock"))
     assert "nonexistent" in line
-    with socket.socket() as s:                    # a closed TCP port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_tcp_port()                        # a closed TCP port
     assert_one_error_line(verify(src, f"nbd://127.0.0.1:{port}"))
 
 

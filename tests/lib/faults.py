@@ -8,7 +8,8 @@ bytes on the server are compared with the source.  A copy tool that exits
 0 while the server's bytes differ is *silent corruption*: the test fails
 and the tally counts it.  The tally of the session is written to
 tests/.fault-summary (one JSON object) and printed by scripts/test-sanitizers
-and .ci/run.
+and .ci/run; under pytest-xdist each worker hands its tally to the
+controller, which adds them up (conftest.py).
 """
 
 import atexit
@@ -26,10 +27,11 @@ import pytest
 from lib import env
 from lib.digest import sha256_file
 from lib.env import TESTS, timeout
-from lib.procs import nonempty, wait_for
+from lib.procs import free_tcp_port, nonempty, wait_for
 from lib.servers import plugin_path
 
 SUMMARY = TESTS / ".fault-summary"
+IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 
 # ------------------------------------------------------------------ tally
@@ -56,15 +58,31 @@ class Tally:
         c[outcome] += 1
         self.save()
 
-    def save(self):
-        data = {"copies": sum(self.counts[k] for k in ("loud", "match",
+    def data(self):
+        return {"copies": sum(self.counts[k] for k in ("loud", "match",
                                                         "silent")),
                 "cases": len(self.cases), **self.counts,
                 "build": os.environ.get("NBDFERRY_BUILD", ""),
                 "by_case": self.cases}
+
+    def merge(self, data):
+        """Add a pytest-xdist worker's tally (its data()) to this one."""
+        for k in self.counts:
+            self.counts[k] += data.get(k, 0)
+        for case, outcomes in data.get("by_case", {}).items():
+            c = self.cases.setdefault(case, {"loud": 0, "match": 0,
+                                             "silent": 0})
+            for k, n in outcomes.items():
+                c[k] += n
+
+    def save(self):
+        """Write the summary file; a pytest-xdist worker leaves that to
+        the controller, which merges the workers' tallies (conftest.py)."""
+        if IN_WORKER:
+            return
         with contextlib.suppress(OSError):
-            SUMMARY.write_text(json.dumps(data, indent=1, sort_keys=True)
-                               + "\n")
+            SUMMARY.write_text(json.dumps(self.data(), indent=1,
+                                          sort_keys=True) + "\n")
 
     def line(self):
         c = self.counts
@@ -80,7 +98,7 @@ TALLY = Tally()          # the session's; conftest's tally fixture yields it
 
 @atexit.register
 def _print_tally():
-    if TALLY.cases:
+    if TALLY.cases and not IN_WORKER:
         print("\n" + TALLY.line())
 
 
@@ -209,9 +227,7 @@ class Kit:
         self.pidfile = self.dir / f"{name}.pid"
         self.port = None
         if tcp:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+            self.port = free_tcp_port()
             self.uri = f"nbd://127.0.0.1:{self.port}/"
             self.target = ["--tcp", "127.0.0.1", str(self.port)]
         else:

@@ -60,10 +60,33 @@ def run(cmd, timeout=120, check=False, **kw):
     return r
 
 
+# TCP ports for servers the tests start: each pytest-xdist worker (gwN)
+# takes them from its own block below the kernel's ephemeral range, so two
+# workers never pick the same free port between the probe and the
+# server's bind (the kernel's bind(0) is no such promise).
+PORT_BASE, PORT_BLOCK = 12000, 2000
+_next_port = [None]
+
+
 def free_tcp_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing is bound to, from this
+    worker's block (cycled; a port still bound or in TIME_WAIT is passed
+    over)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    lo = PORT_BASE + (n % 10) * PORT_BLOCK
+    if _next_port[0] is None:
+        _next_port[0] = os.getpid() % PORT_BLOCK
+    for _ in range(PORT_BLOCK):
+        port = lo + _next_port[0]
+        _next_port[0] = (_next_port[0] + 1) % PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    pytest.fail(f"no free TCP port in {lo}-{lo + PORT_BLOCK - 1}")
 
 
 def pid_alive(pid):
