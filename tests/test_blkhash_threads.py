@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from test_blkhash import blkhash, one
-from test_verify import (MiB, VERIFY, assert_one_error_line, kits,  # noqa: F401
+from test_verify import (MiB, assert_one_error_line, kits,  # noqa: F401
                          verify)
 
 KiB = 1 << 10

@@ -13,7 +13,6 @@ Run: /usr/bin/python3 -m pytest tests/test_docs_examples.py
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 

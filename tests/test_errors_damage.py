@@ -27,7 +27,7 @@ import pytest
 
 from lib.digest import sha256_file
 from lib.env import MiB
-from lib.faults import (judge, status_json, wait_progress, written_bytes)
+from lib.faults import judge, status_json
 from lib.images import make_sparse_image, random_bytes, random_file
 from lib.nbd import sha256_nbd
 from lib.procs import run

@@ -7,6 +7,7 @@
 - tools/ holds the installed programs only, and their build rules are
   included by name (no file(GLOB)), one folder per installed program;
 - only bench/benchlib puts the test harness on sys.path;
+- tests take TCP ports from free_tcp_port (one block per pytest worker);
 - the daemon is built with its assertions on;
 - tests/README.md lists every test file, and its map from design.md
   sections names only files that exist;
@@ -94,6 +95,24 @@ def test_only_benchlib_touches_sys_path():
                     ast.unparse(node.value) == "sys":
                 bad.append(f"{p.relative_to(TOP)}:{node.lineno}")
     assert not bad, "import benchlib instead: " + ", ".join(bad)
+
+
+def test_tests_take_tcp_ports_from_free_tcp_port():
+    """The suite runs in parallel workers: a test that binds a TCP port of
+    its own choosing (bind(0) included: another worker may take the same
+    port between the probe and the server's bind) must take it from
+    free_tcp_port (lib/procs.py), which gives each worker its own block."""
+    bad = []
+    for p in TESTS.rglob("*.py"):
+        if p == TESTS / "lib" / "procs.py" or "__pycache__" in p.parts:
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Call) and \
+                    isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "bind" and node.args and \
+                    isinstance(node.args[0], ast.Tuple):
+                bad.append(f"{p.relative_to(TOP)}:{node.lineno}")
+    assert not bad, "use lib.procs.free_tcp_port: " + ", ".join(bad)
 
 
 def test_tools_holds_installed_programs_only():

@@ -6,7 +6,6 @@ export of its name; the memory plugin serves only the default export
 (listed with an empty name).  An unreachable server and a bad operand are
 one line on stderr and exit 1 (2 for usage)."""
 
-import subprocess
 
 from lib.env import MiB, NBDFERRY
 from lib.procs import run

@@ -11,12 +11,11 @@ import os
 import shlex
 import subprocess
 
-import pytest
 
-from lib.env import MiB, daemon_cmd, timeout
+from lib.env import MiB, daemon_cmd
 from lib.mounts import is_mounted
 from lib.privatens import run_private
-from lib.procs import nonempty, pid_alive, run, wait_for
+from lib.procs import pid_alive, run, wait_for
 
 VICTIM = "precious contents\n"
 

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 
 from pathlib import Path
 

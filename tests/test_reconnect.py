@@ -23,7 +23,7 @@ import time
 import pytest
 
 from lib.digest import sha256_file
-from lib.env import MiB, timeout
+from lib.env import MiB
 from lib.faults import (children, judge, lost_ranges, read_bytes, sha256_mount,
                         sha256_prefix, status_json, wait_progress,
                         written_bytes)

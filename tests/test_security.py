@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from lib.digest import sha256_file
 from lib.env import MiB, daemon_cmd, timeout
-from lib.faults import sha256_prefix, status_json
+from lib.faults import sha256_prefix
 from lib.images import random_bytes, random_file
 from lib.mounts import is_mounted
-from lib.procs import run
 from lib.tls import make_psk, psk_key
 
 EXPORT = 16 * MiB

@@ -12,7 +12,6 @@ Run: /usr/bin/python3 -m pytest tests/test_syslog.py
 
 import os
 import shutil
-import subprocess
 import sys
 
 from lib.env import daemon_cmd

@@ -37,7 +37,7 @@ from lib.env import MiB, daemon_cmd, timeout
 from lib.faults import sha256_prefix
 from lib.images import random_file
 from lib.mounts import fusermount_u, is_mounted
-from lib.procs import free_tcp_port, nonempty, run, wait_for
+from lib.procs import run, wait_for
 from lib.tls import make_psk
 from test_verify import VERIFY
 

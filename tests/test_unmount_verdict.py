@@ -13,13 +13,12 @@ Run: /usr/bin/python3 -m pytest tests/test_unmount_verdict.py
 """
 
 import os
-import subprocess
 
 from lib.digest import blkhash_file, sha256_file
 from lib.env import MiB, daemon_cmd
 from lib.images import random_file
 from lib.mounts import is_mounted
-from lib.procs import run, wait_for
+from lib.procs import run
 
 EXPORT = 32 * MiB
 

@@ -19,9 +19,8 @@ import errno
 import os
 import struct
 
-import pytest
 
-from lib.env import GiB, MiB
+from lib.env import MiB
 from lib.images import random_bytes
 from lib.nbd import nbd_handle, sha256_nbd
 from lib.procs import oserror_errno

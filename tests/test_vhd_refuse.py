@@ -23,7 +23,7 @@ from lib.digest import sha256_file
 from lib.env import MiB
 from lib.images import random_bytes
 from lib.nbd import fill_random, sha256_nbd
-from lib.procs import oserror_errno, run
+from lib.procs import oserror_errno
 from lib.vhd import SHA, VIRTUAL, copy_into, fixture, qemu_img
 
 EXPORT = 16 * MiB

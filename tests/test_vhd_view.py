@@ -26,14 +26,14 @@ import struct
 import pytest
 
 from lib.content import assert_content
-from lib.digest import sha256_file, sha256_zeros
+from lib.digest import sha256_file
 from lib.env import GiB, MiB
 from lib.images import random_bytes
 from lib.nbd import fill_random, read_nbd, sha256_nbd, write_nbd
 from lib.procs import oserror_errno, run
 from lib.vhd import (COPY_TOOLS, HAVE_QEMU, SHA, VHD_TOOL, VIRTUAL, VhdFile,
                      apply_vhd, bat_entry_offset, copy_into, fixture,
-                     footer_checksum, mutate_footers, mutate_header,
+                     mutate_footers, mutate_header,
                      nonzero_blocks, qemu_img, qemu_io, qemu_size, vhd_tool,
                      vhd_tool_info, vhd_tool_map, vpc_spec)
 

@@ -11,7 +11,6 @@ Environment: NBDFERRY_BUILD (default: build/ beside tests/) holds
 tools/nbdferry-vhdx.
 """
 
-import os
 import random
 import shutil
 import struct

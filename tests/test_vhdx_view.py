@@ -17,7 +17,6 @@ checked and compared by qemu-img.
 Run: /usr/bin/python3 -m pytest tests/test_vhdx_view.py
 """
 
-import errno
 import json
 import hashlib
 import os

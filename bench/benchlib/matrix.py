@@ -9,7 +9,7 @@ Command templates are tuples of strings formatted with:
   {verify} the nbdferry-verify binary {out}   copy-out arms: the output file
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -13,7 +13,6 @@ a few broken ones.  Blocks are 4 KiB so files stay a few KiB.
 fuzz-vhd-parse seeds are the files; fuzz-vhd-stream seeds carry a 4-byte
 prefix that drives how the file is cut into writes and holes.
 """
-import os
 import struct
 import sys
 from pathlib import Path
