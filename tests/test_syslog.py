@@ -86,7 +86,7 @@ def test_daemon_logs_to_syslog_with_mountpoint(server, shortdir):
     # "<3>... nbdferry[PID]: /path/mnt: error: nbd.vhd: not a ..."
     for l in refusals:
         assert l.startswith("<27>") or l.startswith("<3>"), l
-        assert f"nbdferry[" in l and f": {mp}: error: nbd.vhd:" in l, l
+        assert "nbdferry[" in l and f": {mp}: error: nbd.vhd:" in l, l
     # 41 refusals: rate-limited, the rest counted
     assert len(refusals) <= 10, text
     assert any("rate limit" in l for l in lines), text

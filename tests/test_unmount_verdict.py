@@ -77,7 +77,7 @@ def test_background_daemon_and_log_file(server, shortdir, shm):
     assert not is_mounted(mp)
     assert (os.stat(log).st_mode & 0o777) == 0o600
     text = log.read_text()
-    assert f"nbdferry[" in text and f"{mp}: " in text, text
+    assert "nbdferry[" in text and f"{mp}: " in text, text
     assert "unmounted:" in text, text            # the line after the flush
 
 

@@ -235,7 +235,7 @@ def markdown(results, meta):
     preset = meta.get("preset", "first")
     out = [begin(preset), "",
            f"## Results: preset {preset}, {meta['date']}", ""]
-    out += [f"Command (from the repository root):", "",
+    out += ["Command (from the repository root):", "",
             f"    {meta['command']}", ""]
     out += ["| machine | |", "| --- | --- |"]
     out += [f"| {k} | {v} |" for k, v in meta["machine"]]
