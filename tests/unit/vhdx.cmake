@@ -17,3 +17,7 @@ set_tests_properties(vhdx-synth PROPERTIES TIMEOUT 600)
 # The integration tests' builder of VHDX files qemu-img cannot write.
 add_executable(vhdx-mkfile ${CMAKE_CURRENT_LIST_DIR}/vhdx-mkfile.c)
 target_link_libraries(vhdx-mkfile PRIVATE vhdx)
+
+add_executable(vhdx-test-log ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-log.c)
+target_link_libraries(vhdx-test-log PRIVATE vhdx)
+add_test(NAME vhdx-log COMMAND vhdx-test-log)
