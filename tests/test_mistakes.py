@@ -42,7 +42,7 @@ from lib.env import MiB, daemon_cmd
 from lib.images import random_bytes
 from lib.mounts import fusermount_u, is_mounted
 from lib.nbd import fill_random, read_nbd, sha256_nbd
-from lib.procs import oserror_errno, run, wait_for
+from lib.procs import open_paths, oserror_errno, run, wait_for
 from lib.vhd import qemu_img
 
 EXPORT = 32 * MiB
@@ -58,27 +58,40 @@ def messages(st):
     return [f["message"] for f in st["failures"] if "time" in f]
 
 
+_holders = []     # processes holding a file of the mount open
+
+
 @pytest.fixture
 def victim(server, mount):
-    """A 32 MiB export of random bytes, mounted; (server, mount, sha)."""
+    """A 32 MiB export of random bytes, mounted; (server, mount, sha).
+    Its teardown (before the mount's) kills what a failed test left
+    holding the mount's files open, so the unmount is not kept busy."""
     def make(*opts):
         srv = server("memory", f"size={EXPORT}")
         fill_random(srv.uri, EXPORT)
         m = mount(srv, *opts, expect_errors=True)
         return srv, m, sha256_nbd(srv.uri)
-    return make
+    yield make
+    while _holders:
+        p = _holders.pop()
+        if p.stdin:
+            p.stdin.close()         # EOF: a forked child ends too
+        if p.poll() is None:
+            p.kill()
+            p.wait(30)
 
 
 def holder(path):
     """A dd that has path open for writing and waits on its stdin (it
-    writes nothing until fed); stop it with close_holder()."""
+    writes nothing until fed); stop it with close_holder().  Its /proc
+    entries are read while it may exit (open refused): that fails here
+    with its exit status, it never raises from /proc nor hangs."""
     p = subprocess.Popen(["dd", f"of={path}", "conv=notrunc", "bs=1M",
                           "status=none"], stdin=subprocess.PIPE,
                          stderr=subprocess.PIPE)
-    wait_for(lambda: any(os.path.realpath(f"/proc/{p.pid}/fd/{fd}")
-                         == str(path)
-                         for fd in os.listdir(f"/proc/{p.pid}/fd")),
-             p, "dd opening the file")
+    _holders.append(p)
+    want = os.path.realpath(path)
+    wait_for(lambda: want in open_paths(p.pid), p, "dd opening the file")
     return p
 
 
@@ -155,6 +168,59 @@ def test_a_closed_writer_of_a_live_process_lets_the_next_copy_in(victim,
         assert read_nbd(srv.uri, 0, 4096) == head
         assert read_nbd(srv.uri, MiB, MiB) == data
     assert "second writer" not in m.stderr
+
+
+# A truncating writer that forks and exits; its child keeps writing
+# through the inherited descriptor.  Driven over stdin/stdout: "ready"
+# once the parent is gone and the child has written, "go" to finish.
+FORKED_WRITER = r"""
+import os, sys
+path, a, b, c = sys.argv[1:5]
+fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+os.pwrite(fd, open(a, "rb").read(), 0)
+parent = os.getpid()
+if os.fork():
+    os._exit(0)                     # the opening process is gone
+while os.getppid() == parent:       # its exit (and its close) is over
+    pass
+os.pwrite(fd, open(b, "rb").read(), 1 << 20)
+print("ready", flush=True)
+sys.stdin.readline()
+os.pwrite(fd, open(c, "rb").read(), 2 << 20)
+os.close(fd)
+print("done", flush=True)
+"""
+
+
+def test_forked_writer_keeps_the_disk_while_its_child_writes(victim, shm):
+    """A process opens the raw file with O_TRUNC, writes, forks and
+    exits; the child keeps writing through the inherited descriptor.
+    The opening process is gone, but the copy is not over: a second
+    truncating writer is refused with EBUSY while the child holds the
+    file, and every byte of the child lands on the server."""
+    srv, m, before = victim()
+    parts = [shm / n for n in ("a", "b", "c")]
+    for p in parts:
+        p.write_bytes(random_bytes(MiB))
+    w = subprocess.Popen(["/usr/bin/python3", "-c", FORKED_WRITER, m.file,
+                          *parts], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    _holders.append(w)              # (the parent: the child is found below)
+    assert w.wait(60) == 0, w.stderr.read()
+    assert w.stdout.readline() == "ready\n", w.stderr.read()
+    r = oserror_errno(lambda: os.close(
+        os.open(m.file, os.O_WRONLY | os.O_TRUNC)))
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    assert w.stdout.readline() == "done\n", w.stderr.read()
+    w.stdin.close()
+    assert r == errno.EBUSY, os.strerror(r) if r else "admitted"
+    assert "second writer refused" in m.stderr
+    data = b"".join(p.read_bytes() for p in parts)
+    assert read_nbd(srv.uri, 0, 3 * MiB) == data
+    want = hashlib.sha256(data + bytes(EXPORT - 3 * MiB)).hexdigest()
+    assert sha256_nbd(srv.uri) == want != before
 
 
 def test_multiwriter_allows_parallel_writers(victim, shm):

@@ -125,6 +125,23 @@ def in_thread(fn, secs):
     return "done", box.get("ok")
 
 
+def open_paths(pid):
+    """The paths a process has open (its /proc/PID/fd links).  A process
+    may exit, or close a descriptor, while they are read: what is gone is
+    left out (empty once it has exited), never an error."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    out = set()
+    for fd in fds:
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
 def oserror_errno(fn, *args):
     """Call fn; return 0 on success or the OSError's errno."""
     try:
