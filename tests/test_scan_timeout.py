@@ -18,7 +18,7 @@ from lib.copytools import status
 from lib.env import MiB, daemon_cmd, timeout
 from lib.images import random_bytes
 from lib.mounts import is_mounted
-from lib.nbd import read_nbd
+from lib.nbd import fill_random, read_nbd, sha256_nbd
 
 EXPORT = 64 * MiB
 HUNG = ["--filter=delay", "memory", f"size={EXPORT}", "delay-extents=3600"]
@@ -73,3 +73,33 @@ def test_scan_without_reply_fails_cleanly_when_it_cannot_reconnect(
     assert not is_mounted(mp), "mounted although the daemon failed"
     assert not pidfile.exists() or not pidfile.read_text().strip(), \
         "pidfile written by a daemon that never became ready"
+
+
+def test_scan_timeout_of_a_second_disk_reconnects_to_its_own_export(
+        server, mount):
+    """A mount of two disks on two servers; the second's block status
+    never answers.  Its scan gives up, it connects again to its own
+    export (not the first disk's) and mounts without the scan: bytes
+    written to it land on its server, the first export is untouched."""
+    size = 16 * MiB
+    first = server("memory", f"size={size}")
+    slow = server("memory", f"size={size}", "delay-extents=3600",
+                  filters=["delay"])
+    fill_random(first.uri, size)
+    fill_random(slow.uri, size)
+    first_before, slow_before = sha256_nbd(first.uri), sha256_nbd(slow.uri)
+    m = mount([f"fast={first.uri}", f"slow={slow.uri}"], "--request-timeout",
+              "2", raw="fast", expect_errors=True, ready_timeout=timeout(90))
+    disks = {d["name"]: d for d in status(m)["disks"]}
+    assert disks["slow"]["block_status_scan"] == "timed out", disks
+    data = random_bytes(2 * MiB + 7)
+    with open(m.mp / "slow", "r+b") as f:
+        f.seek(MiB + 3)
+        f.write(data)
+        os.fsync(f.fileno())
+    assert m.unmount(check=False) == 0
+    assert read_nbd(slow.uri, MiB + 3, len(data)) == data
+    assert sha256_nbd(slow.uri) != slow_before
+    assert sha256_nbd(first.uri) == first_before
+    assert any("block status" in l and "without it" in l
+               for l in m.stderr.splitlines()), m.stderr
