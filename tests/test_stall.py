@@ -73,6 +73,34 @@ def test_stall_short_pause_ridden_out(kit, mount, shm, bg, tally):
     m.unmount()                        # exit 0, no warning lines
 
 
+def test_stall_past_request_timeout_cleared_by_write_replies(kit, mount,
+                                                            shm, bg, tally):
+    """A write-only copy (dd, no read of the disk); the server is silent
+    past --request-timeout (2 s), so the connection holds new requests
+    back, then answers again well before --retry-timeout (8 s more) runs
+    out.  Its replies to writes end the stall: the copy completes, the
+    bytes are right, and the log says the server answers again.  (Were
+    only read replies to end it, this copy would stay held back and fail
+    at the retry deadline.)"""
+    k = slow_kit(kit, shm)
+    m = mount(k.target, "--request-timeout", "2", "--retry-timeout", "8",
+              "--request-size", "512K", expect_errors=True)
+    src = random_file(shm / "src.img", SRC)
+    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=notrunc,fsync"],
+            shm / "cp.err")
+    wait_progress(cp, written_bytes, 8 * MiB)
+    with Paused(k):
+        time.sleep(4)
+    rc = cp.wait(180)
+    out = judge(tally, "pause-past-request-timeout-write-only", rc, src,
+                sha256_prefix(k.disk, SRC), sha256_mount(m.file, SRC),
+                cp.stderr)
+    assert out == "match", f"rc {rc}\n{cp.stderr}\n{m.stderr}"
+    assert re.search(r"no reply from the server for 2 s", m.stderr), m.stderr
+    assert "the server answers again" in m.stderr, m.stderr
+    assert m.unmount(check=False) == 0, m.stderr
+
+
 @pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
 def test_stall_paused_for_good_fsync_fails(kit, mount, shm, bg, tally, tcp):
     """The server is paused for good mid-copy (dd conv=fsync): dd fails
