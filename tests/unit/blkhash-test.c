@@ -1,7 +1,11 @@
 /* tests/unit/blkhash-test.c: common/blkhash against the public check
  * values (libnbd's copy-blkhash-known) and against a straightforward
  * in-order reference, for updates in any order, from several threads,
- * with holes, zeroed ranges and rewrites. */
+ * with holes, zeroed ranges and rewrites; and every SHA-256 lane of the
+ * hashing path in use (test_lanes).  ctest runs it on each path the
+ * machine has: as it chooses (AVX-512 sixteen lanes and SHA-NI pairs on
+ * a CPU with both, which is checked), NBDFERRY_SHA256=sha-ni and
+ * NBDFERRY_SHA256=openssl. */
 #undef NDEBUG
 #include <assert.h>
 #include <errno.h>
@@ -11,6 +15,7 @@
 #include <string.h>
 
 #include "common/blkhash.h"
+#include "common/sha256x.h"
 
 static void hex(const unsigned char *d, unsigned n, char *out)
 {
@@ -308,8 +313,76 @@ static void test_fold(const char *md, uint64_t bs, size_t len)
     blkhash_free(twin);
 }
 
+/* Every lane with its own data: 1 to 40 blocks of distinct random bytes
+ * in one update (groups of sixteen on the AVX-512 lanes, the rest in
+ * pairs and singles on the SHA-NI lanes), and sixteen equal blocks but
+ * one, in each position; against the reference (OpenSSL's SHA-256 of
+ * each block, then the combine).  A lane that computes or stores
+ * another lane's digest changes the result. */
+static void test_lanes(void)
+{
+    const uint64_t sizes[] = { 4096, 65536 };
+    unsigned char want[EVP_MAX_MD_SIZE], got[EVP_MAX_MD_SIZE];
+    unsigned wn, gn;
+    struct blkhash *h;
+
+    for (size_t s = 0; s < 2; s++) {
+        uint64_t bs = sizes[s];
+        unsigned char *p = malloc(40 * bs);
+        assert(p);
+        srand(11);
+        for (size_t i = 0; i < 40 * bs; i++)
+            p[i] = (unsigned char) (rand() >> 7);
+        for (size_t n = 1; n <= 40; n++) {
+            reference("sha256", bs, p, n * bs, want, &wn);
+            assert(blkhash_create("sha256", bs, &h) == 0);
+            assert(blkhash_update(h, 0, p, n * bs) == 0);
+            assert(blkhash_finish(h, n * bs, got, &gn) == 0);
+            if (gn != wn || memcmp(got, want, wn) != 0) {
+                fprintf(stderr, "blkhash: %zu blocks of %llu bytes differ "
+                        "from the reference on path %s\n", n,
+                        (unsigned long long) bs, sha256x_path());
+                abort();
+            }
+            blkhash_free(h);
+        }
+        for (size_t odd = 0; odd < 16; odd++) {
+            memset(p, 0x5c, 16 * bs);
+            p[odd * bs + bs / 2] ^= 1;
+            reference("sha256", bs, p, 16 * bs, want, &wn);
+            assert(blkhash_create("sha256", bs, &h) == 0);
+            assert(blkhash_update(h, 0, p, 16 * bs) == 0);
+            assert(blkhash_finish(h, 16 * bs, got, &gn) == 0);
+            if (gn != wn || memcmp(got, want, wn) != 0) {
+                fprintf(stderr, "blkhash: block %zu of 16 one bit off "
+                        "differs from the reference on path %s\n", odd,
+                        sha256x_path());
+                abort();
+            }
+            blkhash_free(h);
+        }
+        free(p);
+    }
+    printf("blkhash: every lane of path %s agrees\n", sha256x_path());
+}
+
 int main(void)
 {
+    const char *env = getenv("NBDFERRY_SHA256");
+    if (!env && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512f") &&
+        strcmp(sha256x_path(), "avx512+sha-ni") != 0 &&
+        strcmp(sha256x_path(), "avx512") != 0) {
+        fprintf(stderr, "blkhash: the CPU has AVX-512 but the path is %s\n",
+                sha256x_path());
+        return 1;
+    }
+    if (env && strcmp(env, sha256x_path()) != 0) {
+        fprintf(stderr, "blkhash: NBDFERRY_SHA256=%s but the path is %s (a "
+                "CPU without it cannot test it)\n", env, sha256x_path());
+        return 1;
+    }
+    test_lanes();
     test_vectors();
     test_parse();
     test_errors();
