@@ -242,9 +242,13 @@ def test_reconnect_reads_retry_after_restart(kit, mount, shm, bg, tally):
 
 
 def cpu_ticks(pid):
-    """utime + stime of a process, in clock ticks (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    """utime + stime of a process, in clock ticks (/proc/PID/stat); the
+    test fails, saying so, if it has exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        pytest.fail(f"the daemon (pid {pid}) exited while it was measured")
     return int(fields[11]) + int(fields[12])
 
 

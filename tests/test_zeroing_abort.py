@@ -38,10 +38,14 @@ except OSError as e:
 
 
 def signal_pending(pid, sig):
-    """sig is pending for the process (not yet delivered to a thread)."""
-    with open(f"/proc/{pid}/status") as f:
-        masks = [int(line.split()[1], 16) for line in f
-                 if line.startswith(("ShdPnd:", "SigPnd:"))]
+    """sig is pending for the process (not yet delivered to a thread);
+    False once it has exited (the caller's wait_for then sees the exit)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f
+                     if line.startswith(("ShdPnd:", "SigPnd:"))]
+    except OSError:
+        return False
     return any(mask & (1 << (sig - 1)) for mask in masks)
 
 
