@@ -12,7 +12,8 @@ wiped disk).
 Each case: a 16 MiB export, random bytes landed through the mount (a
 dirty disk: cp of a random file into MNT/nbd, checked on the server),
 then an image made by qemu-img/qemu-io and damaged here (a good entry
-first, a bad one after) copied with cp into MNT/nbd.<fmt>.  cp must fail,
+first, a bad one after; for qcow2 also an overlay, whose zero clusters
+are zeros written over the disk) copied with cp into MNT/nbd.<fmt>.  cp must fail,
 the daemon must log the rule for that view, and the export must read the
 same (sha256 on the server and through the mount), its size unchanged.
 
@@ -44,9 +45,14 @@ def be64(b, off):
 
 # ---- qcow2: L2 entry 0 a zero cluster, entry 1 damaged ---------------------
 
-def qcow2_zero_first(d):
+def qcow2_zero_first(d, overlay=False):
     p = d / "zd.qcow2"
-    qemu_img("create", "-f", "qcow2", p, "4M")
+    if overlay:                   # its zero clusters are zeros written
+        qemu_img("create", "-f", "qcow2", d / "base.qcow2", "4M")
+        qemu_img("create", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2",
+                 p)
+    else:
+        qemu_img("create", "-f", "qcow2", p, "4M")
     qemu_io(p, "write -z 0 64k", "write -P 0x5a 64k 64k",
             "write -P 0x6b 1M 64k", fmt="qcow2")
     b = bytearray(p.read_bytes())
@@ -72,10 +78,14 @@ def qcow2_into_l1(d):
     return bytes(b)
 
 
-def qcow2_unaligned(d):
-    b, _, l2, e1 = qcow2_zero_first(d)
+def qcow2_unaligned(d, overlay=False):
+    b, _, l2, e1 = qcow2_zero_first(d, overlay)
     struct.pack_into(">Q", b, l2 + 8, e1 + 512)
     return bytes(b)
+
+
+def qcow2_overlay_unaligned(d):
+    return qcow2_unaligned(d, overlay=True)
 
 
 # ---- VHD: BAT entry 0 a data block, entry 1 inside the BAT ------------------
@@ -135,6 +145,8 @@ CASES = {
     "qcow2-zero-then-into-l1": ("qcow2", qcow2_into_l1, "claimed twice"),
     "qcow2-zero-then-unaligned": ("qcow2", qcow2_unaligned,
                                   "not cluster-aligned"),
+    "qcow2-overlay-zero-then-unaligned": ("qcow2", qcow2_overlay_unaligned,
+                                          "not cluster-aligned"),
     "vhd-block-then-bat-in-metadata": ("vhd", vhd_bat_in_metadata,
                                        "clobbers"),
     "vmdk-zero-grain-then-overhead": ("vmdk", vmdk_gte_in_overhead,
