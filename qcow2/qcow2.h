@@ -206,9 +206,14 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  * begin(overlay, size): exactly once, just before the first data, zero
  *   or compressed call (at finish for a disk that needs none), so after
  *   the header and the active L1 table have arrived and passed validation
- *   (a file whose L1 table comes last is decoded into the spool first),
- *   and after every L2 table that arrives before the first data it maps
- *   has been checked whole.
+ *   (a file whose L1 table comes last is decoded into the spool first,
+ *   and every L2 table it names that has passed is checked before any is
+ *   applied), and after every L2 table that arrives before the first data
+ *   it maps has been checked whole.  No entry of an L2 table is applied
+ *   (no zero, data or map call) before every entry of that table has
+ *   passed its checks: a damaged table is refused with the disk as it was.
+ *   The zero clusters of a standalone image are no call at all, and do
+ *   not begin.
  *   overlay false (no backing file): the caller makes [0, size) read as
  *   zero; unallocated clusters and zeros are then NOT emitted.  overlay
  *   true (a backing file): the caller leaves the disk as it is (it holds

@@ -1,8 +1,9 @@
 /* qcow2/stream-internal.h: the stream decoder's state, shared by
  * qcow2/stream.c (the state machine that walks the file) and
  * qcow2/tables.c (what the tables say: the heaps of things ahead, cluster
- * ownership and refcounts, the spool, table parsing, compressed clusters).
- * Private to those two files. */
+ * ownership and refcounts, the spool, table parsing, compressed clusters)
+ * and qcow2/l2.c (L2 tables: checked whole, then applied).  Private to
+ * those files. */
 #ifndef NBDFERRY_QCOW2_STREAM_INTERNAL_H
 #define NBDFERRY_QCOW2_STREAM_INTERNAL_H
 
@@ -144,10 +145,22 @@ int  qcow2_claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what);
 bool qcow2_known_free(const struct qcow2_stream *s, uint64_t hc);
 
 /* Passed clusters: a zero run, a spooled cluster. */
+/* Bytes [off, off+len) already passed, from the spool or the zero record
+ * (-EINVAL if they were not kept); take: a whole cluster, for one use
+ * (dropped from the spool after); kept: would read_passed find them? */
+int qcow2_read_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
+                      uint64_t len, const char *what);
+int qcow2_take_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
+                      const char *what);
+int qcow2_passed_kept(struct qcow2_stream *s, uint64_t off, uint64_t len,
+                      const char *what);
 int qcow2_spool_zero_run(struct qcow2_stream *s, uint64_t off, uint64_t len,
                          int state);
 int qcow2_spool_put(struct qcow2_stream *s, uint64_t off, const uint8_t *buf);
 
+/* -EINVAL unless off is cluster-aligned ("<what> <index> points at"). */
+int qcow2_check_cluster_off(struct qcow2_stream *s, uint64_t off,
+                            const char *what, uint64_t index);
 int  qcow2_push_item(struct qcow2_stream *s, uint64_t off, int kind,
                      uint32_t arg, uint32_t aux);
 int  qcow2_begin(struct qcow2_stream *s);
@@ -156,10 +169,19 @@ void qcow2_check_complete(struct qcow2_stream *s);
 int qcow2_dispatch(struct qcow2_stream *s, const struct citem *c,
                    const uint8_t *data, size_t len);
 
-/* A table has arrived whole: push or serve what it names. */
+/* A table has arrived whole: push or serve what it names.  The L1 table
+ * checks every L2 table the stream has passed before applying any. */
 int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b);
 int qcow2_rt_parse(struct qcow2_stream *s, const uint8_t *b);
 int qcow2_rb_parse(struct qcow2_stream *s, uint32_t rti, const uint8_t *b);
+
+/* ---- l2.c ---------------------------------------------------------------- */
+
+/* L2 table l1i (b: its cluster).  check: every entry's rules and claims,
+ * no sink call; apply: what a checked table says (zeros, data from the
+ * spool, clusters ahead pushed); parse: both. */
+int qcow2_l2_check(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b);
+int qcow2_l2_apply(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b);
 int qcow2_l2_parse(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b);
 
 #endif /* NBDFERRY_QCOW2_STREAM_INTERNAL_H */

@@ -2,10 +2,10 @@
  * (qcow2/stream.c walks the file and calls in here).  The heaps of things
  * expected ahead, the ownership bitmaps and refcount checks, the spool
  * and the record of passed clusters, compressed clusters, and the parsing
- * of the L1 table, the refcount table and blocks and the L2 tables: each
- * entry that names a cluster ahead is pushed, one that names a cluster
- * already passed is served from the spool at once.  See the overview at
- * the top of qcow2/stream.c. */
+ * of the L1 table and the refcount table and blocks: each entry that
+ * names a cluster ahead is pushed, one that names a cluster already passed
+ * is served from the spool at once.  L2 tables are qcow2/l2.c's.  See the
+ * overview at the top of qcow2/stream.c. */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -102,11 +102,14 @@ int qcow2_emit_data(struct qcow2_stream *s, uint64_t disk_off,
 {
     if (disk_off >= s->h.size || len == 0)
         return 0;
+    if (!buf && !s->overlay)
+        return 0;             /* a standalone disk reads as zero from begin()
+                               * on: no call, and no begin() for it */
     if (!s->began && qcow2_begin(s) < 0)
         return s->err;
     len = MIN(len, s->h.size - disk_off);
     int r = buf ? s->sink->data(s->opaque, disk_off, buf, (size_t) len)
-                : s->overlay ? s->sink->zero(s->opaque, disk_off, len) : 0;
+                : s->sink->zero(s->opaque, disk_off, len);
     if (r < 0)
         return qcow2_fail(s, r, "placing %" PRIu64 " bytes at disk offset %" PRIu64
                     ": %s", len, disk_off, strerror(-r));
@@ -292,8 +295,8 @@ static const uint8_t *look_find(const struct qcow2_stream *s, uint64_t off)
 
 /* Bytes [off, off+len) of the file, already passed: from the spool or the
  * zero record.  -ENOENT if they were not kept. */
-static int read_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
-                       uint64_t len, const char *what)
+int qcow2_read_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
+                      uint64_t len, const char *what)
 {
     while (len > 0) {
         struct spent *p = sp_find(s, off);
@@ -328,10 +331,10 @@ static int read_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
 }
 
 /* A whole passed cluster, for one use: dropped from the spool after. */
-static int take_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
-                       const char *what)
+int qcow2_take_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
+                      const char *what)
 {
-    int r = read_passed(s, off, out, s->C, what);
+    int r = qcow2_read_passed(s, off, out, s->C, what);
     if (r < 0)
         return r;
     struct spent *p = sp_find(s, off);
@@ -374,36 +377,6 @@ int qcow2_dispatch(struct qcow2_stream *s, const struct citem *c,
     return qcow2_emit_data(s, q.disk_off, s->xbuf, (uint64_t) n);
 }
 
-static int add_compressed(struct qcow2_stream *s, uint64_t entry, uint64_t g)
-{
-    uint64_t off, len;
-    qcow2_compressed_range(entry, s->cb, &off, &len);
-    if (off < s->C || off >= QCOW2_MAX_HOST_OFFSET)
-        return qcow2_fail(s, -EINVAL, "compressed cluster for disk offset %" PRIu64
-                    " at file byte %" PRIu64 " (inside the header or past "
-                    "2^56)", g << s->cb, off);
-    if (qcow2_claim(s, off, len, IT_NONE) < 0 ||
-        qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_COMPRESSED, off) < 0)
-        return s->err;
-    struct citem c = { off, (uint32_t) g, (uint32_t) len };
-    if (off >= s->pos) {
-        int r = qcow2_heap_push(&s->citems, &c);
-        return r < 0 ? qcow2_fail(s, r, "too many compressed clusters ahead of the "
-                            "stream") : 0;
-    }
-    if (off + len > s->pos)
-        return qcow2_fail(s, -EINVAL, "compressed cluster at file byte %" PRIu64
-                    " straddles the table that names it", off);
-    uint8_t *tmp = malloc(len);
-    if (!tmp)
-        return qcow2_fail(s, -ENOMEM, "out of memory for a compressed cluster");
-    int r = read_passed(s, off, tmp, len, "a compressed cluster");
-    if (r == 0)
-        r = qcow2_dispatch(s, &c, tmp, len);
-    free(tmp);
-    return r;
-}
-
 /* ---- tables -------------------------------------------------------------- */
 
 int qcow2_push_item(struct qcow2_stream *s, uint64_t off, int kind,
@@ -417,8 +390,8 @@ int qcow2_push_item(struct qcow2_stream *s, uint64_t off, int kind,
     return 0;
 }
 
-static int check_cluster_off(struct qcow2_stream *s, uint64_t off,
-                             const char *what, uint64_t index)
+int qcow2_check_cluster_off(struct qcow2_stream *s, uint64_t off,
+                            const char *what, uint64_t index)
 {
     if (!IS_ALIGNED(off, s->C))
         return qcow2_fail(s, -EINVAL, "%s %" PRIu64 " points at byte %" PRIu64
@@ -435,21 +408,79 @@ void qcow2_check_complete(struct qcow2_stream *s)
     }
 }
 
-/* A table entry naming cluster off: if the stream has passed it, parse or
- * place it now from the spool, else wait for it. */
-static int want_table(struct qcow2_stream *s, uint64_t off, int kind,
-                      uint32_t index, bool claimed)
+/* A refcount table entry naming block off: if the stream has passed it,
+ * parse it now from the spool, else wait for it. */
+static int want_rb(struct qcow2_stream *s, uint64_t off, uint32_t index)
 {
-    if (!claimed && qcow2_claim(s, off, s->C, kind) < 0)
+    if (qcow2_claim(s, off, s->C, IT_RB) < 0)
         return s->err;
     if (off >= s->pos)
-        return qcow2_push_item(s, off, kind, index, (uint32_t) s->C);
+        return qcow2_push_item(s, off, IT_RB, index, (uint32_t) s->C);
     uint8_t *tmp = malloc(s->C);
     if (!tmp)
         return qcow2_fail(s, -ENOMEM, "out of memory for a table");
-    int r = take_passed(s, off, tmp, qcow2_kind_name(kind));
+    int r = qcow2_take_passed(s, off, tmp, qcow2_kind_name(IT_RB));
     if (r == 0)
-        r = kind == IT_L2 ? qcow2_l2_parse(s, index, tmp) : qcow2_rb_parse(s, index, tmp);
+        r = qcow2_rb_parse(s, index, tmp);
+    free(tmp);
+    return r;
+}
+
+/* Bytes [off, off+len) of the file, already passed, are still held (the
+ * spool, the zero record or a recent cluster of compressed data): what
+ * qcow2_read_passed() would find, without reading it. */
+int qcow2_passed_kept(struct qcow2_stream *s, uint64_t off, uint64_t len,
+                      const char *what)
+{
+    while (len > 0) {
+        const struct spent *p = sp_find(s, off);
+        uint64_t n;
+        if (p)
+            n = MIN(len, p->off + p->len - off);
+        else if (look_find(s, off))
+            n = MIN(len, s->C - (off & (s->C - 1)));
+        else
+            return qcow2_fail(s, -EINVAL, "%s at byte %" PRIu64 " is named after "
+                        "the stream has passed it, and it was not kept (it "
+                        "lies inside other compressed data, or was claimed "
+                        "as something else)", what, off);
+        off += n;
+        len -= n;
+    }
+    return 0;
+}
+
+/* The L2 tables of L1 table b that the stream has passed (an L1 table
+ * written after them), each checked whole (qcow2/l2.c), all before any
+ * is applied. */
+static int check_passed_l2(struct qcow2_stream *s, const uint8_t *b)
+{
+    uint8_t *tmp = NULL;
+    int r = 0;
+
+    for (uint32_t i = 0; i < s->h.l1_size && r == 0; i++) {
+        uint64_t off = qcow2_be64(b + (uint64_t) i * 8) & QCOW2_L1_OFFSET_MASK;
+        if (off == 0 || off >= s->pos)
+            continue;
+        if (!tmp && !(tmp = malloc(s->C)))
+            return qcow2_fail(s, -ENOMEM, "out of memory for a table");
+        r = qcow2_read_passed(s, off, tmp, s->C, qcow2_kind_name(IT_L2));
+        if (r == 0)
+            r = qcow2_l2_check(s, i, tmp);
+    }
+    free(tmp);
+    return r;
+}
+
+/* An L2 table the stream has passed, checked: applied from the spool. */
+static int apply_passed_l2(struct qcow2_stream *s, uint64_t off, uint32_t i)
+{
+    uint8_t *tmp = malloc(s->C);
+    if (!tmp)
+        return qcow2_fail(s, -ENOMEM, "out of memory for a table");
+    int r = qcow2_take_passed(s, off, tmp, qcow2_kind_name(IT_L2));
+    if (r == 0)
+        r = qcow2_l2_apply(s, i, tmp);
     free(tmp);
     return r;
 }
@@ -476,7 +507,7 @@ int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b)
         if (e & QCOW2_L1_RESERVED)
             return qcow2_fail(s, -EINVAL, "L1 entry %" PRIu32 " (0x%016" PRIx64 ") "
                         "has reserved bits set", i, e);
-        if (check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
+        if (qcow2_check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
             return s->err;
         /* Claimed before anything is written: an L2 table on other
          * metadata or named twice is refused before the disk changes. */
@@ -484,14 +515,24 @@ int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b)
             qcow2_claim(s, e & QCOW2_L1_OFFSET_MASK, s->C, IT_L2) < 0)
             return s->err;
     }
+    /* Every L2 table counted before any is applied (the map is complete
+     * only once none is pending), the ones already passed checked whole
+     * before any is applied: a damaged one refuses the image with the
+     * disk untouched, whichever table it is. */
     s->l1_seen = true;
+    for (uint32_t i = 0; i < s->h.l1_size; i++)
+        s->pending_l2 += (qcow2_be64(b + (uint64_t) i * 8) &
+                          QCOW2_L1_OFFSET_MASK) != 0;
+    if (check_passed_l2(s, b) < 0)
+        return s->err;
     for (uint32_t i = 0; i < s->h.l1_size; i++) {
         uint64_t off = qcow2_be64(b + (uint64_t) i * 8) & QCOW2_L1_OFFSET_MASK;
         if (off == 0)
             continue;
-        s->pending_l2++;
-        if (want_table(s, off, IT_L2, i, true) < 0)
-            return s->err;
+        int r = off >= s->pos ? qcow2_push_item(s, off, IT_L2, i, (uint32_t) s->C)
+                              : apply_passed_l2(s, off, i);
+        if (r < 0)
+            return r;
     }
     qcow2_check_complete(s);
     return 0;
@@ -509,7 +550,7 @@ int qcow2_rt_parse(struct qcow2_stream *s, const uint8_t *b)
         if (e & 0x1ff)
             return qcow2_fail(s, -EINVAL, "refcount table entry %" PRIu64 " (0x%016"
                         PRIx64 ") has reserved bits set", i, e);
-        if (check_cluster_off(s, s->reftable[i], "refcount table entry", i) < 0)
+        if (qcow2_check_cluster_off(s, s->reftable[i], "refcount table entry", i) < 0)
             return s->err;
     }
     if (!(s->rb_seen = calloc(s->rt_entries, 1)))
@@ -528,7 +569,7 @@ int qcow2_rt_parse(struct qcow2_stream *s, const uint8_t *b)
                 return qcow2_fail(s, -EINVAL, "refcount block %" PRIu64 " at byte %"
                             PRIu64 " lies past 2^56", i, s->reftable[i]);
             s->pending_rb++;
-            if (want_table(s, s->reftable[i], IT_RB, (uint32_t) i, false) < 0)
+            if (want_rb(s, s->reftable[i], (uint32_t) i) < 0)
                 return s->err;
         }
     s->rt_seen = true;
@@ -586,128 +627,6 @@ int qcow2_rb_parse(struct qcow2_stream *s, uint32_t rti, const uint8_t *b)
     }
     s->pending_rb--;
     s->stats.refcount_blocks++;
-    return 0;
-}
-
-/* Place guest cluster g from host cluster off, subclusters 'alloc'. */
-static int place_data(struct qcow2_stream *s, uint64_t g, uint64_t off,
-                      uint32_t alloc)
-{
-    if (qcow2_claim(s, off, s->C, IT_DATA) < 0)
-        return s->err;
-    s->stats.data_clusters++;
-    if (off >= s->pos)
-        return qcow2_push_item(s, off, IT_DATA, (uint32_t) g, alloc);
-    if (take_passed(s, off, s->xbuf, qcow2_kind_name(IT_DATA)) < 0)
-        return s->err;
-    if (alloc == UINT32_MAX)
-        return qcow2_emit_data(s, g << s->cb, s->xbuf, s->C);
-    uint64_t sc = s->C / 32;
-    for (unsigned k = 0; k < 32; k++)
-        if (alloc >> k & 1)
-            if (qcow2_emit_data(s, (g << s->cb) + k * sc, s->xbuf + k * sc, sc) < 0)
-                return s->err;
-    return 0;
-}
-
-static int l2_standard(struct qcow2_stream *s, uint64_t g, uint64_t e)
-{
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-
-    if (e & QCOW2_L2_RESERVED)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
-                    PRIx64 ") has reserved bits set", g << s->cb, e);
-    if (check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
-        return s->err;
-    if (e & QCOW2_OFLAG_ZERO) {
-        if (s->h.version == 2)
-            return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " has "
-                        "the zero flag, which version 2 does not have",
-                        g << s->cb);
-        s->stats.zero_clusters++;
-        if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_ZERO, 0) < 0 ||
-            qcow2_emit_zero(s, g << s->cb, s->C) < 0)
-            return s->err;
-        if (off == 0)
-            return 0;
-        if (qcow2_claim(s, off, s->C, IT_SKIP) < 0)
-            return s->err;
-        return off >= s->pos ? qcow2_push_item(s, off, IT_SKIP, (uint32_t) g, 0) : 0;
-    }
-    if (off == 0)
-        return 0;                     /* unallocated */
-    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_DATA, off) < 0)
-        return s->err;
-    return place_data(s, g, off, UINT32_MAX);
-}
-
-static int l2_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
-                       uint64_t bm)
-{
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-    uint32_t alloc = (uint32_t) bm, zero = (uint32_t) (bm >> 32);
-    uint64_t sc = s->C / 32;
-
-    if (e & (QCOW2_L2_RESERVED | QCOW2_OFLAG_ZERO))
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
-                    PRIx64 ") has reserved bits set", g << s->cb, e);
-    if (alloc & zero)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
-                    "subclusters both allocated and zero (bitmap 0x%016"
-                    PRIx64 ")", g << s->cb, bm);
-    if (check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
-        return s->err;
-    if (alloc && off == 0)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
-                    "allocated subclusters but no cluster offset", g << s->cb);
-    if (zero)
-        s->stats.zero_clusters++;
-    for (unsigned k = 0; k < 32; k++) {
-        uint64_t d = (g << s->cb) + k * sc;
-        if (zero >> k & 1)
-            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_ZERO, 0) < 0 ||
-                qcow2_emit_zero(s, d, sc) < 0)
-                return s->err;
-        if (alloc >> k & 1)
-            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_DATA, off + k * sc) < 0)
-                return s->err;
-    }
-    if (off == 0)
-        return 0;
-    if (alloc)
-        return place_data(s, g, off, alloc);
-    if (qcow2_claim(s, off, s->C, IT_SKIP) < 0)
-        return s->err;
-    return off >= s->pos ? qcow2_push_item(s, off, IT_SKIP, (uint32_t) g, 0) : 0;
-}
-
-int qcow2_l2_parse(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
-{
-    uint64_t nclusters = DIV_ROUND_UP(s->h.size, s->C);
-
-    s->stats.l2_tables++;
-    for (uint64_t j = 0; j < s->E; j++) {
-        uint64_t g = (uint64_t) l1i * s->E + j;
-        if (g >= nclusters)
-            break;                    /* past the disk: not read */
-        const uint8_t *p = b + j * (s->extl2 ? 16 : 8);
-        uint64_t e = qcow2_be64(p);
-        int r;
-        if (e & QCOW2_OFLAG_COMPRESSED) {
-            if (s->extl2 && qcow2_be64(p + 8) != 0)
-                return qcow2_fail(s, -EINVAL, "compressed L2 entry for disk offset %"
-                            PRIu64 " with a subcluster bitmap", g << s->cb);
-            r = add_compressed(s, e & ~(QCOW2_OFLAG_COMPRESSED |
-                                        QCOW2_OFLAG_COPIED), g);
-        } else if (s->extl2)
-            r = l2_extended(s, g, e, qcow2_be64(p + 8));
-        else
-            r = l2_standard(s, g, e);
-        if (r < 0)
-            return r;
-    }
-    s->pending_l2--;
-    qcow2_check_complete(s);
     return 0;
 }
 

@@ -278,6 +278,15 @@ static void expect_refusal(const char *what, uint8_t *f, size_t len, int code,
     printf("ok refused: %s: %s\n", what, msg);
 }
 
+/* The BAT's file offset, from the first region table. */
+static uint64_t bat_at(const uint8_t *f)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | f[192 * 1024 + 32 + i];
+    return v;
+}
+
 static void refusals(void)
 {
     struct spec sp = { .disk_size = 8 * MiB, .block_size = MiB, .lsec = 512 };
@@ -317,6 +326,22 @@ static void refusals(void)
     sp.log_pending = false;
     sp.regions_last = true;
     CASE((void) 0, -EFBIG, "--spool-max", true, 2 * MiB);
+    /* A zero block of a differencing file (a zero() call once begun)
+     * ahead of an entry into the BAT, the BAT before and after the
+     * blocks: the BAT is refused whole, nothing is called. */
+    static const uint8_t zero_first[8] = {
+        VHDX_PB_ZERO, VHDX_PB_FULLY_PRESENT, VHDX_PB_FULLY_PRESENT,
+        VHDX_PB_FULLY_PRESENT, VHDX_PB_FULLY_PRESENT, VHDX_PB_FULLY_PRESENT,
+        VHDX_PB_FULLY_PRESENT, VHDX_PB_FULLY_PRESENT };
+    sp.diff = true;
+    sp.states = zero_first;
+    for (int last = 0; last < 2; last++) {
+        sp.regions_last = last;
+        CASE((put64(f + bat_at(f) + 8, bat_at(f) | 6)), -EINVAL,
+             "overlaps the BAT", true, 16 * MiB);
+    }
+    sp.diff = false;
+    sp.states = NULL;
 #undef CASE
     /* A damaged first region table: the second copy is used. */
     sp.regions_last = false;

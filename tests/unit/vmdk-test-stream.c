@@ -706,6 +706,33 @@ static void test_qemu_without_eos(const uint8_t *raw)
     (void) raw;
 }
 
+/* A zero grain (GTE 1: qemu-img's zeroed_grain, written by write -z)
+ * ahead of a GTE that lies in the overhead: the grain map is refused
+ * whole at the overhead's end, before begin(), nothing placed. */
+static void test_zero_grain_first(void)
+{
+    size_t len, rlen;
+    uint64_t gd;
+    uint32_t gt0, e0, e16, v = 3;
+    sh("cd %s && qemu-img create -q -f vmdk -o zeroed_grain=on zg.vmdk 4M && "
+       "qemu-io -f vmdk -c 'write -z 0 64k' -c 'write -P 0x5a 64k 64k' "
+       "-c 'write -P 0x6b 1M 64k' zg.vmdk >/dev/null && qemu-img convert -q "
+       "-O raw zg.vmdk zg.raw", dir);
+    uint8_t *f = load("zg.vmdk", &len), *raw = load("zg.raw", &rlen);
+    memcpy(&gd, f + 0x38, 8);
+    memcpy(&gt0, f + gd * 512, 4);
+    memcpy(&e0, f + gt0 * 512, 4);
+    memcpy(&e16, f + gt0 * 512 + 64, 4);
+    CHECK(e0 == 1 && e16 > 1);                      /* zero grain; data */
+    decode_ok("qemu monolithicSparse, zeroed_grain", f, len, raw, rlen,
+              VMDK_MONOLITHIC_SPARSE);
+    memcpy(f + gt0 * 512 + 64, &v, 4);
+    decode_bad("zero grain ahead of a grain in the overhead", f, len,
+               "inside the overhead", false);
+    free(f);
+    free(raw);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -732,6 +759,7 @@ int main(void)
     test_synth(raw);
     test_short_last_grain();
     test_qemu_without_eos(raw);
+    test_zero_grain_first();
     sh("rm -rf %s", dir);
     free(raw);
     printf("vmdk-test-stream: ok\n");

@@ -1,0 +1,289 @@
+/* qcow2/l2.c: L2 tables, for the stream decoder: each table is checked
+ * whole before any entry of it is applied.
+ *
+ * Why two passes: applying an entry is an effect on the disk (a zero
+ * cluster of an overlay is written as zeros, a data cluster the stream
+ * has passed is placed from the spool, and the first such write is
+ * begin(), which replaces a standalone disk).  A table whose entry 0 is a
+ * zero cluster (qemu-img writes them for `write -z`, discards and zero
+ * runs) and whose entry 1 is damaged used to zero the disk and then be
+ * refused.  So:
+ *
+ *   check   every entry of the table: reserved bits, alignment, the zero
+ *           flag of version 2, subcluster bitmaps, compressed ranges
+ *           inside the file and not straddling the table, every host
+ *           cluster it names claimed (a second claim, a claim on
+ *           metadata such as the L1 table, a cluster whose refcount is 0
+ *           in a refcount block that has arrived: refused), a cluster the
+ *           stream has passed still kept (spool or zero record), and room
+ *           for what it maps ahead.  No sink call.
+ *   apply   the map hook, zeros, data from the spool, clusters ahead
+ *           pushed to wait for the stream.  What can still fail here is
+ *           not the table: the destination (sink errors), the spool's own
+ *           I/O, memory, and the content of a compressed cluster the
+ *           stream has passed (its deflate/zstd data is checked when it is
+ *           decoded, as for every compressed cluster).
+ *
+ * "Validated" for qcow2, then: the header, the L1 table (whole, with every
+ * L2 table the stream has already passed, see qcow2_l1_parse()) and the
+ * L2 table being applied have passed the checks above.  A table that
+ * arrives after data was placed is still checked whole before it is
+ * applied, but the disk was begun by then: a one-pass stream cannot wait
+ * for every table before it places data that precedes them (qemu-img
+ * interleaves L2 tables and data).  Refcount blocks and a refcount table
+ * that arrive after a claim check it on arrival, likewise. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "qcow2/stream-internal.h"
+
+/* ---- check ------------------------------------------------------------------ */
+
+/* A data cluster: claimed, and if passed, still held. */
+static int check_data(struct qcow2_stream *s, uint64_t off, uint64_t *ahead)
+{
+    if (qcow2_claim(s, off, s->C, IT_DATA) < 0)
+        return s->err;
+    if (off >= s->pos) {
+        (*ahead)++;
+        return 0;
+    }
+    return qcow2_passed_kept(s, off, s->C, qcow2_kind_name(IT_DATA));
+}
+
+/* Preallocated space of a zero cluster: claimed (dropped when it passes). */
+static int check_skip(struct qcow2_stream *s, uint64_t off, uint64_t *ahead)
+{
+    if (qcow2_claim(s, off, s->C, IT_SKIP) < 0)
+        return s->err;
+    *ahead += off >= s->pos;
+    return 0;
+}
+
+static int check_standard(struct qcow2_stream *s, uint64_t g, uint64_t e,
+                          uint64_t *ahead)
+{
+    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
+
+    if (e & QCOW2_L2_RESERVED)
+        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
+                    PRIx64 ") has reserved bits set", g << s->cb, e);
+    if (qcow2_check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
+        return s->err;
+    if (e & QCOW2_OFLAG_ZERO) {
+        if (s->h.version == 2)
+            return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " has "
+                        "the zero flag, which version 2 does not have",
+                        g << s->cb);
+        return off ? check_skip(s, off, ahead) : 0;
+    }
+    return off ? check_data(s, off, ahead) : 0;  /* 0: unallocated */
+}
+
+static int check_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
+                          uint64_t bm, uint64_t *ahead)
+{
+    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
+    uint32_t alloc = (uint32_t) bm, zero = (uint32_t) (bm >> 32);
+
+    if (e & (QCOW2_L2_RESERVED | QCOW2_OFLAG_ZERO))
+        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
+                    PRIx64 ") has reserved bits set", g << s->cb, e);
+    if (alloc & zero)
+        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
+                    "subclusters both allocated and zero (bitmap 0x%016"
+                    PRIx64 ")", g << s->cb, bm);
+    if (qcow2_check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
+        return s->err;
+    if (alloc && off == 0)
+        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
+                    "allocated subclusters but no cluster offset", g << s->cb);
+    if (off == 0)
+        return 0;
+    return alloc ? check_data(s, off, ahead) : check_skip(s, off, ahead);
+}
+
+static int check_compressed(struct qcow2_stream *s, uint64_t g, uint64_t entry,
+                            uint64_t *cahead)
+{
+    uint64_t off, len;
+    qcow2_compressed_range(entry, s->cb, &off, &len);
+    if (off < s->C || off >= QCOW2_MAX_HOST_OFFSET)
+        return qcow2_fail(s, -EINVAL, "compressed cluster for disk offset %" PRIu64
+                    " at file byte %" PRIu64 " (inside the header or past "
+                    "2^56)", g << s->cb, off);
+    if (qcow2_claim(s, off, len, IT_NONE) < 0)
+        return s->err;
+    if (off >= s->pos) {
+        (*cahead)++;
+        return 0;
+    }
+    if (off + len > s->pos)
+        return qcow2_fail(s, -EINVAL, "compressed cluster at file byte %" PRIu64
+                    " straddles the table that names it", off);
+    return qcow2_passed_kept(s, off, len, "a compressed cluster");
+}
+
+static uint64_t entry_compressed(uint64_t e)
+{
+    return e & ~(QCOW2_OFLAG_COMPRESSED | QCOW2_OFLAG_COPIED);
+}
+
+/* Guest clusters table l1i maps inside the disk (the rest is not read). */
+static uint64_t table_entries(const struct qcow2_stream *s, uint32_t l1i)
+{
+    uint64_t nclusters = DIV_ROUND_UP(s->h.size, s->C);
+    uint64_t first = (uint64_t) l1i * s->E;
+    return first >= nclusters ? 0 : MIN(s->E, nclusters - first);
+}
+
+int qcow2_l2_check(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
+{
+    uint64_t n = table_entries(s, l1i), ahead = 0, cahead = 0;
+
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t g = (uint64_t) l1i * s->E + j;
+        const uint8_t *p = b + j * (s->extl2 ? 16 : 8);
+        uint64_t e = qcow2_be64(p);
+        int r;
+        if (e & QCOW2_OFLAG_COMPRESSED) {
+            if (s->extl2 && qcow2_be64(p + 8) != 0)
+                return qcow2_fail(s, -EINVAL, "compressed L2 entry for disk offset %"
+                            PRIu64 " with a subcluster bitmap", g << s->cb);
+            r = check_compressed(s, g, entry_compressed(e), &cahead);
+        } else if (s->extl2)
+            r = check_extended(s, g, e, qcow2_be64(p + 8), &ahead);
+        else
+            r = check_standard(s, g, e, &ahead);
+        if (r < 0)
+            return r;
+    }
+    /* The heaps' bound, which the apply pass would otherwise meet after
+     * some of the table was applied. */
+    if (s->items.n + ahead > MAX_ITEMS || s->citems.n + cahead > MAX_ITEMS)
+        return qcow2_fail(s, -EFBIG, "more than %u clusters mapped ahead of the "
+                    "stream", MAX_ITEMS);
+    return 0;
+}
+
+/* ---- apply ------------------------------------------------------------------ */
+
+/* Place guest cluster g from host cluster off, subclusters 'alloc'. */
+static int place_data(struct qcow2_stream *s, uint64_t g, uint64_t off,
+                      uint32_t alloc)
+{
+    s->stats.data_clusters++;
+    if (off >= s->pos)
+        return qcow2_push_item(s, off, IT_DATA, (uint32_t) g, alloc);
+    if (qcow2_take_passed(s, off, s->xbuf, qcow2_kind_name(IT_DATA)) < 0)
+        return s->err;
+    if (alloc == UINT32_MAX)
+        return qcow2_emit_data(s, g << s->cb, s->xbuf, s->C);
+    uint64_t sc = s->C / 32;
+    for (unsigned k = 0; k < 32; k++)
+        if (alloc >> k & 1)
+            if (qcow2_emit_data(s, (g << s->cb) + k * sc, s->xbuf + k * sc, sc) < 0)
+                return s->err;
+    return 0;
+}
+
+static int skip_ahead(struct qcow2_stream *s, uint64_t g, uint64_t off)
+{
+    return off >= s->pos ? qcow2_push_item(s, off, IT_SKIP, (uint32_t) g, 0) : 0;
+}
+
+static int apply_standard(struct qcow2_stream *s, uint64_t g, uint64_t e)
+{
+    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
+
+    if (e & QCOW2_OFLAG_ZERO) {
+        s->stats.zero_clusters++;
+        if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_ZERO, 0) < 0 ||
+            qcow2_emit_zero(s, g << s->cb, s->C) < 0)
+            return s->err;
+        return off ? skip_ahead(s, g, off) : 0;
+    }
+    if (off == 0)
+        return 0;                     /* unallocated */
+    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_DATA, off) < 0)
+        return s->err;
+    return place_data(s, g, off, UINT32_MAX);
+}
+
+static int apply_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
+                          uint64_t bm)
+{
+    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
+    uint32_t alloc = (uint32_t) bm, zero = (uint32_t) (bm >> 32);
+    uint64_t sc = s->C / 32;
+
+    if (zero)
+        s->stats.zero_clusters++;
+    for (unsigned k = 0; k < 32; k++) {
+        uint64_t d = (g << s->cb) + k * sc;
+        if (zero >> k & 1)
+            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_ZERO, 0) < 0 ||
+                qcow2_emit_zero(s, d, sc) < 0)
+                return s->err;
+        if (alloc >> k & 1)
+            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_DATA, off + k * sc) < 0)
+                return s->err;
+    }
+    if (off == 0)
+        return 0;
+    return alloc ? place_data(s, g, off, alloc) : skip_ahead(s, g, off);
+}
+
+static int apply_compressed(struct qcow2_stream *s, uint64_t g, uint64_t entry)
+{
+    uint64_t off, len;
+    qcow2_compressed_range(entry, s->cb, &off, &len);
+    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_COMPRESSED, off) < 0)
+        return s->err;
+    struct citem c = { off, (uint32_t) g, (uint32_t) len };
+    if (off >= s->pos) {
+        int r = qcow2_heap_push(&s->citems, &c);
+        return r < 0 ? qcow2_fail(s, r, "too many compressed clusters ahead of the "
+                            "stream") : 0;
+    }
+    uint8_t *tmp = malloc(len);
+    if (!tmp)
+        return qcow2_fail(s, -ENOMEM, "out of memory for a compressed cluster");
+    int r = qcow2_read_passed(s, off, tmp, len, "a compressed cluster");
+    if (r == 0)
+        r = qcow2_dispatch(s, &c, tmp, len);
+    free(tmp);
+    return r;
+}
+
+int qcow2_l2_apply(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
+{
+    uint64_t n = table_entries(s, l1i);
+
+    s->stats.l2_tables++;
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t g = (uint64_t) l1i * s->E + j;
+        const uint8_t *p = b + j * (s->extl2 ? 16 : 8);
+        uint64_t e = qcow2_be64(p);
+        int r;
+        if (e & QCOW2_OFLAG_COMPRESSED)
+            r = apply_compressed(s, g, entry_compressed(e));
+        else if (s->extl2)
+            r = apply_extended(s, g, e, qcow2_be64(p + 8));
+        else
+            r = apply_standard(s, g, e);
+        if (r < 0)
+            return r;
+    }
+    s->pending_l2--;
+    qcow2_check_complete(s);
+    return 0;
+}
+
+int qcow2_l2_parse(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
+{
+    if (qcow2_l2_check(s, l1i, b) < 0)
+        return s->err;
+    return qcow2_l2_apply(s, l1i, b);
+}
