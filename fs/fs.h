@@ -110,6 +110,15 @@ struct fs_disk {
     struct timespec mtime;
     uint64_t pass_fh;         /* the serial of the handle whose copy the
                                * progress counts (fs/rawfile.c) */
+    /* The deferred truncate (fs/rawfile.c, THE DEFERRED TRUNCATE):
+     * written under size_lock exclusive; trunc_owner, the serial of the
+     * handle whose truncate the disk has not seen yet (0: none), is also
+     * read with __atomic builtins to skip the lock when it is 0. */
+    uint64_t trunc_owner;
+    uint64_t trunc_old;       /* the size the disk still holds */
+    struct timespec trunc_mtime;  /* the time before the truncate */
+    bool trunc_failed;        /* a request through the owner failed:
+                               * its close drops the truncate; __atomic */
 
     /* The receive loop's landing (fs/rawfile.c, rawfile_land_*()): used
      * by the loop's receiving thread only.  land_next: where the last
@@ -177,6 +186,8 @@ struct fs_fh {
     enum fs_ino ino;          /* the view's slot (not the inode number) */
     struct fs_disk *disk;     /* the disk it shows */
     bool writer;              /* opened for writing */
+    bool trunc;               /* opened for writing with O_TRUNC: a
+                               * copy replacing the file (fs/writers.c) */
     bool wrote;               /* changed the file (write, truncate, zero):
                                * only then does its close drain the pool.
                                * Set and read with __atomic builtins. */

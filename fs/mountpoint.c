@@ -312,9 +312,70 @@ static int pin(const char *resolved, int dirfd, const char *name, int flags,
                 strerror(err));
 }
 
+/* Data in the file: a non-zero byte in what SEEK_DATA finds (all of it
+ * where SEEK_DATA is not supported).  A file made by truncate -s holds
+ * none (nbdfuse's own tests mount over one).  Past HOLDS_SCAN bytes of
+ * zeros read, it counts as holding data: the check must stay quick. */
+#define HOLDS_SCAN (64ull << 20)
+
+static bool zero_run(int fd, off_t from, off_t to, uint64_t *scanned)
+{
+    static char buf[1 << 16];
+
+    while (from < to) {
+        size_t want = (size_t) (to - from) < sizeof buf
+                          ? (size_t) (to - from) : sizeof buf;
+        ssize_t n = pread(fd, buf, want, from);
+        if (n <= 0)
+            return n == 0;            /* shrank meanwhile: no more */
+        for (ssize_t i = 0; i < n; i++)
+            if (buf[i])
+                return false;
+        from += n;
+        *scanned += (uint64_t) n;
+        if (*scanned > HOLDS_SCAN)
+            return false;
+    }
+    return true;
+}
+
+static bool holds_data(int pinned, const struct stat *st)
+{
+    char path[64];
+
+    if (st->st_size == 0)
+        return false;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", pinned);
+    int fd = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    struct stat now;
+    if (fd == -1)
+        return true;                  /* cannot tell: holds data */
+    if (fstat(fd, &now) == -1 || !same_inode(st, &now)) {
+        close(fd);
+        return true;
+    }
+    uint64_t scanned = 0;
+    bool data = false;
+    for (off_t off = 0; !data && off < now.st_size;) {
+        off_t start = lseek(fd, off, SEEK_DATA);
+        if (start == -1 && errno == ENXIO)
+            break;                    /* holes to the end */
+        off_t end = start == -1 ? now.st_size : lseek(fd, start, SEEK_HOLE);
+        if (start == -1 || end == -1) {
+            start = off;              /* no SEEK_DATA: read it all */
+            end = now.st_size;
+        }
+        data = !zero_run(fd, start, end, &scanned);
+        off = end;
+    }
+    close(fd);
+    return data;
+}
+
 /* File mode's file: not the system's, not a FUSE mount, not another
- * user's or replaceable, and (without -o nonempty) empty: a file with
- * bytes in it is most likely the source image named by mistake. */
+ * user's or replaceable, and (without -o nonempty) holding no data: a
+ * file with bytes in it is most likely the source image named by
+ * mistake; one made by truncate -s (nbdfuse's usage) holds none. */
 static int check_file(const char *resolved, int fd, int dfd, bool nonempty,
                       char *msg, size_t msglen)
 {
@@ -341,7 +402,7 @@ static int check_file(const char *resolved, int fd, int dfd, bool nonempty,
                     "%s is already a FUSE mount: unmount it first "
                     "(fusermount3 -u %s)", resolved, resolved);
     int r = check_owner(resolved, fd, dfd, msg, msglen);
-    if (r < 0 || nonempty || st.st_size == 0)
+    if (r < 0 || nonempty || !holds_data(fd, &st))
         return r;
     return fail(ENOTEMPTY, msg, msglen, "refusing to mount over %s: it "
                 "holds %lld bytes, which file mode would hide until the "

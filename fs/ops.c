@@ -363,7 +363,7 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
     fh->err_seq = pool_error_seq(d->pool);
     fh->serial = __atomic_add_fetch(&fs->h.fh_serial, 1, __ATOMIC_RELAXED);
     if (writing && (flags & O_TRUNC))
-        fh->wrote = true;
+        fh->wrote = fh->trunc = true;
     if (writing) {
         writers_identify(fh, pid);
         if ((*err = admit_writer(fs, fh)) < 0) {

@@ -86,17 +86,125 @@ static int too_big(struct fs_disk *d, uint64_t size, const char *what)
     return -EFBIG;
 }
 
-int rawfile_truncate(struct fs_disk *d, uint64_t size)
+/* THE DEFERRED TRUNCATE
+ * A truncate that shrinks the file (O_TRUNC, qemu-img's ftruncate to 0)
+ * sets the size at once, but the disk is not changed until what replaces
+ * its content is known: a failed copy must leave a disk that had landed
+ * as it was (qemu-img truncates to 0, then to the image's size, which
+ * may be past the export).  The handle that truncated owns the deferred
+ * truncate; it is carried out (the old bytes past the size pending
+ * zero, the digest's new pass) by the first change of the disk (a
+ * write, a fallocate, a view's data: whoever makes it), a truncate that
+ * grows the file or comes from another handle, an fsync of the owner, or
+ * the owner's clean close; it is dropped (the size and time restored,
+ * logged) by the owner's close once a request through it failed (EFBIG,
+ * ENOSPC: rawfile_failed()), or its release without a close.  Reads
+ * never see the old bytes: they end at the size.  A truncate with no
+ * handle (truncate(2) by path) is carried out at once, as is one that
+ * grows the file (the bytes between must read as zero).  The progress
+ * starts the copy's pass at once: it counts the copy, not the disk. */
+
+static bool deferred(struct fs_disk *d)
+{
+    return __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* Carry out the deferred truncate, if any.  Caller holds size_lock
+ * exclusive. */
+static int carry_out_locked(struct fs_disk *d)
+{
+    if (!d->trunc_owner)
+        return 0;
+    __atomic_store_n(&d->trunc_owner, 0, __ATOMIC_RELEASE);
+    uint64_t size = rawfile_size(d), old = d->trunc_old;
+    digest_truncate(d->digest, size, old);     /* size 0: a new pass */
+    /* Bytes past the old size already read as zero, but where a zeroing
+     * (or a write) failed: those are zeroed again. */
+    int r = size < old ? cut(d, size, old - size) : 0;
+    if (r == 0)
+        r = rezero_damage(d, size);
+    return r;
+}
+
+static int carry_out(struct fs_disk *d)
+{
+    if (!deferred(d))
+        return 0;
+    WRLOCK_FOR_SCOPE(&d->size_lock);
+    return carry_out_locked(d);
+}
+
+/* size_lock shared, with no truncate deferred (a change carries it out
+ * first; one deferred meanwhile is carried out too).  *err: the
+ * zeroing's -errno, else untouched; the lock is held either way. */
+static pthread_rwlock_t *settled_rdlock(struct fs_disk *d, int *err)
+{
+    for (;;) {
+        cleanup_rdlock(&d->size_lock);
+        if (!deferred(d))
+            return &d->size_lock;
+        pthread_rwlock_unlock(&d->size_lock);
+        int r = carry_out(d);
+        if (r < 0)
+            *err = r;
+    }
+}
+
+#define SETTLED_RDLOCK_FOR_SCOPE(d, err)                                     \
+    __attribute__((cleanup(cleanup_rwunlock))) pthread_rwlock_t              \
+        *LOCK_FOR_SCOPE_CAT(settled_for_scope_, __COUNTER__) =               \
+            settled_rdlock(d, err)
+
+/* Drop the owner's deferred truncate: the disk was not changed.  Caller
+ * holds size_lock exclusive and checked the owner. */
+static void drop_locked(struct fs_disk *d, struct fs_fh *fh, const char *why)
+{
+    uint64_t size;
+    {
+        LOCK_FOR_SCOPE(&d->fs->lock);
+        size = d->apparent_size;
+        d->apparent_size = d->trunc_old;
+        d->mtime = d->trunc_mtime;
+    }
+    __atomic_store_n(&d->trunc_owner, 0, __ATOMIC_RELEASE);
+    log_notice("%s: the truncate to %" PRIu64 " bytes by pid %d (%s) was "
+               "not carried out (%s, nothing written): the disk is left as "
+               "it was (%" PRIu64 " bytes)", d->view_name[FS_INO_RAW], size,
+               (int) fh->tgid, fh->comm, why, d->trunc_old);
+}
+
+/* Defer a truncate to size (no larger than the size now) by fh. */
+static void defer_locked(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
+{
+    if (!d->trunc_owner) {
+        LOCK_FOR_SCOPE(&d->fs->lock);
+        d->trunc_old = d->apparent_size;
+        d->trunc_mtime = d->mtime;
+    }
+    __atomic_store_n(&d->trunc_failed, false, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->trunc_owner, fh->serial, __ATOMIC_RELEASE);
+    set_size(d, size);
+}
+
+int rawfile_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 {
     if (size > d->export_size)
         return too_big(d, size, "truncate");
     WRLOCK_FOR_SCOPE(&d->size_lock);
+    bool defer = fh && size <= rawfile_size(d);
+    /* Another's deferred truncate, or one this truncate grows past (the
+     * bytes between must read as zero): carried out first. */
+    int r = defer && d->trunc_owner == fh->serial ? 0 : carry_out_locked(d);
+    if (r < 0)
+        return r;
+    progress_truncate(d->progress, size);   /* size 0: the copy's pass */
+    if (defer) {
+        defer_locked(d, fh, size);
+        return 0;
+    }
     uint64_t old = set_size(d, size);
-    digest_truncate(d->digest, size, old);     /* size 0: a new pass */
-    progress_truncate(d->progress, size);
-    /* Bytes past the old size already read as zero, but where a zeroing
-     * (or a write) failed: those are zeroed again. */
-    int r = size < old ? cut(d, size, old - size) : 0;
+    digest_truncate(d->digest, size, old);
+    r = size < old ? cut(d, size, old - size) : 0;
     if (r == 0)
         r = rezero_damage(d, size);
     return r;
@@ -107,14 +215,42 @@ int rawfile_replace(struct fs_disk *d, uint64_t size)
     if (size > d->export_size)
         return too_big(d, size, "replacing the disk");
     WRLOCK_FOR_SCOPE(&d->size_lock);
+    int r = carry_out_locked(d);
+    if (r < 0)
+        return r;
     uint64_t old = set_size(d, size);
     /* A new pass over a disk of size bytes that reads as zero: the view's
      * decoded data and zeroes follow (rawfile_place*()). */
     digest_replace(d->digest, size);
-    int r = cut(d, 0, old);
+    r = cut(d, 0, old);
     if (r == 0)
         r = rezero_damage(d, 0);
     return r;
+}
+
+int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped)
+{
+    *dropped = false;
+    if (!fh || __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) !=
+               fh->serial)
+        return 0;
+    WRLOCK_FOR_SCOPE(&d->size_lock);
+    if (d->trunc_owner != fh->serial)
+        return 0;
+    if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED))
+        return carry_out_locked(d);
+    drop_locked(d, fh, "a request of the same copy failed");
+    *dropped = true;
+    return 0;
+}
+
+void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
+{
+    if (__atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != fh->serial)
+        return;
+    WRLOCK_FOR_SCOPE(&d->size_lock);
+    if (d->trunc_owner == fh->serial)
+        drop_locked(d, fh, "released without a close");
 }
 
 /* ---- the raw file's own writes ------------------------------------------ */
@@ -175,10 +311,14 @@ static void land_note(struct fs_disk *d, uint64_t off, uint64_t end)
 ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
-    ssize_t n;
+    /* A refused write leaves a deferred truncate alone. */
+    ssize_t n = write_size(d, fh, size, off);
+    if (n <= 0)
+        return n;
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        n = write_size(d, fh, size, off);
+        int err = 0;
+        SETTLED_RDLOCK_FOR_SCOPE(d, &err);
+        n = err ? err : write_size(d, fh, size, off);
         if (n > 0) {
             ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
             if (r < 0)
@@ -263,12 +403,17 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
 {
     struct pool_fill f;
 
-    ssize_t n;
+    ssize_t n = write_size(d, fh, size, off);
+    if (n >= 0 && (size_t) n != size)
+        n = -EAGAIN;              /* short or empty: the usual path says so */
+    if (n <= 0)
+        return n;                 /* a deferred truncate left alone */
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        n = write_size(d, fh, size, off);
+        int err = 0;
+        SETTLED_RDLOCK_FOR_SCOPE(d, &err);
+        n = err ? err : write_size(d, fh, size, off);
         if (n >= 0 && (size_t) n != size)
-            n = -EAGAIN;          /* short or empty: the usual path says so */
+            n = -EAGAIN;
         if (n > 0)
             foreign_raw_write(d, off, d->land.mem, (size_t) n);
         if (n > 0)
@@ -290,11 +435,13 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
 {
     struct pool_fill f;
 
-    ssize_t size;
-    int r;
+    ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
+    int r = 0;
+    if (size <= 0)
+        return size;              /* a deferred truncate left alone */
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        size = write_size(d, fh, fuse_buf_size(bufv), off);
+        SETTLED_RDLOCK_FOR_SCOPE(d, &r);
+        size = r ? r : write_size(d, fh, fuse_buf_size(bufv), off);
         r = size <= 0 ? (int) size
                 : pool_fill_begin(d->pool, off, (size_t) size, &f);
         if (r == 0 && size > 0) {
@@ -325,8 +472,8 @@ int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
     int r = 0;
 
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        if (zero && start < end) {
+        SETTLED_RDLOCK_FOR_SCOPE(d, &r);
+        if (r == 0 && zero && start < end) {
             r = pool_zero(d->pool, start, end - start);     /* write-zeroes */
             ra_invalidate(d->ra, start, end - start); /* even if it failed */
         }
@@ -363,11 +510,12 @@ static void fill_copy(const struct pool_fill *f, const char *buf)
 int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 {
     struct pool_fill f;
+    int err = 0;
     ssize_t r;
     bool held;
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        r = pool_fill_begin(d->pool, off, len, &f);
+        SETTLED_RDLOCK_FOR_SCOPE(d, &err);
+        r = err ? err : pool_fill_begin(d->pool, off, len, &f);
         held = r == 0;
         if (held) {
             fill_copy(&f, buf);
@@ -386,10 +534,10 @@ int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
 
 int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    int r;
+    int r = 0;
     {
-        RDLOCK_FOR_SCOPE(&d->size_lock);
-        r = pool_zero(d->pool, off, len);
+        SETTLED_RDLOCK_FOR_SCOPE(d, &r);
+        r = r ? r : pool_zero(d->pool, off, len);
         ra_invalidate(d->ra, off, len);      /* even if it failed */
         if (r == 0)
             extend_to(d, off + len);
@@ -416,7 +564,9 @@ void rawfile_view_begin(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
 {
     /* The raw file's pass is over.  An image that replaces the disk
      * starts a new one (rawfile_replace()) that the decoded data feed; a
-     * differencing image, applied over the old content, leaves it over. */
+     * differencing image, applied over the old content, leaves it over.
+     * A raw truncate still deferred (the same process) comes first. */
+    carry_out(d);                 /* its error: the next drain's */
     digest_foreign(d->digest, what);
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(d->progress, 0);
@@ -511,7 +661,7 @@ int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
     uint64_t end = container ? disk : src;
     if (end && end <= d->export_size)
         __atomic_store_n(&fh->copy_end, end, __ATOMIC_RELAXED);
-    int r = trunc ? rawfile_truncate(d, 0) : 0;
+    int r = trunc ? rawfile_truncate(d, fh, 0) : 0;     /* deferred */
     if (r < 0)
         return r;
     set_pass(d, fh);
@@ -524,6 +674,9 @@ void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err)
 {
     if (err < 0 && fh && fh->writer && is_pass(d, fh))
         progress_fail(d->progress);
+    if (err < 0 && fh && __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE)
+                             == fh->serial)
+        __atomic_store_n(&d->trunc_failed, true, __ATOMIC_RELAXED);
 }
 
 /* ---- handles ------------------------------------------------------------ */
@@ -556,7 +709,19 @@ int rawfile_drain(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 
 int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh)
 {
+    /* The owner's fsync makes its truncate durable (THE DEFERRED
+     * TRUNCATE), unless a request of it failed: its close drops it. */
+    int z = 0;
+    if (fh && __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) ==
+              fh->serial && !__atomic_load_n(&d->trunc_failed,
+                                             __ATOMIC_RELAXED)) {
+        WRLOCK_FOR_SCOPE(&d->size_lock);
+        if (d->trunc_owner == fh->serial)
+            z = carry_out_locked(d);
+    }
     int r = pool_flush(d->pool);
+    if (z < 0)
+        return z;
     int err = told(d, fh);
     return err ? -err : r < 0 ? -EIO : 0;
 }

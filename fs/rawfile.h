@@ -34,8 +34,18 @@ void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime);
 /* truncate(2) and O_TRUNC: every byte beyond size must read as zero; the
  * bytes [size, old size) become pending zero, done lazily at the next
  * drain for the parts not written again meanwhile.  Size 0 starts a new
- * pass.  -EFBIG past the export. */
-int rawfile_truncate(struct fs_disk *d, uint64_t size);
+ * pass.  -EFBIG past the export.  A truncate through a handle fh that
+ * does not grow the file is deferred: the size is set, the disk is not
+ * changed until the copy is known (fs/rawfile.c, THE DEFERRED
+ * TRUNCATE); fh NULL (by path): carried out at once. */
+int rawfile_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size);
+/* close(2) of fh: its deferred truncate is carried out, or dropped if a
+ * request through fh failed (*dropped: the disk, its size and time are
+ * as before it, logged).  0 or the zeroing's -errno. */
+int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped);
+/* The release of fh: a truncate of it still deferred (no close came) is
+ * dropped. */
+void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh);
 /* A view's file replaces the disk's content by a disk of size bytes that
  * reads as zero until written (lazy zeroing).  -EFBIG past the export. */
 int rawfile_replace(struct fs_disk *d, uint64_t size);
@@ -105,12 +115,14 @@ void rawfile_view_close(struct fs_disk *d, uint64_t len);
 /* A process opened the raw file for writing (trunc: with O_TRUNC).  Its
  * input file, if one is visible, is the pass's total; one larger than the
  * export fails every change through fh with ENOSPC (logged here) and the
- * open does not truncate.  0 or the truncate's -errno. */
+ * open does not truncate.  O_TRUNC is deferred (rawfile_truncate()).
+ * 0 or the truncate's -errno. */
 int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
                         bool trunc);
 
 /* A request through fh failed with err (< 0; else nothing): if fh is
- * writing the pass the progress counts, that copy failed. */
+ * writing the pass the progress counts, that copy failed; a truncate it
+ * deferred is dropped at its close. */
 void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err);
 
 /* ---- handles ------------------------------------------------------------ */

@@ -163,7 +163,7 @@ static int raw_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 {
     if (fh && fh->refused)
         return -fh->refused;          /* said at its open */
-    int r = rawfile_truncate(d, size);
+    int r = rawfile_truncate(d, fh, size);
     fs_fh_mark_wrote(fh);
     /* A writer that sets the size first (qemu-img convert: the disk's
      * size) says where its copy ends (fs/ops.c, ends_copy()). */
@@ -187,11 +187,16 @@ static int64_t raw_lseek(struct fs_disk *d, struct fs_fh *fh, off_t off,
  * first error since this handle last reported one is returned. */
 static int raw_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
+    bool dropped;
+    int z = rawfile_close_truncate(d, fh, &dropped);
     int r = rawfile_drain(d, fh, wrote);
+    if (r == 0)
+        r = z;
     /* The pass covers the file up to its size (cp's final ftruncate).  A
      * reader closing (sha256sum during a copy) ends nobody's pass, nor
-     * does a writer that was refused (its source did not fit). */
-    bool passed = fh->writer && !fh->refused;
+     * does a writer that was refused (its source did not fit) or whose
+     * truncate was dropped (the disk holds the last copy still). */
+    bool passed = fh->writer && !fh->refused && !dropped;
     if (passed)
         rawfile_close_pass(d);
     if (passed && r == 0)
@@ -209,6 +214,7 @@ static int raw_fsync(struct fs_disk *d, struct fs_fh *fh)
 
 static void raw_release(struct fs_disk *d, struct fs_fh *fh)
 {
+    rawfile_release_truncate(d, fh);
     ra_stream_close(fh->ra);
     fh->ra = NULL;
 }

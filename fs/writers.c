@@ -1,4 +1,5 @@
-/* fs/writers.c: one writer at a time per disk (fs/writers.h). */
+/* fs/writers.c: no second writer beside a copy that replaces the disk
+ * (fs/writers.h). */
 #include "fs/writers.h"
 
 #include <errno.h>
@@ -74,15 +75,26 @@ static bool finished(const struct fs_fh *o)
     return closed(o) && o->tgid > 0 && process_gone(o->tgid);
 }
 
+/* A writer that replaces the disk's content: one opened with O_TRUNC
+ * (cp, dd without conv=notrunc, a shell's >), or any writer of a format
+ * view (its image replaces the disk).  Beside it, another writer is a
+ * mistake for certain; writers of the raw file that do not truncate may
+ * be writing disjoint ranges (dd conv=notrunc seek=...). */
+static bool replaces(const struct fs_fh *o)
+{
+    return o->trunc || o->ino != FS_INO_RAW;
+}
+
 static void say_busy(const struct fs_fh *fh, const struct fs_fh *o,
                      char *why, size_t n)
 {
     snprintf(why, n, "%s: a second writer refused: pid %d (%s) opens %s "
-             "for writing while pid %d (%s) has %s open for writing; one "
-             "writer at a time (the mount option -o multiwriter allows "
-             "several)", fh->disk->view_name[fh->ino], (int) fh->tgid,
-             fh->comm, fh->disk->view_name[fh->ino], (int) o->tgid, o->comm,
-             o->disk->view_name[o->ino]);
+             "for writing%s while pid %d (%s) has %s open for writing%s; "
+             "beside O_TRUNC or a view, one writer at a time (-o multiwriter "
+             "allows several)", fh->disk->view_name[fh->ino],
+             (int) fh->tgid, fh->comm, fh->disk->view_name[fh->ino],
+             fh->trunc ? " with O_TRUNC" : "", (int) o->tgid, o->comm,
+             o->disk->view_name[o->ino], o->trunc ? " with O_TRUNC" : "");
 }
 
 int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
@@ -94,7 +106,9 @@ int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
         return 0;
     for (const struct fs_fh *o = fs->h.open_files; o; o = o->next) {
         if (o == fh || !o->writer || o->disk != fh->disk)
-            continue;                 /* one writer per disk */
+            continue;                 /* writers of this disk */
+        if (!replaces(fh) && !replaces(o))
+            continue;                 /* parallel writers in place */
         if (fh->tgid > 0 && o->tgid == fh->tgid)
             continue;                 /* one process: one copy */
         if (finished(o))

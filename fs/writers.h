@@ -1,11 +1,16 @@
-/* fs/writers.h: one writer at a time per disk.
+/* fs/writers.h: no second writer beside a copy that replaces the disk.
  *
  * Two copies into one disk at once (two cp into the raw file, one into
  * the raw file and one into a view) interleave their bytes and both
- * succeed: the disk holds a mix.  So a second open for writing, of any
- * file of the mount, while another handle is open for writing, fails
- * with EBUSY, and the log and the status name the other writer (its pid
- * and command).  Readers are never refused.
+ * succeed: the disk holds a mix.  So where a mistake is certain, an open
+ * for writing fails with EBUSY, and the log and the status name the
+ * other writer (its pid and command): a writer that replaces the disk
+ * (O_TRUNC: cp, dd without conv=notrunc, a shell's >; or any writer of a
+ * format view) while another writer has the disk open, or any writer
+ * while such a one has it open.  Writers of the raw file that do not
+ * truncate share it, as with nbdfuse: several dd conv=notrunc seek=...
+ * on disjoint ranges, a tool writing from several processes.  Readers
+ * are never refused.
  *
  * Allowed without a word:
  *   - the same process (thread group) opening a second writable handle:
@@ -20,8 +25,7 @@
  *     cp next): its release is waited for, up to WRITERS_RELEASE_WAIT_MS;
  *     no release by then means another descriptor of it is still open
  *     (dd's dup2 of its output), and the open is refused;
- *   - anything, with -o multiwriter (parallel writers of disjoint ranges:
- *     several dd conv=notrunc seek=..., xargs -P).
+ *   - anything, with -o multiwriter (parallel copies that truncate).
  *
  * THREAD MODEL: writers_identify() on the opening FUSE thread, before the
  * handle is shared; writers_admit_locked() under fs->lock, which also

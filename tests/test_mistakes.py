@@ -5,11 +5,14 @@ Every case starts from an export of random bytes, hashes it on the server
 before and after, and checks the message in the daemon's log and in the
 status (docs/user-guide.md, "Mistakes it catches"):
 
-- a second process opening the disk for writing (the raw file or any
-  view) while another writes fails with EBUSY, the reason naming the
-  other writer's pid and command; readers are not refused; the same
-  process may open a second writable handle; -o multiwriter allows
-  several writers; back-to-back copies with every copy tool still work;
+- a process opening the disk for writing with O_TRUNC (cp, dd) or
+  through a view while another writes, or any writer while such a copy
+  writes, fails with EBUSY, the reason naming the other writer's pid and
+  command; writers of the raw file that do not truncate (four parallel
+  dd conv=notrunc seek=) share it, as with nbdfuse; readers are not
+  refused; the same process may open a second writable handle;
+  -o multiwriter allows truncating ones too; back-to-back copies with
+  every copy tool still work;
 - a second writable mount of the same export is refused, naming the
   first; a read-only one is not; a planted link as the lock file is
   refused, never followed;
@@ -81,12 +84,14 @@ def victim(server, mount):
             p.wait(30)
 
 
-def holder(path):
-    """A dd that has path open for writing and waits on its stdin (it
-    writes nothing until fed); stop it with close_holder().  Its /proc
-    entries are read while it may exit (open refused): that fails here
-    with its exit status, it never raises from /proc nor hangs."""
-    p = subprocess.Popen(["dd", f"of={path}", "conv=notrunc", "bs=1M",
+def holder(path, trunc=False):
+    """A dd that has path open for writing (with O_TRUNC if trunc) and
+    waits on its stdin (it writes nothing until fed); stop it with
+    close_holder().  Its /proc entries are read while it may exit (open
+    refused): that fails here with its exit status, it never raises from
+    /proc nor hangs."""
+    conv = [] if trunc else ["conv=notrunc"]
+    p = subprocess.Popen(["dd", f"of={path}", *conv, "bs=1M",
                           "status=none"], stdin=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     _holders.append(p)
@@ -136,6 +141,55 @@ def test_second_writer_of_a_view_refused_while_raw_is_written(victim, shm):
     assert r.returncode != 0 and "busy" in r.stderr
     assert sha256_nbd(srv.uri) == before
     assert f"pid {dd.pid} (dd) has nbd.vmdk open for writing" in m.stderr
+
+
+def test_parallel_notrunc_writers_share_the_disk(victim, shm):
+    """libnbd's nbdfuse test-parallel, without O_TRUNC: four dd
+    conv=notrunc seek=K of disjoint 1 MiB regions at once (beside a fifth
+    that holds the file open, so that they overlap) all succeed, and the
+    server holds exactly their bytes there and the old ones elsewhere."""
+    srv, m, _ = victim()
+    old = read_nbd(srv.uri, 0, EXPORT)
+    dd = holder(m.file)
+    srcs = []
+    for i in range(4):
+        srcs.append(shm / f"part{i}")
+        srcs[-1].write_bytes(random_bytes(MiB))
+    procs = [subprocess.Popen(["dd", f"if={p}", f"of={m.file}", "bs=1M",
+                               f"seek={3 * i + 1}", "conv=notrunc",
+                               "status=none"], stderr=subprocess.PIPE)
+             for i, p in enumerate(srcs)]
+    assert [p.wait(60) for p in procs] == [0] * 4, \
+        [p.stderr.read() for p in procs]
+    close_holder(dd)
+    want = bytearray(old)
+    for i, p in enumerate(srcs):
+        want[(3 * i + 1) * MiB:(3 * i + 2) * MiB] = p.read_bytes()
+    assert read_nbd(srv.uri, 0, EXPORT) == bytes(want)
+    assert "second writer" not in m.stderr
+
+
+def test_writer_refused_beside_a_truncating_copy(victim, shm):
+    """A copy opened with O_TRUNC has the disk alone: a conv=notrunc
+    writer is refused, and writes nothing; the copy's own close (dd's
+    dup2 closes its first descriptor at once) carries out its truncate:
+    a copy of nothing, every byte zero."""
+    srv, m, _ = victim()
+    dd = holder(m.file, trunc=True)
+    src = shm / "src.raw"
+    src.write_bytes(random_bytes(MiB))
+    try:
+        r = run(["dd", f"if={src}", f"of={m.file}", "bs=1M", "seek=2",
+                 "conv=notrunc", "status=none"])
+        assert r.returncode != 0 and "busy" in r.stderr, r.stderr
+        # dd tries O_RDWR, then O_WRONLY: both refused.
+        lines = [l for l in m.stderr.splitlines() if "second writer" in l]
+        assert lines and all(
+            f"pid {dd.pid} (dd) has nbd open for writing with O_TRUNC" in l
+            for l in lines), m.stderr
+    finally:
+        close_holder(dd)
+    assert sha256_nbd(srv.uri) == hashlib.sha256(bytes(EXPORT)).hexdigest()
 
 
 def test_same_process_may_open_a_second_writable_handle(victim):
@@ -224,18 +278,21 @@ def test_forked_writer_keeps_the_disk_while_its_child_writes(victim, shm):
 
 
 def test_multiwriter_allows_parallel_writers(victim, shm):
+    """Even beside a copy opened with O_TRUNC (its truncate is carried
+    out by the first write, before the writers' bytes)."""
     srv, m, _ = victim("-o", "multiwriter")
     halves = [shm / "a", shm / "b"]
     for h in halves:
         h.write_bytes(random_bytes(8 * MiB))
-    dd = holder(m.file)
+    dd = holder(m.file, trunc=True)
     procs = [subprocess.Popen(["dd", f"if={h}", f"of={m.file}", "bs=1M",
                                f"seek={8 * i}", "conv=notrunc",
                                "status=none"]) for i, h in enumerate(halves)]
     assert [p.wait(60) for p in procs] == [0, 0]
     close_holder(dd)
-    data = read_nbd(srv.uri, 0, 16 * MiB)
-    assert data == halves[0].read_bytes() + halves[1].read_bytes()
+    data = read_nbd(srv.uri, 0, EXPORT)
+    assert data == (halves[0].read_bytes() + halves[1].read_bytes() +
+                    bytes(EXPORT - 16 * MiB))
     assert "second writer" not in m.stderr
 
 

@@ -313,6 +313,22 @@ def test_file_mode_nonempty_file_refused(shortdir):
     assert sha(img) == before
 
 
+def test_file_mode_file_with_data_after_a_hole_refused(shortdir):
+    """A sparse file whose only data is one non-zero byte at its end holds
+    data: refused (a file of holes or zeros is not: test_nbdfuse_compat)."""
+    img = shortdir / "sparse.img"
+    with open(img, "wb") as f:
+        f.truncate(4 * MiB)
+        f.seek(4 * MiB - 1)
+        f.write(b"x")
+    before = sha(img)
+    rc, lines, mounted = refused(shortdir, img, extra_mounts=[img])
+    assert rc != 0
+    assert_one_line(lines, str(img), f"holds {4 * MiB} bytes", "-o nonempty")
+    assert not mounted, f"mounted: {mounted}"
+    assert sha(img) == before
+
+
 def test_file_mode_nonempty_opt_in(shortdir):
     """-o nonempty mounts over a file that holds bytes; the copy lands on
     the server, and after the unmount the file is unchanged."""

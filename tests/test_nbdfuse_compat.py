@@ -148,6 +148,25 @@ def test_file_mode_cp_image(daemon, server, empty_file, shm):
     unmount_file(m, empty_file)
 
 
+@pytest.mark.parametrize("how", ["truncate", "zeros"])
+def test_file_mode_over_a_file_without_data(daemon, server, shortdir, how):
+    """libnbd's test-nbdkit-file-null: file mode over a file made by
+    `truncate -s 1024`, which holds no data (nor does one of written
+    zeros): mounted, written, and the file is as it was after."""
+    f = shortdir / "null.raw"
+    if how == "truncate":
+        assert run(["truncate", "-s", "1024", f]).returncode == 0
+    else:
+        f.write_bytes(bytes(3 * 4096))
+    size = f.stat().st_size
+    srv = server("memory", f"size={EXPORT}")
+    m = daemon(f, [srv.uri])
+    assert_file_mode(m)
+    write_read_check(f, srv.uri)
+    assert m.unmount() == 0
+    assert f.stat().st_size == size and f.read_bytes() == bytes(size)
+
+
 # ------------------------------------------------------------- options
 
 def test_version_lists_libraries(shortdir):
