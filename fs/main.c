@@ -603,13 +603,14 @@ int main(int argc, char **argv)
         *d = (struct fs_disk) { .fs = &fs, .cfg = &fs.cfg, .index = i };
         if (o.ndisks)
             nc.uri = o.disks[i].uri;
-        /* After the fork (the lock file names the daemon's pid), before
-         * the server: a second writable mount of an export stops here. */
-        if (!o.nbd.readonly && !o.fo.multiwriter &&
-            mountlock_take(&nc, o.mp.mountpoint, &ml[i]) < 0)
-            goto out_nbd;
         opened = i + 1;
         if (open_disk(d, &o) < 0)
+            goto out_nbd;
+        /* After the fork (the lock file names the daemon's pid) and the
+         * handshake (the key is the connected peer), before anything is
+         * written: a second writable mount of an export stops here. */
+        if (!o.nbd.readonly && !o.fo.multiwriter &&
+            mountlock_take(d->x, &nc, o.mp.mountpoint, &ml[i]) < 0)
             goto out_nbd;
     }
     for (unsigned i = 0; i < n; i++) {

@@ -174,6 +174,10 @@ bool nbdx_uri_is_tcp(const char *uri);
 /* The percent-decoded value of query parameter key, into val (len
  * bytes).  False if absent or too long. */
 bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
+/* The export name a URI asks for: its path without the leading "/",
+ * percent-decoded, as libnbd sends it ("" for none).  False if it does
+ * not fit in len. */
+bool nbdx_uri_export(const char *uri, char *val, size_t len);
 
 /* Give up on the server at once: every connection is dropped, every op
  * outstanding or submitted later fails with ENOTCONN, and none
