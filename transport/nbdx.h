@@ -102,6 +102,25 @@ struct nbdx;
 int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out);
 const struct nbdx_info *nbdx_info(const struct nbdx *x);
 
+/* For connections of the caller's own beside the mount's (--list,
+ * --all-exports): cfg's TLS policy applied as nbdx_open() applies it (the
+ * server verified or refused; a CA directory made, keys held), without
+ * connecting.  nbdx_config() is cfg as the policy left it, for
+ * nbdx_configure_handle(); nbdx_close() releases it.  -errno, logged. */
+int nbdx_prepare(const struct nbdx_config *cfg, struct nbdx **out);
+const struct nbdx_config *nbdx_config(const struct nbdx *x);
+
+/* What every libnbd handle nbdferry connects is configured with, in one
+ * place: cfg's TLS settings (--tls, --tls-certificates, --tls-psk-file,
+ * --tls-username, verification) and, for a URI the user gave, its
+ * tls-certificates and tls-psk-file query parameters (local files libnbd
+ * refuses by default).  The mount's connections, their reconnections
+ * and healing probes, --list and --all-exports all go through it.
+ * -1 with the libnbd error set. */
+struct nbd_handle;
+int nbdx_configure_handle(struct nbd_handle *h,
+                          const struct nbdx_config *cfg);
+
 /* Queue op on the least busy connection.  Never blocks and never calls
  * done() itself: done() always runs on an I/O thread. */
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op);
