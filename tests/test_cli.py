@@ -592,7 +592,7 @@ def test_cli_help_lists_what_users_look_for(cli):
     assert rc == 0
     for want in ("--socket-activation", "--read-only", "K, M, G or T",
                  "-o nonempty", "file mode", "--block-device",
-                 "fusermount3 -u", "Options go before MOUNTPOINT"):
+                 "fusermount3 -u", "Options may stand anywhere"):
         assert want in out, f"--help does not say {want!r}"
 
 
