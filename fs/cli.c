@@ -236,10 +236,12 @@ enum {
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
-    OPT_QCOW2_CLUSTER_SIZE,
+    OPT_QCOW2_CLUSTER_SIZE, OPT_ALL_EXPORTS, OPT_VSOCK, OPT_LIST_TIMEOUT,
 };
 
-#define SHORT_OPTIONS "+:C:o:P:rfvVds"
+/* "-": options anywhere, each operand returned in order as option 1
+ * (cli_parse_args() collects them); ":": a missing value is ':'. */
+#define SHORT_OPTIONS "-:C:o:P:rfvVds"
 
 static const struct option long_options[] = {
     { "connections", required_argument, NULL, 'C' },
@@ -276,6 +278,9 @@ static const struct option long_options[] = {
     { "block-device", no_argument, NULL, OPT_BLOCK_DEVICE },
     { "unmount", no_argument, NULL, OPT_UNMOUNT },
     { "list", no_argument, NULL, OPT_LIST },
+    { "list-timeout", required_argument, NULL, OPT_LIST_TIMEOUT },
+    { "all-exports", no_argument, NULL, OPT_ALL_EXPORTS },
+    { "vsock", no_argument, NULL, OPT_VSOCK },
     { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
@@ -305,8 +310,14 @@ static int parse_server(struct cli_options *o, int argc, char **argv)
 {
     int r;
 
-    if (!o->mode_set && argc > 0 && strcmp(argv[0], "--vsock") == 0) {
-        r = cli_vsock_uri(argc, argv, &o->vsock_uri, o->msg, sizeof o->msg);
+    if (o->vsock_flag) {
+        char *v[4] = { "--vsock", argc > 0 ? argv[0] : NULL,
+                       argc > 1 ? argv[1] : NULL, NULL };
+        if (o->mode_set)
+            return usage_error(o, "only one of --command, "
+                               "--socket-activation, --unix, --tcp, --fd "
+                               "and --vsock may be given");
+        r = cli_vsock_uri(argc + 1, v, &o->vsock_uri, o->msg, sizeof o->msg);
         if (r < 0)
             return usage_helper_error(o, r);
         argc = 1;
@@ -314,15 +325,7 @@ static int parse_server(struct cli_options *o, int argc, char **argv)
     }
     r = cli_parse_server(&o->nbd, &o->mode_set, argc, argv, o->msg,
                          sizeof o->msg);
-    if (r < 0) {
-        /* An option after the mountpoint: say where options go. */
-        for (int i = 0; o->nbd.mode == NBDX_URI && i < argc; i++)
-            if (argv[i][0] == '-' && argv[i][1])
-                return usage_error(o, "'%s' after the mountpoint: options "
-                                   "go before it", argv[i]);
-        return usage_helper_error(o, r);
-    }
-    return 0;
+    return r < 0 ? usage_helper_error(o, r) : 0;
 }
 
 /* Checks happen here, before anything forks, connects or mounts.  A
@@ -338,8 +341,6 @@ static int parse_mountpoint(struct cli_options *o, const char *arg)
 static void list_long_options(void)
 {
     optlist_long(long_options);
-    printf("--vsock\n");         /* only after MOUNTPOINT, as in nbdfuse */
-    printf("--all-exports\n");   /* likewise */
 }
 
 static void fuse_help(void)
@@ -397,19 +398,16 @@ static int fstab_form(struct cli_options *o, int argc, char **argv)
     struct stat st;
     int r;
 
-    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set)
+    if (argc < 2 || !strstr(argv[0], "://") || o->mode_set ||
+        o->all_exports_flag || o->vsock_flag)
         return 0;
     /* A dead mount (ENOTCONN) is the fstab form too, to be named. */
     if (stat(argv[1], &st) == -1 ? errno != ENOTCONN
         : !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)))
         return 0;
-    for (int i = 2; i < argc; i += 2) {
-        if (strcmp(argv[i], "-o") != 0 || i + 1 >= argc)
-            return usage_error(o, "unexpected '%s' after the mountpoint",
-                               argv[i]);
-        if ((r = add_fuse_opt(o, argv[i + 1])) < 0)
-            return r;
-    }
+    if (argc > 2)                 /* its -o OPTIONS are taken already */
+        return usage_error(o, "unexpected '%s' after the mountpoint",
+                           argv[2]);
     o->failure_status = MOUNT_EX_FAIL;
     if ((r = parse_mountpoint(o, argv[1])) < 0)
         return r;
@@ -494,6 +492,9 @@ static int parse_value_option(struct cli_options *o, int c, const char *arg)
     case 'o': return add_fuse_opt(o, arg);
     case 'P': o->pidfile = arg; return 0;
     case OPT_LOG_FILE: o->log_file = arg; return 0;
+    case OPT_LIST_TIMEOUT:
+        return parse_uint(o, "--list-timeout", arg, 0, 86400,
+                          &o->list_timeout_s);
     }
     return 1;                 /* not one of them */
 }
@@ -515,6 +516,8 @@ static int parse_option(struct cli_options *o, int c, char **argv)
     case OPT_NO_DIGEST: return parse_digest(o, "--no-digest", "none");
     case OPT_VHD_FIXED: o->fo.vhd_fixed = true; break;
     case OPT_MULTIWRITER: o->fo.multiwriter = true; break;
+    case OPT_ALL_EXPORTS: o->all_exports_flag = true; break;
+    case OPT_VSOCK: o->vsock_flag = true; break;
     case 'r': o->nbd.readonly = true; break;
     case 'f': o->foreground = true; break;
     case 'v': log_verbosity++; break;
@@ -564,6 +567,7 @@ static void set_defaults(struct cli_options *o)
     o->pool_size = DEFAULT_POOL_SIZE;
     o->readahead = DEFAULT_READAHEAD;
     o->idle_ms = DEFAULT_IDLE_MS;
+    o->list_timeout_s = DEFAULT_LIST_TIMEOUT;
 }
 
 /* --list URI, --unmount MOUNTPOINT: one argument each. */
@@ -593,14 +597,18 @@ static int parse_disks(struct cli_options *o, int argc, char **argv)
                            o->nbd.mode == NBDX_UNIX ? "unix"
                            : o->nbd.mode == NBDX_TCP ? "tcp"
                            : o->nbd.mode == NBDX_FD ? "fd" : "command");
-    if (strcmp(argv[0], "--all-exports") == 0) {
-        if (argc != 2 || !strstr(argv[1], "://"))
+    if (o->all_exports_flag) {
+        if (argc != 1 || !strstr(argv[0], "://"))
             return usage_error(o, "--all-exports takes one URI "
                                "(nbd://HOST[:PORT], "
                                "nbd+unix:///?socket=SOCKET, ...)");
-        o->all_exports = argv[1];
-        argv++;
-        argc = 1;
+        if (disks_uri_has_export(argv[0]))
+            return usage_error(o, "--all-exports %s: the URI names an "
+                               "export; --all-exports mounts every export "
+                               "the server lists: give the server alone "
+                               "(path '/'), or mount one export as "
+                               "NAME=URI", argv[0]);
+        o->all_exports = argv[0];
     } else {
         r = disks_parse_named(argc, argv, &o->disks, &o->ndisks, o->msg,
                               sizeof o->msg);
@@ -616,38 +624,74 @@ static int parse_disks(struct cli_options *o, int argc, char **argv)
     return parse_server(o, 1, uri);
 }
 
+static bool command_mode(const struct cli_options *o)
+{
+    return o->mode_set && (o->nbd.mode == NBDX_COMMAND ||
+                           o->nbd.mode == NBDX_SOCKET_ACTIVATION);
+}
+
+/* Options wherever they stand, as getopt users write them; the operands
+ * into o->args in their order.  The server command is the exception:
+ * from "[" after MOUNTPOINT, or from the first operand after MOUNTPOINT
+ * with --command or --socket-activation, every argument is the
+ * command's own (its options too), taken as is.  "--" ends the options.
+ * 0: go on; 1: stop (o->action); -errno. */
+static int collect(struct cli_options *o, int argc, char **argv)
+{
+    int c, r, n = 0;
+
+    if (!(o->args = calloc((size_t) argc + 1, sizeof *o->args)))
+        return usage_error(o, "out of memory");
+    while (!(n > 0 && command_mode(o)) &&
+           (c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
+                            NULL)) != -1) {
+        if (c == 1 && n > 0 && strcmp(optarg, "[") == 0) {
+            optind--;             /* the command starts here */
+            break;
+        }
+        if (c == 1) {
+            o->args[n++] = optarg;
+            continue;
+        }
+        if ((r = parse_option(o, c, argv)) != 0)
+            return r;
+    }
+    while (optind < argc)
+        o->args[n++] = argv[optind++];
+    o->nargs = n;
+    return 0;
+}
+
 int cli_parse_args(struct cli_options *o, int argc, char **argv)
 {
-    int c, r;
+    int r;
 
     set_defaults(o);
     opterr = 0;
-    while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
-                            NULL)) != -1) {
-        r = parse_option(o, c, argv);
-        if (r != 0)
-            return r < 0 ? r : 0;
-    }
+    if ((r = collect(o, argc, argv)) != 0)
+        return r < 0 ? r : 0;
+    argc = o->nargs;              /* from here: the operands alone */
+    argv = o->args;
     if (o->action == CLI_LIST || o->action == CLI_UNMOUNT)
-        return parse_target(o, argc - optind, argv + optind);
-    if (optind >= argc)
+        return parse_target(o, argc, argv);
+    if (argc == 0)
         return usage_error(o, "missing the mountpoint");
     if (o->progress_bar && !o->foreground)
         return usage_error(o, "--progress draws on stderr, which a daemon "
                            "closes: add -f, or use --progress=FD");
-    r = fstab_form(o, argc - optind, argv + optind);
+    r = fstab_form(o, argc, argv);
     if (r != 0)
         return r < 0 ? r : finish_digest(o);
     if ((r = finish_digest(o)) < 0)
         return r;
     /* The server first: --fd N must be checked before the mountpoint's
      * pinned descriptor could take the number N. */
-    if (disks_form(argc - optind - 1, argv + optind + 1))
-        r = parse_disks(o, argc - optind - 1, argv + optind + 1);
+    if (o->all_exports_flag || disks_form(argc - 1, argv + 1))
+        r = parse_disks(o, argc - 1, argv + 1);
     else
-        r = parse_server(o, argc - optind - 1, argv + optind + 1);
+        r = parse_server(o, argc - 1, argv + 1);
     if (r == 0)
-        r = parse_mountpoint(o, argv[optind]);
+        r = parse_mountpoint(o, argv[0]);
     if (r == 0 && (o->ndisks || o->all_exports) &&
         (o->mp.file_mode || strcmp(o->mp.filename, "nbd") != 0)) {
         r = usage_error(o, "several disks mount on a directory (each disk "
@@ -668,4 +712,6 @@ void cli_options_free(struct cli_options *o)
     disks_free(o->disks, o->ndisks);
     o->disks = NULL;
     o->ndisks = 0;
+    free(o->args);
+    o->args = NULL;
 }

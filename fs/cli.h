@@ -32,6 +32,8 @@
 #define DEFAULT_READAHEAD (64u << 20)   /* read-ahead memory, all readers */
 #define DEFAULT_IDLE_MS 10
 #define DEFAULT_RETRY_TIMEOUT 60
+#define DEFAULT_LIST_TIMEOUT 60     /* --list, --all-exports: the whole
+                                     * listing, however many exports */
 #define DEFAULT_REQUEST_TIMEOUT 30    /* NBD flush of a large dirty cache
                                        * can take seconds; 30 s rides out
                                        * that and short stalls, and a dead
@@ -181,6 +183,13 @@ struct cli_options {
     struct cli_disk *disks;   /* owned */
     unsigned ndisks;
     const char *all_exports;  /* --all-exports URI, or NULL */
+    bool all_exports_flag;    /* --all-exports seen (its URI is an operand) */
+    bool vsock_flag;          /* --vsock seen (CID PORT are operands) */
+    unsigned list_timeout_s;  /* --list-timeout: the whole listing of
+                               * --list and --all-exports; 0: no limit */
+    char **args;              /* the operands, options taken out (owned
+                               * array, borrowed strings) */
+    int nargs;
 
     /* The exit status of a failed mount: mount(8)'s 32 in the fstab form
      * ("nbdferry URI MOUNTPOINT -o OPTIONS", as mount.fuse3 runs it), 1

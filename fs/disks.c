@@ -27,6 +27,16 @@ bool disks_form(int argc, char **argv)
                         disks_is_named(argv[0]));
 }
 
+bool disks_uri_has_export(const char *uri)
+{
+    const char *auth = strstr(uri, "://");
+    if (!auth)
+        return false;
+    auth += 3;
+    const char *path = auth + strcspn(auth, "/?#");
+    return *path == '/' && path[1] && !strchr("?#", path[1]);
+}
+
 void disks_free(struct cli_disk *v, unsigned n)
 {
     for (unsigned i = 0; v && i < n; i++) {

@@ -23,6 +23,10 @@ struct cli_disk {
 bool disks_form(int argc, char **argv);
 bool disks_is_named(const char *arg);
 
+/* Does uri name an export (a path beyond "/")?  --all-exports takes the
+ * server alone: it names each disk's export itself. */
+bool disks_uri_has_export(const char *uri);
+
 /* NAME=URI ... into *out (n of them, malloc'd). */
 int disks_parse_named(int argc, char **argv, struct cli_disk **out,
                       unsigned *n, char *msg, size_t msglen);

@@ -440,8 +440,12 @@ static void command_line(struct cli_options *o, int argc, char **argv)
     switch (o->action) {
     case CLI_MOUNT:
         return;
-    case CLI_LIST:
-        exit(list_exports(o->target));
+    case CLI_LIST: {
+        struct nbdx_config cfg = o->nbd;   /* its TLS options too */
+        cfg.mode = NBDX_URI;
+        cfg.uri = o->target;
+        exit(list_exports(&cfg, o->list_timeout_s));
+    }
     case CLI_UNMOUNT:
         exit(verdict_unmount(o->target, o->pidfile));
     default:
@@ -471,29 +475,55 @@ static void prepare(struct cli_options *o, struct daemon *d)
     }
 }
 
+/* Export names[i] as a disk, unless its name cannot be a file name or
+ * clashes with one kept before it: then skipped with a warning naming
+ * it, so that one odd export does not keep the others from mounting.
+ * 1 kept, 0 skipped, -1 out of memory. */
+static int add_listed(struct cli_options *o, char *name)
+{
+    char msg[CLI_MSG_MAX];
+    struct cli_disk *d = &o->disks[o->ndisks];
+    int r = 0;
+
+    *d = (struct cli_disk){ .name = name,
+                            .uri = disks_export_uri(o->all_exports, name) };
+    if (!d->uri)
+        return -1;
+    r = disks_check_names(d, 1, msg, sizeof msg);
+    for (unsigned j = 0; r == 0 && j < o->ndisks; j++) {
+        struct cli_disk pair[2] = { o->disks[j], *d };
+        r = disks_check_names(pair, 2, msg, sizeof msg);
+    }
+    if (r < 0) {
+        log_warn("--all-exports %s: export '%s' skipped: %s",
+                 o->all_exports, name, msg);
+        free(d->name);
+        free(d->uri);
+        return 0;
+    }
+    o->ndisks++;
+    return 1;
+}
+
 /* --all-exports URI: the server's list, as NAME=URI disks, checked. */
 static void list_all_exports(struct cli_options *o)
 {
-    char **names, msg[CLI_MSG_MAX];
+    char **names;
     size_t n;
 
-    if (list_export_names(o->all_exports, &names, &n) < 0)   /* logged */
-        exit(o->failure_status);
-    o->disks = calloc(n, sizeof *o->disks);
-    for (size_t i = 0; o->disks && i < n; i++) {
-        o->disks[i].name = names[i];
-        o->disks[i].uri = disks_export_uri(o->all_exports, names[i]);
-        o->ndisks = (unsigned) i + 1;
-        if (!o->disks[i].uri)
-            break;
-    }
-    if (!o->disks || o->ndisks < n || !o->disks[n - 1].uri)
+    if (list_export_names(&o->nbd, o->list_timeout_s, &names, &n) < 0)
+        exit(o->failure_status);                /* logged */
+    if (!(o->disks = calloc(n, sizeof *o->disks)))
         cli_exit(o, false, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (add_listed(o, names[i]) < 0)
+            cli_exit(o, false, "out of memory");
     free(names);
-    if (disks_check_names(o->disks, o->ndisks, msg, sizeof msg) < 0) {
-        char line[CLI_MSG_MAX + 64];
-        snprintf(line, sizeof line, "--all-exports %s: %s", o->all_exports,
-                 msg);
+    if (o->ndisks == 0) {
+        char line[CLI_MSG_MAX];
+        snprintf(line, sizeof line, "--all-exports %s: no export has a "
+                 "name that can be a file name (see the warnings above)",
+                 o->all_exports);
         cli_exit(o, false, line);
     }
 }
@@ -603,13 +633,14 @@ int main(int argc, char **argv)
         *d = (struct fs_disk) { .fs = &fs, .cfg = &fs.cfg, .index = i };
         if (o.ndisks)
             nc.uri = o.disks[i].uri;
-        /* After the fork (the lock file names the daemon's pid), before
-         * the server: a second writable mount of an export stops here. */
-        if (!o.nbd.readonly && !o.fo.multiwriter &&
-            mountlock_take(&nc, o.mp.mountpoint, &ml[i]) < 0)
-            goto out_nbd;
         opened = i + 1;
         if (open_disk(d, &o) < 0)
+            goto out_nbd;
+        /* After the fork (the lock file names the daemon's pid) and the
+         * handshake (the key is the connected peer), before anything is
+         * written: a second writable mount of an export stops here. */
+        if (!o.nbd.readonly && !o.fo.multiwriter &&
+            mountlock_take(d->x, &nc, o.mp.mountpoint, &ml[i]) < 0)
             goto out_nbd;
     }
     for (unsigned i = 0; i < n; i++) {

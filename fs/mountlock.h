@@ -12,13 +12,32 @@
  * daemon starts itself ([ CMD ], --socket-activation) and --fd have no
  * key another mount could share: nothing is locked.
  *
- * The lock is flock(2) on RUNDIR/nbdferry/HASH.lock, HASH the first 128
- * bits of the SHA-256 of the key; RUNDIR is /run for root, else
- * $XDG_RUNTIME_DIR (or /run/user/UID).  The directory is created 0700 and
- * must be ours and not writable by others; the file is opened with
- * O_NOFOLLOW and must be a regular file of ours with one link, so a
- * planted link is refused, never followed.  The kernel drops the lock
- * when the daemon exits, however it exits.
+ * The key is where the connection actually leads, not how it was spelled:
+ * the peer address of the connected socket (getpeername): a Unix socket
+ * by the device and inode of its file (so --unix SOCKET, ?socket=SOCKET,
+ * a link or a relative path are one key), TCP by the numeric address and
+ * port (every loopback address is one: nbd://localhost:P, 127.0.0.1:P,
+ * [::1]:P and --tcp LOCALHOST P are one export), vsock by CID and port;
+ * then the export name, percent-decoded as it is sent.  So the lock is
+ * taken after the connection is made (the handshake writes nothing).
+ *
+ * The lock is flock(2) on /run/lock/nbdferry-HASH.lock, HASH the first
+ * 128 bits of the SHA-256 of the key.  /run/lock is the system's lock
+ * directory, the same for root and every user: it must be root's, and
+ * either closed to others or world-writable with the sticky bit (root
+ * creates it 01777 when missing).  The file is created with O_EXCL
+ * (never another's file put there meanwhile), opened with O_NOFOLLOW
+ * and must be a regular file with one link, so a planted link is
+ * refused, never followed; mode 0644: other users open it read-only to
+ * lock it, only its owner writes the holder's pid and mountpoint, and
+ * the sticky bit keeps others from removing or replacing it.  A user who
+ * holds the lock of an export blocks every other writable mount of it
+ * (the refusal names the holder's pid): the same as mounting it.  The
+ * file is removed when the mount ends, under the lock; a locker checks
+ * after flock() that the name still leads to the file it locked, and
+ * opens again if not.  Without /run/lock the mount goes on unlocked with
+ * a warning.  The kernel drops the lock when the daemon exits, however
+ * it exits (a file left by a killed daemon is taken over by the next).
  *
  * THREAD MODEL: main thread, before the mount and after it. */
 #pragma once
@@ -29,13 +48,13 @@
 struct mountlock;
 
 /* The lock for cfg's export, held until mountlock_release(); *out is NULL
- * when nothing is locked (no key, no run directory: logged with -v).
+ * when nothing is locked (no key; no /run/lock: warned).
  * -EBUSY, logged with the other mount's pid and mountpoint, when another
  * writable mount holds it; -errno when the lock file is unsafe. */
-int mountlock_take(const struct nbdx_config *cfg, const char *mountpoint,
-                   struct mountlock **out);
+int mountlock_take(struct nbdx *x, const struct nbdx_config *cfg,
+                   const char *mountpoint, struct mountlock **out);
 void mountlock_release(struct mountlock *l);
 
-/* The key of cfg's export (malloc'd), or NULL when it has none.  For
- * tests and -v. */
-char *mountlock_key(const struct nbdx_config *cfg);
+/* The key of x's export (x connected with cfg; malloc'd), or NULL when
+ * it has none.  Logged with -v. */
+char *mountlock_key(struct nbdx *x, const struct nbdx_config *cfg);

@@ -468,12 +468,108 @@ def test_cli_unknown_option_without_a_near_name(cli):
     assert "did you mean" not in line
 
 
-@pytest.mark.parametrize("after", [["--depth", "4"], ["-r"], ["-o", "ro"]])
-def test_cli_option_after_the_uri_says_options_go_first(cli, server, after):
+# Every option of the table, each with a value it accepts, and the
+# operands it takes when it changes them (a connection mode, an action).
+# The operands: MOUNTPOINT and a server that does not answer, so that
+# every run ends (or prints) at once the same way wherever the option
+# stood.
+def option_cases(d, mp):
+    nosock = f"nbd+unix:///?socket={NOSOCK}"
+    psk = d / "keys.psk"
+    psk.write_text("alice:00\n")
+    psk.chmod(0o600)
+    plain = [mp, nosock]
+    valued = {
+        "--connections": "2", "-C": "2", "--depth": "4",
+        "--request-size": "1M", "--pool-size": "16M", "--readahead": "1M",
+        "--idle-ms": "5", "--digest": "sha256", "--expected-size": "1M",
+        "--spool-dir": str(d), "--spool-max": "1G",
+        "--qcow2-cluster-size": "64K", "--retry-timeout": "0",
+        "--request-timeout": "5", "--list-timeout": "5", "--tls": "off",
+        "--tls-psk-file": str(psk), "--tls-username": "alice",
+        "--tls-certificates": str(d), "--pidfile": str(d / "p.pid"),
+        "--pid-file": str(d / "p.pid"), "-P": str(d / "p.pid"),
+        "--log-file": str(d / "log"), "-o": "nonempty",
+    }
+    # option -> (its words, the operands)
+    cases = {o: ([o, v], plain) for o, v in valued.items()}
+    for o in ("--blkhash", "--verify-readback", "--progress"):
+        cases[o] = ([o], plain)
+    cases["--unix"] = (["--unix"], [mp, NOSOCK])
+    cases["--tcp"] = (["--tcp"], [mp, "127.0.0.1", str(free_tcp_port())])
+    cases["--fd"] = (["--fd"], [mp, "3"])
+    cases["--vsock"] = (["--vsock"], [mp, "cid", "2"])
+    cases["--command"] = (["--command"], [mp, "false"])
+    cases["--socket-activation"] = (["--socket-activation"], [mp, "false"])
+    cases["--all-exports"] = (["--all-exports"], plain)
+    cases["--list"] = (["--list"], [nosock])
+    cases["--unmount"] = (["--unmount"], [mp])
+    return cases
+
+
+def long_and_short_options():
+    words = []
+    for flag in ("--long-options", "--short-options"):
+        r = subprocess.run(daemon_cmd(flag), capture_output=True, text=True,
+                           check=True)
+        words += r.stdout.split()
+    return words
+
+
+def test_cli_every_option_in_every_position(cli):
+    """Options wherever they stand, as getopt users write them: each option
+    of the table before, between and after the operands is the same
+    command line (the same exit status, stdout and stderr)."""
+    cases = option_cases(cli.dir, cli.mp)
+    tried = 0
+    for opt in long_and_short_options():
+        words, operands = cases.get(opt, ([opt], [cli.mp,
+                                    f"nbd+unix:///?socket={NOSOCK}"]))
+        placings = {"before": [*words, *operands],
+                    "after": [*operands, *words]}
+        if len(operands) > 1:
+            placings["between"] = [operands[0], *words, *operands[1:]]
+        seen = {}
+        for where, args in placings.items():
+            rc, out, err = cli.run("-f", *args)
+            seen[where] = (rc, out, err)
+            assert "unrecognized" not in err and "after the mountpoint" \
+                not in err, (opt, where, err)
+            assert not is_mounted(cli.mp), (opt, where)
+        first = seen["before"]
+        for where, got in seen.items():
+            assert got == first, (opt, where, got, first)
+        tried += 1
+    assert tried >= 60, tried
+
+
+def test_cli_all_exports_option_before_the_mountpoint(server, mount, shm):
+    """nbdferry -f --all-exports MNT URI (the option before the
+    mountpoint) mounts every export; the bytes land on the server."""
+    d = shm / "exports"
+    d.mkdir()
+    for name in ("disk0", "disk1"):
+        with open(d / name, "wb") as f:
+            f.truncate(4 * MiB)
+    srv = server("file", f"dir={d}")
+    m = mount([srv.uri], "--all-exports", raw="disk1")
+    data = random_bytes(MiB)
+    with open(m.mp / "disk1", "r+b") as f:
+        f.write(data)
+    assert m.unmount() == 0
+    assert (d / "disk1").read_bytes()[:MiB] == data
+    assert (d / "disk0").read_bytes() == bytes(4 * MiB)
+
+
+def test_cli_all_exports_refuses_an_export_in_the_uri(cli, server):
+    """--all-exports with a URI that names an export would mount every
+    export and silently drop the name: refused, nothing mounted."""
     srv = server("memory", "size=16M")
-    rc, _, err = cli.run(cli.mp, srv.uri, *after)
-    line = assert_one_clear_line(rc, err, "options go before")
-    assert f"'{after[0]}'" in line, line
+    uri = srv.uri.replace(":///", ":///disk0")
+    assert "disk0" in uri
+    rc, _, err = cli.run("-f", cli.mp, "--all-exports", uri)
+    line = assert_one_clear_line(rc, err, "names an export")
+    assert "disk0" in line
     assert not is_mounted(cli.mp)
 
 
@@ -496,7 +592,7 @@ def test_cli_help_lists_what_users_look_for(cli):
     assert rc == 0
     for want in ("--socket-activation", "--read-only", "K, M, G or T",
                  "-o nonempty", "file mode", "--block-device",
-                 "fusermount3 -u", "Options go before MOUNTPOINT"):
+                 "fusermount3 -u", "Options may stand anywhere"):
         assert want in out, f"--help does not say {want!r}"
 
 

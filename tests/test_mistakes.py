@@ -38,6 +38,7 @@ import lzma
 import os
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -362,15 +363,22 @@ def test_second_writable_mount_of_an_export_refused(server, mount,
     assert r.returncode == 0 and mounted, r.stderr
 
 
+def lock_path(key):
+    """The lock file of an export's key (fs/mountlock.h)."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return Path(f"/run/lock/nbdferry-{name}.lock")
+
+
+def unix_key(sock, export=""):
+    st = os.stat(sock)
+    return f"unix:{st.st_dev}:{st.st_ino}|{export}"
+
+
 def test_mount_lock_never_follows_a_planted_link(server, shortdir):
     """The lock file is named by a hash of the export's key: a link planted
     there is refused (O_NOFOLLOW), its target untouched."""
     srv = server("memory", f"size={EXPORT}")
-    sock = os.path.realpath(srv.sock)
-    key = f"unix:{sock}|".encode()
-    name = hashlib.sha256(key).hexdigest()[:32] + ".lock"
-    os.makedirs("/run/nbdferry", mode=0o700, exist_ok=True)
-    lock = f"/run/nbdferry/{name}"
+    lock = lock_path(unix_key(srv.sock))
     target = shortdir / "victim"
     target.write_text("keep\n")
     os.symlink(target, lock)
@@ -381,6 +389,95 @@ def test_mount_lock_never_follows_a_planted_link(server, shortdir):
     assert r.returncode != 0 and not mounted
     assert "cannot lock the export" in r.stderr
     assert target.read_text() == "keep\n"
+
+
+def refused_second(shortdir, srv, first_pid, first_mp, *target):
+    """A second writable mount, spelled otherwise: refused naming the
+    first, nothing mounted, the export unchanged."""
+    before = sha256_nbd(srv.uri)
+    mp = shortdir / "second"
+    mp.mkdir(exist_ok=True)
+    r = subprocess.run(daemon_cmd(mp, *target), capture_output=True,
+                       text=True, timeout=60)
+    mounted = is_mounted(mp)
+    if mounted:
+        fusermount_u(mp)
+    assert r.returncode != 0 and not mounted, (target, r.stderr)
+    assert (f"already mounted for writing on this host, by pid {first_pid} "
+            f"on {first_mp}") in r.stderr, r.stderr
+    assert sha256_nbd(srv.uri) == before
+
+
+@pytest.mark.parametrize("first,second", [
+    ("127.0.0.1", "localhost"), ("localhost", "127.0.0.1"),
+    ("127.0.0.1", "tcp-localhost"), ("LOCALHOST", "127.0.0.1"),
+])
+def test_second_writable_mount_refused_whatever_the_host_spelling(
+        server, mount, shortdir, first, second):
+    """The lock is the address actually connected, not its spelling."""
+    srv = server("memory", f"size={EXPORT}", tcp=True)
+    fill_random(srv.uri, EXPORT)
+    m = mount(f"nbd://{first}:{srv.port}/")
+    target = (["--tcp", "localhost", str(srv.port)]
+              if second == "tcp-localhost"
+              else [f"nbd://{second}:{srv.port}/"])
+    refused_second(shortdir, srv, m.pid, m.mp, *target)
+    assert m.unmount() == 0
+
+
+@pytest.mark.parametrize("first", ["unix", "uri", "link"])
+def test_second_writable_mount_refused_whatever_the_socket_spelling(
+        server, mount, shortdir, first):
+    """--unix SOCKET, nbd+unix:///?socket=SOCKET and a link to the socket
+    are one export."""
+    srv = server("memory", f"size={EXPORT}")
+    fill_random(srv.uri, EXPORT)
+    link = shortdir / "link.sock"
+    os.symlink(srv.sock, link)
+    spell = {"unix": ["--unix", str(srv.sock)], "uri": [srv.uri],
+             "link": [f"nbd+unix:///?socket={link}"]}
+    m = mount(spell[first])
+    for other, target in spell.items():
+        if other != first:
+            refused_second(shortdir, srv, m.pid, m.mp, *target)
+    assert m.unmount() == 0
+
+
+def test_second_writable_mount_refused_percent_encoded_export(
+        server, mount, shortdir, tmp_path):
+    """An export name percent-encoded is the same export."""
+    d = tmp_path / "exports"
+    d.mkdir()
+    (d / "disk0").write_bytes(os.urandom(4 * MiB))
+    srv = server("file", f"dir={d}")
+    plain = f"nbd+unix:///disk0?socket={srv.sock}"
+    enc = f"nbd+unix:///%64isk%30?socket={srv.sock}"
+    srv.uri = plain                      # what refused_second digests
+    m = mount(plain)
+    refused_second(shortdir, srv, m.pid, m.mp, enc)
+    assert m.unmount() == 0
+    m = mount(enc)
+    refused_second(shortdir, srv, m.pid, m.mp, plain)
+    assert m.unmount() == 0
+
+
+def test_mount_lock_file_removed_when_the_mount_ends(server, mount,
+                                                     shortdir):
+    """The lock file goes with its mount (they used to pile up in the
+    thousands), and the next writable mount takes the lock again."""
+    srv = server("memory", f"size={EXPORT}")
+    lock = lock_path(unix_key(srv.sock))
+    m = mount(srv)
+    assert lock.exists()
+    st = lock.stat()
+    assert st.st_mode & 0o7777 == 0o644
+    assert m.unmount() == 0
+    assert not lock.exists()
+    m = mount(srv)
+    assert lock.exists()
+    refused_second(shortdir, srv, m.pid, m.mp, srv.uri)
+    assert m.unmount() == 0
+    assert not lock.exists()
 
 
 # --------------------------------------------------------- oversize source

@@ -200,8 +200,32 @@ def test_no_exports_and_empty_name(server, tmp_path):
     err = refused(tmp_path, ["--all-exports", none.uri])
     assert "lists no exports" in err, err
     default = server("memory", f"size={MiB}")
-    err = refused(tmp_path, ["--all-exports", default.uri])
-    assert "empty" in err, err
+    mp = tmp_path / "mnt"
+    r = run([NBDFERRY, "-f", str(mp), "--all-exports", default.uri],
+            timeout=60)
+    assert r.returncode == 1 and not is_mounted(mp), r.stderr
+    assert "export '' skipped" in r.stderr and "empty" in r.stderr, r.stderr
+    assert "no export has a name that can be a file name" in r.stderr
+
+
+def test_bad_export_name_skipped_the_rest_mount(server, mount, tmp_path):
+    """One export whose name cannot be a file name is skipped with a
+    warning naming it; the others mount and take their bytes."""
+    srv = server("memory", f"size={DISK}", "exportname-list=explicit",
+                 "exportname=disk0", "exportname=bad/name",
+                 "exportname=disk1", filters=["exportname"])
+    m = mount(["--all-exports", srv.uri], raw="disk1", expect_errors=True)
+    names = sorted(p.name for p in m.mp.iterdir())
+    assert "disk0" in names and "disk1" in names, names
+    assert not any("bad" in n for n in names), names
+    src = random_file(tmp_path / "src.img", 8 * MiB)
+    assert run(["dd", f"if={src}", f"of={m.mp / 'disk1'}", "bs=1M",
+                "conv=fsync,notrunc", "status=none"]).returncode == 0
+    assert m.unmount() == 0
+    assert "export 'bad/name' skipped" in m.stderr, m.stderr
+    # One memory disk behind every name: the bytes are there.
+    assert sha256_nbd(srv.uri.replace(":///", ":///disk1"),
+                      8 * MiB) == sha256_file(src)
 
 
 def test_writes_land_on_each_disk(server, mount, shm, tmp_path):

@@ -204,6 +204,76 @@ def test_tls_x509_uri(server, mount, shm, shortdir):
     copy_and_verify(m, shm, srv.disk)
 
 
+def client_cert(sdir, cdir):
+    """A client certificate of the test CA in cdir (client-cert.pem,
+    client-key.pem 0600), for a server started with --tls-verify-peer."""
+    base = Path(sdir).parent
+    key = Path(cdir) / "client-key.pem"
+    certtool("--generate-privkey", "--outfile", key)
+    certtool("--generate-certificate", "--load-ca-certificate",
+             Path(sdir) / "ca-cert.pem", "--load-ca-privkey",
+             base / "ca-key.pem", "--load-privkey", key, "--outfile",
+             Path(cdir) / "client-cert.pem", d=base,
+             template="cn = nbdferry test client\ntls_www_client\n"
+             "encryption_key\nsigning_key\nexpiration_days = 2\n")
+    key.chmod(0o600)
+
+
+def export_dir_server(server, shm, sdir):
+    """Two exports over TLS that verifies the client's certificate."""
+    d = shm / "exports"
+    d.mkdir()
+    for name in ("disk0", "disk1"):
+        random_file(d / name, EXPORT)
+    srv = server("file", f"dir={d}", tcp=True,
+                 extra=["--tls=require", f"--tls-certificates={sdir}",
+                        "--tls-verify-peer"])
+    srv.dir = d
+    return srv
+
+
+@pytest.mark.parametrize("how", ["option", "uri"])
+def test_tls_x509_client_cert_list(server, shm, shortdir, how):
+    """--list over nbds:// takes the TLS options (here a client
+    certificate the server insists on), or tls-certificates in the URI."""
+    sdir, cdir = make_pki(shortdir)
+    client_cert(sdir, cdir)
+    srv = export_dir_server(server, shm, sdir)
+    uri = f"nbds://localhost:{srv.port}/"
+    args = (["--tls-certificates", str(cdir), "--list", uri] if how ==
+            "option" else ["--list", f"{uri}?tls-certificates={cdir}"])
+    r = subprocess.run(daemon_cmd(*args), capture_output=True, text=True,
+                       timeout=timeout(60))
+    assert r.returncode == 0, r.stderr
+    got = sorted(line.split("\t")[:2] for line in r.stdout.splitlines())
+    assert got == [["disk0", str(EXPORT)], ["disk1", str(EXPORT)]], r.stdout
+
+
+@pytest.mark.parametrize("how", ["option", "uri"])
+def test_tls_x509_client_cert_all_exports(server, mount, shm, shortdir,
+                                          how):
+    """--all-exports over nbds:// with a client certificate: the listing
+    and every disk's connections take the same TLS options; the bytes
+    land on the server."""
+    sdir, cdir = make_pki(shortdir)
+    client_cert(sdir, cdir)
+    srv = export_dir_server(server, shm, sdir)
+    uri = f"nbds://localhost:{srv.port}/"
+    if how == "option":
+        m = mount(["--all-exports", uri], "--tls-certificates", cdir,
+                  raw="disk1")
+    else:
+        m = mount(["--all-exports", f"{uri}?tls-certificates={cdir}"],
+                  raw="disk1")
+    before0 = sha256_file(srv.dir / "disk0")
+    src = random_file(shm / "src.img", SRC)
+    run(["dd", f"if={src}", f"of={m.mp / 'disk1'}", "bs=1M",
+         "conv=fsync,notrunc", "status=none"], check=True)
+    assert m.unmount() == 0
+    assert sha256_prefix(srv.dir / "disk1", SRC) == sha256_file(src)
+    assert sha256_file(srv.dir / "disk0") == before0
+
+
 def test_tls_x509_other_ca_refused(server, shm, shortdir):
     """The client trusts another CA than the one that signed the
     server's certificate."""

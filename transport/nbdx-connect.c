@@ -54,9 +54,6 @@ static int start_connect(struct nbd_handle *h, const struct nbdx_config *cfg)
 {
     switch (cfg->mode) {
     case NBDX_URI:
-        /* The user typed this URI: its tls-psk-file and tls-certificates
-         * may name local files. */
-        nbd_set_uri_allow_local_file(h, true);
         return nbd_aio_connect_uri(h, cfg->uri);
     case NBDX_SOCKET_ACTIVATION:
         return nbd_aio_connect_systemd_socket_activation(h, cfg->argv);
@@ -216,7 +213,7 @@ int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
         nbd_set_debug(c->h, true);
     }
     nbd_add_meta_context(c->h, LIBNBD_CONTEXT_BASE_ALLOCATION);
-    if (nbdx_tls_set(c->h, cfg) == -1) {
+    if (nbdx_configure_handle(c->h, cfg) == -1) {
         log_err("TLS settings: %s", nbd_get_error());
         return -EINVAL;
     }

@@ -64,6 +64,31 @@ static unsigned connections_for(const struct nbdx_config *cfg,
     return want;
 }
 
+int nbdx_prepare(const struct nbdx_config *cfg, struct nbdx **out)
+{
+    struct nbdx *x = calloc(1, sizeof *x);
+    int r;
+
+    *out = NULL;
+    if (!x)
+        return -ENOMEM;
+    x->cfg = *cfg;
+    x->dumpable = -1;
+    pthread_mutex_init(&x->heal_lock, NULL);
+    pthread_mutex_init(&x->health_lock, NULL);
+    if ((r = nbdx_tls_policy(x)) < 0) {
+        nbdx_close(x);
+        return r;
+    }
+    *out = x;
+    return 0;
+}
+
+const struct nbdx_config *nbdx_config(const struct nbdx *x)
+{
+    return &x->cfg;
+}
+
 int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
 {
     struct nbdx *x = calloc(1, sizeof *x);

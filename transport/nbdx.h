@@ -102,6 +102,25 @@ struct nbdx;
 int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out);
 const struct nbdx_info *nbdx_info(const struct nbdx *x);
 
+/* For connections of the caller's own beside the mount's (--list,
+ * --all-exports): cfg's TLS policy applied as nbdx_open() applies it (the
+ * server verified or refused; a CA directory made, keys held), without
+ * connecting.  nbdx_config() is cfg as the policy left it, for
+ * nbdx_configure_handle(); nbdx_close() releases it.  -errno, logged. */
+int nbdx_prepare(const struct nbdx_config *cfg, struct nbdx **out);
+const struct nbdx_config *nbdx_config(const struct nbdx *x);
+
+/* What every libnbd handle nbdferry connects is configured with, in one
+ * place: cfg's TLS settings (--tls, --tls-certificates, --tls-psk-file,
+ * --tls-username, verification) and, for a URI the user gave, its
+ * tls-certificates and tls-psk-file query parameters (local files libnbd
+ * refuses by default).  The mount's connections, their reconnections
+ * and healing probes, --list and --all-exports all go through it.
+ * -1 with the libnbd error set. */
+struct nbd_handle;
+int nbdx_configure_handle(struct nbd_handle *h,
+                          const struct nbdx_config *cfg);
+
 /* Queue op on the least busy connection.  Never blocks and never calls
  * done() itself: done() always runs on an I/O thread. */
 void nbdx_submit(struct nbdx *x, struct nbdx_op *op);
@@ -174,6 +193,10 @@ bool nbdx_uri_is_tcp(const char *uri);
 /* The percent-decoded value of query parameter key, into val (len
  * bytes).  False if absent or too long. */
 bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len);
+/* The export name a URI asks for: its path without the leading "/",
+ * percent-decoded, as libnbd sends it ("" for none).  False if it does
+ * not fit in len. */
+bool nbdx_uri_export(const char *uri, char *val, size_t len);
 
 /* Give up on the server at once: every connection is dropped, every op
  * outstanding or submitted later fails with ENOTCONN, and none

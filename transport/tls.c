@@ -3,8 +3,9 @@
  * must be the owner's alone; a loaded key keeps core dumps off.
  *
  * THREAD MODEL
- * nbdx_tls_policy() runs once in nbdx_open(), before any connection or
- * thread exists; nbdx_tls_set() on the thread making a handle;
+ * nbdx_tls_policy() runs once in nbdx_open() or nbdx_prepare(), before
+ * any connection or thread exists; nbdx_tls_set() and
+ * nbdx_configure_handle() on the thread making a handle;
  * nbdx_tls_release() in nbdx_close(), after the I/O threads are joined.
  */
 #include "transport/nbdx-internal.h"
@@ -284,6 +285,16 @@ int nbdx_tls_set(struct nbd_handle *h, const struct nbdx_config *cfg)
     if (nbd_set_tls_verify_peer(h, !cfg->tls_insecure) == -1)
         return -1;
     return 0;
+}
+
+int nbdx_configure_handle(struct nbd_handle *h,
+                          const struct nbdx_config *cfg)
+{
+    /* The user typed this URI: its tls-psk-file and tls-certificates
+     * may name local files.  Never a URI a server sent. */
+    if (cfg->mode == NBDX_URI && nbd_set_uri_allow_local_file(h, true) == -1)
+        return -1;
+    return nbdx_tls_set(h, cfg);
 }
 
 void nbdx_tls_release(struct nbdx *x)

@@ -147,3 +147,20 @@ bool nbdx_uri_query(const char *uri, const char *key, char *val, size_t len)
     }
     return false;
 }
+
+bool nbdx_uri_export(const char *uri, char *val, size_t len)
+{
+    const char *auth = strstr(uri, "://");
+
+    if (len == 0)
+        return false;
+    val[0] = '\0';
+    if (!auth)
+        return true;
+    auth += 3;
+    const char *path = auth + strcspn(auth, "/?#");
+    if (*path != '/')
+        return true;
+    path++;
+    return decode(path, strcspn(path, "?#"), val, len);
+}
