@@ -23,6 +23,7 @@
 #include "fs/mountlock.h"
 #include "fs/digest.h"
 #include "fs/fuseloop.h"
+#include "fs/fusetimeout.h"
 #include "fs/readback.h"
 #include "fs/stopsig.h"
 #include "fs/progress.h"
@@ -618,6 +619,7 @@ int main(int argc, char **argv)
         cli_exit(&o, false, "out of memory");
     fs.ndisks = n;
     prepare(&o, &dm);
+    fusetimeout_fit(&o.nbd);            /* before any connection opens */
     if (!o.foreground)
         daemon_fork(&dm);
     set_config(&fs.cfg, &o);

@@ -228,6 +228,9 @@ bool nbdx_connection_error(int err);
 void nbdx_check_dead(struct nbdx_conn *c);
 void nbdx_abort_conn(struct nbdx_conn *c);
 bool nbdx_drain_parked(struct nbdx_conn *c, unsigned i);
+/* At close, with the I/O threads gone: let the parked sockets settle
+ * (closed by the server, or quiet) until due. */
+void nbdx_settle_parked(struct nbdx *x, uint64_t due);
 void nbdx_unstall(struct nbdx_conn *c);
 void nbdx_give_up(struct nbdx_conn *c, const char *why);
 void nbdx_revive(struct nbdx_conn *c);

@@ -58,6 +58,11 @@ static int op_completed(void *user_data, int *error)
 {
     struct nbdx_op *op = user_data;
 
+    /* Each op completes once: one no longer on the wire was handed back
+     * already (retire_conn), and a second done() would reach the pool
+     * for a request it released. */
+    if (!op->on_wire)
+        return 1;
     op->err = *error;
     nbdx_wire_remove(op->conn, op);
     nbdx_push_done(op->conn, op);

@@ -210,14 +210,21 @@ static void retire_conn(struct nbdx_conn *c)
         nbdx_set_int_opt(keep, IPPROTO_TCP, TCP_USER_TIMEOUT, 0,
                          "TCP_USER_TIMEOUT");
     park_socket(c, keep);
+    /* Close first, then hand back what libnbd did not: from libnbd 1.16
+     * on, nbd_close() runs the completion callback (ENOTCONN) of every
+     * command it still holds, and op_completed() moves those ops off the
+     * wire itself; libnbd 1.14 only frees them.  Handing the wire back
+     * before the close completed each op twice on the newer library:
+     * the pool released a request, then met it again (freed or kept for
+     * a hold) and aborted on its invariant 3 (release_req_locked). */
+    nbd_close(c->h);                      /* closes only its descriptor */
+    c->h = NULL;
     while (c->wire) {
         struct nbdx_op *op = c->wire;
         nbdx_wire_remove(c, op);
         op->err = ENOTCONN;
         nbdx_push_done(c, op);
     }
-    nbd_close(c->h);                      /* closes only its descriptor */
-    c->h = NULL;
     c->dead = true;
     c->closing = false;
     atomic_store(&c->fd, -1);
@@ -235,6 +242,54 @@ void nbdx_unstall(struct nbdx_conn *c)
                      c->x->cfg.request_timeout_s : 0.0);
     c->stalled = false;
     resend_retries(c);
+}
+
+/* At close (the I/O threads have exited): before the parked sockets are
+ * closed, read what the server still sends on them until it closes them,
+ * or until they have been quiet for PARKED_QUIET_NS, or until due.  A
+ * server that resumed just before the unmount is still answering what
+ * they held: closing under it then is a close with requests outstanding
+ * (nbdkit 1.32 aborts, see retire_conn).  One still paused sends nothing
+ * and is closed after the quiet time: the daemon cannot wait forever. */
+#define PARKED_QUIET_NS (500 * NS_PER_MS)
+
+static unsigned parked_total(const struct nbdx *x)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < x->nconns; i++)
+        n += x->conns[i].nparked;
+    return n;
+}
+
+void nbdx_settle_parked(struct nbdx *x, uint64_t due)
+{
+    uint64_t last = mono_now_ns();
+    unsigned logged = parked_total(x);
+
+    if (logged)
+        log_info("waiting for the server to answer on %u socket(s) given "
+                 "up on before closing them", logged);
+    while (parked_total(x) > 0) {
+        uint64_t now = mono_now_ns();
+        for (unsigned i = 0; i < x->nconns; i++) {
+            uint64_t t = atomic_load(&x->conns[i].parked_rx_ns);
+            last = t > last ? t : last;
+        }
+        if (now >= last + PARKED_QUIET_NS || now >= due)
+            return;
+        struct pollfd fds[NBDX_PARKED_MAX];
+        for (unsigned i = 0; i < x->nconns; i++) {
+            struct nbdx_conn *c = &x->conns[i];
+            unsigned n = c->nparked;
+            for (unsigned k = 0; k < n; k++)
+                fds[k] = (struct pollfd) { .fd = c->parked[k],
+                                           .events = POLLIN };
+            if (n && poll(fds, n, 20) > 0)
+                for (unsigned k = n; k-- > 0;)
+                    if (fds[k].revents)
+                        nbdx_drain_parked(c, k);
+        }
+    }
 }
 
 /* ---- losing the server and finding it again ------------------------ */

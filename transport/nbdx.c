@@ -259,6 +259,7 @@ void nbdx_close(struct nbdx *x)
         pthread_join(c->thread, NULL);
     }
     uint64_t due = mono_now_ns() + (uint64_t) DISCONNECT_WAIT_S * NS_PER_S;
+    nbdx_settle_parked(x, due);
     for (unsigned i = 0; i < x->nconns; i++) {
         struct nbdx_conn *c = &x->conns[i];
         if (c->h) {
@@ -268,8 +269,9 @@ void nbdx_close(struct nbdx *x)
         }
         if (c->efd >= 0)
             close(c->efd);
-        /* XXX a server still paused now meets a closed socket when it
-         * resumes (retire_conn); the daemon cannot wait forever. */
+        /* Settled above: closed by the server, or quiet for a while (a
+         * server still paused now meets a closed socket when it resumes;
+         * the daemon cannot wait forever). */
         for (unsigned k = 0; k < c->nparked; k++)
             close(c->parked[k]);
         pthread_mutex_destroy(&c->lock);

@@ -135,9 +135,14 @@ int pool_fill_begin(struct pool *p, uint64_t off, size_t len,
     if (p->cfg.write_through || len == 0)
         return -EAGAIN;
     LOCK_FOR_SCOPE(&p->lock);
-    do
-        r = pool_heal_locked(p) < 0 ? -EIO : reserve_locked(p, f);
-    while (r == 1);
+    /* A write arriving after the loss tries the server again; one that
+     * waited for a buffer while the server was given up on fails with
+     * the requests it waited for: a heal try there (a handshake up to
+     * --request-timeout on a paused server) would stretch the
+     * documented request + retry timeout. */
+    r = pool_heal_locked(p) < 0 ? -EIO : reserve_locked(p, f);
+    while (r == 1)
+        r = p->lost ? -EIO : reserve_locked(p, f);
     pool_dispatch_locked(p);
     return r;
 }

@@ -203,9 +203,12 @@ static ssize_t absorb_all_locked(struct pool *p, uint64_t off,
                                  const char *data, size_t len)
 {
     size_t done = 0;
+    bool later = false;
     while (done < len) {
-        if (pool_heal_locked(p) < 0)
+        /* Only the first piece heals: see pool_fill_begin(). */
+        if (later ? p->lost : pool_heal_locked(p) < 0)
             return -EIO;
+        later = true;
         ssize_t r = absorb_locked(p, off + done, data + done, len - done);
         if (r < 0)
             return r;
