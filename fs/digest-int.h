@@ -105,6 +105,9 @@ struct digest {
     uint64_t wait_ns;             /* writers waited for room in the queue */
     unsigned delay_us;            /* NBDFERRY_DEBUG_DIGEST_DELAY_US: a slow
                                    * hasher, for tests */
+    bool gate;                    /* NBDFERRY_DEBUG_DIGEST_GATE: the thread
+                                   * takes nothing until a writer waits for
+                                   * room (or a settle, or stopping) */
 
     uint64_t hashed;              /* of this gen, by the thread */
     uint64_t hex_len, hex_gen;    /* what hex covers */

@@ -162,6 +162,17 @@ void digest_push_zero_locked(struct digest *d, uint64_t len)
     d->pos += len;
 }
 
+/* NBDFERRY_DEBUG_DIGEST_GATE: a hasher that has not started yet, so a
+ * test sees the writer wait for it whatever the machine's speed.  Opened
+ * once, for good, by the first writer that finds the queue full. */
+static void open_gate_locked(struct digest *d)
+{
+    if (d->gate) {
+        d->gate = false;
+        pthread_cond_signal(&d->cond);
+    }
+}
+
 static bool no_room_locked(const struct digest *d, size_t cost)
 {
     return d->queued > 0 && d->queued + cost > d->limit &&
@@ -175,6 +186,7 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
 {
     uint64_t gen = d->gen, pos = d->pos, t0 = mono_now_ns();
     struct timespec deadline = mono_deadline_ns(WAIT_MAX_S * NS_PER_S);
+    open_gate_locked(d);
     while (no_room_locked(d, cost)) {
         /* A wakeup can race the deadline: only a queue still full at
          * the deadline abandons the digest. */
@@ -285,7 +297,7 @@ void digest_done_item_locked(struct digest *d, const struct item *it)
  * a zero item.  Returns false when stopping. */
 bool digest_take_locked(struct digest *d, struct item *out)
 {
-    while (!d->head && !d->stopping)
+    while ((!d->head || d->gate) && !d->stopping)
         pthread_cond_wait(&d->cond, &d->lock);
     if (d->stopping)
         return false;
@@ -412,6 +424,7 @@ int digest_settle(struct digest *d, unsigned timeout_s)
         return 0;
     struct timespec deadline = mono_deadline_ns(timeout_s * NS_PER_S);
     LOCK_FOR_SCOPE(&d->lock);
+    open_gate_locked(d);
     while ((d->head || d->busy) && !d->stopping && r == 0)
         if (pthread_cond_timedwait(&d->idle, &d->lock, &deadline) ==
             ETIMEDOUT)
@@ -450,6 +463,7 @@ int digest_create_ops(size_t queue_limit, const struct digest_ops *ops,
     d->hold_limit = queue_limit;  /* digest_set_hold_limit() narrows it */
     const char *delay = getenv("NBDFERRY_DEBUG_DIGEST_DELAY_US");
     d->delay_us = delay ? (unsigned) strtoul(delay, NULL, 10) : 0;
+    d->gate = getenv("NBDFERRY_DEBUG_DIGEST_GATE") != NULL;
     d->state = DIGEST_IDLE;
     d->ops = ops;
     d->bp = bp;

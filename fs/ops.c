@@ -25,6 +25,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include "config.h"
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "common/monotime.h"
@@ -642,18 +643,37 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
     fuse_reply_statfs(req, &sv);
 }
 
+/* Ask for a feature (on) if the kernel offers it, or turn it off.
+ * libfuse 3.17 keeps the flags in 64-bit want_ext and only converts the
+ * 32-bit conn->want after init (in 3.17.0 and 3.17.1 without applying
+ * cleared bits); fuse_{set,unset}_feature_flag() is its API for them.
+ * Chosen at build time by libfuse's version (CMakeLists.txt). */
+static void conn_want(struct fuse_conn_info *conn, uint64_t flag, bool on)
+{
+#if HAVE_FUSE_FEATURE_FLAGS
+    if (on)
+        fuse_set_feature_flag(conn, flag);    /* only if capable */
+    else
+        fuse_unset_feature_flag(conn, flag);
+#else
+    if (on && (conn->capable & flag))
+        conn->want |= flag;
+    else if (!on)
+        conn->want &= ~flag;
+#endif
+}
+
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     /* 1 MiB requests (libfuse negotiates max_pages to match). */
     conn->max_write = FS_MAX_WRITE;
     conn->max_readahead = 1u << 20;
-    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
-        conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    conn_want(conn, FUSE_CAP_ATOMIC_O_TRUNC, true);
     /* No async direct I/O: the kernel would split one large write into
      * requests served in parallel, out of file order, and the VHD view's
      * decoder needs file order. */
-    conn->want &= ~FUSE_CAP_ASYNC_DIO;
-    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  /* we are the write-back */
+    conn_want(conn, FUSE_CAP_ASYNC_DIO, false);
+    conn_want(conn, FUSE_CAP_WRITEBACK_CACHE, false);  /* we are the write-back */
     /* No splice (libfuse asks for SPLICE_READ by default once write_buf
      * exists).  Our writes are direct I/O, and the kernel copies
      * direct-I/O pages into the pipe ("can't control lifetime of pipe
@@ -663,7 +683,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * pipe-max-size allows without CAP_SYS_RESOURCE, so it would run
      * only for some users: one path, the tested one.  SPLICE_MOVE only
      * moves pages of replies; SPLICE_WRITE is for reads. */
-    conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
+    conn_want(conn, FUSE_CAP_SPLICE_READ, false);
+    conn_want(conn, FUSE_CAP_SPLICE_MOVE, false);
 }
 
 const struct fuse_lowlevel_ops fs_ops = {

@@ -82,7 +82,14 @@ def test_slow_hasher_leaves_the_window_full(server, mount, shm, monkeypatch,
 
 def test_copy_waits_on_the_digest_counted(server, mount, shm, monkeypatch):
     """A hasher slower than everything: once its holds and its queue are
-    full the writer waits for it, and the status counts the seconds."""
+    full the writer waits for it, and the status counts the seconds.
+    The hasher takes nothing until a writer finds the queue full
+    (NBDFERRY_DEBUG_DIGEST_GATE): 48 MiB against 3 MiB of holds and a
+    32 MiB queue, so the writer waits however fast or loaded the machine
+    (a hasher only slowed lost the race to a slow writer: waited 0.0).
+    Fails if the wait is not counted, or if the queue has no bound (the
+    writer never waits, the gate opens only at the settle)."""
+    monkeypatch.setenv("NBDFERRY_DEBUG_DIGEST_GATE", "1")
     monkeypatch.setenv("NBDFERRY_DEBUG_DIGEST_DELAY_US", "20000")
     srv = server("memory", f"size={EXPORT}")
     m = mount(srv, *WINDOW)

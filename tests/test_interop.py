@@ -25,6 +25,7 @@ against the image followed by zeros.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -321,7 +322,9 @@ def hole_chunks(uri, off, length):
                        capture_output=True, text=True, env=env,
                        timeout=timeout(60))
     assert r.returncode == 0, r.stderr
-    return r.stderr.count("-> REPLY.STRUCTURED_REPLY.RECV_OFFSET_HOLE")
+    # libnbd 1.14 (Debian 12) names the state REPLY.STRUCTURED_REPLY.*,
+    # 1.18 and later (Debian 13: 1.22) REPLY.CHUNK_REPLY.*.
+    return len(re.findall(r"-> REPLY\.[A-Z_]+\.RECV_OFFSET_HOLE", r.stderr))
 
 
 @pytest.mark.parametrize("kind", ["qemu-nbd-raw", "qemu-nbd-qcow2"])
