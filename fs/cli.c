@@ -236,7 +236,7 @@ enum {
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
-    OPT_QCOW2_CLUSTER_SIZE,
+    OPT_QCOW2_CLUSTER_SIZE, OPT_RAW_IMAGES,
 };
 
 #define SHORT_OPTIONS "+:C:o:P:rfvVds"
@@ -260,6 +260,7 @@ static const struct option long_options[] = {
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
     { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
+    { "raw-images", no_argument, NULL, OPT_RAW_IMAGES },
     { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
     { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
     { "qcow2-cluster-size", required_argument, NULL, OPT_QCOW2_CLUSTER_SIZE },
@@ -514,6 +515,7 @@ static int parse_option(struct cli_options *o, int c, char **argv)
     case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
     case OPT_NO_DIGEST: return parse_digest(o, "--no-digest", "none");
     case OPT_VHD_FIXED: o->fo.vhd_fixed = true; break;
+    case OPT_RAW_IMAGES: o->fo.raw_images = true; break;
     case OPT_MULTIWRITER: o->fo.multiwriter = true; break;
     case 'r': o->nbd.readonly = true; break;
     case 'f': o->foreground = true; break;

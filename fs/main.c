@@ -504,6 +504,8 @@ static void set_config(struct fs_config *c, const struct cli_options *o)
     c->file_mode = o->mp.file_mode;
     c->block_device = o->fo.block_device;
     c->vhd_fixed = o->fo.vhd_fixed;
+    c->raw_images = o->fo.raw_images;
+    c->mountpoint = o->mp.mountpoint;
     c->multiwriter = o->fo.multiwriter;
     c->spool_dir = o->spool_dir;
     c->spool_max = o->spool_max ? o->spool_max : SPOOL_MAX_DEFAULT;

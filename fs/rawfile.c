@@ -124,8 +124,9 @@ int rawfile_replace(struct fs_disk *d, uint64_t size)
 static ssize_t write_size(struct fs_disk *d, struct fs_fh *fh, size_t size,
                           uint64_t off)
 {
-    if (fh && fh->refused)
-        return -fh->refused;      /* said at its open */
+    int refused = fh ? __atomic_load_n(&fh->refused, __ATOMIC_RELAXED) : 0;
+    if (refused)
+        return -refused;          /* said when refused */
     if (off >= d->export_size) {
         if (size == 0)
             return 0;
@@ -179,6 +180,8 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     {
         RDLOCK_FOR_SCOPE(&d->size_lock);
         n = write_size(d, fh, size, off);
+        if (n > 0 && foreign_raw_check(d, fh, off, buf, (size_t) n) < 0)
+            n = -EMEDIUMTYPE;     /* an image file: nothing queued */
         if (n > 0) {
             ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
             if (r < 0)
@@ -269,6 +272,9 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         n = write_size(d, fh, size, off);
         if (n >= 0 && (size_t) n != size)
             n = -EAGAIN;          /* short or empty: the usual path says so */
+        if (n > 0 && foreign_raw_check(d, fh, off, d->land.mem,
+                                       (size_t) n) < 0)
+            n = -EMEDIUMTYPE;     /* not committed: the disk keeps it */
         if (n > 0)
             foreign_raw_write(d, off, d->land.mem, (size_t) n);
         if (n > 0)
@@ -299,6 +305,10 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                 : pool_fill_begin(d->pool, off, (size_t) size, &f);
         if (r == 0 && size > 0) {
             int filled = fill_from(&f, bufv);
+            /* An image file: the reservation is undone, nothing sent. */
+            if (filled == 0 && f.nseg &&
+                foreign_raw_check(d, fh, off, f.seg[0].mem, f.seg[0].len) < 0)
+                filled = -EMEDIUMTYPE;
             if (filled == 0 && f.nseg)
                 foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
             r = (int) pool_fill_commit(d->pool, &f, filled,
@@ -461,7 +471,7 @@ static void refuse_source(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
             "with ENOSPC and the disk is left as it was",
             d->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
             d->export_size);
-    fh->refused = ENOSPC;
+    __atomic_store_n(&fh->refused, ENOSPC, __ATOMIC_RELAXED);
     progress_truncate(d->progress, 0);       /* this copy's pass, failed */
     progress_set_source(d->progress, pid, size, fdnum);
     set_pass(d, fh);
