@@ -653,8 +653,10 @@ out_pool:
     else
         for (unsigned i = 0; i < n; i++)
             ds[i] = status;
-    if (pooled == n)
+    if (pooled == n) {
+        verdict_log(&fs, status, ds);     /* for every log asked for */
         verdict_write(&fs, status, ds);   /* for nbdferry --unmount */
+    }
     for (unsigned i = 0; i < pooled; i++) {
         stop_watchers(&fs.disks[i]);
         pool_destroy(fs.disks[i].pool);
@@ -674,7 +676,8 @@ out_nbd:
     free(ml);
     free(pools);
     free(ds);
+    log_flush();              /* its lines name the mountpoint: before o goes */
+    log_set_context(NULL);
     cli_options_free(&o);
-    log_flush();
     return status;
 }
