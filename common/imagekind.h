@@ -13,6 +13,7 @@
  *   tar    "ustar" at 257 (POSIX and GNU; an OVA is one)
  *   gzip   1f 8b 08 at 0, flags' reserved bits clear
  *   xz     fd 37 7a 58 5a 00 at 0
+ *   zstd   28 b5 2f fd at 0 (a zstd frame; one random disk in 2^32)
  * (gzip's two magic bytes alone would match one random disk in 65536.)
  * A buffer shorter than a signature's end does not match it. */
 #pragma once
@@ -29,6 +30,7 @@ enum image_kind {
     IMAGE_TAR,
     IMAGE_GZIP,
     IMAGE_XZ,
+    IMAGE_ZSTD,
 };
 
 static inline int image_sig_at(const void *buf, size_t len, size_t off,
@@ -52,6 +54,7 @@ static inline enum image_kind image_kind(const void *buf, size_t len)
         { 257, 5, "ustar", IMAGE_TAR },
         { 0, 3, "\x1f\x8b\x08", IMAGE_GZIP },   /* deflate: all there is */
         { 0, 6, "\xfd" "7zXZ\0", IMAGE_XZ },
+        { 0, 4, "\x28\xb5\x2f\xfd", IMAGE_ZSTD },
     };
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         if (image_sig_at(buf, len, sigs[i].off, sigs[i].sig, sigs[i].n)) {
@@ -76,6 +79,7 @@ static inline const char *image_kind_name(enum image_kind k)
         [IMAGE_TAR] = "a tar archive (an OVA?)",
         [IMAGE_GZIP] = "a gzip stream",
         [IMAGE_XZ] = "an xz stream",
+        [IMAGE_ZSTD] = "a zstd stream",
     };
     return (unsigned) k < sizeof names / sizeof names[0] ? names[k] : NULL;
 }

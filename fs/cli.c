@@ -237,6 +237,7 @@ enum {
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
     OPT_QCOW2_CLUSTER_SIZE, OPT_ALL_EXPORTS, OPT_VSOCK, OPT_LIST_TIMEOUT,
+    OPT_RAW_IMAGES,
 };
 
 /* "-": options anywhere, each operand returned in order as option 1
@@ -262,6 +263,7 @@ static const struct option long_options[] = {
     { "expected-size", required_argument, NULL, OPT_EXPECTED_SIZE },
     { "vhd-fixed", no_argument, NULL, OPT_VHD_FIXED },
     { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
+    { "raw-images", no_argument, NULL, OPT_RAW_IMAGES },
     { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
     { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
     { "qcow2-cluster-size", required_argument, NULL, OPT_QCOW2_CLUSTER_SIZE },
@@ -515,6 +517,7 @@ static int parse_option(struct cli_options *o, int c, char **argv)
     case OPT_TLS_INSECURE: o->nbd.tls_insecure = true; break;
     case OPT_NO_DIGEST: return parse_digest(o, "--no-digest", "none");
     case OPT_VHD_FIXED: o->fo.vhd_fixed = true; break;
+    case OPT_RAW_IMAGES: o->fo.raw_images = true; break;
     case OPT_MULTIWRITER: o->fo.multiwriter = true; break;
     case OPT_ALL_EXPORTS: o->all_exports_flag = true; break;
     case OPT_VSOCK: o->vsock_flag = true; break;

@@ -115,6 +115,7 @@ struct cli_fuse_opts {
     bool kernel_cache;        /* accepted; every file is direct I/O */
     bool block_device;        /* O_TRUNC and truncate leave the disk */
     bool vhd_fixed;           /* FILENAME.vhd also takes fixed VHDs */
+    bool raw_images;          /* the raw file takes image files as bytes */
     bool multiwriter;         /* several writers at once, a second
                                * writable mount of the export */
     char *digest;             /* digest=SPEC (the last one), or NULL */

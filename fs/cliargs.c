@@ -197,7 +197,7 @@ static int pass_on(struct cli_fuse_opts *fo, const char *opts)
  * own_opt() with its key, and every other item with FUSE_OPT_KEY_OPT. */
 enum {
     KEY_NONEMPTY, KEY_KERNEL_CACHE, KEY_BLOCK_DEVICE, KEY_VHD_FIXED,
-    KEY_MULTIWRITER, KEY_UID, KEY_GID, KEY_DIGEST, KEY_QCOW2_CLUSTER_SIZE,
+    KEY_MULTIWRITER, KEY_RAW_IMAGES, KEY_UID, KEY_GID, KEY_DIGEST, KEY_QCOW2_CLUSTER_SIZE,
 };
 static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("nonempty", KEY_NONEMPTY),
@@ -205,6 +205,7 @@ static const struct fuse_opt own_opts[] = {
     FUSE_OPT_KEY("block_device", KEY_BLOCK_DEVICE),
     FUSE_OPT_KEY("vhd_fixed", KEY_VHD_FIXED),
     FUSE_OPT_KEY("multiwriter", KEY_MULTIWRITER),
+    FUSE_OPT_KEY("raw_images", KEY_RAW_IMAGES),
     FUSE_OPT_KEY("uid=", KEY_UID),
     FUSE_OPT_KEY("gid=", KEY_GID),
     FUSE_OPT_KEY("digest=", KEY_DIGEST),
@@ -252,6 +253,7 @@ static int own_opt(void *data, const char *item, int key,
     case KEY_BLOCK_DEVICE: fo->block_device = true; return 0;
     case KEY_VHD_FIXED: fo->vhd_fixed = true; return 0;
     case KEY_MULTIWRITER: fo->multiwriter = true; return 0;
+    case KEY_RAW_IMAGES: fo->raw_images = true; return 0;
     case KEY_UID: return owner_opt(c, item, &fo->uid, &fo->set_uid);
     case KEY_GID: return owner_opt(c, item, &fo->gid, &fo->set_gid);
     case KEY_DIGEST:              /* checked with the other digest options */

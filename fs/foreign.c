@@ -2,13 +2,18 @@
  * (fs/foreign.h). */
 #include "fs/foreign.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 
 #include "common/log.h"
 
-const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
-                           enum fs_ino ino, char *buf, size_t n)
+/* The advice with the mount's files under mnt ("MNT", or the real
+ * mountpoint). */
+static const char *advice_in(const struct fs_disk *d, const char *mnt,
+                             enum image_kind k, enum fs_ino ino, char *buf,
+                             size_t n)
 {
     const char *raw = d->view_name[FS_INO_RAW];
     const char *vhd = d->view_name[FS_INO_VHD];
@@ -23,38 +28,72 @@ const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
         return NULL;
     switch (k) {
     case IMAGE_QCOW2:
-        snprintf(buf, n, "write it into MNT/%s", qcow2);
+        snprintf(buf, n, "write it into %s/%s", mnt, qcow2);
         break;
     case IMAGE_VHDX:
-        snprintf(buf, n, "write it into MNT/%s", vhdx);
+        snprintf(buf, n, "write it into %s/%s", mnt, vhdx);
         break;
     case IMAGE_VMDK:
-        snprintf(buf, n, "write it into MNT/%s (streamOptimized or "
+        snprintf(buf, n, "write it into %s/%s (streamOptimized or "
                  "monolithicSparse), or qemu-img convert -n -O raw "
-                 "FILE.vmdk MNT/%s", vmdk, raw);
+                 "FILE.vmdk %s/%s", mnt, vmdk, mnt, raw);
         break;
     case IMAGE_VMDK_DESCRIPTOR:
         snprintf(buf, n, "its data is in the extent files it names: use "
-                 "qemu-img convert -n -O raw FILE.vmdk MNT/%s", raw);
+                 "qemu-img convert -n -O raw FILE.vmdk %s/%s", mnt, raw);
         break;
     case IMAGE_VHD:
-        snprintf(buf, n, "write it into MNT/%s", vhd);
+        snprintf(buf, n, "write it into %s/%s", mnt, vhd);
         break;
     case IMAGE_TAR:
-        snprintf(buf, n, "tar -xOf FILE.ova DISK.vmdk > MNT/%s", vmdk);
+        snprintf(buf, n, "tar -xOf FILE.ova DISK.vmdk > %s/%s", mnt, vmdk);
         break;
     case IMAGE_GZIP:
         snprintf(buf, n, "decompress it on the way: gunzip -c FILE.gz > "
-                 "MNT/%s (or into the view of the image it holds)", raw);
+                 "%s/%s (or into the view of the image it holds)", mnt, raw);
         break;
     case IMAGE_XZ:
         snprintf(buf, n, "decompress it on the way: xz -dc FILE.xz > "
-                 "MNT/%s (or into the view of the image it holds)", raw);
+                 "%s/%s (or into the view of the image it holds)", mnt, raw);
+        break;
+    case IMAGE_ZSTD:
+        snprintf(buf, n, "decompress it on the way: zstd -dc FILE.zst > "
+                 "%s/%s (or into the view of the image it holds)", mnt, raw);
         break;
     default:
         return NULL;
     }
     return buf;
+}
+
+const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
+                           enum fs_ino ino, char *buf, size_t n)
+{
+    return advice_in(d, "MNT", k, ino, buf, n);
+}
+
+int foreign_raw_check(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
+                      const void *buf, size_t len)
+{
+    enum image_kind k = off == 0 ? image_kind(buf, len) : IMAGE_UNKNOWN;
+    /* A file-mode mount's mountpoint is the raw file: it has no views. */
+    const char *mnt = d->cfg->mountpoint && !d->cfg->file_mode
+                      ? d->cfg->mountpoint : "MNT";
+    char advice[PATH_MAX + 200];
+
+    if (k == IMAGE_UNKNOWN || d->cfg->raw_images || !fh)
+        return 0;
+    /* Every later change through this handle fails too: a tool that goes
+     * on past an error (dd conv=noerror) must not write the rest of the
+     * image file over the disk. */
+    __atomic_store_n(&fh->refused, EMEDIUMTYPE, __ATOMIC_RELAXED);
+    advice_in(d, mnt, k, FS_INO_RAW, advice, sizeof advice);
+    log_err("%s/%s: it is %s: %s, or mount with --raw-images to store "
+            "image files as raw bytes (EMEDIUMTYPE: pid %d (%s): this write "
+            "at offset 0 and every later one of its copy refused)", mnt,
+            d->view_name[FS_INO_RAW], image_kind_name(k), advice,
+            (int) fh->tgid, fh->comm);
+    return -EMEDIUMTYPE;
 }
 
 void foreign_raw_write(struct fs_disk *d, uint64_t off, const void *buf,

@@ -55,6 +55,9 @@ struct fs;
 struct fs_config {
     bool allow_other;         /* -o allow_other: the directory is 0755 */
     bool vhd_fixed;           /* --vhd-fixed: FILENAME.vhd takes fixed VHDs */
+    bool raw_images;          /* --raw-images: the raw file takes an image
+                               * file's bytes (fs/foreign.h) */
+    const char *mountpoint;   /* as given, for messages naming its files */
     const char *spool_dir;    /* --spool-dir (fs/spool.h); NULL: $TMPDIR */
     uint64_t spool_max;       /* --spool-max: bytes a view may spool */
     unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size: the clusters of
@@ -209,7 +212,10 @@ struct fs_fh {
                                * (fs/ops.c, ends_copy()); __atomic */
     int refused;              /* positive errno every change through this
                                * handle fails with (a source larger than
-                               * the export: ENOSPC), else 0; set at open */
+                               * the export: ENOSPC, set at open; an image
+                               * file written into the raw file:
+                               * EMEDIUMTYPE, fs/foreign.h), else 0;
+                               * __atomic builtins */
     void *view_data;          /* the view's, from its open to its release
                                * (the status text, a frozen VHD, ...) */
     struct ra_stream *ra;     /* FS_INO_RAW, FS_INO_VHD: read-ahead */

@@ -535,6 +535,8 @@ static void set_config(struct fs_config *c, const struct cli_options *o)
     c->file_mode = o->mp.file_mode;
     c->block_device = o->fo.block_device;
     c->vhd_fixed = o->fo.vhd_fixed;
+    c->raw_images = o->fo.raw_images;
+    c->mountpoint = o->mp.mountpoint;
     c->multiwriter = o->fo.multiwriter;
     c->spool_dir = o->spool_dir;
     c->spool_max = o->spool_max ? o->spool_max : SPOOL_MAX_DEFAULT;
@@ -684,8 +686,10 @@ out_pool:
     else
         for (unsigned i = 0; i < n; i++)
             ds[i] = status;
-    if (pooled == n)
+    if (pooled == n) {
+        verdict_log(&fs, status, ds);     /* for every log asked for */
         verdict_write(&fs, status, ds);   /* for nbdferry --unmount */
+    }
     for (unsigned i = 0; i < pooled; i++) {
         stop_watchers(&fs.disks[i]);
         pool_destroy(fs.disks[i].pool);
@@ -705,7 +709,8 @@ out_nbd:
     free(ml);
     free(pools);
     free(ds);
+    log_flush();              /* its lines name the mountpoint: before o goes */
+    log_set_context(NULL);
     cli_options_free(&o);
-    log_flush();
     return status;
 }

@@ -260,8 +260,9 @@ void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
 static ssize_t write_size(struct fs_disk *d, struct fs_fh *fh, size_t size,
                           uint64_t off)
 {
-    if (fh && fh->refused)
-        return -fh->refused;      /* said at its open */
+    int refused = fh ? __atomic_load_n(&fh->refused, __ATOMIC_RELAXED) : 0;
+    if (refused)
+        return -refused;          /* said when refused */
     if (off >= d->export_size) {
         if (size == 0)
             return 0;
@@ -311,8 +312,11 @@ static void land_note(struct fs_disk *d, uint64_t off, uint64_t end)
 ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
-    /* A refused write leaves a deferred truncate alone. */
+    /* A refused write (past the end, an image file: nothing queued)
+     * leaves a deferred truncate alone. */
     ssize_t n = write_size(d, fh, size, off);
+    if (n > 0 && foreign_raw_check(d, fh, off, buf, (size_t) n) < 0)
+        n = -EMEDIUMTYPE;
     if (n <= 0)
         return n;
     {
@@ -406,6 +410,8 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     ssize_t n = write_size(d, fh, size, off);
     if (n >= 0 && (size_t) n != size)
         n = -EAGAIN;              /* short or empty: the usual path says so */
+    if (n > 0 && foreign_raw_check(d, fh, off, d->land.mem, (size_t) n) < 0)
+        n = -EMEDIUMTYPE;         /* not committed: the disk keeps it */
     if (n <= 0)
         return n;                 /* a deferred truncate left alone */
     {
@@ -435,6 +441,11 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
 {
     struct pool_fill f;
 
+    /* The write at offset 0 is judged (an image file?) before anything
+     * changes the disk, a deferred truncate included: that needs its
+     * bytes, so it takes the copying path (once per copy). */
+    if (off == 0 && !d->cfg->raw_images)
+        return -EAGAIN;
     ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
     int r = 0;
     if (size <= 0)
@@ -446,6 +457,10 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                 : pool_fill_begin(d->pool, off, (size_t) size, &f);
         if (r == 0 && size > 0) {
             int filled = fill_from(&f, bufv);
+            /* An image file: the reservation is undone, nothing sent. */
+            if (filled == 0 && f.nseg &&
+                foreign_raw_check(d, fh, off, f.seg[0].mem, f.seg[0].len) < 0)
+                filled = -EMEDIUMTYPE;
             if (filled == 0 && f.nseg)
                 foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
             r = (int) pool_fill_commit(d->pool, &f, filled,
@@ -611,7 +626,7 @@ static void refuse_source(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
             "with ENOSPC and the disk is left as it was",
             d->view_name[FS_INO_RAW], (int) fh->tgid, fh->comm, path, size,
             d->export_size);
-    fh->refused = ENOSPC;
+    __atomic_store_n(&fh->refused, ENOSPC, __ATOMIC_RELAXED);
     progress_truncate(d->progress, 0);       /* this copy's pass, failed */
     progress_set_source(d->progress, pid, size, fdnum);
     set_pass(d, fh);

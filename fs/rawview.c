@@ -142,8 +142,9 @@ static int raw_fallocate(struct fs_disk *d, struct fs_fh *fh, int mode, off_t of
         return -EINVAL;
     if (d->readonly)
         return -EROFS;
-    if (fh && fh->refused)
-        return -fh->refused;
+    int refused = fh ? __atomic_load_n(&fh->refused, __ATOMIC_RELAXED) : 0;
+    if (refused)
+        return -refused;
     if (kind != 0 && kind != FALLOC_FL_PUNCH_HOLE &&
         kind != FALLOC_FL_ZERO_RANGE)
         return -EOPNOTSUPP;
@@ -161,8 +162,9 @@ static int raw_fallocate(struct fs_disk *d, struct fs_fh *fh, int mode, off_t of
 
 static int raw_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 {
-    if (fh && fh->refused)
-        return -fh->refused;          /* said at its open */
+    int refused = fh ? __atomic_load_n(&fh->refused, __ATOMIC_RELAXED) : 0;
+    if (refused)
+        return -refused;              /* said when refused */
     int r = rawfile_truncate(d, fh, size);
     fs_fh_mark_wrote(fh);
     /* A writer that sets the size first (qemu-img convert: the disk's
@@ -194,9 +196,11 @@ static int raw_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
         r = z;
     /* The pass covers the file up to its size (cp's final ftruncate).  A
      * reader closing (sha256sum during a copy) ends nobody's pass, nor
-     * does a writer that was refused (its source did not fit) or whose
-     * truncate was dropped (the disk holds the last copy still). */
-    bool passed = fh->writer && !fh->refused && !dropped;
+     * does a writer that was refused (its source did not fit, an image
+     * file) or whose truncate was dropped (the disk holds the last copy
+     * still). */
+    bool passed = fh->writer &&
+                  !__atomic_load_n(&fh->refused, __ATOMIC_RELAXED) && !dropped;
     if (passed)
         rawfile_close_pass(d);
     if (passed && r == 0)

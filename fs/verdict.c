@@ -85,12 +85,18 @@ static int open_file(int dfd, const char *name, int flags)
 
 /* ---- the daemon's side ------------------------------------------------- */
 
-static void put_digest(FILE *f, struct fs_disk *d)
+/* A failed copy's digest is of what was written, not of what the disk
+ * holds: it is no result, and not printed like one. */
+static void put_digest(FILE *f, struct fs_disk *d, int ds)
 {
     struct digest_info di;
 
     if (!d->digest)
         return;
+    if (ds != 0) {
+        fprintf(f, "digest: none (the copy failed)\n");
+        return;
+    }
     digest_settle(d->digest, 10);
     digest_get(d->digest, rawfile_size(d), &di);
     if (di.state == DIGEST_COMPLETE)
@@ -120,35 +126,61 @@ static void put_failures(FILE *f, const struct pool_stats *st, bool log)
                 recent[i].msg, recent[i].repeated > 1 ? " (repeated)" : "");
 }
 
-/* The text the unmounter prints, "exit N" first. */
-static char *verdict_text(struct fs *fs, int status, const int *disk_status,
-                          size_t *len)
+/* Disk d's lines: its verdict, its failed requests, with recent the
+ * mount's recent log lines, its digest. */
+static void put_disk(FILE *f, struct fs_disk *d, int ds, bool recent)
 {
     struct pool_stats st;
+
+    pool_get_stats(d->pool, &st);
+    fprintf(f, "%s: %s: %" PRIu64 " bytes written, %" PRIu64
+            " acknowledged by the server, %" PRIu64 " request(s) "
+            "failed; final flush %s\n", d->filename,
+            ds == 0 ? "ok" : "FAILED", st.bytes_written, st.bytes_acked,
+            st.errors, ds == 0 ? "done" : "or check failed");
+    put_failures(f, &st, recent);
+    put_digest(f, d, ds);
+}
+
+/* The text the unmounter prints, "exit N" first (with_exit). */
+static char *verdict_text(struct fs *fs, int status, const int *disk_status,
+                          bool with_exit, size_t *len)
+{
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
 
     if (!f)
         return NULL;
-    fprintf(f, "exit %d\n", status);
-    for (unsigned i = 0; i < fs->ndisks; i++) {
-        struct fs_disk *d = &fs->disks[i];
-        int ds = disk_status ? disk_status[i] : status;
-
-        pool_get_stats(d->pool, &st);
-        fprintf(f, "%s: %s: %" PRIu64 " bytes written, %" PRIu64
-                " acknowledged by the server, %" PRIu64 " request(s) "
-                "failed; final flush %s\n", d->filename,
-                ds == 0 ? "ok" : "FAILED", st.bytes_written, st.bytes_acked,
-                st.errors, ds == 0 ? "done" : "or check failed");
-        put_failures(f, &st, i + 1 == fs->ndisks);
-        put_digest(f, d);
-    }
+    if (with_exit)
+        fprintf(f, "exit %d\n", status);
+    for (unsigned i = 0; i < fs->ndisks; i++)
+        put_disk(f, &fs->disks[i], disk_status ? disk_status[i] : status,
+                 with_exit && i + 1 == fs->ndisks);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
     }
     return buf;
+}
+
+void verdict_log(struct fs *fs, int status, const int *disk_status)
+{
+    size_t len;
+    char *text = verdict_text(fs, status, disk_status, false, &len);
+    unsigned n = 0;
+
+    if (!text) {
+        log_err("the verdict: out of memory (the exit status is %d)", status);
+        return;
+    }
+    /* Each line a call site of its own: the log's rate limit must not
+     * hold back a verdict line (common/log.h); up to 16 failures. */
+    for (char *line = text, *nl; *line; line = nl + 1, n++) {
+        nl = strchr(line, '\n');
+        *nl = '\0';
+        log_notice_site(text + n, "verdict: %s", line);
+    }
+    free(text);
 }
 
 void verdict_write(struct fs *fs, int status, const int *disk_status)
@@ -168,7 +200,7 @@ void verdict_write(struct fs *fs, int status, const int *disk_status)
             log_notice("verdict %s/%s: %s", dir, name, strerror(-fd));
         return;
     }
-    char *text = verdict_text(fs, status, disk_status, &len);
+    char *text = verdict_text(fs, status, disk_status, true, &len);
     if (!text || ftruncate(fd, 0) == -1 ||
         write(fd, text, len) != (ssize_t) len)
         log_notice("verdict %s/%s: %s", dir, name,

@@ -24,6 +24,12 @@ struct fs;
  * naming it.  Does nothing unless an unmounter asked (logs why at -v). */
 void verdict_write(struct fs *fs, int status, const int *disk_status);
 
+/* The same lines, each "verdict: LINE", to every log the user has (stderr
+ * with -f, syslog for a daemon, --log-file in every case), whoever
+ * unmounted (nbdferry --unmount, fusermount3 -u, -u -z); the recent log
+ * lines are not repeated.  At exit, before the log is flushed. */
+void verdict_log(struct fs *fs, int status, const int *disk_status);
+
 /* nbdferry --unmount MOUNTPOINT: unmount, wait for the daemon, print its
  * verdict.  The daemon's pid comes from pidfile if not NULL (-P; a
  * file-mode mount has no status file), else from the status file.

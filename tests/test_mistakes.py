@@ -19,8 +19,9 @@ status (docs/user-guide.md, "Mistakes it catches"):
 - a raw copy whose source is larger than the export fails at its first
   write with ENOSPC, the disk untouched (not even truncated), counted in
   the status errors, and the progress says failed, never 100%;
-- a known image header written at offset 0 of the raw file is written
-  and warned about, once, naming the view or command to use;
+- with --raw-images, a known image header written at offset 0 of the raw
+  file is written and warned about, once, naming the view or command to
+  use (without it the write is refused: test_raw_images.py);
 - a view refuses another format with EMEDIUMTYPE and names what it is
   and what to use; --vhd-fixed refuses another format's header; a VMDK
   whose descriptor comes last (qemu-img) says so;
@@ -581,7 +582,7 @@ RAW_ADVICE = {
 @pytest.mark.parametrize("kind", RAW_ADVICE)
 def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
                                                                  shm, kind):
-    srv, m, _ = victim()
+    srv, m, _ = victim("--raw-images")      # else refused: test_raw_images
     name, advice = RAW_ADVICE[kind]
     img = make_image(shm, kind)
     data = img.read_bytes()

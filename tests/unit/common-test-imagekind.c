@@ -33,6 +33,7 @@ int main(void)
         { 257, 8, "ustar  \0", IMAGE_TAR, 261 }, /* GNU */
         { 0, 4, "\x1f\x8b\x08\x00", IMAGE_GZIP, 3 },
         { 0, 6, "\xfd\x37\x7a\x58\x5a\x00", IMAGE_XZ, 5 },
+        { 0, 4, "\x28\xb5\x2f\xfd", IMAGE_ZSTD, 3 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert(with(cases[i].off, cases[i].sig, cases[i].n, sizeof buf) ==
@@ -51,6 +52,7 @@ int main(void)
     assert(with(0, "\x1f\x8b\x08\x20", 4, sizeof buf) == IMAGE_UNKNOWN);
     assert(with(0, "\xfd\x37\x7a\x58\x5a\x01", 6, sizeof buf) ==
            IMAGE_UNKNOWN);
+    assert(with(0, "\x28\xb5\x2f\xfe", 4, sizeof buf) == IMAGE_UNKNOWN);
     memset(buf, 0, sizeof buf);
     assert(image_kind(buf, sizeof buf) == IMAGE_UNKNOWN);
     assert(image_kind(NULL, 0) == IMAGE_UNKNOWN);
