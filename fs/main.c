@@ -604,6 +604,7 @@ int main(int argc, char **argv)
     struct mountlock **ml = NULL;
     struct pool **pools = NULL;
     int status = EXIT_FAILURE, *ds = NULL;
+    bool mounted = false;             /* the verdict is of a mount */
     unsigned opened = 0, pooled = 0, n;
 
     log_set_program(program);
@@ -658,6 +659,7 @@ int main(int argc, char **argv)
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;
+    mounted = true;
     if (daemon_write_pidfile(&dm) < 0)
         goto out_unmount;                 /* logged */
     if (stopsig_start(se, pools, n) < 0)  /* libfuse's handlers stay */
@@ -686,8 +688,9 @@ out_pool:
     else
         for (unsigned i = 0; i < n; i++)
             ds[i] = status;
-    if (pooled == n) {
+    if (pooled == n && mounted)           /* nothing mounted: no copy */
         verdict_log(&fs, status, ds);     /* for every log asked for */
+    if (pooled == n) {
         verdict_write(&fs, status, ds);   /* for nbdferry --unmount */
     }
     for (unsigned i = 0; i < pooled; i++) {

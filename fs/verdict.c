@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -175,10 +176,16 @@ void verdict_log(struct fs *fs, int status, const int *disk_status)
     }
     /* Each line a call site of its own: the log's rate limit must not
      * hold back a verdict line (common/log.h); up to 16 failures. */
+    char disk[64] = "";
     for (char *line = text, *nl; *line; line = nl + 1, n++) {
         nl = strchr(line, '\n');
         *nl = '\0';
-        log_notice_site(text + n, "verdict: %s", line);
+        /* A failed request's line names its disk, as the log's do. */
+        bool failure = strncmp(line, "failed: ", 8) == 0;
+        const char *colon = strchr(line, ':');
+        if (!failure && colon && (size_t) (colon - line) < sizeof disk)
+            snprintf(disk, sizeof disk, "%.*s: ", (int) (colon - line), line);
+        log_notice_site(text + n, "verdict: %s%s", failure ? disk : "", line);
     }
     free(text);
 }

@@ -287,3 +287,79 @@ int qcow2_l2_parse(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
         return s->err;
     return qcow2_l2_apply(s, l1i, b);
 }
+
+/* ---- the L1 table: the index of the L2 tables (here, beside them, so
+ * that tables.c never calls up into this file) ---- */
+
+/* The L2 tables of L1 table b that the stream has passed (an L1 table
+ * written after them), each checked whole (qcow2/l2.c), all before any
+ * is applied. */
+static int check_passed_l2(struct qcow2_stream *s, const uint8_t *b)
+{
+    uint8_t *tmp = NULL;
+    int r = 0;
+
+    for (uint32_t i = 0; i < s->h.l1_size && r == 0; i++) {
+        uint64_t off = qcow2_be64(b + (uint64_t) i * 8) & QCOW2_L1_OFFSET_MASK;
+        if (off == 0 || off >= s->pos)
+            continue;
+        if (!tmp && !(tmp = malloc(s->C)))
+            return qcow2_fail(s, -ENOMEM, "out of memory for a table");
+        r = qcow2_read_passed(s, off, tmp, s->C, qcow2_kind_name(IT_L2));
+        if (r == 0)
+            r = qcow2_l2_check(s, i, tmp);
+    }
+    free(tmp);
+    return r;
+}
+
+/* An L2 table the stream has passed, checked: applied from the spool. */
+static int apply_passed_l2(struct qcow2_stream *s, uint64_t off, uint32_t i)
+{
+    uint8_t *tmp = malloc(s->C);
+    if (!tmp)
+        return qcow2_fail(s, -ENOMEM, "out of memory for a table");
+    int r = qcow2_take_passed(s, off, tmp, qcow2_kind_name(IT_L2));
+    if (r == 0)
+        r = qcow2_l2_apply(s, i, tmp);
+    free(tmp);
+    return r;
+}
+
+int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b)
+{
+    for (uint32_t i = 0; i < s->h.l1_size; i++) {
+        uint64_t e = qcow2_be64(b + (uint64_t) i * 8);
+        if (e & QCOW2_L1_RESERVED)
+            return qcow2_fail(s, -EINVAL, "L1 entry %" PRIu32 " (0x%016" PRIx64 ") "
+                        "has reserved bits set", i, e);
+        if (qcow2_check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
+            return s->err;
+        /* Claimed before anything is written: an L2 table on other
+         * metadata or named twice is refused before the disk changes. */
+        if ((e & QCOW2_L1_OFFSET_MASK) &&
+            qcow2_claim(s, e & QCOW2_L1_OFFSET_MASK, s->C, IT_L2) < 0)
+            return s->err;
+    }
+    /* Every L2 table counted before any is applied (the map is complete
+     * only once none is pending), the ones already passed checked whole
+     * before any is applied: a damaged one refuses the image with the
+     * disk untouched, whichever table it is. */
+    s->l1_seen = true;
+    for (uint32_t i = 0; i < s->h.l1_size; i++)
+        s->pending_l2 += (qcow2_be64(b + (uint64_t) i * 8) &
+                          QCOW2_L1_OFFSET_MASK) != 0;
+    if (check_passed_l2(s, b) < 0)
+        return s->err;
+    for (uint32_t i = 0; i < s->h.l1_size; i++) {
+        uint64_t off = qcow2_be64(b + (uint64_t) i * 8) & QCOW2_L1_OFFSET_MASK;
+        if (off == 0)
+            continue;
+        int r = off >= s->pos ? qcow2_push_item(s, off, IT_L2, i, (uint32_t) s->C)
+                              : apply_passed_l2(s, off, i);
+        if (r < 0)
+            return r;
+    }
+    qcow2_check_complete(s);
+    return 0;
+}

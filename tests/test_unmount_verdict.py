@@ -199,7 +199,7 @@ def test_failed_verdict_has_no_digest_result(server, shortdir, shm, way):
     # Even the rate limit's last summary, after the options are freed.
     assert all(f"]: {mp}: " in l for l in text.splitlines()), text
     assert "notice: verdict: nbd: FAILED: " in text, text
-    assert "notice: verdict: failed: write of" in text, text
+    assert "notice: verdict: nbd: failed: write of" in text, text
     assert "notice: verdict: digest: none (the copy failed)" in text, text
     assert "digest: blkhash" not in text, text
     if way == "--unmount":
