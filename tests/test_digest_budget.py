@@ -45,8 +45,13 @@ def test_slow_hasher_leaves_the_window_full(server, mount, shm, monkeypatch,
                                             opts):
     """A first write that the slow hasher still holds once the server
     has answered it, then a burst: the burst still fills the window."""
-    monkeypatch.setenv("NBDFERRY_DEBUG_DIGEST_DELAY_US", "100000")
-    srv = server("memory", f"size={EXPORT}", "wdelay=100ms",
+    # 300 ms a write on the server: the burst fills the window if the
+    # writer lands 16 MiB in 300 ms (53 MiB/s, which a loaded 2-core
+    # machine still does; at 100 ms it needed 160 MiB/s and the suite's
+    # load once held the peak at 12).  The hasher as slow, so that it
+    # still holds the first write once the server has answered it.
+    monkeypatch.setenv("NBDFERRY_DEBUG_DIGEST_DELAY_US", "300000")
+    srv = server("memory", f"size={EXPORT}", "wdelay=300ms",
                  filters=("delay",))
     m = mount(srv, *WINDOW, *opts)
     assert status(m)["connections"] == 4, "the server offers multi-conn"
