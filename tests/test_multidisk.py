@@ -231,7 +231,11 @@ def test_bad_export_name_skipped_the_rest_mount(server, mount, tmp_path):
 def test_writes_land_on_each_disk(server, mount, shm, tmp_path):
     """The receive loop's landings (writes read straight into a pool
     buffer) follow the disk being written: copies to one disk after
-    another each land most of their bytes, into the right pool."""
+    another each land bytes, into the right pool.  How many of a copy's
+    writes land depends on the pool's free buffers when each request
+    arrives (a slow build or a loaded machine lands fewer), so the test
+    asks for some on every disk, not a share: a loop that stayed with the
+    first disk it prepared in lands none on the others."""
     d = disk_dir(tmp_path)
     srv = server("file", f"dir={d}")
     m = mount(["--all-exports", srv.uri], raw="disk0")
@@ -243,7 +247,7 @@ def test_writes_land_on_each_disk(server, mount, shm, tmp_path):
         assert r.returncode == 0, r.stderr
     status = json.loads((m.mp / ".nbdferry-status").read_text())
     for s in status["disks"]:
-        assert s["bytes_landed"] >= 8 * MiB, (s["name"], s["bytes_landed"])
+        assert s["bytes_landed"] >= 1 * MiB, (s["name"], s["bytes_landed"])
     r = unmount_verdict(m)
     assert r.returncode == 0, r.stdout + r.stderr
     for n, src in srcs.items():

@@ -18,6 +18,7 @@ sha256 of the bytes on the server."""
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -54,18 +55,23 @@ def target_for(k, mode):
     return {"uri": [k.uri], "unix": k.target, "tcp": k.target}[mode]
 
 
-@pytest.mark.parametrize("mode", ["uri", "unix", "tcp"])
+@pytest.mark.parametrize("mode", ["uri", "unix", "tcp", "small-pool"])
 def test_reconnect_server_restarted_mid_copy(kit, mount, shm, bg, tally,
                                              mode):
     """kill -9 the server mid-copy, restart it on the same socket/port a
     second later: the unanswered requests are resent, and the writes the
     old server had acknowledged without a flush are reported as possibly
-    lost (dd's fsync fails, the daemon exits 1): never a silent success."""
+    lost (dd's fsync fails, the daemon exits 1): never a silent success.
+    small-pool: the pool (8 MiB) cannot take the rest of the copy before
+    the loss is known, so dd's next write fails (EIO) and it stops short;
+    what it had written still lands."""
     k = slow_file_kit(kit, shm, tcp=(mode == "tcp"))
-    m = mount(target_for(k, mode), "--request-size", "512K",
+    pool = ["--pool-size", "8M"] if mode == "small-pool" else []
+    m = mount(target_for(k, "unix" if mode == "small-pool" else mode),
+              "--request-size", "512K", *pool,
               expect_rc=1, expect_errors=True)
     src = random_file(shm / "src.img", SRC)
-    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=fsync"],
+    cp = bg([sys.executable, "-c", COUNTING_DD, str(src), str(m.file)],
             shm / "cp.err")
     wait_progress(cp, written_bytes, 12 * MiB)
     k.kill()
@@ -78,8 +84,42 @@ def test_reconnect_server_restarted_mid_copy(kit, mount, shm, bg, tally,
     assert out == "loud", "12 MiB acknowledged, unflushed at the outage"
     assert re.search(r"reconnected", m.stderr), m.stderr
     assert_lost_reported(m)
-    # The file plugin kept them (page cache): the resent rest landed too.
-    assert sha256_nbd(k.uri, SRC) == sha256_file(src)
+    # The file plugin kept them (page cache): the resent rest landed too,
+    # every byte dd had written when it stopped.  That is all of it when
+    # dd wrote the whole source before the new server's first reply told
+    # the daemon of the loss (its fsync then fails); on a slower run dd's
+    # next write fails at once instead (a handle whose writes failed
+    # takes no more), and what it had written must still have landed.
+    done = dd_bytes_out(cp.stderr)
+    assert done >= 12 * MiB, cp.stderr
+    if mode == "small-pool":
+        assert done < SRC and "Input/output error" in cp.stderr, cp.stderr
+        assert "os.fsync" not in cp.stderr, cp.stderr   # a write failed
+    assert sha256_nbd(k.uri, done) == sha256_prefix(src, done), \
+        f"{done} bytes written by dd\n{cp.stderr}"
+
+
+# dd conv=fsync, with the count of bytes written said even when it fails
+# (dd says nothing once its close fails).
+COUNTING_DD = r"""
+import os, sys
+src, dst = open(sys.argv[1], "rb"), os.open(sys.argv[2], os.O_WRONLY | os.O_TRUNC)
+done = 0
+try:
+    while chunk := src.read(1 << 20):
+        done += os.write(dst, chunk)
+    os.fsync(dst)
+finally:
+    print(f"{done} bytes written", file=sys.stderr, flush=True)
+    os.close(dst)
+"""
+
+
+def dd_bytes_out(text):
+    """The bytes the copy says it wrote, failed or not."""
+    found = re.findall(r"^(\d+) bytes written", text, re.M)
+    assert found, f"the copy printed no byte count:\n{text}"
+    return int(found[-1])
 
 
 def assert_lost_reported(m):
