@@ -242,6 +242,7 @@ struct pool {
     struct pool_stats st;
     uint64_t changes;             /* write and zero requests completed */
     uint64_t flushed_changes;     /* ... as of the last good flush */
+    uint64_t durable_told;        /* the last gen given to cfg.on_durable */
     uint64_t idle_since_ns;       /* nothing in flight since; 0 = busy */
     unsigned areads;              /* pool_read_start() reads not done */
 

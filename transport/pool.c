@@ -31,7 +31,8 @@ static uint64_t zeroing_count_locked(const struct pool *p)
     return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
 }
 
-void pool_drain(struct pool *p)
+/* pool_drain(); returns the generation it waited for (pool_gen()). */
+static uint64_t drain_gen(struct pool *p)
 {
     LOCK_FOR_SCOPE(&p->lock);
     pool_seal_all_locked(p);
@@ -41,8 +42,39 @@ void pool_drain(struct pool *p)
     }
     pool_materialize_locked(p, 0);             /* a failure is recorded */
     pool_dispatch_locked(p);
-    pool_wait_seq_locked(p, p->next_seq);
+    uint64_t gen = p->next_seq;
+    pool_wait_seq_locked(p, gen);
     p->zero_drains--;
+    return gen;
+}
+
+void pool_drain(struct pool *p)
+{
+    drain_gen(p);
+}
+
+uint64_t pool_gen(struct pool *p)
+{
+    LOCK_FOR_SCOPE(&p->lock);
+    return p->next_seq;
+}
+
+/* Tell cfg.on_durable that changes older than gen are durable, if no
+ * damage is left (a failed write's range is not).  Called with
+ * flush_lock held (or from a drain on a server without flush), so calls
+ * come one at a time, in order. */
+static void tell_durable(struct pool *p, uint64_t gen)
+{
+    if (!p->cfg.on_durable)
+        return;
+    {
+        LOCK_FOR_SCOPE(&p->lock);
+        pool_check_reconnect_locked(p);
+        if (pool_damaged_locked(p) || gen <= p->durable_told)
+            return;
+        p->durable_told = gen;
+    }
+    p->cfg.on_durable(p->cfg.durable_opaque, gen);
 }
 
 void pool_abandon_zeroing(struct pool *p)
@@ -120,16 +152,22 @@ int pool_flush(struct pool *p)
 {
     uint64_t changes;
 
-    pool_drain(p);
-    if (!nbdx_info(p->x)->can_flush)
-        return 0;
+    uint64_t gen = drain_gen(p);
     /* One flush at a time: p->flushing is what the one in flight covers
      * (flush_lock before p->lock, never while holding it). */
     LOCK_FOR_SCOPE(&p->flush_lock);
-    if (flush_begin(p, &changes))
+    if (!nbdx_info(p->x)->can_flush) {
+        tell_durable(p, gen);
         return 0;
+    }
+    if (flush_begin(p, &changes)) {
+        tell_durable(p, gen);
+        return 0;
+    }
     int r = flush_once(p);
     flush_end(p, r, changes);
+    if (r == 0)
+        tell_durable(p, gen);
     return r;
 }
 

@@ -48,6 +48,10 @@ struct pool_config {
                                * the writers' buffers.  Past it, held
                                * buffers count as the writers' again
                                * (memory stays bounded) */
+    /* Durability, for a record of what the server holds for good (the
+     * manifest): see pool_gen().  NULL: not told. */
+    void (*on_durable)(void *opaque, uint64_t gen);
+    void *durable_opaque;
 };
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
@@ -289,6 +293,16 @@ void pool_abandon_zeroing(struct pool *p);
 
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
 int pool_flush(struct pool *p);
+
+/* Generations.  pool_gen() read after a write, zero or truncate has
+ * returned is a number G that says "this change is older than G".  When
+ * an NBD flush succeeds (or a drain ends, on a server without flush)
+ * with no damage left, cfg.on_durable(cfg.durable_opaque, D) is called,
+ * without the pool's lock, on the thread that flushed: every change older
+ * than D is on the server's stable storage, and no reconnect came between
+ * its acknowledgement and that flush without it being sent again.  D
+ * never decreases from one call to the next. */
+uint64_t pool_gen(struct pool *p);
 
 /* Errors, reported like the kernel's errseq_t: each failure of a write,
  * zero or flush gets a sequence number; a file handle remembers the last

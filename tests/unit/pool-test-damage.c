@@ -265,6 +265,58 @@ static void test_reconnect_rezeroes(void)
     fake_close(x);
 }
 
+/* cfg.on_durable: told after a good flush, with a generation newer than
+ * every write made before it; not told after a failed flush, nor while
+ * damage (a reconnect before the flush) is left. */
+static uint64_t durable_gen;
+static unsigned durable_calls;
+
+static void on_durable(void *opaque, uint64_t gen)
+{
+    assert(opaque == &durable_calls);
+    assert(gen > durable_gen);
+    durable_gen = gen;
+    durable_calls++;
+}
+
+static void test_durable_generations(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool_config cfg = {
+        .request_size = 64 * KiB, .pool_size = 1 * MiB, .depth = 8,
+        .idle_ms = 3600 * 1000,
+        .on_durable = on_durable, .durable_opaque = &durable_calls,
+    };
+    struct pool *p;
+    assert(pool_create(&cfg, x, nbdx_info(x)->size, &p) == 0);
+
+    write_answered(x, p, 0, 64 * KiB, 0x11, (int[]){ 0 }, 1);
+    uint64_t g1 = pool_gen(p);
+    assert(durable_calls == 0);               /* acknowledged, not flushed */
+    flush_answered(x, p, ENOSPC);
+    assert(durable_calls == 0);
+    flush_answered(x, p, 0);
+    assert(durable_calls == 1 && durable_gen >= g1);
+
+    /* Acknowledged, then a reconnect before the flush: damage, not told. */
+    write_answered(x, p, 1 * MiB, 64 * KiB, 0x22, (int[]){ 0 }, 1);
+    uint64_t g2 = pool_gen(p);
+    assert(g2 > g1);
+    fake_reconnect(x);
+    struct job j;
+    start(&j, p, true);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_FLUSH), 0);
+    join(&j);
+    assert(durable_calls == 1);
+    /* Rewritten and flushed: told, newer than the rewrite. */
+    write_answered(x, p, 1 * MiB, 64 * KiB, 0x22, (int[]){ 0 }, 1);
+    uint64_t g3 = pool_gen(p);
+    flush_answered(x, p, 0);
+    assert(durable_calls == 2 && durable_gen >= g3);
+    pool_destroy(p);
+    fake_close(x);
+}
+
 int main(void)
 {
     alarm(120);                   /* a hang fails the test */
@@ -274,5 +326,6 @@ int main(void)
     test_flush_failure();
     test_reconnect_loses_unflushed();
     test_reconnect_rezeroes();
+    test_durable_generations();
     return 0;
 }
