@@ -268,8 +268,8 @@ static int place_run(const struct qcow2_image *img, uint64_t disk_off,
 }
 
 int qcow2_image_lookup(const struct qcow2_image *img, uint64_t disk_off,
-                       const void *l2, struct qcow2_place *out,
-                       struct nbdf_err *err)
+                       const void *l2, uint64_t l2_off_held,
+                       struct qcow2_place *out, struct nbdf_err *err)
 {
     if (img->want != W_DONE || disk_off >= img->h.size)
         return nbdf_errf(err, -EINVAL, "lookup of disk offset %" PRIu64
@@ -283,7 +283,7 @@ int qcow2_image_lookup(const struct qcow2_image *img, uint64_t disk_off,
         out->len = MIN((l1i + 1) * img->span, img->h.size) - disk_off;
         return 0;
     }
-    if (!l2) {
+    if (!l2 || l2_off_held != l2_off) {
         *out = (struct qcow2_place) { QCOW2_SRC_L2, l2_off, img->C, 0, 0 };
         return 0;
     }

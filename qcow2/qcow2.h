@@ -198,8 +198,9 @@ int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
  * an external data file is -EMEDIUMTYPE); the L1 table must lie inside
  * the file, and so must each L2 table it names, outside the header
  * cluster, the L1 table and the refcount table.  L2 tables are read when
- * a lookup needs one (qcow2_image_lookup()), so memory is the L1 table:
- * 8 bytes per 2^(2 * cluster_bits - 3) bytes of disk.  Once a call has
+ * a lookup needs one (qcow2_image_lookup()), so memory is the L1 table
+ * (8 bytes per 2^(2 * cluster_bits - 3) bytes of disk) and the tables
+ * the caller chooses to keep.  Once a call has
  * failed, the image is unusable.
  *
  * A backing file (header->backing_file, untrusted, and
@@ -241,20 +242,20 @@ struct qcow2_place {
     uint64_t clen;                /* COMPRESSED: bytes, clipped to the file */
 };
 
-/* Where does disk byte disk_off (< header->size) live?  l2: the L2 table
- * of disk_off (the cluster the L1 table names, as read from the file) or
- * NULL; if NULL and the L1 entry names a table, the answer is
- * QCOW2_SRC_L2 and the caller calls again with that table.  len never
- * crosses a cluster (for an unallocated L2 table: the table's span) or
- * the disk size; with extended L2 entries it covers the run of
- * subclusters alike.  The entry is checked (the rules of
- * qcow2_l2_check() that need no other table: reserved bits, alignment,
- * the bitmaps, data inside the file and outside the header cluster, the
- * L1 table, the refcount table and its own L2 table).  -EINVAL with the
- * rule, or if disk_off is past the disk or parsing is not complete. */
+/* Where does disk byte disk_off (< header->size) live?  l2: an L2 table
+ * the caller holds, as read from file offset l2_off (or NULL); if the L1
+ * entry of disk_off names a table and l2 is not that one, the answer is
+ * QCOW2_SRC_L2 (which table to read) and the caller calls again with it.
+ * len never crosses a cluster (for an unallocated L2 table: the table's
+ * span) or the disk size; with extended L2 entries it covers the run of
+ * subclusters alike.  The entry is checked (the rules of qcow2_l2_check()
+ * that need no other table: reserved bits, alignment, the bitmaps, data
+ * inside the file and outside the header cluster, the L1 table, the
+ * refcount table and its own L2 table).  -EINVAL with the rule, or if
+ * disk_off is past the disk or parsing is not complete. */
 int qcow2_image_lookup(const struct qcow2_image *img, uint64_t disk_off,
-                       const void *l2, struct qcow2_place *out,
-                       struct nbdf_err *err);
+                       const void *l2, uint64_t l2_off,
+                       struct qcow2_place *out, struct nbdf_err *err);
 
 /* The descriptor qcow2_compressed_decode() takes for a COMPRESSED place
  * whose bytes [p->file_off, +p->clen) the caller read into cdata. */

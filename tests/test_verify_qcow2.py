@@ -1,7 +1,8 @@
 """nbdferry-verify decodes qcow2 images, as SOURCE and as DESTINATION.
 
 Images made by qemu-img and qemu-io: version 2 (compat=0.10) and 3,
-compressed clusters (zlib and zstd), extended L2 entries with
+compressed clusters (zlib and zstd), 512-byte clusters (hundreds of L2
+tables), extended L2 entries with
 subclusters partly zero and partly unallocated (a backing file showing
 through), zero clusters (`write -z`), and a backing chain of three
 levels.  For each, the digest `nbdferry-verify IMAGE` prints equals that
@@ -121,6 +122,10 @@ MAKERS = {
     "zlib": lambda d, raw: convert(raw, d / "zlib.qcow2", "-c"),
     "zstd": lambda d, raw: convert(raw, d / "zstd.qcow2", "-c", "-o",
                                    "compression_type=zstd"),
+    # 512-byte clusters: an L2 table per 32 KiB of disk, so reads and
+    # extents cross hundreds of tables (the source keeps one).
+    "c512": lambda d, raw: convert(raw, d / "c512.qcow2", "-o",
+                                   "cluster_size=512"),
     "extl2": extl2,
     "zero": zero,
     "chain": chain,

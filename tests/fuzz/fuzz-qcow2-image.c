@@ -8,7 +8,7 @@
  *   - every request, L2 table, data range and compressed range lies
  *     inside the file (the reader checked the file size, not the caller);
  *   - a place is never empty and never runs past the disk; a lookup
- *     given its L2 table never asks for it again;
+ *     given the L2 table it named never asks for a table again;
  *   - every refusal names its rule (a non-empty message).
  */
 #include <errno.h>
@@ -37,12 +37,13 @@ static int place(const struct qcow2_image *img, const uint8_t *data,
 {
     struct nbdf_err e = { "" };
 
-    if (qcow2_image_lookup(img, d, NULL, p, &e) < 0)
+    if (qcow2_image_lookup(img, d, NULL, 0, p, &e) < 0)
         return e.msg[0] ? -1 : (abort(), -1);
     if (p->src == QCOW2_SRC_L2) {
-        if (!inside(p->file_off, p->len, size))
+        uint64_t at = p->file_off;
+        if (!inside(at, p->len, size))
             abort();
-        if (qcow2_image_lookup(img, d, data + p->file_off, p, &e) < 0)
+        if (qcow2_image_lookup(img, d, data + at, at, p, &e) < 0)
             return e.msg[0] ? -1 : (abort(), -1);
         if (p->src == QCOW2_SRC_L2)
             abort();

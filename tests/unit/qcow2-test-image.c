@@ -93,12 +93,18 @@ static int read_at(struct file *f, uint64_t off, uint8_t *out, uint64_t len,
             off += n, out += n, len -= n;
             continue;
         }
-        if ((r = qcow2_image_lookup(f->img, off, NULL, &p, e)) < 0)
+        if ((r = qcow2_image_lookup(f->img, off, NULL, 0, &p, e)) < 0)
             return r;
         if (p.src == QCOW2_SRC_L2) {
             CHECK(p.file_off + p.len <= f->len);
-            if ((r = qcow2_image_lookup(f->img, off, f->b + p.file_off, &q,
-                                        e)) < 0)
+            /* Another table held: the lookup names the one it needs. */
+            if (p.file_off != f->len - p.len) {
+                CHECK(qcow2_image_lookup(f->img, off, f->b + f->len - p.len,
+                                         f->len - p.len, &q, e) == 0);
+                CHECK(q.src == QCOW2_SRC_L2 && q.file_off == p.file_off);
+            }
+            if ((r = qcow2_image_lookup(f->img, off, f->b + p.file_off,
+                                        p.file_off, &q, e)) < 0)
                 return r;
             CHECK(q.src != QCOW2_SRC_L2);
             p = q;

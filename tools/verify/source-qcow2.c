@@ -105,22 +105,23 @@ static void level_free(struct level *lv)
 
 /* ---- lookups, reads and extents down the chain --------------------------- */
 
-/* The place of disk byte off (< lv->size) of a qcow2 level, its L2 table
- * read when the lookup asks for it. */
+/* The place of disk byte off (< lv->size) of a qcow2 level, the L2 table
+ * the lookup names read first if it is not the one kept. */
 static int locate(struct level *lv, uint64_t off, struct qcow2_place *p)
 {
     struct nbdf_err e = { "" };
-    int r = qcow2_image_lookup(lv->img, off, NULL, p, &e);
+    int r = qcow2_image_lookup(lv->img, off, lv->l2_off ? lv->l2 : NULL,
+                               lv->l2_off, p, &e);
 
-    if (r == 0 && p->src == QCOW2_SRC_L2 && p->file_off != lv->l2_off) {
+    if (r == 0 && p->src == QCOW2_SRC_L2) {
         lv->l2_off = 0;
         if (!lv->l2 && !(lv->l2 = malloc(p->len)))
             r = -ENOMEM;
         else if ((r = pread_full(lv->fd, lv->l2, p->len, p->file_off)) == 0)
             lv->l2_off = p->file_off;
+        if (r == 0)
+            r = qcow2_image_lookup(lv->img, off, lv->l2, lv->l2_off, p, &e);
     }
-    if (r == 0 && p->src == QCOW2_SRC_L2)
-        r = qcow2_image_lookup(lv->img, off, lv->l2, p, &e);
     if (r < 0)
         verify_err("%s: %s", lv->path, e.msg[0] ? e.msg : strerror(-r));
     return r;
