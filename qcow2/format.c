@@ -230,8 +230,9 @@ static int check_features(const struct qcow2_header *h, const struct exts *x,
     if ((h->incompatible & QCOW2_INCOMPAT_DATA_FILE) || x->data_file ||
         (h->autoclear & QCOW2_AUTOCLEAR_DATA_RAW))
         return nbdf_errf(err, -EMEDIUMTYPE, "the image keeps its data in an "
-                         "external data file, which a stream does not carry "
-                         "(copy the data file instead, it is the raw disk)");
+                         "external data file, which is not read here (that "
+                         "file is itself the raw disk: copy or verify it "
+                         "instead)");
     bool ctype = h->incompatible & QCOW2_INCOMPAT_COMPRESSION;
     if (ctype && (h->header_length <= 104 || h->compression_type == 0))
         return nbdf_errf(err, -EINVAL, "the compression type bit is set but "

@@ -61,58 +61,9 @@ static int check_skip(struct qcow2_stream *s, uint64_t off, uint64_t *ahead)
     return 0;
 }
 
-static int check_standard(struct qcow2_stream *s, uint64_t g, uint64_t e,
-                          uint64_t *ahead)
-{
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-
-    if (e & QCOW2_L2_RESERVED)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
-                    PRIx64 ") has reserved bits set", g << s->cb, e);
-    if (qcow2_check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
-        return s->err;
-    if (e & QCOW2_OFLAG_ZERO) {
-        if (s->h.version == 2)
-            return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " has "
-                        "the zero flag, which version 2 does not have",
-                        g << s->cb);
-        return off ? check_skip(s, off, ahead) : 0;
-    }
-    return off ? check_data(s, off, ahead) : 0;  /* 0: unallocated */
-}
-
-static int check_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
-                          uint64_t bm, uint64_t *ahead)
-{
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-    uint32_t alloc = (uint32_t) bm, zero = (uint32_t) (bm >> 32);
-
-    if (e & (QCOW2_L2_RESERVED | QCOW2_OFLAG_ZERO))
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 " (0x%016"
-                    PRIx64 ") has reserved bits set", g << s->cb, e);
-    if (alloc & zero)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
-                    "subclusters both allocated and zero (bitmap 0x%016"
-                    PRIx64 ")", g << s->cb, bm);
-    if (qcow2_check_cluster_off(s, off, "the L2 entry for disk cluster", g) < 0)
-        return s->err;
-    if (alloc && off == 0)
-        return qcow2_fail(s, -EINVAL, "L2 entry for disk offset %" PRIu64 ": "
-                    "allocated subclusters but no cluster offset", g << s->cb);
-    if (off == 0)
-        return 0;
-    return alloc ? check_data(s, off, ahead) : check_skip(s, off, ahead);
-}
-
-static int check_compressed(struct qcow2_stream *s, uint64_t g, uint64_t entry,
+static int check_compressed(struct qcow2_stream *s, uint64_t off, uint64_t len,
                             uint64_t *cahead)
 {
-    uint64_t off, len;
-    qcow2_compressed_range(entry, s->cb, &off, &len);
-    if (off < s->C || off >= QCOW2_MAX_HOST_OFFSET)
-        return qcow2_fail(s, -EINVAL, "compressed cluster for disk offset %" PRIu64
-                    " at file byte %" PRIu64 " (inside the header or past "
-                    "2^56)", g << s->cb, off);
     if (qcow2_claim(s, off, len, IT_NONE) < 0)
         return s->err;
     if (off >= s->pos) {
@@ -125,9 +76,29 @@ static int check_compressed(struct qcow2_stream *s, uint64_t g, uint64_t entry,
     return qcow2_passed_kept(s, off, len, "a compressed cluster");
 }
 
-static uint64_t entry_compressed(uint64_t e)
+/* Entry p of guest cluster g, decoded by the one entry parser
+ * (qcow2/entry.c); its failure is the stream's. */
+static int decode(struct qcow2_stream *s, uint64_t g, const uint8_t *p,
+                  struct qcow2_entry *en)
 {
-    return e & ~(QCOW2_OFLAG_COMPRESSED | QCOW2_OFLAG_COPIED);
+    struct nbdf_err e = { "" };
+    int r = qcow2_entry_decode(&s->h, g, p, en, &e);
+    return r < 0 ? qcow2_fail(s, r, "%s", e.msg) : 0;
+}
+
+static int check_entry(struct qcow2_stream *s, uint64_t g, const uint8_t *p,
+                       uint64_t *ahead, uint64_t *cahead)
+{
+    struct qcow2_entry en;
+
+    if (decode(s, g, p, &en) < 0)
+        return s->err;
+    if (en.compressed)
+        return check_compressed(s, en.off, en.clen, cahead);
+    if (en.off == 0)
+        return 0;                     /* unallocated, or a zero cluster */
+    return en.alloc ? check_data(s, en.off, ahead)
+                    : check_skip(s, en.off, ahead);
 }
 
 /* Guest clusters table l1i maps inside the disk (the rest is not read). */
@@ -144,20 +115,9 @@ int qcow2_l2_check(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
 
     for (uint64_t j = 0; j < n; j++) {
         uint64_t g = (uint64_t) l1i * s->E + j;
-        const uint8_t *p = b + j * (s->extl2 ? 16 : 8);
-        uint64_t e = qcow2_be64(p);
-        int r;
-        if (e & QCOW2_OFLAG_COMPRESSED) {
-            if (s->extl2 && qcow2_be64(p + 8) != 0)
-                return qcow2_fail(s, -EINVAL, "compressed L2 entry for disk offset %"
-                            PRIu64 " with a subcluster bitmap", g << s->cb);
-            r = check_compressed(s, g, entry_compressed(e), &cahead);
-        } else if (s->extl2)
-            r = check_extended(s, g, e, qcow2_be64(p + 8), &ahead);
-        else
-            r = check_standard(s, g, e, &ahead);
-        if (r < 0)
-            return r;
+        if (check_entry(s, g, b + j * (s->extl2 ? 16 : 8), &ahead,
+                        &cahead) < 0)
+            return s->err;
     }
     /* The heaps' bound, which the apply pass would otherwise meet after
      * some of the table was applied. */
@@ -193,52 +153,49 @@ static int skip_ahead(struct qcow2_stream *s, uint64_t g, uint64_t off)
     return off >= s->pos ? qcow2_push_item(s, off, IT_SKIP, (uint32_t) g, 0) : 0;
 }
 
-static int apply_standard(struct qcow2_stream *s, uint64_t g, uint64_t e)
+static int apply_standard(struct qcow2_stream *s, uint64_t g,
+                          const struct qcow2_entry *en)
 {
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-
-    if (e & QCOW2_OFLAG_ZERO) {
+    if (en->zero) {
         s->stats.zero_clusters++;
         if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_ZERO, 0) < 0 ||
             qcow2_emit_zero(s, g << s->cb, s->C) < 0)
             return s->err;
-        return off ? skip_ahead(s, g, off) : 0;
+        return en->off ? skip_ahead(s, g, en->off) : 0;
     }
-    if (off == 0)
+    if (en->off == 0)
         return 0;                     /* unallocated */
-    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_DATA, off) < 0)
+    if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_DATA, en->off) < 0)
         return s->err;
-    return place_data(s, g, off, UINT32_MAX);
+    return place_data(s, g, en->off, UINT32_MAX);
 }
 
-static int apply_extended(struct qcow2_stream *s, uint64_t g, uint64_t e,
-                          uint64_t bm)
+static int apply_extended(struct qcow2_stream *s, uint64_t g,
+                          const struct qcow2_entry *en)
 {
-    uint64_t off = e & QCOW2_L2_OFFSET_MASK;
-    uint32_t alloc = (uint32_t) bm, zero = (uint32_t) (bm >> 32);
     uint64_t sc = s->C / 32;
 
-    if (zero)
+    if (en->zero)
         s->stats.zero_clusters++;
     for (unsigned k = 0; k < 32; k++) {
         uint64_t d = (g << s->cb) + k * sc;
-        if (zero >> k & 1)
+        if (en->zero >> k & 1)
             if (qcow2_emit_map(s, d, sc, QCOW2_MAP_ZERO, 0) < 0 ||
                 qcow2_emit_zero(s, d, sc) < 0)
                 return s->err;
-        if (alloc >> k & 1)
-            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_DATA, off + k * sc) < 0)
+        if (en->alloc >> k & 1)
+            if (qcow2_emit_map(s, d, sc, QCOW2_MAP_DATA, en->off + k * sc) < 0)
                 return s->err;
     }
-    if (off == 0)
+    if (en->off == 0)
         return 0;
-    return alloc ? place_data(s, g, off, alloc) : skip_ahead(s, g, off);
+    return en->alloc ? place_data(s, g, en->off, en->alloc)
+                     : skip_ahead(s, g, en->off);
 }
 
-static int apply_compressed(struct qcow2_stream *s, uint64_t g, uint64_t entry)
+static int apply_compressed(struct qcow2_stream *s, uint64_t g, uint64_t off,
+                            uint64_t len)
 {
-    uint64_t off, len;
-    qcow2_compressed_range(entry, s->cb, &off, &len);
     if (qcow2_emit_map(s, g << s->cb, s->C, QCOW2_MAP_COMPRESSED, off) < 0)
         return s->err;
     struct citem c = { off, (uint32_t) g, (uint32_t) len };
@@ -264,15 +221,12 @@ int qcow2_l2_apply(struct qcow2_stream *s, uint32_t l1i, const uint8_t *b)
     s->stats.l2_tables++;
     for (uint64_t j = 0; j < n; j++) {
         uint64_t g = (uint64_t) l1i * s->E + j;
-        const uint8_t *p = b + j * (s->extl2 ? 16 : 8);
-        uint64_t e = qcow2_be64(p);
-        int r;
-        if (e & QCOW2_OFLAG_COMPRESSED)
-            r = apply_compressed(s, g, entry_compressed(e));
-        else if (s->extl2)
-            r = apply_extended(s, g, e, qcow2_be64(p + 8));
-        else
-            r = apply_standard(s, g, e);
+        struct qcow2_entry en;
+        int r = decode(s, g, b + j * (s->extl2 ? 16 : 8), &en);
+        if (r == 0 && en.compressed)
+            r = apply_compressed(s, g, en.off, en.clen);
+        else if (r == 0)
+            r = s->extl2 ? apply_extended(s, g, &en) : apply_standard(s, g, &en);
         if (r < 0)
             return r;
     }
@@ -329,16 +283,15 @@ static int apply_passed_l2(struct qcow2_stream *s, uint64_t off, uint32_t i)
 int qcow2_l1_parse(struct qcow2_stream *s, const uint8_t *b)
 {
     for (uint32_t i = 0; i < s->h.l1_size; i++) {
-        uint64_t e = qcow2_be64(b + (uint64_t) i * 8);
-        if (e & QCOW2_L1_RESERVED)
-            return qcow2_fail(s, -EINVAL, "L1 entry %" PRIu32 " (0x%016" PRIx64 ") "
-                        "has reserved bits set", i, e);
-        if (qcow2_check_cluster_off(s, e & QCOW2_L1_OFFSET_MASK, "L1 entry", i) < 0)
-            return s->err;
+        struct nbdf_err e = { "" };
+        uint64_t off;
+        int r = qcow2_l1_entry(&s->h, i, qcow2_be64(b + (uint64_t) i * 8),
+                               &off, &e);
+        if (r < 0)
+            return qcow2_fail(s, r, "%s", e.msg);
         /* Claimed before anything is written: an L2 table on other
          * metadata or named twice is refused before the disk changes. */
-        if ((e & QCOW2_L1_OFFSET_MASK) &&
-            qcow2_claim(s, e & QCOW2_L1_OFFSET_MASK, s->C, IT_L2) < 0)
+        if (off && qcow2_claim(s, off, s->C, IT_L2) < 0)
             return s->err;
     }
     /* Every L2 table counted before any is applied (the map is complete

@@ -83,4 +83,34 @@ static inline void qcow2_compressed_range(uint64_t entry, uint32_t cluster_bits,
     *len = sectors * 512 - (*off & 511);
 }
 
+/* ---- entry.c: one L1 or L2 entry, decoded and checked (the one parser
+ * of table entries, for the stream decoder and the image reader) ------- */
+
+#define QCOW2_ALL_SUBCLUSTERS UINT32_MAX
+
+/* What an L2 entry says.  Standard entries are all or nothing: a data
+ * cluster has every subcluster allocated, a zero cluster every one zero. */
+struct qcow2_entry {
+    bool compressed;
+    uint64_t off;                 /* the host cluster (0: none; a zero
+                                   * cluster may keep its preallocated
+                                   * one), or the compressed data's byte */
+    uint64_t clen;                /* compressed: bytes its sectors cover */
+    uint32_t alloc, zero;         /* subclusters (bit k: the k-th 32nd) */
+};
+
+/* The L2 entry of guest cluster g at p (8 bytes, 16 with extended L2
+ * entries), checked: reserved bits, alignment, the zero flag of version
+ * 2, subclusters both allocated and zero or allocated without a cluster,
+ * a compressed entry with a bitmap, compressed data in the header or past
+ * 2^56.  -EINVAL with the rule. */
+int qcow2_entry_decode(const struct qcow2_header *h, uint64_t g,
+                       const uint8_t *p, struct qcow2_entry *out,
+                       struct nbdf_err *err);
+
+/* L1 entry i (e, host order): *off is its L2 table (0: none).  Reserved
+ * bits and alignment checked; -EINVAL with the rule. */
+int qcow2_l1_entry(const struct qcow2_header *h, uint32_t i, uint64_t e,
+                   uint64_t *off, struct nbdf_err *err);
+
 #endif /* NBDFERRY_QCOW2_INTERNAL_H */

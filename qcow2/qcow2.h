@@ -4,8 +4,9 @@
  * a qcow2 file and get back decoded structures or raw-disk writes; the
  * stream decoder keeps clusters that arrive before their L2 table in a
  * caller-provided spool; the synthesizer asks the caller for disk bytes
- * through a callback.  See docs/qcow2-format.md for the format, qemu-img's
- * write order and what is refused and why.
+ * through a callback; the image reader reads a file at random from the
+ * pieces it asks the caller for.  See docs/qcow2-format.md for the
+ * format, qemu-img's write order and what is refused and why.
  *
  * Scope: versions 2 and 3, cluster sizes 512 B to 2 MiB, every refcount
  * width, zero clusters, extended L2 entries (subclusters), compressed
@@ -179,6 +180,88 @@ struct qcow2_compressed {
 int64_t qcow2_compressed_decode(struct qcow2_decompressor *d,
                                 const struct qcow2_compressed *c, void *out,
                                 struct nbdf_err *err);
+
+/* ---- a whole file, read at random from caller-read pieces ---------------- */
+
+/* Read a qcow2 file without doing I/O, as qemu reads one: through the L1
+ * and L2 tables (the refcounts are not needed).  Typical loop:
+ *
+ *     qcow2_image_new(file_size, &img, &e);
+ *     while ((r = qcow2_image_next(img, &off, &len)) > 0) {
+ *         pread(fd, buf, len, off);
+ *         if ((r = qcow2_image_supply(img, buf, &e)) < 0) break;
+ *     }
+ *
+ * Requests, in order: the first 24 bytes, the header cluster (the whole
+ * file if shorter), the part of the L1 table that covers the disk.  The
+ * header passes qcow2_header_decode() (so an encrypted image or one with
+ * an external data file is -EMEDIUMTYPE); the L1 table must lie inside
+ * the file, and so must each L2 table it names, outside the header
+ * cluster, the L1 table and the refcount table.  L2 tables are read when
+ * a lookup needs one (qcow2_image_lookup()), so memory is the L1 table
+ * (8 bytes per 2^(2 * cluster_bits - 3) bytes of disk) and the tables
+ * the caller chooses to keep.  Once a call has
+ * failed, the image is unusable.
+ *
+ * A backing file (header->backing_file, untrusted, and
+ * header->backing_format, "" when the image does not say) is the
+ * caller's to open: qemu resolves a relative name against the
+ * directory of the image that names it. */
+struct qcow2_image;
+
+/* -EINVAL for a file shorter than a version 2 header, -ENOMEM. */
+int qcow2_image_new(uint64_t file_size, struct qcow2_image **out,
+                    struct nbdf_err *err);
+/* 1 and (*off, *len): supply these bytes next; 0: parsing complete. */
+int qcow2_image_next(const struct qcow2_image *img, uint64_t *off,
+                     size_t *len);
+/* buf holds exactly the *len bytes last requested. */
+int qcow2_image_supply(struct qcow2_image *img, const void *buf,
+                       struct nbdf_err *err);
+void qcow2_image_free(struct qcow2_image *img);
+
+/* Once the header has been supplied (else NULL). */
+const struct qcow2_header *qcow2_image_header(const struct qcow2_image *img);
+
+enum qcow2_source {
+    QCOW2_SRC_ZERO,               /* reads as zero */
+    QCOW2_SRC_BACKING,            /* unallocated: the backing file's bytes
+                                   * at the same disk offset */
+    QCOW2_SRC_FILE,               /* bytes at file_off of this file */
+    QCOW2_SRC_COMPRESSED,         /* the compressed cluster at disk offset
+                                   * 'cluster': its data is [file_off,
+                                   * +clen) (see qcow2_image_compressed) */
+    QCOW2_SRC_L2,                 /* need the L2 table [file_off, +len) */
+};
+struct qcow2_place {
+    enum qcow2_source src;
+    uint64_t file_off;
+    uint64_t len;                 /* disk bytes from disk_off with this
+                                   * source (L2: the table's bytes) */
+    uint64_t cluster;             /* COMPRESSED: the cluster's disk offset */
+    uint64_t clen;                /* COMPRESSED: bytes, clipped to the file */
+};
+
+/* Where does disk byte disk_off (< header->size) live?  l2: an L2 table
+ * the caller holds, as read from file offset l2_off (or NULL); if the L1
+ * entry of disk_off names a table and l2 is not that one, the answer is
+ * QCOW2_SRC_L2 (which table to read) and the caller calls again with it.
+ * len never crosses a cluster (for an unallocated L2 table: the table's
+ * span) or the disk size; with extended L2 entries it covers the run of
+ * subclusters alike.  The entry is checked (the rules of qcow2_l2_check()
+ * that need no other table: reserved bits, alignment, the bitmaps, data
+ * inside the file and outside the header cluster, the L1 table, the
+ * refcount table and its own L2 table).  -EINVAL with the rule, or if
+ * disk_off is past the disk or parsing is not complete. */
+int qcow2_image_lookup(const struct qcow2_image *img, uint64_t disk_off,
+                       const void *l2, uint64_t l2_off,
+                       struct qcow2_place *out, struct nbdf_err *err);
+
+/* The descriptor qcow2_compressed_decode() takes for a COMPRESSED place
+ * whose bytes [p->file_off, +p->clen) the caller read into cdata. */
+void qcow2_image_compressed(const struct qcow2_image *img,
+                            const struct qcow2_place *p, const void *cdata,
+                            struct qcow2_compressed *out);
 
 /* ---- forward-only stream decoder ------------------------------------------ */
 

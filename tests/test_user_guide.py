@@ -309,6 +309,23 @@ def test_guide_verify_lines(server, mount, runner):
         assert "result       MATCH" in r.stdout, (pattern, r.stdout)
 
 
+def test_guide_verify_qcow2_line(server, runner):
+    """A qcow2 over its backing file, decoded: its disk matches an export
+    holding qemu-img's raw of it."""
+    w = runner.work
+    qemu(disk(w / "disk.img"), w / "base.qcow2", "qcow2")
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F",
+         "qcow2", str(w / "top.qcow2")], check=True)
+    run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 64k 64k",
+         str(w / "top.qcow2")], check=True)
+    run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw",
+         str(w / "top.qcow2"), str(w / "top.raw")], check=True)
+    srv = server("file", w / "top.raw")
+    runner.sub("'nbd+unix:///?socket=/tmp/nbd.sock'", srv.uri)
+    r = runner([gline(r"^nbdferry-verify top.qcow2 ")])
+    assert "result       MATCH" in r.stdout, r.stdout
+
+
 def test_guide_unmount_and_exit_status_block(server, runner, shortdir):
     """"Exit status": mount, copy, nbdferry --unmount && echo."""
     srv = server("memory", f"size={EXPORT}")

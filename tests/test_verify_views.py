@@ -2,18 +2,20 @@
 decodes the images the views take.
 
 A VHD (qemu-img: dynamic and fixed), a VMDK (qemu-img: streamOptimized
-and monolithicSparse; python3-vmdkstream: the OVA layout) or a VHDX
-(qemu-img: dynamic and fixed) written into its view starts a new inline
-digest over the decoded disk: the status's value equals `nbdferry-verify
-IMAGE` (blkhash, the default, in any order; with --digest=sha256 where the
-decoded data arrive in disk order),
-and `nbdferry-verify --zero-tail IMAGE URI` matches the export.  An image
-as DESTINATION is decoded too (the view's own export, read back with cp).
-An image nbdferry-verify recognises but does not decode (qcow2, a tar
-archive) is refused with the reason, exit 2, unless --format=raw.  A VHDX
-not closed cleanly (tests/unit/vhdx-build.h's log) is decoded with its
-log replayed, as the view lands it; a log that writes behind itself and
-a file shorter than its log says are errors naming the rule.
+and monolithicSparse; python3-vmdkstream: the OVA layout), a VHDX
+(qemu-img: dynamic and fixed) or a qcow2 (qemu-img, version 3) written
+into its view starts a new inline digest over the decoded disk: the
+status's value equals `nbdferry-verify IMAGE` (blkhash, the default, in
+any order; with --digest=sha256 where the decoded data arrive in disk
+order), and `nbdferry-verify --zero-tail IMAGE URI` matches the export.
+An image as DESTINATION is decoded too (the view's own export, read back
+with cp).  tests/test_verify_qcow2.py has the qcow2 variants, backing
+chains and damage.  An image nbdferry-verify recognises but does not
+decode (a VMDK descriptor, a tar archive) is refused with the reason,
+exit 2, unless --format=raw.  A VHDX not closed cleanly
+(tests/unit/vhdx-build.h's log) is decoded with its log replayed, as the
+view lands it; a log that writes behind itself and a file shorter than
+its log says are errors naming the rule.
 
 Run: /usr/bin/python3 -m pytest tests/test_verify_views.py
 """
@@ -82,6 +84,8 @@ IMAGES = {
         s, d, "vhdx", "subformat=dynamic,block_size=1M"), ()),
     "vhdx-fixed": ("nbd.vhdx", lambda s, d: qemu(
         s, d, "vhdx", "subformat=fixed"), ()),
+    "qcow2": ("nbd.qcow2", lambda s, d: qemu(s, d, "qcow2", "compat=1.1"),
+              ()),
 }
 
 
@@ -95,7 +99,8 @@ def verify(*args, rc=0):
 def images(tmp_path_factory):
     d = tmp_path_factory.mktemp("images")
     raw = make_disk(d / "disk.raw")
-    suffix = {"nbd.vhd": ".vhd", "nbd.vmdk": ".vmdk", "nbd.vhdx": ".vhdx"}
+    suffix = {"nbd.vhd": ".vhd", "nbd.vmdk": ".vmdk", "nbd.vhdx": ".vhdx",
+              "nbd.qcow2": ".qcow2"}
     files = {name: make(raw, d / (name + suffix[view]))
              for name, (view, make, _) in IMAGES.items()}
     return raw, files
@@ -128,10 +133,11 @@ def test_view_landing_digest_equals_verify(server, mount, images, name,
 
 
 @pytest.mark.parametrize("view,suffix", [("nbd.vhd", ".vhd"),
-                                         ("nbd.vmdk", ".vmdk")])
+                                         ("nbd.vmdk", ".vmdk"),
+                                         ("nbd.qcow2", ".qcow2")])
 def test_exported_image_as_destination(server, mount, images, shm, view,
                                        suffix):
-    """`cp MNT/nbd.vhd out.vhd`: the VHD (or VMDK) is decoded as
+    """`cp MNT/nbd.vhd out.vhd`: the VHD (VMDK, qcow2) is decoded as
     DESTINATION and compared with the raw SOURCE."""
     raw, _ = images
     srv = server("memory", f"size={EXPORT}")
@@ -152,9 +158,9 @@ def test_exported_image_as_destination(server, mount, images, shm, view,
     assert "MISMATCH" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("kind", ["qcow2", "tar"])
+@pytest.mark.parametrize("kind", ["vmdk-descriptor", "tar"])
 def test_unknown_container_refused(server, images, shm, kind):
-    """`nbdferry-verify disk.qcow2 URI`: refused, never hashed as raw."""
+    """`nbdferry-verify vm.ova URI`: refused, never hashed as raw."""
     raw, files = images
     if kind == "tar":
         img = shm / "vm.ova"
@@ -162,8 +168,8 @@ def test_unknown_container_refused(server, images, shm, kind):
              files["vmdk-stream"].name], check=True)
         reason = "tar archive"
     else:
-        img = qemu(raw, shm / f"disk.{kind}", kind, "preallocation=off")
-        reason = f"{kind} image"
+        img = qemu(raw, shm / "disk.vmdk", "vmdk", "subformat=monolithicFlat")
+        reason = "VMDK descriptor"
     srv = server("memory", f"size={DISK}")
     for args in ([img, srv.uri], [img], [raw, img]):
         r = verify(*args, rc=2)
@@ -192,7 +198,13 @@ def test_format_option(images):
         == want
     r = verify("--format=vhdx", files["vhd-dynamic"], rc=2)
     assert "--format=vhdx, but this is a VHD" in r.stderr, r.stderr
+    assert verify("--format=qcow2", files["qcow2"]).stdout.split()[0] == want
     r = verify("--format=qcow2", raw, rc=2)
+    assert "--format=qcow2, but this is not a qcow2 image" in r.stderr, \
+        r.stderr
+    r = verify("--format=qcow2", files["vhdx-dynamic"], rc=2)
+    assert "--format=qcow2, but this is a VHDX image" in r.stderr, r.stderr
+    r = verify("--format=qcow3", raw, rc=2)
     assert "unknown format" in r.stderr, r.stderr
 
 

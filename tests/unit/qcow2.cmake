@@ -2,7 +2,7 @@
 # are made at test time by qemu-img and qemu-io.
 set(QCOW2_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 
-foreach(t format stream synth refused)
+foreach(t format stream synth refused image)
   if(EXISTS ${QCOW2_TEST_DIR}/qcow2-test-${t}.c)
     add_executable(qcow2-test-${t} ${QCOW2_TEST_DIR}/qcow2-test-${t}.c)
     target_link_libraries(qcow2-test-${t} PRIVATE qcow2)

@@ -75,14 +75,16 @@ static const char usage_text[] =
 "A file that is a disk image, SOURCE or DESTINATION, is decoded to its\n"
 "virtual disk: VHD (fixed, dynamic and differencing: the footer's current\n"
 "size), VMDK (streamOptimized, as in an OVA, and monolithicSparse: the\n"
-"header's capacity) and VHDX (fixed and dynamic: the metadata's virtual\n"
-"disk size; a log left by a writer that did not close it is replayed),\n"
-"unallocated blocks as zeros without reading.  A\n"
-"differencing VHD's parents are found through its locators, inside its own\n"
-"directory, or given with --parent.  A malformed image is an error naming\n"
+"header's capacity), VHDX (fixed and dynamic: the metadata's virtual\n"
+"disk size; a log left by a writer that did not close it is replayed) and\n"
+"qcow2 (versions 2 and 3: compressed clusters, extended L2 entries, and a\n"
+"backing chain of qcow2 or raw files, found as qemu finds them), with\n"
+"unallocated blocks as zeros without reading.  A differencing VHD's\n"
+"parents are found through its locators, inside its own directory, or\n"
+"given with --parent.  A malformed image is an error naming\n"
 "the broken rule.  An image or archive it recognises but does not decode\n"
-"(qcow2, a differencing VHDX, a VMDK descriptor, tar/OVA) is refused with\n"
-"the reason, never hashed as raw bytes unless --format=raw says so.  NBD\n"
+"(a differencing VHDX, a VMDK descriptor, tar/OVA) is refused with the\n"
+"reason, never hashed as raw bytes unless --format=raw says so.  NBD\n"
 "exports are always the disk itself.\n"
 "\n"
 "Without --size or --zero-tail the sizes must be equal: if they differ the\n"
@@ -109,9 +111,9 @@ static const char usage_text[] =
 "  -j, --json              print a JSON report instead of text\n"
 "  -q, --quiet             print nothing; only the exit status\n"
 "  -f, --format=FMT        read file operands as FMT: auto (default: decode\n"
-"                          VHD, VMDK and VHDX, refuse other images), raw\n"
-"                          (the file's bytes as they are), vhd, vmdk or\n"
-"                          vhdx\n"
+"                          VHD, VMDK, VHDX and qcow2, refuse other images),\n"
+"                          raw (the file's bytes as they are), vhd, vmdk,\n"
+"                          vhdx or qcow2\n"
 "      --raw               the same as --format=raw\n"
 "      --parent=FILE       parent of a differencing VHD SOURCE; repeat for\n"
 "                          the parent's parent and so on (levels not given\n"
@@ -312,7 +314,7 @@ static int format_arg(struct options *o)
     static const char *const names[] = {
         [SOURCE_FORMAT_AUTO] = "auto", [SOURCE_FORMAT_RAW] = "raw",
         [SOURCE_FORMAT_VHD] = "vhd", [SOURCE_FORMAT_VMDK] = "vmdk",
-        [SOURCE_FORMAT_VHDX] = "vhdx",
+        [SOURCE_FORMAT_VHDX] = "vhdx", [SOURCE_FORMAT_QCOW2] = "qcow2",
     };
 
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -321,7 +323,7 @@ static int format_arg(struct options *o)
             return 0;
         }
     return usage_err("--format: unknown format '%s' (auto, raw, vhd, vmdk, "
-                     "vhdx)", optarg);
+                     "vhdx, qcow2)", optarg);
 }
 
 static int parent_arg(struct options *o)

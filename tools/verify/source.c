@@ -104,6 +104,7 @@ static int choose_format(const char *path, int fd, uint64_t size,
             [SOURCE_FORMAT_VHD] = { PROBED_VHD, "vhd", "VHD" },
             [SOURCE_FORMAT_VMDK] = { PROBED_VMDK, "vmdk", "VMDK" },
             [SOURCE_FORMAT_VHDX] = { PROBED_VHDX, "vhdx", "VHDX" },
+            [SOURCE_FORMAT_QCOW2] = { PROBED_QCOW2, "qcow2", "qcow2 image" },
         };
         if (p == w[want].probed)
             return want;
@@ -117,6 +118,7 @@ static int choose_format(const char *path, int fd, uint64_t size,
     case PROBED_VHD:  return SOURCE_FORMAT_VHD;
     case PROBED_VMDK: return SOURCE_FORMAT_VMDK;
     case PROBED_VHDX: return SOURCE_FORMAT_VHDX;
+    case PROBED_QCOW2: return SOURCE_FORMAT_QCOW2;
     }
     verify_err("%s: a %s, which nbdferry-verify does not decode: its digest "
                "would be the container's, not the disk's.  %s, or pass "
@@ -159,6 +161,8 @@ static int open_path(const char *path, const struct source_options *opt,
     }
     if (f == SOURCE_FORMAT_VHDX)
         return src_vhdx_open(path, dfd, opt, out);
+    if (f == SOURCE_FORMAT_QCOW2)
+        return src_qcow2_open(path, dfd, opt, out);
     return f == SOURCE_FORMAT_VHD ? src_vhd_open(path, dfd, opt, out)
                                   : src_vmdk_open(path, dfd, size, opt, out);
 }

@@ -36,12 +36,14 @@
 
 /* source.c: the interface every kind of operand implements. */
 enum source_format {
-    SOURCE_FORMAT_AUTO,                  /* decode VHD, VMDK, VHDX, refuse
-                                            other images (the default) */
+    SOURCE_FORMAT_AUTO,                  /* decode VHD, VMDK, VHDX, qcow2,
+                                            refuse other images (the
+                                            default) */
     SOURCE_FORMAT_RAW,                   /* every file as its bytes (--raw) */
     SOURCE_FORMAT_VHD,
     SOURCE_FORMAT_VMDK,
     SOURCE_FORMAT_VHDX,
+    SOURCE_FORMAT_QCOW2,
 };
 
 struct source_options {
@@ -60,7 +62,8 @@ struct source_options {
 struct verify_source;
 
 struct verify_source_ops {
-    const char *kind;                    /* "file", "nbd", "vhd", "vmdk" */
+    const char *kind;                    /* "file", "nbd", "vhd", "vmdk",
+                                          * "vhdx", "qcow2" */
     /* Pipelined sources (NBD) deliver [0, k->end) to the sink themselves.
      * Simple sources (file, VHD) leave run NULL and implement extent() and
      * read(); source_run() drives them. */
@@ -83,9 +86,9 @@ struct verify_source {
 };
 
 /* Opens an operand: an NBD URI if it contains "://", else a path.  A file
- * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD, a VMDK or
- * a VHDX and refuses (-EMEDIUMTYPE) an image or archive it recognises but
- * does not decode (qcow2, a VMDK descriptor, tar/OVA), naming it.  The
+ * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD, a VMDK, a
+ * VHDX or a qcow2 and refuses (-EMEDIUMTYPE) an image or archive it
+ * recognises but does not decode (a VMDK descriptor, tar/OVA), naming it.  The
  * operand that is_source names may take opt->vhd_parents (a VHD only).
  * Logs the reason on failure. */
 int  source_open(const char *operand, const struct source_options *opt,
@@ -127,6 +130,14 @@ int src_vmdk_open(const char *path, int fd, uint64_t file_size,
  * known zero without reading. */
 int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
+
+/* source-qcow2.c: qcow2 versions 2 and 3 (qcow2/qcow2.h, qcow2_image_*),
+ * decoded to the virtual disk through the L1 and L2 tables: compressed
+ * clusters decompressed, extended L2 entries, a backing chain of qcow2 or
+ * raw files followed (names relative to the naming image's directory);
+ * zero and unallocated clusters known zero without reading. */
+int src_qcow2_open(const char *path, int fd, const struct source_options *opt,
+                   struct verify_source **out);  /* takes fd, even on error */
 
 /* source-nbd.c: libnbd, pipelined reads, base:allocation block status. */
 int src_nbd_open(const char *uri, const struct source_options *opt,
