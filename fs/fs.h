@@ -50,6 +50,16 @@ struct readahead;
 struct ra_stream;
 struct fs;
 
+/* The times the raw file and every view of its disk show (fs/rawfile.c,
+ * THE TIMES). */
+struct fs_times {
+    struct timespec mtime;    /* 0 (the epoch) until a change or a set */
+    struct timespec atime;
+    struct timespec ctime;
+    bool set;                 /* mtime is one utimensat(2) set and no
+                               * change of the disk came after it */
+};
+
 /* The mount's configuration: set before the mount, never changed after
  * (read without a lock by every thread). */
 struct fs_config {
@@ -69,7 +79,7 @@ struct fs_config {
                                * (fs/writers.c) */
     uid_t uid;
     gid_t gid;
-    struct timespec started;
+    struct timespec started;  /* the directory's times */
 };
 
 /* One disk: an export, its connections, pool and watchers, and the files
@@ -93,9 +103,9 @@ struct fs_disk {
     bool foreign_warned;      /* fs/foreign.c: this copy's header warned
                                * about; __atomic builtins */
 
-    /* The raw file's size, time and size lock belong to fs/rawfile.c:
-     * everything else reads them through rawfile_size() and
-     * rawfile_stat().
+    /* The raw file's size, times and size lock belong to fs/rawfile.c:
+     * everything else reads them through rawfile_size(),
+     * rawfile_stat() and rawfile_changes().
      *
      * Writes and punches (of the raw file and of the views) hold the size
      * lock shared from their size check until the size they extend is
@@ -110,7 +120,9 @@ struct fs_disk {
     /* Under fs->lock: */
     uint64_t apparent_size;   /* the raw file's size; every byte beyond it
                                * is pending or known zero on the disk */
-    struct timespec mtime;
+    struct fs_times times;
+    uint64_t changes;         /* counts the changes of the disk's size or
+                               * bytes (never of its times alone) */
     uint64_t pass_fh;         /* the serial of the handle whose copy the
                                * progress counts (fs/rawfile.c) */
     /* The deferred truncate (fs/rawfile.c, THE DEFERRED TRUNCATE):
@@ -119,7 +131,7 @@ struct fs_disk {
      * read with __atomic builtins to skip the lock when it is 0. */
     uint64_t trunc_owner;
     uint64_t trunc_old;       /* the size the disk still holds */
-    struct timespec trunc_mtime;  /* the time before the truncate */
+    struct fs_times trunc_times;  /* the times before the truncate */
     bool trunc_failed;        /* a request through the owner failed:
                                * its close drops the truncate; __atomic */
 

@@ -530,8 +530,10 @@ void imageview_release(struct fs_disk *d, struct fs_fh *fh)
 
 /* ---- the view ---------------------------------------------------------- */
 
+/* The disk's times (fs/rawfile.c, THE TIMES): one disk, one time. */
 void imageview_attr(struct fs_disk *d, enum fs_ino ino, struct stat *st)
 {
+    rawfile_stat(d, st);
     st->st_mode = S_IFREG | (d->readonly ? 0400 : 0600);
     st->st_nlink = 1;
     st->st_size = (off_t) view_size(imageview_of(d, ino));

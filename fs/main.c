@@ -564,7 +564,7 @@ static int open_disk(struct fs_disk *d, const struct cli_options *o)
     d->export_size = info->size;
     d->apparent_size = info->size;
     d->readonly = info->readonly;
-    d->mtime = d->cfg->started;
+    rawfile_init_times(d);
     pthread_rwlock_init(&d->size_lock, NULL);
     if (fs_views_init(d) < 0) {
         log_err("out of memory");

@@ -75,6 +75,8 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, struct stat *st)
     st->st_ino = ino;
     st->st_uid = fs->cfg.uid;
     st->st_gid = fs->cfg.gid;
+    /* The directory's (and the status file's): the mount's start.  A
+     * disk's files show the disk's (fs/rawfile.c, THE TIMES). */
     st->st_atim = st->st_ctim = st->st_mtim = fs->cfg.started;
     st->st_blksize = FS_BLKSIZE;
     if (ino == FS_INO_ROOT) {
@@ -130,31 +132,61 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
     reply_attr(req, ino);
 }
 
-/* A size change goes to the view; chmod, chown, utimes are accepted and
- * ignored on a file that can be truncated, so rsync -a --inplace and cp -p
- * work (the disk has no such metadata), and refused elsewhere. */
+/* utimensat(2) (rsync -a, cp -p, touch): the disk's times, whichever of
+ * its files is named (fs/rawfile.c, THE TIMES).  The kernel asks a
+ * truncate to set mtime and ctime to now too: that is the truncate's own
+ * stamp, not a time set. */
+static void set_times(struct fs_disk *d, const struct stat *attr, int to_set)
+{
+    struct timespec now;
+    const struct timespec *m = NULL, *a = NULL;
+    bool truncate = to_set & FUSE_SET_ATTR_SIZE;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+        m = truncate ? NULL : &now;
+    else if (to_set & FUSE_SET_ATTR_MTIME)
+        m = &attr->st_mtim;
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+        a = truncate ? NULL : &now;
+    else if (to_set & FUSE_SET_ATTR_ATIME)
+        a = &attr->st_atim;
+    if (m || a)
+        rawfile_set_times(d, m, a);
+}
+
+/* A size change goes to the view, times to the disk; chmod and chown are
+ * accepted and ignored on a file that can be truncated, so rsync -a
+ * --inplace and cp -p work (the disk has no such metadata).  All of it is
+ * refused elsewhere (the status file). */
 static int set_attr(struct fs *fs, fuse_ino_t ino, struct stat *attr,
                     int to_set, struct fuse_file_info *fi)
 {
     const struct fs_view *v = view_of(fs, ino);
     struct fs_disk *d = fs_disk_of(fs, ino);
+    const int times = FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME;
 
     if (!v || !v->truncate)
         return -EPERM;
-    if (!(to_set & FUSE_SET_ATTR_SIZE))
+    if (!(to_set & (FUSE_SET_ATTR_SIZE | times)))
         return 0;
     if (d->readonly)
         return -EROFS;
-    if (attr->st_size < 0)
+    if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size < 0)
         return -EINVAL;
-    return v->truncate(d, fh_of(fi), (uint64_t) attr->st_size);
+    int r = to_set & FUSE_SET_ATTR_SIZE
+            ? v->truncate(d, fh_of(fi), (uint64_t) attr->st_size) : 0;
+    if (r == 0)
+        set_times(d, attr, to_set);
+    return r;
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
                        int to_set, struct fuse_file_info *fi)
 {
-    TRACE(req, "setattr ino=%" PRIu64 " to_set=%#x size=%jd", (uint64_t) ino,
-          (unsigned) to_set, (intmax_t) attr->st_size);
+    TRACE(req, "setattr ino=%" PRIu64 " to_set=%#x size=%jd mtime=%jd.%09ld",
+          (uint64_t) ino, (unsigned) to_set, (intmax_t) attr->st_size,
+          (intmax_t) attr->st_mtim.tv_sec, attr->st_mtim.tv_nsec);
     int r = set_attr(fs_of(req), ino, attr, to_set, fi);
 
     if (disk_of(req, ino))

@@ -29,11 +29,92 @@ uint64_t rawfile_size(struct fs_disk *d)
     return s;
 }
 
-void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime)
+/* ---- the times ---------------------------------------------------------- */
+
+/* THE TIMES
+ * rsync -a's quick check skips a file whose size and mtime equal the
+ * source's; cp -u copies only a newer source.  So the mtime must never
+ * make a changed source look unchanged:
+ * - Until the disk changes or a time is set, mtime and atime are 0, the
+ *   epoch.  The mount does not know when the disk last changed (an
+ *   earlier mount, another writer), and its own start is no answer: a
+ *   source changed in the same second has that mtime, and on an export
+ *   of the source's size rsync skipped it (issue 45).  Only a source
+ *   whose own mtime is the epoch matches.
+ * - Every change of the disk's size or bytes, through any of its files
+ *   (a write, a zeroing, a truncate, an image's decoded data), stamps
+ *   mtime, atime and ctime with its time and counts in d->changes.
+ * - utimensat(2) on any of its files (rsync -a, cp -p, touch: fs/ops.c)
+ *   sets mtime and atime as asked (a time, now, or UTIME_OMIT: left as
+ *   it is) and ctime to now, and marks the mtime set until the next
+ *   change.  It changes nothing else, d->changes included: a cache of
+ *   what the disk holds (fs/synthcache.c) keys on d->changes, never on
+ *   a time anyone can set back.
+ * - ctime is the mount's start until then.  Reads are not tracked (as
+ *   noatime): atime is the mtime unless utimensat set it since.
+ * - A deferred truncate dropped puts back the times it stamped over.
+ * The times last for the mount's life; rawfile_stored_mtime() and
+ * rawfile_set_mtime() let a record kept across mounts carry a set one.
+ * Under d->fs->lock. */
+
+void rawfile_init_times(struct fs_disk *d)
 {
     LOCK_FOR_SCOPE(&d->fs->lock);
-    *size = d->apparent_size;
-    *mtime = d->mtime;
+    d->times = (struct fs_times) { .ctime = d->cfg->started };
+}
+
+/* The disk changed: now is its time.  Caller holds d->fs->lock. */
+static void stamp_locked(struct fs_disk *d)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    d->times = (struct fs_times) { .mtime = now, .atime = now, .ctime = now };
+    d->changes++;
+}
+
+uint64_t rawfile_stat(struct fs_disk *d, struct stat *st)
+{
+    LOCK_FOR_SCOPE(&d->fs->lock);
+    st->st_mtim = d->times.mtime;
+    st->st_atim = d->times.atime;
+    st->st_ctim = d->times.ctime;
+    return d->apparent_size;
+}
+
+uint64_t rawfile_changes(struct fs_disk *d)
+{
+    LOCK_FOR_SCOPE(&d->fs->lock);
+    return d->changes;
+}
+
+void rawfile_set_times(struct fs_disk *d, const struct timespec *mtime,
+                       const struct timespec *atime)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    LOCK_FOR_SCOPE(&d->fs->lock);
+    if (mtime) {
+        d->times.mtime = *mtime;
+        d->times.set = true;
+    }
+    if (atime)
+        d->times.atime = *atime;
+    d->times.ctime = now;
+}
+
+void rawfile_stored_mtime(struct fs_disk *d, struct timespec *mtime,
+                          bool *is_set)
+{
+    LOCK_FOR_SCOPE(&d->fs->lock);
+    *mtime = d->times.mtime;
+    *is_set = d->times.set;
+}
+
+void rawfile_set_mtime(struct fs_disk *d, const struct timespec *mtime)
+{
+    rawfile_set_times(d, mtime, mtime);
 }
 
 /* ---- the size ----------------------------------------------------------- */
@@ -45,7 +126,7 @@ static uint64_t set_size(struct fs_disk *d, uint64_t size)
     LOCK_FOR_SCOPE(&d->fs->lock);
     uint64_t old = d->apparent_size;
     d->apparent_size = size;
-    clock_gettime(CLOCK_REALTIME, &d->mtime);
+    stamp_locked(d);
     return old;
 }
 
@@ -56,7 +137,7 @@ static void extend_to(struct fs_disk *d, uint64_t end)
     LOCK_FOR_SCOPE(&d->fs->lock);
     if (end > d->apparent_size)
         d->apparent_size = end;
-    clock_gettime(CLOCK_REALTIME, &d->mtime);
+    stamp_locked(d);
 }
 
 /* Bytes [off, off + len) will read as zero, lazily; readers must not see
@@ -164,7 +245,8 @@ static void drop_locked(struct fs_disk *d, struct fs_fh *fh, const char *why)
         LOCK_FOR_SCOPE(&d->fs->lock);
         size = d->apparent_size;
         d->apparent_size = d->trunc_old;
-        d->mtime = d->trunc_mtime;
+        d->times = d->trunc_times;
+        d->changes++;             /* the size changed back */
     }
     __atomic_store_n(&d->trunc_owner, 0, __ATOMIC_RELEASE);
     log_notice("%s: the truncate to %" PRIu64 " bytes by pid %d (%s) was "
@@ -179,7 +261,7 @@ static void defer_locked(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
     if (!d->trunc_owner) {
         LOCK_FOR_SCOPE(&d->fs->lock);
         d->trunc_old = d->apparent_size;
-        d->trunc_mtime = d->mtime;
+        d->trunc_times = d->times;
     }
     __atomic_store_n(&d->trunc_failed, false, __ATOMIC_RELAXED);
     __atomic_store_n(&d->trunc_owner, fh->serial, __ATOMIC_RELEASE);

@@ -1,13 +1,14 @@
 /* fs/rawfile.h: the raw file, the disk seen as one file of an apparent
  * size (fs/rawfile.c).  The only code that changes the disk, its size or
- * its time: every view (fs/view.h) goes through here.
+ * its times: every view (fs/view.h) goes through here.
  *
- * It owns d->apparent_size, d->mtime and d->size_lock, and notifies the
- * watchers of each change from one place: the read-ahead (its chunks of a
- * changed range are dropped), the digest (the raw file's inline hash, with
- * blkpass under it) and the progress (the pass of the file being written,
- * which for the VHD and VMDK views is their file, not the disk; the
- * digest follows the disk, the views' decoded data included).
+ * It owns d->apparent_size, d->times, d->changes and d->size_lock, and
+ * notifies the watchers of each change from one place: the read-ahead
+ * (its chunks of a changed range are dropped), the digest (the raw
+ * file's inline hash, with blkpass under it) and the progress (the pass
+ * of the file being written, which for the VHD and VMDK views is their
+ * file, not the disk; the digest follows the disk, the views' decoded
+ * data included).
  *
  * Errors, the same for every view: a size past the export (truncate, a
  * view's disk replacing the content) is EFBIG; data past the export's end
@@ -17,7 +18,7 @@
  * thread for writes and landings, a worker for a durable write and the
  * rest) and the format views' unpack threads (fs/unpackers.h), which
  * place decoded data.
- * d->fs->lock guards the size and time (a leaf, never held across a pool
+ * d->fs->lock guards the size and times (a leaf, never held across a pool
  * call).  d->size_lock is held shared from a change's check until the
  * size it extends is set, exclusive by a truncate or replace from the new
  * size until the cut-off bytes are pending zero.  Views take it after
@@ -26,8 +27,32 @@
 #include "fs/fs.h"
 
 uint64_t rawfile_size(struct fs_disk *d);
-/* Size and mtime read together. */
-void rawfile_stat(struct fs_disk *d, uint64_t *size, struct timespec *mtime);
+
+/* ---- the times (fs/rawfile.c, THE TIMES) -------------------------------- */
+
+/* Before the mount: mtime and atime 0 (the epoch: not known), ctime the
+ * mount's start. */
+void rawfile_init_times(struct fs_disk *d);
+/* The times into st (st_mtim, st_atim, st_ctim), and the size, read
+ * together: what every file of the disk shows. */
+uint64_t rawfile_stat(struct fs_disk *d, struct stat *st);
+/* Counts the changes of the disk's size or bytes, never of its times
+ * alone: an equal count is the same disk, whatever the times say. */
+uint64_t rawfile_changes(struct fs_disk *d);
+/* utimensat(2) on any file of the disk: mtime and atime set as given
+ * (NULL: left as they are), ctime now.  The mtime counts as set until
+ * the next change of the disk. */
+void rawfile_set_times(struct fs_disk *d, const struct timespec *mtime,
+                       const struct timespec *atime);
+/* For a record of the disk kept across mounts (the manifest): *is_set,
+ * the mtime utimensat set and no change came after; else *is_set false
+ * and *mtime the last change's (0: none in this mount). */
+void rawfile_stored_mtime(struct fs_disk *d, struct timespec *mtime,
+                          bool *is_set);
+/* Such a record's mtime, at mount before any change: shown, and set, as
+ * if utimensat had set it (atime too).  Only from a record the caller
+ * trusts (nobody else wrote the export since): else the time stays 0. */
+void rawfile_set_mtime(struct fs_disk *d, const struct timespec *mtime);
 
 /* ---- the size ----------------------------------------------------------- */
 

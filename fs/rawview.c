@@ -21,10 +21,8 @@
 
 static void raw_attr(struct fs_disk *d, struct stat *st)
 {
-    uint64_t size;
+    uint64_t size = rawfile_stat(d, st);
 
-    rawfile_stat(d, &size, &st->st_mtim);
-    st->st_ctim = st->st_mtim;
     st->st_mode = S_IFREG | (d->readonly ? 0400 : 0600);
     st->st_nlink = 1;
     st->st_size = (off_t) size;

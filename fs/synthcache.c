@@ -6,17 +6,18 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "fs/rawfile.h"
 
-/* What identifies a disk state: every change stamps the mtime
- * (fs/rawfile.c) and moves the pool's counters; the block status scan
- * moves known_zero. */
+/* What identifies a disk state: every change of its size or bytes counts
+ * in rawfile_changes() and moves the pool's counters; the block status
+ * scan moves known_zero.  Never the mtime: utimensat sets it, back to
+ * what it was when a synthesizer was built too (fs/rawfile.c, THE
+ * TIMES). */
 struct synth_key {
-    struct timespec mtime;
+    uint64_t changes;
     uint64_t written, zeroed, skipped, known_zero, pending_zero;
 };
 
@@ -42,11 +43,10 @@ struct synthcache {
 static void disk_key(struct fs_disk *d, struct synth_key *k)
 {
     struct pool_stats st;
-    uint64_t size;
 
     pool_get_stats(d->pool, &st);
     memset(k, 0, sizeof *k);
-    rawfile_stat(d, &size, &k->mtime);
+    k->changes = rawfile_changes(d);
     k->written = st.bytes_written;
     k->zeroed = st.bytes_zeroed;
     k->skipped = st.bytes_zero_skipped;
@@ -56,8 +56,7 @@ static void disk_key(struct fs_disk *d, struct synth_key *k)
 
 static bool same_key(const struct synth_key *a, const struct synth_key *b)
 {
-    return a->mtime.tv_sec == b->mtime.tv_sec &&
-           a->mtime.tv_nsec == b->mtime.tv_nsec && a->written == b->written &&
+    return a->changes == b->changes && a->written == b->written &&
            a->zeroed == b->zeroed && a->skipped == b->skipped &&
            a->known_zero == b->known_zero &&
            a->pending_zero == b->pending_zero;

@@ -8,8 +8,9 @@
 * Every time, not only the first: several write-then-fsync rounds on one
   handle each send their own flush after their own writes; several
   open-write-close rounds each find their bytes on the server at close.
-* Creating, renaming and deleting files fail with an errno; chmod, chown
-  and utimes are accepted as no-ops (rsync -a --inplace needs that).
+* Creating, renaming and deleting files fail with an errno; chmod and
+  chown are accepted as no-ops, utimes sets the disk's time (rsync -a
+  --inplace needs both; the times: tests/test_mtime.py).
 * O_DSYNC and O_SYNC writes are durable when they return.
   A write made through a handle opened with O_DSYNC or O_SYNC, or with
   pwritev2()'s RWF_DSYNC (the kernel passes it in the write's flags), is
@@ -209,7 +210,7 @@ def test_namespace_is_fixed(server, mount):
             refused[what] = e.errno
     assert all(refused.values()), f"not refused: {refused}"
     assert m.file.exists() and not (m.mp / "newfile").exists()
-    # Metadata changes are accepted and change nothing that matters.
+    # Metadata changes are accepted and change no byte of the disk.
     os.chmod(m.file, 0o600)
     os.utime(m.file, (1, 1))
     os.chown(m.file, 0, 0)

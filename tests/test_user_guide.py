@@ -172,7 +172,8 @@ def gblock(first, last):
 
 RAW_LINES = [r"^cp --sparse=always disk.img", r"^dd .*conv=fsync",
              r"^dd .*conv=sparse", r"^rsync --inplace --sparse",
-             r"^rsync -a --inplace --no-whole-file", r"^truncate -s .*qemu-img"]
+             r"^rsync -a --inplace --no-whole-file", r"^rsync -a -I --inplace",
+             r"^truncate -s .*qemu-img"]
 
 
 @pytest.fixture
