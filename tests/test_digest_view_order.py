@@ -1,0 +1,79 @@
+"""The inline digest of a view landing does not depend on the number of
+connections (issue 41, item 6).
+
+qemu-img convert -c writes a compressed qcow2 whose clusters the view
+decodes on its decompressor threads, while clusters qemu could not
+compress are placed at once: within one write request the decoded data
+reach the disk (and the digest) in an order that depends on timing, so
+a block far behind a placed one may arrive after the digest had folded
+it.  A disk of scattered data (regions far more than the digest's fold
+lag apart, each with compressible and random data) is landed through
+nbd.qcow2 with --connections 1, 2 and 4, several times each: every time
+the inline digest is complete and equals the blkhash of the raw source
+(and nbdferry-verify's of the source), and the server's bytes are the
+source's (sha256).
+
+Run: /usr/bin/python3 -m pytest tests/test_digest_view_order.py
+"""
+
+import random
+import shutil
+
+import pytest
+
+from lib.digest import blkhash_file, sha256_file
+from lib.env import BUILD, MiB
+from lib.nbd import sha256_nbd
+from lib.procs import run
+from test_digest_inline import settled_digest
+
+if not shutil.which("qemu-img"):
+    raise RuntimeError("qemu-img missing (scripts/install-deps)")
+VERIFY = BUILD / "tools" / "nbdferry-verify"
+if not VERIFY.exists():
+    raise RuntimeError(f"{VERIFY} not built")
+
+DISK = 1024 * MiB
+# Regions of data 300 MiB apart (the digest folds blocks 256 MiB behind
+# the end of the data): compressible text, then random bytes that qemu
+# stores uncompressed.
+REGIONS = (0, 300 * MiB, 600 * MiB, 900 * MiB)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    d = tmp_path_factory.mktemp("digestorder")
+    raw = d / "src.raw"
+    rnd = random.Random(41)
+    text = b"".join(b"line %d of a compressible region\n" % i
+                    for i in range(200000))
+    with open(raw, "wb") as f:
+        f.truncate(DISK)
+        for at in REGIONS:
+            f.seek(at)
+            f.write(text[:3 * MiB])
+            f.write(rnd.randbytes(3 * MiB))
+            f.write(text[:2 * MiB])
+    img = d / "src.qcow2"
+    r = run(["qemu-img", "convert", "-q", "-c", "-f", "raw", "-O", "qcow2",
+             raw, img], timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = run([VERIFY, raw], timeout=300)
+    assert r.returncode == 0, r.stderr
+    verify = r.stdout.split()[0]
+    return raw, img, blkhash_file(raw), verify, sha256_file(raw)
+
+
+@pytest.mark.parametrize("conns", [1, 2, 4])
+@pytest.mark.parametrize("rep", range(3))
+def test_digest_view_landing_complete_any_connections(server, mount, src,
+                                                      conns, rep):
+    raw, img, want, verify, sha = src
+    srv = server("memory", f"size={DISK}")
+    m = mount(srv, "--connections", str(conns))
+    r = run(["cp", img, m.mp / "nbd.qcow2"], timeout=300)
+    assert r.returncode == 0, (r.stderr, m.stderr[-2000:])
+    d = settled_digest(m, secs=120)
+    assert d["state"] == "complete", (conns, d.get("reason"), d)
+    assert d["value"] == want == verify, (d, want, verify)
+    assert sha256_nbd(srv.uri) == sha
