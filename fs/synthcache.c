@@ -13,11 +13,15 @@
 #include "fs/rawfile.h"
 
 /* What identifies a disk state: every change stamps the mtime
- * (fs/rawfile.c) and moves the pool's counters; the block status scan
- * moves known_zero. */
+ * (fs/rawfile.c) and moves the pool's counters and the change count
+ * (fs/rawfile.h; quiet: no change was in progress, else the state is
+ * not one a reader may be given as the disk at its open); the block
+ * status scan moves known_zero. */
 struct synth_key {
     struct timespec mtime;
     uint64_t written, zeroed, skipped, known_zero, pending_zero;
+    uint64_t changes;
+    bool quiet;
 };
 
 /* refs: open handles and stats using it, plus one while it is current. */
@@ -46,6 +50,7 @@ static void disk_key(struct fs_disk *d, struct synth_key *k)
 
     pool_get_stats(d->pool, &st);
     memset(k, 0, sizeof *k);
+    k->quiet = rawfile_change_count(d, &k->changes);   /* before the rest */
     rawfile_stat(d, &size, &k->mtime);
     k->written = st.bytes_written;
     k->zeroed = st.bytes_zeroed;
@@ -60,7 +65,8 @@ static bool same_key(const struct synth_key *a, const struct synth_key *b)
            a->mtime.tv_nsec == b->mtime.tv_nsec && a->written == b->written &&
            a->zeroed == b->zeroed && a->skipped == b->skipped &&
            a->known_zero == b->known_zero &&
-           a->pending_zero == b->pending_zero;
+           a->pending_zero == b->pending_zero &&
+           a->changes == b->changes && a->quiet == b->quiet;
 }
 
 int synthcache_new(const struct synthcache_ops *ops, void *opaque,
@@ -153,7 +159,7 @@ static int replace_locked(struct synthcache *c, struct fs_disk *d,
 }
 
 void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
-                     int *err)
+                     int *err, uint64_t *snapshot)
 {
     struct synth_key key;
     struct synth_ref *r = NULL;
@@ -176,8 +182,12 @@ void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
         if (r->err) {
             *err = r->err;
             r = NULL;
-        } else
+        } else {
             r->refs++;
+            if (snapshot)
+                *snapshot = r->key.quiet ? r->key.changes
+                                         : SYNTHCACHE_NO_SNAPSHOT;
+        }
     }
     return r ? r->synth : NULL;
 }
