@@ -3,12 +3,14 @@ connections (issue 41, item 6).
 
 qemu-img convert -c writes a compressed qcow2 whose clusters the view
 decodes on its decompressor threads, while clusters qemu could not
-compress are placed at once: within one write request the decoded data
+compress are placed at once (a streamOptimized VMDK's grains are
+inflated on the view's threads too): within one write request the decoded data
 reach the disk (and the digest) in an order that depends on timing, so
 a block far behind a placed one may arrive after the digest had folded
 it.  A disk of scattered data (regions far more than the digest's fold
 lag apart, each with compressible and random data) is landed through
-nbd.qcow2 with --connections 1, 2 and 4, several times each: every time
+nbd.qcow2 (and as a streamOptimized VMDK through nbd.vmdk) with
+--connections 1, 2 and 4, several times each: every time
 the inline digest is complete and equals the blkhash of the raw source
 (and nbdferry-verify's of the source), and the server's bytes are the
 source's (sha256).
@@ -54,24 +56,27 @@ def src(tmp_path_factory):
             f.write(text[:3 * MiB])
             f.write(rnd.randbytes(3 * MiB))
             f.write(text[:2 * MiB])
-    img = d / "src.qcow2"
-    r = run(["qemu-img", "convert", "-q", "-c", "-f", "raw", "-O", "qcow2",
-             raw, img], timeout=300)
-    assert r.returncode == 0, r.stderr
+    imgs = {"qcow2": d / "src.qcow2", "vmdk": d / "src.vmdk"}
+    for fmt, opts in (("qcow2", ["-c"]),
+                      ("vmdk", ["-o", "subformat=streamOptimized"])):
+        r = run(["qemu-img", "convert", "-q", *opts, "-f", "raw", "-O", fmt,
+                 raw, imgs[fmt]], timeout=300)
+        assert r.returncode == 0, r.stderr
     r = run([VERIFY, raw], timeout=300)
     assert r.returncode == 0, r.stderr
     verify = r.stdout.split()[0]
-    return raw, img, blkhash_file(raw), verify, sha256_file(raw)
+    return raw, imgs, blkhash_file(raw), verify, sha256_file(raw)
 
 
 @pytest.mark.parametrize("conns", [1, 2, 4])
-@pytest.mark.parametrize("rep", range(3))
+@pytest.mark.parametrize("fmt,rep", [("qcow2", 0), ("qcow2", 1),
+                                     ("qcow2", 2), ("vmdk", 0), ("vmdk", 1)])
 def test_digest_view_landing_complete_any_connections(server, mount, src,
-                                                      conns, rep):
-    raw, img, want, verify, sha = src
+                                                      conns, fmt, rep):
+    raw, imgs, want, verify, sha = src
     srv = server("memory", f"size={DISK}")
     m = mount(srv, "--connections", str(conns))
-    r = run(["cp", img, m.mp / "nbd.qcow2"], timeout=300)
+    r = run(["cp", imgs[fmt], m.mp / f"nbd.{fmt}"], timeout=300)
     assert r.returncode == 0, (r.stderr, m.stderr[-2000:])
     d = settled_digest(m, secs=120)
     assert d["state"] == "complete", (conns, d.get("reason"), d)
