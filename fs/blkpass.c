@@ -127,7 +127,8 @@ struct blkpass {
     uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
     uint64_t volume;              /* bytes written in this pass */
     uint64_t vol_mark[VOLUME_MARKS];  /* THE VOLUME LAG, a ring */
-    bool fold_at_settle;          /* fold at blkpass_settle() only */
+    bool fold_at_settle;          /* fold at blkpass_settle() only, */
+    size_t settle_state;          /* once the state passes this */
     int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
     void *read_ctx;
     uint64_t disk_size;
@@ -729,13 +730,16 @@ int blkpass_truncate(struct blkpass *p, uint64_t size, char *why)
     return blkpass_zero(p, size, UINT64_MAX - size, why);
 }
 
-void blkpass_fold_at_settle(struct blkpass *p)
+void blkpass_fold_at_settle(struct blkpass *p, size_t state)
 {
     p->fold_at_settle = true;
+    p->settle_state = state;
 }
 
 int blkpass_settle(struct blkpass *p, char *why)
 {
+    if (blkhash_memory(p->h) < p->settle_state)
+        return 0;                 /* every block stays open to change */
     return maybe_fold(p, why);
 }
 

@@ -72,8 +72,14 @@ int  blkpass_truncate(struct blkpass *p, uint64_t size, char *why);
  * decoded on several threads, its data arrive in any order) whose
  * every change is fed before blkpass_settle() is called: blocks are
  * folded there only, never in the middle of a group, whatever the
- * order inside it.  Until the next reset. */
-void blkpass_fold_at_settle(struct blkpass *p);
+ * order inside it, and only once the per-block state passes state
+ * bytes, so that below it the groups may come in any order too (an
+ * image whose clusters are stored in the order a VM wrote them).
+ * Until the next reset. */
+#define BLKPASS_SETTLE_STATE (8u << 20)  /* a view's pass: 8 MiB of
+                                          * state, a disk of 16 GiB
+                                          * at 64 KiB blocks */
+void blkpass_fold_at_settle(struct blkpass *p, size_t state);
 int  blkpass_settle(struct blkpass *p, char *why);
 
 /* The value for a file of 'size' bytes, in hex (hex: 2 * EVP_MAX_MD_SIZE

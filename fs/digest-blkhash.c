@@ -41,8 +41,12 @@
  * would fold that block first and lose the pass, on some runs and not
  * others.  So a view's pass folds only at its barriers
  * (digest_barrier(): the request's every change is queued), when no
- * change of the request is still on its way, and never behind where
- * the data ended a few MiB of writing ago (blkpass.c, THE VOLUME LAG).
+ * change of the request is still on its way, never behind where the
+ * data ended a few MiB of writing ago (blkpass.c, THE VOLUME LAG), and
+ * only once its block digests take BLKPASS_SETTLE_STATE (8 MiB: a disk
+ * of 16 GiB), so that an image whose clusters lie in no disk order (a
+ * VM's own qcow2: in the order the guest wrote them) still completes
+ * on a disk that size, whatever the order.
  * XXX Two FUSE threads writing the same bytes at once may report their
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
@@ -76,7 +80,7 @@ static int blk_apply(struct digest *d, const struct item *it, char *hex,
     case ITEM_BLK_TRUNCATE: {
         int r = blkpass_truncate(d->bp, it->off, why);
         if (r == 0 && it->off == 0 && it->len)
-            blkpass_fold_at_settle(d->bp);       /* THE VIEW'S PASS */
+            blkpass_fold_at_settle(d->bp, BLKPASS_SETTLE_STATE);
         return r;
     }
     case ITEM_BLK_SETTLE:
