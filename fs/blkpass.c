@@ -48,6 +48,20 @@
 #define FOLD_LAG_MIN 1024u
 #define FOLD_STEP 1024u
 
+/* THE VOLUME LAG: the lag above is one of disk distance, but a writer
+ * reorders by the data it has in flight, not by disk distance: where a
+ * hole of more than the lag lies between two runs of data (a sparse
+ * disk), a block of the first run that arrives a little late (qemu-img
+ * convert -c stores some clusters of a disk ahead of earlier ones; a
+ * view's decoder places what its threads finish first) is behind the
+ * lag already.  So folding also stays behind where the data ended
+ * VOLUME_LAG_BLOCKS blocks of writing ago (vol_mark[]: the end of the
+ * data each time another VOLUME_LAG_BLOCKS / VOLUME_MARKS blocks were
+ * written).  Memory: at most that many more block digests (their chunks:
+ * 256 of 32 KiB where every block is 64 MiB from the next). */
+#define VOLUME_LAG_BLOCKS 256u
+#define VOLUME_MARKS 16u
+
 /* The range sets are exact (never forget a range); the pass bounds them
  * itself at MAX_EXTENTS and gives up past it. */
 static void map_init(struct extmap *m) { extmap_init(m, SIZE_MAX, false); }
@@ -111,6 +125,10 @@ struct blkpass {
     size_t nparts, maxparts;
     uint64_t tick, hashed, data_end;
     uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
+    uint64_t volume;              /* bytes written in this pass */
+    uint64_t vol_mark[VOLUME_MARKS];  /* THE VOLUME LAG, a ring */
+    bool fold_at_settle;          /* fold at blkpass_settle() only, */
+    size_t settle_state;          /* once the state passes this */
     int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
     void *read_ctx;
     uint64_t disk_size;
@@ -223,7 +241,9 @@ static void clear(struct blkpass *p)
         drop_part(p, 0);
     map_clear(&p->written);
     map_clear(&p->zero);
-    p->hashed = p->data_end = 0;
+    p->hashed = p->data_end = p->volume = 0;
+    memset(p->vol_mark, 0, sizeof p->vol_mark);
+    p->fold_at_settle = false;
 }
 
 int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
@@ -469,13 +489,40 @@ static int settle_if_whole(struct blkpass *p, struct part *pt, char *why)
 static uint64_t first_unknown(const struct blkpass *p, uint64_t from,
                               uint64_t size);
 
-/* Fold the known blocks far enough behind the data's end (FOLD_*). */
+/* len more bytes were written, the data now ending at p->data_end (THE
+ * VOLUME LAG). */
+static void note_volume(struct blkpass *p, uint64_t len)
+{
+    uint64_t step = (uint64_t) VOLUME_LAG_BLOCKS / VOLUME_MARKS * p->bs;
+    uint64_t from = p->volume / step;
+
+    p->volume += len;
+    for (uint64_t k = from + 1; k <= p->volume / step &&
+                                k <= from + VOLUME_MARKS; k++)
+        p->vol_mark[k % VOLUME_MARKS] = p->data_end;
+}
+
+/* The end of the data VOLUME_LAG_BLOCKS blocks of writing ago (0: not
+ * that many written yet). */
+static uint64_t lagged_end(const struct blkpass *p)
+{
+    uint64_t step = (uint64_t) VOLUME_LAG_BLOCKS / VOLUME_MARKS * p->bs;
+    uint64_t k = p->volume / step;
+
+    if (k < VOLUME_MARKS - 1)
+        return 0;
+    uint64_t then = p->vol_mark[(k - (VOLUME_MARKS - 1)) % VOLUME_MARKS];
+    return then < p->data_end ? then : p->data_end;
+}
+
+/* Fold the known blocks far enough behind the data's end (FOLD_*, THE
+ * VOLUME LAG). */
 static int maybe_fold(struct blkpass *p, char *why)
 {
     uint64_t lag = p->fold_lag / p->bs > FOLD_LAG_MIN
                    ? p->fold_lag / p->bs : FOLD_LAG_MIN;
     uint64_t folded = blkhash_folded(p->h);
-    uint64_t full = p->data_end / p->bs;
+    uint64_t full = lagged_end(p) / p->bs;
     int r;
 
     if (full < folded + lag + FOLD_STEP)
@@ -574,7 +621,8 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
                     "(more than %u separate ranges)", MAX_EXTENTS);
     if (end > p->data_end)
         p->data_end = end;
-    int r2 = maybe_fold(p, why);
+    note_volume(p, len);
+    int r2 = p->fold_at_settle ? 0 : maybe_fold(p, why);
     if (r2 == 0 && blkhash_memory(p->h) > MAX_STATE)
         return fail(why, -E2BIG, "the writes are too scattered to follow "
                     "(their block digests would take more than %u MiB)",
@@ -680,6 +728,19 @@ int blkpass_truncate(struct blkpass *p, uint64_t size, char *why)
         return 0;
     }
     return blkpass_zero(p, size, UINT64_MAX - size, why);
+}
+
+void blkpass_fold_at_settle(struct blkpass *p, size_t state)
+{
+    p->fold_at_settle = true;
+    p->settle_state = state;
+}
+
+int blkpass_settle(struct blkpass *p, char *why)
+{
+    if (blkhash_memory(p->h) < p->settle_state)
+        return 0;                 /* every block stays open to change */
+    return maybe_fold(p, why);
 }
 
 /* ---- the value ---- */

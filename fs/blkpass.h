@@ -15,9 +15,9 @@
  * part written whose other bytes hold data older than the pass.
  *
  * Memory: one digest per block written and not yet folded (common/blkhash:
- * known blocks more than 256 MiB behind the end of the data are folded
- * into the outer digest and freed; a later change to one of them ends
- * the pass), the block copies (partial_budget), and the written and
+ * known blocks more than 256 MiB behind the end of the data, and behind
+ * where it ended 256 blocks of writing ago, are folded into the outer
+ * digest and freed; a later change to one of them ends the pass), the block copies (partial_budget), and the written and
  * zeroed ranges, at most 2^19 each, and 16 MiB of per-block state in all
  * (more scattered writes end the pass: "too scattered").
  *
@@ -67,6 +67,20 @@ int  blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why);
 /* The file is size bytes long: every byte at or beyond size reads as zero
  * (size 0: the whole file is known to be zero). */
 int  blkpass_truncate(struct blkpass *p, uint64_t size, char *why);
+
+/* The changes of this pass come in groups (a view's write request:
+ * decoded on several threads, its data arrive in any order) whose
+ * every change is fed before blkpass_settle() is called: blocks are
+ * folded there only, never in the middle of a group, whatever the
+ * order inside it, and only once the per-block state passes state
+ * bytes, so that below it the groups may come in any order too (an
+ * image whose clusters are stored in the order a VM wrote them).
+ * Until the next reset. */
+#define BLKPASS_SETTLE_STATE (8u << 20)  /* a view's pass: 8 MiB of
+                                          * state, a disk of 16 GiB
+                                          * at 64 KiB blocks */
+void blkpass_fold_at_settle(struct blkpass *p, size_t state);
+int  blkpass_settle(struct blkpass *p, char *why);
 
 /* The value for a file of 'size' bytes, in hex (hex: 2 * EVP_MAX_MD_SIZE
  * + 1 bytes).  Returns 0; -ENODATA with why when bytes below size hold

@@ -30,6 +30,23 @@
  * (no reader, a read failed, a folded block changed) the state is
  * "cannot-complete"; when bytes of the file were never written or zeroed
  * by the pass, "incomplete".
+ *
+ * THE VIEW'S PASS (digest_replace)
+ * A view's decoded data reach the digest in an order that depends on
+ * timing: within one request of the view's file, what the decoder
+ * places itself and what its worker threads decompress arrive as each
+ * is done, so a block far behind another may come after it (qemu-img
+ * convert -c stores clusters it could not compress beside compressed
+ * ones; a sparse disk puts hundreds of MiB between them).  The blkpass
+ * would fold that block first and lose the pass, on some runs and not
+ * others.  So a view's pass folds only at its barriers
+ * (digest_barrier(): the request's every change is queued), when no
+ * change of the request is still on its way, never behind where the
+ * data ended a few MiB of writing ago (blkpass.c, THE VOLUME LAG), and
+ * only once its block digests take BLKPASS_SETTLE_STATE (8 MiB: a disk
+ * of 16 GiB), so that an image whose clusters lie in no disk order (a
+ * VM's own qcow2: in the order the guest wrote them) still completes
+ * on a disk that size, whatever the order.
  * XXX Two FUSE threads writing the same bytes at once may report their
  * writes in the other order than the pool applied them; a writer that
  * does this does not know its own result either.
@@ -60,8 +77,14 @@ static int blk_apply(struct digest *d, const struct item *it, char *hex,
         return blkpass_write(d->bp, it->off, it->data, it->len, why);
     case ITEM_BLK_ZERO:
         return blkpass_zero(d->bp, it->off, it->len, why);
-    case ITEM_BLK_TRUNCATE:
-        return blkpass_truncate(d->bp, it->off, why);
+    case ITEM_BLK_TRUNCATE: {
+        int r = blkpass_truncate(d->bp, it->off, why);
+        if (r == 0 && it->off == 0 && it->len)
+            blkpass_fold_at_settle(d->bp, BLKPASS_SETTLE_STATE);
+        return r;
+    }
+    case ITEM_BLK_SETTLE:
+        return blkpass_settle(d->bp, why);
     case ITEM_BLK_CLOSE:
         return blkpass_finish(d->bp, it->off, hex, why);
     case ITEM_STREAM:
@@ -147,7 +170,7 @@ static void blk_start_pass_locked(struct digest *d)
     d->state = DIGEST_COMPUTING;
     d->pos = d->hashed = 0;
     d->reason[0] = '\0';
-    blk_push_locked(d, ITEM_BLK_TRUNCATE, 0, 0);
+    blk_push_locked(d, ITEM_BLK_TRUNCATE, 0, d->via != NULL);
 }
 
 static void blk_truncate(struct digest *d, uint64_t size, uint64_t old)
@@ -210,6 +233,16 @@ static void blk_zero(struct digest *d, uint64_t off, uint64_t len,
     blk_push_locked(d, ITEM_BLK_ZERO, off, len);
 }
 
+/* The end of a view's request (THE VIEW'S PASS). */
+static void blk_barrier(struct digest *d)
+{
+    if (!d->via || d->state != DIGEST_COMPUTING)
+        return;
+    bool closed = d->closed;
+    if (blk_push_locked(d, ITEM_BLK_SETTLE, 0, 0))
+        d->closed = closed;       /* nothing changed */
+}
+
 static void blk_hint(const struct digest *d, char *out, size_t n)
 {
     /* blksum and nbdcopy --blkhash default to sha256 of 64 KiB blocks. */
@@ -253,6 +286,7 @@ static const struct digest_ops digest_blkhash_ops = {
     .write_held = blk_write_locked,
     .zero = blk_zero,
     .close = blk_close,
+    .barrier = blk_barrier,
     .get = blk_get,
     .hint = blk_hint,
     .fingerprints = blk_fingerprints,

@@ -21,7 +21,9 @@ enum item_kind {
     ITEM_STREAM,                  /* sha256: data, or len zero bytes */
     ITEM_BLK_WRITE,               /* blkhash: data at off */
     ITEM_BLK_ZERO,                /* [off, off + len) reads as zero */
-    ITEM_BLK_TRUNCATE,            /* the file is off bytes long */
+    ITEM_BLK_TRUNCATE,            /* the file is off bytes long (off 0,
+                                   * len 1: a view's pass starts) */
+    ITEM_BLK_SETTLE,              /* a view's request is all reported */
     ITEM_BLK_CLOSE,               /* the value at size off, please */
 };
 

@@ -134,6 +134,10 @@ struct fs_disk {
     struct fs_times trunc_times;  /* the times before the truncate */
     bool trunc_failed;        /* a request through the owner failed:
                                * its close drops the truncate; __atomic */
+    /* Changes of the disk (its bytes, its size) begun and done: a view
+     * reader's snapshot holds while begun stays (fs/rawfile.c, THE
+     * CHANGE COUNT); __atomic builtins. */
+    uint64_t changes_begun, changes_done;
 
     /* The receive loop's landing (fs/rawfile.c, rawfile_land_*()): used
      * by the loop's receiving thread only.  land_next: where the last
@@ -227,6 +231,11 @@ struct fs_fh {
                                * the export: ENOSPC, set at open; an image
                                * file written into the raw file:
                                * EMEDIUMTYPE, fs/foreign.h), else 0;
+                               * __atomic builtins */
+    uint64_t snapshot;        /* a format view's reader: the disk's
+                               * change count its reads must still see
+                               * (fs/imageview.c, THE SNAPSHOT) */
+    bool snapshot_lost;       /* ... and it moved: every read fails;
                                * __atomic builtins */
     void *view_data;          /* the view's, from its open to its release
                                * (the status text, a frozen VHD, ...) */

@@ -19,6 +19,7 @@
 #include "transport/readahead.h"
 #include "fs/unpackers.h"
 #include "fs/view.h"
+#include "fs/writers.h"
 
 struct imageview {
     const struct imageview_format *f;
@@ -41,7 +42,7 @@ struct imageview {
  * format, so each view's messages are limited apart (common/log.h):
  * distinct addresses inside the view's own struct. */
 enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK, SITE_BUSY,
-       SITE_RECEIVING, SITE_RECEIVED };
+       SITE_RECEIVING, SITE_RECEIVED, SITE_STALE };
 #define SITE(iv, k) ((const char *) (iv) + (k))
 
 struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino)
@@ -169,7 +170,7 @@ static uint64_t view_size(struct imageview *iv)
     if (iv->f->size)
         return iv->f->size(iv);
     /* At the cap, the newest synthesizer's size (an open says why). */
-    void *s = synthcache_get(iv->synths, iv->d, true, &err);
+    void *s = synthcache_get(iv->synths, iv->d, true, &err, NULL);
     if (!s)
         return 0;
     uint64_t n = iv->f->file_size(s);
@@ -190,17 +191,54 @@ int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len)
     return pool_read(d->fs->pool, off, buf, len);
 }
 
+/* THE SNAPSHOT
+ * A reader's synthesizer freezes the disk's allocation at its open, not
+ * its bytes: reading on while the disk is written (the raw file, another
+ * view's landing, a truncate) would give an image that is neither the
+ * disk at the open nor after the change (data written into a hole of
+ * the map left out, a cluster half old, half new).  So every read checks
+ * the disk's change count (fs/rawfile.h) against the one the
+ * synthesizer was built at, after reading the disk: moved, the read
+ * fails with EIO, logged with the reader and the fix, and so does every
+ * later read through that open.  The copy tool reports the error; the
+ * image is the disk at its open or nothing.  (Refusing writers while a
+ * view is read instead would let a forgotten reader block a migration;
+ * keeping the old bytes of every change would cost memory without
+ * bound.)  A view's reader open while a change was in progress has no
+ * snapshot: its first read fails. */
+static bool snapshot_holds(struct imageview *iv, struct fs_fh *fh)
+{
+    if (!__atomic_load_n(&fh->snapshot_lost, __ATOMIC_RELAXED) &&
+        !rawfile_changed_since(iv->d, fh->snapshot))
+        return true;
+    if (!__atomic_exchange_n(&fh->snapshot_lost, true, __ATOMIC_RELAXED))
+        log_err_site(SITE(iv, SITE_STALE), "%s: the disk changed while "
+                     "pid %d (%s) was reading this view (written through "
+                     "the raw file or another view): its reads fail with "
+                     "EIO rather than give an image of no one state of the "
+                     "disk; read the view again once nothing writes the "
+                     "disk", imageview_name(iv), (int) fh->tgid, fh->comm);
+    return false;
+}
+
 ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
                         size_t size, uint64_t off)
 {
     struct imageview *iv = iv_of_fh(d, fh);
+    int64_t n;
 
     if (!fh->view_data)
         return -EBADF;
-    if (!iv->f->serial_read)
-        return (ssize_t) iv->f->read(iv, fh->view_data, fh, off, buf, size);
-    LOCK_FOR_SCOPE(&iv->read_lock);
-    int64_t n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    if (!snapshot_holds(iv, fh))
+        return -EIO;
+    if (!iv->f->serial_read) {
+        n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    } else {
+        LOCK_FOR_SCOPE(&iv->read_lock);
+        n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    }
+    if (n >= 0 && !snapshot_holds(iv, fh))   /* after the bytes were read */
+        return -EIO;
     return (ssize_t) n;
 }
 
@@ -360,9 +398,11 @@ int imageview_open(struct fs_disk *d, struct fs_fh *fh, int flags, pid_t pid)
     int r;
 
     if ((flags & O_ACCMODE) == O_RDONLY) {
-        fh->view_data = synthcache_get(iv->synths, d, false, &r);
+        fh->view_data = synthcache_get(iv->synths, d, false, &r,
+                                       &fh->snapshot);
         if (!fh->view_data)
             return r;
+        writers_identify(fh, pid);        /* named if its reads fail */
         r = 0;
     } else if ((r = open_writer(iv, fh, pid)) < 0) {
         return r;

@@ -7,7 +7,9 @@
  * same for every format and lives in fs/imageview.c:
  *
  *   open      a reader gets the shared synthesizer of the disk as it is
- *             (fs/synthcache.h); a writer starts a new stream (one at a
+ *             (fs/synthcache.h), and its reads fail with EIO once the
+ *             disk changes (fs/imageview.c, THE SNAPSHOT); a writer
+ *             starts a new stream (one at a
  *             time: EBUSY).  O_TRUNC does not touch the disk: only the
  *             decoder's begin, once the image's header says what arrives,
  *             replaces the disk's content (imageview_take()).

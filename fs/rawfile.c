@@ -207,23 +207,83 @@ static int carry_out_locked(struct fs_disk *d)
     return r;
 }
 
+/* THE CHANGE COUNT
+ * A reader of a format view reads the disk as it was at its open, or
+ * fails (fs/imageview.c, THE SNAPSHOT): it keeps the disk's allocation,
+ * not its bytes, so it must know whether the disk changed since.  Every
+ * change of the disk, its size included, holds size_lock (shared or
+ * exclusive) for as long as it lasts, so taking it for a change counts
+ * one more begun (d->changes_begun, before the change can be seen) and
+ * releasing it one more done (d->changes_done, once it can).  A
+ * snapshot taken while begun equals done (no change in progress) holds
+ * while begun has not moved: a read whose bytes include a change sees
+ * begun moved when it checks after reading them (sequentially
+ * consistent atomics, and the pool's lock between the change and the
+ * read).  Counted generously: a change that fails after taking the lock
+ * counts too, which fails a view reader that did not need to. */
+
+static void change_begin(struct fs_disk *d)
+{
+    __atomic_add_fetch(&d->changes_begun, 1, __ATOMIC_SEQ_CST);
+}
+
+static void change_end(struct fs_disk *d)
+{
+    __atomic_add_fetch(&d->changes_done, 1, __ATOMIC_SEQ_CST);
+}
+
+bool rawfile_change_count(struct fs_disk *d, uint64_t *count)
+{
+    uint64_t done = __atomic_load_n(&d->changes_done, __ATOMIC_SEQ_CST);
+    *count = __atomic_load_n(&d->changes_begun, __ATOMIC_SEQ_CST);
+    return *count == done;
+}
+
+bool rawfile_changed_since(struct fs_disk *d, uint64_t count)
+{
+    return __atomic_load_n(&d->changes_begun, __ATOMIC_SEQ_CST) != count;
+}
+
+/* size_lock exclusive for a change (the scope's end: done, unlocked). */
+static struct fs_disk *change_wrlock(struct fs_disk *d)
+{
+    pthread_rwlock_wrlock(&d->size_lock);
+    change_begin(d);
+    return d;
+}
+
+static void change_unlock(struct fs_disk **d)
+{
+    if (!*d)
+        return;
+    change_end(*d);
+    pthread_rwlock_unlock(&(*d)->size_lock);
+}
+
+#define CHANGE_WRLOCK_FOR_SCOPE(d)                                           \
+    __attribute__((cleanup(change_unlock))) struct fs_disk                   \
+        *LOCK_FOR_SCOPE_CAT(change_for_scope_, __COUNTER__) = change_wrlock(d)
+
 static int carry_out(struct fs_disk *d)
 {
     if (!deferred(d))
         return 0;
-    WRLOCK_FOR_SCOPE(&d->size_lock);
+    CHANGE_WRLOCK_FOR_SCOPE(d);
     return carry_out_locked(d);
 }
 
-/* size_lock shared, with no truncate deferred (a change carries it out
- * first; one deferred meanwhile is carried out too).  *err: the
- * zeroing's -errno, else untouched; the lock is held either way. */
-static pthread_rwlock_t *settled_rdlock(struct fs_disk *d, int *err)
+/* size_lock shared for a change, with no truncate deferred (a change
+ * carries it out first; one deferred meanwhile is carried out too).
+ * *err: the zeroing's -errno, else untouched; the lock is held either
+ * way. */
+static struct fs_disk *settled_rdlock(struct fs_disk *d, int *err)
 {
     for (;;) {
         cleanup_rdlock(&d->size_lock);
-        if (!deferred(d))
-            return &d->size_lock;
+        if (!deferred(d)) {
+            change_begin(d);
+            return d;
+        }
         pthread_rwlock_unlock(&d->size_lock);
         int r = carry_out(d);
         if (r < 0)
@@ -232,7 +292,7 @@ static pthread_rwlock_t *settled_rdlock(struct fs_disk *d, int *err)
 }
 
 #define SETTLED_RDLOCK_FOR_SCOPE(d, err)                                     \
-    __attribute__((cleanup(cleanup_rwunlock))) pthread_rwlock_t              \
+    __attribute__((cleanup(change_unlock))) struct fs_disk                   \
         *LOCK_FOR_SCOPE_CAT(settled_for_scope_, __COUNTER__) =               \
             settled_rdlock(d, err)
 
@@ -272,7 +332,7 @@ int rawfile_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 {
     if (size > d->export_size)
         return too_big(d, size, "truncate");
-    WRLOCK_FOR_SCOPE(&d->size_lock);
+    CHANGE_WRLOCK_FOR_SCOPE(d);
     bool defer = fh && size <= rawfile_size(d);
     /* Another's deferred truncate, or one this truncate grows past (the
      * bytes between must read as zero): carried out first. */
@@ -296,7 +356,7 @@ int rawfile_replace(struct fs_disk *d, uint64_t size)
 {
     if (size > d->export_size)
         return too_big(d, size, "replacing the disk");
-    WRLOCK_FOR_SCOPE(&d->size_lock);
+    CHANGE_WRLOCK_FOR_SCOPE(d);
     int r = carry_out_locked(d);
     if (r < 0)
         return r;
@@ -316,7 +376,7 @@ int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped)
     if (!fh || __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) !=
                fh->serial)
         return 0;
-    WRLOCK_FOR_SCOPE(&d->size_lock);
+    CHANGE_WRLOCK_FOR_SCOPE(d);
     if (d->trunc_owner != fh->serial)
         return 0;
     if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED))
@@ -330,7 +390,7 @@ void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
 {
     if (__atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != fh->serial)
         return;
-    WRLOCK_FOR_SCOPE(&d->size_lock);
+    CHANGE_WRLOCK_FOR_SCOPE(d);
     if (d->trunc_owner == fh->serial)
         drop_locked(d, fh, "released without a close");
 }
@@ -812,7 +872,7 @@ int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh)
     if (fh && __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) ==
               fh->serial && !__atomic_load_n(&d->trunc_failed,
                                              __ATOMIC_RELAXED)) {
-        WRLOCK_FOR_SCOPE(&d->size_lock);
+        CHANGE_WRLOCK_FOR_SCOPE(d);
         if (d->trunc_owner == fh->serial)
             z = carry_out_locked(d);
     }

@@ -150,6 +150,14 @@ int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
  * deferred is dropped at its close. */
 void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err);
 
+/* ---- the change count (fs/rawfile.c, THE CHANGE COUNT) ---------------- */
+
+/* *count: the disk's changes so far; true if none is in progress (a
+ * snapshot of the disk taken now holds while the count stays). */
+bool rawfile_change_count(struct fs_disk *d, uint64_t *count);
+/* A change of the disk (its bytes or its size) began since count. */
+bool rawfile_changed_since(struct fs_disk *d, uint64_t count);
+
 /* ---- handles ------------------------------------------------------------ */
 
 /* close(2) and fsync(2) of any view of the disk: every write is

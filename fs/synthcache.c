@@ -15,10 +15,14 @@
  * in rawfile_changes() and moves the pool's counters; the block status
  * scan moves known_zero.  Never the mtime: utimensat sets it, back to
  * what it was when a synthesizer was built too (fs/rawfile.c, THE
- * TIMES). */
+ * TIMES).  begun, quiet: the changes begun and whether none was in
+ * progress (fs/rawfile.h rawfile_change_count()): a state in the middle
+ * of a change is not one a reader may be given as the disk at its open. */
 struct synth_key {
     uint64_t changes;
     uint64_t written, zeroed, skipped, known_zero, pending_zero;
+    uint64_t begun;
+    bool quiet;
 };
 
 /* refs: open handles and stats using it, plus one while it is current. */
@@ -46,6 +50,7 @@ static void disk_key(struct fs_disk *d, struct synth_key *k)
 
     pool_get_stats(d->pool, &st);
     memset(k, 0, sizeof *k);
+    k->quiet = rawfile_change_count(d, &k->begun);     /* before the rest */
     k->changes = rawfile_changes(d);
     k->written = st.bytes_written;
     k->zeroed = st.bytes_zeroed;
@@ -59,7 +64,8 @@ static bool same_key(const struct synth_key *a, const struct synth_key *b)
     return a->changes == b->changes && a->written == b->written &&
            a->zeroed == b->zeroed && a->skipped == b->skipped &&
            a->known_zero == b->known_zero &&
-           a->pending_zero == b->pending_zero;
+           a->pending_zero == b->pending_zero &&
+           a->begun == b->begun && a->quiet == b->quiet;
 }
 
 int synthcache_new(const struct synthcache_ops *ops, void *opaque,
@@ -152,7 +158,7 @@ static int replace_locked(struct synthcache *c, struct fs_disk *d,
 }
 
 void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
-                     int *err)
+                     int *err, uint64_t *snapshot)
 {
     struct synth_key key;
     struct synth_ref *r = NULL;
@@ -175,8 +181,12 @@ void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
         if (r->err) {
             *err = r->err;
             r = NULL;
-        } else
+        } else {
             r->refs++;
+            if (snapshot)
+                *snapshot = r->key.quiet ? r->key.changes
+                                         : SYNTHCACHE_NO_SNAPSHOT;
+        }
     }
     return r ? r->synth : NULL;
 }

@@ -5,7 +5,8 @@
  * synthesizer (its memory grows with the disk: 4 bytes per 2 MiB block
  * for VHD, per allocated 64 KiB grain for VMDK, about 2.3 MiB for a
  * 1 TiB VHD), kept by the handle until it closes so that it reads one
- * consistent file.  Opens and stats that see the same disk state share
+ * consistent file (and fails once the disk changes: fs/imageview.c,
+ * THE SNAPSHOT).  Opens and stats that see the same disk state share
  * one; a new one is built only once the disk has changed.  At most
  * SYNTHCACHE_MAX distinct ones live at once: an open that needs another
  * while that many are held by open handles (a reader left open across
@@ -42,7 +43,10 @@ void synthcache_free(struct synthcache *c);
 /* The synthesizer of the disk as it is now, with a reference for the
  * caller (synthcache_put()); NULL and -errno: the build failed, or
  * -EMFILE at the cap.  stale_ok (a stat): at the cap, the newest one
- * instead, however old. */
+ * instead, however old.  snapshot (may be NULL): the disk's change
+ * count it was built at (fs/rawfile.h, rawfile_change_count()), or
+ * SYNTHCACHE_NO_SNAPSHOT if a change was in progress then. */
+#define SYNTHCACHE_NO_SNAPSHOT UINT64_MAX
 void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
-                     int *err);
+                     int *err, uint64_t *snapshot);
 void synthcache_put(struct synthcache *c, void *synth);   /* NULL: no-op */

@@ -464,6 +464,114 @@ static void fold_sparse(void)
     fold_end(c);
 }
 
+/* [off, off + len) in pieces of at most FPIECE. */
+static void fold_span(struct fold_case *c, uint64_t off, uint64_t len)
+{
+    for (uint64_t done = 0; done < len; done += FPIECE)
+        fold_write(c, off + done,
+                   (size_t) (len - done < FPIECE ? len - done : FPIECE));
+}
+
+/* The value of the stream fold_write() made, against the plain twin,
+ * without fold_check()'s memory bound (these streams are short). */
+static void fold_value(struct fold_case *c, uint64_t len)
+{
+    char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned n;
+
+    assert(blkpass_truncate(c->p, len, why) == 0);
+    if (blkpass_finish(c->p, len, got, why) < 0) {
+        fprintf(stderr, "fold: no value: %s\n", why);
+        abort();
+    }
+    assert(blkhash_finish(c->h, len, d, &n) == 0);
+    for (unsigned i = 0; i < n; i++)
+        sprintf(want + 2 * i, "%02x", d[i]);
+    assert(strcmp(got, want) == 0);
+    assert(blkpass_folded(c->p) > 0);
+}
+
+/* THE VOLUME LAG: 2 MiB of data, a hole of 6 MiB (more than the 1 MiB
+ * lag), then data again: a block of the first run that comes after a
+ * little of the second (qemu-img convert -c stores clusters so) was
+ * not folded yet. */
+static void fold_late_across_a_hole(void)
+{
+    struct fold_case *c = fold_start();
+    const uint64_t a = 2u << 20, late = a - FBS, b = 8u << 20;
+
+    fold_span(c, 0, late);
+    fold_write(c, b, 32 * FBS);                     /* 32 blocks of B */
+    fold_write(c, late, FBS);                       /* A's last, late */
+    for (uint64_t off = b + 32 * FBS; off < b + (4u << 20); off += FPIECE)
+        fold_write(c, off, FPIECE);
+    fold_value(c, b + (4u << 20) + 32 * FBS);
+    fold_end(c);
+}
+
+/* A view's pass folds only at blkpass_settle(): inside one group
+ * (a write request whose clusters the view's threads place in any
+ * order) a block far behind comes after much data far ahead. */
+static void fold_at_settle(void)
+{
+    struct fold_case *c = fold_start();
+    const uint64_t a = 2u << 20, late = a - FBS, b = 8u << 20;
+
+    blkpass_fold_at_settle(c->p, 0);
+    fold_span(c, 0, late);
+    assert(blkpass_settle(c->p, why) == 0);
+    fold_write(c, b, FPIECE);                       /* 4096 blocks of B */
+    fold_write(c, late, FBS);                       /* then A's last */
+    assert(blkpass_settle(c->p, why) == 0);
+    for (uint64_t off = b + FPIECE; off < b + (4u << 20); off += FPIECE) {
+        fold_write(c, off, FPIECE);
+        assert(blkpass_settle(c->p, why) == 0);
+    }
+    fold_value(c, b + (4u << 20));
+    /* Folded at a settle: the first run is final now. */
+    assert(blkpass_write(c->p, 0, c->buf, FBS, why) == -ESTALE);
+    fold_end(c);
+}
+
+/* A view's pass below its state bound: groups in no order at all (a
+ * VM's own qcow2, clusters in the order the guest wrote them) over 32
+ * MiB, far more than the 1 MiB lag: nothing folds, the value is the
+ * plain twin's. */
+static void fold_any_order_below_state(void)
+{
+    struct fold_case *c = fold_start();
+    const uint64_t piece = 16u << 10, total = 32u << 20;
+    const unsigned n = (unsigned) (total / piece);
+    unsigned *order = malloc(n * sizeof *order);
+    char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned len;
+
+    assert(order);
+    blkpass_fold_at_settle(c->p, BLKPASS_SETTLE_STATE);
+    for (unsigned i = 0; i < n; i++)
+        order[i] = i;
+    for (unsigned i = n - 1; i > 0; i--) {
+        unsigned j = (unsigned) rand() % (i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        fold_write(c, order[i] * piece, (size_t) piece);
+        assert(blkpass_settle(c->p, why) == 0);
+    }
+    assert(blkpass_folded(c->p) == 0);
+    assert(blkpass_truncate(c->p, total, why) == 0);
+    assert(blkpass_finish(c->p, total, got, why) == 0);
+    assert(blkhash_finish(c->h, total, d, &len) == 0);
+    for (unsigned i = 0; i < len; i++)
+        sprintf(want + 2 * i, "%02x", d[i]);
+    assert(strcmp(got, want) == 0);
+    free(order);
+    fold_end(c);
+}
+
 int main(void)
 {
     static const struct { const char *md; uint64_t bs; } kinds[] = {
@@ -487,6 +595,9 @@ int main(void)
     fold_dense();
     fold_reordered();
     fold_sparse();
+    fold_late_across_a_hole();
+    fold_at_settle();
+    fold_any_order_below_state();
     printf("blkpass: ok\n");
     return 0;
 }
