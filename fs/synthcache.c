@@ -184,7 +184,7 @@ void *synthcache_get(struct synthcache *c, struct fs_disk *d, bool stale_ok,
         } else {
             r->refs++;
             if (snapshot)
-                *snapshot = r->key.quiet ? r->key.changes
+                *snapshot = r->key.quiet ? r->key.begun
                                          : SYNTHCACHE_NO_SNAPSHOT;
         }
     }
