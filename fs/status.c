@@ -2,8 +2,9 @@
  *
  * Generated at open from one snapshot of each part (pool, connections,
  * progress, digest); reading the file returns that snapshot.  Byte
- * counters add up: bytes_acknowledged <= bytes_written always, and they
- * are equal once a close() or fsync() has returned without error.
+ * counters add up: bytes_acknowledged + bytes_failed +
+ * bytes_unacknowledged == bytes_written, and acknowledged equals written
+ * once a close() or fsync() has returned without error.
  * tools/status/nbdferry-status reads this; docs/nbdferry.1 documents each key.
  * The file itself is a view (fs/view.h), read-only, at the end.
  */
@@ -149,8 +150,9 @@ static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,
             pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
 }
 
-/* The digest describes what was written through the file; once an NBD
- * write failed the disk may differ, so no value is shown then. */
+/* The digest describes what was written through the file; while a failed
+ * NBD write or flush is not repaired (its range written again and
+ * acknowledged) the disk may differ, so no value is shown then. */
 static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                        uint64_t apparent)
 {
@@ -160,7 +162,7 @@ static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
     digest_get(d->digest, apparent, &di);
     const char *state = digest_state_name(di.state);
     snprintf(reason, sizeof reason, "%s", di.reason);
-    if (s->nfailures && di.state != DIGEST_DISABLED) {
+    if (s->unrepaired && di.state != DIGEST_DISABLED) {
         state = "write-failed";
         snprintf(reason, sizeof reason, "an NBD request failed: the disk "
                  "may not hold what was written");
@@ -324,8 +326,8 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     fprintf(f, "  \"bytes_written\": %" PRIu64 ",\n", s.bytes_written);
     fprintf(f, "  \"bytes_acknowledged\": %" PRIu64 ",\n", s.bytes_acked);
     fprintf(f, "  \"bytes_unacknowledged\": %" PRIu64 ",\n",
-            s.bytes_written > s.bytes_acked ? s.bytes_written - s.bytes_acked
-                                            : 0);
+            pool_stats_waiting(&s));
+    fprintf(f, "  \"bytes_failed\": %" PRIu64 ",\n", s.bytes_failed);
     fprintf(f, "  \"bytes_landed\": %" PRIu64 ",\n", s.bytes_landed);
     fprintf(f, "  \"bytes_zeroed\": %" PRIu64 ",\n", s.bytes_zeroed);
     fprintf(f, "  \"bytes_zero_skipped\": %" PRIu64 ",\n",
@@ -373,7 +375,8 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
 /* A mount of several disks: each disk's section, then the totals. */
 static void put_disks(FILE *f, struct fs *fs, double uptime)
 {
-    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0;
+    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0,
+             waiting = 0;
 
     fprintf(f, "  \"disks\": [\n");
     for (unsigned i = 0; i < fs->ndisks; i++) {
@@ -390,6 +393,7 @@ static void put_disks(FILE *f, struct fs *fs, double uptime)
         apparent += rawfile_size(d);
         written += s.bytes_written;
         acked += s.bytes_acked;
+        waiting += pool_stats_waiting(&s);
         errors += s.errors;
     }
     fprintf(f, "  ],\n");
@@ -402,7 +406,7 @@ static void put_disks(FILE *f, struct fs *fs, double uptime)
                ", \"bytes_unacknowledged\": %" PRIu64 ", \"errors\": %"
                PRIu64 ", \"warnings\": %" PRIu64 "}\n",
             fs->ndisks, size, apparent, written, acked,
-            written > acked ? written - acked : 0, errors + log_errors,
+            waiting, errors + log_errors,
             log_warnings);
 }
 
