@@ -192,9 +192,9 @@ static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
 
 /* ---- does the server answer? ----------------------------------------- */
 
-/* A request outstanding with nothing heard from the server for longer
- * than this is late: the status says so at once, long before the request
- * timeout gives up on it. */
+/* Requests outstanding with nothing heard from the server, on any
+ * connection, for longer than this: late.  The status says so at once,
+ * long before the request timeout gives up on them. */
 #define LATE_S 1.0
 
 static void put_time(FILE *f, const char *key, time_t t)
@@ -244,13 +244,19 @@ static void health_message(const struct nbdx_health *h, const char *state,
                  "activation): unmount and mount again", lost_at, h->why);
     else if (strcmp(state, "reconnecting") == 0)
         snprintf(buf, len, "the connection to the server was lost: "
-                 "reconnecting; the copy fails in %.0f s unless it "
-                 "succeeds", h->fails_in_s);
+                 "reconnecting (%s); the copy fails in %.0f s unless it "
+                 "succeeds", h->retry_why[0] ? h->retry_why : "no try yet",
+                 h->fails_in_s);
     else if (strcmp(state, "ok") == 0)
         snprintf(buf, len, "the server answers");
     else if (strcmp(state, "healed") == 0)
         snprintf(buf, len, "healed at %s: the server answers again (it was "
                  "given up on at %s: %s)", healed_at, lost_at, h->why);
+    else if (h->silent_s <= LATE_S)       /* stalled, the others answer */
+        snprintf(buf, len, "a connection has had no reply for %.0f s "
+                 "(--request-timeout) while the others get theirs: a slow "
+                 "server; it fails in %.0f s unless it answers",
+                 h->worst_s, h->fails_in_s);
     else if (h->fails_in_s >= 0)
         snprintf(buf, len, "no reply for %.0f s from the server (%u "
                  "request(s) waiting); the copy fails in %.0f s unless it "
@@ -272,12 +278,17 @@ static void put_health(FILE *f, struct fs_disk *d)
     fprintf(f, "  \"server_answers\": {\"state\": \"%s\", "
                "\"no_reply_s\": %.1f, \"outstanding\": %u, ",
             state, h.silent_s > LATE_S ? h.silent_s : 0.0, h.outstanding);
-    if (h.fails_in_s >= 0 && !h.lost && h.silent_s > LATE_S)
+    if (h.fails_in_s >= 0 && !h.lost &&
+        (h.silent_s > LATE_S || h.stalled))
         fprintf(f, "\"fails_in_s\": %.1f, ", h.fails_in_s);
     else
         fputs("\"fails_in_s\": null, ", f);
     fprintf(f, "\"can_heal\": %s, \"losses\": %u, \"heals\": %u",
             h.can_heal ? "true" : "false", h.losses, h.heals);
+    if (h.reconnecting && h.retry_why[0]) {
+        fputs(", \"reconnect_error\": ", f);
+        json_put_string(f, h.retry_why);
+    }
     put_time(f, "lost_at", h.lost_at);
     put_time(f, "healed_at", h.healed_at);
     fputs(", \"message\": ", f);

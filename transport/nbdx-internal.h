@@ -133,6 +133,8 @@ struct nbdx_conn {
     unsigned attempts;                    /* connects in this outage */
     bool gave_up;                         /* past the deadline: fail all */
     char refused[160];                    /* why a reconnection was refused */
+    char connect_err[160];                /* why nbdx_conn_connect() last
+                                           * failed (its thread only) */
 };
 
 struct nbdx {
@@ -151,8 +153,11 @@ struct nbdx {
                                            * must see the same */
     pthread_mutex_t heal_lock;            /* one nbdx_heal() try at a time */
     atomic_uint heal_tries;               /* tries so far */
-    pthread_mutex_t health_lock;          /* a leaf: protects why */
+    pthread_mutex_t health_lock;          /* a leaf: protects why and
+                                           * retry_why */
     char why[200];
+    char retry_why[256];                  /* while reconnecting: the loss,
+                                           * then each failed try's error */
     atomic_llong lost_at, healed_at;      /* CLOCK_REALTIME seconds */
     atomic_uint losses, heals;
     char *ca_dir;                         /* private: ca-cert.pem -> the
@@ -167,6 +172,16 @@ static inline void nbdx_why_set(struct nbdx *x, const char *why)
 {
     LOCK_FOR_SCOPE(&x->health_lock);
     snprintf(x->why, sizeof x->why, "%s", why);
+}
+
+/* x->retry_why: why a connection is being reconnected (the loss, then
+ * the last try's error), for the status. */
+static inline void nbdx_retry_why_set(struct nbdx *x, unsigned conn,
+                                      const char *what, const char *why)
+{
+    LOCK_FOR_SCOPE(&x->health_lock);
+    snprintf(x->retry_why, sizeof x->retry_why, "connection %u %s: %s",
+             conn, what, why);
 }
 
 static inline void nbdx_why_get(struct nbdx *x, char *buf, size_t len)

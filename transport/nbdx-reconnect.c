@@ -75,6 +75,7 @@ void nbdx_check_dead(struct nbdx_conn *c)
     if (nbdx_can_reconnect(c)) {
         log_warn("connection %u to the server was lost (%s): reconnecting "
                  "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
+        nbdx_retry_why_set(c->x, c->index, "lost", why);
         if (!atomic_load(&c->outage_ns))
             atomic_store(&c->outage_ns, mono_now_ns());
     } else if (atomic_load(&c->x->lost) || c->gave_up)
@@ -351,7 +352,12 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
     struct nbd_handle *old = c->h;
 
     c->h = NULL;
+    c->connect_err[0] = '\0';
     if (nbdx_conn_connect(c, &c->x->cfg, true, timeout_ms) < 0) {
+        char what[32];
+        snprintf(what, sizeof what, "try %u failed", c->attempts);
+        nbdx_retry_why_set(c->x, c->index, what,
+                           c->connect_err[0] ? c->connect_err : "failed");
         if (c->h)
             nbd_close(c->h);
         c->h = old;
