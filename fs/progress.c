@@ -587,6 +587,7 @@ static void draw_bar(struct progress *pg, const struct progress_info *pi,
     if (final && len + 1 < sizeof line)
         line[len++] = '\n';
     write_all(STDERR_FILENO, line, len);
+    log_bar_drawn(final ? 0 : width);
 }
 
 static void tick(struct progress *pg, bool final)
