@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,6 +29,9 @@ static bool use_syslog;
 static const char *program = "nbdferry";
 static const char *context;
 static int log_fd = -1;           /* --log-file, or -1 */
+static _Atomic size_t bar_width;  /* log_bar_drawn() */
+
+#define BAR_MAX 256               /* the widest bar cleared */
 
 struct site {
     const void *fmt;              /* the call site's identity */
@@ -43,6 +47,7 @@ static unsigned nrecent, next_recent;
 static uint64_t nerrors, nwarnings;
 
 void log_set_program(const char *name) { program = name; }
+void log_bar_drawn(size_t width) { atomic_store(&bar_width, width); }
 void log_set_context(const char *c) { context = c; }
 
 void log_set_syslog(bool on)
@@ -100,11 +105,23 @@ static void emit(int prio, const char *tag, const char *msg)
             syslog(prio, "%s%s", tag, msg);
         return;
     }
-    /* One write(2) per line so lines from threads never interleave. */
-    char line[1200];
-    int n = snprintf(line, sizeof line, "%s: %s%s\n", program, tag, msg);
-    if (n > (int) sizeof line)
-        n = sizeof line;
+    /* One write(2) per line so lines from threads never interleave; a
+     * progress bar on the line is cleared first (log_bar_drawn()). */
+    char line[1200 + BAR_MAX + 2];
+    size_t bar = atomic_exchange(&bar_width, 0), k = 0;
+    if (bar > BAR_MAX)
+        bar = BAR_MAX;
+    if (bar) {
+        line[k++] = '\r';
+        memset(line + k, ' ', bar);
+        k += bar;
+        line[k++] = '\r';
+    }
+    int n = snprintf(line + k, sizeof line - k, "%s: %s%s\n", program, tag,
+                     msg);
+    if (n > (int) (sizeof line - k))
+        n = (int) (sizeof line - k);
+    n += (int) k;
     if (write(STDERR_FILENO, line, (size_t) n) < 0) {
         /* nowhere left to report it */
     }

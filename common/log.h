@@ -19,6 +19,7 @@
  */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -44,6 +45,11 @@ void log_set_thread_subject(const char *subject);
 int  log_set_file(const char *path);
 /* Print the counts of lines still held back by the rate limit. */
 void log_flush(void);
+/* A progress bar of width columns is now on stderr's current line, redrawn
+ * in place ("\r..."); 0: none (the line was ended).  A message written
+ * to stderr first clears it ("\r", spaces, "\r"), so it never lands on
+ * the end of the bar; the bar's next redraw comes back below it. */
+void log_bar_drawn(size_t width);
 
 void log_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* log_err(), log_notice(), log_info() limited as the call site site (any address that is one

@@ -182,3 +182,15 @@ int disks_check_names(const struct cli_disk *v, unsigned n, char *msg,
             r = check_clash(v, a, b, msg, msglen);
     return r;
 }
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct cli_disk *) a)->name,
+                  ((const struct cli_disk *) b)->name);
+}
+
+void disks_sort(struct cli_disk *v, unsigned n)
+{
+    if (n > 1)
+        qsort(v, n, sizeof *v, by_name);
+}

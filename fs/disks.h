@@ -40,3 +40,7 @@ int disks_check_names(const struct cli_disk *v, unsigned n, char *msg,
                       size_t msglen);
 
 void disks_free(struct cli_disk *v, unsigned n);
+/* Sort by name (strcmp): the status, the verdict and the log list a
+ * mount's disks in this order, whatever order the server listed them
+ * or the command line gave them. */
+void disks_sort(struct cli_disk *v, unsigned n);

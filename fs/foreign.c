@@ -2,10 +2,12 @@
  * (fs/foreign.h). */
 #include "fs/foreign.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/log.h"
 
@@ -66,19 +68,51 @@ static const char *advice_in(const struct fs_disk *d, const char *mnt,
     return buf;
 }
 
+/* The directory the mount's files are in; a file-mode mount's mountpoint
+ * is the raw file itself, and has no views: "MNT" there. */
+static const char *mount_dir(const struct fs_disk *d)
+{
+    return d->cfg->mountpoint && !d->cfg->file_mode ? d->cfg->mountpoint
+                                                    : "MNT";
+}
+
 const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
                            enum fs_ino ino, char *buf, size_t n)
 {
-    return advice_in(d, "MNT", k, ino, buf, n);
+    return advice_in(d, mount_dir(d), k, ino, buf, n);
+}
+
+const char *foreign_place(const struct fs_disk *d, const char *msg,
+                          char *out, size_t n)
+{
+    const char *mnt = mount_dir(d), *raw = d->view_name[FS_INO_RAW];
+    size_t k = 0;
+
+    if (n == 0)
+        return out;
+    while (*msg && k + 1 < n) {
+        if (strncmp(msg, "MNT/", 4) != 0) {
+            out[k++] = *msg++;
+            continue;
+        }
+        msg += 4;
+        bool file = strncmp(msg, "nbd", 3) == 0 &&
+                    !isalnum((unsigned char) msg[3]) && msg[3] != '.' &&
+                    msg[3] != '_' && msg[3] != '-';
+        int w = snprintf(out + k, n - k, "%s/%s", mnt, file ? raw : "");
+        k = w < 0 ? k : k + (size_t) w < n ? k + (size_t) w : n - 1;
+        if (file)
+            msg += 3;
+    }
+    out[k] = '\0';
+    return out;
 }
 
 int foreign_raw_check(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t len)
 {
     enum image_kind k = off == 0 ? image_kind(buf, len) : IMAGE_UNKNOWN;
-    /* A file-mode mount's mountpoint is the raw file: it has no views. */
-    const char *mnt = d->cfg->mountpoint && !d->cfg->file_mode
-                      ? d->cfg->mountpoint : "MNT";
+    const char *mnt = mount_dir(d);
     char advice[PATH_MAX + 200];
 
     if (k == IMAGE_UNKNOWN || d->cfg->raw_images || !fh)
@@ -102,7 +136,7 @@ void foreign_raw_write(struct fs_disk *d, uint64_t off, const void *buf,
     if (off != 0)
         return;
     enum image_kind k = image_kind(buf, len);
-    char advice[200];
+    char advice[PATH_MAX + 200];
     if (k == IMAGE_UNKNOWN ||
         __atomic_exchange_n(&d->foreign_warned, true, __ATOMIC_RELAXED))
         return;

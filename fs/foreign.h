@@ -24,10 +24,18 @@
 #include "fs/fs.h"
 
 /* What to do with a file of kind k that was written into the view ino:
- * "write it into MNT/nbd.vhd", "use qemu-img convert ...", in buf (n
- * bytes).  NULL: nothing to say (unknown, or ino's own format). */
+ * "write it into /mnt/disk/nbd.vhd", "use qemu-img convert ...", in buf
+ * (n bytes), with the mount's own directory.  NULL: nothing to say
+ * (unknown, or ino's own format). */
 const char *foreign_advice(const struct fs_disk *d, enum image_kind k,
                            enum fs_ino ino, char *buf, size_t n);
+
+/* msg with the format libraries' placeholders spelled for this mount:
+ * "MNT/nbd" (the raw file) as MOUNTPOINT/FILENAME, any other "MNT/" as
+ * MOUNTPOINT/ (a file-mode mount, which has no directory, keeps MNT).
+ * Into out (n bytes); returns out. */
+const char *foreign_place(const struct fs_disk *d, const char *msg,
+                          char *out, size_t n);
 
 /* A write of len bytes of buf at off through fh into the raw file, before
  * anything of it is queued: -EMEDIUMTYPE (logged, and fh refuses every

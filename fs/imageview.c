@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <linux/falloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,9 @@ struct imageview {
     pid_t writer_pid;             /* the process that opened it */
     int err;                      /* its sticky error (positive errno) */
     bool logged;                  /* the sink already logged the error */
+    bool begun;                   /* the disk is being replaced (or the
+                                   * overlay applied): no refusal after
+                                   * this leaves it as it was */
     uint64_t file_size;           /* high-water mark of the image written */
 };
 
@@ -276,6 +280,7 @@ int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
                   size);
     /* Under iv->lock (inside a feed): the stream is ours.  From here on
      * the copy is this one (its writer's input file the total). */
+    iv->begun = true;
     rawfile_view_begin(d, iv->writer, iv->writer_pid, iv->f->status_name);
     if (file_len)
         rawfile_view_length(d, file_len);
@@ -317,19 +322,43 @@ static const char *refusal_hint(struct imageview *iv, int r, char *buf,
     return buf;
 }
 
+/* A refusal before the disk changed says so, and how to get the image
+ * in when nothing else did: through qemu-img into the raw file. */
+static void refusal_tail(struct imageview *iv, const char *said, char *buf,
+                         size_t n)
+{
+    char raw[PATH_MAX + 8];
+
+    buf[0] = '\0';
+    if (iv->begun)
+        return;
+    foreign_place(iv->d, "MNT/nbd", raw, sizeof raw);
+    bool fixed = strstr(said, "qemu-img") || strstr(said, "write it into") ||
+                 strstr(said, "--vhd-fixed") || strstr(said, "tar -xOf") ||
+                 strstr(said, "decompress");
+    snprintf(buf, n, "%s%s%s%s", strstr(said, "nothing was written") ? ""
+             : "; nothing was written", fixed ? "" : "; to land it anyway, "
+             "if qemu-img reads it: qemu-img convert -n -O raw FILE ",
+             fixed ? "" : raw, fixed ? "" : " (it goes through the raw file)");
+}
+
 /* Log the decoder's error once and latch it. */
 static int fail_locked(struct imageview *iv, int r)
 {
-    char hint[256];
+    char hint[PATH_MAX + 256], said[1024], tail[PATH_MAX + 160];
 
     if (!iv->err) {
         iv->err = -r;
         if (iv->logged)                       /* the sink said it */
             return r;
         const char *e = iv->f->error(iv->stream);
+        char msg[sizeof said];
+        snprintf(msg, sizeof msg, "%s%s", e[0] ? e : strerror(-r),
+                 refusal_hint(iv, r, hint, sizeof hint));
+        foreign_place(iv->d, msg, said, sizeof said);
+        refusal_tail(iv, said, tail, sizeof tail);
         log_err_site(SITE(iv, SITE_FAIL), "%s: %s%s", imageview_name(iv),
-                     e[0] ? e : strerror(-r),
-                     refusal_hint(iv, r, hint, sizeof hint));
+                     said, tail);
     }
     return -iv->err;
 }
@@ -368,6 +397,7 @@ static int new_stream_locked(struct imageview *iv, struct fs_fh *fh,
         iv->writer_pid = pid;
         iv->err = 0;
         iv->logged = false;
+        iv->begun = false;
         iv->file_size = 0;
     } else {
         iv->stream = NULL;

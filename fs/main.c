@@ -613,6 +613,7 @@ int main(int argc, char **argv)
     status = o.failure_status;
     if (o.all_exports)
         list_all_exports(&o);         /* before anything is started */
+    disks_sort(o.disks, o.ndisks);    /* every list of them by name */
     n = o.ndisks ? o.ndisks : 1;
     fs.disks = calloc(n, sizeof *fs.disks);
     ml = calloc(n, sizeof *ml);

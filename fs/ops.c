@@ -457,7 +457,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     if (fh && fh->writer)
         __atomic_store_n(&fh->idle, true, __ATOMIC_RELAXED);
     if (fh)
-        rawfile_failed(fh->disk, fh, r);
+        rawfile_close_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);
 }
 
@@ -470,7 +470,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
     int r = v && v->fsync ? v->fsync(fh_disk(req, ino, fh), fh) : 0;
 
     if (fh)
-        rawfile_failed(fh->disk, fh, r);
+        rawfile_close_failed(fh->disk, fh, r);
     fuse_reply_err(req, -r);
 }
 

@@ -190,6 +190,18 @@ static void scan_map(struct progress *pg, int fd, uint64_t size)
 
 /* ---- events from ops.c ----------------------------------------------- */
 
+static void new_pass_locked(struct progress *pg, const struct pool_stats *s)
+{
+    pg->frontier = 0;
+    pg->source = 0;
+    pg->vhd_len = 0;
+    pg->failed = false;
+    free_map_locked(pg);
+    pg->pass_written = s->bytes_written;
+    pg->pass_acked = s->bytes_acked;
+    pg->closed = 0;
+}
+
 void progress_truncate(struct progress *pg, uint64_t size)
 {
     struct pool_stats s;
@@ -199,17 +211,22 @@ void progress_truncate(struct progress *pg, uint64_t size)
     if (size == 0)
         pool_get_stats(pg->d->pool, &s);
     LOCK_FOR_SCOPE(&pg->lock);
-    if (size == 0) {              /* a new pass */
-        pg->frontier = 0;
-        pg->source = 0;
-        pg->vhd_len = 0;
-        pg->failed = false;
-        free_map_locked(pg);
-        pg->pass_written = s.bytes_written;
-        pg->pass_acked = s.bytes_acked;
-    }
+    if (size == 0)                /* a new pass */
+        new_pass_locked(pg, &s);
     pg->truncated = size;
     pg->closed = 0;
+}
+
+void progress_open(struct progress *pg)
+{
+    struct pool_stats s;
+
+    if (!pg)
+        return;
+    pool_get_stats(pg->d->pool, &s);
+    LOCK_FOR_SCOPE(&pg->lock);
+    if (pg->failed || pg->closed)
+        new_pass_locked(pg, &s);
 }
 
 static void advance(struct progress *pg, uint64_t end)
@@ -454,8 +471,7 @@ void progress_get(struct progress *pg, struct progress_info *out)
     }
     pool_get_stats(pg->d->pool, &s);
 
-    out->unacknowledged = s.bytes_written > s.bytes_acked
-                              ? s.bytes_written - s.bytes_acked : 0;
+    out->unacknowledged = pool_stats_waiting(&s);
     uint64_t reach = out->frontier < out->total ? out->frontier : out->total;
     out->done = reach > out->unacknowledged ? reach - out->unacknowledged : 0;
     out->failed = failed;
@@ -571,6 +587,7 @@ static void draw_bar(struct progress *pg, const struct progress_info *pi,
     if (final && len + 1 < sizeof line)
         line[len++] = '\n';
     write_all(STDERR_FILENO, line, len);
+    log_bar_drawn(final ? 0 : width);
 }
 
 static void tick(struct progress *pg, bool final)

@@ -82,6 +82,10 @@ void progress_destroy(struct progress *pg);
 /* Events of the file being written, from fs/rawfile.c after the pool
  * accepted them.  All accept pg == NULL. */
 void progress_truncate(struct progress *pg, uint64_t size);
+/* A writer opened the raw file without truncating it (qemu-img convert
+ * -n, dd conv=notrunc): after a pass that was closed or failed, this is
+ * a new copy, and the status describes it, not the one before. */
+void progress_open(struct progress *pg);
 void progress_write(struct progress *pg, uint64_t off, uint64_t len);
 void progress_zero(struct progress *pg, uint64_t off, uint64_t len);
 void progress_close(struct progress *pg, uint64_t apparent);

@@ -5,6 +5,7 @@
  * fuse_reply_*() (nothing here replies); d->size_lock may be held across
  * a pool call that waits for a buffer (the writer is throttled). */
 #include "fs/rawfile.h"
+#include "fs/view.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -821,16 +822,34 @@ int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
     int r = trunc ? rawfile_truncate(d, fh, 0) : 0;     /* deferred */
     if (r < 0)
         return r;
+    if (!trunc)
+        progress_open(d->progress);
     set_pass(d, fh);
     progress_set_source(d->progress, pid, src, fdnum);
     foreign_raw_pass(d);
     return 0;
 }
 
+
+static void drop_deferred(struct fs_disk *d, struct fs_fh *fh, int err);
+
 void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err)
 {
     if (err < 0 && fh && fh->writer && is_pass(d, fh))
         progress_fail(d->progress);
+    drop_deferred(d, fh, err);
+}
+
+void rawfile_close_failed(struct fs_disk *d, struct fs_fh *fh, int err)
+{
+    if (fh && fs_fh_has_written(fh))
+        rawfile_failed(d, fh, err);
+    else
+        drop_deferred(d, fh, err);
+}
+
+static void drop_deferred(struct fs_disk *d, struct fs_fh *fh, int err)
+{
     if (err < 0 && fh && __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE)
                              == fh->serial)
         __atomic_store_n(&d->trunc_failed, true, __ATOMIC_RELAXED);

@@ -149,6 +149,11 @@ int rawfile_open_writer(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
  * writing the pass the progress counts, that copy failed; a truncate it
  * deferred is dropped at its close. */
 void rawfile_failed(struct fs_disk *d, struct fs_fh *fh, int err);
+/* The same for a close or fsync through fh.  Before fh wrote anything it
+ * does not fail the copy: nothing of this pass can be lost, the error is
+ * an earlier copy's damage still unrepaired (GNU dd closes a descriptor
+ * of its output before the first write: fd_reopen). */
+void rawfile_close_failed(struct fs_disk *d, struct fs_fh *fh, int err);
 
 /* ---- the change count (fs/rawfile.c, THE CHANGE COUNT) ---------------- */
 

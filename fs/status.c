@@ -2,8 +2,9 @@
  *
  * Generated at open from one snapshot of each part (pool, connections,
  * progress, digest); reading the file returns that snapshot.  Byte
- * counters add up: bytes_acknowledged <= bytes_written always, and they
- * are equal once a close() or fsync() has returned without error.
+ * counters add up: bytes_acknowledged + bytes_failed +
+ * bytes_unacknowledged == bytes_written, and acknowledged equals written
+ * once a close() or fsync() has returned without error.
  * tools/status/nbdferry-status reads this; docs/nbdferry.1 documents each key.
  * The file itself is a view (fs/view.h), read-only, at the end.
  */
@@ -149,8 +150,9 @@ static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,
             pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
 }
 
-/* The digest describes what was written through the file; once an NBD
- * write failed the disk may differ, so no value is shown then. */
+/* The digest describes what was written through the file; while a failed
+ * NBD write or flush is not repaired (its range written again and
+ * acknowledged) the disk may differ, so no value is shown then. */
 static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                        uint64_t apparent)
 {
@@ -160,7 +162,7 @@ static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
     digest_get(d->digest, apparent, &di);
     const char *state = digest_state_name(di.state);
     snprintf(reason, sizeof reason, "%s", di.reason);
-    if (s->nfailures && di.state != DIGEST_DISABLED) {
+    if (s->unrepaired && di.state != DIGEST_DISABLED) {
         state = "write-failed";
         snprintf(reason, sizeof reason, "an NBD request failed: the disk "
                  "may not hold what was written");
@@ -190,9 +192,9 @@ static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
 
 /* ---- does the server answer? ----------------------------------------- */
 
-/* A request outstanding with nothing heard from the server for longer
- * than this is late: the status says so at once, long before the request
- * timeout gives up on it. */
+/* Requests outstanding with nothing heard from the server, on any
+ * connection, for longer than this: late.  The status says so at once,
+ * long before the request timeout gives up on them. */
 #define LATE_S 1.0
 
 static void put_time(FILE *f, const char *key, time_t t)
@@ -242,13 +244,19 @@ static void health_message(const struct nbdx_health *h, const char *state,
                  "activation): unmount and mount again", lost_at, h->why);
     else if (strcmp(state, "reconnecting") == 0)
         snprintf(buf, len, "the connection to the server was lost: "
-                 "reconnecting; the copy fails in %.0f s unless it "
-                 "succeeds", h->fails_in_s);
+                 "reconnecting (%s); the copy fails in %.0f s unless it "
+                 "succeeds", h->retry_why[0] ? h->retry_why : "no try yet",
+                 h->fails_in_s);
     else if (strcmp(state, "ok") == 0)
         snprintf(buf, len, "the server answers");
     else if (strcmp(state, "healed") == 0)
         snprintf(buf, len, "healed at %s: the server answers again (it was "
                  "given up on at %s: %s)", healed_at, lost_at, h->why);
+    else if (h->silent_s <= LATE_S)       /* stalled, the others answer */
+        snprintf(buf, len, "a connection has had no reply for %.0f s "
+                 "(--request-timeout) while the others get theirs: a slow "
+                 "server; it fails in %.0f s unless it answers",
+                 h->worst_s, h->fails_in_s);
     else if (h->fails_in_s >= 0)
         snprintf(buf, len, "no reply for %.0f s from the server (%u "
                  "request(s) waiting); the copy fails in %.0f s unless it "
@@ -270,12 +278,17 @@ static void put_health(FILE *f, struct fs_disk *d)
     fprintf(f, "  \"server_answers\": {\"state\": \"%s\", "
                "\"no_reply_s\": %.1f, \"outstanding\": %u, ",
             state, h.silent_s > LATE_S ? h.silent_s : 0.0, h.outstanding);
-    if (h.fails_in_s >= 0 && !h.lost && h.silent_s > LATE_S)
+    if (h.fails_in_s >= 0 && !h.lost &&
+        (h.silent_s > LATE_S || h.stalled))
         fprintf(f, "\"fails_in_s\": %.1f, ", h.fails_in_s);
     else
         fputs("\"fails_in_s\": null, ", f);
     fprintf(f, "\"can_heal\": %s, \"losses\": %u, \"heals\": %u",
             h.can_heal ? "true" : "false", h.losses, h.heals);
+    if (h.reconnecting && h.retry_why[0]) {
+        fputs(", \"reconnect_error\": ", f);
+        json_put_string(f, h.retry_why);
+    }
     put_time(f, "lost_at", h.lost_at);
     put_time(f, "healed_at", h.healed_at);
     fputs(", \"message\": ", f);
@@ -324,8 +337,8 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     fprintf(f, "  \"bytes_written\": %" PRIu64 ",\n", s.bytes_written);
     fprintf(f, "  \"bytes_acknowledged\": %" PRIu64 ",\n", s.bytes_acked);
     fprintf(f, "  \"bytes_unacknowledged\": %" PRIu64 ",\n",
-            s.bytes_written > s.bytes_acked ? s.bytes_written - s.bytes_acked
-                                            : 0);
+            pool_stats_waiting(&s));
+    fprintf(f, "  \"bytes_failed\": %" PRIu64 ",\n", s.bytes_failed);
     fprintf(f, "  \"bytes_landed\": %" PRIu64 ",\n", s.bytes_landed);
     fprintf(f, "  \"bytes_zeroed\": %" PRIu64 ",\n", s.bytes_zeroed);
     fprintf(f, "  \"bytes_zero_skipped\": %" PRIu64 ",\n",
@@ -373,7 +386,8 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
 /* A mount of several disks: each disk's section, then the totals. */
 static void put_disks(FILE *f, struct fs *fs, double uptime)
 {
-    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0;
+    uint64_t size = 0, apparent = 0, written = 0, acked = 0, errors = 0,
+             waiting = 0;
 
     fprintf(f, "  \"disks\": [\n");
     for (unsigned i = 0; i < fs->ndisks; i++) {
@@ -390,6 +404,7 @@ static void put_disks(FILE *f, struct fs *fs, double uptime)
         apparent += rawfile_size(d);
         written += s.bytes_written;
         acked += s.bytes_acked;
+        waiting += pool_stats_waiting(&s);
         errors += s.errors;
     }
     fprintf(f, "  ],\n");
@@ -402,7 +417,7 @@ static void put_disks(FILE *f, struct fs *fs, double uptime)
                ", \"bytes_unacknowledged\": %" PRIu64 ", \"errors\": %"
                PRIu64 ", \"warnings\": %" PRIu64 "}\n",
             fs->ndisks, size, apparent, written, acked,
-            written > acked ? written - acked : 0, errors + log_errors,
+            waiting, errors + log_errors,
             log_warnings);
 }
 

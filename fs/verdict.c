@@ -6,6 +6,7 @@
  * its own. */
 #include "fs/verdict.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -300,6 +301,75 @@ static void wait_exit(pid_t pid)
     }
 }
 
+/* fd of pid (a /proc/PID/fd entry): opened for writing? */
+static bool fd_writes(const char *pid, const char *fd)
+{
+    char path[600], line[128];
+    unsigned flags = 0;
+    bool found = false;
+
+    snprintf(path, sizeof path, "/proc/%s/fdinfo/%s", pid, fd);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "flags: %o", &flags) == 1;
+    fclose(f);
+    return found && (flags & O_ACCMODE) != O_RDONLY;
+}
+
+/* One line per process with a file of the mount open (the writers
+ * first), as fuser(1) would find them: whom to wait for.  Up to 8. */
+static void name_users(const char *mp)
+{
+    char real[PATH_MAX], dir[300], link[600], target[PATH_MAX];
+    unsigned said = 0;
+
+    if (!realpath(mp, real))
+        snprintf(real, sizeof real, "%s", mp);
+    size_t rl = strlen(real);
+    for (int pass = 0; pass < 2; pass++) {        /* writers, then readers */
+        DIR *proc = opendir("/proc");
+        for (struct dirent *p; proc && (p = readdir(proc)) && said < 8;) {
+            if (p->d_name[0] < '0' || p->d_name[0] > '9' ||
+                atol(p->d_name) == (long) getpid())
+                continue;
+            snprintf(dir, sizeof dir, "/proc/%s/fd", p->d_name);
+            DIR *fds = opendir(dir);
+            for (struct dirent *e; fds && (e = readdir(fds));) {
+                snprintf(link, sizeof link, "%s/%s", dir, e->d_name);
+                ssize_t n = readlink(link, target, sizeof target - 1);
+                if (n <= 0)
+                    continue;
+                target[n] = '\0';
+                if (strncmp(target, real, rl) != 0 ||
+                    (target[rl] != '/' && target[rl] != '\0'))
+                    continue;
+                bool w = fd_writes(p->d_name, e->d_name);
+                if (w != (pass == 0))
+                    continue;
+                char comm[64] = "?", cpath[300];
+                snprintf(cpath, sizeof cpath, "/proc/%s/comm", p->d_name);
+                FILE *c = fopen(cpath, "re");
+                if (c) {
+                    if (fgets(comm, sizeof comm, c))
+                        comm[strcspn(comm, "\n")] = '\0';
+                    fclose(c);
+                }
+                fprintf(stderr, "nbdferry: %s: pid %s (%s) has %s open for "
+                        "%s\n", mp, p->d_name, comm, target,
+                        w ? "writing: a copy still running?" : "reading");
+                said++;
+                break;                            /* one line a process */
+            }
+            if (fds)
+                closedir(fds);
+        }
+        if (proc)
+            closedir(proc);
+    }
+}
+
 /* Print the verdict after "exit N"; returns N, or -1. */
 static int print_verdict(int fd)
 {
@@ -344,6 +414,7 @@ int verdict_unmount(const char *mp, const char *pidfile)
     if (run_fusermount(mp) < 0) {
         fprintf(stderr, "nbdferry: %s is still mounted (fusermount3 -u "
                 "failed: in use?)\n", mp);
+        name_users(mp);
     } else {
         wait_exit(pid);
         status = print_verdict(fd);

@@ -17,8 +17,11 @@ PROGRAMS = {
     "nbdferry": NBDFERRY,
     "nbdferry-vhd": BUILD / "tools" / "nbdferry-vhd",
     "nbdferry-vmdk": BUILD / "tools" / "nbdferry-vmdk",
+    "nbdferry-vhdx": BUILD / "tools" / "nbdferry-vhdx",
     "nbdferry-qcow2": BUILD / "tools" / "nbdferry-qcow2",
     "nbdferry-verify": BUILD / "tools" / "nbdferry-verify",
+    "nbdferry-status": Path(__file__).resolve().parent.parent / "tools" /
+    "status" / "nbdferry-status",
 }
 
 

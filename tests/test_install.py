@@ -20,16 +20,16 @@ from lib.procs import run
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
             "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
-# Programs with a bash completion script (nbdferry-status has none); every
-# program answers --version.
-VERSIONED = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-             "nbdferry-vhdx", "nbdferry-qcow2"]
+# Every program has the bash completion script and answers --version.
+VERSIONED = PROGRAMS
 # The tools' own pages; every docs/*.1 is checked as well.
 PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
          "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
 # The docs installed into share/doc/nbdferry (docs/CMakeLists.txt).
 DOCS = ["README.md", "user-guide.md", "design.md", "security.md",
-        "servers.md", "copy-tools.md", "verify.md", "vhd-view.md"]
+        "servers.md", "copy-tools.md", "verify.md", "vhd-view.md",
+        "vmdk-format.md", "vhdx-format.md", "qcow2-format.md",
+        "reliability.md"]
 
 pytestmark = pytest.mark.skipif(
     not (BUILD / "CMakeCache.txt").exists() or shutil.which("cmake") is None,
@@ -71,6 +71,21 @@ def test_install_nothing_but_programs_and_pages(prefix):
         f"share/doc/nbdferry/{d}" for d in DOCS} | {
         "lib/systemd/system/nbdferry@.service"}
     assert files == expected
+
+
+def test_install_docs_link_only_to_installed_pages(prefix):
+    """A relative link in an installed page leads to a page installed
+    beside it (the guide linked to pages the package does not ship)."""
+    doc = prefix / "share/doc/nbdferry"
+    broken = []
+    for page in doc.glob("*.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue                      # https:, mailto:
+            name = target.rsplit("/", 1)[-1]  # README's docs/user-guide.md
+            if not (doc / name).is_file():
+                broken.append(f"{page.name}: {target}")
+    assert not broken, "links to pages not installed:\n" + "\n".join(broken)
 
 
 def test_install_unit_runs_the_installed_daemon(prefix):

@@ -584,6 +584,7 @@ def test_image_header_in_the_raw_file_is_written_and_warned_once(victim,
                                                                  shm, kind):
     srv, m, _ = victim("--raw-images")      # else refused: test_raw_images
     name, advice = RAW_ADVICE[kind]
+    advice = advice.replace("MNT", str(m.mp))       # the real mountpoint
     img = make_image(shm, kind)
     data = img.read_bytes()
     for _ in range(2):                        # two copies: two warnings
@@ -644,6 +645,7 @@ VIEW_CASES = {
 def test_view_refuses_another_format_naming_it(victim, shm, fixed, view):
     srv, m, before = victim(*(["--vhd-fixed"] if fixed else []))
     for kind, name, advice in VIEW_CASES[view]:
+        advice = advice.replace("MNT", str(m.mp))   # the real mountpoint
         n = len(m.stderr.splitlines())
         r = run(["cp", make_image(shm, kind), m.mp / view])
         assert r.returncode != 0, (view, kind)
@@ -672,7 +674,7 @@ def test_qemu_img_writing_into_a_view_says_why(victim, shm, view, fmt, what):
     assert r.returncode != 0
     assert sha256_nbd(srv.uri) == before
     assert f"{view}: {what}" in m.stderr
-    assert "qemu-img convert -n -O raw SRC MNT/nbd" in m.stderr
+    assert f"qemu-img convert -n -O raw SRC {m.mp}/nbd" in m.stderr
     assert "no createType" not in m.stderr and "cookie" not in m.stderr
 
 

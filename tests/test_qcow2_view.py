@@ -274,6 +274,7 @@ def test_qcow2_refused_disk_untouched(victim, fx, tmp_path, case):
     srv, m, old = victim
     _, raw, imgs, refs = fx
     fn, errtext, message = REFUSED[case]
+    message = message.replace("MNT", str(m.mp))     # the real mountpoint
     bad = tmp_path / "bad.qcow2"
     bad.write_bytes(fn(imgs["plain"].read_bytes()))
     r = copy_into("cp", bad, m.mp / "nbd.qcow2")

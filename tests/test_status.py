@@ -43,8 +43,8 @@ def status(m):
 
 def check_invariants(st):
     assert st["bytes_acknowledged"] <= st["bytes_written"], st
-    assert st["bytes_unacknowledged"] == \
-        st["bytes_written"] - st["bytes_acknowledged"], st
+    assert st["bytes_unacknowledged"] == st["bytes_written"] - \
+        st["bytes_acknowledged"] - st["bytes_failed"], st
     assert st["in_flight"] <= st["in_flight_peak"], st
     assert st["pool_buffers_in_use"] <= st["pool_buffers"], st
     assert st["apparent_size"] <= st["export_size"], st

@@ -222,6 +222,8 @@ int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
         r = nbdpoll_handshake(c->h, timeout_ms);
     if (r == -ETIMEDOUT) {
         describe(cfg, what, sizeof what);
+        snprintf(c->connect_err, sizeof c->connect_err, "no answer within "
+                 "%" PRId64 " ms", timeout_ms);
         if (quiet)
             log_info("reconnect to %s: no answer within %" PRId64 " ms",
                      what, timeout_ms);
@@ -232,6 +234,9 @@ int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
     }
     if (r == -1) {
         int err = nbd_get_errno(), st;
+        snprintf(c->connect_err, sizeof c->connect_err, "%s",
+                 nbd_get_error() ? nbd_get_error() : strerror(err ? err
+                                                            : ECONNREFUSED));
         if (quiet)
             log_info("reconnect to %s: %s", describe(cfg, what, sizeof what),
                      nbd_get_error());

@@ -133,6 +133,10 @@ struct nbdx_conn {
     unsigned attempts;                    /* connects in this outage */
     bool gave_up;                         /* past the deadline: fail all */
     char refused[160];                    /* why a reconnection was refused */
+    char connect_err[160];                /* why nbdx_conn_connect() last
+                                           * failed (its thread only) */
+    bool in_stall, in_outage;             /* counted in x->nstalled,
+                                           * x->ndown (its thread only) */
 };
 
 struct nbdx {
@@ -151,9 +155,16 @@ struct nbdx {
                                            * must see the same */
     pthread_mutex_t heal_lock;            /* one nbdx_heal() try at a time */
     atomic_uint heal_tries;               /* tries so far */
-    pthread_mutex_t health_lock;          /* a leaf: protects why */
+    pthread_mutex_t health_lock;          /* a leaf: protects why and
+                                           * retry_why */
     char why[200];
+    char retry_why[256];                  /* while reconnecting: the loss,
+                                           * then each failed try's error */
     atomic_llong lost_at, healed_at;      /* CLOCK_REALTIME seconds */
+    /* Connections stalled, and down being reconnected: one event (a
+     * paused or killed server) is warned by the first connection into it
+     * and the last out of it; the others log at info level. */
+    atomic_uint nstalled, ndown;
     atomic_uint losses, heals;
     char *ca_dir;                         /* private: ca-cert.pem -> the
                                            * system CA bundle; or NULL */
@@ -168,6 +179,36 @@ static inline void nbdx_why_set(struct nbdx *x, const char *why)
     LOCK_FOR_SCOPE(&x->health_lock);
     snprintf(x->why, sizeof x->why, "%s", why);
 }
+
+/* x->retry_why: why a connection is being reconnected (the loss, then
+ * the last try's error), for the status. */
+static inline void nbdx_retry_why_set(struct nbdx *x, unsigned conn,
+                                      const char *what, const char *why)
+{
+    LOCK_FOR_SCOPE(&x->health_lock);
+    snprintf(x->retry_why, sizeof x->retry_why, "connection %u %s: %s",
+             conn, what, why);
+}
+
+/* Count c in or out of an event (*in: whether it is counted in n).
+ * True for the first connection in (on) or the last out (!on): the one
+ * that warns. */
+static inline bool nbdx_event(atomic_uint *n, bool *in, bool on)
+{
+    if (*in == on)
+        return false;
+    *in = on;
+    return on ? atomic_fetch_add(n, 1) == 0 : atomic_fetch_sub(n, 1) == 1;
+}
+
+/* The level for a connection's line about a server-wide event. */
+#define nbdx_event_log(warn, ...)                                        \
+    do {                                                                 \
+        if (warn)                                                        \
+            log_warn(__VA_ARGS__);                                       \
+        else                                                             \
+            log_info(__VA_ARGS__);                                       \
+    } while (0)
 
 static inline void nbdx_why_get(struct nbdx *x, char *buf, size_t len)
 {

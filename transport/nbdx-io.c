@@ -129,11 +129,12 @@ static void stalled(struct nbdx_conn *c)
         nbdx_give_up(c, why);
         return;
     }
-    log_warn("connection %u: no reply from the server for %u s with %d "
-             "request(s) outstanding (--request-timeout): waiting %u s more "
-             "(--retry-timeout) before failing them", c->index,
-             cfg->request_timeout_s, nbd_aio_in_flight(c->h),
-             cfg->retry_timeout_s);
+    bool first = nbdx_event(&c->x->nstalled, &c->in_stall, true);
+    nbdx_event_log(first, "connection %u: no reply from the server for %u s "
+                   "with %d request(s) outstanding (--request-timeout): "
+                   "waiting %u s more (--retry-timeout) before failing them",
+                   c->index, cfg->request_timeout_s, nbd_aio_in_flight(c->h),
+                   cfg->retry_timeout_s);
     c->stalled = true;
     if (!atomic_load(&c->outage_ns))
         atomic_store(&c->outage_ns, mono_now_ns());

@@ -70,11 +70,15 @@ void nbdx_check_dead(struct nbdx_conn *c)
         return;
     c->dead = true;
     c->stalled = false;                   /* the ops come back: resent */
+    nbdx_event(&c->x->nstalled, &c->in_stall, false);
     atomic_store(&c->fd, -1);
     const char *why = nbd_get_error() ? nbd_get_error() : "closed";
     if (nbdx_can_reconnect(c)) {
-        log_warn("connection %u to the server was lost (%s): reconnecting "
-                 "for up to %u s", c->index, why, c->x->cfg.retry_timeout_s);
+        bool first = nbdx_event(&c->x->ndown, &c->in_outage, true);
+        nbdx_event_log(first, "connection %u to the server was lost (%s): "
+                       "reconnecting for up to %u s", c->index, why,
+                       c->x->cfg.retry_timeout_s);
+        nbdx_retry_why_set(c->x, c->index, "lost", why);
         if (!atomic_load(&c->outage_ns))
             atomic_store(&c->outage_ns, mono_now_ns());
     } else if (atomic_load(&c->x->lost) || c->gave_up)
@@ -236,10 +240,11 @@ void nbdx_unstall(struct nbdx_conn *c)
 {
     uint64_t since = atomic_load(&c->outage_ns);
 
-    log_warn("connection %u: the server answers again after %.1f s without "
-             "a reply", c->index,
-             since ? (double) (mono_now_ns() - since) / 1e9 +
-                     c->x->cfg.request_timeout_s : 0.0);
+    bool last = nbdx_event(&c->x->nstalled, &c->in_stall, false);
+    nbdx_event_log(last, "connection %u: the server answers again after "
+                   "%.1f s without a reply", c->index,
+                   since ? (double) (mono_now_ns() - since) / 1e9 +
+                           c->x->cfg.request_timeout_s : 0.0);
     c->stalled = false;
     resend_retries(c);
 }
@@ -318,6 +323,8 @@ void nbdx_give_up(struct nbdx_conn *c, const char *why)
                   "socket activation): unmount and mount again");
     c->gave_up = true;
     c->stalled = false;
+    nbdx_event(&c->x->nstalled, &c->in_stall, false);
+    nbdx_event(&c->x->ndown, &c->in_outage, false);
     note_lost(c->x, why ? why : "the server was given up on");
     if (!c->dead)
         retire_conn(c);                   /* fail what is on the wire */
@@ -339,6 +346,8 @@ void nbdx_revive(struct nbdx_conn *c)
 {
     c->gave_up = false;
     c->stalled = false;
+    nbdx_event(&c->x->nstalled, &c->in_stall, false);
+    nbdx_event(&c->x->ndown, &c->in_outage, false);
     atomic_store(&c->outage_ns, 0);
     c->attempts = 0;
     c->next_try_ns = 0;
@@ -351,7 +360,12 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
     struct nbd_handle *old = c->h;
 
     c->h = NULL;
+    c->connect_err[0] = '\0';
     if (nbdx_conn_connect(c, &c->x->cfg, true, timeout_ms) < 0) {
+        char what[32];
+        snprintf(what, sizeof what, "try %u failed", c->attempts);
+        nbdx_retry_why_set(c->x, c->index, what,
+                           c->connect_err[0] ? c->connect_err : "failed");
         if (c->h)
             nbd_close(c->h);
         c->h = old;
@@ -376,8 +390,10 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
     /* Before the resends: a reply counted after this comes from the new
      * server (the pool's damage accounting relies on it). */
     atomic_fetch_add(&c->x->reconnects, 1);
-    log_warn("connection %u: reconnected after %u attempt(s); resending "
-             "the unacknowledged requests", c->index, c->attempts);
+    bool last = nbdx_event(&c->x->ndown, &c->in_outage, false);
+    nbdx_event_log(last, "connection %u: reconnected after %u attempt(s); "
+                   "resending the unacknowledged requests", c->index,
+                   c->attempts);
     resend_retries(c);
     return true;
 }

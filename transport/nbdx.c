@@ -207,19 +207,27 @@ void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
     out->losses = atomic_load(&x->losses);
     out->heals = atomic_load(&x->heals);
     nbdx_why_get(x, out->why, sizeof out->why);
+    {
+        LOCK_FOR_SCOPE(&x->health_lock);
+        snprintf(out->retry_why, sizeof out->retry_why, "%s", x->retry_why);
+    }
     if (out->lost)
         return;
+    uint64_t heard = 0;           /* the last byte on any connection */
     for (unsigned i = 0; i < x->nconns; i++) {
         struct nbdx_conn *c = &x->conns[i];
         unsigned n = atomic_load(&c->outstanding);
         uint64_t p = atomic_load(&c->progress_ns),
                  o = atomic_load(&c->outage_ns);
+        /* An idle connection's time is its last reply (or later send). */
+        if (p > heard)
+            heard = p;
         if (n == 0)
             continue;
         out->outstanding += n;
         double silent = now > p ? (double) (now - p) / 1e9 : 0;
-        if (silent > out->silent_s)
-            out->silent_s = silent;
+        if (silent > out->worst_s)
+            out->worst_s = silent;
         if (o && atomic_load(&c->fd) < 0)
             out->reconnecting = true;
         else if (o)
@@ -230,6 +238,8 @@ void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
         if (cfg->request_timeout_s && (!fail_at || at < fail_at))
             fail_at = at;
     }
+    if (out->outstanding && now > heard)
+        out->silent_s = (double) (now - heard) / 1e9;
     if (fail_at)
         out->fails_in_s = fail_at > now ? (double) (fail_at - now) / 1e9 : 0;
 }

@@ -163,9 +163,14 @@ int nbdx_heal(struct nbdx *x);
 
 /* What the status shows about the server's answers (any thread). */
 struct nbdx_health {
-    double silent_s;          /* longest time a connection with requests
-                               * outstanding has moved no byte (0: none
-                               * is outstanding); "late" past 1 s */
+    double silent_s;          /* with requests outstanding, how long no
+                               * connection has moved a byte (0: none is
+                               * outstanding); "late" past 1 s.  One
+                               * connection that waits while the others
+                               * get replies is a slow server, not a
+                               * silent one. */
+    double worst_s;           /* the longest any one connection with
+                               * requests outstanding has moved no byte */
     double fails_in_s;        /* until those requests fail unless the
                                * server answers; -1: nothing waits */
     unsigned outstanding;     /* requests queued or at the server */
@@ -177,6 +182,9 @@ struct nbdx_health {
     unsigned losses, heals;
     char why[200];            /* why it was given up on, or why the last
                                * try to heal failed */
+    char retry_why[256];      /* reconnecting: the loss, then the last
+                               * try's error ("connection 2 try 3 failed:
+                               * connect: Connection refused") */
 };
 void nbdx_get_health(struct nbdx *x, struct nbdx_health *out);
 

@@ -163,6 +163,8 @@ static void req_done(struct nbdx_op *op, int err)
         pool_record_failure_locked(p, r->kind == REQ_WRITE ? POOL_WRITE
                                                            : POOL_ZERO,
                                    r->off, r->len, err);
+        if (r->kind == REQ_WRITE || r->from_tool)
+            p->st.bytes_failed += r->len;
         /* A zero's range joined known_zero when it was queued: it may
          * hold anything now, so a later truncate must zero it again. */
         if (r->kind == REQ_ZERO)

@@ -87,6 +87,8 @@ struct pool_stats {
     uint64_t bytes_acked;     /* of bytes_written, acknowledged by the
                                * server (all-zero runs: their write-zeroes
                                * acknowledged, or not needed) */
+    uint64_t bytes_failed;    /* of bytes_written, answered with an error
+                               * (never acknowledged: not waiting either) */
     uint64_t bytes_zeroed;    /* zeroed on the server, acknowledged */
     uint64_t bytes_zero_skipped; /* zeroing not needed: already zero */
     uint64_t bytes_read;
@@ -124,6 +126,14 @@ struct pool_stats {
                                * were dropped, nothing is known zero),
                                * "unsupported", "off" */
 };
+
+/* Bytes written that still wait for the server's answer: neither
+ * acknowledged nor failed. */
+static inline uint64_t pool_stats_waiting(const struct pool_stats *s)
+{
+    uint64_t answered = s->bytes_acked + s->bytes_failed;
+    return s->bytes_written > answered ? s->bytes_written - answered : 0;
+}
 
 int  pool_create(const struct pool_config *cfg, struct nbdx *x,
                  uint64_t size, struct pool **out);

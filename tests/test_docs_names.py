@@ -1,0 +1,104 @@
+"""Every view and every installed program is named where a user looks
+(issue 41, item 13): nbdferry --help (fs/usage.c), README.md, the
+package description (debian/control), the user guide and the bash
+completion.
+
+The lists come from the build, not from this file: the views from the
+daemon's view table (fs/view.c's fs_views[] and each view's suffix, as
+IMAGEVIEW_DEFINE or .suffix gives it), the programs from the install()
+rules (fs/CMakeLists.txt and tools/*/*.cmake).  A new view or program
+that the texts do not name fails here."""
+
+import re
+import subprocess
+
+from lib.env import NBDFERRY, TOP
+
+DEFAULT = "nbd"                # the raw file's default name: MNT/nbd
+
+
+def views():
+    """The view files of a one-disk mount: nbd.vhd, nbd.vmdk, ..."""
+    table = (TOP / "fs" / "view.c").read_text()
+    listed = set(re.findall(r"\[FS_INO_\w+\]\s*=\s*&(fs_\w+_view)", table))
+    suffix = {}
+    for src in (TOP / "fs").glob("*.c"):
+        text = src.read_text()
+        for var, sfx in re.findall(
+                r'IMAGEVIEW_DEFINE\((fs_\w+_view),\s*\w+,\s*"([^"]*)"\)',
+                text):
+            suffix[var] = sfx
+        for var, body in re.findall(
+                r"const struct fs_view (fs_\w+_view) = \{(.*?)\n\};", text,
+                re.S):
+            m = re.search(r'\.suffix\s*=\s*"([^"]*)"', body)
+            if m:
+                suffix[var] = m.group(1)
+    assert listed and listed <= set(suffix) | {"fs_status_view"}, \
+        (listed, suffix)
+    found = {DEFAULT + suffix[v] for v in listed if suffix.get(v)}
+    assert len(found) >= 4, found
+    return sorted(found)
+
+
+def programs():
+    """The installed programs, from the install() rules."""
+    names = set()
+    rules = [TOP / "fs" / "CMakeLists.txt", *(TOP / "tools").glob("*/*.cmake")]
+    for f in rules:
+        text = f.read_text()
+        names |= set(re.findall(r"install\(TARGETS\s+([\w-]+)", text))
+        names |= {p.rsplit("/", 1)[-1] for p in
+                  re.findall(r"install\(PROGRAMS\s+(\S+)", text)}
+    assert "nbdferry" in names and len(names) >= 6, names
+    return sorted(names)
+
+
+def texts():
+    help_text = subprocess.run([str(NBDFERRY), "--help"], capture_output=True,
+                               text=True, timeout=30)
+    assert help_text.returncode == 0, help_text.stderr
+    return {
+        "nbdferry --help": help_text.stdout + help_text.stderr,
+        "README.md": (TOP / "README.md").read_text(),
+        "debian/control": (TOP / "debian" / "control").read_text(),
+        "docs/user-guide.md": (TOP / "docs" / "user-guide.md").read_text(),
+    }
+
+
+def named(text, word):
+    return re.search(r"(?<![\w.-])" + re.escape(word) + r"(?![\w-])", text)
+
+
+def test_docs_name_every_view():
+    missing = []
+    for where, text in texts().items():
+        for v in views():
+            # --help names the raw file FILENAME (default nbd).
+            alias = "FILENAME" + v[len(DEFAULT):]
+            if not (named(text, v) or named(text, alias)):
+                missing.append(f"{where}: {v}")
+    assert not missing, "views not named:\n" + "\n".join(missing)
+
+
+def test_docs_name_every_program():
+    missing = [f"{where}: {p}" for where, text in texts().items()
+               for p in programs() if not named(text, p)]
+    assert not missing, "programs not named:\n" + "\n".join(missing)
+
+
+def test_completion_covers_every_program():
+    """The completion script registers every program, and the install
+    rule installs it under every program's name."""
+    script = (TOP / "tools" / "bash-completion" / "nbdferry").read_text()
+    script = script.replace("\\\n", " ")            # continued lines
+    m = re.search(r"^complete .*?-F _nbdferry (.*)$", script, re.M)
+    assert m, script
+    registered = set(m.group(1).split())
+    rule = (TOP / "tools" / "bash-completion" / "completion.cmake").read_text()
+    fm = re.search(r"foreach\(prog((?:\s+[\w-]+)+)\)", rule)
+    assert fm, rule
+    installed = set(fm.group(1).split())
+    for p in programs():
+        assert p in registered, f"the completion does not register {p}"
+        assert p in installed, f"completion.cmake does not install it as {p}"
