@@ -133,6 +133,9 @@ int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end)
 {
     size_t k = extmap_count_in(&p->known_zero, off, end);
 
+    if (extmap_count(&p->pending_zero) == 0)
+        p->pending_gen0 = p->next_seq;    /* this change's generation */
+
     if (extmap_count(&p->pending_zero) + k + 2 > p->map_max) {
         extmap_remove(&p->known_zero, off, end);  /* lossy: cannot fail */
         return extmap_add(&p->pending_zero, off, end);

@@ -182,8 +182,10 @@ static void test_flush_failure(void)
     fake_close(x);
 }
 
-/* Acknowledged, not flushed, then a reconnect: lost.  Flushed before the
- * reconnect: kept. */
+/* Without retention (cfg.retain off, or a server that cannot flush: the
+ * pool keeps no acknowledged buffer, so nothing can be resent):
+ * acknowledged, not flushed, then a reconnect: lost.  Flushed before the
+ * reconnect: kept.  With retention, pool-test-resend.c. */
 static void test_reconnect_loses_unflushed(void)
 {
     struct nbdx *x = fake_open(8 * MiB, true, 0);
