@@ -123,6 +123,23 @@ void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
             pool_kind_name(kind), len, off, strerror(err));
 }
 
+/* ---- canaries -------------------------------------------------------- */
+
+uint64_t pool_canary_hash(const void *buf, size_t len)
+{
+    const unsigned char *b = buf;
+    uint64_t h = 1469598103934665603ull;      /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+void pool_canary_wait_locked(struct pool *p)
+{
+    while (p->canary_check || p->canary_busy)
+        pool_cond_wait_locked(p, "canary");
+}
+
 /* ---- pending zeroes ------------------------------------------------- */
 
 /* Add the parts of [off, end) not known zero to pending_zero, keeping
@@ -135,6 +152,10 @@ int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end)
 
     if (extmap_count(&p->pending_zero) == 0)
         p->pending_gen0 = p->next_seq;    /* this change's generation */
+    for (unsigned i = 0; i < NCANARIES; i++)
+        if (p->canaries[i].valid &&
+            pool_overlaps(p->canaries[i].off, CANARY_LEN, off, end - off))
+            p->canaries[i].valid = false; /* changed since its flush */
 
     if (extmap_count(&p->pending_zero) + k + 2 > p->map_max) {
         extmap_remove(&p->known_zero, off, end);  /* lossy: cannot fail */

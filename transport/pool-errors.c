@@ -336,6 +336,10 @@ void pool_check_reconnect_locked(struct pool *p)
     if (n == p->reconnects_seen)
         return;
     p->reconnects_seen = n;
+    if (p->retain) {
+        p->canary_check = true;           /* the flusher reads them back */
+        pthread_cond_signal(&p->flusher_cond);
+    }
     /* The retained writes first: what they will write again is neither
      * lost nor to be zeroed again. */
     uint64_t resent = resend_retained_locked(p, &out, &logged);
@@ -393,6 +397,7 @@ int pool_range_damage(struct pool *p)
 {
     LOCK_FOR_SCOPE(&p->lock);
     pool_check_reconnect_locked(p);
+    pool_canary_wait_locked(p);   /* what a restart lost counts */
     if (!p->damage_everything && extmap_count(&p->damage) == 0)
         return 0;
     return pool_tool_errno(p->damage_err ? p->damage_err : EIO);
@@ -402,6 +407,7 @@ int pool_damage(struct pool *p)
 {
     LOCK_FOR_SCOPE(&p->lock);
     pool_check_reconnect_locked(p);
+    pool_canary_wait_locked(p);   /* what a restart lost counts */
     if (!pool_damaged_locked(p))
         return 0;
     return pool_tool_errno(p->damage_err ? p->damage_err : EIO);

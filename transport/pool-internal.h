@@ -165,6 +165,8 @@
 #define UNFLUSHED_ZERO 1
 #define EIO_RETRIES 2             /* an EIO write or zero is sent again this
                                    * many times before it counts */
+#define NCANARIES 16              /* samples of flushed writes kept */
+#define CANARY_LEN 4096u
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
                                    * alignment become write-zeroes */
 
@@ -301,6 +303,17 @@ struct pool {
     pthread_cond_t flusher_cond;  /* wakes the flusher */
     uint64_t pending_gen0;        /* pool_gen() when pending_zero last
                                    * became non-empty (or older) */
+    /* Canaries: samples of flushed writes (CANARY_LEN bytes at off and
+     * their hash), dropped when anything later is sealed over them.  A
+     * reconnect has the flusher read them back: a server that lost them
+     * lost data a flush had covered, which no resend can repair. */
+    struct canary {
+        uint64_t off, hash;
+        bool valid;
+    } canaries[NCANARIES];
+    unsigned next_canary;
+    bool canary_check;            /* a reconnect: read them back */
+    bool canary_busy;             /* being read back: damage checks wait */
 
     struct pool_stats st;
     uint64_t changes;             /* write and zero requests completed */
@@ -420,6 +433,9 @@ void pool_retained_cut_locked(struct pool *p, uint64_t off, uint64_t len);
 /* Let a retained write go before a flush covers it (its range counts as
  * acknowledged and unflushed: damage at a reconnect). */
 void pool_evict_locked(struct pool *p, struct pool_req *r);
+/* Wait while the canaries are read back after a reconnect. */
+void pool_canary_wait_locked(struct pool *p);
+uint64_t pool_canary_hash(const void *buf, size_t len);
 /* Drops pool->lock while it tries the server: decide again after it. */
 int pool_heal_locked(struct pool *p);
 

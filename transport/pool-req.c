@@ -81,6 +81,10 @@ void pool_seal_locked(struct pool *p, struct pool_req *r)
     r->state = REQ_QUEUED;
     r->seq = p->next_seq++;
     pool_list_append(&p->queue, r);
+    for (unsigned i = 0; i < NCANARIES; i++)
+        if (p->canaries[i].valid &&
+            pool_overlaps(p->canaries[i].off, CANARY_LEN, r->off, r->len))
+            p->canaries[i].valid = false; /* changed since its flush */
 }
 
 /* Seal every FILLING buffer overlapping [off, off+len) except keep. */

@@ -70,7 +70,10 @@ static void tell_durable(struct pool *p, uint64_t gen)
     {
         LOCK_FOR_SCOPE(&p->lock);
         pool_check_reconnect_locked(p);
-        if (pool_damaged_locked(p) || gen <= p->durable_told)
+        /* Not while the canaries are read back: what a restart lost is
+         * not known yet (told at a later flush). */
+        if (p->canary_check || p->canary_busy ||
+            pool_damaged_locked(p) || gen <= p->durable_told)
             return;
         p->durable_told = gen;
     }
@@ -158,6 +161,20 @@ static bool flush_begin(struct pool *p, struct flush_round *f)
     return false;
 }
 
+/* Keep a sample of a flushed write (not all zero: a disk that lost it
+ * would read the same). */
+static void add_canary_locked(struct pool *p, const struct pool_req *q)
+{
+    if (q->len < CANARY_LEN)
+        return;
+    uint64_t h = pool_canary_hash(q->data, CANARY_LEN);
+    static const char zero[CANARY_LEN];
+    if (h == pool_canary_hash(zero, CANARY_LEN))
+        return;
+    p->canaries[p->next_canary++ % NCANARIES] =
+        (struct canary){ .off = q->off, .hash = h, .valid = true };
+}
+
 /* The flush's result r counts: a failure leaves what it covered
  * unflushed (and retained); a success lets the retained writes it
  * covers go and repairs a failed flush.  A reconnect since flush_begin()
@@ -187,8 +204,13 @@ static bool flush_end(struct pool *p, int r, const struct flush_round *f)
             pool_mark_repaired_locked(p, 0, 0, true);
         }
         struct pool_req *q;
+        unsigned sampled = 0;
         while ((q = p->retained.head) && q->ack_epoch <= f->epoch) {
             pool_list_remove(&p->retained, q);
+            if (sampled < 2 && q->len >= CANARY_LEN) {
+                add_canary_locked(p, q);  /* the first two of each flush */
+                sampled++;
+            }
             pool_free_req_locked(p, q);
         }
     } else
@@ -277,6 +299,52 @@ static bool flush_due_locked(struct pool *p, uint64_t now, uint64_t *wake)
     return false;
 }
 
+/* After a reconnect: read the canaries back.  A server that returns
+ * other bytes than a flush had covered lost stable data (a RAM disk that
+ * restarted empty): nothing the pool holds can repair that, so all of
+ * the disk counts as damage, loudly.  p->lock held; dropped meanwhile. */
+static void check_canaries_locked(struct pool *p)
+{
+    struct canary c[NCANARIES];
+    unsigned lost = 0, failed = 0;
+    char *buf = malloc(CANARY_LEN);
+
+    p->canary_check = false;
+    p->canary_busy = true;
+    memcpy(c, p->canaries, sizeof c);
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; buf && i < NCANARIES; i++) {
+        if (!c[i].valid)
+            continue;
+        if (pool_read(p, c[i].off, buf, CANARY_LEN) < 0) {
+            failed++;
+            continue;
+        }
+        pthread_mutex_lock(&p->lock);
+        bool still = p->canaries[i].valid && p->canaries[i].off == c[i].off;
+        pthread_mutex_unlock(&p->lock);
+        if (still && pool_canary_hash(buf, CANARY_LEN) != c[i].hash) {
+            if (lost++ == 0)
+                log_err("the server lost data an NBD flush had covered: "
+                        "%u bytes at offset %" PRIu64 " read back changed "
+                        "after the reconnect (a server restarted without "
+                        "its stable storage, a RAM disk?); every byte "
+                        "written before may be wrong: copy everything "
+                        "again", CANARY_LEN, c[i].off);
+        }
+    }
+    free(buf);
+    pthread_mutex_lock(&p->lock);
+    if (lost) {
+        pool_note_failure_locked(p, POOL_WRITE, 0, p->size, EIO, true);
+        p->st.flushed_lost++;
+    } else if (failed)
+        log_warn("%u samples of flushed data could not be read back after "
+                 "the reconnect", failed);
+    p->canary_busy = false;
+    pthread_cond_broadcast(&p->cond);
+}
+
 static void *flusher_thread(void *arg)
 {
     block_stop_signals();
@@ -287,6 +355,10 @@ static void *flusher_thread(void *arg)
     while (!p->stopping) {
         pool_check_reconnect_locked(p);
         pool_dispatch_locked(p);
+        if (p->canary_check) {
+            check_canaries_locked(p);
+            continue;
+        }
         uint64_t now = mono_now_ns(), wake = 0;
         if (!flush_due_locked(p, now, &wake)) {
             if (wake) {

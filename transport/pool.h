@@ -122,6 +122,8 @@ struct pool_stats {
     unsigned bufs_retained;   /* of bufs_in_use, acknowledged writes kept
                                * until a flush covers them */
     uint64_t flushes_auto;    /* NBD flushes the pool sent by itself */
+    uint64_t flushed_lost;    /* reconnects after which the server no
+                               * longer held data a flush had covered */
     uint64_t pending_zero, known_zero;  /* bytes */
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */

@@ -163,6 +163,12 @@ static void test_resend_after_reconnect(void)
     write_acked(x, p, 2 * MiB, 128 * KiB, 0x77);
     assert(stats(p).bufs_retained == 2);
     restart_server(x, 2 * MiB, 128 * KiB);
+    /* Noticed (here by the stats): the flushed write's sample is read
+     * back, and the server still holds it. */
+    stats(p);
+    struct nbdx_op *rd = fake_wait_op(x, NBDX_OP_READ);
+    assert(rd->off == 0);
+    fake_complete(x, rd, 0);
     assert(pool_damage(p) == 0);
     struct job j = { 0 };
     start(&j, p, 1);                      /* the next flush: resent first */
@@ -324,6 +330,37 @@ static void test_failed_flush_keeps_retained(void)
     fake_close(x);
 }
 
+/* A server that lost what a flush had covered (a RAM disk restarted
+ * empty): the resend cannot repair it; the sample of the flushed write
+ * read back after the reconnect differs, and all of the disk is damage,
+ * loudly, even once everything retained is resent and flushed. */
+static void test_flushed_then_lost_is_loud(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool *p = make_pool(x);
+
+    write_acked(x, p, 0, 64 * KiB, 0x71);
+    assert(flush_answered(x, p, 0) == 0);
+    write_acked(x, p, 1 * MiB, 64 * KiB, 0x72);
+    restart_server(x, 0, 8 * MiB);             /* everything gone */
+    stats(p);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_READ), 0);
+    assert(pool_damage(p) == EIO);
+    struct pool_stats s = stats(p);
+    assert(s.flushed_lost == 1 && s.errors_lost == 1);
+    assert(s.damaged_bytes == 8 * MiB);
+    struct job j = { 0 };
+    start(&j, p, 1);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_WRITE), 0);   /* the resend */
+    fake_complete(x, fake_wait_op(x, NBDX_OP_FLUSH), 0);
+    join(&j);
+    assert(disk_is(x, 1 * MiB, 64 * KiB, 0x72));
+    assert(disk_is(x, 0, 64 * KiB, 0));        /* gone for good */
+    assert(pool_damage(p) == EIO);             /* and told */
+    pool_destroy(p);
+    fake_close(x);
+}
+
 /* The loud path stays: a retained write whose resend cannot be made
  * (out of memory for its pieces) is damage, "lost". */
 static void test_resend_out_of_memory_is_loud(void)
@@ -398,6 +435,7 @@ int main(void)
     test_bound_flushes_and_waits();
     test_periodic_flush_by_bytes();
     test_failed_flush_keeps_retained();
+    test_flushed_then_lost_is_loud();
     test_resend_out_of_memory_is_loud();
     test_durable_after_resend();
     return 0;
