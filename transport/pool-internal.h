@@ -309,6 +309,7 @@ struct pool {
      * lost data a flush had covered, which no resend can repair. */
     struct canary {
         uint64_t off, hash;
+        uint64_t rc;              /* the connection its flush was on */
         bool valid;
     } canaries[NCANARIES];
     unsigned next_canary;

@@ -59,6 +59,8 @@ uint64_t pool_gen(struct pool *p)
     return p->next_seq;
 }
 
+static void check_canaries_locked(struct pool *p);
+
 /* Tell cfg.on_durable that changes older than gen are durable, if no
  * damage is left (a failed write's range is not).  Called with
  * flush_lock held (or from a drain on a server without flush), so calls
@@ -70,10 +72,12 @@ static void tell_durable(struct pool *p, uint64_t gen)
     {
         LOCK_FOR_SCOPE(&p->lock);
         pool_check_reconnect_locked(p);
-        /* Not while the canaries are read back: what a restart lost is
-         * not known yet (told at a later flush). */
-        if (p->canary_check || p->canary_busy ||
-            pool_damaged_locked(p) || gen <= p->durable_told)
+        /* What a restart lost is known first: the canaries are read
+         * back (here, or by the flusher: it holds no lock meanwhile). */
+        if (p->canary_check && !p->canary_busy)
+            check_canaries_locked(p);
+        pool_canary_wait_locked(p);
+        if (pool_damaged_locked(p) || gen <= p->durable_told)
             return;
         p->durable_told = gen;
     }
@@ -163,7 +167,8 @@ static bool flush_begin(struct pool *p, struct flush_round *f)
 
 /* Keep a sample of a flushed write (not all zero: a disk that lost it
  * would read the same). */
-static void add_canary_locked(struct pool *p, const struct pool_req *q)
+static void add_canary_locked(struct pool *p, const struct pool_req *q,
+                              uint64_t rc)
 {
     if (q->len < CANARY_LEN)
         return;
@@ -172,7 +177,8 @@ static void add_canary_locked(struct pool *p, const struct pool_req *q)
     if (h == pool_canary_hash(zero, CANARY_LEN))
         return;
     p->canaries[p->next_canary++ % NCANARIES] =
-        (struct canary){ .off = q->off, .hash = h, .valid = true };
+        (struct canary){ .off = q->off, .hash = h, .rc = rc,
+                        .valid = true };
 }
 
 /* The flush's result r counts: a failure leaves what it covered
@@ -208,7 +214,7 @@ static bool flush_end(struct pool *p, int r, const struct flush_round *f)
         while ((q = p->retained.head) && q->ack_epoch <= f->epoch) {
             pool_list_remove(&p->retained, q);
             if (sampled < 2 && q->len >= CANARY_LEN) {
-                add_canary_locked(p, q);  /* the first two of each flush */
+                add_canary_locked(p, q, f->reconnects);  /* two a flush */
                 sampled++;
             }
             pool_free_req_locked(p, q);
@@ -309,19 +315,24 @@ static void check_canaries_locked(struct pool *p)
     unsigned lost = 0, failed = 0;
     char *buf = malloc(CANARY_LEN);
 
+    uint64_t rc = p->reconnects_seen;
+
     p->canary_check = false;
     p->canary_busy = true;
     memcpy(c, p->canaries, sizeof c);
     pthread_mutex_unlock(&p->lock);
     for (unsigned i = 0; buf && i < NCANARIES; i++) {
-        if (!c[i].valid)
+        if (!c[i].valid || c[i].rc >= rc)   /* flushed since */
             continue;
         if (pool_read(p, c[i].off, buf, CANARY_LEN) < 0) {
             failed++;
             continue;
         }
         pthread_mutex_lock(&p->lock);
-        bool still = p->canaries[i].valid && p->canaries[i].off == c[i].off;
+        bool still = p->canaries[i].valid && p->canaries[i].off == c[i].off &&
+                     p->canaries[i].hash == c[i].hash;
+        if (still && pool_canary_hash(buf, CANARY_LEN) == c[i].hash)
+            p->canaries[i].rc = rc;       /* the new server holds it */
         pthread_mutex_unlock(&p->lock);
         if (still && pool_canary_hash(buf, CANARY_LEN) != c[i].hash) {
             if (lost++ == 0)

@@ -185,6 +185,8 @@ static void test_resend_after_reconnect(void)
     assert(s.bytes_acked == s.bytes_written);   /* counted once */
     pool_destroy(p);
     fake_close(x);
+    printf("ok resend_after_reconnect\n");
+    fflush(stdout);
 }
 
 /* A newer write over part of a retained one wins over its resend:
@@ -239,6 +241,8 @@ static void test_newer_wins(void)
     assert(stats(p).bufs_retained == 0);
     pool_destroy(p);
     fake_close(x);
+    printf("ok newer_wins\n");
+    fflush(stdout);
 }
 
 /* The bound: every buffer retained, the writer waits while the pool
@@ -281,6 +285,8 @@ static void test_bound_flushes_and_waits(void)
     assert(disk_is(x, 0, w.len, 0x55));
     pool_destroy(p);
     fake_close(x);
+    printf("ok bound_flushes_and_waits\n");
+    fflush(stdout);
 }
 
 /* Every cfg.flush_bytes acknowledged, a flush, with no close. */
@@ -305,6 +311,8 @@ static void test_periodic_flush_by_bytes(void)
         usleep(1000);
     pool_destroy(p);
     fake_close(x);
+    printf("ok periodic_flush_by_bytes\n");
+    fflush(stdout);
 }
 
 /* A flush that fails keeps the writes retained: a restart after it is
@@ -328,6 +336,8 @@ static void test_failed_flush_keeps_retained(void)
     assert(stats(p).bytes_resent == 64 * KiB);
     pool_destroy(p);
     fake_close(x);
+    printf("ok failed_flush_keeps_retained\n");
+    fflush(stdout);
 }
 
 /* A server that lost what a flush had covered (a RAM disk restarted
@@ -359,6 +369,8 @@ static void test_flushed_then_lost_is_loud(void)
     assert(pool_damage(p) == EIO);             /* and told */
     pool_destroy(p);
     fake_close(x);
+    printf("ok flushed_then_lost_is_loud\n");
+    fflush(stdout);
 }
 
 /* The loud path stays: a retained write whose resend cannot be made
@@ -383,6 +395,8 @@ static void test_resend_out_of_memory_is_loud(void)
     join(&j);
     pool_destroy(p);
     fake_close(x);
+    printf("ok resend_out_of_memory_is_loud\n");
+    fflush(stdout);
 }
 
 /* The durable hook across a reconnect: a flush whose reply came across
@@ -425,6 +439,8 @@ static void test_durable_after_resend(void)
     assert(disk_is(x, 0, 64 * KiB, 0x41));
     pool_destroy(p);
     fake_close(x);
+    printf("ok durable_after_resend\n");
+    fflush(stdout);
 }
 
 int main(void)
