@@ -151,7 +151,8 @@ static void release_req_locked(struct pool *p, struct pool_req *r, bool keep)
     /* Half the buffers retained, or the byte budget reached: a flush now,
      * before a writer has to wait for one. */
     if ((p->cfg.flush_bytes && p->acked_since_flush >= p->cfg.flush_bytes) ||
-        2 * p->retained.n >= p->nbufs)
+        2 * p->retained.n >= p->nbufs ||
+        p->retained.n == 1)               /* the flusher's clock starts */
         pthread_cond_signal(&p->flusher_cond);
 }
 

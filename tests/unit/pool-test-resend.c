@@ -315,6 +315,30 @@ static void test_periodic_flush_by_bytes(void)
     fflush(stdout);
 }
 
+/* Every cfg.flush_interval_ms while something is unflushed, a flush,
+ * with no close and no byte budget reached. */
+static void test_periodic_flush_by_time(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool_config cfg = {
+        .request_size = 64 * KiB, .pool_size = 4 * MiB, .depth = 8,
+        .idle_ms = 3600 * 1000, .retain = true,
+        .flush_interval_ms = 200,
+    };
+    struct pool *p = make_pool_cfg(x, &cfg);
+
+    usleep(300 * 1000);
+    assert(fake_in_flight(x) == 0);        /* nothing written: no flush */
+    write_acked(x, p, 0, 64 * KiB, 0x13);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_FLUSH), 0);
+    while (stats(p).flushes_auto < 1 || stats(p).bufs_retained > 0)
+        usleep(1000);
+    pool_destroy(p);
+    fake_close(x);
+    printf("ok periodic_flush_by_time\n");
+    fflush(stdout);
+}
+
 /* A flush that fails keeps the writes retained: a restart after it is
  * still repaired by the resend. */
 static void test_failed_flush_keeps_retained(void)
@@ -450,6 +474,7 @@ int main(void)
     test_newer_wins();
     test_bound_flushes_and_waits();
     test_periodic_flush_by_bytes();
+    test_periodic_flush_by_time();
     test_failed_flush_keeps_retained();
     test_flushed_then_lost_is_loud();
     test_resend_out_of_memory_is_loud();
