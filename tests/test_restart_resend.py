@@ -65,7 +65,6 @@ def test_file_server_restarted_mid_cp(kit, mount, shm, bg, tally):
     assert st["bytes_resent"] > 0, st
     assert not [f for f in st["failures"] if "offset" in f], st
     assert not st["damage"]["unrepaired"], st
-    assert re.search(r"\d+ bytes resent after reconnect", m.stderr), m.stderr
     assert not re.search(r"may be lost", m.stderr), m.stderr
     m.unmount()
     assert sha256_prefix(disk, size) == sha256_prefix(src, size)

@@ -147,6 +147,8 @@ static void release_req_locked(struct pool *p, struct pool_req *r, bool keep)
     r->state = REQ_RETAINED;
     r->ack_epoch = p->epoch;
     pool_list_append(&p->retained, r);
+    if (p->acked_since_flush == 0 && p->changes == p->flushed_changes)
+        p->last_flush_ns = mono_now_ns(); /* unflushed from now on */
     p->acked_since_flush += r->len;
     /* Half the buffers retained, or the byte budget reached: a flush now,
      * before a writer has to wait for one. */
