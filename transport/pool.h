@@ -361,8 +361,11 @@ int pool_error_take(struct pool *p, uint64_t *seq);
  * the positive errno (EIO for a lost connection) of the latest failure
  * left unrepaired.  A range is damaged when its write or zero failed
  * (after the retries below), or when nbdx reconnected while writes it
- * acknowledged were not yet covered by a successful NBD flush (a
- * volatile server may have restarted without them); it is repaired when
+ * acknowledged were not yet covered by a successful NBD flush and not
+ * kept to be resent (cfg.retain off, a server without flush: a volatile
+ * server may have restarted without them), or when a reconnected server
+ * no longer holds samples of flushed data (all of the disk); it is
+ * repaired when
  * a later write or zero of it succeeds (a rewrite, or a truncate's
  * zeroing landing).  A failed NBD flush is damage until a flush
  * succeeds.  The copy tool must be told at every close and fsync until
