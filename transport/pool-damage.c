@@ -11,6 +11,7 @@
 #include "transport/pool-internal.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -121,6 +122,32 @@ void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
         p->lost = true;               /* reconnecting failed: latch it */
     log_err("%s of %" PRIu64 " bytes at offset %" PRIu64 " failed: %s",
             pool_kind_name(kind), len, off, strerror(err));
+}
+
+/* ---- freeing requests ------------------------------------------------ */
+
+/* Free a request that is in no list; a held buffer waits for its last
+ * pool_hold_release() (invariant 3 plus: never reused while held). */
+void pool_free_req_locked(struct pool *p, struct pool_req *r)
+{
+    if (r->holds > 0) {
+        r->state = REQ_DONE;
+        if (r->kind == REQ_WRITE)
+            p->nheld++;
+        return;
+    }
+    struct pool_req *parent = r->parent;
+    if (r->kind == REQ_WRITE && !parent)
+        p->free_bufs[p->nfree++] = r->data;
+    else if (r->kind == REQ_COPY)
+        free(r->data);
+    free(r);
+    /* A piece of a resent write: the buffer goes with the last one. */
+    if (parent) {
+        assert(parent->state == REQ_SPLIT && parent->pieces > 0);
+        if (--parent->pieces == 0)
+            pool_free_req_locked(p, parent);
+    }
 }
 
 /* ---- canaries -------------------------------------------------------- */

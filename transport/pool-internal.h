@@ -4,8 +4,10 @@
  *
  * LAYERS, bottom first: each file calls only the ones above it in this
  * list (tools/dev/import-graph checks that no object imports in a cycle)
- *   pool-damage.c  failure records, the damage set, making zeroes pending
- *   pool-errors.c  writes a reconnect lost, the error sequence, healing
+ *   pool-damage.c  failure records, the damage set, making zeroes pending,
+ *                  freeing requests, the canaries' hash
+ *   pool-errors.c  retained writes: resent or lost at a reconnect, cut by
+ *                  zeroes, let go; the error sequence, healing
  *   pool-req.c     requests: sealing, sending, completion (req_done)
  *   pool-zero.c    zero requests from the zero maps, the drain's zeroing
  *   pool-write.c   buffers and copied writes (pool_write)
@@ -419,6 +421,9 @@ void pool_note_failure_locked(struct pool *p, enum pool_counter_kind kind,
  * connection. */
 void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
                                 uint64_t off, uint64_t len, int err);
+/* Free a request that is in no list; a held one waits for its holds, a
+ * piece frees its parent's buffer with the last piece. */
+void pool_free_req_locked(struct pool *p, struct pool_req *r);
 /* Make [off, end) pending zero; never waits.  -ENOMEM/-ENOSPC. */
 int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
 
@@ -450,8 +455,6 @@ void pool_seal_locked(struct pool *p, struct pool_req *r);
 void pool_seal_overlapping_locked(struct pool *p, uint64_t off, uint64_t len,
                                   struct pool_req *keep);
 void pool_seal_all_locked(struct pool *p);
-/* Free a request that is in no list; a held one waits for its holds. */
-void pool_free_req_locked(struct pool *p, struct pool_req *r);
 /* Wait until nothing sealed before seq is queued or in flight. */
 void pool_wait_seq_locked(struct pool *p, uint64_t seq);
 

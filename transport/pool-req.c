@@ -106,30 +106,6 @@ void pool_seal_all_locked(struct pool *p)
         pool_seal_locked(p, p->filling.head);
 }
 
-/* Free a request that is in no list; a held buffer waits for its last
- * pool_hold_release() (invariant 3 plus: never reused while held). */
-void pool_free_req_locked(struct pool *p, struct pool_req *r)
-{
-    if (r->holds > 0) {
-        r->state = REQ_DONE;
-        if (r->kind == REQ_WRITE)
-            p->nheld++;
-        return;
-    }
-    struct pool_req *parent = r->parent;
-    if (r->kind == REQ_WRITE && !parent)
-        p->free_bufs[p->nfree++] = r->data;
-    else if (r->kind == REQ_COPY)
-        free(r->data);
-    free(r);
-    /* A piece of a resent write: the buffer goes with the last one. */
-    if (parent) {
-        assert(parent->state == REQ_SPLIT && parent->pieces > 0);
-        if (--parent->pieces == 0)
-            pool_free_req_locked(p, parent);
-    }
-}
-
 /* keep: an acknowledged write whose buffer stays until a flush covers
  * it (see "RETAINED WRITES" in pool-internal.h). */
 static void release_req_locked(struct pool *p, struct pool_req *r, bool keep)
