@@ -144,6 +144,12 @@ static int open_pool(struct fs_disk *d, const struct cli_options *o)
         .destination_is_zero = o->destination_is_zero,
         .scan_extents = !o->no_extents,
         .track_touched = o->verify_readback != READBACK_OFF,
+        /* Survive a server restart: acknowledged writes kept until a
+         * flush covers them, resent after a reconnect; a flush at least
+         * every 10 s and every GiB, so that window stays small. */
+        .retain = true,
+        .flush_interval_ms = POOL_FLUSH_INTERVAL_MS,
+        .flush_bytes = POOL_FLUSH_BYTES,
         /* A reply to block status is waited for no longer than any other
          * reply (--request-timeout), and 15 s at most. */
         .scan_wait_ms = o->nbd.request_timeout_s &&

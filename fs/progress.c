@@ -478,7 +478,8 @@ void progress_get(struct progress *pg, struct progress_info *out)
     /* A failed copy is never settled nor 100%, whatever the pool says. */
     out->settled = !failed && out->unacknowledged == 0 &&
                    s.in_flight == 0 && s.pending_zero == 0 &&
-                   s.bufs_in_use == 0;
+                   s.bufs_in_use == s.bufs_retained;  /* retained:
+                                    * acknowledged, kept for a resend */
     {
         LOCK_FOR_SCOPE(&pg->lock);
         data_locked(pg, reach, out);

@@ -366,6 +366,9 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     fprintf(f, "  \"pool_buffers_in_use\": %u,\n", s.bufs_in_use);
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
     fprintf(f, "  \"pool_hold_buffers\": %u,\n", s.hold_bufs);
+    fprintf(f, "  \"pool_buffers_retained\": %u,\n", s.bufs_retained);
+    fprintf(f, "  \"bytes_resent\": %" PRIu64 ",\n", s.bytes_resent);
+    fprintf(f, "  \"pool_flushes\": %" PRIu64 ",\n", s.flushes_auto);
     fprintf(f, "  \"writer_wait_s\": %.6f,\n", (double) s.wait_ns / 1e9);
     fprintf(f, "  \"nothing_in_flight_s\": %.6f,\n", (double) s.idle_ns / 1e9);
     put_tcp(f, d);

@@ -11,6 +11,7 @@
 #include "transport/pool-internal.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -123,6 +124,49 @@ void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
             pool_kind_name(kind), len, off, strerror(err));
 }
 
+/* ---- freeing requests ------------------------------------------------ */
+
+/* Free a request that is in no list; a held buffer waits for its last
+ * pool_hold_release() (invariant 3 plus: never reused while held). */
+void pool_free_req_locked(struct pool *p, struct pool_req *r)
+{
+    if (r->holds > 0) {
+        r->state = REQ_DONE;
+        if (r->kind == REQ_WRITE)
+            p->nheld++;
+        return;
+    }
+    struct pool_req *parent = r->parent;
+    if (r->kind == REQ_WRITE && !parent)
+        p->free_bufs[p->nfree++] = r->data;
+    else if (r->kind == REQ_COPY)
+        free(r->data);
+    free(r);
+    /* A piece of a resent write: the buffer goes with the last one. */
+    if (parent) {
+        assert(parent->state == REQ_SPLIT && parent->pieces > 0);
+        if (--parent->pieces == 0)
+            pool_free_req_locked(p, parent);
+    }
+}
+
+/* ---- canaries -------------------------------------------------------- */
+
+uint64_t pool_canary_hash(const void *buf, size_t len)
+{
+    const unsigned char *b = buf;
+    uint64_t h = 1469598103934665603ull;      /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+void pool_canary_wait_locked(struct pool *p)
+{
+    while (p->canary_check || p->canary_busy)
+        pool_cond_wait_locked(p, "canary");
+}
+
 /* ---- pending zeroes ------------------------------------------------- */
 
 /* Add the parts of [off, end) not known zero to pending_zero, keeping
@@ -132,6 +176,13 @@ void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
 int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end)
 {
     size_t k = extmap_count_in(&p->known_zero, off, end);
+
+    if (extmap_count(&p->pending_zero) == 0)
+        p->pending_gen0 = p->next_seq;    /* this change's generation */
+    for (unsigned i = 0; i < NCANARIES; i++)
+        if (p->canaries[i].valid &&
+            pool_overlaps(p->canaries[i].off, CANARY_LEN, off, end - off))
+            p->canaries[i].valid = false; /* changed since its flush */
 
     if (extmap_count(&p->pending_zero) + k + 2 > p->map_max) {
         extmap_remove(&p->known_zero, off, end);  /* lossy: cannot fail */

@@ -312,7 +312,8 @@ again:
     if (!b) {
         unsigned avail = pool_spare_locked(p);
         if (avail == 0 && wait && p->nbufs >= 4 &&
-            (p->queue.n > 0 || p->filling.n > 0 || p->nheld > 0)) {
+            (p->queue.n > 0 || p->filling.n > 0 || p->nheld > 0 ||
+             p->retained.n > 0)) {
             /* As a write would: what fills the pool must drain. */
             pool_wait_buffer_locked(p, "landing");
             goto again;

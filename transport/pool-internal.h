@@ -4,8 +4,10 @@
  *
  * LAYERS, bottom first: each file calls only the ones above it in this
  * list (tools/dev/import-graph checks that no object imports in a cycle)
- *   pool-damage.c  failure records, the damage set, making zeroes pending
- *   pool-errors.c  writes a reconnect lost, the error sequence, healing
+ *   pool-damage.c  failure records, the damage set, making zeroes pending,
+ *                  freeing requests, the canaries' hash
+ *   pool-errors.c  retained writes: resent or lost at a reconnect, cut by
+ *                  zeroes, let go; the error sequence, healing
  *   pool-req.c     requests: sealing, sending, completion (req_done)
  *   pool-zero.c    zero requests from the zero maps, the drain's zeroing
  *   pool-write.c   buffers and copied writes (pool_write)
@@ -53,7 +55,8 @@
  *     and reach the server in the order they were made.
  *  3. A request leaves the queue, and its buffer returns to the free list,
  *     only in req_done(), after the server replied, and once no hold is
- *     left on it (pool_hold_release()).
+ *     left on it (pool_hold_release()); with cfg.retain, a write's buffer
+ *     only once a successful NBD flush covers it too (RETAINED WRITES).
  * Each is asserted where it is relied on (assert() is on in every build
  * type: the top-level CMakeLists.txt drops NDEBUG).
  *
@@ -80,6 +83,40 @@
  * a reservation at the buffer's tail (or the whole buffer's first write)
  * and commits it as pool_fill_commit() does, if the buffer is still
  * FILLING with its tail where the write starts.
+ *
+ * RETAINED WRITES (cfg.retain)
+ * An acknowledged write is not yet on the server's stable storage: a
+ * server that restarts (nbdkit killed, a RAM disk) may come back without
+ * it.  So req_done() keeps an acknowledged write's buffer, unchanged, in
+ * the retained list (state RETAINED, in acknowledgement order, stamped
+ * with the flush epoch), until an NBD flush sent after the
+ * acknowledgement succeeds without a reconnect in between
+ * (flush_end()).  Retained buffers are in use: they count against
+ * pool_size, so memory stays bounded; a writer that finds no spare
+ * buffer asks the flusher thread for a flush and waits, as it waits for
+ * a reply.  The flusher also flushes every cfg.flush_interval_ms and
+ * every cfg.flush_bytes acknowledged, and as soon as half the buffers are
+ * retained, so a flush is under way before a writer has to wait.  A
+ * retained buffer is never written, landed in or lent: only FILLING
+ * buffers and free ones are.
+ * At a reconnect (pool_check_reconnect_locked()) every retained write is
+ * sent again, oldest first, to the new server, minus the parts that
+ * something newer covers (a later retained write, a request queued,
+ * in flight or filling, a pending zero, damage): the newer one wins.  A
+ * write resent whole goes back to the queue; one resent in parts becomes
+ * a SPLIT parent whose pieces (requests with parent set, their data
+ * inside the parent's buffer) are queued, the buffer going back once the
+ * last piece is done.  A zero acknowledged after a retained write it
+ * overlaps cuts that write into its remaining pieces at once (the zero's
+ * own repair after a reconnect is the pending zero, see pool-errors.c).
+ * A resent write awaits the next flush again.  Only an acknowledged write
+ * whose buffer was let go before a flush covered it (retention off, a
+ * bound that could not wait: the last flush failed; a piece that could
+ * not be allocated) is in unflushed[UNFLUSHED_WRITE]; at a reconnect that
+ * is damage ("may be lost"), the loud path.
+ * Generations: a request carries gen0, pool_gen() as it was when its
+ * first change was made; a flush covers the changes older than the
+ * oldest gen0 not yet acknowledged (flush_cut_locked()).
  *
  * ZERO MAPS
  * known_zero: ranges that will read as zero once every queued request is
@@ -130,6 +167,8 @@
 #define UNFLUSHED_ZERO 1
 #define EIO_RETRIES 2             /* an EIO write or zero is sent again this
                                    * many times before it counts */
+#define NCANARIES 16              /* samples of flushed writes kept */
+#define CANARY_LEN 4096u
 #define ZERO_CHUNK (64u << 10)    /* all-zero payload runs this size and
                                    * alignment become write-zeroes */
 
@@ -142,6 +181,10 @@ enum req_kind {
 enum req_state {
     REQ_NEW, REQ_FILLING, REQ_QUEUED, REQ_IN_FLIGHT,
     REQ_DONE,                     /* answered or dropped, kept for holds */
+    REQ_RETAINED,                 /* WRITE: acknowledged, in the retained
+                                   * list until a flush covers it */
+    REQ_SPLIT,                    /* WRITE: its buffer lent to pieces
+                                   * (parent of each), in no list */
 };
 
 struct pool_req {
@@ -167,9 +210,16 @@ struct pool_req {
     unsigned holds;               /* pool_hold_release() calls to come */
     uint64_t held_end;            /* WRITE: data[0, held_end) is held:
                                    * never rewritten in place */
+    uint64_t gen0;                /* pool_gen() at its first change */
+    uint64_t ack_epoch;           /* RETAINED: the flush epoch then */
+    uint64_t sent_rc;             /* nbdx_reconnects() when last sent */
+    bool resend;                  /* sent again after a reconnect */
+    struct pool_req *parent;      /* a piece: data is inside parent's
+                                   * buffer (REQ_SPLIT), not owned */
+    unsigned pieces;              /* SPLIT: pieces not yet freed */
     struct pool *p;
     struct nbdx_op op;
-    struct pool_req *prev, *next; /* filling list or queue */
+    struct pool_req *prev, *next; /* filling list, queue or retained */
 };
 
 struct req_list {
@@ -193,6 +243,7 @@ struct pool {
 
     struct req_list filling;      /* FILLING buffers, most recent last */
     struct req_list queue;        /* QUEUED and IN_FLIGHT, in seq order */
+    struct req_list retained;     /* RETAINED, in acknowledgement order */
     uint64_t next_seq;
     unsigned in_flight, nzero_reqs;
 
@@ -238,6 +289,34 @@ struct pool {
     uint64_t reconnects_seen;     /* nbdx_reconnects() as last seen */
     pthread_mutex_t flush_lock;   /* one NBD flush at a time: flushing is
                                    * the set the one in flight covers */
+    /* Retention (RETAINED WRITES): acknowledgements are stamped with
+     * epoch; a flush covers the epochs up to the one current when it was
+     * sent (flush_covers, while flush_in_flight).  The flusher thread
+     * sends flushes of its own. */
+    bool retain;                  /* cfg.retain and the server can flush */
+    uint64_t epoch, flush_covers;
+    bool flush_in_flight;
+    uint64_t acked_since_flush;   /* write bytes acknowledged since the
+                                   * last flush was sent */
+    uint64_t last_flush_ns;       /* when the last flush was sent */
+    bool flush_wanted;            /* a writer waits for retained buffers */
+    bool flusher_started;
+    pthread_t flusher;
+    pthread_cond_t flusher_cond;  /* wakes the flusher */
+    uint64_t pending_gen0;        /* pool_gen() when pending_zero last
+                                   * became non-empty (or older) */
+    /* Canaries: samples of flushed writes (CANARY_LEN bytes at off and
+     * their hash), dropped when anything later is sealed over them.  A
+     * reconnect has the flusher read them back: a server that lost them
+     * lost data a flush had covered, which no resend can repair. */
+    struct canary {
+        uint64_t off, hash;
+        uint64_t rc;              /* the connection its flush was on */
+        bool valid;
+    } canaries[NCANARIES];
+    unsigned next_canary;
+    bool canary_check;            /* a reconnect: read them back */
+    bool canary_busy;             /* being read back: damage checks wait */
 
     struct pool_stats st;
     uint64_t changes;             /* write and zero requests completed */
@@ -342,14 +421,27 @@ void pool_note_failure_locked(struct pool *p, enum pool_counter_kind kind,
  * connection. */
 void pool_record_failure_locked(struct pool *p, enum pool_counter_kind kind,
                                 uint64_t off, uint64_t len, int err);
+/* Free a request that is in no list; a held one waits for its holds, a
+ * piece frees its parent's buffer with the last piece. */
+void pool_free_req_locked(struct pool *p, struct pool_req *r);
 /* Make [off, end) pending zero; never waits.  -ENOMEM/-ENOSPC. */
 int pool_add_pending_locked(struct pool *p, uint64_t off, uint64_t end);
 
 /* ---- pool-errors.c: lost writes, the error sequence, healing -------- */
 
-/* Count what a reconnect since the last look may have lost; never
- * waits. */
+/* After a reconnect since the last look: resend the retained writes
+ * (queued, not sent: the caller, or the flusher it wakes, dispatches),
+ * zero again the zeroes and count what may be lost; never waits. */
 void pool_check_reconnect_locked(struct pool *p);
+/* A zero over [off, off+len) was acknowledged: cut it out of the older
+ * retained writes (never resend their bytes over it). */
+void pool_retained_cut_locked(struct pool *p, uint64_t off, uint64_t len);
+/* Let a retained write go before a flush covers it (its range counts as
+ * acknowledged and unflushed: damage at a reconnect). */
+void pool_evict_locked(struct pool *p, struct pool_req *r);
+/* Wait while the canaries are read back after a reconnect. */
+void pool_canary_wait_locked(struct pool *p);
+uint64_t pool_canary_hash(const void *buf, size_t len);
 /* Drops pool->lock while it tries the server: decide again after it. */
 int pool_heal_locked(struct pool *p);
 
@@ -363,8 +455,6 @@ void pool_seal_locked(struct pool *p, struct pool_req *r);
 void pool_seal_overlapping_locked(struct pool *p, uint64_t off, uint64_t len,
                                   struct pool_req *keep);
 void pool_seal_all_locked(struct pool *p);
-/* Free a request that is in no list; a held one waits for its holds. */
-void pool_free_req_locked(struct pool *p, struct pool_req *r);
 /* Wait until nothing sealed before seq is queued or in flight. */
 void pool_wait_seq_locked(struct pool *p, uint64_t seq);
 

@@ -93,11 +93,15 @@ static int read_server(struct pool *p, uint64_t off, char *buf, size_t len)
 /* The moment the read is decided (see pool_read()): -EIO if the lost
  * connection does not heal, else 0 or -ENOMEM (the snapshot). */
 static int read_decide(struct pool *p, uint64_t off, size_t len,
-                       struct zero_snapshot *snap, bool *all_zero)
+                       struct zero_snapshot *snap, bool *all_zero,
+                       uint64_t *seen)
 {
     LOCK_FOR_SCOPE(&p->lock);
     if (pool_heal_locked(p) < 0)
         return -EIO;
+    /* A reconnect's resends are writes like any other: waited for. */
+    pool_check_reconnect_locked(p);
+    *seen = p->reconnects_seen;
     pool_seal_overlapping_locked(p, off, len, NULL);
     pool_dispatch_locked(p);
     while (queue_overlaps(p, off, len))
@@ -122,12 +126,23 @@ static void read_count(struct pool *p, uint64_t off, size_t len, int r)
     }
 }
 
+/* A reconnect since the read was decided: a restarted server may have
+ * answered it before the retained writes were sent again (with retention
+ * only: without, they are damage and the reader is not told). */
+static bool read_crossed(struct pool *p, uint64_t seen)
+{
+    return p->retain && nbdx_reconnects(p->x) != seen;
+}
+
 int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
 {
     struct zero_snapshot snap;
     bool all_zero = false;
-    int r = read_decide(p, off, len, &snap, &all_zero);
+    uint64_t seen;
+    int r;
 
+again:
+    r = read_decide(p, off, len, &snap, &all_zero, &seen);
     if (r == -EIO)                /* not healed: nothing read or counted */
         return r;
     if (all_zero)
@@ -137,6 +152,8 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
         if (r < 0)
             r = -pool_tool_errno(-r);  /* a lost connection reads as EIO */
         overlay_snapshot(&snap, off, buf);
+        if (r == 0 && read_crossed(p, seen))
+            goto again;           /* after the resends, read again */
     }
     read_count(p, off, len, r);
     return r;
@@ -147,6 +164,7 @@ int pool_read(struct pool *p, uint64_t off, void *buf, size_t len)
 struct aread_op {
     struct nbdx_op op;
     struct pool_aread *a;
+    uint64_t seen;                /* p->reconnects_seen when started */
 };
 
 size_t pool_read_max(struct pool *p)
@@ -164,6 +182,8 @@ static void aread_done(struct nbdx_op *op, int err)
     uint64_t off = a->off;
     size_t len = a->len;
 
+    if (!err && read_crossed(p, ao->seen))
+        err = ESTALE;             /* read again on demand, after resends */
     free(ao);
     a->done(a, err);              /* may free a */
     LOCK_FOR_SCOPE(&p->lock);
@@ -189,6 +209,7 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
     LOCK_FOR_SCOPE(&p->lock);
     if (p->lost || p->stopping)
         return -EIO;
+    pool_check_reconnect_locked(p);
     pool_seal_overlapping_locked(p, off, len, NULL);
     pool_dispatch_locked(p);
     uint64_t zero = extmap_covered(&p->known_zero, off, off + len);
@@ -204,6 +225,7 @@ int pool_read_start(struct pool *p, struct pool_aread *a)
         if (!ao)
             return -EAGAIN;
         ao->a = a;
+        ao->seen = p->reconnects_seen;
         ao->op = (struct nbdx_op) { .kind = NBDX_OP_READ, .off = off,
                                     .len = len, .buf = a->buf,
                                     .done = aread_done };

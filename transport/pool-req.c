@@ -52,6 +52,7 @@ static void send_req_locked(struct pool *p, struct pool_req *r)
         extmap_add(&p->touched, r->off, r->off + r->len) < 0)
         p->touched_all = true;        /* too fragmented: assume all */
     r->state = REQ_IN_FLIGHT;
+    r->sent_rc = nbdx_reconnects(p->x);
     if (p->in_flight++ == 0 && p->idle_since_ns) {
         p->st.idle_ns += mono_now_ns() - p->idle_since_ns;
         p->idle_since_ns = 0;
@@ -74,9 +75,16 @@ void pool_seal_locked(struct pool *p, struct pool_req *r)
 {
     if (r->state == REQ_FILLING)
         pool_list_remove(&p->filling, r);
+    else if (r->kind == REQ_ZERO)         /* made now, or made pending */
+        r->gen0 = p->pending_gen0 < p->next_seq ? p->pending_gen0
+                                                : p->next_seq;
     r->state = REQ_QUEUED;
     r->seq = p->next_seq++;
     pool_list_append(&p->queue, r);
+    for (unsigned i = 0; i < NCANARIES; i++)
+        if (p->canaries[i].valid &&
+            pool_overlaps(p->canaries[i].off, CANARY_LEN, r->off, r->len))
+            p->canaries[i].valid = false; /* changed since its flush */
 }
 
 /* Seal every FILLING buffer overlapping [off, off+len) except keep. */
@@ -98,24 +106,9 @@ void pool_seal_all_locked(struct pool *p)
         pool_seal_locked(p, p->filling.head);
 }
 
-/* Free a request that is in no list; a held buffer waits for its last
- * pool_hold_release() (invariant 3 plus: never reused while held). */
-void pool_free_req_locked(struct pool *p, struct pool_req *r)
-{
-    if (r->holds > 0) {
-        r->state = REQ_DONE;
-        if (r->kind == REQ_WRITE)
-            p->nheld++;
-        return;
-    }
-    if (r->kind == REQ_WRITE)
-        p->free_bufs[p->nfree++] = r->data;
-    else if (r->kind == REQ_COPY)
-        free(r->data);
-    free(r);
-}
-
-static void release_req_locked(struct pool *p, struct pool_req *r)
+/* keep: an acknowledged write whose buffer stays until a flush covers
+ * it (see "RETAINED WRITES" in pool-internal.h). */
+static void release_req_locked(struct pool *p, struct pool_req *r, bool keep)
 {
     assert(r->state == REQ_IN_FLIGHT && r->replied);  /* invariant 3 */
     pool_list_remove(&p->queue, r);
@@ -123,7 +116,22 @@ static void release_req_locked(struct pool *p, struct pool_req *r)
         p->nzero_reqs--;
     if (--p->in_flight == 0)
         p->idle_since_ns = mono_now_ns();
-    pool_free_req_locked(p, r);
+    if (!keep) {
+        pool_free_req_locked(p, r);
+        return;
+    }
+    r->state = REQ_RETAINED;
+    r->ack_epoch = p->epoch;
+    pool_list_append(&p->retained, r);
+    if (p->acked_since_flush == 0 && p->changes == p->flushed_changes)
+        p->last_flush_ns = mono_now_ns(); /* unflushed from now on */
+    p->acked_since_flush += r->len;
+    /* Half the buffers retained, or the byte budget reached: a flush now,
+     * before a writer has to wait for one. */
+    if ((p->cfg.flush_bytes && p->acked_since_flush >= p->cfg.flush_bytes) ||
+        2 * p->retained.n >= p->nbufs ||
+        p->retained.n == 1)               /* the flusher's clock starts */
+        pthread_cond_signal(&p->flusher_cond);
 }
 
 /* nbdx completion: runs on an I/O thread, outside libnbd. */
@@ -131,6 +139,7 @@ static void req_done(struct nbdx_op *op, int err)
 {
     struct pool_req *r = op->opaque;
     struct pool *p = r->p;
+    bool keep = false;
 
     LOCK_FOR_SCOPE(&p->lock);
     if (err == ENOTSUP && r->kind == REQ_ZERO &&
@@ -146,6 +155,17 @@ static void req_done(struct nbdx_op *op, int err)
      * latest, which keeps the damage set exact (invariant 2). */
     assert(!overlaps_earlier(r));
     pool_check_reconnect_locked(p);
+    if (!err && p->retain && r->sent_rc != p->reconnects_seen) {
+        /* In flight across a reconnect: which server answered is not
+         * known, and the old one may be gone with it.  Sent again, in its
+         * place (nothing newer over it was sent meanwhile: invariant 2). */
+        if (r->kind == REQ_WRITE)
+            p->st.bytes_resent += r->len;
+        p->in_flight--;
+        r->state = REQ_QUEUED;
+        pool_dispatch_locked(p);
+        return;
+    }
     if (err == EIO && r->retries < EIO_RETRIES) {
         /* A server's EIO may be passing (a busy disk, a hiccup): send it
          * again, keeping its buffer and its place in the queue. */
@@ -171,12 +191,20 @@ static void req_done(struct nbdx_op *op, int err)
             extmap_remove(&p->known_zero, r->off, r->off + r->len);
     } else {
         pool_damage_clear_locked(p, r->off, r->len);
-        pool_set_add_cover_locked(p, &p->unflushed[r->kind == REQ_WRITE ||
-                                              !p->can_zero
-                                              ? UNFLUSHED_WRITE
-                                              : UNFLUSHED_ZERO],
-                                  r->off, r->off + r->len);
-        if (r->kind == REQ_WRITE) {
+        if (r->kind == REQ_WRITE)
+            keep = p->retain;
+        else if (p->retain)
+            pool_retained_cut_locked(p, r->off, r->len);
+        /* A write kept is resent after a reconnect; one not kept is what
+         * a reconnect may lose.  A zero needs no data: zeroed again. */
+        if (!keep)
+            pool_set_add_cover_locked(p, &p->unflushed[r->kind == REQ_WRITE
+                                                       ? UNFLUSHED_WRITE
+                                                       : UNFLUSHED_ZERO],
+                                      r->off, r->off + r->len);
+        if (r->kind == REQ_WRITE && r->resend) {
+            p->st.requests[POOL_WRITE]++;   /* acknowledged once before */
+        } else if (r->kind == REQ_WRITE) {
             p->st.bytes_acked += r->len;
             p->st.requests[POOL_WRITE]++;
         } else {
@@ -188,7 +216,7 @@ static void req_done(struct nbdx_op *op, int err)
     }
     p->changes++;
     r->replied = true;
-    release_req_locked(p, r);
+    release_req_locked(p, r, keep);
     pool_dispatch_locked(p);
     pthread_cond_broadcast(&p->cond);
 }

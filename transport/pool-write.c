@@ -88,6 +88,7 @@ void pool_open_filling_locked(struct pool *p, struct pool_req *r,
 {
     assert(r->kind == REQ_WRITE && r->state == REQ_NEW);
     r->off = off;
+    r->gen0 = p->next_seq;
     r->state = REQ_FILLING;
     pool_list_append(&p->filling, r);
     pthread_cond_signal(&p->idle_cond);
@@ -98,6 +99,18 @@ void pool_wait_buffer_locked(struct pool *p, const char *what)
     if (p->filling.head)
         pool_seal_locked(p, p->filling.head);
     pool_dispatch_locked(p);
+    if (p->retained.head) {
+        /* Buffers wait for a flush: the flusher sends one.  If the last
+         * flush failed, another may fail as well: the oldest is let go
+         * instead (a reconnect before a good flush makes it damage),
+         * rather than stop the copy on a flush that may never work. */
+        if (p->flush_failed && !p->flush_in_flight) {
+            pool_evict_locked(p, p->retained.head);
+            return;
+        }
+        p->flush_wanted = true;
+        pthread_cond_signal(&p->flusher_cond);
+    }
     uint64_t t0 = mono_now_ns();
     pool_cond_wait_locked(p, what);
     p->st.wait_ns += mono_now_ns() - t0;
@@ -115,7 +128,8 @@ struct pool_req *pool_new_filling_locked(struct pool *p, uint64_t off,
         /* Nothing queued, filling or held: no buffer will come back (a
          * failed allocation with the pool empty), so waiting would be
          * forever. */
-        if (p->queue.n == 0 && p->filling.n == 0 && p->nheld == 0) {
+        if (p->queue.n == 0 && p->filling.n == 0 && p->nheld == 0 &&
+            p->retained.n == 0) {
             *err = -ENOMEM;
             return NULL;
         }

@@ -52,7 +52,23 @@ struct pool_config {
      * manifest): see pool_gen().  NULL: not told. */
     void (*on_durable)(void *opaque, uint64_t gen);
     void *durable_opaque;
+    /* A restarted server is survived: an acknowledged write keeps its
+     * buffer (counted against pool_size) until a successful NBD flush
+     * covers it, and is sent again after a reconnect.  A pool thread
+     * sends the flushes that free them: when a writer waits for a
+     * buffer, when half the buffers are retained, every flush_bytes
+     * acknowledged (0: no byte budget) and every flush_interval_ms while
+     * something is unflushed (0: no interval).  Off (or a server without
+     * flush): acknowledged writes go at once, and a reconnect before a
+     * flush makes them damage. */
+    bool retain;
+    unsigned flush_interval_ms;
+    uint64_t flush_bytes;
 };
+
+/* What fs/ asks for: a flush at least this often while writing. */
+#define POOL_FLUSH_INTERVAL_MS 10000u
+#define POOL_FLUSH_BYTES (1ull << 30)
 
 /* Default bound of each zero map: about 64 bytes a range, so 4 MiB each.
  * Past it the known-zero map forgets its smaller pieces (costing reads
@@ -103,6 +119,13 @@ struct pool_stats {
     uint64_t idle_ns;         /* time with nothing in flight (after first) */
     uint64_t errors;          /* failed requests */
     uint64_t errors_lost;     /* of them, writes counted lost at a reconnect */
+    uint64_t bytes_resent;    /* acknowledged writes sent again after a
+                               * reconnect (not yet covered by a flush) */
+    unsigned bufs_retained;   /* of bufs_in_use, acknowledged writes kept
+                               * until a flush covers them */
+    uint64_t flushes_auto;    /* NBD flushes the pool sent by itself */
+    uint64_t flushed_lost;    /* reconnects after which the server no
+                               * longer held data a flush had covered */
     uint64_t pending_zero, known_zero;  /* bytes */
     uint64_t pending_zero_ranges, known_zero_ranges;
     unsigned nfailures;       /* entries in failures[] */
@@ -348,8 +371,11 @@ int pool_error_take(struct pool *p, uint64_t *seq);
  * the positive errno (EIO for a lost connection) of the latest failure
  * left unrepaired.  A range is damaged when its write or zero failed
  * (after the retries below), or when nbdx reconnected while writes it
- * acknowledged were not yet covered by a successful NBD flush (a
- * volatile server may have restarted without them); it is repaired when
+ * acknowledged were not yet covered by a successful NBD flush and not
+ * kept to be resent (cfg.retain off, a server without flush: a volatile
+ * server may have restarted without them), or when a reconnected server
+ * no longer holds samples of flushed data (all of the disk); it is
+ * repaired when
  * a later write or zero of it succeeds (a rewrite, or a truncate's
  * zeroing landing).  A failed NBD flush is damage until a flush
  * succeeds.  The copy tool must be told at every close and fsync until

@@ -10,6 +10,11 @@
  *
  *   ... fail-once=1
  *
+ *   ... no-flush=1
+ *
+ * A server that does not offer NBD flush at all (writes are as durable
+ * as it makes them): a client can never have a write covered by a flush.
+ *
  * A passing server error instead: while the flag exists, the first write
  * and the first zero at each offset fail with EIO and every later one
  * there succeeds, and every other flush fails (the first fails): the
@@ -34,7 +39,7 @@
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
 static const char *file, *flag;
-static int rate = 100, fd = -1, fail_once;
+static int rate = 100, fd = -1, fail_once, no_flush;
 static __thread unsigned seed;
 
 /* fail-once: the offsets that failed already (a small open hash set). */
@@ -83,6 +88,8 @@ static int f_config(const char *key, const char *value)
     rate = atoi(value);
   else if (strcmp(key, "fail-once") == 0)
     fail_once = atoi(value);
+  else if (strcmp(key, "no-flush") == 0)
+    no_flush = atoi(value);
   else {
     nbdkit_error("unknown parameter %s", key);
     return -1;
@@ -102,6 +109,7 @@ static int f_get_ready(void)
 
 static void *f_open(int ro) { return NBDKIT_HANDLE_NOT_NEEDED; }
 static int f_yes(void *h) { return 1; }
+static int f_can_flush(void *h) { return !no_flush; }
 
 static int64_t f_get_size(void *h)
 {
@@ -170,7 +178,7 @@ static struct nbdkit_plugin plugin = {
   .open = f_open,
   .get_size = f_get_size,
   .can_write = f_yes,
-  .can_flush = f_yes,
+  .can_flush = f_can_flush,
   .can_zero = f_yes,
   .can_multi_conn = f_yes,
   .pread = f_pread,

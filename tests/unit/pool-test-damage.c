@@ -182,8 +182,10 @@ static void test_flush_failure(void)
     fake_close(x);
 }
 
-/* Acknowledged, not flushed, then a reconnect: lost.  Flushed before the
- * reconnect: kept. */
+/* Without retention (cfg.retain off, or a server that cannot flush: the
+ * pool keeps no acknowledged buffer, so nothing can be resent):
+ * acknowledged, not flushed, then a reconnect: lost.  Flushed before the
+ * reconnect: kept.  With retention, pool-test-resend.c. */
 static void test_reconnect_loses_unflushed(void)
 {
     struct nbdx *x = fake_open(8 * MiB, true, 0);
@@ -313,6 +315,29 @@ static void test_durable_generations(void)
     uint64_t g3 = pool_gen(p);
     flush_answered(x, p, 0);
     assert(durable_calls == 2 && durable_gen >= g3);
+    pool_destroy(p);
+
+    /* With retention the reconnect is no damage: the write is resent.
+     * A flush whose reply came across the reconnect covers nothing (not
+     * told); the same pool_flush() drains the resend and flushes again,
+     * and that flush is told, newer than the write. */
+    cfg.retain = true;
+    durable_gen = 0;                          /* a new pool's generations */
+    assert(pool_create(&cfg, x, nbdx_info(x)->size, &p) == 0);
+    write_answered(x, p, 2 * MiB, 64 * KiB, 0x33, (int[]){ 0 }, 1);
+    uint64_t g4 = pool_gen(p);
+    start(&j, p, true);
+    struct nbdx_op *f = fake_wait_op(x, NBDX_OP_FLUSH);
+    memset(fake_disk(x) + 2 * MiB, 0, 64 * KiB);   /* restarted, lost */
+    fake_reconnect(x);
+    fake_complete(x, f, 0);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_WRITE), 0);   /* the resend */
+    assert(durable_calls == 2);
+    fake_complete(x, fake_wait_op(x, NBDX_OP_FLUSH), 0);
+    join(&j);
+    assert(j.r == 0 && pool_damage(p) == 0);
+    assert(durable_calls == 3 && durable_gen >= g4);
+    assert(fake_disk(x)[2 * MiB] == 0x33);
     pool_destroy(p);
     fake_close(x);
 }

@@ -18,7 +18,9 @@ add_test(NAME extmap COMMAND extmap-test)
 # (reads started without waiting), pool-test-land (writes received
 # straight into their buffer), pool-test-damage (failures kept as damage
 # until repaired, retries, writes lost at a reconnect), pool-test-own (lent
-# memory keeps its bytes while the rest of the pool is reused).
+# memory keeps its bytes while the rest of the pool is reused),
+# pool-test-resend (acknowledged writes kept until a flush covers them,
+# resent after a reconnect; the pool's own flushes).
 function(pool_unit_test name exe timeout)
   add_executable(${exe} ${POOL_TEST_DIR}/${exe}.c
                  ${POOL_TEST_DIR}/fake-nbdx.c ${POOL_SOURCES}
@@ -40,3 +42,4 @@ pool_unit_test(pool-aread pool-test-aread 300)
 pool_unit_test(pool-land pool-test-land 300)
 pool_unit_test(pool-damage pool-test-damage 120)
 pool_unit_test(pool-own pool-test-own 300)
+pool_unit_test(pool-resend pool-test-resend 120)
