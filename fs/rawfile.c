@@ -20,6 +20,7 @@
 #include "fs/digest.h"
 #include "fs/foreign.h"
 #include "fs/progress.h"
+#include "fs/warm.h"
 #include "transport/readahead.h"
 
 uint64_t rawfile_size(struct fs_disk *d)
@@ -65,6 +66,7 @@ static int cut(struct fs_disk *d, uint64_t off, uint64_t len)
 {
     if (len == 0)
         return 0;
+    warm_cut(d, off, len);        /* entries kept until the drain */
     int r = pool_zero_lazy(d->pool, off, len);
     ra_invalidate(d->ra, off, len);
     return r;
@@ -102,7 +104,12 @@ static int too_big(struct fs_disk *d, uint64_t size, const char *what)
  * never see the old bytes: they end at the size.  A truncate with no
  * handle (truncate(2) by path) is carried out at once, as is one that
  * grows the file (the bytes between must read as zero).  The progress
- * starts the copy's pass at once: it counts the copy, not the disk. */
+ * starts the copy's pass at once: it counts the copy, not the disk.
+ * With a manifest that holds data (a warm migration's later pass,
+ * fs/warm.h), the owner's clean close keeps it deferred (dd closes its
+ * first descriptor right after the open; carried out then, its zeroing
+ * would destroy what the copy's unchanged writes need not send), and
+ * the owner's release carries it out instead of dropping it. */
 
 static bool deferred(struct fs_disk *d)
 {
@@ -237,6 +244,14 @@ int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped)
     WRLOCK_FOR_SCOPE(&d->size_lock);
     if (d->trunc_owner != fh->serial)
         return 0;
+    /* Nothing written since the truncate, and the manifest holds data
+     * the copy may find unchanged (dd closes its first descriptor right
+     * after the open): still deferred; the release carries it out. */
+    if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED) &&
+        warm_keeps_truncate(d)) {
+        fh->trunc_kept = true;
+        return 0;
+    }
     if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED))
         return carry_out_locked(d);
     drop_locked(d, fh, "a request of the same copy failed");
@@ -249,7 +264,13 @@ void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
     if (__atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != fh->serial)
         return;
     WRLOCK_FOR_SCOPE(&d->size_lock);
-    if (d->trunc_owner == fh->serial)
+    if (d->trunc_owner != fh->serial)
+        return;
+    if (fh->trunc_kept && !__atomic_load_n(&d->trunc_failed,
+                                           __ATOMIC_RELAXED))
+        carry_out_locked(d);      /* closed cleanly: its error, the next
+                                   * drain's */
+    else
         drop_locked(d, fh, "released without a close");
 }
 
@@ -324,7 +345,8 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         SETTLED_RDLOCK_FOR_SCOPE(d, &err);
         n = err ? err : write_size(d, fh, size, off);
         if (n > 0) {
-            ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
+            /* Only what changed is sent (fs/warm.c, THE SKIP). */
+            ssize_t r = warm_write(d, off, buf, (size_t) n);
             if (r < 0)
                 n = r;
         }
@@ -380,7 +402,9 @@ static void digest_holds(struct fs_disk *d, const struct pool_fill *f)
 
 void *rawfile_land_begin(struct fs_disk *d, size_t *room)
 {
-    if (d->readonly || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
+    /* With a manifest every write is hashed before it is sent (or not):
+     * the copying path, rawfile_write(). */
+    if (d->readonly || __atomic_load_n(&d->warm, __ATOMIC_ACQUIRE) || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
         pool_land_begin(d->pool,
                         __atomic_load_n(&d->land_whole, __ATOMIC_RELAXED)
                             ? UINT64_MAX  /* no tail: a whole buffer */
@@ -446,6 +470,9 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
      * bytes, so it takes the copying path (once per copy). */
     if (off == 0 && !d->cfg->raw_images)
         return -EAGAIN;
+    /* With a manifest, the copying path (rawfile_land_begin()). */
+    if (__atomic_load_n(&d->warm, __ATOMIC_ACQUIRE))
+        return -EAGAIN;
     ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
     int r = 0;
     if (size <= 0)
@@ -489,7 +516,9 @@ int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
     {
         SETTLED_RDLOCK_FOR_SCOPE(d, &r);
         if (r == 0 && zero && start < end) {
+            warm_zero_begin(d, start, end - start);
             r = pool_zero(d->pool, start, end - start);     /* write-zeroes */
+            warm_zero_end(d, start, end - start);
             ra_invalidate(d->ra, start, end - start); /* even if it failed */
         }
         if (r == 0)
@@ -552,7 +581,9 @@ int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len)
     int r = 0;
     {
         SETTLED_RDLOCK_FOR_SCOPE(d, &r);
+        warm_zero_begin(d, off, len);
         r = r ? r : pool_zero(d->pool, off, len);
+        warm_zero_end(d, off, len);
         ra_invalidate(d->ra, off, len);      /* even if it failed */
         if (r == 0)
             extend_to(d, off + len);
@@ -583,6 +614,7 @@ void rawfile_view_begin(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
      * A raw truncate still deferred (the same process) comes first. */
     carry_out(d);                 /* its error: the next drain's */
     digest_foreign(d->digest, what);
+    warm_forget_all(d);           /* views change blocks it does not follow */
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(d->progress, 0);
     progress_writer(d->progress, pid);
@@ -709,16 +741,25 @@ static int told(struct fs_disk *d, struct fs_fh *fh)
     return err;
 }
 
+/* A drain that sends the truncates' pending zeroes: the manifest's cut
+ * blocks become zero changes around it (fs/warm.h). */
+static void drain_zeroes(struct fs_disk *d)
+{
+    warm_settle_begin(d);
+    pool_drain(d->pool);
+    warm_settle_end(d);
+}
+
 int rawfile_drain_end(struct fs_disk *d)
 {
-    pool_drain(d->pool);
+    drain_zeroes(d);
     return -pool_range_damage(d->pool);
 }
 
 int rawfile_drain(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
     if (wrote)
-        pool_drain(d->pool);
+        drain_zeroes(d);
     return -told(d, fh);
 }
 
@@ -734,7 +775,9 @@ int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh)
         if (d->trunc_owner == fh->serial)
             z = carry_out_locked(d);
     }
+    warm_settle_begin(d);
     int r = pool_flush(d->pool);
+    warm_settle_end(d);
     if (z < 0)
         return z;
     int err = told(d, fh);

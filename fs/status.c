@@ -8,6 +8,7 @@
  * The file itself is a view (fs/view.h), read-only, at the end.
  */
 #include "fs/view.h"
+#include "fs/warm.h"
 #include "transport/tcpinfo.h"
 
 #include <errno.h>
@@ -367,6 +368,7 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     put_damage(f, &s);
     put_progress(f, d, &s, uptime);
     readback_put_status(f, d);
+    warm_put_status(f, d);
     put_digest(f, d, &s, apparent);
 }
 

@@ -759,11 +759,17 @@ uint64_t manifest_settle_cuts(struct manifest *m)
 {
     LOCK_FOR_SCOPE(&m->lock);
     uint64_t n = 0;
-    for (uint64_t b = 0; m->ncut && b < m->nblocks; b++)
-        if (m->st[b] & ST_CUT) {
-            change_locked(m, b, MF_ZERO, NULL, GEN_UNSET);
-            n++;
+    for (uint64_t b = 0; m->ncut && b < m->nblocks; b++) {
+        if (!(m->st[b] & ST_CUT))
+            continue;
+        if (kind_of(m, b) == MF_ZERO) {   /* zeroing it changes nothing */
+            m->st[b] &= (uint8_t) ~ST_CUT;
+            m->ncut--;
+            continue;
         }
+        change_locked(m, b, MF_ZERO, NULL, GEN_UNSET);
+        n++;
+    }
     sync_locked(m);
     return n;
 }
@@ -781,8 +787,9 @@ void manifest_forget_all(struct manifest *m)
     LOCK_FOR_SCOPE(&m->lock);
     if (m->ndata + m->nzero)
         jrec(m, REC_FORGET, 0, m->nblocks, NULL);
-    for (uint64_t b = 0; b < m->nblocks; b++)
-        set_durable(m, b, MF_NONE, NULL);
+    bool mt = m->has_mtime;
+    clear_locked(m);              /* pending changes and cuts too */
+    m->has_mtime = mt;
     sync_locked(m);
 }
 

@@ -127,12 +127,14 @@ void manifest_durable(struct manifest *m, uint64_t gen);
 void manifest_cut(struct manifest *m, uint64_t b0, uint64_t b1);
 bool manifest_is_cut(struct manifest *m, uint64_t b);
 void manifest_uncut(struct manifest *m, uint64_t b0, uint64_t b1);
-/* Returns the number of blocks settled; FORGET records synced. */
+/* Returns the number of blocks settled (a cut block known zero just
+ * stops being cut); FORGET records synced. */
 uint64_t manifest_settle_cuts(struct manifest *m);
 void manifest_settle_gen(struct manifest *m, uint64_t gen);
 
-/* Forget every durable entry (journaled, synced): the disk changed in a
- * way the manifest does not follow (an image view replaced it). */
+/* Forget every entry, durable and pending, and every cut (journaled,
+ * synced): the disk changed in a way the manifest does not follow (an
+ * image view replaced it). */
 void manifest_forget_all(struct manifest *m);
 
 /* Up to n blocks with a durable MF_DATA entry, drawn at random (seed),

@@ -31,11 +31,18 @@ static uint64_t zeroing_count_locked(const struct pool *p)
     return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
 }
 
-/* pool_drain(); returns the generation it waited for (pool_gen()). */
-static uint64_t drain_gen(struct pool *p)
+/* pool_drain(); returns the generation it waited for (pool_gen()).
+ * Without zeroes, the pending zeroes stay pending (pool_checkpoint()). */
+static uint64_t drain_gen(struct pool *p, bool zeroes)
 {
     LOCK_FOR_SCOPE(&p->lock);
     pool_seal_all_locked(p);
+    if (!zeroes) {
+        pool_dispatch_locked(p);
+        uint64_t gen = p->next_seq;
+        pool_wait_seq_locked(p, gen);
+        return gen;
+    }
     if (p->zero_drains++ == 0) {
         p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
         p->zeroing_base = zeroing_count_locked(p);
@@ -50,7 +57,7 @@ static uint64_t drain_gen(struct pool *p)
 
 void pool_drain(struct pool *p)
 {
-    drain_gen(p);
+    drain_gen(p, true);
 }
 
 uint64_t pool_gen(struct pool *p)
@@ -148,11 +155,11 @@ static void flush_end(struct pool *p, int r, uint64_t changes)
     pool_set_clear(&p->flushing[UNFLUSHED_ZERO]);
 }
 
-int pool_flush(struct pool *p)
+static int flush_after(struct pool *p, bool zeroes)
 {
     uint64_t changes;
 
-    uint64_t gen = drain_gen(p);
+    uint64_t gen = drain_gen(p, zeroes);
     /* One flush at a time: p->flushing is what the one in flight covers
      * (flush_lock before p->lock, never while holding it). */
     LOCK_FOR_SCOPE(&p->flush_lock);
@@ -169,6 +176,16 @@ int pool_flush(struct pool *p)
     if (r == 0)
         tell_durable(p, gen);
     return r;
+}
+
+int pool_flush(struct pool *p)
+{
+    return flush_after(p, true);
+}
+
+int pool_checkpoint(struct pool *p)
+{
+    return flush_after(p, false);
 }
 
 /* ---- the idle thread ------------------------------------------------- */
