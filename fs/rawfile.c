@@ -402,9 +402,7 @@ static void digest_holds(struct fs_disk *d, const struct pool_fill *f)
 
 void *rawfile_land_begin(struct fs_disk *d, size_t *room)
 {
-    /* With a manifest every write is hashed before it is sent (or not):
-     * the copying path, rawfile_write(). */
-    if (d->readonly || __atomic_load_n(&d->warm, __ATOMIC_ACQUIRE) || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
+    if (d->readonly || __atomic_load_n(&d->land_skip, __ATOMIC_RELAXED) ||
         pool_land_begin(d->pool,
                         __atomic_load_n(&d->land_whole, __ATOMIC_RELAXED)
                             ? UINT64_MAX  /* no tail: a whole buffer */
@@ -436,6 +434,8 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         n = -EAGAIN;              /* short or empty: the usual path says so */
     if (n > 0 && foreign_raw_check(d, fh, off, d->land.mem, (size_t) n) < 0)
         n = -EMEDIUMTYPE;         /* not committed: the disk keeps it */
+    if (n > 0 && !warm_zero_copy_ok(d, off, (size_t) n))
+        n = -EAGAIN;              /* the manifest's blocks: copied, hashed */
     if (n <= 0)
         return n;                 /* a deferred truncate left alone */
     {
@@ -448,12 +448,14 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             foreign_raw_write(d, off, d->land.mem, (size_t) n);
         if (n > 0)
             n = pool_land_commit(d->pool, &d->land, off, (size_t) n,
-                                 d->digest != NULL, &f);
+                                 d->digest != NULL || warm_wants_holds(d),
+                                 &f);
         if (n > 0)
             changed(d, off, (uint64_t) n, true);
     }
     if (n > 0) {
         land_note(d, off, off + (uint64_t) n);
+        warm_record(d, off, (uint64_t) n, &f);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) n);
     }
@@ -470,8 +472,9 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
      * bytes, so it takes the copying path (once per copy). */
     if (off == 0 && !d->cfg->raw_images)
         return -EAGAIN;
-    /* With a manifest, the copying path (rawfile_land_begin()). */
-    if (__atomic_load_n(&d->warm, __ATOMIC_ACQUIRE))
+    /* Blocks the manifest knows: hashed before anything is sent, on the
+     * copying path (fs/warm.c, THE SKIP). */
+    if (!warm_zero_copy_ok(d, off, fuse_buf_size(bufv)))
         return -EAGAIN;
     ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
     int r = 0;
@@ -491,7 +494,8 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             if (filled == 0 && f.nseg)
                 foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
             r = (int) pool_fill_commit(d->pool, &f, filled,
-                                       d->digest != NULL);
+                                       d->digest != NULL ||
+                                       warm_wants_holds(d));
             if (r == -EAGAIN)
                 r = -EIO;         /* not the caller's cue: bufv is spent */
         }
@@ -502,6 +506,7 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
         land_note(d, off, off + (uint64_t) size);
+        warm_record(d, off, (uint64_t) size, &f);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) size);
     }

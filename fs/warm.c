@@ -569,6 +569,71 @@ bool warm_keeps_truncate(struct fs_disk *d)
     return st.data > 0;
 }
 
+bool warm_zero_copy_ok(struct fs_disk *d, uint64_t off, uint64_t len)
+{
+    struct warm *w = live(d);
+    return !w || manifest_all_unknown(w->m, off / BS, (off + len + BS - 1) /
+                                                        BS);
+}
+
+bool warm_wants_holds(struct fs_disk *d)
+{
+    return live(d) != NULL;
+}
+
+/* Bytes [pos, pos+n) of a committed write, from its holds: in place if
+ * one hold has them all, else copied into tmp. */
+static const unsigned char *from_holds(const struct pool_fill *f,
+                                       uint64_t pos, size_t n,
+                                       unsigned char *tmp)
+{
+    size_t done = 0;
+    for (unsigned i = 0; i < f->nhold && done < n; i++) {
+        const struct pool_hold *h = &f->hold[i];
+        uint64_t at = pos + done;
+        if (at < h->off || at >= h->off + h->len)
+            continue;
+        size_t k = (size_t) (h->off + h->len - at);
+        if (k > n - done)
+            k = n - done;
+        if (done == 0 && k == n)
+            return (const unsigned char *) h->mem + (at - h->off);
+        memcpy(tmp + done, (const char *) h->mem + (at - h->off), k);
+        done += k;
+    }
+    return done == n ? tmp : NULL;
+}
+
+void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
+                 const struct pool_fill *f)
+{
+    struct warm *w = live(d);
+    const unsigned char *mem[MAX_BLOCKS];
+    uint64_t blk[MAX_BLOCKS];
+    unsigned char dg[MAX_BLOCKS][MF_DIGEST];
+    size_t nh = 0;
+    if (!w || !len)
+        return;
+    uint64_t gen = pool_gen(d->pool), end = off + len;
+    CLEANUP_FREE unsigned char *tmp = malloc((size_t) MAX_BLOCKS * BS);
+    for (uint64_t b = off / BS; b * BS < end; b++) {
+        bool whole = b * BS >= off && (b + 1) * BS <= end;
+        const unsigned char *p = whole && tmp && nh < MAX_BLOCKS
+            ? from_holds(f, b * BS, BS, tmp + nh * BS) : NULL;
+        if (p && is_zero(p, BS))
+            manifest_change(w->m, b, MF_ZERO, NULL, gen);
+        else if (p) {
+            blk[nh] = b;
+            mem[nh++] = p;
+        } else
+            manifest_change(w->m, b, MF_NONE, NULL, gen);
+    }
+    hash_blocks(mem, nh, dg);
+    for (size_t i = 0; i < nh; i++)
+        manifest_change(w->m, blk[i], MF_DATA, dg[i], gen);
+    maybe_checkpoint(d, w, len);
+}
+
 uint64_t warm_skipped(struct fs_disk *d)
 {
     struct warm *w = d->warm;

@@ -660,6 +660,15 @@ enum mf_kind manifest_lookup(struct manifest *m, uint64_t b,
     return k;
 }
 
+bool manifest_all_unknown(struct manifest *m, uint64_t b0, uint64_t b1)
+{
+    LOCK_FOR_SCOPE(&m->lock);
+    for (uint64_t b = b0; b < b1 && b < m->nblocks; b++)
+        if (kind_of(m, b) != MF_NONE)
+            return false;
+    return true;
+}
+
 static void forget_locked(struct manifest *m, uint64_t b)
 {
     if (kind_of(m, b) == MF_NONE)

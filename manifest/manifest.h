@@ -99,6 +99,10 @@ int  manifest_store(struct manifest *m, int dirfd, const char *name);
 enum mf_kind manifest_lookup(struct manifest *m, uint64_t b,
                              unsigned char *digest);
 
+/* True if no block of [b0, b1) has a durable entry (a change of them
+ * forgets nothing: it may be recorded after it is sent). */
+bool manifest_all_unknown(struct manifest *m, uint64_t b0, uint64_t b1);
+
 /* Block b was changed through the mount: it now holds kind (MF_NONE:
  * bytes not known, a partial write), digest for MF_DATA, and the change
  * is older than pool generation gen.  A durable entry it had is
