@@ -73,3 +73,18 @@ def written(srv, since=0):
 
 def sha256(path):
     return sha256_file(path)
+
+
+def verify_digest(src):
+    """nbdferry-verify SOURCE: the whole disk's blkhash, as the inline
+    digest computes it."""
+    from lib.env import BUILD
+    r = run([BUILD / "tools" / "nbdferry-verify", src])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[0]
+
+
+def inline_digest(st):
+    """The status's inline digest value, or None (with its state)."""
+    d = st["digest"]
+    return d.get("value") if d.get("state") == "complete" else None
