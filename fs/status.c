@@ -142,12 +142,13 @@ static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                "\"counts\": \"%s\", \"data_done\": %" PRIu64
                ", \"data_total\": %" PRIu64 ", \"remaining\": %" PRIu64
                ", \"written\": %" PRIu64 ", \"acknowledged\": %" PRIu64
-               ", \"eta_s\": %.1f},\n",
+               ", \"skipped_bytes\": %" PRIu64 ", \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
             pi.percent, pi.frontier, pi.settled ? "true" : "false",
             pi.failed ? "true" : "false",
             pi.by_data ? "data" : "bytes", pi.data_done, pi.data_total,
-            pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
+            pi.remaining, pi.pass_written, pi.pass_acked, pi.pass_skipped,
+            pi.eta_s);
 }
 
 /* The digest describes what was written through the file; once an NBD

@@ -22,7 +22,7 @@ import shutil
 import pytest
 
 from lib.copytools import log_mark, status, traffic
-from lib.env import MiB, daemon_cmd
+from lib.env import TOP, MiB, daemon_cmd
 from lib.procs import run
 from lib.warm import (BLOCK, change_source, copy, inline_digest, make_source,
                       sha256, verify_digest, written)
@@ -47,6 +47,8 @@ def one_pass(mount, srv, src, tool, *opts):
     copy(tool, src, m.file)
     wait_digest(m)
     st = status(m)
+    m.human = run([TOP / "tools" / "status" / "nbdferry-status", m.mp],
+                  check=True).stdout
     m.unmount()
     return st, written(srv, mark), m
 
@@ -74,6 +76,11 @@ def test_cutover_sends_only_changes(setup, mount, tool):
         f"{tool}: cutover wrote {cut} bytes for {changed} changed "
         f"(full pass: {full})")
     assert mf["skipped_bytes"] > 0
+    # Per copy: the bytes not sent, apart from those written.
+    assert st["progress"]["skipped_bytes"] == mf["skipped_bytes"]
+    assert st["progress"]["written"] <= 3 * changed + SLACK + \
+        (SIZE if tool.startswith("dd") else 0)       # dd writes its zeroes
+    assert "manifest    trusted" in m.human and "not sent" in m.human
     # The proof: the inline digest is the whole disk's blkhash.
     if tool != "qemu_img":      # qemu-img -n leaves holes unwritten
         assert inline_digest(st) == verify_digest(src), st["digest"]
