@@ -93,13 +93,14 @@ def test_rewrite_then_old_bytes_is_sent(setup, mount):
     src, disk, srv = setup
     one_pass(mount, srv, src, "dd_notrunc")
     m = mount(srv)
-    with open(src, "rb") as f:
-        f.seek(4 * BLOCK)
-        old = f.read(BLOCK)
+    raw = src.read_bytes()
+    b = next(b for b in range(SIZE // BLOCK)         # a block of data
+             if raw[b * BLOCK:(b + 1) * BLOCK].strip(b"\0"))
+    old = raw[b * BLOCK:(b + 1) * BLOCK]
     fd = os.open(m.file, os.O_WRONLY)
     try:
-        os.pwrite(fd, b"\xa5" * BLOCK, 4 * BLOCK)     # other bytes, not
-        os.pwrite(fd, old, 4 * BLOCK)                 # flushed; the old
+        os.pwrite(fd, b"\xa5" * BLOCK, b * BLOCK)     # other bytes, not
+        os.pwrite(fd, old, b * BLOCK)                 # flushed; the old
     finally:                                          # ones again
         os.close(fd)
     m.unmount()
