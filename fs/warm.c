@@ -12,8 +12,9 @@
  * storage before the write goes out), then, once pool_write() returned,
  * as pending with the pool's generation, made durable by the next good
  * flush (warm_on_durable).  Parts of blocks are written as before and
- * make the block unknown.  A zero block over a block known zero goes to
- * the pool, which sends nothing over a known-zero range.
+ * make the block unknown.  A zero block over a block the manifest holds
+ * as zero is not sent either (its pending zero cancelled: zero stays
+ * zero); where the pool knows it zero already, the pool skips it.
  *
  * CHECKPOINTS
  * While a copy writes, a checkpoint (pool_checkpoint(): drain and flush,
@@ -503,8 +504,11 @@ static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
         if (v[i].skip)
             v[i].skip = confirm_skip(d, w, v[i].b);
         if (v[i].zero_kept) {
+            /* Zero stays zero: nothing to send, unless the pool must
+             * see it (part of it known zero, or pending in part). */
+            int r = pool_note_unchanged(d->pool, v[i].b * BS, BS);
+            v[i].skip = r == 0 || r == 1;
             manifest_uncut(w->m, v[i].b, v[i].b + 1);
-            skipped += BS;
         }
         if (!v[i].skip && !v[i].zero_kept)
             manifest_change(w->m, v[i].b, !v[i].whole ? MF_NONE

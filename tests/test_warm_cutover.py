@@ -11,6 +11,8 @@ digest against nbdferry-verify SOURCE (the proof).
   most 3x the changed bytes + 1 MiB.
 - The stale-entry rule (trap (b)): a block rewritten through the mount
   with other bytes, then with its old bytes again, is sent again.
+- Without block status, a zero block over a block the manifest holds as
+  zero sends nothing (no write-zeroes either).
 - --no-manifest sends everything again; --forget MNT drops the manifest
   (the next pass is a full one).
 """
@@ -133,4 +135,19 @@ def test_forget_mountpoint(setup, mount, state_dir):
     copy("cp", src, m.file)
     m.unmount()
     assert written(srv, mark) >= 0.2 * SIZE     # a full pass again
+    assert sha256(disk) == sha256(src)
+
+
+def test_zero_over_zero_sends_nothing(setup, mount):
+    """Without block status (--no-extents) the pool knows nothing zero; the
+    manifest does: a dd that writes every zero block again sends neither
+    writes nor write-zeroes for them."""
+    src, disk, srv = setup
+    one_pass(mount, srv, src, "dd_notrunc", "--no-extents")
+    mark = log_mark(srv)
+    st, _, _ = one_pass(mount, srv, src, "dd_notrunc", "--no-extents")
+    t = traffic(srv, mark)
+    assert st["manifest"]["trust"] == "trusted"
+    assert t.bytes["Write"] == 0 and t.bytes["Zero"] == 0, t.bytes
+    assert st["manifest"]["skipped_bytes"] == SIZE
     assert sha256(disk) == sha256(src)
