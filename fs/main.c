@@ -314,6 +314,8 @@ static int start_watchers(struct fs_disk *d, const struct cli_options *o)
     if (r == 0) {
         digest_set_hold_limit(d->digest, digest_hold_limit(&ps));
         digest_set_reader(d->digest, digest_read_disk, d, d->export_size);
+        /* Blocks a pass never wrote, from the manifest (fs/warm.h). */
+        digest_set_filler(d->digest, warm_fill, d);
     }
     if (r == 0)
         r = readback_create(o->verify_readback,

@@ -66,6 +66,8 @@
 #define CHECKPOINT_BYTES (1ull << 30)
 #define CHECKPOINT_NS (10ull * 1000000000u)
 #define MAX_BLOCKS (FS_MAX_WRITE / BS + 2)
+#define RESOLVE_MAX 4096u         /* blocks written in part, read back
+                                   * at a drain (256 MiB) */
 
 /* A disk's name at the start of a log line, in a mount of several (as
  * fs/main.c). */
@@ -563,6 +565,13 @@ ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
     return (ssize_t) len;
 }
 
+int warm_fill(void *disk, uint64_t b, unsigned char *digest)
+{
+    struct warm *w = live(disk);
+    enum mf_kind k = w ? manifest_lookup(w->m, b, digest) : MF_NONE;
+    return k == MF_ZERO ? 1 : k == MF_DATA ? 2 : 0;
+}
+
 bool warm_keeps_truncate(struct fs_disk *d)
 {
     struct warm *w = live(d);
@@ -699,11 +708,39 @@ void warm_settle_begin(struct fs_disk *d)
         manifest_settle_cuts(w->m);
 }
 
+/* Blocks written in part, all of whose changes are on the server now
+ * (after a drain): read back whole and recorded, so that a copy writing
+ * a block in pieces (cp --sparse at a hole's 4 KiB edge) still leaves it
+ * known.  A change of the block meanwhile wins (manifest_resolve()). */
+static void resolve_parts(struct fs_disk *d, struct warm *w, uint64_t gen)
+{
+    CLEANUP_FREE uint64_t *b = malloc(2 * RESOLVE_MAX * sizeof *b);
+    CLEANUP_FREE unsigned char *buf = malloc(BS);
+    uint64_t *seq = b ? b + RESOLVE_MAX : NULL;
+    size_t n = buf && b ? manifest_unknown_changes(w->m, gen, b, seq,
+                                                   RESOLVE_MAX) : 0;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *mem[1] = { buf };
+        unsigned char dg[1][MF_DIGEST];
+        if ((b[i] + 1) * BS > d->export_size ||
+            pool_read(d->pool, b[i] * BS, buf, BS) < 0)
+            continue;
+        bool zero = is_zero(buf, BS);
+        if (!zero)
+            hash_blocks(mem, 1, dg);
+        manifest_resolve(w->m, b[i], seq[i], zero ? MF_ZERO : MF_DATA,
+                         dg[0]);
+    }
+}
+
 void warm_settle_end(struct fs_disk *d)
 {
     struct warm *w = live(d);
-    if (w)
-        manifest_settle_gen(w->m, pool_gen(d->pool));
+    if (!w)
+        return;
+    uint64_t gen = pool_gen(d->pool);
+    manifest_settle_gen(w->m, gen);
+    resolve_parts(d, w, gen);
 }
 
 void warm_forget_all(struct fs_disk *d)

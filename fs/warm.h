@@ -87,6 +87,11 @@ void warm_forget_all(struct fs_disk *d);
  * writes may find unchanged, which the truncate's zeroing would destroy. */
 bool warm_keeps_truncate(struct fs_disk *d);
 
+/* The inline digest's filler (fs/blkpass.h, THE FILLER; disk: the
+ * fs_disk): block b's durable entry, 1 zero, 2 data (SHA-256 in
+ * digest), 0 unknown (no manifest, or a change of it pending). */
+int warm_fill(void *disk, uint64_t b, unsigned char *digest);
+
 /* Bytes of writes not sent because the server held them already. */
 uint64_t warm_skipped(struct fs_disk *d);
 

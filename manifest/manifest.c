@@ -51,6 +51,7 @@ enum rec_type { REC_DATA = 1, REC_ZERO = 2, REC_FORGET = 3, REC_MTIME = 4 };
 
 struct pend {
     uint64_t b, gen;
+    uint64_t seq;                 /* the change's number (m->changes) */
     uint8_t kind;
     unsigned char d[MF_DIGEST];
 };
@@ -63,6 +64,7 @@ struct manifest {
     uint8_t *st;
     unsigned char **chunk;        /* nblocks / CHUNK_BLOCKS, rounded up */
     uint64_t ndata, nzero, ncut;
+    uint64_t changes;             /* manifest_change() calls: seq */
     struct pend *pend;            /* pending changes, unordered */
     size_t npend, cappend;
     uint32_t *hidx;               /* open addressing: pend index + 1 */
@@ -690,8 +692,37 @@ static void change_locked(struct manifest *m, uint64_t b, enum mf_kind kind,
         return;                   /* out of memory: the block stays unknown */
     p->kind = (uint8_t) kind;
     p->gen = gen;
+    p->seq = ++m->changes;
     if (kind == MF_DATA)
         memcpy(p->d, digest, MF_DIGEST);
+}
+
+size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
+                                uint64_t *b, uint64_t *seq, size_t n)
+{
+    LOCK_FOR_SCOPE(&m->lock);
+    size_t k = 0;
+    for (size_t i = 0; i < m->npend && k < n; i++) {
+        const struct pend *p = &m->pend[i];
+        if (p->kind != MF_NONE || p->gen == GEN_UNSET || p->gen > gen)
+            continue;
+        b[k] = p->b;
+        seq[k++] = p->seq;
+    }
+    return k;
+}
+
+bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
+                      enum mf_kind kind, const unsigned char *digest)
+{
+    LOCK_FOR_SCOPE(&m->lock);
+    struct pend *p = b < m->nblocks ? pend_find(m, b) : NULL;
+    if (!p || p->seq != seq || p->kind != MF_NONE)
+        return false;
+    p->kind = (uint8_t) kind;
+    if (kind == MF_DATA)
+        memcpy(p->d, digest, MF_DIGEST);
+    return true;
 }
 
 void manifest_change(struct manifest *m, uint64_t b, enum mf_kind kind,

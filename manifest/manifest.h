@@ -136,6 +136,18 @@ void manifest_uncut(struct manifest *m, uint64_t b0, uint64_t b1);
 uint64_t manifest_settle_cuts(struct manifest *m);
 void manifest_settle_gen(struct manifest *m, uint64_t gen);
 
+/* Blocks changed with bytes not known (MF_NONE: written in part), whose
+ * change is recorded with a generation below gen: up to n of them, b[i]
+ * and a change number seq[i] for manifest_resolve().  How many. */
+size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
+                                uint64_t *b, uint64_t *seq, size_t n);
+/* Block b was read back whole after its change seq: it holds kind
+ * (digest for MF_DATA).  Applied only if no change of b came since
+ * (seq is still its last); the change keeps its generation.  true if
+ * applied. */
+bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
+                      enum mf_kind kind, const unsigned char *digest);
+
 /* Forget every entry, durable and pending, and every cut (journaled,
  * synced): the disk changed in a way the manifest does not follow (an
  * image view replaced it). */

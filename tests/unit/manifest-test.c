@@ -114,6 +114,29 @@ static void test_cuts(void)
     manifest_free(m);
 }
 
+/* Blocks written in part: listed once their change is sent, resolved by
+ * a read-back unless changed again meanwhile. */
+static void test_resolve(void)
+{
+    struct manifest *m = fresh(NULL);
+    unsigned char a[MF_DIGEST], got[MF_DIGEST];
+    uint64_t b[8], seq[8];
+    dg(a, 9);
+    manifest_change(m, 5, MF_NONE, NULL, 10);
+    manifest_change(m, 6, MF_NONE, NULL, 20);
+    manifest_change(m, 7, MF_DATA, a, 10);
+    CHECK(manifest_unknown_changes(m, 15, b, seq, 8) == 1 && b[0] == 5);
+    CHECK(manifest_resolve(m, 5, seq[0], MF_DATA, a));
+    CHECK(!manifest_resolve(m, 5, seq[0], MF_DATA, a));  /* not unknown */
+    CHECK(manifest_unknown_changes(m, 25, b, seq, 8) == 1 && b[0] == 6);
+    manifest_change(m, 6, MF_NONE, NULL, 30);            /* changed again */
+    CHECK(!manifest_resolve(m, 6, seq[0], MF_DATA, a));
+    manifest_durable(m, 30);
+    CHECK(manifest_lookup(m, 5, got) == MF_DATA && memcmp(got, a, 32) == 0);
+    CHECK(manifest_lookup(m, 6, got) == MF_NONE);
+    manifest_free(m);
+}
+
 static size_t file_len(const char *name)
 {
     struct stat st;
@@ -263,6 +286,7 @@ int main(void)
     CHECK(dfd >= 0);
     test_promotion();
     test_cuts();
+    test_resolve();
     test_file();
     test_compact_and_queries();
     sh("rm -rf %s", dir);
