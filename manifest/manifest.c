@@ -80,6 +80,7 @@ struct manifest {
     size_t jlen;
     bool unsynced;                /* records written, not fdatasync'd */
     bool storing;                 /* store_locked() writes m->jfd */
+    uint64_t synced_ns;           /* the last fdatasync, CLOCK_MONOTONIC */
     int io_error;
 };
 
@@ -298,6 +299,13 @@ static void jrec(struct manifest *m, enum rec_type t, uint64_t b,
     m->records++;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t) t.tv_sec * 1000000000u + (uint64_t) t.tv_nsec;
+}
+
 static int sync_locked(struct manifest *m)
 {
     int r = jflush(m);
@@ -305,8 +313,22 @@ static int sync_locked(struct manifest *m)
         if (fdatasync(m->jfd) < 0)
             return journal_failed(m, -errno);
         m->unsynced = false;
+        m->synced_ns = now_ns();
     }
     return r;
+}
+
+/* Promotions need not be on stable storage at once (a record lost to a
+ * power cut is a block sent again): written now, synced at most every
+ * PROMOTE_SYNC_NS (a writer flushing every write, dd oflag=dsync, does
+ * not pay an fdatasync of the journal per write). */
+#define PROMOTE_SYNC_NS (5ull * 1000000000u)
+
+static void promoted_locked(struct manifest *m)
+{
+    if (jflush(m) == 0 && m->unsynced &&
+        now_ns() - m->synced_ns >= PROMOTE_SYNC_NS)
+        sync_locked(m);
 }
 
 /* ---- create, parse -------------------------------------------------- */
@@ -762,7 +784,7 @@ void manifest_durable(struct manifest *m, uint64_t gen)
         for (size_t i = 0; i < m->npend; i++)
             hindex(m, i);
     }
-    sync_locked(m);
+    promoted_locked(m);
     /* Compaction: the journal holds many more records than the state. */
     if (m->jfd >= 0 && m->records > COMPACT_MIN &&
         m->records > 2 * (m->ndata + m->nzero / 64))

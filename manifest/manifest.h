@@ -117,8 +117,9 @@ void manifest_change(struct manifest *m, uint64_t b, enum mf_kind kind,
 int  manifest_sync(struct manifest *m);
 
 /* Every change older than gen is durable on the server: pending entries
- * with gen <= this become the durable state (appended to the journal,
- * fdatasync'd).  May compact the journal. */
+ * with gen <= this become the durable state (appended to the journal;
+ * fdatasync'd at most every 5 s: a record lost to a power cut is only a
+ * block sent again).  May compact the journal. */
 void manifest_durable(struct manifest *m, uint64_t gen);
 
 /* Truncates: blocks [b0, b1) will read as zero, lazily (the pool's
