@@ -66,8 +66,8 @@
 #define CHECKPOINT_BYTES (1ull << 30)
 #define CHECKPOINT_NS (10ull * 1000000000u)
 #define MAX_BLOCKS (FS_MAX_WRITE / BS + 2)
-#define RESOLVE_MAX 4096u         /* blocks written in part, read back
-                                   * at a drain (256 MiB) */
+#define RESOLVE_MAX 1024u         /* blocks written in part, read back
+                                   * at a drain (64 MiB) */
 
 /* A disk's name at the start of a log line, in a mount of several (as
  * fs/main.c). */
