@@ -146,7 +146,8 @@ static int open_pool(struct fs_disk *d, const struct cli_options *o)
         .scan_extents = !o->no_extents,
         .track_touched = o->verify_readback != READBACK_OFF,
         /* The manifest's record of what is durable (fs/warm.c). */
-        .on_durable = o->no_manifest || d->readonly ? NULL : warm_on_durable,
+        .on_durable = o->no_manifest || o->fo.multiwriter || d->readonly
+                      ? NULL : warm_on_durable,
         .durable_opaque = d,
         /* A reply to block status is waited for no longer than any other
          * reply (--request-timeout), and 15 s at most. */
@@ -662,7 +663,9 @@ int main(int argc, char **argv)
     }
     for (unsigned i = 0; i < n; i++) {
         struct nbdx_config nc = o.nbd;
-        struct warm_config wc = { .off = o.no_manifest,
+        /* -o multiwriter: another mount may write the export, which
+         * the manifest would not see. */
+        struct warm_config wc = { .off = o.no_manifest || o.fo.multiwriter,
                                   .state_dir = o.state_dir };
         if (o.ndisks)
             nc.uri = o.disks[i].uri;
