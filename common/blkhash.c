@@ -276,6 +276,12 @@ static int hash_store(struct blkhash *h, const uint64_t *blk,
     return r;
 }
 
+int blkhash_put_digest(struct blkhash *h, uint64_t b,
+                       const unsigned char *digest)
+{
+    return store(h, b, digest, h->block_size, false);
+}
+
 int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
                           const unsigned char *const *mem, size_t n)
 {

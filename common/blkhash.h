@@ -67,6 +67,12 @@ int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
 int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
                           const unsigned char *const *mem, size_t n);
 
+/* Block b (a whole block, not the stream's short last one) has this
+ * digest, known from elsewhere (fs/warm.c: the manifest's record of the
+ * disk): stored as if hashed.  Returns 0, -ENOMEM or -ESTALE (folded). */
+int blkhash_put_digest(struct blkhash *h, uint64_t b,
+                       const unsigned char *digest);
+
 /* [off, off + len) reads as zero from now on; off a multiple of the block
  * size, len too unless the range ends the stream.  Never hashes. */
 int blkhash_zero(struct blkhash *h, uint64_t off, uint64_t len);

@@ -130,6 +130,8 @@ struct blkpass {
     bool fold_at_settle;          /* fold at blkpass_settle() only, */
     size_t settle_state;          /* once the state passes this */
     int (*read)(void *, uint64_t, void *, size_t);   /* THE READER */
+    int (*fill)(void *, uint64_t, unsigned char *);  /* THE FILLER */
+    void *fill_ctx;
     void *read_ctx;
     uint64_t disk_size;
     struct hashers hs;
@@ -419,6 +421,15 @@ void blkpass_set_reader(struct blkpass *p,
     p->read = read;
     p->read_ctx = ctx;
     p->disk_size = size;
+}
+
+void blkpass_set_filler(struct blkpass *p,
+                        int (*fill)(void *ctx, uint64_t b,
+                                    unsigned char *digest),
+                        void *ctx)
+{
+    p->fill = fill;
+    p->fill_ctx = ctx;
 }
 
 /* buf = block b as the disk holds it now (zeros past the disk's end);
@@ -764,12 +775,43 @@ static uint64_t first_unknown(const struct blkpass *p, uint64_t from,
     return size;
 }
 
+/* THE FILLER: the whole blocks this pass knows nothing of, from the
+ * filler, while it knows them.  0, or -errno with why. */
+static int fill_gaps(struct blkpass *p, uint64_t size, char *why)
+{
+    uint64_t pos = 0;
+
+    while (p->fill && (pos = first_unknown(p, pos, size)) < size) {
+        uint64_t b = pos / p->bs, start = b * p->bs, end = start + p->bs;
+        unsigned char d[EVP_MAX_MD_SIZE];
+        if (end > size || map_intersects(&p->written, start, end) ||
+            map_intersects(&p->zero, start, end) || find_part(p, b))
+            return 0;             /* known in part: "incomplete" */
+        int k = p->fill(p->fill_ctx, b, d);
+        if (k == 1) {
+            int r = blkpass_zero(p, start, p->bs, why);
+            if (r < 0)
+                return r;
+        } else if (k == 2) {
+            if (blkhash_put_digest(p->h, b, d) < 0 ||
+                extmap_add(&p->written, start, end) < 0)
+                return 0;
+        } else {
+            return 0;
+        }
+        pos = end;
+    }
+    return 0;
+}
+
 int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned n = 0;
+    int r = fill_gaps(p, size, why);
+    if (r < 0)
+        return r;
     uint64_t gap = first_unknown(p, 0, size);
-    int r;
 
     if (gap < size)
         return fail(why, -ENODATA, "bytes from %" PRIu64 " hold data this "

@@ -55,6 +55,19 @@ void blkpass_set_reader(struct blkpass *p,
                                     size_t len),
                         void *ctx, uint64_t size);
 
+/* THE FILLER: at a finish, a whole block this pass never wrote, zeroed
+ * nor cut is asked of fill(ctx, b, digest): 0 unknown (the value stays
+ * "incomplete"), 1 it reads as zero, 2 digest (the pass's digest, of a
+ * whole block) holds its bytes.  A writer that writes only what changed
+ * (rsync --inplace, dd of some blocks) so ends with a complete value.
+ * The caller answers only for blocks whose bytes nothing has changed
+ * but by this pass (fs/warm.c: the manifest's durable entries).  NULL:
+ * none. */
+void blkpass_set_filler(struct blkpass *p,
+                        int (*fill)(void *ctx, uint64_t b,
+                                    unsigned char *digest),
+                        void *ctx);
+
 /* Forget everything: a new pass over a file whose content is unknown. */
 int  blkpass_reset(struct blkpass *p);
 

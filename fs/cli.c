@@ -236,6 +236,7 @@ enum {
     OPT_FUSE_HELP, OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS, OPT_BLOCK_DEVICE,
     OPT_BLKHASH, OPT_VERIFY_READBACK, OPT_UNMOUNT, OPT_LOG_FILE, OPT_LIST,
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
+    OPT_STATE_DIR, OPT_NO_MANIFEST, OPT_FORGET,
     OPT_QCOW2_CLUSTER_SIZE, OPT_ALL_EXPORTS, OPT_VSOCK, OPT_LIST_TIMEOUT,
     OPT_RAW_IMAGES,
 };
@@ -265,6 +266,9 @@ static const struct option long_options[] = {
     { "multiwriter", no_argument, NULL, OPT_MULTIWRITER },
     { "raw-images", no_argument, NULL, OPT_RAW_IMAGES },
     { "spool-dir", required_argument, NULL, OPT_SPOOL_DIR },
+    { "state-dir", required_argument, NULL, OPT_STATE_DIR },
+    { "no-manifest", no_argument, NULL, OPT_NO_MANIFEST },
+    { "forget", no_argument, NULL, OPT_FORGET },
     { "spool-max", required_argument, NULL, OPT_SPOOL_MAX },
     { "qcow2-cluster-size", required_argument, NULL, OPT_QCOW2_CLUSTER_SIZE },
     { "retry-timeout", required_argument, NULL, OPT_RETRY_TIMEOUT },
@@ -487,6 +491,13 @@ static int parse_value_option(struct cli_options *o, int c, const char *arg)
     case OPT_EXPECTED_SIZE:
         return parse_size(o, "--expected-size", arg, &o->expected_size);
     case OPT_SPOOL_DIR: return parse_spool_dir(o, arg);
+    case OPT_STATE_DIR:
+        if (arg[0] != '/')
+            return usage_error(o, "--state-dir %s: not an absolute path",
+                               arg);
+        free(o->state_dir);
+        o->state_dir = strdup(arg);
+        return o->state_dir ? 0 : usage_error(o, "out of memory");
     case OPT_SPOOL_MAX:
         return parse_size(o, "--spool-max", arg, &o->spool_max);
     case OPT_QCOW2_CLUSTER_SIZE:
@@ -535,6 +546,8 @@ static int parse_option(struct cli_options *o, int c, char **argv)
             o->action = CLI_UNMOUNT;
         break;
     case OPT_LIST: o->action = CLI_LIST; break;
+    case OPT_NO_MANIFEST: o->no_manifest = true; break;
+    case OPT_FORGET: o->action = CLI_FORGET; break;
     case 'V': o->action = CLI_VERSION; return 1;
     case OPT_FUSE_HELP: o->action = CLI_FUSE_HELP; return 1;
     case OPT_LONG_OPTIONS: o->action = CLI_LONG_OPTIONS; return 1;
@@ -583,6 +596,9 @@ static int parse_target(struct cli_options *o, int argc, char **argv)
     if (o->action == CLI_UNMOUNT && argc != 1)
         return usage_error(o, "--unmount takes one MOUNTPOINT and nothing "
                            "else");
+    if (o->action == CLI_FORGET && argc != 1)
+        return usage_error(o, "--forget takes one MOUNTPOINT or URI and "
+                           "nothing else");
     o->target = argv[0];
     return 0;
 }
@@ -675,7 +691,8 @@ int cli_parse_args(struct cli_options *o, int argc, char **argv)
         return r < 0 ? r : 0;
     argc = o->nargs;              /* from here: the operands alone */
     argv = o->args;
-    if (o->action == CLI_LIST || o->action == CLI_UNMOUNT)
+    if (o->action == CLI_LIST || o->action == CLI_UNMOUNT ||
+        o->action == CLI_FORGET)
         return parse_target(o, argc, argv);
     if (argc == 0)
         return usage_error(o, "missing the mountpoint");
@@ -711,7 +728,8 @@ void cli_options_free(struct cli_options *o)
     cli_fuse_opts_free(&o->fo);
     free(o->spool_dir);
     free(o->vsock_uri);
-    o->spool_dir = o->vsock_uri = NULL;
+    free(o->state_dir);
+    o->spool_dir = o->vsock_uri = o->state_dir = NULL;
     disks_free(o->disks, o->ndisks);
     o->disks = NULL;
     o->ndisks = 0;

@@ -143,6 +143,7 @@ enum cli_action {
     CLI_SHORT_OPTIONS,
     CLI_LIST,                 /* --list URI: target is the URI */
     CLI_UNMOUNT,              /* --unmount MOUNTPOINT: target */
+    CLI_FORGET,               /* --forget MNT|URI: target */
 };
 
 /* The whole command line, as parsed.  Strings are borrowed from argv
@@ -176,6 +177,9 @@ struct cli_options {
     char *spool_dir;          /* --spool-dir, absolute; NULL: $TMPDIR;
                                * owned */
     uint64_t spool_max;       /* --spool-max; 0: SPOOL_MAX_DEFAULT */
+    char *state_dir;          /* --state-dir, absolute; NULL: the
+                               * default (fs/warm.h); owned */
+    bool no_manifest;         /* --no-manifest */
     unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size, as log2; 0: 64K */
     const char *log_file;     /* --log-file FILE */
     /* Several disks (fs/disks.h): MOUNTPOINT NAME=URI ..., or

@@ -278,6 +278,18 @@ static void blk_set_reader(struct digest *d,
     blkpass_set_reader(d->bp, read, ctx, size);
 }
 
+static void blk_set_filler(struct digest *d,
+                           int (*fill)(void *ctx, uint64_t b,
+                                       unsigned char *digest),
+                           void *ctx)
+{
+    /* The manifest's digests are SHA-256 of 64 KiB blocks. */
+    if (strcmp(d->algorithm, "blkhash/sha256/65536") != 0)
+        return;
+    LOCK_FOR_SCOPE(&d->bp_lock);
+    blkpass_set_filler(d->bp, fill, ctx);
+}
+
 static const struct digest_ops digest_blkhash_ops = {
     .any_order = true,
     .thread = blk_thread,
@@ -291,6 +303,7 @@ static const struct digest_ops digest_blkhash_ops = {
     .hint = blk_hint,
     .fingerprints = blk_fingerprints,
     .set_reader = blk_set_reader,
+    .set_filler = blk_set_filler,
 };
 
 int digest_create_blkhash(size_t queue_limit, const char *md,

@@ -69,6 +69,10 @@ struct digest_ops {
     /* Without d->lock. */
     int  (*fingerprints)(struct digest *d, uint64_t size, unsigned *shift,
                          uint64_t **fp, size_t *n);
+    void (*set_filler)(struct digest *d,
+                       int (*fill)(void *ctx, uint64_t b,
+                                   unsigned char *digest),
+                       void *ctx);
     void (*set_reader)(struct digest *d,
                        int (*read)(void *ctx, uint64_t off, void *buf,
                                    size_t len),

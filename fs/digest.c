@@ -490,6 +490,15 @@ void digest_set_reader(struct digest *d,
         d->ops->set_reader(d, read, ctx, size);
 }
 
+void digest_set_filler(struct digest *d,
+                       int (*fill)(void *ctx, uint64_t b,
+                                   unsigned char *digest),
+                       void *ctx)
+{
+    if (d && d->ops->set_filler)
+        d->ops->set_filler(d, fill, ctx);
+}
+
 void digest_set_hold_limit(struct digest *d, size_t bytes)
 {
     if (!d)

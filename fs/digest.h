@@ -71,6 +71,13 @@ void digest_set_reader(struct digest *d,
                        int (*read)(void *ctx, uint64_t off, void *buf,
                                    size_t len),
                        void *ctx, uint64_t size);
+/* blkhash with sha256 over 64 KiB blocks only (else ignored): the blocks
+ * a pass never wrote, taken from a record of the disk at a close
+ * (fs/blkpass.h, THE FILLER; fs/warm.c).  Runs on the digest thread. */
+void digest_set_filler(struct digest *d,
+                       int (*fill)(void *ctx, uint64_t b,
+                                   unsigned char *digest),
+                       void *ctx);
 /* Stops the thread (abandoning queued work) and frees. */
 void digest_destroy(struct digest *d);
 

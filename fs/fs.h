@@ -166,6 +166,10 @@ struct fs_disk {
     struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
     struct readback *readback;/* fs/readback.c; NULL unless asked for */
     struct progress *progress;/* fs/progress.c: pass, samples, bar */
+    struct warm *warm;        /* fs/warm.c: the manifest; NULL when off.
+                               * Set before the mount, cleared after the
+                               * final flush; __atomic (the pool's
+                               * on_durable reads it) */
 };
 
 /* Every handle between open and release, under fs->lock. */
@@ -217,6 +221,9 @@ struct fs_fh {
      * daemon cannot see them (another PID namespace). */
     pid_t tgid;
     char comm[16];
+    bool trunc_kept;          /* its close kept its truncate deferred
+                               * (fs/rawfile.c, warm_keeps_truncate()):
+                               * its release carries it out */
     bool idle;                /* a writer closed (flush) since it last
                                * changed the file; __atomic builtins */
     uint64_t copy_end;        /* where this writer's copy ends, if known:

@@ -32,6 +32,7 @@
 #include "transport/readahead.h"
 #include "fs/listexports.h"
 #include "fs/verdict.h"
+#include "fs/warm.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
 
@@ -150,6 +151,10 @@ static int open_pool(struct fs_disk *d, const struct cli_options *o)
         .retain = true,
         .flush_interval_ms = POOL_FLUSH_INTERVAL_MS,
         .flush_bytes = POOL_FLUSH_BYTES,
+        /* The manifest's record of what is durable (fs/warm.c). */
+        .on_durable = o->no_manifest || o->fo.multiwriter || d->readonly
+                      ? NULL : warm_on_durable,
+        .durable_opaque = d,
         /* A reply to block status is waited for no longer than any other
          * reply (--request-timeout), and 15 s at most. */
         .scan_wait_ms = o->nbd.request_timeout_s &&
@@ -316,6 +321,8 @@ static int start_watchers(struct fs_disk *d, const struct cli_options *o)
     if (r == 0) {
         digest_set_hold_limit(d->digest, digest_hold_limit(&ps));
         digest_set_reader(d->digest, digest_read_disk, d, d->export_size);
+        /* Blocks a pass never wrote, from the manifest (fs/warm.h). */
+        digest_set_filler(d->digest, warm_fill, d);
     }
     if (r == 0)
         r = readback_create(o->verify_readback,
@@ -394,7 +401,9 @@ static int finish(struct fs_disk *d)
     if (st.pending_zero >= FINISH_ZEROING_NOTICE && stopsig_started())
         log_notice("zeroing %" PRIu64 " bytes before exiting; a second "
                    "SIGTERM or SIGINT abandons it", st.pending_zero);
+    warm_settle_begin(d);         /* the manifest's cut blocks: zeroed now */
     int r = pool_flush(d->pool);
+    warm_settle_end(d);
     pool_get_stats(d->pool, &st);
     if (st.unrepaired && r == 0 && forgive_lost(d, &st))
         pool_get_stats(d->pool, &st);
@@ -455,6 +464,10 @@ static void command_line(struct cli_options *o, int argc, char **argv)
     }
     case CLI_UNMOUNT:
         exit(verdict_unmount(o->target, o->pidfile));
+    case CLI_FORGET: {
+        struct warm_config wc = { .state_dir = o->state_dir };
+        exit(warm_forget(o->target, &wc, &o->nbd));
+    }
     default:
         cli_print(o->action);
         exit(EXIT_SUCCESS);
@@ -656,10 +669,19 @@ int main(int argc, char **argv)
             goto out_nbd;
     }
     for (unsigned i = 0; i < n; i++) {
+        struct nbdx_config nc = o.nbd;
+        /* -o multiwriter: another mount may write the export, which
+         * the manifest would not see. */
+        struct warm_config wc = { .off = o.no_manifest || o.fo.multiwriter,
+                                  .state_dir = o.state_dir };
+        if (o.ndisks)
+            nc.uri = o.disks[i].uri;
         if (open_pool(&fs.disks[i], &o) < 0)
             goto out_pool;
         pools[i] = fs.disks[i].pool;
         pooled = i + 1;
+        /* Before anything is written: the trust check reads the disk. */
+        warm_open(&fs.disks[i], &wc, fs.disks[i].x, &nc);
         if (start_watchers(&fs.disks[i], &o) < 0)
             goto out_pool;
     }
@@ -702,6 +724,7 @@ out_pool:
     }
     for (unsigned i = 0; i < pooled; i++) {
         stop_watchers(&fs.disks[i]);
+        warm_close(&fs.disks[i]);     /* after the final flush */
         pool_destroy(fs.disks[i].pool);
     }
     stopsig_stop();

@@ -17,6 +17,7 @@
  * the mixed snapshot can only undercount.
  */
 #include "fs/progress.h"
+#include "fs/warm.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -69,6 +70,8 @@ struct progress {
     uint64_t *below;
     size_t nmap;
     uint64_t map_data;            /* data bytes of the source */
+    uint64_t pass_skipped;              /* warm_skipped() at the pass's
+                                         * start */
     uint64_t pass_written, pass_acked;  /* the pool's counters at the
                                          * pass's start */
     struct sample ring[NSAMPLES];
@@ -199,6 +202,7 @@ static void new_pass_locked(struct progress *pg, const struct pool_stats *s)
     free_map_locked(pg);
     pg->pass_written = s->bytes_written;
     pg->pass_acked = s->bytes_acked;
+    pg->pass_skipped = warm_skipped(pg->d);
     pg->closed = 0;
 }
 
@@ -485,6 +489,7 @@ void progress_get(struct progress *pg, struct progress_info *out)
         data_locked(pg, reach, out);
         out->pass_written = s.bytes_written - pg->pass_written;
         out->pass_acked = s.bytes_acked - pg->pass_acked;
+        out->pass_skipped = warm_skipped(pg->d) - pg->pass_skipped;
     }
     out->remaining = out->data_total - out->data_done;
     out->percent = out->data_total ? 100.0 * (double) out->data_done /

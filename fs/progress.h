@@ -71,6 +71,9 @@ struct progress_info {
     /* This pass's (since its truncate to 0 or a view's open) bytes
      * written and acknowledged; the pool's counters are the mount's. */
     uint64_t pass_written, pass_acked;
+    /* This pass's bytes the manifest found on the server already: not
+     * sent, not in pass_written (fs/warm.h). */
+    uint64_t pass_skipped;
 };
 
 /* Starts the sampling thread; d->pool must exist. */

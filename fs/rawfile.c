@@ -21,6 +21,7 @@
 #include "fs/digest.h"
 #include "fs/foreign.h"
 #include "fs/progress.h"
+#include "fs/warm.h"
 #include "transport/readahead.h"
 
 uint64_t rawfile_size(struct fs_disk *d)
@@ -147,6 +148,7 @@ static int cut(struct fs_disk *d, uint64_t off, uint64_t len)
 {
     if (len == 0)
         return 0;
+    warm_cut(d, off, len);        /* entries kept until the drain */
     int r = pool_zero_lazy(d->pool, off, len);
     ra_invalidate(d->ra, off, len);
     return r;
@@ -184,7 +186,12 @@ static int too_big(struct fs_disk *d, uint64_t size, const char *what)
  * never see the old bytes: they end at the size.  A truncate with no
  * handle (truncate(2) by path) is carried out at once, as is one that
  * grows the file (the bytes between must read as zero).  The progress
- * starts the copy's pass at once: it counts the copy, not the disk. */
+ * starts the copy's pass at once: it counts the copy, not the disk.
+ * With a manifest that holds data (a warm migration's later pass,
+ * fs/warm.h), the owner's clean close keeps it deferred (dd closes its
+ * first descriptor right after the open; carried out then, its zeroing
+ * would destroy what the copy's unchanged writes need not send), and
+ * the owner's release carries it out instead of dropping it. */
 
 static bool deferred(struct fs_disk *d)
 {
@@ -380,6 +387,14 @@ int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped)
     CHANGE_WRLOCK_FOR_SCOPE(d);
     if (d->trunc_owner != fh->serial)
         return 0;
+    /* Nothing written since the truncate, and the manifest holds data
+     * the copy may find unchanged (dd closes its first descriptor right
+     * after the open): still deferred; the release carries it out. */
+    if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED) &&
+        warm_keeps_truncate(d)) {
+        fh->trunc_kept = true;
+        return 0;
+    }
     if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED))
         return carry_out_locked(d);
     drop_locked(d, fh, "a request of the same copy failed");
@@ -392,7 +407,13 @@ void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
     if (__atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != fh->serial)
         return;
     CHANGE_WRLOCK_FOR_SCOPE(d);
-    if (d->trunc_owner == fh->serial)
+    if (d->trunc_owner != fh->serial)
+        return;
+    if (fh->trunc_kept && !__atomic_load_n(&d->trunc_failed,
+                                           __ATOMIC_RELAXED))
+        carry_out_locked(d);      /* closed cleanly: its error, the next
+                                   * drain's */
+    else
         drop_locked(d, fh, "released without a close");
 }
 
@@ -467,7 +488,8 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         SETTLED_RDLOCK_FOR_SCOPE(d, &err);
         n = err ? err : write_size(d, fh, size, off);
         if (n > 0) {
-            ssize_t r = pool_write(d->pool, off, buf, (size_t) n);
+            /* Only what changed is sent (fs/warm.c, THE SKIP). */
+            ssize_t r = warm_write(d, off, buf, (size_t) n);
             if (r < 0)
                 n = r;
         }
@@ -555,6 +577,8 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         n = -EAGAIN;              /* short or empty: the usual path says so */
     if (n > 0 && foreign_raw_check(d, fh, off, d->land.mem, (size_t) n) < 0)
         n = -EMEDIUMTYPE;         /* not committed: the disk keeps it */
+    if (n > 0 && !warm_zero_copy_ok(d, off, (size_t) n))
+        n = -EAGAIN;              /* the manifest's blocks: copied, hashed */
     if (n <= 0)
         return n;                 /* a deferred truncate left alone */
     {
@@ -567,12 +591,14 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             foreign_raw_write(d, off, d->land.mem, (size_t) n);
         if (n > 0)
             n = pool_land_commit(d->pool, &d->land, off, (size_t) n,
-                                 d->digest != NULL, &f);
+                                 d->digest != NULL || warm_wants_holds(d),
+                                 &f);
         if (n > 0)
             changed(d, off, (uint64_t) n, true);
     }
     if (n > 0) {
         land_note(d, off, off + (uint64_t) n);
+        warm_record(d, off, (uint64_t) n, &f);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) n);
     }
@@ -588,6 +614,10 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
      * changes the disk, a deferred truncate included: that needs its
      * bytes, so it takes the copying path (once per copy). */
     if (off == 0 && !d->cfg->raw_images)
+        return -EAGAIN;
+    /* Blocks the manifest knows: hashed before anything is sent, on the
+     * copying path (fs/warm.c, THE SKIP). */
+    if (!warm_zero_copy_ok(d, off, fuse_buf_size(bufv)))
         return -EAGAIN;
     ssize_t size = write_size(d, fh, fuse_buf_size(bufv), off);
     int r = 0;
@@ -607,7 +637,8 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
             if (filled == 0 && f.nseg)
                 foreign_raw_write(d, off, f.seg[0].mem, f.seg[0].len);
             r = (int) pool_fill_commit(d->pool, &f, filled,
-                                       d->digest != NULL);
+                                       d->digest != NULL ||
+                                       warm_wants_holds(d));
             if (r == -EAGAIN)
                 r = -EIO;         /* not the caller's cue: bufv is spent */
         }
@@ -618,6 +649,7 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
         land_note(d, off, off + (uint64_t) size);
+        warm_record(d, off, (uint64_t) size, &f);
         digest_holds(d, &f);
         progress_write(d->progress, off, (uint64_t) size);
     }
@@ -632,7 +664,9 @@ int rawfile_zero(struct fs_disk *d, uint64_t start, uint64_t end, bool zero,
     {
         SETTLED_RDLOCK_FOR_SCOPE(d, &r);
         if (r == 0 && zero && start < end) {
+            warm_zero_begin(d, start, end - start);
             r = pool_zero(d->pool, start, end - start);     /* write-zeroes */
+            warm_zero_end(d, start, end - start);
             ra_invalidate(d->ra, start, end - start); /* even if it failed */
         }
         if (r == 0)
@@ -695,7 +729,9 @@ int rawfile_place_zero(struct fs_disk *d, uint64_t off, uint64_t len)
     int r = 0;
     {
         SETTLED_RDLOCK_FOR_SCOPE(d, &r);
+        warm_zero_begin(d, off, len);
         r = r ? r : pool_zero(d->pool, off, len);
+        warm_zero_end(d, off, len);
         ra_invalidate(d->ra, off, len);      /* even if it failed */
         if (r == 0)
             extend_to(d, off + len);
@@ -726,6 +762,7 @@ void rawfile_view_begin(struct fs_disk *d, struct fs_fh *fh, pid_t pid,
      * A raw truncate still deferred (the same process) comes first. */
     carry_out(d);                 /* its error: the next drain's */
     digest_foreign(d->digest, what);
+    warm_forget_all(d);           /* views change blocks it does not follow */
     /* A new pass, counted in bytes of the view's file. */
     progress_truncate(d->progress, 0);
     progress_writer(d->progress, pid);
@@ -870,16 +907,25 @@ static int told(struct fs_disk *d, struct fs_fh *fh)
     return err;
 }
 
+/* A drain that sends the truncates' pending zeroes: the manifest's cut
+ * blocks become zero changes around it (fs/warm.h). */
+static void drain_zeroes(struct fs_disk *d)
+{
+    warm_settle_begin(d);
+    pool_drain(d->pool);
+    warm_settle_end(d);
+}
+
 int rawfile_drain_end(struct fs_disk *d)
 {
-    pool_drain(d->pool);
+    drain_zeroes(d);
     return -pool_range_damage(d->pool);
 }
 
 int rawfile_drain(struct fs_disk *d, struct fs_fh *fh, bool wrote)
 {
     if (wrote)
-        pool_drain(d->pool);
+        drain_zeroes(d);
     return -told(d, fh);
 }
 
@@ -895,7 +941,9 @@ int rawfile_fsync(struct fs_disk *d, struct fs_fh *fh)
         if (d->trunc_owner == fh->serial)
             z = carry_out_locked(d);
     }
+    warm_settle_begin(d);
     int r = pool_flush(d->pool);
+    warm_settle_end(d);
     if (z < 0)
         return z;
     int err = told(d, fh);

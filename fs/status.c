@@ -9,6 +9,7 @@
  * The file itself is a view (fs/view.h), read-only, at the end.
  */
 #include "fs/view.h"
+#include "fs/warm.h"
 #include "transport/tcpinfo.h"
 
 #include <errno.h>
@@ -142,12 +143,13 @@ static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,
                "\"counts\": \"%s\", \"data_done\": %" PRIu64
                ", \"data_total\": %" PRIu64 ", \"remaining\": %" PRIu64
                ", \"written\": %" PRIu64 ", \"acknowledged\": %" PRIu64
-               ", \"eta_s\": %.1f},\n",
+               ", \"skipped_bytes\": %" PRIu64 ", \"eta_s\": %.1f},\n",
             pi.done, pi.total, progress_total_name(pi.total_from),
             pi.percent, pi.frontier, pi.settled ? "true" : "false",
             pi.failed ? "true" : "false",
             pi.by_data ? "data" : "bytes", pi.data_done, pi.data_total,
-            pi.remaining, pi.pass_written, pi.pass_acked, pi.eta_s);
+            pi.remaining, pi.pass_written, pi.pass_acked, pi.pass_skipped,
+            pi.eta_s);
 }
 
 /* The digest describes what was written through the file; while a failed
@@ -383,6 +385,7 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     put_damage(f, &s);
     put_progress(f, d, &s, uptime);
     readback_put_status(f, d);
+    warm_put_status(f, d);
     put_digest(f, d, &s, apparent);
 }
 

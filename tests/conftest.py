@@ -76,6 +76,16 @@ def pytest_runtest_makereport(item, call):
 
 # ------------------------------------------------------------ directories
 
+@pytest.fixture(autouse=True)
+def state_dir(monkeypatch, tmp_path):
+    """Each test's own state directory (the manifests, fs/warm.h): the
+    daemons it starts inherit NBDFERRY_STATE_DIR, so no test reads or
+    leaves a manifest in /var/lib/nbdferry or another test's."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("NBDFERRY_STATE_DIR", str(d))
+    return d
+
+
 @pytest.fixture
 def shortdir():
     """A short directory under $TMPDIR (else /tmp, also when $TMPDIR is too

@@ -483,7 +483,7 @@ def option_cases(d, mp):
         "--connections": "2", "-C": "2", "--depth": "4",
         "--request-size": "1M", "--pool-size": "16M", "--readahead": "1M",
         "--idle-ms": "5", "--digest": "sha256", "--expected-size": "1M",
-        "--spool-dir": str(d), "--spool-max": "1G",
+        "--spool-dir": str(d), "--spool-max": "1G", "--state-dir": str(d),
         "--qcow2-cluster-size": "64K", "--retry-timeout": "0",
         "--request-timeout": "5", "--list-timeout": "5", "--tls": "off",
         "--tls-psk-file": str(psk), "--tls-username": "alice",
@@ -504,6 +504,8 @@ def option_cases(d, mp):
     cases["--all-exports"] = (["--all-exports"], plain)
     cases["--list"] = (["--list"], [nosock])
     cases["--unmount"] = (["--unmount"], [mp])
+    cases["--forget"] = (["--forget"], [mp])
+    cases["--no-manifest"] = (["--no-manifest"], plain)
     return cases
 
 

@@ -16,6 +16,9 @@
   as printed (paths and the URI replaced, the build's programs on PATH)
   onto an export full of old data, each checked on the server; the "Exit
   status" block with `nbdferry --unmount`.
+- "Warm migration": the first pass, a change of the source, the cutover
+  with its trust line and proof, run as printed: the cutover writes at
+  most 3x the changed bytes and the server holds the source.
 - The README's "Using it" block from the top of the tree after the quick
   start (programs in build/, no install).
 - `nbdferry --help` names the views, the status file, nbdferry-status and
@@ -397,3 +400,57 @@ def test_every_program_answers_version(bindir):
         r = run([str(bindir / name), "--version"])
         assert r.returncode == 0, (name, r.stderr)
         assert r.stdout.startswith(f"{name} {version}"), (name, r.stdout)
+
+
+# ---- the guide's warm migration, run as printed ------------------------------
+
+def test_guide_warm_migration(server, shortdir, shm, state_dir):
+    """"Warm migration": the first pass, a change of the source (the VM
+    ran on), the cutover with its checks and proof, each block run as a
+    shell script (the daemons started by its own lines, in the test's
+    scratch directory); the cutover sends far less than the first pass
+    and the server holds the source."""
+    from lib.copytools import log_mark, traffic
+    from lib.warm import change_source, make_source
+    from lib.digest import sha256_file
+    disk = shm / "dest.img"
+    with open(disk, "wb") as f:
+        f.truncate(EXPORT)
+    srv = server("file", f"file={disk}", log=True)
+    img = make_source(shm / "disk.img", EXPORT)
+    mp = shortdir / "mnt"
+    mp.mkdir()
+    first = gblock(r"^nbdferry --state-dir", r"^nbdferry --unmount /mnt/disk$")
+    lines = [l.split("  #")[0].strip() for l in GUIDE.read_text().splitlines()
+             if l.startswith("    ")]
+    i = [n for n, l in enumerate(lines) if l.startswith("nbdferry --state-dir")]
+    assert len(i) == 2, lines
+    j = next(n for n in range(i[1], len(lines))
+             if lines[n] == "nbdferry --unmount /mnt/disk")
+    cutover = lines[i[1]:j + 1]
+    bins = f"{BUILD / 'fs'}:{BUILD / 'tools'}:{STATUS.parent}"
+
+    def script(block):
+        uri = re.search(r"'(nbd\+unix://[^']*)'", block[0]).group(1)
+        text = "\n".join(l.replace("/var/lib/nbdferry", str(state_dir))
+                         .replace("/mnt/disk", str(mp))
+                         .replace("disk.blkhash", str(shm / "disk.blkhash"))
+                         .replace("disk.img", str(img))
+                         .replace(uri, srv.uri) for l in block)
+        return ["bash", "-c", f"set -e\nexport PATH={bins}:$PATH\n{text}"]
+
+    def run_block(block):
+        mark = log_mark(srv)
+        r = run(script(block), timeout=300)
+        if is_mounted(mp):
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)])
+        assert r.returncode == 0, (block, r.stdout, r.stderr)
+        return traffic(srv, mark).bytes["Write"], r
+
+    full, _ = run_block(first)
+    assert sha256_file(disk) == sha256_file(img)
+    changed = change_source(img, EXPORT)
+    cut, r = run_block(cutover)
+    assert "complete:" in r.stdout and "manifest    trusted" in r.stdout
+    assert sha256_file(disk) == sha256_file(img)
+    assert cut <= 3 * changed + MiB, (cut, changed, full)

@@ -312,6 +312,7 @@ static void rezero_lost_locked(struct pool *p, struct extmap *m,
                         e.end - e.start, e.start);
         } else {
             p->pending_gen0 = 0;          /* older than any generation */
+            p->pending_repended = true;
             log_info("zeroing %" PRIu64 " bytes at offset %" PRIu64 " again:"
                      " the old connection had zeroed them without a flush",
                      e.end - e.start, e.start);

@@ -305,6 +305,13 @@ struct pool {
     pthread_cond_t flusher_cond;  /* wakes the flusher */
     uint64_t pending_gen0;        /* pool_gen() when pending_zero last
                                    * became non-empty (or older) */
+    bool pending_repended;        /* pending_zero holds zeroes a reconnect
+                                   * made pending again: changes already
+                                   * told by generation, so they hold the
+                                   * flush's cut back until a drain sends
+                                   * them.  A truncate's pending zeroes do
+                                   * not: they are a change only once sent
+                                   * (pool.h, pool_gen()) */
     /* Canaries: samples of flushed writes (CANARY_LEN bytes at off and
      * their hash), dropped when anything later is sealed over them.  A
      * reconnect has the flusher read them back: a server that lost them

@@ -221,3 +221,21 @@ int pool_zero_damage(struct pool *p, uint64_t from)
     pool_dispatch_locked(p);
     return r;
 }
+
+int pool_note_unchanged(struct pool *p, uint64_t off, uint64_t len)
+{
+    int r = 0;
+    uint64_t end = off + len;
+
+    LOCK_FOR_SCOPE(&p->lock);
+    while (pool_pending_room_locked(p, &r))
+        if (r < 0)
+            return r;
+    uint64_t pending = extmap_covered(&p->pending_zero, off, end);
+    if (pending == 0)
+        return extmap_covered(&p->known_zero, off, end) ? -EAGAIN : 0;
+    if (pending != len)
+        return -EAGAIN;
+    r = extmap_remove(&p->pending_zero, off, end);
+    return r < 0 ? r : 1;
+}

@@ -31,16 +31,25 @@ static uint64_t zeroing_count_locked(const struct pool *p)
     return p->st.bytes_zeroed + p->st.bytes_zero_skipped;
 }
 
-/* pool_drain(); returns the generation it waited for (pool_gen()). */
-static uint64_t drain_gen(struct pool *p)
+/* pool_drain(); returns the generation it waited for (pool_gen()).
+ * Without zeroes, the pending zeroes stay pending (pool_checkpoint()). */
+static uint64_t drain_gen(struct pool *p, bool zeroes)
 {
     LOCK_FOR_SCOPE(&p->lock);
     pool_seal_all_locked(p);
+    if (!zeroes) {
+        pool_dispatch_locked(p);
+        uint64_t gen = p->next_seq;
+        pool_wait_seq_locked(p, gen);
+        return gen;
+    }
     if (p->zero_drains++ == 0) {
         p->zeroing_total = extmap_covered(&p->pending_zero, 0, p->size);
         p->zeroing_base = zeroing_count_locked(p);
     }
     pool_materialize_locked(p, 0);             /* a failure is recorded */
+    if (extmap_count(&p->pending_zero) == 0)
+        p->pending_repended = false;
     pool_dispatch_locked(p);
     uint64_t gen = p->next_seq;
     pool_wait_seq_locked(p, gen);
@@ -50,7 +59,7 @@ static uint64_t drain_gen(struct pool *p)
 
 void pool_drain(struct pool *p)
 {
-    drain_gen(p);
+    drain_gen(p, true);
 }
 
 uint64_t pool_gen(struct pool *p)
@@ -123,7 +132,7 @@ static uint64_t flush_cut_locked(struct pool *p)
         cut = MIN(cut, r->gen0);
     for (const struct pool_req *r = p->filling.head; r; r = r->next)
         cut = MIN(cut, r->gen0);
-    if (extmap_count(&p->pending_zero) > 0)
+    if (extmap_count(&p->pending_zero) > 0 && p->pending_repended)
         cut = MIN(cut, p->pending_gen0);
     return cut;
 }
@@ -254,11 +263,11 @@ static uint64_t reconnects_now(struct pool *p)
     return p->reconnects_seen;
 }
 
-int pool_flush(struct pool *p)
+static int flush_after(struct pool *p, bool zeroes)
 {
     for (;;) {
         uint64_t seen = reconnects_now(p);
-        uint64_t gen = drain_gen(p), cut;
+        uint64_t gen = drain_gen(p, zeroes), cut;
         bool sent;
         /* One flush at a time: p->flushing is what the one in flight
          * covers (flush_lock before p->lock, never while holding it). */
@@ -278,6 +287,16 @@ int pool_flush(struct pool *p)
         if (cut >= gen || reconnects_now(p) == seen)
             return 0;
     }
+}
+
+int pool_flush(struct pool *p)
+{
+    return flush_after(p, true);
+}
+
+int pool_checkpoint(struct pool *p)
+{
+    return flush_after(p, false);
 }
 
 /* ---- the flusher thread ---------------------------------------------- */

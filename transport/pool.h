@@ -274,6 +274,15 @@ int pool_zero(struct pool *p, uint64_t off, uint64_t len);
  * for truncate and O_TRUNC.  May wait for zero requests to complete. */
 int pool_zero_lazy(struct pool *p, uint64_t off, uint64_t len);
 
+/* The manifest (fs/manifest.c) found that a write of [off, off+len)
+ * would bring the bytes the server already holds there: it is not sent.
+ * Ordered like a write: a pending zero over the range (a truncate's) is
+ * cancelled, so the range reads the server's bytes again.  Returns 1 if
+ * the range was wholly pending zero (now cancelled), 0 if no byte of it
+ * was (nothing to do), -EAGAIN if only part of it was, or if part of it
+ * is known zero (the caller must write it), -ENOMEM. */
+int pool_note_unchanged(struct pool *p, uint64_t off, uint64_t len);
+
 /* A truncate to from: the damaged ranges at or past from must read as
  * zero too (the disk past the size does), and a failed zeroing there may
  * have left anything: zero them again, lazily, as pool_zero_lazy(). */
@@ -327,8 +336,20 @@ void pool_abandon_zeroing(struct pool *p);
 /* pool_drain(), then NBD flush.  Returns 0 or -errno of the flush. */
 int pool_flush(struct pool *p);
 
-/* Generations.  pool_gen() read after a write, zero or truncate has
- * returned is a number G that says "this change is older than G".  When
+/* Like pool_flush(), but pending zeroes (a truncate's, lazily zeroed)
+ * stay pending: only the writes and zeroes already queued are drained
+ * and flushed.  For a checkpoint in the middle of a copy (the manifest's
+ * record of what is durable), which must not send a truncate's zeroing
+ * that the copy's later writes would make unneeded.  cfg.on_durable is
+ * told as after pool_flush(); pending zeroes are not changes yet. */
+int pool_checkpoint(struct pool *p);
+
+/* Generations.  pool_gen() read after a write or zero has returned is
+ * a number G that says "this change is older than G".  A lazy zero
+ * (pool_zero_lazy(), pool_zero_damage(): a truncate's) is a change only
+ * once a drain sends it (pool_gen() read after that drain): until then
+ * its ranges are the caller's to treat as unknown.  Zeroes a reconnect
+ * made pending again are changes already: they hold D back until sent.  When
  * an NBD flush succeeds (or a drain ends, on a server without flush)
  * with no damage left, cfg.on_durable(cfg.durable_opaque, D) is called,
  * without the pool's lock, on the thread that flushed: every change older

@@ -11,6 +11,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <openssl/evp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -572,6 +573,50 @@ static void fold_any_order_below_state(void)
     fold_end(c);
 }
 
+/* THE FILLER: the model's blocks, sha256/64K, as a manifest would give
+ * them; block 3 unknown until filler_knows_all. */
+static bool filler_knows_all;
+static unsigned filler_calls;
+
+static int fill_model(void *ctx, uint64_t b, unsigned char *digest)
+{
+    unsigned n;
+    filler_calls++;
+    if (b == 3 && !filler_knows_all)
+        return 0;
+    const unsigned char *blk = model + b * 65536;
+    bool zero = true;
+    for (size_t i = 0; i < 65536 && zero; i++)
+        zero = blk[i] == 0;
+    if (zero)
+        return 1;
+    assert(EVP_Digest(blk, 65536, digest, &n, EVP_sha256(), NULL) == 1);
+    return 2;
+}
+
+/* A writer of a few blocks of a file whose other blocks the filler
+ * knows: a value, the whole file's; unknown to it: "incomplete". */
+static void with_filler(void)
+{
+    struct blkpass *p = fresh("sha256", 65536, 1u << 20);
+    char got[2 * EVP_MAX_MD_SIZE + 1];
+    size = 32 * 65536;
+    for (size_t i = 0; i < size; i++)       /* the disk as it was */
+        model[i] = (unsigned char) (i / 65536 % 5 ? data[i] : 0);
+    blkpass_set_filler(p, fill_model, NULL);
+    do_write(p, 7 * 65536, 2 * 65536);      /* two blocks changed */
+    do_write(p, 20 * 65536 + 100, 1000);    /* part of a block */
+    filler_calls = 0;
+    assert(blkpass_finish(p, size, got, why) == -ENODATA);
+    assert(filler_calls > 0);
+    filler_knows_all = true;
+    /* Block 20 is known in part: not filled, still incomplete. */
+    assert(blkpass_finish(p, size, got, why) == -ENODATA);
+    do_write(p, 20 * 65536, 65536);          /* now whole */
+    expect_value(p, "sha256", 65536);
+    blkpass_free(p);
+}
+
 int main(void)
 {
     static const struct { const char *md; uint64_t bs; } kinds[] = {
@@ -591,6 +636,7 @@ int main(void)
     }
     refusals();
     with_reader();
+    with_filler();
     too_scattered();
     fold_dense();
     fold_reordered();

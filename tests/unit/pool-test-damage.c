@@ -342,6 +342,70 @@ static void test_durable_generations(void)
     fake_close(x);
 }
 
+/* pool_note_unchanged(): a write not sent cancels the pending zero over
+ * its range, and only over a range wholly pending; the drain zeroes the
+ * rest; reads see the server's bytes there. */
+static void test_note_unchanged(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool *p = make_pool(x);
+    unsigned char *disk = fake_disk(x), buf[64 * KiB];
+    struct fake_counts c;
+
+    memset(disk, 0x33, 2 * MiB);            /* the server holds data */
+    fake_set_auto(x, FAKE_FIFO, 1);
+    assert(pool_zero_lazy(p, 0, 1 * MiB) == 0);
+    assert(stats(p).pending_zero == 1 * MiB);
+    assert(pool_note_unchanged(p, 64 * KiB, 64 * KiB) == 1);
+    assert(stats(p).pending_zero == 1 * MiB - 64 * KiB);
+    assert(pool_note_unchanged(p, 64 * KiB, 64 * KiB) == 0);  /* nothing */
+    assert(pool_note_unchanged(p, 1 * MiB - 32 * KiB, 64 * KiB) == -EAGAIN);
+    assert(pool_read(p, 64 * KiB, buf, sizeof buf) == 0);
+    assert(buf[0] == 0x33 && buf[sizeof buf - 1] == 0x33);
+    assert(pool_read(p, 0, buf, sizeof buf) == 0 && buf[0] == 0);
+    pool_drain(p);
+    fake_quiesce(x, &c);
+    assert(c.zero_bytes == 1 * MiB - 64 * KiB);
+    assert(disk[0] == 0 && disk[64 * KiB] == 0x33 &&
+           disk[128 * KiB - 1] == 0x33 && disk[128 * KiB] == 0);
+    pool_destroy(p);
+    fake_close(x);
+}
+
+/* pool_checkpoint(): writes drained and flushed, on_durable told, the
+ * pending zeroes (a truncate's) left pending. */
+static void test_checkpoint_keeps_pending_zero(void)
+{
+    struct nbdx *x = fake_open(8 * MiB, true, 0);
+    struct pool_config cfg = {
+        .request_size = 64 * KiB, .pool_size = 1 * MiB, .depth = 8,
+        .idle_ms = 3600 * 1000,
+        .on_durable = on_durable, .durable_opaque = &durable_calls,
+    };
+    struct pool *p;
+    struct fake_counts c;
+    unsigned char data[64 * KiB];
+    assert(pool_create(&cfg, x, nbdx_info(x)->size, &p) == 0);
+    fake_set_auto(x, FAKE_FIFO, 1);
+    memset(data, 0x44, sizeof data);
+    assert(pool_zero_lazy(p, 0, 1 * MiB) == 0);
+    assert(pool_write(p, 2 * MiB, data, sizeof data) == sizeof data);
+    uint64_t g = pool_gen(p);
+    unsigned before = durable_calls;
+    durable_gen = 0;              /* a new pool: its own generations */
+    assert(pool_checkpoint(p) == 0);
+    fake_quiesce(x, &c);
+    assert(c.write_bytes == 64 * KiB && c.zero_bytes == 0);
+    assert(stats(p).pending_zero == 1 * MiB);
+    assert(durable_calls == before + 1 && durable_gen >= g);
+    assert(fake_disk(x)[2 * MiB] == 0x44);
+    pool_drain(p);                            /* now the zeroes go */
+    fake_quiesce(x, &c);
+    assert(stats(p).pending_zero == 0);
+    pool_destroy(p);
+    fake_close(x);
+}
+
 int main(void)
 {
     alarm(120);                   /* a hang fails the test */
@@ -352,5 +416,7 @@ int main(void)
     test_reconnect_loses_unflushed();
     test_reconnect_rezeroes();
     test_durable_generations();
+    test_note_unchanged();
+    test_checkpoint_keeps_pending_zero();
     return 0;
 }
