@@ -84,6 +84,9 @@ struct warm {
                                    * "refused", "not kept" */
     char why[MF_WHY_MAX];
     uint64_t skipped;             /* __atomic */
+    uint64_t lost_seen;           /* pool_stats.flushed_lost as last seen
+                                   * (lost_lock) */
+    pthread_mutex_t lost_lock;
     uint64_t since_checkpoint;    /* __atomic */
     uint64_t checkpoint_ns;       /* __atomic */
     uint64_t checkpoint_bytes;
@@ -360,6 +363,8 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
         return;
     }
     struct warm *w = calloc(1, sizeof *w);
+    if (w)
+        pthread_mutex_init(&w->lost_lock, NULL);
     struct manifest_id id = { .key = key, .size = d->export_size,
                               .block_size = BS };
     if (!w || manifest_create(&id, &w->m) < 0) {
@@ -491,6 +496,30 @@ static void maybe_checkpoint(struct fs_disk *d, struct warm *w, size_t len)
 }
 
 /* One piece of at most FS_MAX_WRITE bytes. */
+/* Skips are allowed only while the pool holds no damage: a write is how
+ * damage is repaired, so while any is left every block is sent.  A
+ * server that lost data an NBD flush had covered (a RAM disk restarted
+ * under the mount) lost what the manifest holds too: it is forgotten,
+ * and the rest of this pass (and the next) is a full copy. */
+static bool may_skip(struct fs_disk *d, struct warm *w)
+{
+    if (pool_damage(d->pool) == 0)
+        return true;
+    struct pool_stats st;
+    pool_get_stats(d->pool, &st);
+    pthread_mutex_lock(&w->lost_lock);
+    bool lost = st.flushed_lost > w->lost_seen;
+    w->lost_seen = st.flushed_lost;
+    pthread_mutex_unlock(&w->lost_lock);
+    if (lost) {
+        log_warn(DISK_FMT "manifest %s: the server lost data a flush had "
+                 "covered; the manifest is forgotten and every block is "
+                 "sent", DISK_ARG(d), w->path);
+        manifest_forget_all(w->m);
+    }
+    return false;
+}
+
 static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
                            const void *buf, size_t len)
 {
@@ -499,6 +528,9 @@ static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
 
     if (n == 0)
         return -ENOMEM;
+    if (!may_skip(d, w))
+        for (size_t i = 0; i < n; i++)
+            v[i].skip = v[i].zero_kept = false;
     /* Confirm the skips, then forget what will be sent: on stable
      * storage before it is sent. */
     uint64_t skipped = 0;
