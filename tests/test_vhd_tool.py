@@ -18,6 +18,7 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -511,6 +512,11 @@ def test_usage_errors(tmp_path):
     run("info", f, "--parent", f, expect=2)
     run("export", f, expect=2)                              # needs -o
     run("check", tmp_path, expect=2)                        # a directory
+    # ... also on tmpfs (Debian 13's /tmp), where a directory's size is a
+    # few bytes: refused as a directory, not read as a too-short image
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        p = run("check", d, expect=2)
+        assert b"Is a directory" in p.stderr, p.stderr
     assert b"usage" in run("--help").stdout
     empty = tmp_path / "empty.vhd"
     empty.write_bytes(b"")
