@@ -480,6 +480,15 @@ uint64_t vhd_qemu_size(const struct vhd_footer *f)
     return (uint64_t) f->cylinders * f->heads * f->sectors * VHD_SECTOR;
 }
 
+uint64_t vhd_qemu10_size(const struct vhd_footer *f)
+{
+    if ((memcmp(f->creator_app, "vpc ", 4) != 0 &&
+         memcmp(f->creator_app, "qemu", 4) != 0) ||
+        (f->cylinders == 65535 && f->heads == 16 && f->sectors == 255))
+        return f->current_size;
+    return (uint64_t) f->cylinders * f->heads * f->sectors * VHD_SECTOR;
+}
+
 /* ---- strings -------------------------------------------------------------- */
 
 static int put_utf8(uint32_t cp, char *out, size_t outlen, size_t *n)
