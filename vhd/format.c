@@ -470,7 +470,9 @@ void vhd_geometry(uint64_t size, uint16_t *cyl, uint8_t *heads, uint8_t *spt)
 
 uint64_t vhd_qemu_size(const struct vhd_footer *f)
 {
-    static const char trusted[][4] = { "win ", "qem2", "d2v ", "CTXS",
+    /* [5]: room for the literals' NUL (GCC 15 warns of a dropped one);
+     * four bytes are compared. */
+    static const char trusted[][5] = { "win ", "qem2", "d2v ", "CTXS",
                                        { 't', 'a', 'p', 0 } };
     for (size_t i = 0; i < sizeof trusted / sizeof trusted[0]; i++)
         if (memcmp(f->creator_app, trusted[i], 4) == 0)
