@@ -206,15 +206,37 @@ def test_fault_pause_then_resume(server, mount, shm, shortdir, bg, tally):
                  filters=["pause", "delay"])
     m = mount(srv, "--pool-size", "4M", "--request-size", "256K")
     src = random_file(shm / "src.img", SRC)
-    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=fsync"],
-            shm / "cp.err")
+    # dd reads a pipe fed half first, the rest only once the pause holds:
+    # it cannot finish before the server is frozen, however late a loaded
+    # machine runs this thread (it once finished all 16 MiB between the
+    # 2 MiB mark and the pause).
+    fifo = shm / "src.fifo"
+    os.mkfifo(fifo)
+    cp = bg(["dd", f"if={fifo}", f"of={m.file}", "bs=1M", "iflag=fullblock",
+             "conv=fsync"], shm / "cp.err")
+    data = src.read_bytes()
+    rest = threading.Event()
+
+    def feed():
+        try:
+            with open(fifo, "wb") as f:
+                f.write(data[:SRC // 2])
+                f.flush()
+                rest.wait()
+                f.write(data[SRC // 2:])
+        except BrokenPipeError:
+            pass                                   # dd gone: the test fails
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
     wait_progress(cp, written_bytes, 2 * MiB)
     pc = PauseControl(ctl)
     with pc:
+        rest.set()
         time.sleep(2)
         st = status_json(m)                        # readable while frozen
         assert cp.poll() is None, "dd finished while the server was paused"
     rc = cp.wait(120)
+    feeder.join(timeout(60))
     out = judge(tally, "pause-resume", rc, src, sha256_prefix(disk, SRC),
                 sha256_mount(m.file, SRC), cp.stderr)
     assert out == "match", cp.stderr

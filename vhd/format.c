@@ -470,12 +470,23 @@ void vhd_geometry(uint64_t size, uint16_t *cyl, uint8_t *heads, uint8_t *spt)
 
 uint64_t vhd_qemu_size(const struct vhd_footer *f)
 {
-    static const char trusted[][4] = { "win ", "qem2", "d2v ", "CTXS",
+    /* [5]: room for the literals' NUL (GCC 15 warns of a dropped one);
+     * four bytes are compared. */
+    static const char trusted[][5] = { "win ", "qem2", "d2v ", "CTXS",
                                        { 't', 'a', 'p', 0 } };
     for (size_t i = 0; i < sizeof trusted / sizeof trusted[0]; i++)
         if (memcmp(f->creator_app, trusted[i], 4) == 0)
             return f->current_size;
     if (f->cylinders == 65535 && f->heads == 16 && f->sectors == 255)
+        return f->current_size;
+    return (uint64_t) f->cylinders * f->heads * f->sectors * VHD_SECTOR;
+}
+
+uint64_t vhd_qemu10_size(const struct vhd_footer *f)
+{
+    if ((memcmp(f->creator_app, "vpc ", 4) != 0 &&
+         memcmp(f->creator_app, "qemu", 4) != 0) ||
+        (f->cylinders == 65535 && f->heads == 16 && f->sectors == 255))
         return f->current_size;
     return (uint64_t) f->cylinders * f->heads * f->sectors * VHD_SECTOR;
 }

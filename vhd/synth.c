@@ -56,13 +56,17 @@ int vhd_synth_new(uint64_t disk_size, const uint8_t uuid[16],
         return nbdf_errf(err, -ENOMEM, "out of memory");
     }
     struct vhd_footer f = {
-        .cookie = "conectix", .features = VHD_FEATURE_RESERVED,
+        .features = VHD_FEATURE_RESERVED,
         .version = VHD_VERSION, .data_offset = VHD_SECTOR,
-        .timestamp = timestamp, .creator_app = "win ",
+        .timestamp = timestamp,
         .creator_version = 0x00010000, .creator_os = 0,
         .original_size = s->size, .current_size = s->size,
         .disk_type = VHD_DYNAMIC,
     };
+    /* Not NUL-terminated: copied, not initialized from a literal
+     * (GCC 15 warns of the literal's dropped NUL). */
+    memcpy(f.cookie, "conectix", sizeof f.cookie);
+    memcpy(f.creator_app, "win ", sizeof f.creator_app);
     vhd_geometry(s->size, &f.cylinders, &f.heads, &f.sectors);
     memcpy(f.uuid, uuid, 16);
     vhd_footer_encode(&f, s->footer);
@@ -95,10 +99,11 @@ int vhd_synth_allocate(struct vhd_synth *s, uint64_t disk_off, uint64_t len)
 static void synth_header(struct vhd_synth *s)
 {
     struct vhd_header h = {
-        .cookie = "cxsparse", .data_offset = UINT64_MAX,
+        .data_offset = UINT64_MAX,
         .table_offset = SYNTH_BAT_OFF, .version = VHD_VERSION,
         .max_entries = s->nblocks, .block_size = SYNTH_BLOCK,
     };
+    memcpy(h.cookie, "cxsparse", sizeof h.cookie);
     vhd_header_encode(&h, s->header);
 }
 

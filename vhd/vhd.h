@@ -144,11 +144,16 @@ int vhd_lint(const struct vhd_footer *f, const struct vhd_header *h,
 /* CHS geometry for a size, the spec's algorithm (as qemu and blktap). */
 void vhd_geometry(uint64_t size, uint16_t *cyl, uint8_t *heads, uint8_t *spt);
 
-/* The virtual size qemu 7.2 reports for this footer (without
+/* The virtual size qemu 9 and older (Debian 12: 7.2) report (without
  * force_size_calc): cylinders*heads*spt*512 unless the creator is one qemu
  * trusts ("win ", "qem2", "d2v ", "CTXS", "tap\0") or the geometry is the
  * maximal 65535/16/255, in which case current_size. */
 uint64_t vhd_qemu_size(const struct vhd_footer *f);
+
+/* The same for qemu 10 and later, which turned the rule round: the
+ * geometry only for the creators that size by it ("vpc ", "qemu"),
+ * current_size for every other one (and for the maximal geometry). */
+uint64_t vhd_qemu10_size(const struct vhd_footer *f);
 
 /* Virtual sector j's bit in a sector bitmap (MSB first). */
 static inline bool vhd_bitmap_test(const uint8_t *bm, uint32_t j)

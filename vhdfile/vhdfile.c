@@ -121,6 +121,10 @@ int vhdfile_open_fd(const char *path, int fd, bool raw_ok,
         return open_fail(m, -ENOMEM, path, err);
     if (fstat(fd, &st) < 0)
         return open_fail(m, -errno, path, err);
+    /* A directory opens and has a size (tmpfs: a few bytes per entry):
+     * refused as what it is, not judged as an image too short. */
+    if (S_ISDIR(st.st_mode))
+        return open_fail(m, -EISDIR, path, err);
     m->dev = st.st_dev;
     m->ino = st.st_ino;
     m->file_size = st.st_size;

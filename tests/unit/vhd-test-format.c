@@ -216,9 +216,18 @@ static void test_geometry(void)
     uint8_t caml[512];
     CHECK(vhd_footer_decode(delta_file, &f, &e) == 0);
     CHECK(vhd_qemu_size(&f) == 67055616);           /* vhd-format.md §9 */
+    /* qemu 10 turned the rule round: current_size but for "vpc "/"qemu" */
+    CHECK(vhd_qemu10_size(&f) == f.current_size && f.current_size == 64 * MiB);
     memcpy(f.creator_app, "win ", 4);
     vhd_footer_encode(&f, caml);
     CHECK(vhd_footer_decode(caml, &f, &e) == 0 && vhd_qemu_size(&f) == 64 * MiB);
+    CHECK(vhd_qemu10_size(&f) == 64 * MiB);
+    memcpy(f.creator_app, "vpc ", 4);
+    CHECK(vhd_qemu_size(&f) == 67055616 && vhd_qemu10_size(&f) == 67055616);
+    memcpy(f.creator_app, "qemu", 4);
+    CHECK(vhd_qemu_size(&f) == 67055616 && vhd_qemu10_size(&f) == 67055616);
+    f.cylinders = 65535; f.heads = 16; f.sectors = 255;     /* maximal */
+    CHECK(vhd_qemu10_size(&f) == 64 * MiB);
 }
 
 /* ---- whole files broken on purpose --------------------------------------- */

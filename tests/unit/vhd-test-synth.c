@@ -166,7 +166,7 @@ static void test_limits(void)
     CHECK(vhd_image_blocks(img) == 1044480 && vhd_image_allocated(img) == 0);
     const struct vhd_footer *ft = vhd_image_footer(img);
     CHECK(ft->cylinders == 65535 && ft->heads == 16 && ft->sectors == 255);
-    CHECK(vhd_qemu_size(ft) == VHD_MAX_SIZE);
+    CHECK(vhd_qemu_size(ft) == VHD_MAX_SIZE && vhd_qemu10_size(ft) == VHD_MAX_SIZE);
     vhd_image_free(img);
     free(f);
     vhd_synth_free(sy);
@@ -185,7 +185,7 @@ static void test_qemu_size(void)
     struct vhd_footer ft;
     CHECK(vhd_footer_decode(f, &ft, &e) == 0);
     CHECK(ft.current_size == 10 * MiB);
-    CHECK(vhd_qemu_size(&ft) == 10 * MiB);
+    CHECK(vhd_qemu_size(&ft) == 10 * MiB && vhd_qemu10_size(&ft) == 10 * MiB);
     CHECK((uint64_t) ft.cylinders * ft.heads * ft.sectors * 512 < 10 * MiB);
     vhd_synth_free(sy);
 }

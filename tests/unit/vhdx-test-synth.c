@@ -105,7 +105,7 @@ static void small_disk(void)
     uint64_t size = 40 * MiB + 512;
     uint8_t *disk = calloc(1, size);
     unsigned seed = 11;
-    static const uint8_t guid[16] = "nbdferry-test-01";
+    static const uint8_t guid[17] = "nbdferry-test-01";   /* 16 and the NUL */
     struct vhdx_synth *s;
     struct nbdf_err e;
     CHECK(vhdx_synth_new(size, guid, &s, &e) == 0);
@@ -154,7 +154,7 @@ static void unaligned_disk(void)
     unsigned seed = 13;
     for (uint64_t k = 0; k < size; k++)
         disk[k] = (uint8_t) rand_r(&seed) | 1;
-    static const uint8_t guid[16] = "nbdferry-test-03";
+    static const uint8_t guid[17] = "nbdferry-test-03";   /* 16 and the NUL */
     struct vhdx_synth *s;
     CHECK(vhdx_synth_new(size, guid, &s, NULL) == 0);
     CHECK(vhdx_synth_allocate(s, 0, size) == 0);
@@ -194,7 +194,7 @@ static int big_read(void *o, uint64_t off, void *buf, size_t len)
 static void big_disk(void)
 {
     uint64_t size = 6ull << 40;
-    static const uint8_t guid[16] = "nbdferry-test-02";
+    static const uint8_t guid[17] = "nbdferry-test-02";   /* 16 and the NUL */
     struct vhdx_synth *s;
     CHECK(vhdx_synth_new(size, guid, &s, NULL) == 0);
     uint32_t bs = vhdx_synth_block_size(s);

@@ -299,9 +299,12 @@ static void info_footer(const struct vhd_footer *f)
     uint64_t chs = (uint64_t) f->cylinders * f->heads * f->sectors * 512;
     printf("%-18s %u/%u/%u (C/H/S, %" PRIu64 " bytes)\n", "geometry:",
            f->cylinders, f->heads, f->sectors, chs);
-    uint64_t q = vhd_qemu_size(f);
-    printf("%-18s %" PRIu64 "%s\n", "qemu size:", q, q == f->current_size ? "" :
-           " (differs: qemu needs force_size_calc=current_size)");
+    uint64_t q = vhd_qemu_size(f), q10 = vhd_qemu10_size(f);
+    const char *differs = "; differs: qemu needs force_size_calc=current_size";
+    printf("%-18s %" PRIu64 " (qemu 9 and older%s)\n", "qemu size:", q,
+           q == f->current_size ? "" : differs);
+    printf("%-18s %" PRIu64 " (qemu 10 and later%s)\n", "qemu 10 size:", q10,
+           q10 == f->current_size ? "" : differs);
     printf("%-18s %u (%s)\n", "disk type:", f->disk_type,
            kind_name(f->disk_type));
     printf("%-18s 0x%08x%s\n", "checksum:", f->checksum,
