@@ -182,5 +182,5 @@ def test_partial_writer_proof(setup, mount):
     m.unmount()
     assert sha256(disk) == sha256(src)
     assert written(srv, mark) == len(blocks) * BLOCK
-    assert inline_digest(st) == verify_digest(src), (json.dumps(st["digest"]),
+    assert inline_digest(st) == verify_digest(src), (json.dumps(st["digest"]), json.dumps(st["manifest"]),
                                                       st["manifest"])

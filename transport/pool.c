@@ -86,7 +86,7 @@ static void tell_durable(struct pool *p, uint64_t gen)
         if (p->canary_check && !p->canary_busy)
             check_canaries_locked(p);
         pool_canary_wait_locked(p);
-        if (pool_damaged_locked(p) || gen <= p->durable_told)
+        if (pool_damaged_locked(p) || gen < p->durable_told)
             return;
         p->durable_told = gen;
     }
@@ -128,10 +128,14 @@ static uint64_t flush_cut_locked(struct pool *p)
 {
     uint64_t cut = p->next_seq;
 
+    /* A write into a request reads pool_gen() >= its gen0 (equal when
+     * nothing was sealed between the request's making and the write):
+     * so the cut is below every unanswered request's gen0, or a write
+     * still FILLING (never sent) would count as covered. */
     for (const struct pool_req *r = p->queue.head; r; r = r->next)
-        cut = MIN(cut, r->gen0);
+        cut = MIN(cut, r->gen0 ? r->gen0 - 1 : 0);
     for (const struct pool_req *r = p->filling.head; r; r = r->next)
-        cut = MIN(cut, r->gen0);
+        cut = MIN(cut, r->gen0 ? r->gen0 - 1 : 0);
     if (extmap_count(&p->pending_zero) > 0 && p->pending_repended)
         cut = MIN(cut, p->pending_gen0);
     return cut;

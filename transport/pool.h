@@ -355,7 +355,9 @@ int pool_checkpoint(struct pool *p);
  * without the pool's lock, on the thread that flushed: every change older
  * than D is on the server's stable storage, and no reconnect came between
  * its acknowledgement and that flush without it being sent again.  D
- * never decreases from one call to the next. */
+ * never decreases from one call to the next; a later flush tells the
+ * same D again (a change recorded with G == D after the first call, by
+ * another thread, is covered by it). */
 uint64_t pool_gen(struct pool *p);
 
 /* Errors, reported like the kernel's errseq_t: each failure of a write,
