@@ -49,7 +49,7 @@ static void open_chain(struct file *f)
 {
     const struct qcow2_header *h = qcow2_image_header(f->img);
     struct nbdf_err e = { "" };
-    char name[128];
+    char name[sizeof h->backing_file];
 
     if (!h->backing_file[0])
         return;
