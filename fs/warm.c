@@ -380,7 +380,9 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     if (w->dirfd < 0) {
         log_warn(DISK_FMT "no manifest kept: %s", DISK_ARG(d), why);
         snprintf(w->trust, sizeof w->trust, "not kept");
-        snprintf(w->why, sizeof w->why, "%s", why);
+        size_t k = strnlen(why, sizeof w->why - 1);    /* cut to fit */
+        memcpy(w->why, why, k);
+        w->why[k] = '\0';
     } else {
         load(d, w);
         int r = manifest_store(w->m, w->dirfd, w->name);
