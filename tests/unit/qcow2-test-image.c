@@ -49,12 +49,12 @@ static void open_chain(struct file *f)
 {
     const struct qcow2_header *h = qcow2_image_header(f->img);
     struct nbdf_err e = { "" };
-    char name[sizeof h->backing_file];
+    char name[128];
 
     if (!h->backing_file[0])
         return;
     CHECK(strlen(h->backing_file) < sizeof name);    /* made here: short */
-    snprintf(name, sizeof name, "%s", h->backing_file);
+    memcpy(name, h->backing_file, strlen(h->backing_file) + 1);
     CHECK((f->backing = calloc(1, sizeof *f->backing)));
     if (strcmp(h->backing_format, "raw") == 0) {
         f->backing->b = load(name, &f->backing->len);
