@@ -41,7 +41,7 @@ uint64_t rawfile_size(struct fs_disk *d)
  *   epoch.  The mount does not know when the disk last changed (an
  *   earlier mount, another writer), and its own start is no answer: a
  *   source changed in the same second has that mtime, and on an export
- *   of the source's size rsync skipped it (issue 45).  Only a source
+ *   of the source's size rsync skipped it.  Only a source
  *   whose own mtime is the epoch matches.
  * - Every change of the disk's size or bytes, through any of its files
  *   (a write, a zeroing, a truncate, an image's decoded data), stamps

@@ -1,5 +1,5 @@
 """The inline digest of a view landing does not depend on the number of
-connections (issue 41, item 6).
+connections.
 
 qemu-img convert -c writes a compressed qcow2 whose clusters the view
 decodes on its decompressor threads, while clusters qemu could not

@@ -1,5 +1,5 @@
 """Every view and every installed program is named where a user looks
-(issue 41, item 13): nbdferry --help (fs/usage.c), README.md, the
+: nbdferry --help (fs/usage.c), README.md, the
 package description (debian/control), the user guide and the bash
 completion.
 

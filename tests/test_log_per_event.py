@@ -1,5 +1,5 @@
 """One event, one warning; and a warning under -f --progress starts on
-a cleared line (issue 41, item 13).
+a cleared line.
 
 A server paused past --request-timeout while a copy runs on four
 connections is one event: "no reply from the server" is warned once, and

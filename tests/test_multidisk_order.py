@@ -1,5 +1,4 @@
-"""The status and the verdict list a mount's disks by name (issue 41,
-item 13), not in the order the server listed them or the command line
+"""The status and the verdict list a mount's disks by name, not in the order the server listed them or the command line
 gave them: NAME=URI operands given as zeta, alpha, mid (each onto its own
 export) come out alpha, mid, zeta in MNT/.nbdferry-status's "disks" and
 in nbdferry --unmount's verdict.  Each disk gets a small copy, checked

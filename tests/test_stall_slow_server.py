@@ -1,4 +1,4 @@
-"""A slow server that answers is not late (issue 41, item 4).
+"""A slow server that answers is not late.
 
 nbdkit's rate filter shares one bandwidth among the mount's four
 connections: the bucket serves whichever request comes first, so one

@@ -1,4 +1,4 @@
-"""The status is the state after the last copy (issue 41, item 4).
+"""The status is the state after the last copy.
 
 A copy fails on a paused server; the server resumes, the mount heals, and
 a second copy of the same image (without O_TRUNC, as qemu-img convert

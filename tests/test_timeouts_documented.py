@@ -1,5 +1,4 @@
-"""Every documented timeout, measured against the figure the docs give
-(issue 41, item 4).
+"""Every documented timeout, measured against the figure the docs give.
 
 Each case times one deadline on real parts (nbdkit paused with SIGSTOP,
 killed, replaced by a listener that never answers the handshake) and

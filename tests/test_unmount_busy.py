@@ -1,5 +1,5 @@
-"""nbdferry --unmount while a copy runs names the copy (issue 41, item
-13): the mount is busy, so it stays mounted and --unmount exits 1; its
+"""nbdferry --unmount while a copy runs names the copy:
+the mount is busy, so it stays mounted and --unmount exits 1; its
 message names the writer (pid and command, the file it has open for
 writing), then the readers, so the user knows whom to wait for.  The
 copy is not disturbed: it lands byte-exact (sha256 on the server) and a

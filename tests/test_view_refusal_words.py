@@ -1,5 +1,5 @@
 """A view's refusal says that nothing was written, how to get the image
-in, and names the real mountpoint (issue 41, item 13).
+in, and names the real mountpoint.
 
 Into MNT/nbd.vhdx: a VHDX whose headers are both bad, one whose region
 table is bad, and a qcow2 (another format); into MNT/nbd.vmdk a VMDK

@@ -1,5 +1,5 @@
 """A reader of a format view gets the disk as it was at its open, or an
-error: never a mix of before and after (issue 41, item 11).
+error: never a mix of before and after.
 
 A read-only open of nbd.qcow2, nbd.vhdx, nbd.vhd or nbd.vmdk freezes the
 disk's allocation, not its bytes.  For each of the four views: a disk of
