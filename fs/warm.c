@@ -497,7 +497,6 @@ static void maybe_checkpoint(struct fs_disk *d, struct warm *w, size_t len)
     pool_checkpoint(d->pool);     /* a failure: the next close says so */
 }
 
-/* One piece of at most FS_MAX_WRITE bytes. */
 /* Skips are allowed only while the pool holds no damage: a write is how
  * damage is repaired, so while any is left every block is sent.  A
  * server that lost data an NBD flush had covered (a RAM disk restarted
@@ -505,6 +504,11 @@ static void maybe_checkpoint(struct fs_disk *d, struct warm *w, size_t len)
  * and the rest of this pass (and the next) is a full copy. */
 static bool may_skip(struct fs_disk *d, struct warm *w)
 {
+    /* A server given up on (and not found again by the open's try): the
+     * write is sent, so that it fails; a copy of unchanged blocks must
+     * not end with success against a server nobody reached. */
+    if (nbdx_lost(d->x))
+        return false;
     if (pool_damage(d->pool) == 0)
         return true;
     struct pool_stats st;
