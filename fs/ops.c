@@ -14,6 +14,7 @@
  * across fuse_reply_*().
  */
 #include "fs/view.h"
+#include "fs/warm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -153,6 +154,8 @@ static void set_times(struct fs_disk *d, const struct stat *attr, int to_set)
         a = &attr->st_atim;
     if (m || a)
         rawfile_set_times(d, m, a);
+    if (m)
+        warm_note_mtime(d);
 }
 
 /* A size change goes to the view, times to the disk; chmod and chown are

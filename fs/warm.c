@@ -56,6 +56,7 @@
 #include "common/monotime.h"
 #include "common/sha256x.h"
 #include "fs/mountlock.h"
+#include "fs/rawfile.h"
 #include "manifest/manifest.h"
 
 #define BS 65536u                 /* the blkhash digest's blocks */
@@ -332,12 +333,18 @@ static void load(struct fs_disk *d, struct warm *w)
         log_info(DISK_FMT "manifest %s: %" PRIu64 " blocks known (%" PRIu64
                  " data, %" PRIu64 " zero), trusted", DISK_ARG(d), w->path,
                  st.data + st.zero, st.data, st.zero);
+        /* THE STORED TIME: the mtime the last mount ended with (set by
+         * utimensat, or its last change), shown as if set again. */
+        struct timespec t;
+        if (manifest_get_mtime(w->m, &t))
+            rawfile_set_mtime(d, &t);
         return;
     }
     log_warn(DISK_FMT "manifest %s distrusted: %s: someone else wrote the "
              "export since the last pass (or the server lost it); this pass "
              "is a full copy", DISK_ARG(d), w->path, w->why);
     manifest_forget_all(w->m);
+    manifest_forget_mtime(w->m);  /* another writer: the time is wrong too */
 }
 
 static uint64_t checkpoint_bytes(void)
@@ -407,6 +414,13 @@ void warm_close(struct fs_disk *d)
     /* Forgotten meanwhile (nbdferry --forget MNT): not written again. */
     if (w->dirfd >= 0 && fstatat(w->dirfd, w->name, &st,
                                  AT_SYMLINK_NOFOLLOW) == 0) {
+        /* The mtime this mount ends with: one set by utimensat with no
+         * change after it, else its last change's (none: kept). */
+        struct timespec t;
+        bool set;
+        rawfile_stored_mtime(d, &t, &set);
+        if (set || t.tv_sec || t.tv_nsec)
+            manifest_set_mtime(w->m, &t);
         int r = manifest_store(w->m, w->dirfd, w->name);   /* compacts */
         if (r < 0)
             log_warn(DISK_FMT "manifest %s: cannot write it: %s",
@@ -683,6 +697,18 @@ void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
     for (size_t i = 0; i < nh; i++)
         manifest_change(w->m, blk[i], MF_DATA, dg[i], gen);
     maybe_checkpoint(d, w, len);
+}
+
+void warm_note_mtime(struct fs_disk *d)
+{
+    struct warm *w = live(d);
+    struct timespec t;
+    bool set;
+    if (!w)
+        return;
+    rawfile_stored_mtime(d, &t, &set);
+    if (set)
+        manifest_set_mtime(w->m, &t);   /* journaled: a crash keeps it */
 }
 
 uint64_t warm_skipped(struct fs_disk *d)

@@ -92,6 +92,10 @@ bool warm_keeps_truncate(struct fs_disk *d);
  * digest), 0 unknown (no manifest, or a change of it pending). */
 int warm_fill(void *disk, uint64_t b, unsigned char *digest);
 
+/* utimensat(2) set the disk's times: the mtime is kept in the
+ * manifest, so that the next mount shows it (rsync's quick check). */
+void warm_note_mtime(struct fs_disk *d);
+
 /* Bytes of writes not sent because the server held them already. */
 uint64_t warm_skipped(struct fs_disk *d);
 

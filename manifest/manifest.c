@@ -915,6 +915,12 @@ void manifest_set_mtime(struct manifest *m, const struct timespec *t)
     jrec(m, REC_MTIME, (uint64_t) t->tv_sec, (uint64_t) t->tv_nsec, NULL);
 }
 
+void manifest_forget_mtime(struct manifest *m)
+{
+    LOCK_FOR_SCOPE(&m->lock);
+    m->has_mtime = false;
+}
+
 bool manifest_get_mtime(struct manifest *m, struct timespec *t)
 {
     LOCK_FOR_SCOPE(&m->lock);

@@ -174,6 +174,8 @@ bool manifest_next_run(struct manifest *m, enum mf_kind kind, uint64_t pos,
 /* The file's stored time (fs/: the raw file's mtime, utimensat). */
 void manifest_set_mtime(struct manifest *m, const struct timespec *t);
 bool manifest_get_mtime(struct manifest *m, struct timespec *t);
+/* No stored time any more (in the file from its next store). */
+void manifest_forget_mtime(struct manifest *m);
 
 void manifest_get_stats(struct manifest *m, struct manifest_stats *out);
 
