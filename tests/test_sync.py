@@ -314,3 +314,12 @@ def test_sync_proof_needs_a_digest(setup, mount, shm):
     assert r.returncode == 2, r.stderr
     assert "--proof" in r.stderr and "digest" in r.stdout
     assert sha256(disk) == sha256(src)
+
+
+def test_sync_help_matches_man_page():
+    import re
+    from lib.env import TOP
+    text = (TOP / "docs" / "nbdferry-sync.1").read_text()
+    r = run([SYNC, "--help"], check=True)
+    for opt in re.findall(r"--[a-z][a-z-]+", r.stdout):
+        assert opt.replace("-", r"\-") in text, f"{opt} missing from man page"
