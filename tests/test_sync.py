@@ -323,3 +323,22 @@ def test_sync_help_matches_man_page():
     r = run([SYNC, "--help"], check=True)
     for opt in re.findall(r"--[a-z][a-z-]+", r.stdout):
         assert opt.replace("-", r"\-") in text, f"{opt} missing from man page"
+
+
+def test_sync_digest_of_one_disk_of_several(server, mount, shm):
+    """A mount of several disks: the digest reported is the written
+    disk's, from its own entry of the status; a full copy's equals
+    nbdferry-verify SOURCE."""
+    src = make_source(shm / "src.img", 16 * MiB)
+    disks = []
+    for name in ("one", "two"):
+        d = shm / f"{name}.img"
+        with open(d, "wb") as f:
+            f.truncate(16 * MiB)
+        disks.append(server("file", f"file={d}"))
+    m = mount([f"one={disks[0].uri}", f"two={disks[1].uri}"], raw="two")
+    rep = sync(src, m.file)
+    m.unmount()
+    assert sha256(shm / "two.img") == sha256(src)
+    assert rep["digest"]["state"] == "complete", rep["digest"]
+    assert rep["digest"]["value"] == verify_digest(src)
