@@ -568,6 +568,6 @@ def test_sync_example_dirty_bitmap(server, mount, runner):
     runner.sub("/run/src.sock", w / "src.sock")
     runner.sub("/mnt/disk", m.mp)
     r = runner(SYNC[1])
-    assert "1 blocks of 64 KiB listed" in r.stdout, r.stdout
+    assert "1 block of 64 KiB listed" in r.stdout, r.stdout
     m.unmount()
     assert sha256_nbd(dest.uri, SIZE) == sha256_file(raw)

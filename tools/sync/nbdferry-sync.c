@@ -355,6 +355,11 @@ static int copy_to(const struct options *o, struct sync_source *s,
 
 /* ---- phase 5: the report ---- */
 
+static const char *plural(uint64_t n)
+{
+    return n == 1 ? "" : "s";
+}
+
 static double percent(uint64_t part, uint64_t whole)
 {
     return whole ? 100.0 * (double) part / (double) whole : 0.0;
@@ -367,15 +372,17 @@ static void report_text(const struct options *o, const struct sync_source *s,
     printf("nbdferry-sync: %s -> %s, %" PRIu64 " bytes\n", o->source,
            o->dest, s->size);
     if (o->changed)
-        printf("  changed     %s %s: %" PRIu64 " blocks of 64 KiB listed "
+        printf("  changed     %s %s: %" PRIu64 " block%s of 64 KiB listed "
                "(%.2f%% of the disk)\n", sync_list_kind_name(kind), o->what,
-               st->listed_blocks, percent(st->listed_bytes, s->size));
+               st->listed_blocks, plural(st->listed_blocks),
+               percent(st->listed_bytes, s->size));
     else
         printf("  changed     no list: every block\n");
     printf("  read        %" PRIu64 " bytes (%.2f%% of the source)\n",
            s->bytes_read, percent(s->bytes_read, s->size));
-    printf("  written     %" PRIu64 " bytes in %" PRIu64 " runs, %" PRIu64
-           " of them zero\n", st->written, st->runs, st->zero);
+    printf("  written     %" PRIu64 " bytes in %" PRIu64 " run%s, %" PRIu64
+           " of them zero\n", st->written, st->runs, plural(st->runs),
+           st->zero);
     printf("  not copied  %" PRIu64 " bytes (not listed)\n",
            s->size - st->listed_bytes);
     if (d->have_skipped)
