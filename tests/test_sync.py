@@ -342,3 +342,24 @@ def test_sync_digest_of_one_disk_of_several(server, mount, shm):
     assert sha256(shm / "two.img") == sha256(src)
     assert rep["digest"]["state"] == "complete", rep["digest"]
     assert rep["digest"]["value"] == verify_digest(src)
+
+
+def test_sync_source_stops_answering(server, mount, shm):
+    """A source whose reads the delay filter holds for an hour fails the
+    run after --request-timeout, with one line naming it; nothing is
+    written."""
+    src = make_source(shm / "src.img", 8 * MiB)
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(8 * MiB)
+    dst = server("file", f"file={disk}", log=True)
+    slow = server("file", f"file={src}", "rdelay=3600", filters=["delay"],
+                  extra=["-r"])
+    m = mount(dst)
+    mark = log_mark(dst)
+    r = run([SYNC, "--request-timeout=1", slow.uri, m.file], timeout=120)
+    m.unmount()
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "answered nothing for 1 s (--request-timeout)" in r.stderr
+    assert traffic(dst, mark).bytes["Write"] == 0
+    assert not disk.read_bytes().strip(b"\0")       # still all zero

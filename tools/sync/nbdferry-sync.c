@@ -37,6 +37,7 @@
 #define COPY_PIECE    ((size_t) 4 << 20)   /* bytes read, then written */
 #define LIST_MAX      ((size_t) 1 << 30)   /* a change list file, at most */
 #define DIGEST_WAIT_S 60
+#define REQUEST_TIMEOUT_S 60
 
 struct options {
     const char *changed;                /* --changed's value, or NULL */
@@ -45,6 +46,7 @@ struct options {
     bool proof;
     bool json;
     unsigned digest_wait_s;
+    unsigned request_timeout_s;
     const char *source;
     const char *dest;
 };
@@ -95,14 +97,16 @@ static const char usage_text[] =
 "      --digest-wait=S     wait up to S seconds without progress for the\n"
 "                          mount's digest to settle (default 60; 0: do not\n"
 "                          wait)\n"
+"      --request-timeout=S fail when an NBD SOURCE answers nothing for S\n"
+"                          seconds (default 60, 0: wait forever)\n"
 "  -h, --help              print this help\n"
 "  -V, --version           print the version\n"
 "\n"
 "Exit status: 0 copied (and with --proof, the digest complete), 1 error\n"
 "(a refused list wrote nothing), 2 copied but --proof not met.\n";
 
-enum { OPT_PROOF = 256, OPT_DIGEST_WAIT, OPT_LONG_OPTIONS,
-       OPT_SHORT_OPTIONS };
+enum { OPT_PROOF = 256, OPT_DIGEST_WAIT, OPT_REQUEST_TIMEOUT,
+       OPT_LONG_OPTIONS, OPT_SHORT_OPTIONS };
 
 #define SHORT_OPTIONS ":c:jhV"
 
@@ -111,6 +115,7 @@ static const struct option long_options[] = {
     { "proof",         no_argument,       NULL, OPT_PROOF },
     { "json",          no_argument,       NULL, 'j' },
     { "digest-wait",   required_argument, NULL, OPT_DIGEST_WAIT },
+    { "request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT },
     { "help",          no_argument,       NULL, 'h' },
     { "version",       no_argument,       NULL, 'V' },
     { "long-options",  no_argument,       NULL, OPT_LONG_OPTIONS },
@@ -139,10 +144,24 @@ static int usage_err(const char *what, const char *arg)
     return -EINVAL;
 }
 
-static int parse_one(struct options *o, int c, char **argv)
+/* Seconds, 0 to 86400. */
+static int seconds_arg(const char *opt, unsigned *out)
 {
     char *end;
 
+    errno = 0;
+    unsigned long v = strtoul(optarg, &end, 10);
+    if (errno || *end || optarg[0] < '0' || optarg[0] > '9' || v > 86400) {
+        sync_err("%s takes seconds (0 to 86400): %s (see --help)", opt,
+                 optarg);
+        return -EINVAL;
+    }
+    *out = (unsigned) v;
+    return 0;
+}
+
+static int parse_one(struct options *o, int c, char **argv)
+{
     switch (c) {
     case 'c':
         o->changed = optarg;
@@ -154,14 +173,9 @@ static int parse_one(struct options *o, int c, char **argv)
     case OPT_PROOF: o->proof = true; return 0;
     case 'j': o->json = true; return 0;
     case OPT_DIGEST_WAIT:
-        errno = 0;
-        unsigned long v = strtoul(optarg, &end, 10);
-        if (errno || *end || optarg[0] < '0' || optarg[0] > '9' ||
-            v > 86400)
-            return usage_err("--digest-wait takes seconds (0 to 86400): ",
-                             optarg);
-        o->digest_wait_s = (unsigned) v;
-        return 0;
+        return seconds_arg("--digest-wait", &o->digest_wait_s);
+    case OPT_REQUEST_TIMEOUT:
+        return seconds_arg("--request-timeout", &o->request_timeout_s);
     case 'h': fputs(usage_text, stdout); return PARSE_DONE;
     case 'V': printf("nbdferry-sync %s\n", PACKAGE_VERSION); return PARSE_DONE;
     case OPT_LONG_OPTIONS: optlist_long(long_options); return PARSE_DONE;
@@ -176,7 +190,8 @@ static int parse_options(struct options *o, int argc, char **argv)
 {
     int c, r;
 
-    *o = (struct options) { .digest_wait_s = DIGEST_WAIT_S };
+    *o = (struct options) { .digest_wait_s = DIGEST_WAIT_S,
+                            .request_timeout_s = REQUEST_TIMEOUT_S };
     opterr = 0;
     while ((c = getopt_long(argc, argv, SHORT_OPTIONS, long_options,
                             NULL)) != -1)
@@ -488,7 +503,7 @@ static int run(const struct options *o)
     enum sync_list_kind kind = o->kind;
     const char *bitmap = o->changed && o->kind == SYNC_LIST_DIRTY_BITMAP
                              ? o->what : NULL;
-    int r = sync_source_open(o->source, bitmap, &s);
+    int r = sync_source_open(o->source, bitmap, o->request_timeout_s, &s);
 
     if (r == 0)
         r = check_sizes(o, &s);

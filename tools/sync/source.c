@@ -2,8 +2,12 @@
  * block device (pread), or an NBD export (libnbd, one handle, one request
  * at a time: the mount pipelines the writes, and a cutover reads little).
  *
- * XXX: a silent NBD server blocks a synchronous read forever; the reads
- * could go through verify/reader.h's pipeline and its --request-timeout.
+ * TIMEOUT
+ * Each NBD step (the handshake, a read, a block status request) is
+ * issued with the aio calls and waited for with nbd_poll(): a server that
+ * moves no byte for s->timeout_s seconds fails the run with one line
+ * naming it (-ETIMEDOUT), never a hang.  The handle is then closed with
+ * the request unanswered (the server is not answering anyway).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +31,7 @@
  * next request starts where the answer ended, to the disk's end. */
 #define STATUS_SPAN   ((uint64_t) 1 << 30)
 #define NBD_STATE_DIRTY 1u                  /* qemu:dirty-bitmap's flag */
+#define POLL_MS       200
 
 static int nbd_fail(const struct sync_source *s, const char *what)
 {
@@ -36,9 +41,52 @@ static int nbd_fail(const struct sync_source *s, const char *what)
     return e ? -e : -EIO;
 }
 
+/* Polls s->h until cookie's command completed (cookie 0: until the
+ * handshake is over), failing after timeout_s seconds without progress. */
+static int nbd_wait(struct sync_source *s, int64_t cookie, const char *what)
+{
+    unsigned idle_ms = 0;
+
+    for (;;) {
+        int done = cookie ? nbd_aio_command_completed(s->h, (uint64_t) cookie)
+                          : !nbd_aio_is_connecting(s->h);
+        if (done == -1)
+            return nbd_fail(s, what);
+        if (done)
+            return 0;
+        if (s->timeout_s && idle_ms >= s->timeout_s * 1000u) {
+            sync_err("%s: %s: the server answered nothing for %u s "
+                     "(--request-timeout)", s->name, what, s->timeout_s);
+            return -ETIMEDOUT;
+        }
+        int r = nbd_poll(s->h, POLL_MS);
+        if (r == -1)
+            return nbd_fail(s, what);
+        idle_ms = r == 0 ? idle_ms + POLL_MS : 0;
+    }
+}
+
+static int nbd_connect(struct sync_source *s, const char *uri)
+{
+    int r;
+
+    if (nbd_aio_connect_uri(s->h, uri) == -1)
+        return nbd_fail(s, "connecting");
+    if ((r = nbd_wait(s, 0, "connecting")) < 0)
+        return r;
+    if (nbd_aio_is_ready(s->h) != 1) {
+        sync_err("%s: connecting: %s", s->name,
+                 nbd_get_error() ? nbd_get_error() : "the handshake failed");
+        return -EIO;
+    }
+    return 0;
+}
+
 static int open_nbd(const char *uri, const char *bitmap,
                     struct sync_source *s)
 {
+    int r;
+
     s->h = nbd_create();
     if (!s->h)
         return nbd_fail(s, "libnbd");
@@ -50,8 +98,8 @@ static int open_nbd(const char *uri, const char *bitmap,
         if (nbd_add_meta_context(s->h, s->meta_context) == -1)
             return nbd_fail(s, "asking for the dirty bitmap");
     }
-    if (nbd_connect_uri(s->h, uri) == -1)
-        return nbd_fail(s, "connecting");
+    if ((r = nbd_connect(s, uri)) < 0)
+        return r;
     if (bitmap && nbd_can_meta_context(s->h, s->meta_context) != 1) {
         sync_err("%s: the server does not offer %s (qemu-nbd exports a "
                  "bitmap with -B NAME; qemu's NBD server with "
@@ -97,10 +145,11 @@ static int open_file(const char *path, struct sync_source *s)
 }
 
 int sync_source_open(const char *operand, const char *bitmap,
-                     struct sync_source *s)
+                     unsigned timeout_s, struct sync_source *s)
 {
     memset(s, 0, sizeof *s);
     s->name = operand;
+    s->timeout_s = timeout_s;
     s->fd = -1;
     if (strstr(operand, "://"))
         return open_nbd(operand, bitmap, s);
@@ -119,8 +168,11 @@ int sync_source_read(struct sync_source *s, void *buf, size_t len,
     if (s->h) {
         for (size_t done = 0; done < len;) {
             size_t n = len - done < s->max_read ? len - done : s->max_read;
-            if (nbd_pread(s->h, (char *) buf + done, n, off + done, 0) == -1)
-                return nbd_fail(s, "read");
+            int64_t c = nbd_aio_pread(s->h, (char *) buf + done, n,
+                                      off + done, NBD_NULL_COMPLETION, 0);
+            int r = c == -1 ? nbd_fail(s, "read") : nbd_wait(s, c, "read");
+            if (r < 0)
+                return r;
             done += n;
             s->bytes_read += n;
         }
@@ -181,12 +233,15 @@ int sync_source_dirty(struct sync_source *s, struct sync_list *l)
         uint64_t span = s->size - off < STATUS_SPAN ? s->size - off
                                                     : STATUS_SPAN;
         w.end = off;
-        if (nbd_block_status(s->h, span, off,
-                             (nbd_extent_callback) { .callback =
-                                                         dirty_extents,
-                                                     .user_data = &w },
-                             0) == -1)
-            return nbd_fail(s, "block status of the dirty bitmap");
+        int64_t c = nbd_aio_block_status(
+            s->h, span, off,
+            (nbd_extent_callback) { .callback = dirty_extents,
+                                    .user_data = &w },
+            NBD_NULL_COMPLETION, 0);
+        int r = c == -1 ? nbd_fail(s, "block status of the dirty bitmap")
+                        : nbd_wait(s, c, "block status of the dirty bitmap");
+        if (r < 0)
+            return r;
         if (w.end <= off) {
             sync_err("%s: block status of %s at %" PRIu64 " described "
                      "nothing: the bitmap cannot be read to its end",
@@ -200,7 +255,10 @@ int sync_source_dirty(struct sync_source *s, struct sync_list *l)
 void sync_source_close(struct sync_source *s)
 {
     if (s->h) {
-        nbd_shutdown(s->h, 0);
+        /* A clean disconnect, unless a request is still unanswered (a
+         * timeout): then the socket is just closed. */
+        if (nbd_aio_is_ready(s->h) == 1 && nbd_aio_in_flight(s->h) == 0)
+            nbd_shutdown(s->h, 0);
         nbd_close(s->h);
         s->h = NULL;
     }

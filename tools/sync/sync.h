@@ -83,13 +83,16 @@ struct sync_source {
     uint64_t size;
     size_t max_read;                    /* bytes per read request */
     uint64_t bytes_read;                /* data read so far */
+    unsigned timeout_s;                 /* NBD: no progress for this long
+                                         * fails a step; 0: wait forever */
 };
 
 /* Opens operand: an NBD URI if it contains "://", else a file or block
  * device.  bitmap (may be NULL) names a qemu dirty bitmap the NBD server
- * must offer (qemu:dirty-bitmap:NAME).  Logs the reason on failure. */
+ * must offer (qemu:dirty-bitmap:NAME).  timeout_s: see struct sync_source.
+ * Logs the reason on failure. */
 int  sync_source_open(const char *operand, const char *bitmap,
-                      struct sync_source *s);
+                      unsigned timeout_s, struct sync_source *s);
 /* Exactly len bytes at off (off + len <= size). */
 int  sync_source_read(struct sync_source *s, void *buf, size_t len,
                       uint64_t off);
