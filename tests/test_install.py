@@ -19,12 +19,14 @@ from lib.procs import run
 
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-            "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
+            "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status",
+            "nbdferry-sync"]
 # Every program has the bash completion script and answers --version.
 VERSIONED = PROGRAMS
 # The tools' own pages; every docs/*.1 is checked as well.
 PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-         "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
+         "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status",
+         "nbdferry-sync"]
 # The docs installed into share/doc/nbdferry (docs/CMakeLists.txt).
 DOCS = ["README.md", "user-guide.md", "design.md", "security.md",
         "servers.md", "copy-tools.md", "verify.md", "vhd-view.md",
