@@ -133,6 +133,33 @@ char *mountlock_key(struct nbdx *x, const struct nbdx_config *cfg)
     return asprintf(&key, "%s|%s", where, export) < 0 ? NULL : key;
 }
 
+char *mountlock_record_key(struct nbdx *x, const struct nbdx_config *cfg)
+{
+    char *key = mountlock_key(x, cfg);
+    char sock[PATH_MAX] = "", real[PATH_MAX], export[4096 + 1] = "";
+    unsigned long long dev, ino;
+    struct stat st;
+
+    if (!key || strncmp(key, "unix:", 5) != 0 ||
+        sscanf(key, "unix:%llu:%llu|", &dev, &ino) != 2)
+        return key;               /* not a Unix socket with a path */
+    if (cfg->mode == NBDX_UNIX && cfg->path)
+        snprintf(sock, sizeof sock, "%s", cfg->path);
+    else if (cfg->mode == NBDX_URI &&
+             (!nbdx_uri_query(cfg->uri, "socket", sock, sizeof sock) ||
+              !nbdx_uri_export(cfg->uri, export, sizeof export)))
+        return key;
+    if (!sock[0] || !realpath(sock, real) || stat(real, &st) != 0 ||
+        (unsigned long long) st.st_dev != dev ||
+        (unsigned long long) st.st_ino != ino)
+        return key;
+    char *rec;
+    if (asprintf(&rec, "unix-path:%s|%s", real, export) < 0)
+        return key;
+    free(key);
+    return rec;
+}
+
 /* The lock file's name: nbdferry- and 32 hex digits of the key's
  * SHA-256. */
 static int key_name(const char *key, char *out, size_t n)

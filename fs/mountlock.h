@@ -58,3 +58,11 @@ void mountlock_release(struct mountlock *l);
 /* The key of x's export (x connected with cfg; malloc'd), or NULL when
  * it has none.  Logged with -v. */
 char *mountlock_key(struct nbdx *x, const struct nbdx_config *cfg);
+
+/* The key a record kept across server restarts uses (the manifest): the
+ * same as mountlock_key(), except for a Unix socket spelled with a path
+ * (--unix PATH, ?socket=PATH) that leads where the connection does: its
+ * canonical path (realpath) and the export, since a restarted server
+ * binds a new socket (a new inode) at the same path.  A path that does
+ * not lead to the connected socket keeps the inode key. */
+char *mountlock_record_key(struct nbdx *x, const struct nbdx_config *cfg);

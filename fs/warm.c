@@ -360,7 +360,7 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     char why[PATH_MAX + 64] = "";
     if (c->off || d->readonly)
         return;
-    CLEANUP_FREE char *key = mountlock_key(x, nc);
+    CLEANUP_FREE char *key = mountlock_record_key(x, nc);
     CLEANUP_FREE char *dflt = c->state_dir ? NULL : warm_default_state_dir();
     const char *dir = c->state_dir ? c->state_dir : dflt;
     if (!key || !dir) {
@@ -891,7 +891,7 @@ int warm_forget(const char *target, const struct warm_config *c,
         nc.uri = target;
         if (nbdx_open(&nc, &x) < 0)
             return EXIT_FAILURE;  /* logged */
-        CLEANUP_FREE char *key = mountlock_key(x, &nc);
+        CLEANUP_FREE char *key = mountlock_record_key(x, &nc);
         nbdx_close(x);
         CLEANUP_FREE char *dflt = c->state_dir ? NULL
                                                : warm_default_state_dir();
