@@ -154,8 +154,13 @@ static void set_times(struct fs_disk *d, const struct stat *attr, int to_set)
         a = &attr->st_atim;
     if (m || a)
         rawfile_set_times(d, m, a);
-    if (m)
-        warm_note_mtime(d);
+    bool set;
+    struct timespec kept;
+    if (m) {
+        rawfile_stored_mtime(d, &kept, &set);
+        if (set)
+            warm_note_mtime(d, &kept);
+    }
 }
 
 /* A size change goes to the view, times to the disk; chmod and chown are

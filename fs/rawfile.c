@@ -18,7 +18,7 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
-#include "fs/digest.h"
+#include "digest/digest.h"
 #include "fs/foreign.h"
 #include "fs/progress.h"
 #include "fs/warm.h"
@@ -50,7 +50,7 @@ uint64_t rawfile_size(struct fs_disk *d)
  *   sets mtime and atime as asked (a time, now, or UTIME_OMIT: left as
  *   it is) and ctime to now, and marks the mtime set until the next
  *   change.  It changes nothing else, d->changes included: a cache of
- *   what the disk holds (fs/synthcache.c) keys on d->changes, never on
+ *   what the disk holds (views/synthcache.c) keys on d->changes, never on
  *   a time anyone can set back.
  * - ctime is the mount's start until then.  Reads are not tracked (as
  *   noatime): atime is the mtime unless utimensat set it since.
@@ -219,7 +219,7 @@ static int carry_out_locked(struct fs_disk *d)
 
 /* THE CHANGE COUNT
  * A reader of a format view reads the disk as it was at its open, or
- * fails (fs/imageview.c, THE SNAPSHOT): it keeps the disk's allocation,
+ * fails (views/imageview.c, THE SNAPSHOT): it keeps the disk's allocation,
  * not its bytes, so it must know whether the disk changed since.  Every
  * change of the disk, its size included, holds size_lock (shared or
  * exclusive) for as long as it lasts, so taking it for a change counts

@@ -55,8 +55,7 @@
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/sha256x.h"
-#include "fs/mountlock.h"
-#include "fs/rawfile.h"
+#include "daemon/mountlock.h"
 #include "manifest/manifest.h"
 
 #define BS 65536u                 /* the blkhash digest's blocks */
@@ -71,7 +70,7 @@
                                    * at a drain (64 MiB) */
 
 /* A disk's name at the start of a log line, in a mount of several (as
- * fs/main.c). */
+ * daemon/main.c). */
 #define DISK_FMT "%s%s"
 #define DISK_ARG(d) ((d)->fs->ndisks > 1 ? (d)->filename : ""), \
                     ((d)->fs->ndisks > 1 ? ": " : "")
@@ -333,11 +332,6 @@ static void load(struct fs_disk *d, struct warm *w)
         log_info(DISK_FMT "manifest %s: %" PRIu64 " blocks known (%" PRIu64
                  " data, %" PRIu64 " zero), trusted", DISK_ARG(d), w->path,
                  st.data + st.zero, st.data, st.zero);
-        /* THE STORED TIME: the mtime the last mount ended with (set by
-         * utimensat, or its last change), shown as if set again. */
-        struct timespec t;
-        if (manifest_get_mtime(w->m, &t))
-            rawfile_set_mtime(d, &t);
         return;
     }
     log_warn(DISK_FMT "manifest %s distrusted: %s: someone else wrote the "
@@ -404,7 +398,14 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     __atomic_store_n(&d->warm, w, __ATOMIC_RELEASE);
 }
 
-void warm_close(struct fs_disk *d)
+bool warm_stored_mtime(struct fs_disk *d, struct timespec *t)
+{
+    struct warm *w = live(d);
+    return w && strcmp(w->trust, "trusted") == 0 &&
+           manifest_get_mtime(w->m, t);
+}
+
+void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set)
 {
     struct warm *w = d->warm;
     struct stat st;
@@ -416,11 +417,8 @@ void warm_close(struct fs_disk *d)
                                  AT_SYMLINK_NOFOLLOW) == 0) {
         /* The mtime this mount ends with: one set by utimensat with no
          * change after it, else its last change's (none: kept). */
-        struct timespec t;
-        bool set;
-        rawfile_stored_mtime(d, &t, &set);
-        if (set || t.tv_sec || t.tv_nsec)
-            manifest_set_mtime(w->m, &t);
+        if (set || mtime->tv_sec || mtime->tv_nsec)
+            manifest_set_mtime(w->m, mtime);
         int r = manifest_store(w->m, w->dirfd, w->name);   /* compacts */
         if (r < 0)
             log_warn(DISK_FMT "manifest %s: cannot write it: %s",
@@ -699,16 +697,11 @@ void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
     maybe_checkpoint(d, w, len);
 }
 
-void warm_note_mtime(struct fs_disk *d)
+void warm_note_mtime(struct fs_disk *d, const struct timespec *mtime)
 {
     struct warm *w = live(d);
-    struct timespec t;
-    bool set;
-    if (!w)
-        return;
-    rawfile_stored_mtime(d, &t, &set);
-    if (set)
-        manifest_set_mtime(w->m, &t);   /* journaled: a crash keeps it */
+    if (w)
+        manifest_set_mtime(w->m, mtime);  /* journaled: a crash keeps it */
 }
 
 uint64_t warm_skipped(struct fs_disk *d)

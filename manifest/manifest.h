@@ -52,7 +52,7 @@ enum mf_kind {
 struct manifest;
 
 /* The export the manifest is of: a key naming the server and export
- * (fs/mountlock.c, mountlock_key()), its size and the block size. */
+ * (daemon/mountlock.c, mountlock_key()), its size and the block size. */
 struct manifest_id {
     const char *key;
     uint64_t size;

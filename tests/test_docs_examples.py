@@ -58,7 +58,7 @@ def bindir(tmp_path):
     """A directory with the build's programs under their installed names."""
     d = tmp_path / "bin"
     d.mkdir()
-    for name, path in (("nbdferry", BUILD / "fs" / "nbdferry"),
+    for name, path in (("nbdferry", BUILD / "daemon" / "nbdferry"),
                        ("nbdferry-verify", BUILD / "tools" / "nbdferry-verify"),
                        ("nbdferry-vhd", BUILD / "tools" / "nbdferry-vhd"),
                        ("nbdferry-vmdk", BUILD / "tools" / "nbdferry-vmdk"),

@@ -1,12 +1,12 @@
 """Every view and every installed program is named where a user looks
-: nbdferry --help (fs/usage.c), README.md, the
+: nbdferry --help (daemon/usage.c), README.md, the
 package description (debian/control), the user guide and the bash
 completion.
 
 The lists come from the build, not from this file: the views from the
 daemon's view table (fs/view.c's fs_views[] and each view's suffix, as
 IMAGEVIEW_DEFINE or .suffix gives it), the programs from the install()
-rules (fs/CMakeLists.txt and tools/*/*.cmake).  A new view or program
+rules (daemon/CMakeLists.txt and tools/*/*.cmake).  A new view or program
 that the texts do not name fails here."""
 
 import re
@@ -22,7 +22,7 @@ def views():
     table = (TOP / "fs" / "view.c").read_text()
     listed = set(re.findall(r"\[FS_INO_\w+\]\s*=\s*&(fs_\w+_view)", table))
     suffix = {}
-    for src in (TOP / "fs").glob("*.c"):
+    for src in [*(TOP / "fs").glob("*.c"), *(TOP / "views").glob("*.c")]:
         text = src.read_text()
         for var, sfx in re.findall(
                 r'IMAGEVIEW_DEFINE\((fs_\w+_view),\s*\w+,\s*"([^"]*)"\)',
@@ -44,7 +44,8 @@ def views():
 def programs():
     """The installed programs, from the install() rules."""
     names = set()
-    rules = [TOP / "fs" / "CMakeLists.txt", *(TOP / "tools").glob("*/*.cmake")]
+    rules = [TOP / "daemon" / "CMakeLists.txt",
+             *(TOP / "tools").glob("*/*.cmake")]
     for f in rules:
         text = f.read_text()
         names |= set(re.findall(r"install\(TARGETS\s+([\w-]+)", text))
@@ -102,3 +103,17 @@ def test_completion_covers_every_program():
     for p in programs():
         assert p in registered, f"the completion does not register {p}"
         assert p in installed, f"completion.cmake does not install it as {p}"
+
+
+def test_readme_layout_names_every_folder():
+    """README's layout table names every top-level folder of the tree
+    (a folder added without a line there is a map gone stale)."""
+    import subprocess as sp
+    tracked = sp.run(["git", "-C", str(TOP), "ls-files"], capture_output=True,
+                     text=True, check=True).stdout.split()
+    folders = {p.split("/", 1)[0] for p in tracked if "/" in p}
+    folders -= {".ci"}
+    text = (TOP / "README.md").read_text()
+    layout = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `([\w.-]+)/` \|", layout, re.M))
+    assert folders <= named, f"not in README's layout: {sorted(folders - named)}"
