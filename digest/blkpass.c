@@ -25,6 +25,7 @@
 #include "common/blkhash.h"
 #include "common/cleanup.h"
 #include "digest/blkpass.h"
+#include "digest/hashers.h"
 #include "transport/extmap.h"
 
 /* Ranges kept in written or zero (16 bytes each): writes scattered wider
@@ -89,33 +90,6 @@ struct part {
     uint64_t tick;                /* last touched */
 };
 
-/* THE HASHERS: a write's whole blocks (the common case: every block of a
- * large write) are hashed on helper threads beside the pass's own, one
- * per online CPU but the pass's (at most MAX_HELPERS), and the write
- * returns once all are stored: the pass stays one ordered sequence of
- * changes.  blkhash_update() is safe from any thread for different
- * blocks.  hs.lock protects the job; the pass's thread publishes a job
- * (gen++), helpers take blocks by index until none are left, and the
- * last one done wakes the pass. */
-#define MAX_HELPERS 7u
-#define HASH_BATCH 256u           /* blocks handed to the helpers at once */
-#define HASH_TAKE 16u             /* blocks a thread takes at a time: they
-                                   * are hashed side by side (blkhash.h) */
-
-struct hashers {
-    pthread_mutex_t lock;
-    pthread_cond_t go, done;
-    pthread_t tid[MAX_HELPERS];
-    unsigned n;                   /* helper threads running */
-    bool stop;
-    uint64_t gen;                 /* job number */
-    struct blkhash *h;            /* the job: blocks blk[i] at mem[i] */
-    const uint64_t *blk;
-    const unsigned char *const *mem;
-    size_t count, next, finished;
-    int err;
-};
-
 struct blkpass {
     char md[BLKHASH_NAME_MAX];
     uint64_t bs;
@@ -134,100 +108,15 @@ struct blkpass {
     void *fill_ctx;
     void *read_ctx;
     uint64_t disk_size;
-    struct hashers hs;
+    struct digest_hashers hs;
 };
-
-/* ---- the hashers ---- */
-
-/* Take and hash blocks of the current job until none are left.  With
- * hs->lock held; drops it while hashing. */
-static void hash_some_locked(struct hashers *hs)
-{
-    while (hs->next < hs->count) {
-        size_t i = hs->next, n = hs->count - i;
-        if (n > HASH_TAKE)
-            n = HASH_TAKE;
-        hs->next += n;
-        pthread_mutex_unlock(&hs->lock);
-        int r = blkhash_update_blocks(hs->h, hs->blk + i, hs->mem + i, n);
-        pthread_mutex_lock(&hs->lock);
-        if (r < 0 && !hs->err)
-            hs->err = r;
-        if ((hs->finished += n) == hs->count)
-            pthread_cond_broadcast(&hs->done);
-    }
-}
-
-static void *hasher_main(void *arg)
-{
-    struct hashers *hs = arg;
-    uint64_t seen = 0;
-
-    LOCK_FOR_SCOPE(&hs->lock);
-    while (!hs->stop) {
-        if (hs->gen == seen) {
-            pthread_cond_wait(&hs->go, &hs->lock);
-            continue;
-        }
-        seen = hs->gen;
-        hash_some_locked(hs);
-    }
-    return NULL;
-}
-
-static void hashers_start(struct hashers *hs)
-{
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned want = cpus > 1 ? (unsigned) cpus - 1 : 0;
-
-    pthread_mutex_init(&hs->lock, NULL);
-    pthread_cond_init(&hs->go, NULL);
-    pthread_cond_init(&hs->done, NULL);
-    if (want > MAX_HELPERS)
-        want = MAX_HELPERS;
-    /* None started is fine: the pass's thread hashes every block. */
-    while (hs->n < want && pthread_create(&hs->tid[hs->n], NULL,
-                                          hasher_main, hs) == 0)
-        hs->n++;
-}
-
-static void hashers_stop(struct hashers *hs)
-{
-    {
-        LOCK_FOR_SCOPE(&hs->lock);
-        hs->stop = true;
-        pthread_cond_broadcast(&hs->go);
-    }
-    for (unsigned i = 0; i < hs->n; i++)
-        pthread_join(hs->tid[i], NULL);
-    pthread_mutex_destroy(&hs->lock);
-    pthread_cond_destroy(&hs->go);
-    pthread_cond_destroy(&hs->done);
-}
 
 /* Hash count whole blocks blk[i] from mem[i], on the helpers and this
  * thread; returns once every one is stored.  0 or -errno. */
 static int hash_blocks(struct blkpass *p, const uint64_t *blk,
                        const unsigned char *const *mem, size_t count)
 {
-    struct hashers *hs = &p->hs;
-
-    LOCK_FOR_SCOPE(&hs->lock);
-    hs->gen++;
-    hs->h = p->h;
-    hs->blk = blk;
-    hs->mem = mem;
-    hs->count = count;
-    hs->next = hs->finished = 0;
-    hs->err = 0;
-    if (hs->n && count > 1)
-        pthread_cond_broadcast(&hs->go);
-    hash_some_locked(hs);
-    while (hs->finished < hs->count)
-        pthread_cond_wait(&hs->done, &hs->lock);
-    int r = hs->err;
-    hs->count = hs->next = hs->finished = 0;   /* no job */
-    return r;
+    return digest_hashers_run(&p->hs, p->h, blk, mem, count);
 }
 
 static void drop_part(struct blkpass *p, size_t i)
@@ -257,7 +146,7 @@ int blkpass_create(const char *md, uint64_t block_size, size_t partial_budget,
     snprintf(p->md, sizeof p->md, "%s", md);
     p->bs = block_size;
     p->fold_lag = FOLD_LAG_BYTES;
-    hashers_start(&p->hs);
+    digest_hashers_start(&p->hs);
     p->maxparts = partial_budget / block_size < 2 ? 2
                                                   : partial_budget / block_size;
     p->parts = calloc(p->maxparts, sizeof *p->parts);
@@ -276,7 +165,7 @@ void blkpass_free(struct blkpass *p)
 {
     if (!p)
         return;
-    hashers_stop(&p->hs);
+    digest_hashers_stop(&p->hs);
     if (p->parts)
         clear(p);
     free(p->parts);
@@ -604,8 +493,8 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
         return fail(why, -ENOMEM, "out of memory");
     /* Whole blocks with no copy are hashed on the helpers, a batch at a
      * time (THE HASHERS); the others, one by one, here. */
-    uint64_t blk[HASH_BATCH];
-    const unsigned char *mem[HASH_BATCH];
+    uint64_t blk[DIGEST_HASHERS_BATCH];
+    const unsigned char *mem[DIGEST_HASHERS_BATCH];
     size_t n = 0;
     for (uint64_t b = off / p->bs; b * p->bs < end; b++) {
         uint64_t s = b * p->bs > off ? b * p->bs : off;
@@ -617,7 +506,7 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
                                        why)) < 0) {
             return r;
         }
-        if (n == HASH_BATCH || (n && (b + 1) * p->bs >= end)) {
+        if (n == DIGEST_HASHERS_BATCH || (n && (b + 1) * p->bs >= end)) {
             if ((r = hash_blocks(p, blk, mem, n)) < 0)
                 return fail(why, r, "hashing failed: %s", strerror(-r));
             p->hashed += n * p->bs;
