@@ -123,16 +123,6 @@ static const struct option long_options[] = {
     { NULL, 0, NULL, 0 },
 };
 
-void sync_err(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("nbdferry-sync: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
 
 /* ---- options ---- */
 
