@@ -1,7 +1,8 @@
-"""Every view and every installed program is named where a user looks
-: nbdferry --help (daemon/usage.c), README.md, the
-package description (debian/control), the user guide and the bash
-completion.
+"""Every view and every installed program is named where a user looks:
+nbdferry --help (daemon/usage.c), README.md, the package description
+(debian/control), the user guide and the bash completion; every
+top-level folder in README's layout table and in the design notes'
+source tree (docs/design/README.md).
 
 The lists come from the build, not from this file: the views from the
 daemon's view table (fs/view.c's fs_views[] and each view's suffix, as
@@ -117,3 +118,24 @@ def test_readme_layout_names_every_folder():
     layout = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"^\| `([\w.-]+)/` \|", layout, re.M))
     assert folders <= named, f"not in README's layout: {sorted(folders - named)}"
+
+
+def test_design_source_tree_names_every_folder():
+    """The design notes' "Source tree" block (docs/design/README.md)
+    names every top-level folder, as README's layout does: a folder
+    added without a line there leaves the map of the code stale."""
+    import subprocess as sp
+    tracked = sp.run(["git", "-C", str(TOP), "ls-files"], capture_output=True,
+                     text=True, check=True).stdout.split()
+    folders = {p.split("/", 1)[0] for p in tracked if "/" in p}
+    folders -= {".ci"}
+    text = (TOP / "docs" / "design" / "README.md").read_text()
+    sec = text.split("\n## Source tree\n", 1)[1].split("\n## ", 1)[0]
+    block = sec.split("```\n", 1)[1].split("```", 1)[0]
+    named = set()
+    for line in block.splitlines():
+        m = re.match(r" ((?:[\w.-]+/ +)+)", line)    # " vhd/ vmdk/   the ..."
+        if m:
+            named |= {w.rstrip("/") for w in m.group(1).split()}
+    assert folders <= named, \
+        f"not in the design notes' source tree: {sorted(folders - named)}"
