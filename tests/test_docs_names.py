@@ -139,3 +139,24 @@ def test_design_source_tree_names_every_folder():
             named |= {w.rstrip("/") for w in m.group(1).split()}
     assert folders <= named, \
         f"not in the design notes' source tree: {sorted(folders - named)}"
+
+
+def test_man_page_is_a_reference_that_points_into_the_guide():
+    """docs/nbdferry.1 is the reference (at most 800 lines); each
+    explanation it leaves out is in the user guide, and every section it
+    sends the reader to ("guide: TITLE") is a heading there."""
+    page = (TOP / "docs" / "nbdferry.1").read_text()
+    assert len(page.splitlines()) <= 800, len(page.splitlines())
+    assert '"The mount in detail"' in page
+    text = re.sub(r"\\f[BIRP]|\\&", "", page).replace("\\-", "-")
+    text = re.sub(r"\s+", " ", re.sub(r"^\.\S+ ?", "", text, flags=re.M))
+    titles = set()
+    for group in re.findall(r"\(guide: ([^()]*)\)", text):
+        titles |= {t.strip() for t in re.split(r"[,;]", group)}
+    guide = (TOP / "docs" / "user-guide.md").read_text()
+    headings = {h.split(":")[0].strip() for h in
+                re.findall(r"^#{2,4} (.*)$", guide, re.M)}
+    assert len(titles) >= 8, titles
+    missing = sorted(t for t in titles if t not in headings)
+    assert not missing, f"nbdferry.1 names guide sections not there: {missing}"
+    assert "The mount in detail" in headings
