@@ -83,6 +83,16 @@ def test_docs_name_every_view():
     assert not missing, "views not named:\n" + "\n".join(missing)
 
 
+def test_design_notes_name_every_view():
+    """The design notes (docs/design/README.md) name every view, as the
+    daemon's files: FILENAME.vhd, ... (or nbd.vhd, ...)."""
+    text = (TOP / "docs" / "design" / "README.md").read_text()
+    missing = [v for v in views()
+               if not (named(text, v) or
+                       named(text, "FILENAME" + v[len(DEFAULT):]))]
+    assert not missing, f"views not in the design notes: {missing}"
+
+
 def test_docs_name_every_program():
     missing = [f"{where}: {p}" for where, text in texts().items()
                for p in programs() if not named(text, p)]
