@@ -1,7 +1,7 @@
 /* fs/ops.c: FUSE low-level handlers.  Each checks what is common to every
  * file of the mount (the inode, the access mode, the handle), dispatches
  * the rest to the file's view (fs/view.h) and replies.  The raw file's
- * semantics are its contract in docs/design.md (fs/rawview.c,
+ * semantics are its contract in docs/design/README.md (fs/rawview.c,
  * fs/rawfile.c).
  *
  * THREAD MODEL

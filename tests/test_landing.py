@@ -59,7 +59,7 @@ def test_cp_lands_in_place(target, mount, shm):
     assert written == 48 * MiB
     # All but the write that ends the copy (it reaches the source's size:
     # served by a worker once everything before it is acknowledged, so
-    # that its reply carries a failure; design.md, "Errors").
+    # that its reply carries a failure; docs/design/README.md, "Errors").
     assert got == written - MiB, \
         f"{got} of {written} bytes landed in place (want all but the last MiB)"
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,

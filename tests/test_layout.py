@@ -9,7 +9,7 @@
 - only bench/benchlib puts the test harness on sys.path;
 - tests take TCP ports from free_tcp_port (one block per pytest worker);
 - the daemon is built with its assertions on;
-- tests/README.md lists every test file, and its map from design.md
+- tests/README.md lists every test file, and its map from docs/design/
   sections names only files that exist;
 - every fuzz target (tests/fuzz/fuzz-*.c) is registered with
   tests/fuzz/fuzz.cmake, so that the build lists it for the fuzz stage

@@ -26,7 +26,7 @@
  * Reading: the library's synthesizer produces a qcow2 v3 of the disk in
  * one pass, metadata first (64 KiB clusters unless --qcow2-cluster-size
  * says otherwise; unallocated clusters not
- * stored; size known at open, see docs/qcow2-format.md); cluster data is
+ * stored; size known at open, see docs/design/format-qcow2.md); cluster data is
  * read through the pool.
  *
  * The rest (open, holes, truncate, close, the shared synthesizers) is the

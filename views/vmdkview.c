@@ -19,7 +19,7 @@
  * every later one, and close()).
  *
  * Reading: a synthesizer produces a streamOptimized VMDK of stored
- * deflate blocks (size known at open; see docs/vmdk-format.md); grain
+ * deflate blocks (size known at open; see docs/design/format-vmdk.md); grain
  * data is read through the pool.
  *
  * The rest (open, holes, truncate, close, the shared synthesizers) is the
