@@ -325,9 +325,13 @@ static void name_users(const char *mp)
     char real[PATH_MAX], dir[300], link[600], target[PATH_MAX];
     unsigned said = 0;
 
+    struct stat mst, fst;
     if (!realpath(mp, real))
         snprintf(real, sizeof real, "%s", mp);
     size_t rl = strlen(real);
+    /* The mount's filesystem: an fd on the directory under it (the
+     * daemon's own pin of its mountpoint) is nobody's use of the mount. */
+    bool have_dev = stat(real, &mst) == 0;
     for (int pass = 0; pass < 2; pass++) {        /* writers, then readers */
         DIR *proc = opendir("/proc");
         for (struct dirent *p; proc && (p = readdir(proc)) && said < 8;) {
@@ -344,6 +348,9 @@ static void name_users(const char *mp)
                 target[n] = '\0';
                 if (strncmp(target, real, rl) != 0 ||
                     (target[rl] != '/' && target[rl] != '\0'))
+                    continue;
+                if (have_dev && (stat(link, &fst) != 0 ||
+                                 fst.st_dev != mst.st_dev))
                     continue;
                 bool w = fd_writes(p->d_name, e->d_name);
                 if (w != (pass == 0))
