@@ -29,6 +29,19 @@ TOP = TESTS.parent                                    # the source tree
 BUILD = Path(os.environ.get("NBDFERRY_BUILD") or TOP / "build")
 NBDFERRY = Path(os.environ.get("NBDFERRY_BIN") or BUILD / "daemon" / "nbdferry")
 WRAPPER = shlex.split(os.environ.get("NBDFERRY_WRAPPER", ""))
+def _sanitizer(build):
+    """The build's sanitizer ("address", "thread") from its CMake cache,
+    or "" (a plain build)."""
+    try:
+        for line in (build / "CMakeCache.txt").read_text().splitlines():
+            if line.startswith("SANITIZE:"):
+                return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+SANITIZER = _sanitizer(BUILD)
 SCALE = float(os.environ.get("NBDFERRY_TIMEOUT_SCALE") or (10 if WRAPPER else 1))
 
 MiB = 1 << 20
