@@ -69,6 +69,18 @@ def test_new_nbdcopy_wherever_nbdcopy_runs():
                     assert set(new) <= arms, (name, e.name)
 
 
+def test_no_arm_twice():
+    """An arm listed twice in an experiment would run twice a round and
+    be counted as one arm's runs."""
+    m = matrix()
+    names = [a.name for a in m.ALL_ARMS]
+    assert len(names) == len(set(names))
+    for name in presets():
+        for e in m.preset(name):
+            arms = [a.name for a in e.arms]
+            assert len(arms) == len(set(arms)), (name, e.name)
+
+
 def test_headline_preset_holds_the_issues_cells():
     m = matrix()
     G, M = 1 << 30, 1 << 20

@@ -210,8 +210,10 @@ VERIFIED_FERRY_RB_BLK = Arm("verified-ferry-readback-blkhash", "nbdferry + "
                             "nbdferry", RB + ("--blkhash",),
                             needs=RB + ("--blkhash",), family="digest",
                             verified="inline")
+# nbdcopy >= 1.24 --blkhash: the copy and its digest in one pass (of what
+# it read from the source), printed when it ends.
 VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_FERRY_RB, VERIFIED_FERRY_RB_BLK,
-                 VERIFIED_SUM, VERIFIED_VERIFY]
+                 VERIFIED_SUM, VERIFIED_VERIFY, NBDCOPY_NEW_BLKHASH]
 
 # blkhash (the block-based digest of blksum and nbdcopy --blkhash) against
 # sha256, inline in the mount and on the source side.  "Until ready" arms
@@ -233,7 +235,8 @@ E2E_BLKHASH = Arm("e2e-blkhash", "nbdferry-verify --blkhash SRC while cp, "
                   "inline blkhash (until both ready)", E2E + ("--blkhash",),
                   "nbdferry", BH, needs=BH, family="verify", verified="e2e")
 BLKHASH_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, VERIFIED_FERRY,
-                VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH]
+                VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH,
+                NBDCOPY_NEW_BLKHASH]
 
 # VMDK ingest: the VMDK file copied into the mount's nbd.vmdk view against
 # qemu-img decoding the same file into the export over NBD.
@@ -302,10 +305,12 @@ HEADLINE_OUT_ARMS = [COPYOUT_DEFAULTS_SPARSE, *COPYOUT_NBDCOPY_ARMS]
 
 # Every arm of the latency sweep (full preset); ALL_ARMS adds those only
 # the blkhash and defaults presets run.
-SWEEP_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD,
-              FERRY_STOCK, FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD,
-              *NBDCOPY_ARMS, NBDCOPY_SYNC, QEMU, QEMU_W,
-              *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
+# (nbdcopy 1.24+ --blkhash is both a plain nbdcopy arm and a verified copy:
+# once.)
+SWEEP_ARMS = list(dict.fromkeys([
+    FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD, FERRY_STOCK,
+    FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD, *NBDCOPY_ARMS, NBDCOPY_SYNC,
+    QEMU, QEMU_W, *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]))
 ALL_ARMS = SWEEP_ARMS + [VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH,
                          FERRY_DEFAULTS, COPYOUT_DEFAULTS,
                          COPYOUT_DEFAULTS_SPARSE]

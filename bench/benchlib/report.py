@@ -397,6 +397,10 @@ RATIOS = [
      "verified-ferry-blkhash", "ferry-cp"),
     ("until ready: inline blkhash / inline sha256", "verified-ferry-blkhash",
      "verified-ferry"),
+    ("until ready: inline blkhash / nbdcopy 1.24+ --blkhash (the same "
+     "digest)", "verified-ferry-blkhash", "nbdcopy-new-blkhash"),
+    ("verified copy: nbdferry+cp inline sha256 / nbdcopy 1.24+ --blkhash",
+     "verified-ferry", "nbdcopy-new-blkhash"),
     ("end to end: nbdferry-verify --blkhash SRC while cp, inline blkhash / "
      "--no-digest", "e2e-blkhash", "ferry-cp"),
     ("end to end: blkhash / sha256 (source side and inline)", "e2e-blkhash",
