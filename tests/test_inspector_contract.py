@@ -9,8 +9,8 @@ data, all-zero MiBs, 6 MiB + 12800 bytes).  The per-format files
   standard output.
 - check of the image with the table's header damage exits 1 naming the
   rule; cat and info of it exit 1 too (the same reader).
-- export of the raw source: qemu-img compares it equal to the source, the
-  inspector's own check passes and its cat gives the source back.
+- export of the raw source: qemu-img compares it equal to the source (and
+  checks it, for formats qemu-img checks), the inspector's own check passes and its cat gives the source back.
 - --help prints the usage on standard output and exits 0, --version the
   program's name and version; no command, or an unknown one, exits 2 with
   the usage; a missing file exits 2.
@@ -96,6 +96,10 @@ def test_export_round_trip(src, tmp_path, fmt):
     tool(fmt, "export", raw, "-o", out)
     rc, text = qemu_compare(f, out, raw)
     assert rc == 0, text
+    if f.qemu != "vpc":                 # qemu-img does not check VHDs
+        r = subprocess.run(["qemu-img", "check", "-f", f.qemu, str(out)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
     tool(fmt, "check", out)
     back = tmp_path / "back.raw"
     tool(fmt, "cat", out, "-o", back)

@@ -16,7 +16,8 @@ it was:
   once, the disk is untouched (server and mount) at its size, and a good
   image lands after it.
 - an image cut short fails at close: the copy fails, the log and the
-  status say so, the progress shows the copy failed.
+  status say so, the progress shows the copy failed and counts what was
+  acknowledged before the end.
 - an image whose disk is larger than the export: ENOSPC, said once, the
   disk untouched.
 - a second writer while one ingests: EBUSY (write and read-write); the
@@ -159,6 +160,9 @@ def test_cut_short_fails_at_close(server, mount, src, tmp_path, fmt):
     msgs = [x["message"] for x in st["failures"] if "time" in x]
     assert any(f"{f.view}: " in x and f.cut in x for x in msgs), msgs
     assert st["progress"]["failed"], json.dumps(st, indent=1)
+    # What landed before the end is counted, as acknowledged.
+    assert st["bytes_acknowledged"] == st["progress"]["acknowledged"] > 0, \
+        json.dumps(st, indent=1)
 
 
 @fmts
