@@ -25,6 +25,7 @@ tools/nbdferry-vhd.)
 """
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -36,7 +37,8 @@ from lib.content import assert_content
 from lib.digest import sha256_file
 from lib.env import GiB, MiB
 from lib.images import random_bytes
-from lib.nbd import fill_random, read_nbd, sha256_nbd, write_nbd
+from lib.nbd import read_nbd, sha256_nbd, write_nbd
+from lib.formats import assert_untouched, land as land_in, random_export
 from lib.procs import oserror_errno, run
 from lib.vhd import (COPY_TOOLS, HAVE_QEMU, SHA, VHD_TOOL, VIRTUAL, VhdFile,
                      apply_vhd, bat_entry_offset, copy_into, fixture,
@@ -61,19 +63,7 @@ def roundup(n, m):
     return -(-n // m) * m
 
 
-def random_export(server, size):
-    """A memory export of size bytes full of random bytes; (server, bytes)."""
-    srv = server("memory", f"size={size}")
-    return srv, fill_random(srv.uri, size)
-
-
-def land(m, vhd, tool="cp"):
-    """Copy a VHD into MNT/nbd.vhd; the copy must succeed."""
-    r = copy_into(tool, vhd, m.mp / "nbd.vhd")
-    assert r.returncode == 0, (
-        f"{tool} {vhd.name} -> nbd.vhd exited {r.returncode}: {r.stderr}\n"
-        f"daemon stderr:\n{m.stderr[-3000:]}")
-    return r
+land = functools.partial(land_in, view="nbd.vhd")
 
 
 def vhd_errors(m):
@@ -503,14 +493,6 @@ def write_bad(shm, data, name="bad.vhd"):
     p = shm / name
     p.write_bytes(bytes(data))
     return p
-
-
-def assert_untouched(srv, m, old):
-    assert sha256_nbd(srv.uri) == hashlib.sha256(old).hexdigest(), \
-        "the disk changed (read from the server)"
-    assert os.stat(m.file).st_size == len(old)
-    assert sha256_file(m.file) == hashlib.sha256(old).hexdigest(), \
-        "the disk changed (read through the mount)"
 
 
 @pytest.mark.parametrize("tool", ["cp", "dd-1M"])

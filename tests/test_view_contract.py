@@ -10,7 +10,8 @@ stale byte shows, and every case judges the bytes on the server (sha256,
 read directly from nbdkit) against the raw source, or against the disk as
 it was:
 
-- lands: cp IMAGE MNT/nbd.FMT; the disk is the source then zeros (through
+- lands: IMAGE copied into MNT/nbd.FMT by cp, cp --sparse=always, dd
+  (bs=1M, and conv=sparse bs=64K), cat and a pipe; the disk is the source then zeros (through
   the mount and on the server), the raw file's size the image's disk.
 - a damaged header is refused: the copy fails, the daemon names the rule
   once, the disk is untouched (server and mount) at its size, and a good
@@ -50,9 +51,10 @@ import pytest
 from lib.content import assert_content
 from lib.digest import sha256_file
 from lib.env import MiB, timeout
-from lib.formats import (FORMATS, RAW_SIZE, contract_raw, cut_short, damaged,
-                         make_image, qemu_compare, to_raw)
-from lib.nbd import fill_random, read_nbd, sha256_nbd
+from lib.formats import (COPY_TOOLS, FORMATS, RAW_SIZE, assert_untouched,
+                         contract_raw, copy_into, cut_short, damaged, land,
+                         make_image, qemu_compare, random_export, to_raw)
+from lib.nbd import read_nbd, sha256_nbd
 from lib.procs import oserror_errno, run, wait_for
 from lib.warm import verify_digest
 from test_digest_inline import settled_digest, status
@@ -77,32 +79,13 @@ def src(tmp_path_factory):
     return raw, images
 
 
-def random_export(server, size=EXPORT):
-    srv = server("memory", f"size={size}")
-    return srv, fill_random(srv.uri, size)
-
-
 def copy(src_path, m, fmt):
-    return run(["cp", src_path, m.mp / FORMATS[fmt].view], timeout=300)
-
-
-def land(m, src_path, fmt):
-    r = copy(src_path, m, fmt)
-    assert r.returncode == 0, (
-        f"cp {src_path.name} -> {FORMATS[fmt].view} exited {r.returncode}: "
-        f"{r.stderr}\ndaemon stderr:\n{m.stderr[-3000:]}")
+    return copy_into("cp", src_path, m.mp / FORMATS[fmt].view)
 
 
 def view_lines(m, fmt):
     """The daemon's log lines about the view."""
     return [l for l in m.stderr.splitlines() if f"{FORMATS[fmt].view}:" in l]
-
-
-def assert_untouched(srv, m, old):
-    want = hashlib.sha256(old).hexdigest()
-    assert sha256_nbd(srv.uri) == want, "the disk changed (on the server)"
-    assert os.stat(m.file).st_size == len(old), "the disk's size changed"
-    assert sha256_file(m.file) == want, "the disk changed (through the mount)"
 
 
 def landed_raw(srv, raw, export=EXPORT):
@@ -113,14 +96,15 @@ def landed_raw(srv, raw, export=EXPORT):
 # ------------------------------------------------------------------ landing
 
 
+@pytest.mark.parametrize("tool", list(COPY_TOOLS))
 @fmts
-def test_lands(server, mount, src, fmt):
+def test_lands(server, mount, src, fmt, tool):
     raw, images = src
-    srv, _ = random_export(server)
+    srv, _ = random_export(server, EXPORT)
     m = mount(srv)
-    land(m, images[fmt], fmt)
+    land(m, images[fmt], tool, view=FORMATS[fmt].view)
     assert_content(raw, EXPORT, mount_file=m.file, uri=srv.uri,
-                   mount_size=RAW_SIZE, what=f"cp into {FORMATS[fmt].view}")
+                   mount_size=RAW_SIZE, what=f"{tool} into {FORMATS[fmt].view}")
 
 
 # ------------------------------------------------------- refusals, failures
@@ -131,7 +115,7 @@ def test_damaged_header_refused_disk_untouched(server, mount, src, tmp_path,
                                                fmt):
     raw, images = src
     f = FORMATS[fmt]
-    srv, old = random_export(server)
+    srv, old = random_export(server, EXPORT)
     m = mount(srv, expect_errors=True)
     bad = damaged(f, images[fmt], tmp_path / f"bad.{fmt}")
     r = copy(bad, m, fmt)
@@ -140,7 +124,7 @@ def test_damaged_header_refused_disk_untouched(server, mount, src, tmp_path,
     assert len(lines) == 1 and f.refused in lines[0], m.stderr[-3000:]
     assert_untouched(srv, m, old)
     # The view is not left in a state: a good image lands after it.
-    land(m, images[fmt], fmt)
+    land(m, images[fmt], view=FORMATS[fmt].view)
     landed_raw(srv, raw)
 
 
@@ -148,7 +132,7 @@ def test_damaged_header_refused_disk_untouched(server, mount, src, tmp_path,
 def test_cut_short_fails_at_close(server, mount, src, tmp_path, fmt):
     raw, images = src
     f = FORMATS[fmt]
-    srv, _ = random_export(server)
+    srv, _ = random_export(server, EXPORT)
     m = mount(srv, expect_errors=True)
     cut = cut_short(images[fmt], tmp_path / f"cut.{fmt}")
     r = copy(cut, m, fmt)
@@ -182,7 +166,7 @@ def test_larger_than_export_enospc(server, mount, src, fmt):
 @fmts
 def test_second_writer_ebusy_while_ingesting(server, mount, src, fmt):
     raw, images = src
-    srv, _ = random_export(server)
+    srv, _ = random_export(server, EXPORT)
     m = mount(srv)
     path = m.mp / FORMATS[fmt].view
     data = images[fmt].read_bytes()
@@ -200,7 +184,7 @@ def test_second_writer_ebusy_while_ingesting(server, mount, src, fmt):
 
 @fmts
 def test_truncate_without_data_leaves_disk(server, mount, fmt):
-    srv, old = random_export(server)
+    srv, old = random_export(server, EXPORT)
     m = mount(srv)
     view = m.mp / FORMATS[fmt].view
     os.close(os.open(view, os.O_WRONLY | os.O_TRUNC))
@@ -236,7 +220,7 @@ def test_export_round_trip(server, mount, tmp_path, fmt):
     # ... and lands again, byte-exact, on another random disk.
     srv2, _ = random_export(server, size)
     m2 = mount(srv2)
-    land(m2, out, fmt)
+    land(m2, out, view=f.view)
     assert sha256_nbd(srv2.uri) == hashlib.sha256(old).hexdigest()
     assert sha256_file(m2.file) == hashlib.sha256(old).hexdigest()
 
@@ -252,9 +236,9 @@ def test_inline_digest_is_the_sources(server, mount, src, fmt, digest):
     want = verify_digest(raw) if not opt else \
         run([str(FORMATS[fmt].tool.parent / "nbdferry-verify"), *opt,
              str(raw)], check=True).stdout.split()[0]
-    srv, _ = random_export(server)
+    srv, _ = random_export(server, EXPORT)
     m = mount(srv, *opt)
-    land(m, images[fmt], fmt)
+    land(m, images[fmt], view=FORMATS[fmt].view)
     d = settled_digest(m)
     assert d["state"] == "complete", (d.get("reason"), d)
     assert d["value"] == want, d
@@ -272,7 +256,7 @@ def test_copy_moves_progress_to_100(server, mount, src, fmt):
     half done and below 100%, then 100% with done == total == the image's
     length once dd has closed."""
     raw, images = src
-    srv, _ = random_export(server)
+    srv, _ = random_export(server, EXPORT)
     m = mount(srv)
     data = images[fmt].read_bytes()
     half = len(data) // 2 // BS * BS

@@ -11,6 +11,10 @@ and tests/test_inspector_contract.py run the same cases over all of them.
 - ``qemu_spec(fmt, path)``: how qemu-img should open an image (the VHD's
   size from its footer, not from CHS: lib/vhd.py's vpc_spec).
 - ``to_raw(fmt, img, out)``, ``qemu_compare(fmt, img, raw)``.
+- ``COPY_TOOLS``, ``copy_into``, ``land``, ``random_export``,
+  ``assert_untouched``: the view tests' shared steps (lib/vhd.py's copy
+  tools and a pipe; an export full of random bytes; the disk as it was,
+  on the server and through the mount, at its size).
 - ``contract_raw(path)``: the source disk: random data, all-zero MiBs and a
   size that is no multiple of any format's block (6 MiB + 12800 bytes,
   whole sectors as VHD and VMDK need; qemu-img 7.2 ends streamOptimized
@@ -20,14 +24,18 @@ A new format joins by a row here; tests/test_layout.py fails until it also
 has its unit tests (format, stream, synth) and its fuzz stream target.
 """
 
+import hashlib
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from lib.digest import sha256_file
 from lib.env import BUILD, MiB
 from lib.images import random_bytes
+from lib.nbd import fill_random, sha256_nbd
 from lib.procs import run
-from lib.vhd import vpc_spec
+from lib.vhd import COPY_TOOLS as _VHD_COPY_TOOLS, vpc_spec
 
 RAW_SIZE = 6 * MiB + 12800
 
@@ -145,6 +153,40 @@ def cut_short(img, out):
     b = Path(img).read_bytes()
     Path(out).write_bytes(b[:len(b) * 2 // 3 // 512 * 512])
     return Path(out)
+
+
+# name -> argv (src, dst); every one opens dst with O_TRUNC.
+COPY_TOOLS = dict(_VHD_COPY_TOOLS)
+COPY_TOOLS["pipe"] = lambda s, d: ["sh", "-c", 'cat "$1" | cat > "$2"', "sh",
+                                   s, d]
+
+
+def copy_into(tool, src, dst, secs=300):
+    """Run one copy tool; the CompletedProcess (not checked)."""
+    return run(COPY_TOOLS[tool](src, dst), timeout=secs)
+
+
+def land(m, src, tool="cp", *, view):
+    """Copy src into MNT/view; the copy must succeed."""
+    r = copy_into(tool, src, m.mp / view)
+    assert r.returncode == 0, (
+        f"{tool} {Path(src).name} -> {view} exited {r.returncode}: "
+        f"{r.stderr}\ndaemon stderr:\n{m.stderr[-3000:]}")
+    return r
+
+
+def random_export(server, size):
+    """A memory export of size bytes full of random bytes: (server, bytes)."""
+    srv = server("memory", f"size={size}")
+    return srv, fill_random(srv.uri, size)
+
+
+def assert_untouched(srv, m, old):
+    """The disk is old, on the server and through the mount, at its size."""
+    want = hashlib.sha256(old).hexdigest()
+    assert sha256_nbd(srv.uri) == want, "the disk changed (on the server)"
+    assert os.stat(m.file).st_size == len(old), "the disk's size changed"
+    assert sha256_file(m.file) == want, "the disk changed (through the mount)"
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]
