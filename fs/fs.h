@@ -214,6 +214,10 @@ struct fs_fh {
     bool wrote;               /* changed the file (write, truncate, zero):
                                * only then does its close drain the pool.
                                * Set and read with __atomic builtins. */
+    bool wrote_data;          /* wrote bytes (write, fallocate), not only
+                               * truncated: its close carries out its
+                               * deferred truncate even with a manifest
+                               * (fs/rawfile.c); __atomic builtins */
     uint64_t err_seq;         /* last pool error this handle was told of */
     uint64_t serial;          /* unique per mount, from 1 */
     /* Who opened it (fs/writers.c): the thread group of the request's

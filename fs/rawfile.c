@@ -193,6 +193,8 @@ static int too_big(struct fs_disk *d, uint64_t size, const char *what)
  * would destroy what the copy's unchanged writes need not send), and
  * the owner's release carries it out instead of dropping it. */
 
+static void drain_zeroes(struct fs_disk *d);
+
 static bool deferred(struct fs_disk *d)
 {
     return __atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != 0;
@@ -387,10 +389,14 @@ int rawfile_close_truncate(struct fs_disk *d, struct fs_fh *fh, bool *dropped)
     CHANGE_WRLOCK_FOR_SCOPE(d);
     if (d->trunc_owner != fh->serial)
         return 0;
-    /* Nothing written since the truncate, and the manifest holds data
-     * the copy may find unchanged (dd closes its first descriptor right
-     * after the open): still deferred; the release carries it out. */
+    /* Nothing written through this handle at all, and the manifest
+     * holds data the copy may find unchanged (dd closes its first
+     * descriptor right after the open): still deferred; the release
+     * carries it out.  A handle that wrote and then truncated (rsync
+     * --inplace's ftruncate at the end) is done: carried out now, so the
+     * close's drain zeroes what lies past the new size. */
     if (!__atomic_load_n(&d->trunc_failed, __ATOMIC_RELAXED) &&
+        !__atomic_load_n(&fh->wrote_data, __ATOMIC_RELAXED) &&
         warm_keeps_truncate(d)) {
         fh->trunc_kept = true;
         return 0;
@@ -406,15 +412,22 @@ void rawfile_release_truncate(struct fs_disk *d, struct fs_fh *fh)
 {
     if (__atomic_load_n(&d->trunc_owner, __ATOMIC_ACQUIRE) != fh->serial)
         return;
-    CHANGE_WRLOCK_FOR_SCOPE(d);
-    if (d->trunc_owner != fh->serial)
-        return;
-    if (fh->trunc_kept && !__atomic_load_n(&d->trunc_failed,
-                                           __ATOMIC_RELAXED))
-        carry_out_locked(d);      /* closed cleanly: its error, the next
-                                   * drain's */
-    else
-        drop_locked(d, fh, "released without a close");
+    bool carried = false;
+    {
+        CHANGE_WRLOCK_FOR_SCOPE(d);
+        if (d->trunc_owner != fh->serial)
+            return;
+        if (fh->trunc_kept && !__atomic_load_n(&d->trunc_failed,
+                                               __ATOMIC_RELAXED))
+            carried = carry_out_locked(d) == 0;
+        else
+            drop_locked(d, fh, "released without a close");
+    }
+    /* Closed cleanly: carried out and sent now (outside the size lock),
+     * not left pending until somebody's next drain.  An error of it is
+     * damage, which every later close and fsync reports (told()). */
+    if (carried)
+        drain_zeroes(d);
 }
 
 /* ---- the raw file's own writes ------------------------------------------ */

@@ -101,6 +101,7 @@ static inline void fs_fh_mark_wrote(struct fs_fh *fh)
 {
     if (fh) {
         __atomic_store_n(&fh->wrote, true, __ATOMIC_RELAXED);
+        __atomic_store_n(&fh->wrote_data, true, __ATOMIC_RELAXED);
         __atomic_store_n(&fh->idle, false, __ATOMIC_RELAXED);
     }
 }

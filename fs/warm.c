@@ -762,8 +762,10 @@ static void resolve_parts(struct fs_disk *d, struct warm *w, uint64_t gen)
         bool zero = is_zero(buf, BS);
         if (!zero)
             hash_blocks(mem, 1, dg);
+        /* pool_gen() after the read: every write whose bytes it could
+         * see is older, so the next flush that covers this is theirs. */
         manifest_resolve(w->m, b[i], seq[i], zero ? MF_ZERO : MF_DATA,
-                         dg[0]);
+                         dg[0], pool_gen(d->pool));
     }
 }
 

@@ -65,6 +65,7 @@ struct manifest {
     unsigned char **chunk;        /* nblocks / CHUNK_BLOCKS, rounded up */
     uint64_t ndata, nzero, ncut;
     uint64_t changes;             /* manifest_change() calls: seq */
+    uint64_t durable;             /* the last manifest_durable() gen */
     struct pend *pend;            /* pending changes, unordered */
     size_t npend, cappend;
     uint32_t *hidx;               /* open addressing: pend index + 1 */
@@ -735,13 +736,15 @@ size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
 }
 
 bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
-                      enum mf_kind kind, const unsigned char *digest)
+                      enum mf_kind kind, const unsigned char *digest,
+                      uint64_t gen)
 {
     LOCK_FOR_SCOPE(&m->lock);
     struct pend *p = b < m->nblocks ? pend_find(m, b) : NULL;
     if (!p || p->seq != seq || p->kind != MF_NONE)
         return false;
     p->kind = (uint8_t) kind;
+    p->gen = gen;
     if (kind == MF_DATA)
         memcpy(p->d, digest, MF_DIGEST);
     return true;
@@ -764,10 +767,16 @@ int manifest_sync(struct manifest *m)
 void manifest_durable(struct manifest *m, uint64_t gen)
 {
     LOCK_FOR_SCOPE(&m->lock);
-    size_t keep = 0;
+    size_t keep = 0, unresolved = 0;
+    if (gen > m->durable)
+        m->durable = gen;
     for (size_t i = 0; i < m->npend; i++) {
         struct pend *p = &m->pend[i];
-        if (p->gen == GEN_UNSET || p->gen > gen) {
+        /* A block written in part stays a change to resolve (read back
+         * after this very flush: manifest_resolve()), up to a bound;
+         * past it, it is simply unknown. */
+        if (p->gen == GEN_UNSET || p->gen > gen ||
+            (p->kind == MF_NONE && unresolved++ < MF_UNRESOLVED_KEPT)) {
             m->pend[keep++] = *p;
             continue;
         }
@@ -917,9 +926,14 @@ bool manifest_get_mtime(struct manifest *m, struct timespec *t)
 void manifest_get_stats(struct manifest *m, struct manifest_stats *out)
 {
     LOCK_FOR_SCOPE(&m->lock);
+    size_t pending = 0;           /* not counting parts left to resolve */
+    for (size_t i = 0; i < m->npend; i++)
+        pending += !(m->pend[i].kind == MF_NONE &&
+                     m->pend[i].gen != GEN_UNSET &&
+                     m->pend[i].gen <= m->durable);
     *out = (struct manifest_stats) {
         .blocks = m->nblocks, .data = m->ndata, .zero = m->nzero,
-        .pending = m->npend, .cut = m->ncut, .records = m->records,
+        .pending = pending, .cut = m->ncut, .records = m->records,
         .stores = m->stores, .io_error = m->io_error,
     };
 }

@@ -139,15 +139,21 @@ void manifest_settle_gen(struct manifest *m, uint64_t gen);
 
 /* Blocks changed with bytes not known (MF_NONE: written in part), whose
  * change is recorded with a generation below gen: up to n of them, b[i]
- * and a change number seq[i] for manifest_resolve().  How many. */
+ * and a change number seq[i] for manifest_resolve().  How many.  Such a
+ * change stays to be resolved after manifest_durable() covered it (the
+ * flush that drained its writes comes before the read back), at most
+ * MF_UNRESOLVED_KEPT of them; past that bound they stay unknown. */
+#define MF_UNRESOLVED_KEPT 4096u
 size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
                                 uint64_t *b, uint64_t *seq, size_t n);
-/* Block b was read back whole after its change seq: it holds kind
- * (digest for MF_DATA).  Applied only if no change of b came since
- * (seq is still its last); the change keeps its generation.  true if
- * applied. */
+/* Block b was read back whole after its change seq, at a moment when
+ * pool_gen() read gen: it holds kind (digest for MF_DATA).  Applied only
+ * if no change of b came since (seq is still its last); the change takes
+ * generation gen (durable with the next flush that covers gen: what was
+ * read may hold a write that was not yet flushed).  true if applied. */
 bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
-                      enum mf_kind kind, const unsigned char *digest);
+                      enum mf_kind kind, const unsigned char *digest,
+                      uint64_t gen);
 
 /* Forget every entry, durable and pending, and every cut (journaled,
  * synced): the disk changed in a way the manifest does not follow (an

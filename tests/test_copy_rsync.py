@@ -27,8 +27,6 @@ EXPORT = 96 * MiB
 SRC_SIZE = 80 * MiB + 12345
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known regression of this session's merges (views' fold rules with the manifest's filler): after rsync --inplace the inline digest stays 'computing' with every byte covered; passes on each branch alone"))
 def test_rsync_inplace_delta_second_run_writes_only_changes(server, mount,
                                                             shm):
     t = garbage_target(server, mount, EXPORT)

@@ -101,8 +101,6 @@ def test_default_dd_conv_sparse(target, shm):
                    mount_size=img.size, what="dd conv=sparse")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known regression of this session's merges (views' fold rules with the manifest's filler): after rsync --inplace the inline digest stays 'computing' with every byte covered"))
 def test_default_rsync_inplace_over_old_disk(target, shm):
     """rsync --inplace writes over the old data without O_TRUNC; a second
     run with the delta algorithm rewrites only parts of blocks already

@@ -18,6 +18,9 @@ Every case starts from an export of random bytes and compares the server
 - `: > MNT/nbd` (O_TRUNC and a clean close): every byte reads zero;
 - cp --sparse=always of a smaller sparse image: the source, then zero;
 - fsync after O_TRUNC with nothing written: zero on the server at once;
+- with a manifest holding data: a shrink after writes (rsync --inplace)
+  is zeroed at the close, an O_TRUNC with nothing written at the
+  release, both sent at once (not left pending until the unmount);
 - a write past a truncate, and a truncate that grows: zeros between;
 - an O_TRUNC open of each format view changes nothing (they wait for
   the stream's first bytes);
@@ -182,6 +185,61 @@ def test_fsync_after_o_trunc_zeroes_the_disk(dirty):
         os.close(fd)
     assert sha256_nbd(srv.uri) == zero_sha()
     assert os.stat(m.file).st_size == 0
+
+
+def manifest_holds_data(srv, m):
+    """Write 4 MiB and fsync: the mount's manifest (warm migration) holds
+    data, so the deferred truncate's manifest rules apply."""
+    data = random_bytes(4 * MiB)
+    fd = os.open(m.file, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    mf = status(m)["manifest"]
+    assert mf and mf["data_blocks"] > 0, mf
+    return data
+
+
+def test_shrink_after_writes_zeroes_at_the_close_with_a_manifest(dirty):
+    """rsync --inplace: writes, then ftruncate to the source's size, then
+    a close.  With a manifest that holds data, the close must still send
+    the zeroing of what lies past the size (it once stayed pending until
+    the unmount: the server held the old bytes while the copy had ended
+    with success)."""
+    srv, m, _ = dirty
+    data = random_bytes(6 * MiB)
+    fd = os.open(m.file, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)              # as the pool's flusher does in a long copy
+        mf = status(m)["manifest"]
+        assert mf and mf["data_blocks"] > 0, mf
+        os.ftruncate(fd, 5 * MiB + 123)
+    finally:
+        os.close(fd)
+    # Read from the server first: a read through the mount could send
+    # what was pending.
+    assert_content(data[:5 * MiB + 123], EXPORT, uri=srv.uri)
+    assert status(m)["pending_zero_bytes"] == 0
+    assert_content(data[:5 * MiB + 123], EXPORT, mount_file=m.file,
+                   uri=srv.uri, mount_size=5 * MiB + 123)
+
+
+def test_o_trunc_with_nothing_written_is_sent_at_the_release(dirty):
+    """With a manifest that holds data, a close with nothing written keeps
+    an O_TRUNC deferred (dd closes its first descriptor at once); the
+    release carries it out, and sends it: the disk reads zero on the
+    server without waiting for anybody's next close."""
+    srv, m, _ = dirty
+    manifest_holds_data(srv, m)
+    fd = os.open(m.file, os.O_WRONLY | os.O_TRUNC)
+    os.close(fd)
+    wait_for(lambda: status(m)["pending_zero_bytes"] == 0
+             and os.stat(m.file).st_size == 0, m.proc,
+             "the release's zeroing sent", 30)
+    assert sha256_nbd(srv.uri) == zero_sha()
 
 
 def test_cp_sparse_of_a_smaller_image_over_a_dirty_disk(dirty, shm):

@@ -154,11 +154,6 @@ def test_zero_over_zero_sends_nothing(setup, mount):
     assert sha256(disk) == sha256(src)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression of the merge of the manifest with the pool's "
-    "resend and the views' fold rules: after a cp pass 10 of 1024 blocks "
-    "stay unknown to the manifest, so the filler cannot complete the "
-    "digest (state incomplete); the bytes and the skip are right"))
 def test_partial_writer_proof(setup, mount):
     """A writer that writes only the changed blocks (as rsync --inplace
     does) leaves the rest of the disk unwritten by its pass: the inline

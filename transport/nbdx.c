@@ -193,6 +193,11 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out)
     out->errors = atomic_load(&x->errors);
 }
 
+bool nbdx_lost(struct nbdx *x)
+{
+    return atomic_load(&x->lost);
+}
+
 void nbdx_get_health(struct nbdx *x, struct nbdx_health *out)
 {
     const struct nbdx_config *cfg = &x->cfg;

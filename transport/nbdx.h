@@ -160,6 +160,10 @@ void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
  * 0 at once when nothing was given up on.  Blocks: call it with no lock
  * held. */
 int nbdx_heal(struct nbdx *x);
+/* Given up on (every request fails until nbdx_heal() finds it again):
+ * true from the moment a connection gives up, whoever's request that
+ * was (a read-ahead's, the flusher's, a write's).  Any thread. */
+bool nbdx_lost(struct nbdx *x);
 
 /* What the status shows about the server's answers (any thread). */
 struct nbdx_health {

@@ -430,7 +430,11 @@ static int error_since_locked(struct pool *p, uint64_t seq)
  * sent again; -EIO while it stays lost. */
 int pool_heal_locked(struct pool *p)
 {
-    if (!p->lost)
+    /* The transport's loss too: a loss found by a request whose failure
+     * the pool did not latch (a read-ahead's) must not make an open, or
+     * a copy whose writes all were found unchanged (the manifest), skip
+     * the try and leave the mount failing every read. */
+    if (!p->lost && !nbdx_lost(p->x))
         return 0;
     pthread_mutex_unlock(&p->lock);
     int r = nbdx_heal(p->x);

@@ -153,6 +153,9 @@ void fake_reconnect(struct nbdx *x)
  * that latched a loss stays lost (EIO), as a mount in a mode that cannot
  * reconnect does. */
 int nbdx_heal(struct nbdx *x) { (void) x; return -EIO; }
+/* The fake never gives up on its server: a loss is the pool's latch
+ * (p->lost), which the scripted failures set. */
+bool nbdx_lost(struct nbdx *x) { (void) x; return false; }
 /* Only the block status scan calls it, and the fake offers no block
  * status. */
 void nbdx_abandon(struct nbdx *x) { (void) x; }

@@ -126,14 +126,53 @@ static void test_resolve(void)
     manifest_change(m, 6, MF_NONE, NULL, 20);
     manifest_change(m, 7, MF_DATA, a, 10);
     CHECK(manifest_unknown_changes(m, 15, b, seq, 8) == 1 && b[0] == 5);
-    CHECK(manifest_resolve(m, 5, seq[0], MF_DATA, a));
-    CHECK(!manifest_resolve(m, 5, seq[0], MF_DATA, a));  /* not unknown */
+    CHECK(manifest_resolve(m, 5, seq[0], MF_DATA, a, 15));
+    CHECK(!manifest_resolve(m, 5, seq[0], MF_DATA, a, 15)); /* not unknown */
     CHECK(manifest_unknown_changes(m, 25, b, seq, 8) == 1 && b[0] == 6);
     manifest_change(m, 6, MF_NONE, NULL, 30);            /* changed again */
-    CHECK(!manifest_resolve(m, 6, seq[0], MF_DATA, a));
+    CHECK(!manifest_resolve(m, 6, seq[0], MF_DATA, a, 25));
     manifest_durable(m, 30);
     CHECK(manifest_lookup(m, 5, got) == MF_DATA && memcmp(got, a, 32) == 0);
     CHECK(manifest_lookup(m, 6, got) == MF_NONE);
+    manifest_free(m);
+}
+
+/* The mount's order: the flush that drained the parts tells them
+ * durable first, the read-back comes after it.  The part stays to be
+ * resolved; the resolved bytes are durable with the next flush that
+ * covers the read's generation, not before. */
+static void test_resolve_after_durable(void)
+{
+    struct manifest *m = fresh(NULL);
+    unsigned char a[MF_DIGEST], got[MF_DIGEST];
+    uint64_t b[8], seq[8];
+    dg(a, 11);
+    manifest_change(m, 5, MF_NONE, NULL, 10);
+    manifest_durable(m, 10);
+    CHECK(manifest_lookup(m, 5, got) == MF_NONE);
+    CHECK(manifest_unknown_changes(m, 10, b, seq, 8) == 1 && b[0] == 5);
+    CHECK(manifest_resolve(m, 5, seq[0], MF_DATA, a, 12));
+    manifest_durable(m, 11);                     /* older than the read */
+    CHECK(manifest_lookup(m, 5, got) == MF_NONE);
+    manifest_durable(m, 12);
+    CHECK(manifest_lookup(m, 5, got) == MF_DATA && memcmp(got, a, 32) == 0);
+    manifest_free(m);
+    /* Bounded: past MF_UNRESOLVED_KEPT, parts are simply unknown. */
+    const uint64_t nb = MF_UNRESOLVED_KEPT + 10;
+    const struct manifest_id big = { .key = "unix:1:2|big",
+                                     .size = nb * BS, .block_size = BS };
+    m = fresh(&big);
+    for (uint64_t i = 0; i < nb; i++)
+        manifest_change(m, i, MF_NONE, NULL, 20);
+    manifest_durable(m, 20);
+    uint64_t *bb = malloc(nb * sizeof *bb), *ss = malloc(nb * sizeof *ss);
+    CHECK(bb && ss);
+    CHECK(manifest_unknown_changes(m, 20, bb, ss, nb) == MF_UNRESOLVED_KEPT);
+    struct manifest_stats st;
+    manifest_get_stats(m, &st);
+    CHECK(st.pending == 0);
+    free(bb);
+    free(ss);
     manifest_free(m);
 }
 
@@ -287,6 +326,7 @@ int main(void)
     test_promotion();
     test_cuts();
     test_resolve();
+    test_resolve_after_durable();
     test_file();
     test_compact_and_queries();
     sh("rm -rf %s", dir);
