@@ -281,7 +281,7 @@ def test_stall_heal_counts_lost_writes_before_the_next_copy(
         f.truncate(EXPORT)
     k = kit("noflush", ["--filter=delay", plugin_path("flushfail"),
                         f"file={disk}", f"flag={shm / 'never'}",
-                        "no-flush=1", "wdelay=50ms"])
+                        "no-flush=1", "wdelay=100ms"])
     m = mount(k.target, *FAST, "-C", "1", "--depth", "2", "--pool-size",
               "4M", expect_rc=0, expect_errors=True)
     st = restart_heal(k, m, shm, bg, tally, conv, skip=SRC // MiB // 2)
