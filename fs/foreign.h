@@ -11,8 +11,8 @@
  * written as asked and warned about, once per copy.  Only what the first
  * sector shows is seen: a fixed VHD (raw data, its footer at the end) and
  * an image whose header is not written first are written as they come.
- * The format views refuse what is not their format (fs/vhdview.c,
- * fs/vmdkview.c) and name, from here, what to do instead.
+ * The format views refuse what is not their format (views/vhdview.c,
+ * views/vmdkview.c) and name, from here, what to do instead.
  *
  * THREAD MODEL: any FUSE thread; the once-per-copy flag and a handle's
  * refusal are atomic. */

@@ -68,7 +68,7 @@ struct fs_config {
     bool raw_images;          /* --raw-images: the raw file takes an image
                                * file's bytes (fs/foreign.h) */
     const char *mountpoint;   /* as given, for messages naming its files */
-    const char *spool_dir;    /* --spool-dir (fs/spool.h); NULL: $TMPDIR */
+    const char *spool_dir;    /* --spool-dir (views/spool.h); NULL: $TMPDIR */
     uint64_t spool_max;       /* --spool-max: bytes a view may spool */
     unsigned qcow2_cluster_bits;  /* --qcow2-cluster-size: the clusters of
                                    * the qcow2 that reading nbd.qcow2 gives */
@@ -163,7 +163,7 @@ struct fs_disk {
     unsigned ready_n;
 
     /* Set before the mount, freed after it; each has its own lock. */
-    struct digest *digest;    /* fs/digest.c; NULL with --no-digest */
+    struct digest *digest;    /* digest/digest.c; NULL with --no-digest */
     struct readback *readback;/* fs/readback.c; NULL unless asked for */
     struct progress *progress;/* fs/progress.c: pass, samples, bar */
     struct warm *warm;        /* fs/warm.c: the manifest; NULL when off.
@@ -245,7 +245,7 @@ struct fs_fh {
                                * __atomic builtins */
     uint64_t snapshot;        /* a format view's reader: the disk's
                                * change count its reads must still see
-                               * (fs/imageview.c, THE SNAPSHOT) */
+                               * (views/imageview.c, THE SNAPSHOT) */
     bool snapshot_lost;       /* ... and it moved: every read fails;
                                * __atomic builtins */
     void *view_data;          /* the view's, from its open to its release

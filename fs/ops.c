@@ -1,7 +1,7 @@
 /* fs/ops.c: FUSE low-level handlers.  Each checks what is common to every
  * file of the mount (the inode, the access mode, the handle), dispatches
  * the rest to the file's view (fs/view.h) and replies.  The raw file's
- * semantics are its contract in docs/design.md (fs/rawview.c,
+ * semantics are its contract in docs/design/README.md (fs/rawview.c,
  * fs/rawfile.c).
  *
  * THREAD MODEL
@@ -14,6 +14,7 @@
  * across fuse_reply_*().
  */
 #include "fs/view.h"
+#include "fs/warm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -153,6 +154,13 @@ static void set_times(struct fs_disk *d, const struct stat *attr, int to_set)
         a = &attr->st_atim;
     if (m || a)
         rawfile_set_times(d, m, a);
+    bool set;
+    struct timespec kept;
+    if (m) {
+        rawfile_stored_mtime(d, &kept, &set);
+        if (set)
+            warm_note_mtime(d, &kept);
+    }
 }
 
 /* A size change goes to the view, times to the disk; chmod and chown are

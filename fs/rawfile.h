@@ -16,7 +16,7 @@
  *
  * THREAD MODEL: the receive loop's threads (fs/fuseloop.c: its receiving
  * thread for writes and landings, a worker for a durable write and the
- * rest) and the format views' unpack threads (fs/unpackers.h), which
+ * rest) and the format views' unpack threads (views/unpackers.h), which
  * place decoded data.
  * d->fs->lock guards the size and times (a leaf, never held across a pool
  * call).  d->size_lock is held shared from a change's check until the

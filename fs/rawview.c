@@ -1,5 +1,5 @@
 /* fs/rawview.c: FILENAME, the export as a raw file (fs/view.h).  The file
- * semantics are the raw file's contract in docs/design.md; the size, the
+ * semantics are the raw file's contract in docs/design/README.md; the size, the
  * time and every change live in fs/rawfile.c, which this view calls.
  *
  * THREAD MODEL: as fs/rawfile.c; reads reply from the read-ahead's chunks

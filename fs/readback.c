@@ -38,7 +38,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
-#include "fs/digest.h"
+#include "digest/digest.h"
 #include "verify/reader.h"
 #include "verify/sink.h"
 

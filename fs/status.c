@@ -23,7 +23,7 @@
 #include "common/json.h"
 #include "common/log.h"
 
-#include "fs/digest.h"
+#include "digest/digest.h"
 #include "fs/progress.h"
 #include "fs/rawfile.h"
 #include "transport/readahead.h"

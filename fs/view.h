@@ -1,13 +1,13 @@
 /* fs/view.h: the interface every file of the mount implements.
  *
  * A view is one name in the mount's directory: the raw file (fs/rawview.c),
- * the status document (fs/status.c), the disk as a VHD (fs/vhdview.c) or a
- * VMDK (fs/vmdkview.c).  fs/ops.c owns what is common to all of them (the
+ * the status document (fs/status.c), the disk as a VHD (views/vhdview.c) or a
+ * VMDK (views/vmdkview.c).  fs/ops.c owns what is common to all of them (the
  * handle, its place on fs->h.open_files, argument checks, the FUSE reply) and
  * dispatches the rest here through fs_views[], indexed by inode.  A new
  * view is a new file defining a struct fs_view, plus its inode number in
  * enum fs_ino and one line in fs_views[] (fs/view.c); a new image format
- * defines it on the format-view skeleton (fs/imageview.h).
+ * defines it on the format-view skeleton (views/imageview.h).
  *
  * Views change the disk only through the raw-file module (fs/rawfile.h),
  * never through fs/ops.c, so that the size, the times, the size lock and

@@ -35,276 +35,13 @@
  * empty): the whole manifest is forgotten, the status and the log say
  * why, and the pass is a full copy that builds it again.
  */
-#include "fs/warm.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <openssl/evp.h>
-#include <pwd.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "common/cleanup.h"
-#include "common/iszero.h"
-#include "common/json.h"
-#include "common/log.h"
-#include "common/monotime.h"
-#include "common/sha256x.h"
-#include "fs/mountlock.h"
-#include "manifest/manifest.h"
-
-#define BS 65536u                 /* the blkhash digest's blocks */
-#define GEN_UNSET UINT64_MAX      /* manifest.c: a change not yet sent */
-#define SAMPLE_MIN 64u
-#define SAMPLE_MAX 1024u
-#define ZERO_READS 256u           /* zero blocks showing data, read */
-#define CHECKPOINT_BYTES (1ull << 30)
-#define CHECKPOINT_NS (10ull * 1000000000u)
-#define MAX_BLOCKS (FS_MAX_WRITE / BS + 2)
-#define RESOLVE_MAX 1024u         /* blocks written in part, read back
-                                   * at a drain (64 MiB) */
-
-/* A disk's name at the start of a log line, in a mount of several (as
- * fs/main.c). */
-#define DISK_FMT "%s%s"
-#define DISK_ARG(d) ((d)->fs->ndisks > 1 ? (d)->filename : ""), \
-                    ((d)->fs->ndisks > 1 ? ": " : "")
-
-struct warm {
-    struct manifest *m;
-    char path[PATH_MAX];          /* the manifest file */
-    int dirfd;
-    char name[64];
-    char trust[16];               /* "new", "trusted", "distrusted",
-                                   * "refused", "not kept" */
-    char why[MF_WHY_MAX];
-    uint64_t skipped;             /* __atomic */
-    uint64_t lost_seen;           /* pool_stats.flushed_lost as last seen
-                                   * (lost_lock) */
-    pthread_mutex_t lost_lock;
-    uint64_t since_checkpoint;    /* __atomic */
-    uint64_t checkpoint_ns;       /* __atomic */
-    uint64_t checkpoint_bytes;
-    uint64_t checkpoints;         /* __atomic */
-    bool dead;                    /* an image view changed the disk: the
-                                   * manifest forgot everything and
-                                   * follows nothing more; __atomic */
-};
-
-/* The disk's manifest, if it is still followed. */
-static struct warm *live(struct fs_disk *d)
-{
-    struct warm *w = __atomic_load_n(&d->warm, __ATOMIC_ACQUIRE);
-    return w && !__atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) ? w : NULL;
-}
-
-/* ---- the state directory -------------------------------------------- */
-
-char *warm_default_state_dir(void)
-{
-    char *s = NULL;
-    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-    const char *env = getenv("NBDFERRY_STATE_DIR");
-
-    if (env && env[0] == '/')
-        return strdup(env);
-    if (geteuid() == 0)
-        return strdup("/var/lib/nbdferry");
-    if (xdg && xdg[0] == '/')
-        return asprintf(&s, "%s/nbdferry", xdg) < 0 ? NULL : s;
-    if (!home || home[0] != '/') {
-        struct passwd *pw = getpwuid(geteuid());
-        home = pw ? pw->pw_dir : NULL;
-    }
-    if (!home)
-        return NULL;
-    return asprintf(&s, "%s/.local/state/nbdferry", home) < 0 ? NULL : s;
-}
-
-/* mkdir -p, the last component 0700; its fd, never through a link at
- * the end, and only if it is ours and closed to others.  -errno, why. */
-static int open_state_dir(const char *dir, char *why, size_t n)
-{
-    char p[PATH_MAX];
-    struct stat st;
-
-    if (snprintf(p, sizeof p, "%s", dir) >= (int) sizeof p || p[0] != '/') {
-        snprintf(why, n, "%s: not an absolute path", dir);
-        return -EINVAL;
-    }
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        mkdir(p, 0755);           /* parents: as the system makes them */
-        *s = '/';
-    }
-    if (mkdir(p, 0700) == 0)
-        chmod(p, 0700);
-    int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        snprintf(why, n, "%s: %s", dir, strerror(err));
-        return -err;
-    }
-    if (fstat(fd, &st) < 0 || st.st_uid != geteuid() ||
-        (st.st_mode & 022)) {
-        snprintf(why, n, "%s: not ours, or writable by others", dir);
-        close(fd);
-        return -EPERM;
-    }
-    return fd;
-}
-
-/* ---- hashing -------------------------------------------------------- */
-
-static void hash_blocks(const unsigned char *const *mem, size_t n,
-                        unsigned char (*out)[MF_DIGEST])
-{
-    if (sha256x_available()) {
-        sha256x_many(mem, n, BS, out);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned len = 0;
-        if (EVP_Digest(mem[i], BS, out[i], &len, EVP_sha256(), NULL) != 1)
-            memset(out[i], 0, MF_DIGEST);     /* matches no block */
-    }
-}
-
-/* ---- the trust check ------------------------------------------------ */
-
-static int distrust(struct warm *w, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int distrust(struct warm *w, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(w->why, sizeof w->why, fmt, ap);
-    va_end(ap);
-    snprintf(w->trust, sizeof w->trust, "distrusted");
-    return -1;
-}
-
-/* Does a hole of the server cover a whole block of [b0, b1)? */
-static bool hole_in_run(struct fs_disk *d, uint64_t b0, uint64_t b1,
-                        uint64_t *blk)
-{
-    uint64_t size = d->export_size, pos = b0 * BS;
-    uint64_t end = b1 * BS < size ? b1 * BS : size;
-    while (pos < end) {
-        int64_t h = pool_seek(d->pool, pos, SEEK_HOLE, size);
-        if (h < 0 || (uint64_t) h >= end)
-            return false;
-        int64_t e = pool_seek(d->pool, (uint64_t) h, SEEK_DATA, size);
-        uint64_t hend = e < 0 ? size : (uint64_t) e;
-        uint64_t first = ((uint64_t) h + BS - 1) / BS;
-        if (first < b1 && (first * BS + BS <= hend ||
-                           (hend == size && first * BS < size))) {
-            *blk = first;
-            return true;
-        }
-        pos = hend;
-    }
-    return false;
-}
-
-/* Block status (the pool's scan) against the zero map. */
-static int check_zero_map(struct fs_disk *d, struct warm *w)
-{
-    uint64_t b0, b1, blk, pos = 0, size = d->export_size;
-    unsigned reads = 0;
-    CLEANUP_FREE unsigned char *buf = malloc(BS);
-
-    if (!buf)
-        return 0;
-    /* Data the manifest holds, reading as zero on the server. */
-    for (; manifest_next_run(w->m, MF_DATA, pos, &b0, &b1); pos = b1)
-        if (hole_in_run(d, b0, b1, &blk))
-            return distrust(w, "block %" PRIu64 " (offset %" PRIu64
-                            ") reads as zero on the server, but the "
-                            "manifest holds data there", blk, blk * BS);
-    /* Zero blocks showing data: read (a write-zeroes the server
-     * allocated reads as zero). */
-    for (pos = 0; manifest_next_run(w->m, MF_ZERO, pos, &b0, &b1);
-         pos = b1) {
-        uint64_t off = b0 * BS, end = b1 * BS < size ? b1 * BS : size;
-        while (off < end) {
-            int64_t dpos = pool_seek(d->pool, off, SEEK_DATA, size);
-            if (dpos < 0 || (uint64_t) dpos >= end)
-                break;
-            uint64_t zb = (uint64_t) dpos / BS, boff = zb * BS;
-            size_t len = boff + BS < size ? BS : (size_t) (size - boff);
-            if (reads++ == ZERO_READS)
-                return distrust(w, "more than %u blocks the manifest holds "
-                                "as zero show data on the server", ZERO_READS);
-            if (pool_read(d->pool, boff, buf, len) < 0)
-                return distrust(w, "cannot read block %" PRIu64, zb);
-            if (!is_zero(buf, len))
-                return distrust(w, "block %" PRIu64 " (offset %" PRIu64 ") "
-                                "holds data on the server, but the manifest "
-                                "holds it as zero", zb, boff);
-            off = boff + BS;
-        }
-    }
-    return 0;
-}
-
-/* A random sample of data blocks, re-hashed from the server. */
-static int check_sample(struct fs_disk *d, struct warm *w)
-{
-    struct manifest_stats st;
-    manifest_get_stats(w->m, &st);
-    size_t n = st.data / 1000;
-    n = n < SAMPLE_MIN ? SAMPLE_MIN : n > SAMPLE_MAX ? SAMPLE_MAX : n;
-    CLEANUP_FREE uint64_t *blk = calloc(n, sizeof *blk);
-    CLEANUP_FREE unsigned char *buf = malloc(BS);
-    if (!blk || !buf)
-        return 0;
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    n = manifest_sample_data(w->m, (uint64_t) t.tv_nsec ^ (uint64_t) getpid(),
-                             blk, n);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char want[MF_DIGEST], got[1][MF_DIGEST];
-        const unsigned char *mem[1] = { buf };
-        uint64_t off = blk[i] * BS;
-        if (off + BS > d->export_size)
-            continue;             /* a short last block: not sampled */
-        if (manifest_lookup(w->m, blk[i], want) != MF_DATA)
-            continue;
-        if (pool_read(d->pool, off, buf, BS) < 0)
-            return distrust(w, "cannot read block %" PRIu64, blk[i]);
-        hash_blocks(mem, 1, got);
-        if (memcmp(got[0], want, MF_DIGEST) != 0)
-            return distrust(w, "block %" PRIu64 " (offset %" PRIu64 ") on "
-                            "the server differs from the manifest (a sample "
-                            "of %zu blocks re-hashed)", blk[i], off, n);
-    }
-    return 0;
-}
-
-static void check_trust(struct fs_disk *d, struct warm *w)
-{
-    struct pool_stats ps;
-    pool_get_stats(d->pool, &ps);
-    if (strcmp(ps.scan, "complete") == 0 && check_zero_map(d, w) < 0)
-        return;
-    if (check_sample(d, w) < 0)
-        return;
-    snprintf(w->trust, sizeof w->trust, "trusted");
-}
+#include "fs/warm-int.h"
 
 /* ---- open and close ------------------------------------------------- */
 
 void warm_on_durable(void *disk, uint64_t gen)
 {
-    struct warm *w = live(disk);
+    struct warm *w = warm_live(disk);
     if (w)
         manifest_durable(w->m, gen);
 }
@@ -325,7 +62,7 @@ static void load(struct fs_disk *d, struct warm *w)
                  "copy", DISK_ARG(d), w->path, why);
         return;
     }
-    check_trust(d, w);
+    warm_check_trust(d, w);
     struct manifest_stats st;
     manifest_get_stats(w->m, &st);
     if (strcmp(w->trust, "trusted") == 0) {
@@ -338,6 +75,7 @@ static void load(struct fs_disk *d, struct warm *w)
              "export since the last pass (or the server lost it); this pass "
              "is a full copy", DISK_ARG(d), w->path, w->why);
     manifest_forget_all(w->m);
+    manifest_forget_mtime(w->m);  /* another writer: the time is wrong too */
 }
 
 static uint64_t checkpoint_bytes(void)
@@ -353,7 +91,7 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     char why[PATH_MAX + 64] = "";
     if (c->off || d->readonly)
         return;
-    CLEANUP_FREE char *key = mountlock_key(x, nc);
+    CLEANUP_FREE char *key = mountlock_record_key(x, nc);
     CLEANUP_FREE char *dflt = c->state_dir ? NULL : warm_default_state_dir();
     const char *dir = c->state_dir ? c->state_dir : dflt;
     if (!key || !dir) {
@@ -374,7 +112,7 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     }
     manifest_file_name(key, w->name, sizeof w->name);
     snprintf(w->path, sizeof w->path, "%s/%s", dir, w->name);
-    w->dirfd = open_state_dir(dir, why, sizeof why);
+    w->dirfd = warm_open_state_dir(dir, why, sizeof why);
     w->checkpoint_bytes = checkpoint_bytes();
     w->checkpoint_ns = mono_now_ns();
     if (w->dirfd < 0) {
@@ -397,7 +135,14 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     __atomic_store_n(&d->warm, w, __ATOMIC_RELEASE);
 }
 
-void warm_close(struct fs_disk *d)
+bool warm_stored_mtime(struct fs_disk *d, struct timespec *t)
+{
+    struct warm *w = warm_live(d);
+    return w && strcmp(w->trust, "trusted") == 0 &&
+           manifest_get_mtime(w->m, t);
+}
+
+void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set)
 {
     struct warm *w = d->warm;
     struct stat st;
@@ -407,6 +152,10 @@ void warm_close(struct fs_disk *d)
     /* Forgotten meanwhile (nbdferry --forget MNT): not written again. */
     if (w->dirfd >= 0 && fstatat(w->dirfd, w->name, &st,
                                  AT_SYMLINK_NOFOLLOW) == 0) {
+        /* The mtime this mount ends with: one set by utimensat with no
+         * change after it, else its last change's (none: kept). */
+        if (set || mtime->tv_sec || mtime->tv_nsec)
+            manifest_set_mtime(w->m, mtime);
         int r = manifest_store(w->m, w->dirfd, w->name);   /* compacts */
         if (r < 0)
             log_warn(DISK_FMT "manifest %s: cannot write it: %s",
@@ -453,7 +202,7 @@ static size_t classify(struct warm *w, uint64_t off, const unsigned char *buf,
     unsigned char (*dg)[MF_DIGEST] = malloc((nh ? nh : 1) * MF_DIGEST);
     if (!dg)
         return 0;
-    hash_blocks(mem, nh, dg);
+    warm_hash_blocks(mem, nh, dg);
     for (size_t i = 0; i < nh; i++)
         memcpy(v[hi[i]].d, dg[i], MF_DIGEST);
     free(dg);
@@ -497,7 +246,6 @@ static void maybe_checkpoint(struct fs_disk *d, struct warm *w, size_t len)
     pool_checkpoint(d->pool);     /* a failure: the next close says so */
 }
 
-/* One piece of at most FS_MAX_WRITE bytes. */
 /* Skips are allowed only while the pool holds no damage: a write is how
  * damage is repaired, so while any is left every block is sent.  A
  * server that lost data an NBD flush had covered (a RAM disk restarted
@@ -505,6 +253,11 @@ static void maybe_checkpoint(struct fs_disk *d, struct warm *w, size_t len)
  * and the rest of this pass (and the next) is a full copy. */
 static bool may_skip(struct fs_disk *d, struct warm *w)
 {
+    /* A server given up on (and not found again by the open's try): the
+     * write is sent, so that it fails; a copy of unchanged blocks must
+     * not end with success against a server nobody reached. */
+    if (nbdx_lost(d->x))
+        return false;
     if (pool_damage(d->pool) == 0)
         return true;
     struct pool_stats st;
@@ -582,7 +335,7 @@ static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
 ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
                    size_t len)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (!w)
         return pool_write(d->pool, off, buf, len);
     for (size_t done = 0; done < len;) {
@@ -601,14 +354,14 @@ ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
 
 int warm_fill(void *disk, uint64_t b, unsigned char *digest)
 {
-    struct warm *w = live(disk);
+    struct warm *w = warm_live(disk);
     enum mf_kind k = w ? manifest_lookup(w->m, b, digest) : MF_NONE;
     return k == MF_ZERO ? 1 : k == MF_DATA ? 2 : 0;
 }
 
 bool warm_keeps_truncate(struct fs_disk *d)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     struct manifest_stats st;
     if (!w)
         return false;
@@ -618,14 +371,14 @@ bool warm_keeps_truncate(struct fs_disk *d)
 
 bool warm_zero_copy_ok(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     return !w || manifest_all_unknown(w->m, off / BS, (off + len + BS - 1) /
                                                         BS);
 }
 
 bool warm_wants_holds(struct fs_disk *d)
 {
-    return live(d) != NULL;
+    return warm_live(d) != NULL;
 }
 
 /* Bytes [pos, pos+n) of a committed write, from its holds: in place if
@@ -654,7 +407,7 @@ static const unsigned char *from_holds(const struct pool_fill *f,
 void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
                  const struct pool_fill *f)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     const unsigned char *mem[MAX_BLOCKS];
     uint64_t blk[MAX_BLOCKS];
     unsigned char dg[MAX_BLOCKS][MF_DIGEST];
@@ -675,10 +428,17 @@ void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
         } else
             manifest_change(w->m, b, MF_NONE, NULL, gen);
     }
-    hash_blocks(mem, nh, dg);
+    warm_hash_blocks(mem, nh, dg);
     for (size_t i = 0; i < nh; i++)
         manifest_change(w->m, blk[i], MF_DATA, dg[i], gen);
     maybe_checkpoint(d, w, len);
+}
+
+void warm_note_mtime(struct fs_disk *d, const struct timespec *mtime)
+{
+    struct warm *w = warm_live(d);
+    if (w)
+        manifest_set_mtime(w->m, mtime);  /* journaled: a crash keeps it */
 }
 
 uint64_t warm_skipped(struct fs_disk *d)
@@ -702,7 +462,7 @@ static void change_range(struct warm *w, uint64_t off, uint64_t len,
 
 void warm_zero_begin(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (!w || !len)
         return;
     change_range(w, off, len, GEN_UNSET);
@@ -711,14 +471,14 @@ void warm_zero_begin(struct fs_disk *d, uint64_t off, uint64_t len)
 
 void warm_zero_end(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (w && len)
         change_range(w, off, len, pool_gen(d->pool));
 }
 
 void warm_cut(struct fs_disk *d, uint64_t off, uint64_t len)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (!w || !len)
         return;
     uint64_t end = off + len, b0 = (off + BS - 1) / BS, b1 = end / BS;
@@ -737,7 +497,7 @@ void warm_cut(struct fs_disk *d, uint64_t off, uint64_t len)
 
 void warm_settle_begin(struct fs_disk *d)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (w)
         manifest_settle_cuts(w->m);
 }
@@ -761,7 +521,7 @@ static void resolve_parts(struct fs_disk *d, struct warm *w, uint64_t gen)
             continue;
         bool zero = is_zero(buf, BS);
         if (!zero)
-            hash_blocks(mem, 1, dg);
+            warm_hash_blocks(mem, 1, dg);
         /* pool_gen() after the read: every write whose bytes it could
          * see is older, so the next flush that covers this is theirs. */
         manifest_resolve(w->m, b[i], seq[i], zero ? MF_ZERO : MF_DATA,
@@ -771,7 +531,7 @@ static void resolve_parts(struct fs_disk *d, struct warm *w, uint64_t gen)
 
 void warm_settle_end(struct fs_disk *d)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (!w)
         return;
     uint64_t gen = pool_gen(d->pool);
@@ -781,7 +541,7 @@ void warm_settle_end(struct fs_disk *d)
 
 void warm_forget_all(struct fs_disk *d)
 {
-    struct warm *w = live(d);
+    struct warm *w = warm_live(d);
     if (!w)
         return;
     __atomic_store_n(&w->dead, true, __ATOMIC_RELEASE);
@@ -791,93 +551,3 @@ void warm_forget_all(struct fs_disk *d)
              DISK_ARG(d));
 }
 
-/* ---- status --------------------------------------------------------- */
-
-void warm_put_status(FILE *f, struct fs_disk *d)
-{
-    struct warm *w = d->warm;
-    struct manifest_stats st;
-    if (!w) {
-        fputs("  \"manifest\": null,\n", f);
-        return;
-    }
-    manifest_get_stats(w->m, &st);
-    fputs("  \"manifest\": {\"path\": ", f);
-    json_put_string(f, w->path);
-    fprintf(f, ", \"trust\": \"%s\", \"why\": ", w->trust);
-    json_put_string(f, w->why);
-    fprintf(f, ", \"blocks\": %" PRIu64 ", \"blocks_known\": %" PRIu64
-               ", \"data_blocks\": %" PRIu64 ", \"zero_blocks\": %" PRIu64
-               ", \"pending_blocks\": %" PRIu64 ", \"skipped_bytes\": %"
-               PRIu64 ", \"checkpoints\": %" PRIu64 ", \"journal_error\": %s"
-               "},\n", st.blocks, st.data + st.zero, st.data, st.zero,
-            st.pending, __atomic_load_n(&w->skipped, __ATOMIC_RELAXED),
-            __atomic_load_n(&w->checkpoints, __ATOMIC_RELAXED),
-            st.io_error ? "true" : "false");
-}
-
-/* ---- --forget ------------------------------------------------------- */
-
-/* The manifest path a mount's status names ("path": "..."), or NULL. */
-static char *path_from_status(const char *mnt)
-{
-    char p[PATH_MAX], *text = NULL;
-    size_t cap = 0;
-    snprintf(p, sizeof p, "%s/%s", mnt, FS_STATUS_NAME);
-    FILE *f = fopen(p, "r");
-    if (!f)
-        return NULL;
-    ssize_t n = getdelim(&text, &cap, '\0', f);
-    fclose(f);
-    char *k = n > 0 ? strstr(text, "\"manifest\": {\"path\": \"") : NULL;
-    char *out = NULL;
-    if (k) {
-        k += strlen("\"manifest\": {\"path\": \"");
-        char *e = strchr(k, '"');
-        if (e)
-            out = strndup(k, (size_t) (e - k));
-    }
-    free(text);
-    return out;
-}
-
-int warm_forget(const char *target, const struct warm_config *c,
-                const struct nbdx_config *base)
-{
-    struct stat st;
-    CLEANUP_FREE char *path = NULL;
-
-    if (stat(target, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (!(path = path_from_status(target))) {
-            log_err("--forget %s: not an nbdferry mount with a manifest "
-                    "(no status naming one)", target);
-            return EXIT_FAILURE;
-        }
-    } else {
-        struct nbdx_config nc = *base;
-        struct nbdx *x;
-        char name[64];
-        nc.mode = NBDX_URI;
-        nc.uri = target;
-        if (nbdx_open(&nc, &x) < 0)
-            return EXIT_FAILURE;  /* logged */
-        CLEANUP_FREE char *key = mountlock_key(x, &nc);
-        nbdx_close(x);
-        CLEANUP_FREE char *dflt = c->state_dir ? NULL
-                                               : warm_default_state_dir();
-        const char *dir = c->state_dir ? c->state_dir : dflt;
-        if (!key || !dir || manifest_file_name(key, name, sizeof name) < 0) {
-            log_err("--forget %s: no manifest can exist for it", target);
-            return EXIT_FAILURE;
-        }
-        if (asprintf(&path, "%s/%s", dir, name) < 0)
-            return EXIT_FAILURE;
-    }
-    if (unlink(path) < 0 && errno != ENOENT) {
-        log_err("--forget %s: %s: %s", target, path, strerror(errno));
-        return EXIT_FAILURE;
-    }
-    log_notice("manifest %s dropped: the next pass over the export is a "
-               "full copy", path);
-    return EXIT_SUCCESS;
-}

@@ -47,12 +47,13 @@ void warm_on_durable(void *disk, uint64_t gen);
 /* After the pool exists, before the mount: load the export's manifest,
  * check it against the server, start its journal; d->warm is set (NULL
  * when off, logged).  nc: how the disk was connected (its key,
- * fs/mountlock.h).  Never fails the mount: a manifest that cannot be
+ * daemon/mountlock.h).  Never fails the mount: a manifest that cannot be
  * kept is reported and the copy is a full one. */
 void warm_open(struct fs_disk *d, const struct warm_config *c,
                struct nbdx *x, const struct nbdx_config *nc);
 /* After the final flush: compact the manifest on disk, free. */
-void warm_close(struct fs_disk *d);
+/* mtime, set: what rawfile_stored_mtime() says at the end: stored. */
+void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set);
 
 /* pool_write() of a raw write, sending only the blocks that changed.
  * Returns len or -errno, as pool_write(). */
@@ -87,10 +88,17 @@ void warm_forget_all(struct fs_disk *d);
  * writes may find unchanged, which the truncate's zeroing would destroy. */
 bool warm_keeps_truncate(struct fs_disk *d);
 
-/* The inline digest's filler (fs/blkpass.h, THE FILLER; disk: the
+/* The inline digest's filler (digest/blkpass.h, THE FILLER; disk: the
  * fs_disk): block b's durable entry, 1 zero, 2 data (SHA-256 in
  * digest), 0 unknown (no manifest, or a change of it pending). */
 int warm_fill(void *disk, uint64_t b, unsigned char *digest);
+
+/* THE STORED TIME (rsync's quick check across mounts): utimensat(2)
+ * set the disk's mtime: kept in the manifest (journaled).  At mount, a
+ * trusted manifest's stored mtime (true), which the caller shows as if
+ * set again (rawfile_set_mtime()); a distrusted one keeps none. */
+void warm_note_mtime(struct fs_disk *d, const struct timespec *mtime);
+bool warm_stored_mtime(struct fs_disk *d, struct timespec *mtime);
 
 /* Bytes of writes not sent because the server held them already. */
 uint64_t warm_skipped(struct fs_disk *d);

@@ -1,6 +1,6 @@
 /* manifest/manifest.h: what the destination export holds for good, block
  * by block: the record that lets a second pass over the same export send
- * only what changed (docs/design.md, "The manifest").
+ * only what changed (docs/design/README.md, "The manifest").
  *
  * For each block (64 KiB, the blkhash digest's blocks: common/blkhash.h)
  * the manifest knows one of: nothing (MF_NONE), "reads as zero"
@@ -13,7 +13,7 @@
  * is not used (manifest_lookup() says MF_NONE): the server may hold
  * newer bytes than the entry says.
  *
- * THE FILE (docs/design.md has the layout): a header (magic, version,
+ * THE FILE (docs/design/README.md has the layout): a header (magic, version,
  * the export's identity, a checksum) followed by fixed-size records, each
  * with its own checksum seeded by the header's session number: DATA
  * (block, digest), ZERO and FORGET (runs of blocks), MTIME.  A store
@@ -52,7 +52,7 @@ enum mf_kind {
 struct manifest;
 
 /* The export the manifest is of: a key naming the server and export
- * (fs/mountlock.c, mountlock_key()), its size and the block size. */
+ * (daemon/mountlock.c, mountlock_key()), its size and the block size. */
 struct manifest_id {
     const char *key;
     uint64_t size;
@@ -174,6 +174,8 @@ bool manifest_next_run(struct manifest *m, enum mf_kind kind, uint64_t pos,
 /* The file's stored time (fs/: the raw file's mtime, utimensat). */
 void manifest_set_mtime(struct manifest *m, const struct timespec *t);
 bool manifest_get_mtime(struct manifest *m, struct timespec *t);
+/* No stored time any more (in the file from its next store). */
+void manifest_forget_mtime(struct manifest *m);
 
 void manifest_get_stats(struct manifest *m, struct manifest_stats *out);
 

@@ -5,7 +5,7 @@
  * stream decoder keeps clusters that arrive before their L2 table in a
  * caller-provided spool; the synthesizer asks the caller for disk bytes
  * through a callback; the image reader reads a file at random from the
- * pieces it asks the caller for.  See docs/qcow2-format.md for the
+ * pieces it asks the caller for.  See docs/design/format-qcow2.md for the
  * format, qemu-img's write order and what is refused and why.
  *
  * Scope: versions 2 and 3, cluster sizes 512 B to 2 MiB, every refcount

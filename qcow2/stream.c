@@ -1,6 +1,6 @@
 /* qcow2/stream.c: forward-only decoder, qcow2 file bytes in file order to
  * raw-disk writes.  See the contract in qcow2/qcow2.h and the format notes
- * in docs/qcow2-format.md.
+ * in docs/design/format-qcow2.md.
  *
  * HEAD collects the first cluster and decodes the header.  BODY walks the
  * rest cluster by cluster.  What a cluster is comes from a min-heap of

@@ -20,6 +20,7 @@ PROGRAMS = {
     "nbdferry-vhdx": BUILD / "tools" / "nbdferry-vhdx",
     "nbdferry-qcow2": BUILD / "tools" / "nbdferry-qcow2",
     "nbdferry-verify": BUILD / "tools" / "nbdferry-verify",
+    "nbdferry-sync": BUILD / "tools" / "nbdferry-sync",
     "nbdferry-status": Path(__file__).resolve().parent.parent / "tools" /
     "status" / "nbdferry-status",
 }

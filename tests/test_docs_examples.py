@@ -58,12 +58,13 @@ def bindir(tmp_path):
     """A directory with the build's programs under their installed names."""
     d = tmp_path / "bin"
     d.mkdir()
-    for name, path in (("nbdferry", BUILD / "fs" / "nbdferry"),
+    for name, path in (("nbdferry", BUILD / "daemon" / "nbdferry"),
                        ("nbdferry-verify", BUILD / "tools" / "nbdferry-verify"),
                        ("nbdferry-vhd", BUILD / "tools" / "nbdferry-vhd"),
                        ("nbdferry-vmdk", BUILD / "tools" / "nbdferry-vmdk"),
                        ("nbdferry-vhdx", BUILD / "tools" / "nbdferry-vhdx"),
                        ("nbdferry-qcow2", BUILD / "tools" / "nbdferry-qcow2"),
+                       ("nbdferry-sync", BUILD / "tools" / "nbdferry-sync"),
                        ("nbdferry-status",
                         TOP / "tools" / "status" / "nbdferry-status")):
         assert path.exists(), f"{path} not built"
@@ -509,7 +510,64 @@ def test_status_example(server, runner, shortdir):
 def test_every_man_page_with_examples_is_here():
     covered = {"nbdferry.1", "nbdferry-verify.1", "nbdferry-vhd.1",
                "nbdferry-vmdk.1", "nbdferry-vhdx.1", "nbdferry-qcow2.1",
-               "nbdferry-status.1"}
+               "nbdferry-status.1", "nbdferry-sync.1"}
     pages = {p.name for p in DOCS.glob("*.1")
              if "\n.SH EXAMPLES\n" in p.read_text()}
     assert pages == covered, pages ^ covered
+
+
+# ---- nbdferry-sync(1) ---------------------------------------------------
+
+SYNC = man_examples("nbdferry-sync.1")
+
+
+def test_every_sync_example_has_a_case():
+    assert len(SYNC) == 2, SYNC
+
+
+def test_sync_example_xapi(server, mount, runner):
+    import base64
+    img = disk(runner.work / "disk.img")
+    dest = server("memory", f"size={SIZE}")
+    m = mount(dest)
+    run(["cp", str(img), str(m.file)], check=True)      # the base copy
+    m.unmount()
+    with open(img, "r+b") as f:                         # blocks 3 and 9
+        for b in (3, 9):
+            f.seek(b * 65536)
+            f.write(os.urandom(65536))
+    bits = bytearray(SIZE // 65536 // 8)
+    bits[0] = 0x80 >> 3
+    bits[1] = 0x80 >> 1
+    (runner.work / "cbt.b64").write_text(base64.b64encode(bits).decode())
+    src = server("file", f"file={img}", extra=["-r"])
+    m = mount(dest)
+    runner.sub("nbd://xenhost/snapshot", src.uri)
+    runner.sub("/mnt/disk", m.mp)
+    r = runner(SYNC[0])
+    assert "2 blocks of 64 KiB listed" in r.stdout, r.stdout
+    m.unmount()
+    assert sha256_nbd(dest.uri, SIZE) == sha256_file(img)
+
+
+def test_sync_example_dirty_bitmap(server, mount, runner):
+    w = runner.work
+    raw = disk(w / "disk.img")
+    qemu(raw, w / "disk.qcow2", "qcow2")
+    dest = server("memory", f"size={SIZE}")
+    m = mount(dest)
+    run(["cp", str(raw), str(m.file)], check=True)      # the base copy
+    m.unmount()
+    run(["qemu-img", "bitmap", "--add", "--enable", w / "disk.qcow2", "b0"],
+        check=True)
+    run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 2M 64K",
+         w / "disk.qcow2"], check=True)
+    run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", w / "disk.qcow2",
+         raw], check=True)
+    m = mount(dest)
+    runner.sub("/run/src.sock", w / "src.sock")
+    runner.sub("/mnt/disk", m.mp)
+    r = runner(SYNC[1])
+    assert "1 block of 64 KiB listed" in r.stdout, r.stdout
+    m.unmount()
+    assert sha256_nbd(dest.uri, SIZE) == sha256_file(raw)

@@ -1,12 +1,13 @@
-"""Every view and every installed program is named where a user looks
-: nbdferry --help (fs/usage.c), README.md, the
-package description (debian/control), the user guide and the bash
-completion.
+"""Every view and every installed program is named where a user looks:
+nbdferry --help (daemon/usage.c), README.md, the package description
+(debian/control), the user guide and the bash completion; every
+top-level folder in README's layout table and in the design notes'
+source tree (docs/design/README.md).
 
 The lists come from the build, not from this file: the views from the
 daemon's view table (fs/view.c's fs_views[] and each view's suffix, as
 IMAGEVIEW_DEFINE or .suffix gives it), the programs from the install()
-rules (fs/CMakeLists.txt and tools/*/*.cmake).  A new view or program
+rules (daemon/CMakeLists.txt and tools/*/*.cmake).  A new view or program
 that the texts do not name fails here."""
 
 import re
@@ -22,7 +23,7 @@ def views():
     table = (TOP / "fs" / "view.c").read_text()
     listed = set(re.findall(r"\[FS_INO_\w+\]\s*=\s*&(fs_\w+_view)", table))
     suffix = {}
-    for src in (TOP / "fs").glob("*.c"):
+    for src in [*(TOP / "fs").glob("*.c"), *(TOP / "views").glob("*.c")]:
         text = src.read_text()
         for var, sfx in re.findall(
                 r'IMAGEVIEW_DEFINE\((fs_\w+_view),\s*\w+,\s*"([^"]*)"\)',
@@ -44,7 +45,8 @@ def views():
 def programs():
     """The installed programs, from the install() rules."""
     names = set()
-    rules = [TOP / "fs" / "CMakeLists.txt", *(TOP / "tools").glob("*/*.cmake")]
+    rules = [TOP / "daemon" / "CMakeLists.txt",
+             *(TOP / "tools").glob("*/*.cmake")]
     for f in rules:
         text = f.read_text()
         names |= set(re.findall(r"install\(TARGETS\s+([\w-]+)", text))
@@ -81,6 +83,16 @@ def test_docs_name_every_view():
     assert not missing, "views not named:\n" + "\n".join(missing)
 
 
+def test_design_notes_name_every_view():
+    """The design notes (docs/design/README.md) name every view, as the
+    daemon's files: FILENAME.vhd, ... (or nbd.vhd, ...)."""
+    text = (TOP / "docs" / "design" / "README.md").read_text()
+    missing = [v for v in views()
+               if not (named(text, v) or
+                       named(text, "FILENAME" + v[len(DEFAULT):]))]
+    assert not missing, f"views not in the design notes: {missing}"
+
+
 def test_docs_name_every_program():
     missing = [f"{where}: {p}" for where, text in texts().items()
                for p in programs() if not named(text, p)]
@@ -102,3 +114,59 @@ def test_completion_covers_every_program():
     for p in programs():
         assert p in registered, f"the completion does not register {p}"
         assert p in installed, f"completion.cmake does not install it as {p}"
+
+
+def test_readme_layout_names_every_folder():
+    """README's layout table names every top-level folder of the tree
+    (a folder added without a line there is a map gone stale)."""
+    import subprocess as sp
+    tracked = sp.run(["git", "-C", str(TOP), "ls-files"], capture_output=True,
+                     text=True, check=True).stdout.split()
+    folders = {p.split("/", 1)[0] for p in tracked if "/" in p}
+    folders -= {".ci"}
+    text = (TOP / "README.md").read_text()
+    layout = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `([\w.-]+)/` \|", layout, re.M))
+    assert folders <= named, f"not in README's layout: {sorted(folders - named)}"
+
+
+def test_design_source_tree_names_every_folder():
+    """The design notes' "Source tree" block (docs/design/README.md)
+    names every top-level folder, as README's layout does: a folder
+    added without a line there leaves the map of the code stale."""
+    import subprocess as sp
+    tracked = sp.run(["git", "-C", str(TOP), "ls-files"], capture_output=True,
+                     text=True, check=True).stdout.split()
+    folders = {p.split("/", 1)[0] for p in tracked if "/" in p}
+    folders -= {".ci"}
+    text = (TOP / "docs" / "design" / "README.md").read_text()
+    sec = text.split("\n## Source tree\n", 1)[1].split("\n## ", 1)[0]
+    block = sec.split("```\n", 1)[1].split("```", 1)[0]
+    named = set()
+    for line in block.splitlines():
+        m = re.match(r" ((?:[\w.-]+/ +)+)", line)    # " vhd/ vmdk/   the ..."
+        if m:
+            named |= {w.rstrip("/") for w in m.group(1).split()}
+    assert folders <= named, \
+        f"not in the design notes' source tree: {sorted(folders - named)}"
+
+
+def test_man_page_is_a_reference_that_points_into_the_guide():
+    """docs/nbdferry.1 is the reference (at most 800 lines); each
+    explanation it leaves out is in the user guide, and every section it
+    sends the reader to ("guide: TITLE") is a heading there."""
+    page = (TOP / "docs" / "nbdferry.1").read_text()
+    assert len(page.splitlines()) <= 800, len(page.splitlines())
+    assert '"The mount in detail"' in page
+    text = re.sub(r"\\f[BIRP]|\\&", "", page).replace("\\-", "-")
+    text = re.sub(r"\s+", " ", re.sub(r"^\.\S+ ?", "", text, flags=re.M))
+    titles = set()
+    for group in re.findall(r"\(guide: ([^()]*)\)", text):
+        titles |= {t.strip() for t in re.split(r"[,;]", group)}
+    guide = (TOP / "docs" / "user-guide.md").read_text()
+    headings = {h.split(":")[0].strip() for h in
+                re.findall(r"^#{2,4} (.*)$", guide, re.M)}
+    assert len(titles) >= 8, titles
+    missing = sorted(t for t in titles if t not in headings)
+    assert not missing, f"nbdferry.1 names guide sections not there: {missing}"
+    assert "The mount in detail" in headings

@@ -19,17 +19,21 @@ from lib.procs import run
 
 SRC = Path(__file__).resolve().parent.parent
 PROGRAMS = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-            "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
+            "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status",
+            "nbdferry-sync"]
 # Every program has the bash completion script and answers --version.
 VERSIONED = PROGRAMS
 # The tools' own pages; every docs/*.1 is checked as well.
 PAGES = ["nbdferry", "nbdferry-verify", "nbdferry-vhd", "nbdferry-vmdk",
-         "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status"]
-# The docs installed into share/doc/nbdferry (docs/CMakeLists.txt).
-DOCS = ["README.md", "user-guide.md", "design.md", "security.md",
-        "servers.md", "copy-tools.md", "verify.md", "vhd-view.md",
-        "vmdk-format.md", "vhdx-format.md", "qcow2-format.md",
-        "reliability.md"]
+         "nbdferry-vhdx", "nbdferry-qcow2", "nbdferry-status",
+         "nbdferry-sync"]
+# The docs installed into share/doc/nbdferry (docs/CMakeLists.txt), the
+# design notes in its design/ folder.
+DOCS = ["README.md", "user-guide.md", "security.md", "servers.md",
+        "copy-tools.md", "vhd-view.md", "reliability.md",
+        "design/README.md", "design/verify.md", "design/format-vhd.md",
+        "design/format-vmdk.md", "design/format-vhdx.md",
+        "design/format-qcow2.md"]
 
 pytestmark = pytest.mark.skipif(
     not (BUILD / "CMakeCache.txt").exists() or shutil.which("cmake") is None,
@@ -78,13 +82,14 @@ def test_install_docs_link_only_to_installed_pages(prefix):
     beside it (the guide linked to pages the package does not ship)."""
     doc = prefix / "share/doc/nbdferry"
     broken = []
-    for page in doc.glob("*.md"):
+    for page in doc.rglob("*.md"):
         for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text()):
             if re.match(r"[a-z]+:", target):
                 continue                      # https:, mailto:
-            name = target.rsplit("/", 1)[-1]  # README's docs/user-guide.md
-            if not (doc / name).is_file():
-                broken.append(f"{page.name}: {target}")
+            if page.name == "README.md" and page.parent == doc:
+                target = target.removeprefix("docs/")  # the tree's README
+            if not (page.parent / target).is_file():
+                broken.append(f"{page.relative_to(doc)}: {target}")
     assert not broken, "links to pages not installed:\n" + "\n".join(broken)
 
 

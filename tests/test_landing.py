@@ -19,7 +19,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.digest import sha256_file
-from lib.env import MiB
+from lib.env import SANITIZER, MiB
 from lib.faults import status_json
 from lib.images import random_file
 from lib.nbd import random_export
@@ -31,6 +31,18 @@ EXPORT = 64 * MiB
 def landed(m):
     st = status_json(m)
     return st["bytes_written"], st["bytes_landed"]
+
+
+def assert_in_place(got, want, what):
+    """got bytes landed in place, at least want: an efficiency property.
+    Under ThreadSanitizer (a build 5-15x slower, whose flusher falls
+    behind the writer: buffers kept for a flush make a landing take the
+    copying path) only that landings happen at all; the bytes on the
+    server are checked in every build."""
+    if SANITIZER == "thread":
+        assert got > 0, f"nothing landed in place ({what})"
+    else:
+        assert got >= want, f"{got} bytes landed in place, want {want}: {what}"
 
 
 @pytest.fixture(params=["memory", "jitter"])
@@ -59,9 +71,9 @@ def test_cp_lands_in_place(target, mount, shm):
     assert written == 48 * MiB
     # All but the write that ends the copy (it reaches the source's size:
     # served by a worker once everything before it is acknowledged, so
-    # that its reply carries a failure; design.md, "Errors").
-    assert got == written - MiB, \
-        f"{got} of {written} bytes landed in place (want all but the last MiB)"
+    # that its reply carries a failure; docs/design/README.md, "Errors").
+    assert_in_place(got, written - MiB, "all but the last MiB")
+    assert got <= written - MiB                   # the last one by a worker
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=48 * MiB)
 
@@ -96,8 +108,7 @@ def test_jumping_writer_lands(target, mount, shm):
         os.close(fd)
     written, got = landed(m)
     assert written == len(blocks) * MiB
-    assert got >= written - MiB, \
-        f"{got} of {written} bytes landed in place (want all but one write)"
+    assert_in_place(got, written - MiB, "all but one write")
     assert_content(bytes(want), EXPORT, mount_file=m.file, uri=srv.uri)
 
 
@@ -115,7 +126,7 @@ def test_dd_block_sizes(target, mount, shm, bs):
     assert r.returncode == 0, r.stderr
     written, got = landed(m)
     assert written == os.path.getsize(src)
-    assert got > written // 2, f"only {got} of {written} bytes landed"
+    assert_in_place(got, written // 2 + 1, "more than half")
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    mount_size=os.path.getsize(src))
     d = status_json(m)["digest"]
@@ -206,7 +217,7 @@ def test_views_and_other_requests_unharmed(server, mount, shm):
              "conv=notrunc", "status=none"])
     assert r.returncode == 0, r.stderr
     _, got = landed(m)
-    assert got >= MiB, "the raw file's writes no longer land"
+    assert_in_place(got, MiB, "the raw file's writes no longer land")
     expected = bytearray(raw.read_bytes()) + bytes(16 * MiB - 8 * MiB)
     expected += tail.read_bytes()
     assert_content(bytes(expected), EXPORT, uri=srv.uri)

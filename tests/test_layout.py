@@ -9,12 +9,13 @@
 - only bench/benchlib puts the test harness on sys.path;
 - tests take TCP ports from free_tcp_port (one block per pytest worker);
 - the daemon is built with its assertions on;
-- tests/README.md lists every test file, and its map from design.md
+- tests/README.md lists every test file, and its map from docs/design/
   sections names only files that exist;
 - every fuzz target (tests/fuzz/fuzz-*.c) is registered with
   tests/fuzz/fuzz.cmake, so that the build lists it for the fuzz stage
   and replays its corpus and kept crash inputs in every build; every
-  corpus and crash input belongs to a target.
+  corpus and crash input belongs to a target;
+- no C file of the product (outside tests/) is over 800 lines.
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -208,3 +209,21 @@ def test_every_fuzz_target_is_registered_and_replayed():
     for p in fuzz.glob("*.cmake"):
         assert p.name == "fuzz.cmake" or "add_executable" not in \
             p.read_text(), f"{p.name}: fuzz targets are built by nbdferry_fuzz()"
+
+
+def test_no_c_file_over_800_lines():
+    """A file that grows past 800 lines holds more than one job: cut it by
+    job (as manifest.c and manifest-file.c, rawfile.c and
+    rawfile-views.c)."""
+    import subprocess
+    files = subprocess.run(["git", "-C", str(TOP), "ls-files", "*.c"],
+                           capture_output=True, text=True,
+                           check=True).stdout.split()
+    big = {}
+    for f in files:
+        if f.startswith("tests/"):
+            continue
+        n = (TOP / f).read_text(errors="replace").count("\n")
+        if n > 800:
+            big[f] = n
+    assert not big, f"C files over 800 lines: {big}"

@@ -20,7 +20,7 @@ forgot too much, or remembered wrongly, shows here); the inline sha256
 equals the file's.
 
 NBDFERRY_RSS_WRITES sets the number of random writes (CI: 80000, past
-the zero map's bound of 65536; the figure in docs/design.md is from
+the zero map's bound of 65536; the figure in docs/design/README.md is from
 1000000, with NBDFERRY_RSS_BACKING=file: a sparse file instead of RAM).
 The nbdkit memory plugin runs with allocator=zstd so that scattered blocks
 over a terabyte fit the test machine (about 12 KiB of nbdkit memory per
@@ -75,7 +75,7 @@ def instrumented():
 
 
 def manifest_cost(size, changes):
-    """The manifest's own memory (docs/design.md, "The manifest"): a byte
+    """The manifest's own memory (docs/design/README.md, "The manifest"): a byte
     per 64 KiB block of the export, and up to 128 bytes per block with a
     change waiting for a flush (its entry, the index, the array's
     doubling)."""

@@ -365,7 +365,7 @@ def test_second_writable_mount_of_an_export_refused(server, mount,
 
 
 def lock_path(key):
-    """The lock file of an export's key (fs/mountlock.h)."""
+    """The lock file of an export's key (daemon/mountlock.h)."""
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
     return Path(f"/run/lock/nbdferry-{name}.lock")
 

@@ -10,6 +10,10 @@
   changes (same size) and takes the start second of a new mount as its
   mtime (os.utime: deterministic, no race): the pass on the new mount
   transfers the change.
+- The time is kept in the manifest (warm migration): a new mount shows
+  what the last one ended with (rsync -a's, or the last write's), so the
+  quick check skips an unchanged source on a new mount too; a manifest
+  distrusted at mount (another writer) keeps no time: 0 again.
 - cp -p, touch -d and touch set the time (utimensat: explicit, UTIME_NOW,
   UTIME_OMIT), shown to the nanosecond by the raw file and its views;
   touching a view sets the disk's time; a write after a set time moves the
@@ -35,6 +39,7 @@ from lib.content import assert_content
 from lib.copytools import describe, log_mark, traffic
 from lib.env import MiB
 from lib.images import random_bytes, random_file
+from lib.nbd import write_nbd
 from lib.procs import run
 from lib.vhd import VhdFile, apply_vhd
 
@@ -90,6 +95,12 @@ def test_rsync_change_in_mount_second_transfers(server, mount, shm,
     second as its mtime is transferred by the pass on that mount."""
     srv = server("memory", f"size={EXPORT}", log=True)
     src = random_file(shm / "src.img", EXPORT)      # the export's size
+    # Last changed a minute ago: the new mount shows this time (kept in
+    # the manifest), and the change below lands in another second (a
+    # change in the same second as the last one is one rsync's quick
+    # check, which compares whole seconds, misses on any destination).
+    old = time.time_ns() - 60 * 10**9
+    os.utime(src, ns=(old, old))
     cmd = ["rsync", "-a", "--inplace", "--no-whole-file"] + \
         (["-I"] if ignore_times else []) + [src]
     m = mount(srv)
@@ -137,6 +148,63 @@ def test_rsync_unchanged_source_skipped_once_time_set(server, mount, shm):
         describe(tr)
     assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
                    what="after the skipped pass")
+
+
+def test_mtime_kept_across_mounts(server, mount, shm, state_dir):
+    """The time rsync -a set is kept in the manifest: a new mount shows
+    it, so the next pass over an unchanged source is skipped by the quick
+    check on that mount too (nothing read back, nothing written).  The
+    last write's time is kept the same way when nothing set one."""
+    srv = server("memory", f"size={EXPORT}", log=True)
+    src = random_file(shm / "src.img", EXPORT)
+    cmd = ["rsync", "-a", "--inplace", "--no-whole-file", src]
+    m = mount(srv)
+    r = run(cmd + [m.file])
+    assert r.returncode == 0, f"rsync exited {r.returncode}: {r.stderr}"
+    m.unmount()
+    m2 = mount(srv)
+    assert status_manifest(m2)["trust"] == "trusted"
+    assert_times(m2, mtime_ns(src), "a new mount after rsync -a")
+    mark = log_mark(srv)
+    r = run(cmd + [m2.file])
+    assert r.returncode == 0, f"rsync exited {r.returncode}: {r.stderr}"
+    tr = traffic(srv, mark)
+    assert tr.bytes["Write"] == 0 and tr.bytes["Read"] < EXPORT // 2, \
+        describe(tr)
+    # A write (no time set after it): its time is what the next mount shows.
+    with open(m2.file, "r+b") as f:
+        f.write(b"x" * 4096)
+    written_ns = mtime_ns(m2.file)
+    assert written_ns > mtime_ns(src)
+    m2.unmount()
+    m3 = mount(srv)
+    assert_times(m3, written_ns, "a new mount after a write")
+    m3.unmount()
+
+
+def test_mtime_not_kept_when_the_manifest_is_distrusted(server, mount, shm,
+                                                        state_dir):
+    """Another writer between the mounts (the trust check finds it): the
+    stored time is as wrong as the blocks; the mount shows 0 again."""
+    srv = server("memory", f"size={EXPORT}")
+    src = shm / "src.img"
+    with open(src, "wb") as f:        # data, then zeroes: a hole to spoil
+        f.write(random_bytes(EXPORT // 2))
+        f.truncate(EXPORT)
+    m = mount(srv)
+    r = run(["rsync", "-a", "--inplace", src, m.file])
+    assert r.returncode == 0, r.stderr
+    m.unmount()
+    write_nbd(srv.uri, b"\xa5" * 65536, EXPORT - 4 * 65536)
+    m2 = mount(srv, expect_errors=True)           # the distrust is warned
+    assert status_manifest(m2)["trust"] == "distrusted", status_manifest(m2)
+    assert_times(m2, 0, "a distrusted manifest")
+    m2.unmount()
+
+
+def status_manifest(m):
+    import json
+    return json.loads((m.mp / ".nbdferry-status").read_bytes())["manifest"]
 
 
 # ---------------------------------------------------------------- cp -p, touch

@@ -14,6 +14,8 @@ changed: what the mount does with them.
 - A mount that cannot heal (--command) says so in the status and the log.
 - A reconnect refuses a server whose read-only flag or FUA changed.
 - Reads on a lost connection fail with EIO, not ENOTCONN.
+- A copy of blocks the manifest knows unchanged, onto a server still
+  gone, fails (nothing is skipped while the server is given up on).
 
 Every copy is judged by sha256 of what the server holds.  The measured
 times (fail, heal) are printed, never asserted against a maximum."""
@@ -181,6 +183,39 @@ def test_stall_paused_resumed_server_survives_and_mount_heals(
     took = healed_copy(bg, shm, m, k, src, tally, "paused-resumed-healed")
     nbdkit_alive(k)
     print(f"resumed server: the next copy (healing included) took {took:.1f} s")
+    m.unmount(check=False)
+    m.checked = True
+
+
+def test_unchanged_copy_onto_a_server_still_lost_fails(kit, mount, shm, bg,
+                                                       tally):
+    """A copy landed; the server dies and stays down; a read finds it gone
+    (the mount gives it up).  The same copy again, whose every block the
+    manifest knows unchanged, must not exit 0: nobody reached the server
+    (the open's try fails, and the writes are sent so that they fail)."""
+    k = memory_kit(kit)
+    m = mount(k.target, *FAST, "-C", "1", expect_rc=None, expect_errors=True)
+    src = random_file(shm / "src.img", SRC)
+    cp = copy(bg, shm, src, m.file)
+    assert cp.wait(120) == 0, cp.stderr
+    assert sha256_nbd(k.uri, SRC) == sha256_file(src)
+    k.kill()
+    # A read (the copy left nothing in the read-ahead) finds it gone.
+    with open(m.file, "rb", buffering=0) as f:
+        try:
+            f.seek(8 * MiB)
+            f.read(MiB)
+        except OSError as e:
+            assert e.errno == errno.EIO, e
+    from lib.procs import wait_for
+    wait_for(lambda: status_json(m)["server_answers"]["state"] == "lost",
+             m.proc, "the server given up on", 60)
+    again = copy(bg, shm, src, m.file, "again")
+    rc = again.wait(120)
+    judge(tally, "unchanged-onto-lost", rc, src, "0" * 64, None,
+          again.stderr)
+    assert rc != 0, f"a copy onto a server still gone exited 0\n{m.stderr}"
+    assert status_json(m)["manifest"]["skipped_bytes"] == 0
     m.unmount(check=False)
     m.checked = True
 

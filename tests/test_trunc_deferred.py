@@ -7,7 +7,7 @@ write, a fallocate, a view's data), a truncate that grows the file (its
 final size: the bytes between must read as zero), an fsync, or the clean
 close of the handle that truncated.  A close after a refused request
 (EFBIG truncate, ENOSPC write past the end) leaves the disk as it was,
-its size restored, and says so in the log (docs/design.md, "Truncate").
+its size restored, and says so in the log (docs/design/README.md, "Truncate").
 
 Every case starts from an export of random bytes and compares the server
 (a direct NBD read, before and after the unmount) with what it must hold:

@@ -7,6 +7,7 @@ second --unmount then succeeds."""
 
 import os
 import re
+import signal
 
 from lib.digest import sha256_file
 from lib.env import MiB
@@ -28,8 +29,15 @@ def test_unmount_during_a_copy_names_the_writer(server, mount, shm, bg):
     cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", "conv=fsync"],
             shm / "cp.err")
     wait_progress(cp, written_bytes, 4 * MiB)
-    with open(m.file, "rb"):                  # a reader too
-        r = unmount(m.mp)
+    # The server paused: the copy is surely still running (on a loaded
+    # machine it could otherwise end before --unmount looks).
+    os.kill(srv.proc.pid, signal.SIGSTOP)
+    try:
+        assert cp.proc.poll() is None, "the copy ended before the pause"
+        with open(m.file, "rb"):                  # a reader too
+            r = unmount(m.mp)
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
     assert r.returncode == 1 and "still mounted" in r.stderr, r.stderr
     assert is_mounted(m.mp)
     lines = r.stderr.splitlines()
@@ -37,6 +45,9 @@ def test_unmount_during_a_copy_names_the_writer(server, mount, shm, bg):
     assert w and "open for writing" in w[0] and str(m.file) in w[0], \
         r.stderr
     readers = [l for l in lines if f"pid {os.getpid()} " in l]
+    # The daemon's own hold on the directory under its mount (its pin of
+    # the mountpoint) is no user of the mount.
+    assert not [l for l in lines if f"pid {m.pid} " in l], r.stderr
     assert readers and "open for reading" in readers[0], r.stderr
     assert lines.index(w[0]) < lines.index(readers[0]), r.stderr
     assert cp.wait(120) == 0, cp.stderr

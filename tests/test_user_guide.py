@@ -358,7 +358,7 @@ def test_readme_using_it_after_the_quick_start(server, tmp_path, shortdir):
     sec = text.split("## Using it", 1)[1]
     block = sec.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
     lines = [l.split("  #")[0].strip() for l in block]
-    assert lines[0].startswith("export PATH=") and "build/fs" in lines[0]
+    assert lines[0].startswith("export PATH=") and "build/daemon" in lines[0]
     srv = server("memory", f"size={EXPORT}")
     mp = shortdir / "MNT"
     mp.mkdir()
@@ -428,7 +428,7 @@ def test_guide_warm_migration(server, shortdir, shm, state_dir):
     j = next(n for n in range(i[1], len(lines))
              if lines[n] == "nbdferry --unmount /mnt/disk")
     cutover = lines[i[1]:j + 1]
-    bins = f"{BUILD / 'fs'}:{BUILD / 'tools'}:{STATUS.parent}"
+    bins = f"{BUILD / 'daemon'}:{BUILD / 'tools'}:{STATUS.parent}"
 
     def script(block):
         uri = re.search(r"'(nbd\+unix://[^']*)'", block[0]).group(1)

@@ -13,7 +13,7 @@ where the stream can tell before the first placement, and fail at close
 where it cannot (documented in docs/vhd-view.md).
 
 Run: /usr/bin/python3 -m pytest tests/test_vhd_view.py
-(NBDFERRY_BUILD selects the build tree holding fs/nbdferry and
+(NBDFERRY_BUILD selects the build tree holding daemon/nbdferry and
 tools/nbdferry-vhd.)
 """
 

@@ -24,7 +24,7 @@ from lib.nbd import read_nbd
 
 EXPORT = 1 << 40                   # nbdkit memory: sparse
 OPENS = 300
-CAP = 8                            # fs/synthcache.h SYNTHCACHE_MAX
+CAP = 8                            # views/synthcache.h SYNTHCACHE_MAX
 POOL = 8 * MiB                     # the mount's write-back pool
 SLACK = 24 * MiB                   # what else may grow meanwhile
 
@@ -63,7 +63,7 @@ def test_opens_after_changes_are_capped(server, mount, view):
         assert grew < CAP * 3 * MiB + POOL + SLACK, \
             f"VmRSS grew {grew / MiB:.0f} MiB over {OPENS} opens"
         # Every handle was opened before a change of the disk: it reads
-        # the disk at its open or nothing (fs/imageview.c, THE
+        # the disk at its open or nothing (views/imageview.c, THE
         # SNAPSHOT): EIO.
         for fd in held:
             with pytest.raises(OSError) as e:

@@ -16,7 +16,7 @@ inside the export, where it shows).
 A rule broken by the first grain is refused before anything is written.
 A rule broken later (a grain that repeats an LBA, a bad marker, a footer
 that disagrees) is refused there: by then the disk has been replaced (it
-reads as zero but for the grains before it, docs/vmdk-format.md), so for
+reads as zero but for the grains before it, docs/design/format-vmdk.md), so for
 those what is checked is that nothing but zeros or the old bytes lies
 past the VMDK's capacity: no decoded byte went outside the disk.
 

@@ -157,7 +157,7 @@ def test_zero_over_zero_sends_nothing(setup, mount):
 def test_partial_writer_proof(setup, mount):
     """A writer that writes only the changed blocks (as rsync --inplace
     does) leaves the rest of the disk unwritten by its pass: the inline
-    digest takes those blocks' digests from the manifest (fs/blkpass.h,
+    digest takes those blocks' digests from the manifest (digest/blkpass.h,
     THE FILLER), so it is still the whole disk's blkhash."""
     src, disk, srv = setup
     one_pass(mount, srv, src, "cp")

@@ -32,19 +32,26 @@ def restart(srv):
         srv.proc.terminate()
         srv.proc.wait(30)
     os.unlink(srv.pidfile) if os.path.exists(srv.pidfile) else None
+    if srv.sock and os.path.exists(srv.sock):
+        os.unlink(srv.sock)       # as a service manager does: a new inode
     with open(srv.stderr, "ab") as errf:
         srv.proc = subprocess.Popen(srv.cmd, stdin=subprocess.DEVNULL,
                                     stdout=errf, stderr=errf)
     wait_for(nonempty(srv.pidfile), srv.proc, "nbdkit again", 30)
 
 
-@pytest.mark.parametrize("tool", ["cp", "dd_trunc"])
-def test_resume_after_kill(server, mount, shm, monkeypatch, tool):
+@pytest.mark.parametrize("tool,tcp", [("cp", True), ("dd_trunc", True),
+                                      ("cp", False)],
+                         ids=["cp-tcp", "dd_trunc-tcp", "cp-unix"])
+def test_resume_after_kill(server, mount, shm, monkeypatch, tool, tcp):
+    """Over TCP and over a Unix socket: the restarted server binds a new
+    socket (another inode) at the same path, and the manifest, kept by
+    the socket's path, is still found."""
     src = make_source(shm / "src.img", SIZE, fraction=0.5)
     disk = shm / "disk.img"
     with open(disk, "wb") as f:
         f.truncate(SIZE)
-    srv = server("file", f"file={disk}", "wdelay=20ms", log=True, tcp=True,
+    srv = server("file", f"file={disk}", "wdelay=20ms", log=True, tcp=tcp,
                  filters=["delay"])
     monkeypatch.setenv("NBDFERRY_DEBUG_CHECKPOINT_BYTES", str(2 * MiB))
     m = mount(srv, "--request-size", "256K", expect_rc=None,

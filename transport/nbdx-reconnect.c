@@ -186,7 +186,7 @@ bool nbdx_drain_parked(struct nbdx_conn *c, unsigned i)
  * parked and drained, until the server closes it or nbdx_close()), and
  * only the libnbd handle is closed: libnbd forgets its commands, so the
  * ops' buffers are ours again, and the ops fail with ENOTCONN (they may
- * still be carried out if the server resumes; docs/design.md).  A
+ * still be carried out if the server resumes; docs/design/README.md).  A
  * request half sent stays half sent: the server waits for its rest and
  * answers the others.  Modes where libnbd owns a server process (it
  * waits for it in nbd_close, and a paused one never exits) and

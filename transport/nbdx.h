@@ -148,7 +148,7 @@ struct nbdx_stats {
 void nbdx_get_stats(const struct nbdx *x, struct nbdx_stats *out);
 
 /* After the server was given up on (every request fails with EIO, see
- * docs/design.md "Servers that stop answering"), try it once more: one
+ * docs/design/README.md "Servers that stop answering"), try it once more: one
  * fresh connection within --request-timeout, checked against the first
  * one (size, read-only, multi-conn, flush, FUA, block sizes).  When it
  * answers, the connections reconnect on their next request and 0 is

@@ -7,7 +7,7 @@
  * pool_drain() and pool_flush() run on worker threads (a close's flush,
  * fsync) and on the main thread at unmount; pool_flush() takes
  * pool->flush_lock before pool->lock and drops pool->lock around the NBD
- * flush.  pool_abandon_zeroing() runs on the stop thread (fs/stopsig.c).
+ * flush.  pool_abandon_zeroing() runs on the stop thread (daemon/stopsig.c).
  * The idle thread waits on pool->idle_cond and seals under pool->lock.
  * pool_get_stats() runs on the status and progress threads.
  */

@@ -3,7 +3,7 @@
  * The library does no I/O.  Callers hand it bytes of a VHD file and get back
  * decoded structures, file placements or raw-disk writes; the synthesizer
  * asks the caller for disk bytes through a callback.  See
- * docs/vhd-notes.md for how the pieces fit and which producer shows which
+ * docs/design/format-vhd.md for how the pieces fit and which producer shows which
  * quirk.
  *
  * Conventions: every function that can fail returns 0 (or a count) or a
@@ -363,7 +363,7 @@ void vhd_stream_free(struct vhd_stream *s);
  * 0x00010000, OS 0, geometry from vhd_geometry(): qemu 7.2 derives the
  * size from CHS for creators it does not know ("vpc ", "qemu" and any
  * other) and would read a disk that is not CHS-exact short; for "win "
- * it reads current_size (see docs/vhd-notes.md).  disk bytes past
+ * it reads current_size (see docs/design/format-vhd.md).  disk bytes past
  * disk_size read as zero. */
 struct vhd_synth;
 

@@ -1,6 +1,6 @@
 /* vhdx/log.c: the VHDX log: find the active sequence of entries and turn
  * it into the file writes that replaying it makes.  No I/O: the caller
- * hands in the whole log region.  See docs/vhdx-format.md, "The log".
+ * hands in the whole log region.  See docs/design/format-vhdx.md, "The log".
  *
  * The log is a ring of 4 KiB sectors.  An entry starts on a sector with a
  * 64-byte header ("loge", CRC-32C over the whole entry with the checksum

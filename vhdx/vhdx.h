@@ -1,7 +1,7 @@
 /* vhdx/vhdx.h: everything other modules may know about the VHDX library.
  *
  * The library does no I/O.  Callers hand it bytes of a VHDX file and get
- * back decoded structures or raw-disk writes.  See docs/vhdx-format.md for
+ * back decoded structures or raw-disk writes.  See docs/design/format-vhdx.md for
  * the format in our words and what each producer writes.
  *
  * Scope: VHDX version 1 (Hyper-V 2012 and later, qemu-img), fixed,
@@ -190,7 +190,7 @@ struct vhdx_log_plan {
  * the log region) for the header's log GUID and turn it into patches.
  * 0 with npatches and entries 0 when no valid sequence is there (nothing
  * to replay); -EINVAL on a bad length, a write past 2^64 or a log too
- * damaged to search (docs/vhdx-format.md); -ENOMEM.
+ * damaged to search (docs/design/format-vhdx.md); -ENOMEM.
  * Free with vhdx_log_plan_free() (also after a failure: harmless). */
 int vhdx_log_plan(const void *log, size_t len, const uint8_t log_guid[16],
                   struct vhdx_log_plan *out, struct nbdf_err *err);

@@ -2,7 +2,7 @@
  *
  * The library does no I/O.  Callers hand it bytes of a VMDK file and get
  * back decoded structures or raw-disk writes; the synthesizer asks the
- * caller for disk bytes through a callback.  See docs/vmdk-format.md for
+ * caller for disk bytes through a callback.  See docs/design/format-vmdk.md for
  * the format and which producer shows which quirk.
  *
  * Scope: one hosted sparse extent with an embedded descriptor, i.e.
@@ -136,7 +136,7 @@ int vmdk_lint(const struct vmdk_header *h, vmdk_warn_fn warn, void *opaque);
 /* Inflate one zlib-wrapped deflate grain (what VMware, qemu and VMDKstream
  * write) into out (cap bytes).  Returns the inflated length, or -EINVAL if
  * the data is corrupt, the checksum wrong or it inflates past cap.  One
- * inflater per thread (libdeflate underneath: see docs/vmdk-format.md for
+ * inflater per thread (libdeflate underneath: see docs/design/format-vmdk.md for
  * the measurement against zlib). */
 struct vmdk_inflater;
 int  vmdk_inflater_new(struct vmdk_inflater **out);         /* -ENOMEM */

@@ -103,9 +103,10 @@ def machine(nbdferry):
     else:
         rev = rev[0] if rev else "?"
         dirty = _git(repo, "status", "--porcelain", "--",
-                     "fs", "transport", "common")
+                     "daemon", "fs", "views", "digest", "transport",
+                     "common")
     if dirty:
-        rev += f"; {len(dirty)} uncommitted file(s) in fs/ transport/ common/"
+        rev += f"; {len(dirty)} uncommitted file(s) in the daemon's sources"
     return [
         ("CPU", f"{os.cpu_count()} x {model}"),
         ("memory", mem),

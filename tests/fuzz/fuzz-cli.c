@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz-cli.c: libFuzzer target for the daemon's command-line
- * helpers (fs/cli.c): sizes, numbers, the server arguments, the
+ * helpers (daemon/cli.c): sizes, numbers, the server arguments, the
  * mountpoint (resolved and checked), -o lists, the fstab form (URI
  * MOUNTPOINT -o OPTS) and --vsock.  Input: NUL-separated arguments; the
  * first byte picks what is exercised.  Checks, besides
@@ -16,7 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "fs/cli.h"
+#include "daemon/cli.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -3,7 +3,7 @@
  * Input: a whole VHD file; it is parsed as is and again with its
  * checksums recomputed (fuzz-vhd-fixup.h) so mutations reach the BAT,
  * batmap, locator and overlap rules.  Build: -DFUZZ=ON with clang (see
- * docs/vhd-notes.md). */
+ * docs/design/format-vhd.md). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@ wrapper and timeout scale from the environment, and the tools found here.
 
 Environment:
   NBDFERRY_BUILD          build tree (default: build/ at the top of the source
-                          tree); the daemon is $NBDFERRY_BUILD/fs/nbdferry
+                          tree); the daemon is $NBDFERRY_BUILD/daemon/nbdferry
   NBDFERRY_BIN            explicit path to the daemon (overrides the above)
   NBDFERRY_WRAPPER        command prepended to every daemon invocation, e.g.
                           "valgrind --error-exitcode=99 --leak-check=full"
@@ -27,8 +27,21 @@ except ImportError:                    # fall back to nbdcopy through a pipe
 TESTS = Path(__file__).resolve().parent.parent      # tests/
 TOP = TESTS.parent                                    # the source tree
 BUILD = Path(os.environ.get("NBDFERRY_BUILD") or TOP / "build")
-NBDFERRY = Path(os.environ.get("NBDFERRY_BIN") or BUILD / "fs" / "nbdferry")
+NBDFERRY = Path(os.environ.get("NBDFERRY_BIN") or BUILD / "daemon" / "nbdferry")
 WRAPPER = shlex.split(os.environ.get("NBDFERRY_WRAPPER", ""))
+def _sanitizer(build):
+    """The build's sanitizer ("address", "thread") from its CMake cache,
+    or "" (a plain build)."""
+    try:
+        for line in (build / "CMakeCache.txt").read_text().splitlines():
+            if line.startswith("SANITIZE:"):
+                return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+SANITIZER = _sanitizer(BUILD)
 SCALE = float(os.environ.get("NBDFERRY_TIMEOUT_SCALE") or (10 if WRAPPER else 1))
 
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-/* tests/unit/blkpass-test.c: fs/blkpass against a model of the file.
+/* tests/unit/blkpass-test.c: digest/blkpass against a model of the file.
  *
  * Each case applies writes, zeroings and truncates to a blkpass and to a
  * byte array; a value the pass gives must be the blkhash (common/blkhash,
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common/blkhash.h"
-#include "fs/blkpass.h"
+#include "digest/blkpass.h"
 
 #define N (3u * 1024 * 1024 + 777)
 

@@ -1,5 +1,6 @@
-# fs/blkpass.c (the inline blkhash's view of the raw file) against a model.
+# digest/blkpass.c (the inline blkhash's view of the raw file) against a model.
 add_executable(blkpass-test ${CMAKE_CURRENT_LIST_DIR}/blkpass-test.c
-               ${PROJECT_SOURCE_DIR}/fs/blkpass.c)
+               ${PROJECT_SOURCE_DIR}/digest/blkpass.c
+               ${PROJECT_SOURCE_DIR}/digest/hashers.c)
 target_link_libraries(blkpass-test PRIVATE transport blkhash)
 add_test(NAME blkpass COMMAND blkpass-test)

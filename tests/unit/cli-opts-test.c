@@ -1,4 +1,4 @@
-/* Unit test for cli_add_fuse_opts() (fs/cli.c): which -o items nbdferry
+/* Unit test for cli_add_fuse_opts() (daemon/cli.c): which -o items nbdferry
  * takes, what reaches libfuse (escaped commas kept as one item), and the
  * errors for bad owner values and over-long items. */
 #undef NDEBUG
@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fs/cli.h"
+#include "daemon/cli.h"
 
 static char msg[CLI_MSG_MAX];
 

@@ -1,4 +1,4 @@
-/* tests/unit/spool-test.c: fs/spool against a model of the image file.
+/* tests/unit/spool-test.c: views/spool against a model of the image file.
  *
  * Ranges put are read back (whole, in sub-ranges, across entries) from
  * memory and from the file; drops free room that later puts reuse; the
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fs/spool.h"
+#include "views/spool.h"
 
 #define IMG (4u << 20)
 

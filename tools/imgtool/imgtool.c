@@ -12,6 +12,8 @@
 #include "config.h"
 #include "tools/imgtool/imgtool.h"
 
+const char *imgtool_prog = "nbdferry-imgtool";
+
 void imgtool_msg(const char *fmt, ...)
 {
     va_list ap;

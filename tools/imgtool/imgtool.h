@@ -16,6 +16,8 @@
 #define IMGTOOL_EXIT_USAGE   2          /* usage or I/O error */
 #define IMGTOOL_CHUNK        (1u << 20)
 
+/* The program's name in messages: each inspector's main() sets it
+ * first (IMGTOOL_PROGRAM does, from IMGTOOL_PROG). */
 extern const char *imgtool_prog;
 
 void imgtool_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -143,6 +145,7 @@ int imgtool_main(int argc, char **argv, const struct imgtool_verbs *v);
     };                                                                       \
     int main(int argc, char **argv)                                          \
     {                                                                        \
+        imgtool_prog = IMGTOOL_PROG;                                         \
         return imgtool_main(argc, argv, &P##_verbs);                         \
     }
 

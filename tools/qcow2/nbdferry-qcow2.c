@@ -27,7 +27,7 @@
 #include "qcow2/qcow2.h"
 #include "tools/imgtool/imgtool.h"
 
-const char *imgtool_prog = "nbdferry-qcow2";
+#define IMGTOOL_PROG "nbdferry-qcow2"      /* IMGTOOL_PROGRAM sets imgtool_prog */
 
 /* What map collects: one extent per run, in the order tables arrive. */
 struct extent {

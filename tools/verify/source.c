@@ -28,46 +28,6 @@ static int open_fd(const char *path, bool *stream)
     return fd;
 }
 
-/* What a file holds, from its first bytes (and a VHD's footer at its
- * end).  The images and archives a user may mistake for a disk are
- * named, so that they are never hashed as raw bytes unasked. */
-enum probed {
-    PROBED_RAW, PROBED_VHD, PROBED_VMDK, PROBED_VMDK_DESCRIPTOR,
-    PROBED_QCOW2, PROBED_VHDX, PROBED_TAR,
-};
-
-static const char *const probed_names[] = {
-    [PROBED_RAW] = "raw", [PROBED_VHD] = "VHD", [PROBED_VMDK] = "VMDK",
-    [PROBED_VMDK_DESCRIPTOR] = "VMDK descriptor (its extents are other "
-                               "files)",
-    [PROBED_QCOW2] = "qcow2 image", [PROBED_VHDX] = "VHDX image",
-    [PROBED_TAR] = "tar archive (an OVA?)",
-};
-
-static bool bytes_at(const unsigned char *head, size_t n, size_t off,
-                     const char *magic, size_t len)
-{
-    return off + len <= n && memcmp(head + off, magic, len) == 0;
-}
-
-/* PROBED_* from the first n bytes (a VHD only by its footer copy). */
-static int probe_head(const unsigned char *head, size_t n)
-{
-    if (bytes_at(head, n, 0, "conectix", 8))
-        return PROBED_VHD;
-    if (bytes_at(head, n, 0, "KDMV", 4))
-        return PROBED_VMDK;
-    if (bytes_at(head, n, 0, "# Disk DescriptorFile", 21))
-        return PROBED_VMDK_DESCRIPTOR;
-    if (bytes_at(head, n, 0, "QFI\xfb", 4))
-        return PROBED_QCOW2;
-    if (bytes_at(head, n, 0, "vhdxfile", 8))
-        return PROBED_VHDX;
-    if (bytes_at(head, n, 257, "ustar", 5))
-        return PROBED_TAR;
-    return PROBED_RAW;
-}
-
 /* PROBED_* or -errno. */
 static int probe(int fd, uint64_t size)
 {
@@ -79,14 +39,9 @@ static int probe(int fd, uint64_t size)
     int vhd = src_vhd_probe(fd, size);
     if (vhd < 0)
         return vhd;
-    return vhd ? PROBED_VHD : probe_head(head, (size_t) got);
+    return vhd ? PROBED_VHD : source_probe_head(head, (size_t) got);
 }
 
-const char *source_probe_stream(const void *head, size_t n)
-{
-    int p = probe_head(head, n);
-    return p == PROBED_RAW ? NULL : probed_names[p];
-}
 
 /* The format to read fd as, or -errno (logged). */
 static int choose_format(const char *path, int fd, uint64_t size,
@@ -110,7 +65,7 @@ static int choose_format(const char *path, int fd, uint64_t size,
             return want;
         verify_err("%s: --format=%s, but this is %s %s", path, w[want].opt,
                    p == PROBED_RAW ? "not a" : "a",
-                   p == PROBED_RAW ? w[want].name : probed_names[p]);
+                   p == PROBED_RAW ? w[want].name : source_probed_name(p));
         return -EMEDIUMTYPE;
     }
     switch (p) {
@@ -123,7 +78,7 @@ static int choose_format(const char *path, int fd, uint64_t size,
     verify_err("%s: a %s, which nbdferry-verify does not decode: its digest "
                "would be the container's, not the disk's.  %s, or pass "
                "--format=raw to hash the file's bytes as they are", path,
-               probed_names[p], p == PROBED_TAR
+               source_probed_name(p), p == PROBED_TAR
                ? "Verify the disk inside it (tar -xf the .vmdk out)"
                : p == PROBED_VMDK_DESCRIPTOR
                ? "Verify its extent file (the -flat.vmdk holds the raw disk)"

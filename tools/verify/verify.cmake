@@ -3,6 +3,7 @@
 add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/nbdferry-verify.c
   ${CMAKE_CURRENT_LIST_DIR}/report.c
+  ${CMAKE_CURRENT_LIST_DIR}/probe.c
   ${CMAKE_CURRENT_LIST_DIR}/source.c
   ${CMAKE_CURRENT_LIST_DIR}/source-stream.c
   ${CMAKE_CURRENT_LIST_DIR}/source-file.c

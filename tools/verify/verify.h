@@ -85,6 +85,17 @@ struct verify_source {
     const struct source_options *opt;    /* borrowed, outlives s */
 };
 
+/* What a file holds, from its first bytes (and a VHD's footer at its
+ * end).  The images and archives a user may mistake for a disk are
+ * named, so that they are never hashed as raw bytes unasked. */
+enum probed {
+    PROBED_RAW, PROBED_VHD, PROBED_VMDK, PROBED_VMDK_DESCRIPTOR,
+    PROBED_QCOW2, PROBED_VHDX, PROBED_TAR,
+};
+/* PROBED_* from the first n bytes (a VHD only by its footer copy), and
+ * its name ("VMDK descriptor (its extents are other files)", ...). */
+int source_probe_head(const void *head, size_t n);
+const char *source_probed_name(int probed);
 /* Opens an operand: an NBD URI if it contains "://", else a path.  A file
  * is read as opt->format says; SOURCE_FORMAT_AUTO decodes a VHD, a VMDK, a
  * VHDX or a qcow2 and refuses (-EMEDIUMTYPE) an image or archive it

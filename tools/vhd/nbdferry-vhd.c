@@ -34,7 +34,6 @@
 #define EXIT_USAGE   IMGTOOL_EXIT_USAGE
 #define CHUNK        (2u << 20)
 
-const char *imgtool_prog = "nbdferry-vhd";
 
 /* ---- I/O helpers ------------------------------------------------------------ */
 
@@ -533,6 +532,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    imgtool_prog = "nbdferry-vhd";
     static const struct option opts[] = {
         { "output", required_argument, NULL, 'o' },
         { "parent", required_argument, NULL, 'p' },

@@ -25,7 +25,7 @@
 #include "tools/imgtool/imgtool.h"
 #include "vhdx/vhdx.h"
 
-const char *imgtool_prog = "nbdferry-vhdx";
+#define IMGTOOL_PROG "nbdferry-vhdx"      /* IMGTOOL_PROGRAM sets imgtool_prog */
 
 struct decode {
     const char *path;

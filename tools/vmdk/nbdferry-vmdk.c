@@ -29,7 +29,7 @@
 #define EXIT_USAGE   IMGTOOL_EXIT_USAGE
 #define CHUNK        IMGTOOL_CHUNK
 
-const char *imgtool_prog = "nbdferry-vmdk";
+#define IMGTOOL_PROG "nbdferry-vmdk"      /* IMGTOOL_PROGRAM sets imgtool_prog */
 
 /* ---- a decode, front to back --------------------------------------------- */
 

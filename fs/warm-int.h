@@ -1,0 +1,84 @@
+/* fs/warm-int.h: warm migration's insides, shared by fs/warm.c (open,
+ * close, the skip, the other changes) and fs/warm-state.c (the state
+ * directory, the trust check at mount, the status, --forget).  Not for
+ * other files: they use fs/warm.h. */
+#pragma once
+
+#include "fs/warm.h"
+
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <pwd.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "common/iszero.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/monotime.h"
+#include "common/sha256x.h"
+#include "daemon/mountlock.h"
+#include "manifest/manifest.h"
+
+
+#define BS 65536u                 /* the blkhash digest's blocks */
+#define GEN_UNSET UINT64_MAX      /* manifest.c: a change not yet sent */
+#define SAMPLE_MIN 64u
+#define SAMPLE_MAX 1024u
+#define ZERO_READS 256u           /* zero blocks showing data, read */
+#define CHECKPOINT_BYTES (1ull << 30)
+#define CHECKPOINT_NS (10ull * 1000000000u)
+#define MAX_BLOCKS (FS_MAX_WRITE / BS + 2)
+#define RESOLVE_MAX 1024u         /* blocks written in part, read back
+                                   * at a drain (64 MiB) */
+
+/* A disk's name at the start of a log line, in a mount of several (as
+ * daemon/main.c). */
+#define DISK_FMT "%s%s"
+#define DISK_ARG(d) ((d)->fs->ndisks > 1 ? (d)->filename : ""), \
+                    ((d)->fs->ndisks > 1 ? ": " : "")
+
+struct warm {
+    struct manifest *m;
+    char path[PATH_MAX];          /* the manifest file */
+    int dirfd;
+    char name[64];
+    char trust[16];               /* "new", "trusted", "distrusted",
+                                   * "refused", "not kept" */
+    char why[MF_WHY_MAX];
+    uint64_t skipped;             /* __atomic */
+    uint64_t lost_seen;           /* pool_stats.flushed_lost as last seen
+                                   * (lost_lock) */
+    pthread_mutex_t lost_lock;
+    uint64_t since_checkpoint;    /* __atomic */
+    uint64_t checkpoint_ns;       /* __atomic */
+    uint64_t checkpoint_bytes;
+    uint64_t checkpoints;         /* __atomic */
+    bool dead;                    /* an image view changed the disk: the
+                                   * manifest forgot everything and
+                                   * follows nothing more; __atomic */
+};
+
+/* The disk's manifest, if it is still followed. */
+static inline struct warm *warm_live(struct fs_disk *d)
+{
+    struct warm *w = __atomic_load_n(&d->warm, __ATOMIC_ACQUIRE);
+    return w && !__atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) ? w : NULL;
+}
+
+/* SHA-256 of n whole blocks (mem[i], BS bytes each) into out[i]. */
+void warm_hash_blocks(const unsigned char *const *mem, size_t n,
+                      unsigned char (*out)[MF_DIGEST]);
+/* The state directory dir, opened (created for root), checked: ours,
+ * closed to others, no link; its fd, or -1 with why. */
+int warm_open_state_dir(const char *dir, char *why, size_t n);
+/* THE TRUST CHECK at mount: w->trust and w->why say the outcome. */
+void warm_check_trust(struct fs_disk *d, struct warm *w);
