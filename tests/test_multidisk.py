@@ -129,33 +129,41 @@ def test_cp_r_vm_directory_and_parallel(server, mount, shm, tmp_path):
     assert sha256_nbd(mem.uri) == sha256_file(srcs["swap"], pad_to=DISK)
 
 
-def test_error_on_one_disk_fails_it_alone(server, mount, shm, tmp_path):
+@pytest.mark.parametrize("bad", ["disk0", "disk2", "disk4"],
+                         ids=["first", "middle", "last"])
+def test_error_on_one_disk_fails_it_alone(server, mount, shm, tmp_path, bad):
     """Every write to one disk fails on its server: that disk's copy fails
-    and so does the unmount verdict, naming it; the other disks land."""
-    d = disk_dir(tmp_path, ("good0", "good1"))
+    and so does the unmount verdict, naming it; the other disks land.
+    The failing disk first, between the others and last in the mount's
+    order (by name): a verdict that looked at one disk alone (the first)
+    would forgive the others' failures (mutant
+    later-disk-failure-forgiven)."""
+    good = [n for n in ("disk1", "disk3") if n != bad]
+    d = disk_dir(tmp_path, good)
     srv = server("file", f"dir={d}")
-    bad = server("memory", f"size={DISK}", "error-pwrite=EIO",
-                 "error-pwrite-rate=1", filters=["error"])
-    m = mount([f"good0={export_uri(srv, 'good0')}", f"bad={bad.uri}",
-               f"good1={export_uri(srv, 'good1')}"], "--retry-timeout", "0",
-              raw="good0", expect_rc=1, expect_errors=True)
+    failing = server("memory", f"size={DISK}", "error-pwrite=EIO",
+                     "error-pwrite-rate=1", filters=["error"])
+    m = mount([f"{good[0]}={export_uri(srv, good[0])}", f"{bad}={failing.uri}",
+               f"{good[1]}={export_uri(srv, good[1])}"], "--retry-timeout",
+              "0", raw=good[0], expect_rc=1, expect_errors=True)
     srcs = [random_file(shm / f"s{i}", 10 * MiB) for i in range(3)]
-    copies = [subprocess.Popen(["cp", str(srcs[0]), str(m.mp / "good0")]),
-              subprocess.Popen(["cp", str(srcs[1]), str(m.mp / "bad")],
+    copies = [subprocess.Popen(["cp", str(srcs[0]), str(m.mp / good[0])]),
+              subprocess.Popen(["cp", str(srcs[1]), str(m.mp / bad)],
                                stderr=subprocess.DEVNULL),
-              subprocess.Popen(["cp", str(srcs[2]), str(m.mp / "good1")])]
+              subprocess.Popen(["cp", str(srcs[2]), str(m.mp / good[1])])]
     rcs = [c.wait(120) for c in copies]
     assert rcs[0] == 0 and rcs[2] == 0 and rcs[1] != 0, rcs
     r = unmount_verdict(m)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "bad: FAILED" in r.stdout, r.stdout
-    assert "good0: ok" in r.stdout and "good1: ok" in r.stdout, r.stdout
+    assert f"{bad}: FAILED" in r.stdout, r.stdout
+    assert f"{good[0]}: ok" in r.stdout and f"{good[1]}: ok" in r.stdout, \
+        r.stdout
     # The failed requests' log lines name their disk, and only it.
     failed = [l for l in m.stderr.splitlines() if "failed:" in l]
-    assert failed and all("bad: " in l for l in failed), m.stderr
-    assert sha256_nbd(export_uri(srv, "good0")) == \
+    assert failed and all(f"{bad}: " in l for l in failed), m.stderr
+    assert sha256_nbd(export_uri(srv, good[0])) == \
         sha256_file(srcs[0], pad_to=DISK)
-    assert sha256_nbd(export_uri(srv, "good1")) == \
+    assert sha256_nbd(export_uri(srv, good[1])) == \
         sha256_file(srcs[2], pad_to=DISK)
 
 

@@ -36,6 +36,7 @@ from lib.faults import (children, judge, sha256_mount, status_json,
                         wait_progress, written_bytes)
 from lib.images import random_bytes, random_file
 from lib.nbd import sha256_nbd
+from lib.servers import plugin_path
 
 TOOL = TOP / "tools" / "status" / "nbdferry-status"
 EXPORT = 96 * MiB
@@ -61,6 +62,14 @@ def nbdkit_alive(k):
 
 
 def copy(bg, shm, src, dst, name="cp", conv="fsync"):
+    """dd of the source onto dst (conv: dd's).  conv "rsync": rsync
+    --inplace instead, which opens dst itself (no O_TRUNC) and writes
+    that one descriptor: dd's of= (and a shell's redirection) opens the
+    file, dup2()s it and closes the first descriptor, and that close,
+    whose error nobody checks, takes a failure meant for the copy."""
+    if conv == "rsync":
+        return bg(["rsync", "--inplace", "-I", str(src), str(dst)],
+                  shm / f"{name}.err")
     return bg(["dd", f"if={src}", f"of={dst}", "bs=1M", f"conv={conv}"],
               shm / f"{name}.err")
 
@@ -211,24 +220,26 @@ def test_unchanged_copy_onto_a_server_still_lost_fails(kit, mount, shm, bg,
     m.checked = True
 
 
-@pytest.mark.parametrize("conv", ["fsync", "notrunc,fsync"])
-def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally,
-                                                 conv):
+def restart_heal(k, m, shm, bg, tally, conv, skip=0):
     """The server dies mid-copy and stays down past the retry window: the
     copy fails; started again on the same socket, the next copy onto the
-    same mount lands byte-exact.  The heal counts as a reconnect: the
-    writes the restarted server lost are counted before the next copy's
-    handle takes its error sequence, so that copy, which rewrites every
-    lost range, succeeds (also without O_TRUNC, whose open would count
-    them on its own: conv=notrunc)."""
-    k = memory_kit(kit, params=["wdelay=20ms"])
-    # Two requests at a time: the copy is still running at the kill.
-    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", expect_rc=0,
-              expect_errors=True)
+    same mount (conv: dd's) lands byte-exact, and the unmount's verdict
+    is that every range the failed copy left wrong was written again.
+    skip: the failed copy writes the source from this MiB on (in place),
+    the healed one all of it."""
     src = random_file(shm / "src.img", SRC)
-    cp = copy(bg, shm, src, m.file)
-    wait_progress(cp, written_bytes, 8 * MiB)
+    cp = bg(["dd", f"if={src}", f"of={m.file}", "bs=1M", f"skip={skip}",
+             f"seek={skip}", "conv=" + ("notrunc,fsync" if skip else "fsync")],
+            shm / "cp.err")
+    # Some writes acknowledged (what the restart loses), the copy still
+    # running: the state is waited on, never a time.
+    deadline = time.monotonic() + 60
+    while (status_json(m) or {}).get("bytes_acknowledged", 0) < 2 * MiB:
+        assert cp.poll() is None, "the copy ended before the kill"
+        assert time.monotonic() < deadline, status_json(m)
+        time.sleep(0.005)
     k.kill()
+    assert cp.poll() is None, "the copy ended before the kill"
     t0 = time.monotonic()
     rc = cp.wait(60)
     t_fail = time.monotonic() - t0
@@ -256,12 +267,64 @@ def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally,
     print(f"restarted server: copy failed {t_fail:.1f} s after the kill; "
           f"healed copy took {took:.1f} s ({time.monotonic() - t1:.1f} s "
           f"after the restart)")
+    st = status_json(m)
     # The healed copy rewrote every range the failed one left wrong (and
     # those acknowledged before the loss, counted lost at the heal): the
     # verdict is that nothing was left unrepaired.
     assert m.unmount(check=True) == 0
     assert re.search(r"every range they left wrong was written again", m.stderr), \
         m.stderr
+    return st
+
+
+@pytest.mark.parametrize("conv", ["fsync", "notrunc,fsync"])
+def test_stall_heal_after_restart_on_same_socket(kit, mount, shm, bg, tally,
+                                                 conv):
+    """A RAM disk (nbdkit memory) restarted empty: the writes it
+    acknowledged and no flush covered are kept and sent again after the
+    heal, and the next copy lands byte-exact (restart_heal)."""
+    k = memory_kit(kit, params=["wdelay=20ms"])
+    # Two requests at a time: the copy is still running at the kill.
+    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", expect_rc=0,
+              expect_errors=True)
+    st = restart_heal(k, m, shm, bg, tally, conv)
+    # Kept and sent again (no flush came before the kill: one is due only
+    # when half the pool's buffers are kept, 32 MiB here, or after 10 s).
+    assert st["bytes_resent"] > 0, st
+
+
+@pytest.mark.parametrize("conv", ["fsync", "notrunc,fsync", "rsync"])
+def test_stall_heal_counts_lost_writes_before_the_next_copy(
+        kit, mount, shm, bg, tally, conv):
+    """A server that offers no NBD flush (the flushfail test plugin,
+    no-flush=1) restarted: no write it acknowledged was ever covered by a
+    flush, so none is kept to send again and all of them count lost (NBD
+    cannot tell this server from a RAM disk).  The failed copy wrote the
+    source's second half; the healed one writes all of it, through a
+    4 MiB pool, so its first replies come long before it rewrites the
+    lost range.  The heal counts as a reconnect: the lost writes are
+    counted before that copy's handle takes its error sequence (damage
+    the copy then repairs), and the copy succeeds (also without O_TRUNC,
+    whose open would count them on its own: conv=notrunc; and rsync
+    --inplace, which has no close of its own to take the error and hide
+    it, as dd has: see copy()).  Counted after it (at the
+    copy's first reply, or when a connection reconnects on its own), the
+    copy is told EIO for writes it makes again (mutants
+    error-seq-before-lost-counted, heal-not-a-reconnect)."""
+    disk = shm / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(EXPORT)
+    k = kit("noflush", ["--filter=delay", plugin_path("flushfail"),
+                        f"file={disk}", f"flag={shm / 'never'}",
+                        "no-flush=1", "wdelay=100ms"])
+    m = mount(k.target, *FAST, "-C", "1", "--depth", "2", "--pool-size",
+              "4M", expect_rc=0, expect_errors=True)
+    st = restart_heal(k, m, shm, bg, tally, conv, skip=SRC // MiB // 2)
+    # The case really was writes counted lost, none sent again.
+    assert st["bytes_resent"] == 0, st
+    lost = [f for f in st["failures"] if f.get("lost_at_reconnect")]
+    assert lost and all(f["offset"] >= SRC // 2 and f["repaired"]
+                        for f in lost), lost
 
 
 def test_stall_command_mode_cannot_heal_says_so(mount, shm, bg, tally):

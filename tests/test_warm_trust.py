@@ -31,11 +31,10 @@ from lib.warm import BLOCK, copy, make_source, sha256, written
 SIZE = 32 * MiB
 
 
-@pytest.fixture
-def first_pass(server, mount, shm):
-    """A full pass of a source with 25% data onto a file-plugin export;
-    returns what later passes need."""
-    src = make_source(shm / "src.img", SIZE)
+def full_pass(server, mount, shm, fraction=0.25):
+    """A full pass of a source with fraction data onto a file-plugin
+    export; returns what later passes need."""
+    src = make_source(shm / "src.img", SIZE, fraction)
     disk = shm / "disk.img"
     with open(disk, "wb") as f:
         f.truncate(SIZE)
@@ -50,6 +49,13 @@ def first_pass(server, mount, shm):
     data = [b for b in range(SIZE // BLOCK)
             if raw[b * BLOCK:(b + 1) * BLOCK].strip(b"\0")]
     return src, disk, srv, path, data
+
+
+@pytest.fixture
+def first_pass(server, mount, shm):
+    """A full pass of a source with 25% data (more data blocks than the
+    trust check's sample)."""
+    return full_pass(server, mount, shm)
 
 
 def second_pass(mount, srv, src, *opts, expect_ok=True, **kw):
@@ -102,6 +108,28 @@ def test_foreign_write_into_data(first_pass, mount):
         assert not (r.returncode == 0 and not right), (
             "cp exited 0 and the disk differs from the source")
         assert r.returncode != 0, "the read-back did not see the change"
+
+
+def test_foreign_write_into_data_sampled(server, mount, shm):
+    """A source with no more data blocks than the trust check's sample
+    (64, SAMPLE_MIN in fs/warm.c): every data block is re-hashed at
+    mount, so a foreign change of 64 bytes inside one is always found:
+    distrusted, a full copy, cp exits 0 and the disk is the source's (no
+    --verify-readback needed).  Believed anyway, the second pass skips
+    the block and the disk keeps the foreign bytes (mutant
+    warm-sample-verdict-ignored)."""
+    src, disk, srv, path, data = full_pass(server, mount, shm, 0.04)
+    assert 0 < len(data) <= 64, len(data)   # the sample is all of them
+    b = data[len(data) // 2]
+    with open(disk, "r+b") as f:
+        f.seek(b * BLOCK + 100)
+        f.write(b"\x5a" * 64)
+    mf, sent, r, m = second_pass(mount, srv, src)
+    assert mf["trust"] == "distrusted", mf
+    assert "differs from the manifest" in mf["why"], mf
+    assert "distrusted" in m.stderr
+    assert sent >= len(data) * BLOCK // 2  # a full copy of the data
+    assert sha256(disk) == sha256(src)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupted", "symlink",
