@@ -28,7 +28,7 @@ import pytest
 
 from lib.content import assert_content
 from lib.digest import sha256_bytes, sha256_file
-from lib.env import MiB, daemon_has_option, timeout
+from lib.env import SANITIZER, MiB, daemon_has_option, timeout
 from lib.faults import (flushfail_server, judge, lost_ranges, sha256_mount,
                         sha256_prefix, status_json, wait_progress,
                         written_bytes)
@@ -265,8 +265,13 @@ def test_fault_slow_server_tiny_pool_memory_bounded(server, mount, shm,
     growth = hwm - base_hwm
     print(f"VmHWM {base_hwm >> 20} -> {hwm >> 20} MiB (peak VmRSS sampled "
           f"{s.peak >> 20} MiB) copying 96 MiB through a 1 MiB pool")
-    assert growth < 24 * MiB, (f"peak RSS grew by {growth >> 20} MiB copying "
-                               "96 MiB through a 1 MiB pool")
+    # 5 MiB measured in a plain build.  ASan keeps freed memory in its
+    # quarantine and gives every thread fake stacks (13-28 MiB measured on
+    # a loaded machine): its own memory, not the daemon's, so more slack;
+    # a buffer per request (96 MiB) is far outside either bound.
+    bound = (48 if SANITIZER == "address" else 24) * MiB
+    assert growth < bound, (f"peak RSS grew by {growth >> 20} MiB copying "
+                            "96 MiB through a 1 MiB pool")
 
 
 # ------------------------------------------------ stopping during a copy

@@ -15,6 +15,10 @@
   tests/fuzz/fuzz.cmake, so that the build lists it for the fuzz stage
   and replays its corpus and kept crash inputs in every build; every
   corpus and crash input belongs to a target;
+- every format of the contract table (tests/lib/formats.py) runs every
+  case of test_view_contract.py and test_inspector_contract.py, has its
+  format, stream and synth unit tests (tests/unit/*.cmake; the known gaps
+  listed) and a fuzz target for its stream decoder;
 - no C file of the product (outside tests/) is over 800 lines.
 Only nm is run; the rest reads the source tree."""
 
@@ -227,3 +231,66 @@ def test_no_c_file_over_800_lines():
         if n > 800:
             big[f] = n
     assert not big, f"C files over 800 lines: {big}"
+
+
+def unit_test_names():
+    """The ctest names tests/unit/*.cmake declares (add_test(NAME ...),
+    foreach() loops expanded)."""
+    names = set()
+    loop = re.compile(r"foreach\((\w+)\s+([^)]*)\)(.*?)endforeach\(\)", re.S)
+    add = re.compile(r"add_test\(\s*NAME\s+(\S+)")
+    for p in (TESTS / "unit").glob("*.cmake"):
+        text = p.read_text()
+        for var, items, body in loop.findall(text):
+            for item in items.split():
+                names |= set(add.findall(body.replace(f"${{{var}}}", item)))
+        names |= set(add.findall(loop.sub("", text)))
+    return {n for n in names if "$" not in n}
+
+
+# Parts of a format's code without a unit test of that name, and where
+# they are tested instead.  A part that gets its test leaves this list
+# (the layout test fails until it does); a new format gets no entry.
+FORMAT_UNIT_GAPS = {
+    ("vmdk", "synth"): "the synthesizer is checked in vmdk-test-stream.c",
+    ("vhdx", "format"): "header and region rules in vhdx-test-stream.c",
+}
+
+
+def test_every_format_has_its_contract_unit_and_fuzz_tests():
+    """Each format of the contract table (tests/lib/formats.py) runs every
+    case of the view and inspector contract suites, has a C unit test
+    (tests/unit/*.cmake) for its format, stream and synth code, and a fuzz
+    target for its stream decoder (tests/fuzz/fuzz-FMT-stream.c)."""
+    import subprocess
+    import sys
+    from lib.formats import FORMATS
+    suites = ["tests/test_view_contract.py", "tests/test_inspector_contract.py"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only",
+                        "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        *suites], cwd=TOP, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, "collecting the contract suites failed:\n" + \
+        r.stdout[-3000:] + r.stderr[-3000:]
+    cases = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"(tests/\S+::\w+)(?:\[(.*)\])?$", line)
+        if m:
+            cases.setdefault(m[1], set()).update((m[2] or "").split("-"))
+    assert len(cases) >= 10, r.stdout
+    units = unit_test_names()
+    missing = []
+    for fmt in FORMATS:
+        missing += [f"{fmt}: {case} does not run it" for case, params
+                    in sorted(cases.items()) if fmt not in params]
+        for part in ("format", "stream", "synth"):
+            has = any(n == f"{fmt}-{part}" or n.startswith(f"{fmt}-{part}-")
+                      for n in units)
+            if has == ((fmt, part) in FORMAT_UNIT_GAPS):
+                missing.append(f"{fmt}: unit test {fmt}-{part} " +
+                               ("now exists: drop it from FORMAT_UNIT_GAPS"
+                                if has else "missing (tests/unit/*.cmake)"))
+        if not (TESTS / "fuzz" / f"fuzz-{fmt}-stream.c").is_file():
+            missing.append(f"{fmt}: no fuzz target tests/fuzz/"
+                           f"fuzz-{fmt}-stream.c")
+    assert not missing, "\n".join(missing)

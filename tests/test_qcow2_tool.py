@@ -9,6 +9,11 @@ export by qemu-img check and compare.  Cut and damaged files must make
 check exit 1 with the broken rule on stderr; a file that needs the spool
 fails past --spool-max and says so.
 
+What every inspector promises (info, check and map of a good image, cat
+equal to the raw source, check of a damaged header exits 1, the export
+round trip, --help, --version and usage errors) is tested once for all of
+them in test_inspector_contract.py; this file keeps nbdferry-qcow2's own rules.
+
 Environment: NBDFERRY_BUILD (default: build/ beside tests/) holds
 tools/nbdferry-qcow2.
 """
@@ -244,16 +249,15 @@ def test_qcow2_tool_spool_bound(fx):
     tool("--spool-max", "4K", "check", imgs["reused"])
 
 
-def test_qcow2_tool_export_is_checked_by_qemu(fx):
+def test_qcow2_tool_export_stores_no_holes(fx):
+    """export's round trip: test_inspector_contract.py; here its size, and
+    cat from a pipe."""
     d, raw, imgs = fx
     out = d / "export.qcow2"
     tool("export", raw, "-o", out)
-    qemu_img("check", "-q", "-f", "qcow2", out)
-    qemu_img("compare", "-q", "-f", "qcow2", "-F", "raw", out, raw)
     # Holes are not stored: the data of disk.raw is about 6.3 MiB in 64 KiB
     # clusters, and the metadata a few clusters.
     assert out.stat().st_size <= 7 * MiB, out.stat().st_size
-    tool("check", out)
     with open(out, "rb") as src:
         assert tool("cat", "-", stdin=src).stdout == raw.read_bytes()
 

@@ -7,6 +7,11 @@ compare.  Damaged and foreign files must make check exit 1 with the broken
 rule on stderr; a file whose tables come after its data needs the spool,
 and past --spool-max says so.
 
+What every inspector promises (info, check and map of a good image, cat
+equal to the raw source, check of a damaged header exits 1, the export
+round trip, --help, --version and usage errors) is tested once for all of
+them in test_inspector_contract.py; this file keeps nbdferry-vhdx's own rules.
+
 Environment: NBDFERRY_BUILD (default: build/ beside tests/) holds
 tools/nbdferry-vhdx.
 """
@@ -18,7 +23,6 @@ import subprocess
 
 import pytest
 
-from lib.digest import sha256_file
 from lib.env import BUILD
 
 TOOL = BUILD / "tools" / "nbdferry-vhdx"
@@ -69,27 +73,22 @@ def test_vhdx_tool_check_info_map(fx):
     assert sum(int(l.split()[1]) for l in lines) == 37 * MiB + 512
 
 
-def test_vhdx_tool_cat_file_and_pipe(fx):
+def test_vhdx_tool_cat_from_a_pipe(fx):
+    """cat of a file: test_inspector_contract.py; here from standard input."""
     d, raw, vhdx = fx
-    out = d / "cat.raw"
-    tool("cat", vhdx, "-o", out)
-    assert sha256_file(out) == sha256_file(raw)
     with open(vhdx, "rb") as src:
         piped = tool("cat", "-", stdin=src).stdout
     assert len(piped) == raw.stat().st_size
     assert piped == raw.read_bytes()
 
 
-def test_vhdx_tool_export_is_checked_by_qemu(fx):
+def test_vhdx_tool_export_stores_no_holes(fx):
+    """export's round trip: test_inspector_contract.py; here its size."""
     d, raw, vhdx = fx
     out = d / "export.vhdx"
     tool("export", raw, "-o", out)
-    subprocess.run(["qemu-img", "check", "-q", "-f", "vhdx", out], check=True)
-    subprocess.run(["qemu-img", "compare", "-q", "-f", "vhdx", "-F", "raw",
-                    out, raw], check=True)
     # Holes are not stored: 6 data blocks of 2 MiB plus 4 MiB of metadata.
     assert out.stat().st_size <= 4 * MiB + 6 * 2 * MiB, out.stat().st_size
-    tool("check", out)
 
 
 def regions_after_data(vhdx, out):
@@ -139,17 +138,14 @@ def test_vhdx_tool_regions_after_data_spool(fx):
     assert b"raise --spool-max" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("damage", ["foreign", "headers", "bat", "cut"])
+@pytest.mark.parametrize("damage", ["foreign", "bat", "cut"])
 def test_vhdx_tool_check_refuses(fx, damage):
     d, raw, vhdx = fx
     b = bytearray(vhdx.read_bytes())
-    want = {"foreign": b"not a VHDX", "headers": b"CRC-32C",
-            "bat": b"overlaps", "cut": b"cut short"}[damage]
+    want = {"foreign": b"not a VHDX", "bat": b"overlaps",
+            "cut": b"cut short"}[damage]
     if damage == "foreign":
         b[:8] = b"QFI\xfb\0\0\0\3"
-    elif damage == "headers":
-        b[64 * 1024 + 100] ^= 1
-        b[128 * 1024 + 100] ^= 1
     elif damage == "bat":
         t = 192 * 1024
         for i in range(2):

@@ -1,8 +1,8 @@
 """Library behind bench/bench: the benchmark matrix, the runner, the report.
 
-Every bench script (bench/bench, bench/bench-cpu, bench/bench-verify)
-imports benchlib first: it sits beside them, so Python finds it without
-help, and it makes the test harness tests/lib importable as the package
+Every bench script (bench/bench, bench/bench-cpu, bench/bench-verify,
+bench/bench-warm) imports benchlib first: it sits beside them, so Python
+finds it without help, and it makes the test harness tests/lib importable as the package
 ``lib``, as the tests import it (``from lib.digest import sha256_file``).
 This is the one place that knows where tests/ lies.
 

@@ -66,6 +66,8 @@ class Server:
     transport: str             # "unix" | "tcp" (127.0.0.1)
     filters: tuple = ()        # extra (filter, (key=value, ...)) pairs
     note: str = ""
+    default: bool = False      # the preset's default server: --server
+                               # memory turns it into nbdkit memory
 
 
 @dataclass
@@ -157,6 +159,19 @@ FUSE_CP = Arm("fuse-cp", "nbdfuse + cp", CP, "nbdfuse", family="nbdfuse")
 FUSE_DD = Arm("fuse-dd", "nbdfuse + dd bs=4M", DD, "nbdfuse", family="nbdfuse")
 NBDCOPY = Arm("nbdcopy", "nbdcopy", ("nbdcopy", "{src}", "{uri}"),
               family="nbdcopy")
+# nbdcopy >= 1.24 (Debian's is 1.14 here): "{nbdcopy_new}" stands for its
+# command (one word or several: a loader and its libraries), found by
+# bench/bench (--nbdcopy-new PATH, or a Debian unstable root); arms that
+# cannot find one are skipped with the reason.  --blkhash (sha256 of 64
+# KiB blocks, the mount's default digest) prints the copy's blkhash, which
+# must equal the source's.
+NBDCOPY_NEW_CMD = "{nbdcopy_new}"
+NBDCOPY_NEW = Arm("nbdcopy-new", "nbdcopy 1.24+", (NBDCOPY_NEW_CMD, "{src}",
+                                                  "{uri}"), family="nbdcopy")
+NBDCOPY_NEW_BLKHASH = Arm("nbdcopy-new-blkhash", "nbdcopy 1.24+ --blkhash",
+                          (NBDCOPY_NEW_CMD, "--blkhash", "{src}", "{uri}"),
+                          family="verify", verified="stdout-blkhash")
+NBDCOPY_ARMS = [NBDCOPY, NBDCOPY_NEW, NBDCOPY_NEW_BLKHASH]
 NBDCOPY_SYNC = Arm("nbdcopy-sync", "nbdcopy --synchronous",
                    ("nbdcopy", "--synchronous", "{src}", "{uri}"),
                    family="nbdcopy")
@@ -195,8 +210,10 @@ VERIFIED_FERRY_RB_BLK = Arm("verified-ferry-readback-blkhash", "nbdferry + "
                             "nbdferry", RB + ("--blkhash",),
                             needs=RB + ("--blkhash",), family="digest",
                             verified="inline")
+# nbdcopy >= 1.24 --blkhash: the copy and its digest in one pass (of what
+# it read from the source), printed when it ends.
 VERIFIED_ARMS = [VERIFIED_FERRY, VERIFIED_FERRY_RB, VERIFIED_FERRY_RB_BLK,
-                 VERIFIED_SUM, VERIFIED_VERIFY]
+                 VERIFIED_SUM, VERIFIED_VERIFY, NBDCOPY_NEW_BLKHASH]
 
 # blkhash (the block-based digest of blksum and nbdcopy --blkhash) against
 # sha256, inline in the mount and on the source side.  "Until ready" arms
@@ -218,7 +235,8 @@ E2E_BLKHASH = Arm("e2e-blkhash", "nbdferry-verify --blkhash SRC while cp, "
                   "inline blkhash (until both ready)", E2E + ("--blkhash",),
                   "nbdferry", BH, needs=BH, family="verify", verified="e2e")
 BLKHASH_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, VERIFIED_FERRY,
-                VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH]
+                VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH,
+                NBDCOPY_NEW_BLKHASH]
 
 # VMDK ingest: the VMDK file copied into the mount's nbd.vmdk view against
 # qemu-img decoding the same file into the export over NBD.
@@ -248,12 +266,22 @@ COPYOUT_FERRY_VHD = Arm("out-ferry-vhd", "nbdferry + cp nbd.vhd "
 COPYOUT_NBDCOPY = Arm("out-nbdcopy", "nbdcopy URI out.img",
                       ("nbdcopy", "{uri}", OUT), family="nbdcopy",
                       direction="out")
+COPYOUT_NBDCOPY_NEW = Arm("out-nbdcopy-new", "nbdcopy 1.24+ URI out.img",
+                          (NBDCOPY_NEW_CMD, "{uri}", OUT), family="nbdcopy",
+                          direction="out")
+COPYOUT_NBDCOPY_NEW_BLKHASH = Arm("out-nbdcopy-new-blkhash", "nbdcopy 1.24+ "
+                                  "--blkhash URI out.img",
+                                  (NBDCOPY_NEW_CMD, "--blkhash", "{uri}",
+                                   OUT), family="verify", direction="out",
+                                  verified="stdout-blkhash")
+COPYOUT_NBDCOPY_ARMS = [COPYOUT_NBDCOPY, COPYOUT_NBDCOPY_NEW,
+                        COPYOUT_NBDCOPY_NEW_BLKHASH]
 COPYOUT_QEMU = Arm("out-qemu-img", "qemu-img convert URI out.img",
                    ("qemu-img", "convert", "-f", "raw", "-O", "raw", "{uri}",
                     OUT), family="qemu", direction="out")
 COPYOUT_FUSE = Arm("out-fuse-cp", "nbdfuse + cp", ("cp", "{file}", OUT),
                    "nbdfuse", family="nbdfuse", direction="out")
-COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, COPYOUT_NBDCOPY,
+COPYOUT_ARMS = [COPYOUT_FERRY, COPYOUT_FERRY_NORA, *COPYOUT_NBDCOPY_ARMS,
                 COPYOUT_QEMU, COPYOUT_FUSE, COPYOUT_FERRY_VHD]
 
 # The daemon with no options at all (inline blkhash on, read-ahead on),
@@ -264,22 +292,33 @@ FERRY_DEFAULTS = Arm("ferry-defaults", "nbdferry + cp (no options; until "
 COPYOUT_DEFAULTS = Arm("out-ferry-defaults", "nbdferry + cp (no options)",
                        ("cp", "{file}", OUT), "nbdferry", family="nbdferry",
                        direction="out")
-DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, NBDCOPY, QEMU_W]
-DEFAULTS_OUT_ARMS = [COPYOUT_DEFAULTS, COPYOUT_NBDCOPY, COPYOUT_QEMU]
+# The issue's copy-out arm: cp --sparse=always out of a mount with no
+# options (holes in the export stay holes in the output).
+COPYOUT_DEFAULTS_SPARSE = Arm("out-ferry-defaults-sparse", "nbdferry + cp "
+                              "--sparse=always (no options)",
+                              ("cp", "--sparse=always", "{file}", OUT),
+                              "nbdferry", family="nbdferry", direction="out")
+DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, *NBDCOPY_ARMS, QEMU_W]
+DEFAULTS_OUT_ARMS = [COPYOUT_DEFAULTS, *COPYOUT_NBDCOPY_ARMS, COPYOUT_QEMU]
+HEADLINE_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, *NBDCOPY_ARMS]
+HEADLINE_OUT_ARMS = [COPYOUT_DEFAULTS_SPARSE, *COPYOUT_NBDCOPY_ARMS]
 
 # Every arm of the latency sweep (full preset); ALL_ARMS adds those only
 # the blkhash and defaults presets run.
-SWEEP_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD,
-              FERRY_STOCK, FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD,
-              NBDCOPY, NBDCOPY_SYNC, QEMU, QEMU_W,
-              *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]
+# (nbdcopy 1.24+ --blkhash is both a plain nbdcopy arm and a verified copy:
+# once.)
+SWEEP_ARMS = list(dict.fromkeys([
+    FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, FERRY_DD, FERRY_STOCK,
+    FERRY_NODELAY, FERRY_PIPE, FUSE_CP, FUSE_DD, *NBDCOPY_ARMS, NBDCOPY_SYNC,
+    QEMU, QEMU_W, *VERIFIED_ARMS, FERRY_VMDK, QEMU_VMDK, *COPYOUT_ARMS]))
 ALL_ARMS = SWEEP_ARMS + [VERIFIED_FERRY_BLKHASH, E2E_SHA256, E2E_BLKHASH,
-                         FERRY_DEFAULTS, COPYOUT_DEFAULTS]
-FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, NBDCOPY]
+                         FERRY_DEFAULTS, COPYOUT_DEFAULTS,
+                         COPYOUT_DEFAULTS_SPARSE]
+FIRST_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FUSE_CP, *NBDCOPY_ARMS]
 # The sparse case: a sparse image onto an export that reads as zero.  nbdfuse
 # is left out: cp --sparse=always fails on it (no ftruncate).
-SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, NBDCOPY, QEMU_W,
-               QEMU]
+SPARSE_ARMS = [FERRY_CP, FERRY_CP_DIGEST, FERRY_CP_BLKHASH, *NBDCOPY_ARMS,
+               QEMU_W, QEMU]
 
 
 
@@ -304,6 +343,12 @@ MEM_UNIX = Server("memory/unix", "memory", "unix")
 MEM_TCP = Server("memory/tcp", "memory", "tcp")
 FILE_UNIX = Server("file-on-tmpfs/unix", "file", "unix")
 FILE_TCP = Server("file-on-tmpfs/tcp", "file", "tcp")
+# The server of every preset's cells unless a cell is about servers: nbdkit
+# file on a sparse file on tmpfs (/dev/shm), whose own cost is small and
+# measured (the report's "server's own cost": nbdcopy into it twice).
+# bench/bench --server memory swaps these two for nbdkit memory.
+SRV_UNIX = Server("file-on-tmpfs/unix", "file", "unix", default=True)
+SRV_TCP = Server("file-on-tmpfs/tcp", "file", "tcp", default=True)
 # nbdkit-rate-filter counts bits per second; 10G is a 10GbE-like cap.
 MEM_TCP_10G = Server("memory/tcp rate=10G", "memory", "tcp",
                      filters=(("rate", ("rate=10G",)),),
@@ -326,11 +371,12 @@ SERVER_BINARIES = {"qemu-nbd": "qemu-nbd", "nbd-server": "nbd-server"}
 # ---- presets ------------------------------------------------------------
 
 
-def preset(name, size=None, runs=None):
-    """The experiments of a named preset; size/runs override the defaults."""
+def preset(name, size=None, runs=None, server="file"):
+    """The experiments of a named preset; size/runs override the defaults;
+    server "memory" runs the default server's cells on nbdkit memory."""
     if name == "quick":
         s = size or 128 * MiB
-        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
+        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [SRV_UNIX],
                            [0, 2], runs=1),
                 verified_experiment(s, runs=1),
                 sparse_experiment(size or 256 * MiB, [0], runs=1),
@@ -339,7 +385,7 @@ def preset(name, size=None, runs=None):
         exps = [every_server_experiment(size or 512 * MiB)]
     elif name == "first":
         s = size or GiB
-        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX],
+        exps = [Experiment("headline", FIRST_ARMS, [dense(s)], [SRV_UNIX],
                            [0, 2]),
                 verified_experiment(s)]
     elif name == "full":
@@ -360,12 +406,59 @@ def preset(name, size=None, runs=None):
         exps = defaults_preset(size)
     elif name == "qcow2":
         exps = qcow2_preset(size)
+    elif name == "headline":
+        exps = headline_preset(size)
     else:
         raise ValueError(f"unknown preset {name!r}")
     if runs:
         for e in exps:
             e.runs = runs
+    if server != "file":
+        exps = with_server(exps, server)
     return exps
+
+
+def with_server(exps, plugin):
+    """The experiments with each preset's default server (nbdkit file on
+    tmpfs) replaced by nbdkit 'plugin' (memory) on the same transport;
+    servers that are the point of a cell (every server, rate filter) stay."""
+    for e in exps:
+        e.servers = [Server(f"{plugin}/{s.transport}", plugin, s.transport,
+                            s.filters, s.note, default=True)
+                     if s.default else s for s in e.servers]
+    return exps
+
+
+def headline_preset(size=None, runs=5):
+    """The cells of docs/benchmarks.md's headline: the daemon with no
+    options and with --no-digest against nbdcopy (Debian's, and >= 1.24
+    with and without --blkhash) writing 1 GiB dense, 1 GiB with 25% data,
+    16 GiB holding 256 MiB, 1 GiB dense at 2 ms per write; and copying
+    1 GiB with 25% data out at 2 and 10 ms per read.  5 interleaved
+    rounds; with --size S, S and 16 x S holding S / 4."""
+    s = size or GiB
+    big = 16 * s
+    note = ("Writing in: nbdferry with no options is timed until its "
+            "inline blkhash is complete (and equals nbdferry-verify "
+            "SOURCE); nbdcopy --blkhash prints the copy's blkhash "
+            "(sha256/64k, the same digest), which must equal it too; "
+            "--no-digest and plain nbdcopy hash nothing.  Copying out: "
+            "the export holds the image (written by nbdcopy, untimed); "
+            "`cp --sparse=always MNT/nbd out` from a fresh mount with no "
+            "options against `nbdcopy URI out`, onto tmpfs.  The server is "
+            "nbdkit file on a sparse file on tmpfs (its own cost: the "
+            "table 'server's own cost').  Runs are interleaved round by "
+            "round; compare the medians of the per-round ratios (in "
+            "brackets).")
+    return [
+        Experiment("headline: writing in", HEADLINE_IN_ARMS,
+                   [dense(s), sparse25(s), thin(big)], [SRV_UNIX], [0],
+                   runs=runs, note=note),
+        Experiment("headline: writing in at 2 ms", HEADLINE_IN_ARMS,
+                   [dense(s)], [SRV_UNIX], [2], runs=runs, note=note),
+        Experiment("headline: copying out", HEADLINE_OUT_ARMS,
+                   [sparse25(s)], [SRV_UNIX], [2, 10], runs=runs, note=note),
+    ]
 
 
 def full_preset(size=None):
@@ -373,24 +466,24 @@ def full_preset(size=None):
     sweep = size or 512 * MiB
     return [
         # The headline cells, 1 GiB over a Unix socket.
-        Experiment("headline", FIRST_ARMS, [dense(s)], [MEM_UNIX], [0, 2]),
+        Experiment("headline", FIRST_ARMS, [dense(s)], [SRV_UNIX], [0, 2]),
         verified_experiment(s),
         # Every arm across latencies over TCP.  512 MiB keeps the
         # serial arms (one request in flight) under ~50 s a run at 10 ms.
-        Experiment("latency sweep", SWEEP_ARMS, [dense(sweep)], [MEM_TCP],
+        Experiment("latency sweep", SWEEP_ARMS, [dense(sweep)], [SRV_TCP],
                    [0, 0.2, 2, 10],
                    note="throughput is size-independent once requests "
                         "stream; the serial arms would take minutes at 1 GiB"),
         # Other sources at 2 ms.  nbdfuse is fed by dd here: cp
         # --sparse=always ends an image that ends in a hole with ftruncate(),
         # which nbdfuse does not implement (cp fails with ENOSYS).
-        Experiment("sources", [FERRY_CP, FUSE_DD, NBDCOPY, QEMU_W],
-                   [sparse25(s), fsimage(s)], [MEM_TCP], [2],
+        Experiment("sources", [FERRY_CP, FUSE_DD, *NBDCOPY_ARMS, QEMU_W],
+                   [sparse25(s), fsimage(s)], [SRV_TCP], [2],
                    note="nbdfuse is fed by dd conv=sparse: cp --sparse=always "
                         "fails on nbdfuse when the image ends in a hole "
                         "(ftruncate: Function not implemented)."),
         # Other servers at the published 0.2 ms.
-        Experiment("servers", [FERRY_CP, NBDCOPY],
+        Experiment("servers", [FERRY_CP, *NBDCOPY_ARMS],
                    [dense(s)], [FILE_UNIX, FILE_TCP, MEM_TCP_10G], [0.2]),
         # The sparse case.
         sparse_experiment(4 * GiB if size is None else 4 * size, [0, 2]),
@@ -418,16 +511,16 @@ def defaults_preset(size=None, runs=5):
             "read (out).  Runs are interleaved round by round; compare the "
             "medians of the per-round ratios.")
     return [Experiment("defaults: writing in", DEFAULTS_IN_ARMS, sources,
-                       [MEM_UNIX], lats, runs=runs, note=note),
+                       [SRV_UNIX], lats, runs=runs, note=note),
             Experiment("defaults: copying out", DEFAULTS_OUT_ARMS, sources,
-                       [MEM_UNIX], lats, runs=runs, note=note)]
+                       [SRV_UNIX], lats, runs=runs, note=note)]
 
 
 def copyout_experiment(size, latencies, runs=3):
     """Copying the disk out of the export into a file on tmpfs, with a delay
     on every read."""
     return Experiment(
-        "copy out", COPYOUT_ARMS, [dense(size), sparse25(size)], [MEM_UNIX],
+        "copy out", COPYOUT_ARMS, [dense(size), sparse25(size)], [SRV_UNIX],
         latencies, runs=runs,
         note="The export holds the image, written into it by nbdcopy before "
              "the clock starts: dense, or 25% data with holes the server "
@@ -447,7 +540,7 @@ def every_server_experiment(size, runs=3):
     """Each NBD server Debian ships, side by side, over TCP with no added
     delay: nbdferry + cp, nbdcopy and qemu-img convert -W."""
     return Experiment(
-        "every server", [FERRY_CP, NBDCOPY, QEMU_W], [dense(size)],
+        "every server", [FERRY_CP, *NBDCOPY_ARMS, QEMU_W], [dense(size)],
         [FILE_TCP, QEMU_NBD_TCP, NBD_SERVER_TCP], [0], runs=runs,
         note="The same dense image onto a fresh raw file on tmpfs served "
              "by nbdkit (file plugin), qemu-nbd and nbd-server 3.24, all "
@@ -460,7 +553,7 @@ def every_server_experiment(size, runs=3):
 
 def verified_experiment(size, runs=3):
     return Experiment(
-        "verified copy", VERIFIED_ARMS, [dense(size)], [MEM_UNIX], [0],
+        "verified copy", VERIFIED_ARMS, [dense(size)], [SRV_UNIX], [0],
         runs=runs,
         note="Copy, then know the destination's sha256: MiB/s = image size "
              "/ time from starting the copy until the digest is known and "
@@ -474,13 +567,13 @@ def verified_experiment(size, runs=3):
 
 def sparse_experiment(size, latencies, runs=3):
     """The sparse case: an image with 10% data in scattered 2 MiB runs onto an
-    export of the same size that reads as zero (nbdkit memory)."""
+    export of the same size that reads as zero."""
     return Experiment(
-        "sparse", SPARSE_ARMS, [sparse10(size)], [MEM_UNIX], latencies,
+        "sparse", SPARSE_ARMS, [sparse10(size)], [SRV_UNIX], latencies,
         runs=runs, time_ratios=True,
         note="The source holds 10% data in 2 MiB runs at "
-             "random places, the rest holes; the export is a fresh nbdkit "
-             "memory disk, which reads as zero.  cp is `cp --sparse=always`; "
+             "random places, the rest holes; the export is fresh and "
+             "reads as zero (a sparse file on tmpfs).  cp is `cp --sparse=always`; "
              "nbdcopy and qemu-img read the source's holes with SEEK_DATA "
              "and send them as zero requests.  Times in seconds (lower is "
              "better); target: nbdferry + cp takes at most 1.25x "
@@ -492,7 +585,7 @@ def blkhash_experiment(size, runs=3):
     """Inline and source-side blkhash beside sha256 and --no-digest, on a
     dense and a 25%-sparse image."""
     return Experiment(
-        "blkhash", BLKHASH_ARMS, [dense(size), sparse25(size)], [MEM_UNIX],
+        "blkhash", BLKHASH_ARMS, [dense(size), sparse25(size)], [SRV_UNIX],
         [0], runs=runs,
         note="Every arm copies the image with `cp --sparse=always` through "
              "a fresh mount.  --no-digest hashes nothing; 'inline sha256' and "
@@ -509,7 +602,7 @@ def blkhash_experiment(size, runs=3):
 def vmdk_experiment(size, runs=3):
     """Ingesting a streamOptimized VMDK (what an OVA holds)."""
     return Experiment(
-        "vmdk", [FERRY_VMDK, QEMU_VMDK], [vmdk25(size)], [MEM_UNIX], [0],
+        "vmdk", [FERRY_VMDK, QEMU_VMDK], [vmdk25(size)], [SRV_UNIX], [0],
         runs=runs, time_ratios=True,
         note="The source is a streamOptimized VMDK made by qemu-img from a "
              "disk with 25% data in 1 MiB extents at random places (half "
@@ -566,7 +659,7 @@ def qcow2_preset(size=None, runs=3):
     return [
         Experiment(
             "qcow2: writing in", [FERRY_QCOW2, QEMU_QCOW2],
-            [qcow2_25(s), qcow2z_25(s)], [MEM_UNIX], [0], runs=runs,
+            [qcow2_25(s), qcow2z_25(s)], [SRV_UNIX], [0], runs=runs,
             time_ratios=True,
             note="The source is a qcow2 made by qemu-img convert (64 KiB "
                  "clusters) from a disk with 25% data in 1 MiB extents at "
@@ -581,7 +674,7 @@ def qcow2_preset(size=None, runs=3):
                  "1.0x qemu-img (median of the per-round ratios)."),
         Experiment(
             "qcow2: copying out", [COPYOUT_FERRY_QCOW2, COPYOUT_QEMU_QCOW2],
-            [sparse25(s)], [MEM_UNIX], [0], runs=runs, time_ratios=True,
+            [sparse25(s)], [SRV_UNIX], [0], runs=runs, time_ratios=True,
             note="The export holds a disk with 25% data (written by nbdcopy "
                  "before the clock starts, holes reported by block "
                  "status).  nbdferry: `cp MNT/nbd.qcow2 out.qcow2` from a "
@@ -603,11 +696,11 @@ def tuning_preset(size=None):
             [ferry_tuned(rsize=r, pool=big) for r in ("256K", "1M", "8M")] +
             [ferry_tuned(pool=p) for p in ("16M", "64M")] +
             [ferry_tuned(conns=c, pool=big) for c in (1, 2)] +
-            [NBDCOPY])
-    return [Experiment("tuning", arms, [dense(s)], [MEM_TCP], [0.2, 2, 10],
+            NBDCOPY_ARMS)
+    return [Experiment("tuning", arms, [dense(s)], [SRV_TCP], [0.2, 2, 10],
                        note="defaults: depth 8 per connection, request size "
-                            "2M, pool 64M, 4 connections (nbdkit memory "
-                            "offers multi-conn); each arm changes one of "
+                            "2M, pool 64M, 4 connections (nbdkit file and memory "
+                            "offer multi-conn); each arm changes one of "
                             "them (with a 256M pool unless the pool is what "
                             "varies).")]
 
@@ -647,7 +740,7 @@ def vhdx_preset(size, runs=3):
     src = [vhdx25(size)]
     return [
         Experiment(
-            "vhdx", [FERRY_VHDX, QEMU_VHDX], src, [MEM_UNIX], [0], runs=runs,
+            "vhdx", [FERRY_VHDX, QEMU_VHDX], src, [SRV_UNIX], [0], runs=runs,
             time_ratios=True,
             note="The source is a dynamic VHDX made by qemu-img from a disk "
                  "with 25% data in 1 MiB extents at random places, the rest "
@@ -659,7 +752,7 @@ def vhdx_preset(size, runs=3):
                  "target is nbdferry at most 1.0x qemu-img."),
         Experiment(
             "vhdx copy-out", [COPYOUT_FERRY_VHDX, COPYOUT_QEMU_VHDX], src,
-            [MEM_UNIX], [0], runs=runs, time_ratios=True,
+            [SRV_UNIX], [0], runs=runs, time_ratios=True,
             note="The export holds the disk; nbdferry: `cp MNT/nbd.vhdx "
                  "out.vhdx` (a dynamic VHDX synthesized from the disk's "
                  "allocation); qemu-img: `convert -f raw -O vhdx URI "

@@ -244,6 +244,7 @@ def markdown(results, meta):
             f"{meta['load_after']} |",
             f"| wall time of the whole run | {meta['wall']:.0f} s |", ""]
     out += method(meta)
+    out += server_cost_table(meta.get("server_cost") or [])
     srcs = [(n, v) for n, v in (meta.get("sources") or {}).items() if v]
     if srcs:
         out += ["Sources:", ""]
@@ -294,6 +295,36 @@ def method(meta):
         f"Delay: {meta['delay_note']}",
         "",
     ]
+
+
+def server_cost_table(rows):
+    """The server's own cost per cell: nbdkit's CPU seconds per GiB while
+    the system's nbdcopy copied the cell's image into it (copy-out cells:
+    out of it) twice, on one fresh server."""
+    if not rows:
+        return []
+    out = ["### The server's own cost", "",
+           "Before the rounds, each cell's server (fresh, the same command "
+           "as the runs) receives the same copy by nbdcopy twice (copy-out "
+           "cells: is read by `nbdcopy URI null:` twice once it holds the "
+           "image).  CPU seconds of nbdkit (all threads, /proc/PID/stat) "
+           "per GiB of the image, first copy / second copy: the first "
+           "also allocates the backing file's pages on tmpfs, the second "
+           "overwrites them.  This is what the server costs any client; "
+           "compare it with the CPU tables' server column.", "",
+           "| source | server | delay | direction | server CPU s/GiB, 1st "
+           "/ 2nd copy | nbdcopy s, 1st / 2nd |",
+           "| --- | --- | --- | --- | ---: | ---: |"]
+    for r in rows:
+        if r.get("error"):
+            cpu, secs = f"failed: {r['error']}", "–"
+        else:
+            cpu = " / ".join(f"{v:.2f}" for v in r["cpu_per_gib"])
+            secs = " / ".join(f"{v:.2f}" for v in r["seconds"])
+        out.append(f"| {r['source']} | {r['server']} | "
+                   f"{lat_label(r['latency'])} | {r['direction']} | {cpu} | "
+                   f"{secs} |")
+    return out + [""]
 
 
 def experiment_tables(exp, g, meta):
@@ -367,6 +398,10 @@ RATIOS = [
      "verified-ferry-blkhash", "ferry-cp"),
     ("until ready: inline blkhash / inline sha256", "verified-ferry-blkhash",
      "verified-ferry"),
+    ("until ready: inline blkhash / nbdcopy 1.24+ --blkhash (the same "
+     "digest)", "verified-ferry-blkhash", "nbdcopy-new-blkhash"),
+    ("verified copy: nbdferry+cp inline sha256 / nbdcopy 1.24+ --blkhash",
+     "verified-ferry", "nbdcopy-new-blkhash"),
     ("end to end: nbdferry-verify --blkhash SRC while cp, inline blkhash / "
      "--no-digest", "e2e-blkhash", "ferry-cp"),
     ("end to end: blkhash / sha256 (source side and inline)", "e2e-blkhash",
@@ -374,6 +409,16 @@ RATIOS = [
     ("no options, until the inline blkhash is ready / nbdcopy (targets: "
      "dense ≥ 0.75x at no delay, ≥ 0.85x at 2 ms)", "ferry-defaults",
      "nbdcopy"),
+    ("no options, until the inline blkhash is ready / nbdcopy 1.24+ "
+     "--blkhash (both hash the copy: blkhash sha256/64k)", "ferry-defaults",
+     "nbdcopy-new-blkhash"),
+    ("no options, until the inline blkhash is ready / nbdcopy 1.24+",
+     "ferry-defaults", "nbdcopy-new"),
+    ("nbdferry+cp --no-digest / nbdcopy 1.24+ (neither hashes)", "ferry-cp",
+     "nbdcopy-new"),
+    ("nbdcopy 1.24+ / Debian's nbdcopy", "nbdcopy-new", "nbdcopy"),
+    ("nbdcopy 1.24+ --blkhash / without (its hash's cost)",
+     "nbdcopy-new-blkhash", "nbdcopy-new"),
     ("no options, until the inline blkhash is ready / qemu-img -W",
      "ferry-defaults", "qemu-img-W"),
     ("no options, until the inline blkhash is ready / --no-digest (targets: "
@@ -383,6 +428,16 @@ RATIOS = [
      "out-ferry-defaults", "out-nbdcopy"),
     ("copy out, no options / qemu-img convert", "out-ferry-defaults",
      "out-qemu-img"),
+    ("copy out, no options / nbdcopy 1.24+", "out-ferry-defaults",
+     "out-nbdcopy-new"),
+    ("copy out, cp --sparse=always, no options / nbdcopy",
+     "out-ferry-defaults-sparse", "out-nbdcopy"),
+    ("copy out, cp --sparse=always, no options / nbdcopy 1.24+",
+     "out-ferry-defaults-sparse", "out-nbdcopy-new"),
+    ("copy out, cp --sparse=always, no options / nbdcopy 1.24+ --blkhash",
+     "out-ferry-defaults-sparse", "out-nbdcopy-new-blkhash"),
+    ("copy out, nbdcopy 1.24+ / Debian's nbdcopy", "out-nbdcopy-new",
+     "out-nbdcopy"),
     ("copy out, nbdferry + cp --no-digest / nbdcopy", "out-ferry-cp",
      "out-nbdcopy"),
     ("copy out, nbdferry + cp nbd.vhd / nbdcopy", "out-ferry-vhd",

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from lib.digest import sha256_file, sha256_stream
+from lib.digest import blkhash_file, sha256_file, sha256_stream
 
 from . import procs
 from .report import parse_stats
@@ -43,6 +43,7 @@ class Env:
     usdelay_all: bool = False  # use usdelay for whole-ms delays too
     timeout: float = 900.0     # per client run
     keep: bool = False
+    nbdcopy_new: list = field(default_factory=list)  # argv of nbdcopy >= 1.24
 
 
 def delay_args(env, lat_ms, key="wdelay"):
@@ -276,19 +277,92 @@ def expected_digest(env, arm, src_path, src_sha):
     source's sha256, or where the mount hashes with blkhash (its default,
     or --blkhash) the source's blkhash as nbdferry-verify computes it.
     Called before the clock starts; computed once per source."""
-    if not inline_blkhash(arm):
+    if not inline_blkhash(arm) and arm.verified != "stdout-blkhash":
         return src_sha
     if src_path in _BLKHASH:
         return _BLKHASH[src_path]
-    if not env.verify:
-        raise RunError("nbdferry-verify is needed for a --blkhash arm")
     disk = src_path + ".raw"          # an image source: the disk it holds
     disk = disk if os.path.exists(disk) else src_path
+    if not env.verify:                # the same digest, slower
+        _BLKHASH[src_path] = blkhash_file(disk)
+        return _BLKHASH[src_path]
     r = subprocess.run([env.verify, disk], capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.split():
         raise RunError(f"nbdferry-verify: {r.stderr.strip()}")
     _BLKHASH[src_path] = r.stdout.split()[0]
     return _BLKHASH[src_path]
+
+
+def client_argv(env, arm, subst):
+    """The arm's command: its template formatted, "{nbdcopy_new}" replaced
+    by nbdcopy >= 1.24's command (which may be several words: a loader,
+    its library path, the binary)."""
+    argv = []
+    for a in arm.client:
+        if a == "{nbdcopy_new}":
+            if not env.nbdcopy_new:
+                raise RunError("no nbdcopy >= 1.24 (--nbdcopy-new)")
+            argv += env.nbdcopy_new
+        else:
+            argv.append(a.format(**subst))
+    return argv
+
+
+def server_cost(env, srv, lat, src, src_path, out, runs=2):
+    """The server's own cost in a cell: the same copy by nbdcopy (the
+    system's) 'runs' times into one fresh server (out: from it, to
+    /dev/null, once it holds the image).  Returns a dict: CPU seconds of
+    the server per GiB for each copy (from /proc/PID/stat, all threads),
+    and each copy's seconds.  The first copy into a fresh file also pays
+    for allocating its pages on tmpfs; the second overwrites them."""
+    d = tempfile.mkdtemp(dir=env.workdir, prefix="server-cost-")
+    server = None
+    gib = src.size / (1 << 30)
+    res = dict(source=src.name, server=srv.name, latency=lat,
+               direction="out" if out else "in", cpu_per_gib=[],
+               seconds=[], error="")
+    try:
+        server, uri, backing = start_server(env, srv, lat, src.size, d,
+                                            "rdelay" if out else "wdelay")
+        disk = disk_path(src, src_path)
+        if out:
+            fill_export(disk, uri)
+        for _ in range(runs):
+            argv = (["nbdcopy", uri, "null:"] if out and
+                    nbdcopy_has_null() else
+                    ["nbdcopy", uri, os.path.join(d, "out.img")] if out else
+                    ["nbdcopy", disk, uri])
+            c0 = procs.proc_cpu_seconds(server.pid) or 0
+            t0 = time.monotonic()
+            r = subprocess.run(argv, capture_output=True, text=True,
+                               timeout=env.timeout)
+            res["seconds"].append(time.monotonic() - t0)
+            res["cpu_per_gib"].append(
+                ((procs.proc_cpu_seconds(server.pid) or 0) - c0) / gib)
+            if r.returncode != 0:
+                raise RunError(f"nbdcopy: {r.stderr.strip()[-300:]}")
+            if out and os.path.exists(os.path.join(d, "out.img")):
+                os.unlink(os.path.join(d, "out.img"))
+    except (RunError, procs.Timeout, RuntimeError, OSError,
+            subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    finally:
+        if server is not None:
+            stop_server(server)
+        shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
+_NULL = {}
+
+
+def nbdcopy_has_null():
+    """Does the system's nbdcopy take null: as a destination?"""
+    if "v" not in _NULL:
+        r = subprocess.run(["nbdcopy", "--help"], capture_output=True,
+                           text=True)
+        _NULL["v"] = "null:" in r.stdout + r.stderr
+    return _NULL["v"]
 
 
 def check_printed_digest(clog, src_sha, res):
@@ -407,7 +481,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
             daemon, dargv = start_daemon(env, arm, mnt, uri, d)
             res["daemon_argv"] = dargv
             subst.update(mnt=mnt, file=os.path.join(mnt, "nbd"))
-        argv = [a.format(**subst) for a in arm.client]
+        argv = client_argv(env, arm, subst)
         res["argv"] = argv
         want = expected_digest(env, arm, disk_path(src, src_path),
                                src_sha)                       # not timed
@@ -431,7 +505,7 @@ def run_one(env, arm, src, src_path, src_sha, srv, lat, idx):
         res["cpu_client"] = procs.cpu_seconds(ru)
         if rc != 0:
             raise RunError(f"{argv[0]} exited {rc}: {log_tail(clog)}")
-        if arm.verified in ("stdout", "e2e"):
+        if arm.verified in ("stdout", "e2e", "stdout-blkhash"):
             check_printed_digest(clog, want, res)
         if daemon:
             res["daemon_status"] = read_status(mnt, arm)

@@ -1,5 +1,6 @@
 """sha256 of files, byte strings and streams: the one definition the tests
-and the benchmark (bench/bench, bench/bench-cpu, bench/bench-verify)
+and the benchmark (bench/bench, bench/bench-cpu, bench/bench-verify,
+bench/bench-warm)
 share.  Standard library only, so the benchmark can import it without
 pytest; bench/benchlib makes the harness importable as the package ``lib``:
 

@@ -1,0 +1,106 @@
+"""The benchmark's scripts (bench/bench, bench-cpu, bench-verify,
+bench-warm) start and describe themselves (--help, exit 0, nothing run),
+and the matrix says what docs/benchmarks.md claims: every preset's
+default cells use nbdkit file on tmpfs (memory only when asked), every
+cell where nbdcopy runs also runs nbdcopy >= 1.24 with and without
+--blkhash, and the headline preset holds the issue's cells.  No mount, no
+server, no timing."""
+import importlib.util
+import subprocess
+
+import pytest
+
+from lib.env import TOP
+
+BENCH = TOP / "bench"
+SCRIPTS = ["bench", "bench-cpu", "bench-verify", "bench-warm"]
+
+
+def matrix():
+    spec = importlib.util.spec_from_file_location(
+        "bench_matrix", BENCH / "benchlib" / "matrix.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bench_script_help(script):
+    r = subprocess.run(["/usr/bin/python3", BENCH / script, "--help"],
+                       capture_output=True, text=True, timeout=60,
+                       cwd=TOP)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage:"), r.stdout[:200]
+    assert script in r.stdout.split("\n")[0], r.stdout[:200]
+
+
+def presets():
+    return ["quick", "first", "headline", "full", "tuning", "sparse",
+            "servers", "vmdk", "copyout", "blkhash", "defaults", "qcow2",
+            "vhdx"]
+
+
+def test_default_server_is_file_on_tmpfs_and_memory_on_request():
+    m = matrix()
+    for name in presets():
+        for e in m.preset(name):
+            for s in e.servers:
+                if s.default:
+                    assert s.plugin == "file", (name, e.name, s)
+        for e in m.preset(name, server="memory"):
+            for s in e.servers:
+                if s.default:
+                    assert s.plugin == "memory", (name, e.name, s)
+    # The presets' own cells use the default server (only the cells about
+    # servers name theirs).
+    for e in m.preset("headline") + m.preset("defaults"):
+        assert all(s.default for s in e.servers), e.name
+
+
+def test_new_nbdcopy_wherever_nbdcopy_runs():
+    m = matrix()
+    pairs = {"nbdcopy": ("nbdcopy-new", "nbdcopy-new-blkhash"),
+             "out-nbdcopy": ("out-nbdcopy-new", "out-nbdcopy-new-blkhash")}
+    for name in presets():
+        for e in m.preset(name):
+            arms = {a.name for a in e.arms}
+            for old, new in pairs.items():
+                if old in arms:
+                    assert set(new) <= arms, (name, e.name)
+
+
+def test_no_arm_twice():
+    """An arm listed twice in an experiment would run twice a round and
+    be counted as one arm's runs."""
+    m = matrix()
+    names = [a.name for a in m.ALL_ARMS]
+    assert len(names) == len(set(names))
+    for name in presets():
+        for e in m.preset(name):
+            arms = [a.name for a in e.arms]
+            assert len(arms) == len(set(arms)), (name, e.name)
+
+
+def test_headline_preset_holds_the_issues_cells():
+    m = matrix()
+    G, M = 1 << 30, 1 << 20
+    cells = set()
+    for e in m.preset("headline"):
+        assert e.runs == 5, e.name
+        ways = {a.direction for a in e.arms}
+        assert len(ways) == 1, e.name       # one direction per experiment
+        way = ways.pop()
+        cells |= {(way, src.kind, src.size, lat)
+                  for src, srv, lat in e.cells()}
+    assert cells == {("in", "dense", G, 0), ("in", "sparse25", G, 0),
+                     ("in", "thin", 16 * G, 0), ("in", "dense", G, 2),
+                     ("out", "sparse25", G, 2), ("out", "sparse25", G, 10)}
+    thin = m.thin(16 * G)
+    assert thin.size // 64 == 256 * M
+    arms = {a.name for e in m.preset("headline") for a in e.arms}
+    assert {"ferry-defaults", "ferry-cp", "nbdcopy", "nbdcopy-new",
+            "nbdcopy-new-blkhash", "out-ferry-defaults-sparse",
+            "out-nbdcopy", "out-nbdcopy-new"} <= arms
+    sparse_out = next(a for e in m.preset("headline") for a in e.arms
+                      if a.name == "out-ferry-defaults-sparse")
+    assert sparse_out.client[:2] == ("cp", "--sparse=always")
