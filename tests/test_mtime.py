@@ -87,6 +87,26 @@ def test_mtime_fresh_mount_is_epoch(server, mount):
 
 # ---------------------------------------------------------------- rsync
 
+def test_rsync_source_in_fresh_mount_second_transfers(server, mount, shm):
+    """A fresh mount (no manifest: nothing known of the disk's time) and a
+    source of the export's size last changed in the mount's start second:
+    rsync -a --inplace's quick check (size and whole-second mtime) must
+    not take the disk for the source; the source lands.  A mount that
+    showed its start as the disk's mtime would make rsync skip it, exit 0
+    over a disk that is not the source (mutant
+    fresh-mount-mtime-is-start)."""
+    srv = server("memory", f"size={EXPORT}")
+    src = random_file(shm / "src.img", EXPORT)      # the export's size
+    m = mount(srv)
+    start = os.stat(m.mp).st_mtime_ns               # the mount's start
+    os.utime(src, ns=(start, start))
+    r = run(["rsync", "-a", "--inplace", str(src), str(m.file)])
+    assert r.returncode == 0, f"rsync exited {r.returncode}: {r.stderr}"
+    assert_content(src, EXPORT, mount_file=m.file, uri=srv.uri,
+                   what="a fresh mount, source changed in its second")
+    m.unmount()
+
+
 @pytest.mark.parametrize("ignore_times", [False, True], ids=["quick", "I"])
 def test_rsync_change_in_mount_second_transfers(server, mount, shm,
                                                 ignore_times):
