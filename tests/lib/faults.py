@@ -296,6 +296,7 @@ class DropProxy:
         self.lock = threading.Lock()
         self.stopping = False
         self.socks = []
+        self.errors = []
         self.ls = socket.socket(socket.AF_UNIX)
         self.ls.bind(self.path)
         self.ls.listen(64)
@@ -303,29 +304,46 @@ class DropProxy:
         self.t.start()
 
     def _accept(self):
+        # Never stop accepting before close(): a proxy that stopped would
+        # look like a server that refuses connections (the daemon's
+        # reconnect fails, "Connection refused"), a failure of the test's
+        # own making.  Errors are kept in self.errors for the report.
         while not self.stopping:
             try:
                 c, _ = self.ls.accept()
-            except OSError:
-                return
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.target)
-            except OSError:
-                c.close()
+            except OSError as e:
+                if self.stopping:
+                    return
+                self.errors.append(f"accept: {e}")
+                time.sleep(0.01)
                 continue
-            with self.lock:
-                self.accepted += 1
-                limited = self.drops_left > 0
-                if limited:
-                    self.drops_left -= 1
-                self.socks += [c, s]
-            st = {"n": 0, "cut": False}
-            for src, dst, d in ((c, s, "up"), (s, c, "down")):
-                threading.Thread(target=self._pump,
-                                 args=(src, dst, limited and
-                                       d == self.direction, st, c, s),
-                                 daemon=True).start()
+            try:
+                self._serve(c)
+            except Exception as e:       # a thread that would not start
+                self.errors.append(f"serve: {e!r}")
+                with contextlib.suppress(OSError):
+                    c.close()
+
+    def _serve(self, c):
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(self.target)
+        except OSError as e:
+            self.errors.append(f"connect to the server: {e}")
+            c.close()
+            return
+        with self.lock:
+            self.accepted += 1
+            limited = self.drops_left > 0
+            if limited:
+                self.drops_left -= 1
+            self.socks += [c, s]
+        st = {"n": 0, "cut": False}
+        for src, dst, d in ((c, s, "up"), (s, c, "down")):
+            threading.Thread(target=self._pump,
+                             args=(src, dst, limited and
+                                   d == self.direction, st, c, s),
+                             daemon=True).start()
 
     def _pump(self, src, dst, counted, st, c, s):
         try:
