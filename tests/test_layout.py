@@ -19,7 +19,8 @@
   case of test_view_contract.py and test_inspector_contract.py, has its
   format, stream and synth unit tests (tests/unit/*.cmake; the known gaps
   listed) and a fuzz target for its stream decoder;
-- no C file of the product (outside tests/) is over 800 lines.
+- no C file of the product (outside tests/) is over 800 lines;
+- docs/ holds no benchmark log (bench/results/ does).
 Only nm is run; the rest reads the source tree."""
 
 import ast
@@ -294,3 +295,14 @@ def test_every_format_has_its_contract_unit_and_fuzz_tests():
             missing.append(f"{fmt}: no fuzz target tests/fuzz/"
                            f"fuzz-{fmt}-stream.c")
     assert not missing, "\n".join(missing)
+
+
+def test_docs_hold_no_benchmark_log():
+    """docs/ is for users: the benchmark's generated tables, its history
+    and plots live in bench/results/ (docs/benchmarks.md is the summary
+    that links there)."""
+    logs = sorted(p.name for p in (TOP / "docs").iterdir()
+                  if p.name.startswith("benchmarks-") or
+                  p.name.startswith("bench-") or p.suffix == ".png")
+    assert not logs, f"benchmark logs in docs/: {logs}"
+    assert (TOP / "bench" / "results" / "benchmarks-results.md").exists()

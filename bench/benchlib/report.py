@@ -1,6 +1,7 @@
 """Markdown report: machine, command, tables, ratios, raw runs.
 
-docs/benchmarks-results.md may hold hand-written text (method, tuning notes); the
+bench/results/benchmarks-results.md may hold hand-written text (method, tuning
+notes); the
 bench replaces only what lies between BEGIN and END below.
 """
 
