@@ -104,3 +104,13 @@ def test_headline_preset_holds_the_issues_cells():
     sparse_out = next(a for e in m.preset("headline") for a in e.arms
                       if a.name == "out-ferry-defaults-sparse")
     assert sparse_out.client[:2] == ("cp", "--sparse=always")
+
+
+@pytest.mark.parametrize("script", ["bench", "bench-cpu", "bench-warm"])
+def test_bench_keeps_manifests_in_its_workdir(script):
+    """A script that mounts keeps the mounts' manifests (warm migration)
+    in its own work directory: a benchmark leaves none in
+    /var/lib/nbdferry (the 118 it once left there), and no run finds an
+    earlier run's record of the same export and skips its writes."""
+    text = (BENCH / script).read_text()
+    assert "NBDFERRY_STATE_DIR" in text or "--state-dir" in text, script
