@@ -1,5 +1,6 @@
 /* daemon/disks.c: the disks of a mount of several (see daemon/disks.h). */
 #include "daemon/disks.h"
+#include "daemon/viewtable.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -107,9 +108,9 @@ static int check_name(const char *name, char *msg, size_t msglen)
     size_t longest = 0;
 
     for (unsigned i = 0; i < FS_INO_COUNT; i++)
-        if (fs_views[i] && fs_views[i]->suffix &&
-            strlen(fs_views[i]->suffix) > longest)
-            longest = strlen(fs_views[i]->suffix);
+        if (nbdferry_views[i] && nbdferry_views[i]->suffix &&
+            strlen(nbdferry_views[i]->suffix) > longest)
+            longest = strlen(nbdferry_views[i]->suffix);
     if (!name[0])
         return cli_fail(EINVAL, msg, msglen, "a disk's name is empty: "
                         "NAME=URI needs a NAME");
@@ -136,7 +137,7 @@ static int check_name(const char *name, char *msg, size_t msglen)
 /* The name of disk i's file in slot (its raw file, a view); malloc'd. */
 static char *file_name(const struct cli_disk *d, unsigned slot)
 {
-    const struct fs_view *v = fs_views[slot];
+    const struct fs_view *v = nbdferry_views[slot];
     char *s;
 
     if (!v || v->fixed_name)

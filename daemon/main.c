@@ -33,6 +33,7 @@
 #include "daemon/listexports.h"
 #include "daemon/verdict.h"
 #include "fs/warm.h"
+#include "daemon/viewtable.h"
 #include "fs/view.h"
 #include "transport/tcpinfo.h"
 
@@ -619,7 +620,7 @@ int main(int argc, char **argv)
 {
     struct cli_options o = { 0 };
     struct daemon dm = { .ready_fd = -1 };
-    struct fs fs = { 0 };
+    struct fs fs = { .views = nbdferry_views };
     struct mountlock **ml = NULL;
     struct pool **pools = NULL;
     int status = EXIT_FAILURE, *ds = NULL;

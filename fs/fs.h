@@ -25,7 +25,7 @@ enum fs_ino {
     FS_INO_VMDK = 5,          /* FILENAME.vmdk: the disk as a VMDK */
     FS_INO_QCOW2 = 6,         /* FILENAME.qcow2: the disk as a qcow2 */
     FS_INO_VHDX = 7,          /* FILENAME.vhdx: the disk as a VHDX */
-    FS_INO_COUNT              /* fs_views[] (fs/view.h) has this many */
+    FS_INO_COUNT              /* the view table (fs->views) has this many */
 };
 
 static inline unsigned fs_ino_slot(uint64_t ino)
@@ -181,8 +181,13 @@ struct fs_handles {
 };
 
 /* The mount: its configuration, its disks, its handles. */
+struct fs_view;
+
 struct fs {
     struct fs_config cfg;
+    /* The files of each disk by slot (fs/view.h), the daemon's table
+     * (daemon/viewtable.c): the mount reaches up for no global. */
+    const struct fs_view *const *views;
     pthread_mutex_t lock;     /* protects the handles and each disk's
                                * fields marked so */
     struct fs_handles h;

@@ -50,7 +50,7 @@ static struct fs_disk *disk_of(fuse_req_t req, fuse_ino_t ino)
 
 static const struct fs_view *view_of(struct fs *fs, fuse_ino_t ino)
 {
-    return fs_disk_of(fs, ino) ? fs_view_of(ino) : NULL;
+    return fs_disk_of(fs, ino) ? fs_view_of(fs, ino) : NULL;
 }
 
 /* The disk of a handle's request (the raw file's or a view's), or of the
@@ -343,7 +343,7 @@ static void forget_fh(struct fs *fs, struct fs_fh *fh)
 /* The end of a handle that was remembered: the view lets go of it. */
 static void close_fh(struct fs *fs, struct fs_fh *fh)
 {
-    const struct fs_view *v = fs_view_of(fh->ino);
+    const struct fs_view *v = fs_view_of(fs, fh->ino);
 
     if (v->release)
         v->release(fh->disk, fh);
@@ -431,7 +431,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* A mount whose server was given up on tries it again here, so that
      * a new copy finds it healed.  The open succeeds either way: the
      * handle's writes and reads report a server still gone. */
-    if (view_of(fs_of(req), ino) && fs_view_of(ino) != &fs_status_view)
+    if (view_of(fs_of(req), ino) && fs_view_of(fs_of(req), ino) != &fs_status_view)
         pool_heal(disk_of(req, ino)->pool);
     struct fs_fh *fh = open_fh(req, ino, fi->flags, &err);
 

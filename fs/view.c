@@ -1,4 +1,5 @@
-/* fs/view.c: the mount's files, by inode, and their names (fs/view.h).
+/* fs/view.c: the mount's files' names and their views' set-up, from the
+ * view table the daemon handed the mount (fs/view.h).
  *
  * THREAD MODEL: fs_views_init() and fs_views_fini() run on the main
  * thread, before the mount and after it. */
@@ -8,15 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-const struct fs_view *const fs_views[FS_INO_COUNT] = {
-    [FS_INO_RAW] = &fs_raw_view,
-    [FS_INO_STATUS] = &fs_status_view,
-    [FS_INO_VHD] = &fs_vhd_view,
-    [FS_INO_VMDK] = &fs_vmdk_view,
-    [FS_INO_QCOW2] = &fs_qcow2_view,
-    [FS_INO_VHDX] = &fs_vhdx_view,
-};
 
 static int name_view(struct fs_disk *d, const struct fs_view *v, char **out)
 {
@@ -30,7 +22,7 @@ static int name_view(struct fs_disk *d, const struct fs_view *v, char **out)
 int fs_views_init(struct fs_disk *d)
 {
     for (unsigned i = 0; i < FS_INO_COUNT; i++) {
-        const struct fs_view *v = fs_view_of(fs_ino_of(d->index, i));
+        const struct fs_view *v = fs_view_of(d->fs, fs_ino_of(d->index, i));
         int r = !v ? 0 : name_view(d, v, &d->view_name[i]);
         if (r == 0 && v && v->init)
             r = v->init(d);
@@ -45,7 +37,7 @@ int fs_views_init(struct fs_disk *d)
 void fs_views_fini(struct fs_disk *d)
 {
     for (unsigned i = FS_INO_COUNT; i-- > 0;) {
-        const struct fs_view *v = fs_view_of(fs_ino_of(d->index, i));
+        const struct fs_view *v = fs_view_of(d->fs, fs_ino_of(d->index, i));
         if (v && v->fini)
             v->fini(d);          /* a no-op without its state */
         free(d->view_name[i]);

@@ -4,9 +4,10 @@
  * the status document (fs/status.c), the disk as a VHD (views/vhdview.c) or a
  * VMDK (views/vmdkview.c).  fs/ops.c owns what is common to all of them (the
  * handle, its place on fs->h.open_files, argument checks, the FUSE reply) and
- * dispatches the rest here through fs_views[], indexed by inode.  A new
+ * dispatches the rest here through the view table (fs->views, handed
+ * over by the daemon: daemon/viewtable.c), indexed by inode.  A new
  * view is a new file defining a struct fs_view, plus its inode number in
- * enum fs_ino and one line in fs_views[] (fs/view.c); a new image format
+ * enum fs_ino and one line in the table (daemon/viewtable.c); a new image format
  * defines it on the format-view skeleton (views/imageview.h).
  *
  * Views change the disk only through the raw-file module (fs/rawfile.h),
@@ -66,16 +67,16 @@ struct fs_view {
     void (*release)(struct fs_disk *d, struct fs_fh *fh);
 };
 
-/* fs/view.c: the views by inode (NULL: not a file, e.g. the root). */
-extern const struct fs_view *const fs_views[FS_INO_COUNT];
-
-/* The view of an inode (fs_ino_of()); the status file is the mount's,
- * disk 0's slot only.  The caller checks the disk exists (fs_disk_of()). */
-static inline const struct fs_view *fs_view_of(fuse_ino_t ino)
+/* The view of an inode (fs_ino_of()) in the table the daemon handed the
+ * mount (fs->views, by slot; NULL: not a file, e.g. the root); the
+ * status file is the mount's, disk 0's slot only.  The caller checks the
+ * disk exists (fs_disk_of()). */
+static inline const struct fs_view *fs_view_of(const struct fs *fs,
+                                               fuse_ino_t ino)
 {
     unsigned slot = fs_ino_slot(ino);
     return ino >= FS_INO_COUNT && slot == FS_INO_STATUS ? NULL
-                                                        : fs_views[slot];
+                                                        : fs->views[slot];
 }
 
 /* Names every view (d->view_name[]) and runs the init hooks; on failure

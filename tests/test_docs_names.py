@@ -5,7 +5,7 @@ top-level folder in README's layout table and in the design notes'
 source tree (docs/design/README.md).
 
 The lists come from the build, not from this file: the views from the
-daemon's view table (fs/view.c's fs_views[] and each view's suffix, as
+daemon's view table (daemon/viewtable.c's nbdferry_views[] and each view's suffix, as
 IMAGEVIEW_DEFINE or .suffix gives it), the programs from the install()
 rules (daemon/CMakeLists.txt and tools/*/*.cmake).  A new view or program
 that the texts do not name fails here."""
@@ -20,7 +20,7 @@ DEFAULT = "nbd"                # the raw file's default name: MNT/nbd
 
 def views():
     """The view files of a one-disk mount: nbd.vhd, nbd.vmdk, ..."""
-    table = (TOP / "fs" / "view.c").read_text()
+    table = (TOP / "daemon" / "viewtable.c").read_text()
     listed = set(re.findall(r"\[FS_INO_\w+\]\s*=\s*&(fs_\w+_view)", table))
     suffix = {}
     for src in [*(TOP / "fs").glob("*.c"), *(TOP / "views").glob("*.c")]:
