@@ -154,13 +154,8 @@ static void set_times(struct fs_disk *d, const struct stat *attr, int to_set)
         a = &attr->st_atim;
     if (m || a)
         rawfile_set_times(d, m, a);
-    bool set;
-    struct timespec kept;
-    if (m) {
-        rawfile_stored_mtime(d, &kept, &set);
-        if (set)
-            warm_note_mtime(d, &kept);
-    }
+    if (m)
+        warm_note_mtime(d, m);    /* kept across mounts (fs/warm.h) */
 }
 
 /* A size change goes to the view, times to the disk; chmod and chown are

@@ -4,24 +4,7 @@
  * THREAD MODEL: see fs/rawfile.h.  No lock is held across a
  * fuse_reply_*() (nothing here replies); d->size_lock may be held across
  * a pool call that waits for a buffer (the writer is throttled). */
-#include "fs/rawfile-int.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <string.h>
-#include <stdbool.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "common/cleanup.h"
-#include "common/log.h"
-#include "digest/digest.h"
-#include "fs/foreign.h"
-#include "fs/progress.h"
-#include "fs/warm.h"
-#include "transport/readahead.h"
+#include "fs/rawfile-int.h"       /* every header this file uses */
 
 uint64_t rawfile_size(struct fs_disk *d)
 {

@@ -6,7 +6,6 @@
 
 #include "fs/warm.h"
 
-
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
