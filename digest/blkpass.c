@@ -98,6 +98,7 @@ struct blkpass {
     struct part *parts;
     size_t nparts, maxparts;
     uint64_t tick, hashed, data_end;
+    uint64_t reused;              /* of hashed: digests the writer gave */
     uint64_t fold_lag;            /* bytes (FOLD_LAG_BYTES) */
     uint64_t volume;              /* bytes written in this pass */
     uint64_t vol_mark[VOLUME_MARKS];  /* THE VOLUME LAG, a ring */
@@ -132,7 +133,7 @@ static void clear(struct blkpass *p)
         drop_part(p, 0);
     map_clear(&p->written);
     map_clear(&p->zero);
-    p->hashed = p->data_end = p->volume = 0;
+    p->hashed = p->reused = p->data_end = p->volume = 0;
     memset(p->vol_mark, 0, sizeof p->vol_mark);
     p->fold_at_settle = false;
 }
@@ -191,6 +192,24 @@ int blkpass_reset(struct blkpass *p)
 uint64_t blkpass_hashed(const struct blkpass *p)
 {
     return p->hashed;
+}
+
+uint64_t blkpass_reused(const struct blkpass *p)
+{
+    return p->reused;
+}
+
+/* Block b's digest, if the writer gave it (known.h; *j walks known in
+ * step with the blocks, both ascending), else NULL. */
+static const unsigned char *known_digest(const struct blkpass *p,
+                                         const struct digest_known *k,
+                                         size_t *j, uint64_t b)
+{
+    if (!k || p->bs != DIGEST_KNOWN_BS || strcmp(p->md, "sha256") != 0)
+        return NULL;
+    while (*j < k->n && k->block[*j] < b)
+        ++*j;
+    return *j < k->n && k->block[*j] == b ? k->digest[*j] : NULL;
 }
 
 static int fail(char *why, int err, const char *fmt, ...)
@@ -481,7 +500,7 @@ static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
 }
 
 int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
-                  size_t len, char *why)
+                  size_t len, const struct digest_known *known, char *why)
 {
     const unsigned char *src = buf;
     uint64_t end = off + len;
@@ -492,14 +511,23 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
     if (extmap_remove(&p->zero, off, end) < 0)
         return fail(why, -ENOMEM, "out of memory");
     /* Whole blocks with no copy are hashed on the helpers, a batch at a
-     * time (THE HASHERS); the others, one by one, here. */
+     * time (THE HASHERS), or take the digest the writer gave (known);
+     * the others, one by one, here. */
     uint64_t blk[DIGEST_HASHERS_BATCH];
     const unsigned char *mem[DIGEST_HASHERS_BATCH];
-    size_t n = 0;
+    size_t n = 0, j = 0;
     for (uint64_t b = off / p->bs; b * p->bs < end; b++) {
         uint64_t s = b * p->bs > off ? b * p->bs : off;
         uint64_t e = (b + 1) * p->bs < end ? (b + 1) * p->bs : end;
-        if (e - s == p->bs && b >= blkhash_folded(p->h) && !find_part(p, b)) {
+        const unsigned char *dg;
+        if (e - s == p->bs && b >= blkhash_folded(p->h) && !find_part(p, b) &&
+            (dg = known_digest(p, known, &j, b)) != NULL) {
+            if ((r = blkhash_put_digest(p->h, b, dg)) < 0)
+                return fail(why, r, "out of memory");
+            p->hashed += p->bs;
+            p->reused += p->bs;
+        } else if (e - s == p->bs && b >= blkhash_folded(p->h) &&
+                   !find_part(p, b)) {
             blk[n] = b;
             mem[n++] = src + (s - off);
         } else if ((r = write_in_block(p, b, s, e, src + (s - off),

@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "digest/known.h"
+
 struct blkpass;
 
 #define BLKPASS_REASON_MAX 160
@@ -73,8 +75,11 @@ int  blkpass_reset(struct blkpass *p);
 
 /* Each returns 0, or a negative errno with why (BLKPASS_REASON_MAX bytes)
  * saying what the pass lost; the pass is then useless until a reset. */
+/* known (may be NULL): the digests of some of the write's whole blocks
+ * (known.h), of a pass over SHA-256 of 64 KiB blocks only: stored
+ * instead of hashing those blocks' bytes. */
 int  blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
-                   size_t len, char *why);
+                   size_t len, const struct digest_known *known, char *why);
 /* [off, off + len) reads as zero now (len may run to UINT64_MAX - off). */
 int  blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why);
 /* The file is size bytes long: every byte at or beyond size reads as zero
@@ -101,8 +106,10 @@ int  blkpass_settle(struct blkpass *p, char *why);
  * errno with why when the pass lost track.  The pass may go on after. */
 int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why);
 
-/* Bytes hashed so far (data blocks, whole or in part). */
+/* Bytes hashed so far (data blocks, whole or in part), and of them, those
+ * whose digests the writer gave (known). */
 uint64_t blkpass_hashed(const struct blkpass *p);
+uint64_t blkpass_reused(const struct blkpass *p);
 
 /* The region fingerprints of the blocks hashed so far, for a file of
  * 'size' bytes (common/blkhash.h, blkhash_fingerprints()): after a

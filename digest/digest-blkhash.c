@@ -74,7 +74,8 @@ static int blk_apply(struct digest *d, const struct item *it, char *hex,
 {
     switch (it->kind) {
     case ITEM_BLK_WRITE:
-        return blkpass_write(d->bp, it->off, it->data, it->len, why);
+        return blkpass_write(d->bp, it->off, it->data, it->len, it->known,
+                             why);
     case ITEM_BLK_ZERO:
         return blkpass_zero(d->bp, it->off, it->len, why);
     case ITEM_BLK_TRUNCATE: {
@@ -98,6 +99,7 @@ static void blk_record_locked(struct digest *d, const struct item *it, int r,
                               const char *hex, const char *why)
 {
     d->hashed = blkpass_hashed(d->bp);
+    d->reused = blkpass_reused(d->bp);
     if (it->kind == ITEM_BLK_CLOSE && (r == 0 || r == -ENODATA)) {
         d->res_seq = it->seq;
         d->res_state = r == 0 ? DIGEST_COMPLETE : DIGEST_INCOMPLETE;
@@ -168,7 +170,7 @@ static void blk_start_pass_locked(struct digest *d)
     digest_free_queue_locked(d);
     d->gen++;
     d->state = DIGEST_COMPUTING;
-    d->pos = d->hashed = 0;
+    d->pos = d->hashed = d->reused = 0;
     d->reason[0] = '\0';
     blk_push_locked(d, ITEM_BLK_TRUNCATE, 0, d->via != NULL);
 }
@@ -184,7 +186,8 @@ static void blk_truncate(struct digest *d, uint64_t size, uint64_t old)
 }
 
 static void blk_write_locked(struct digest *d, uint64_t off, const void *buf,
-                             size_t len, void (*release)(void *), void *ref)
+                             size_t len, void (*release)(void *), void *ref,
+                             const struct digest_known *known)
 {
     if (!digest_active_locked(d)) {
         if (release)
@@ -193,7 +196,7 @@ static void blk_write_locked(struct digest *d, uint64_t off, const void *buf,
     }
     d->state = DIGEST_COMPUTING;
     d->closed = false;
-    digest_push_data_locked(d, off, buf, len, release, ref);
+    digest_push_data_locked(d, off, buf, len, release, ref, known);
 }
 
 static void blk_close(struct digest *d, uint64_t apparent)
@@ -222,9 +225,9 @@ static void blk_get(struct digest *d, uint64_t apparent,
 }
 
 static void blk_write(struct digest *d, uint64_t off, const void *buf,
-                      size_t len)
+                      size_t len, const struct digest_known *known)
 {
-    blk_write_locked(d, off, buf, len, NULL, NULL);
+    blk_write_locked(d, off, buf, len, NULL, NULL, known);
 }
 
 static void blk_zero(struct digest *d, uint64_t off, uint64_t len,
@@ -322,5 +325,8 @@ int digest_create_blkhash(size_t queue_limit, const char *md,
     snprintf((*out)->algorithm, sizeof (*out)->algorithm,
              "blkhash/%s/%" PRIu64, md, block_size);
     (*out)->blkhash_block = block_size;
+    /* The writers' digests (known.h) are SHA-256 of 64 KiB blocks. */
+    (*out)->takes_known = strcmp(md, "sha256") == 0 &&
+                          block_size == DIGEST_KNOWN_BS;
     return 0;
 }

@@ -12,6 +12,7 @@
 
 #include "common/blkhash.h"
 #include "digest/blkpass.h"
+#include "digest/known.h"
 
 #define ITEM_COST 64              /* bookkeeping of one queued item: the
                                    * item and the copy's malloc headers */
@@ -37,6 +38,8 @@ struct item {
     void (*release)(void *);      /* data is the writer's: give it back */
     void *ref;                    /* ... with release(ref); else owned */
     size_t pool_bytes;            /* len if data is a pool hold, else 0 */
+    struct digest_known *known;   /* blkhash: digests of its blocks the
+                                   * writer had (known.h); owned, or NULL */
 };
 
 /* A write of a view's pass that came before the bytes below it (THE
@@ -56,9 +59,10 @@ struct digest_ops {
     void *(*thread)(void *d);     /* the digest thread's body */
     void (*truncate)(struct digest *d, uint64_t size, uint64_t old);
     void (*write)(struct digest *d, uint64_t off, const void *buf,
-                  size_t len);    /* a copy */
+                  size_t len, const struct digest_known *known);  /* a copy */
     void (*write_held)(struct digest *d, uint64_t off, const void *buf,
-                       size_t len, void (*release)(void *), void *ref);
+                       size_t len, void (*release)(void *), void *ref,
+                       const struct digest_known *known);
     void (*zero)(struct digest *d, uint64_t off, uint64_t len,
                  uint64_t apparent);
     void (*close)(struct digest *d, uint64_t apparent);
@@ -124,6 +128,9 @@ struct digest {
     pthread_mutex_t bp_lock;      /* digest_fingerprints() reads bp */
     char algorithm[32 + BLKHASH_NAME_MAX];
     uint64_t blkhash_block;
+    bool takes_known;             /* blkhash/sha256/65536: the writers'
+                                   * digests are its own (known.h) */
+    uint64_t reused;              /* bytes whose digest a writer gave */
     uint64_t seq, close_seq;      /* items queued; the last close's seq */
     uint64_t res_seq;             /* the close the thread answered ... */
     enum digest_state res_state;  /* ... COMPLETE (hex) or INCOMPLETE */
@@ -144,7 +151,8 @@ void digest_push_locked(struct digest *d, struct item *it);
 size_t digest_item_cost(const struct item *it);
 void digest_push_zero_locked(struct digest *d, uint64_t len);
 void digest_push_data_locked(struct digest *d, uint64_t off, const void *buf,
-                             size_t len, void (*release)(void *), void *ref);
+                             size_t len, void (*release)(void *), void *ref,
+                             const struct digest_known *known);
 void digest_slow_down(const struct digest *d, const struct item *it);
 void digest_done_item_locked(struct digest *d, const struct item *it);
 bool digest_take_locked(struct digest *d, struct item *out);

@@ -216,7 +216,7 @@ static bool push_held_locked(struct digest *d, struct held *h)
         free(h);
         return false;
     }
-    digest_push_data_locked(d, h->off, h->data, h->len, free, h);
+    digest_push_data_locked(d, h->off, h->data, h->len, free, h, NULL);
     return digest_active_locked(d);
 }
 
@@ -289,13 +289,14 @@ static void sha_barrier(struct digest *d)
         flush_held_locked(d);
 }
 
+/* known: sha256 hashes the stream, not blocks; it has no use for them. */
 static void sha_write(struct digest *d, uint64_t off, const void *buf,
-                      size_t len)
+                      size_t len, const struct digest_known *known)
 {
     if (d->via && digest_active_locked(d) && off > d->pos) {
         hold_locked(d, off, buf, len);
     } else if (advance_to_locked(d, off, "write")) {
-        digest_push_data_locked(d, off, buf, len, NULL, NULL);
+        digest_push_data_locked(d, off, buf, len, NULL, NULL, NULL);
         if (d->via)
             drain_contiguous_locked(d);
     }
@@ -304,13 +305,14 @@ static void sha_write(struct digest *d, uint64_t off, const void *buf,
 /* A view's decoded bytes come held too (rawfile_place()): beyond pos they
  * go to the reorder hold (a copy), as sha_write()'s do. */
 static void sha_write_held(struct digest *d, uint64_t off, const void *buf,
-                           size_t len, void (*release)(void *), void *ref)
+                           size_t len, void (*release)(void *), void *ref,
+                           const struct digest_known *known)
 {
     if (d->via && digest_active_locked(d) && off > d->pos) {
         hold_locked(d, off, buf, len);
         release(ref);
     } else if (advance_to_locked(d, off, "write")) {
-        digest_push_data_locked(d, off, buf, len, release, ref);
+        digest_push_data_locked(d, off, buf, len, release, ref, NULL);
         if (d->via)
             drain_contiguous_locked(d);
     } else {

@@ -81,6 +81,7 @@ const char *digest_state_name(enum digest_state s)
 
 void digest_drop_data(const struct item *it)
 {
+    free(it->known);
     if (it->release)
         it->release(it->ref);
     else
@@ -216,8 +217,27 @@ static bool wait_for_room_locked(struct digest *d, size_t cost)
  * A hold past the hold budget becomes a copy, its buffer given back at
  * once (THE BUDGETS); the copy is made before waiting for room, so the
  * pool buffer is never kept while the writer waits. */
+/* The entries of known for whole blocks inside [off, off + len), copied
+ * for an item: NULL if none (or out of memory: the pass hashes them). */
+static struct digest_known *known_within(const struct digest_known *known,
+                                         uint64_t off, size_t len)
+{
+    struct digest_known *k = NULL;
+    uint64_t end = off + len;
+    for (size_t i = 0; known && i < known->n; i++) {
+        uint64_t s = known->block[i] * DIGEST_KNOWN_BS;
+        if (s < off || s + DIGEST_KNOWN_BS > end)
+            continue;
+        if (!k && !(k = calloc(1, sizeof *k)))
+            return NULL;
+        digest_known_add(k, known->block[i], known->digest[i]);
+    }
+    return k;
+}
+
 void digest_push_data_locked(struct digest *d, uint64_t off, const void *buf,
-                             size_t len, void (*release)(void *), void *ref)
+                             size_t len, void (*release)(void *), void *ref,
+                             const struct digest_known *known)
 {
     if (!d->ops->any_order && is_zero(buf, len)) {
         /* sha256: zeros written are hashed from the shared zero page,
@@ -257,6 +277,7 @@ void digest_push_data_locked(struct digest *d, uint64_t off, const void *buf,
     it->release = release;
     it->ref = ref;
     it->pool_bytes = hold ? len : 0;
+    it->known = d->takes_known ? known_within(known, off, len) : NULL;
     it->kind = d->ops->any_order ? ITEM_BLK_WRITE : ITEM_STREAM;
     it->off = off;
     it->len = len;
@@ -348,23 +369,25 @@ void digest_barrier(struct digest *d)
     d->ops->barrier(d);
 }
 
-void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len)
+void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len,
+                  const struct digest_known *known)
 {
     if (!d || len == 0)
         return;
     LOCK_FOR_SCOPE(&d->lock);
-    d->ops->write(d, off, buf, len);
+    d->ops->write(d, off, buf, len, known);
 }
 
 void digest_write_held(struct digest *d, uint64_t off, const void *buf,
-                       size_t len, void (*release)(void *), void *ref)
+                       size_t len, void (*release)(void *), void *ref,
+                       const struct digest_known *known)
 {
     if (!d || len == 0) {
         release(ref);
         return;
     }
     LOCK_FOR_SCOPE(&d->lock);
-    d->ops->write_held(d, off, buf, len, release, ref);
+    d->ops->write_held(d, off, buf, len, release, ref, known);
 }
 
 void digest_zero(struct digest *d, uint64_t off, uint64_t len,
@@ -409,6 +432,7 @@ void digest_get(struct digest *d, uint64_t apparent, struct digest_info *out)
     out->hold_limit = d->hold_limit;
     out->copied = d->copied;
     out->copy_wait_ns = d->wait_ns;
+    out->reused = d->reused;
     out->state = d->state;
     out->position = d->pos;
     out->queued = d->queued;

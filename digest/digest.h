@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "digest/known.h"
+
 struct digest;
 
 enum digest_state {
@@ -42,6 +44,8 @@ struct digest_info {
     uint64_t held, hold_limit;   /* bytes of pool buffers held; budget */
     uint64_t copied;          /* bytes copied past the hold budget */
     uint64_t copy_wait_ns;    /* writers waited for room in the queue */
+    uint64_t reused;          /* bytes whose block digests the writer had
+                               * (known.h): not hashed a second time */
     char hex[DIGEST_HEX_MAX]; /* "" unless state == DIGEST_COMPLETE */
     char reason[160];         /* NOT_FORWARD, ABANDONED, INCOMPLETE,
                                * CANNOT_COMPLETE: why */
@@ -84,13 +88,18 @@ void digest_destroy(struct digest *d);
 /* The raw file was truncated to size; old is the size before.  Size 0
  * starts a new pass. */
 void digest_truncate(struct digest *d, uint64_t size, uint64_t old);
-/* buf[0..len) was written at off (and accepted by the pool).  Copies. */
-void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len);
+/* buf[0..len) was written at off (and accepted by the pool).  Copies.
+ * known (may be NULL): digests the writer has of some of its whole
+ * blocks (digest/known.h); the default blkhash takes them instead of
+ * hashing those blocks again, the other digests ignore them. */
+void digest_write(struct digest *d, uint64_t off, const void *buf, size_t len,
+                  const struct digest_known *known);
 /* Like digest_write(), without the copy: the digest reads buf until it
  * calls release(ref), exactly once (at once if it does not need the
  * bytes).  The caller keeps buf unchanged until then (a pool hold). */
 void digest_write_held(struct digest *d, uint64_t off, const void *buf,
-                       size_t len, void (*release)(void *), void *ref);
+                       size_t len, void (*release)(void *), void *ref,
+                       const struct digest_known *known);
 /* [off, off+len) now reads as zero (punch hole, zero range); apparent is
  * the file's size afterwards. */
 void digest_zero(struct digest *d, uint64_t off, uint64_t len,

@@ -50,4 +50,5 @@ void rf_changed(struct fs_disk *d, uint64_t off, uint64_t len, bool grow);
 /* The disk changed up to end: grow the size to cover it, stamp the time. */
 void rf_extend_to(struct fs_disk *d, uint64_t end);
 /* The inline digest takes a committed write from its pool buffers. */
-void rf_digest_holds(struct fs_disk *d, const struct pool_fill *f);
+void rf_digest_holds(struct fs_disk *d, const struct pool_fill *f,
+                     const struct digest_known *known);

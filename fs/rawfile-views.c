@@ -36,9 +36,9 @@ int rawfile_place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
             rf_changed(d, off, len, true);
     }
     if (r >= 0 && held)
-        rf_digest_holds(d, &f);
+        rf_digest_holds(d, &f, NULL);
     else if (r >= 0)
-        digest_write(d->digest, off, buf, len);          /* copies */
+        digest_write(d->digest, off, buf, len, NULL);    /* copies */
     return r < 0 ? (int) r : 0;
 }
 

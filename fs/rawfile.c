@@ -464,6 +464,7 @@ static void land_note(struct fs_disk *d, uint64_t off, uint64_t end)
 ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                       const void *buf, size_t size)
 {
+    struct digest_known known = { .n = 0 };
     /* A refused write (past the end, an image file: nothing queued)
      * leaves a deferred truncate alone. */
     ssize_t n = write_size(d, fh, size, off);
@@ -477,7 +478,7 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         n = err ? err : write_size(d, fh, size, off);
         if (n > 0) {
             /* Only what changed is sent (fs/warm.c, THE SKIP). */
-            ssize_t r = warm_write(d, off, buf, (size_t) n);
+            ssize_t r = warm_write(d, off, buf, (size_t) n, &known);
             if (r < 0)
                 n = r;
         }
@@ -487,7 +488,7 @@ ssize_t rawfile_write(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     if (n > 0) {
         land_note(d, off, off + (uint64_t) n);
         foreign_raw_write(d, off, buf, (size_t) n);
-        digest_write(d->digest, off, buf, (size_t) n);   /* copies */
+        digest_write(d->digest, off, buf, (size_t) n, &known);   /* copies */
         progress_write(d->progress, off, (uint64_t) n);
     }
     return n;
@@ -523,12 +524,15 @@ static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
     return 0;
 }
 
-/* The digest reads each pool buffer in place until it lets go. */
-void rf_digest_holds(struct fs_disk *d, const struct pool_fill *f)
+/* The digest reads each pool buffer in place until it lets go; known:
+ * the digests warm_record() made of the write's blocks. */
+void rf_digest_holds(struct fs_disk *d, const struct pool_fill *f,
+                     const struct digest_known *known)
 {
     for (unsigned i = 0; i < f->nhold; i++)
         digest_write_held(d->digest, f->hold[i].off, f->hold[i].mem,
-                          f->hold[i].len, pool_hold_release, f->hold[i].ref);
+                          f->hold[i].len, pool_hold_release, f->hold[i].ref,
+                          known);
 }
 
 void *rawfile_land_begin(struct fs_disk *d, size_t *room)
@@ -586,8 +590,9 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     }
     if (n > 0) {
         land_note(d, off, off + (uint64_t) n);
-        warm_record(d, off, (uint64_t) n, &f);
-        rf_digest_holds(d, &f);
+        struct digest_known known = { .n = 0 };
+        warm_record(d, off, (uint64_t) n, &f, &known);
+        rf_digest_holds(d, &f, &known);
         progress_write(d->progress, off, (uint64_t) n);
     }
     return n;
@@ -637,8 +642,9 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
         land_note(d, off, off + (uint64_t) size);
-        warm_record(d, off, (uint64_t) size, &f);
-        rf_digest_holds(d, &f);
+        struct digest_known known = { .n = 0 };
+        warm_record(d, off, (uint64_t) size, &f, &known);
+        rf_digest_holds(d, &f, &known);
         progress_write(d->progress, off, (uint64_t) size);
     }
     return size;

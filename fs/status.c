@@ -182,9 +182,10 @@ static void put_digest(FILE *f, struct fs_disk *d, const struct pool_stats *s,
     }
     if (di.state != DIGEST_DISABLED)
         fprintf(f, ", \"held_bytes\": %" PRIu64 ", \"hold_limit\": %" PRIu64
-                   ", \"copied_bytes\": %" PRIu64 ", \"copy_waited_s\": %.6f",
+                   ", \"copied_bytes\": %" PRIu64 ", \"copy_waited_s\": %.6f"
+                   ", \"reused_bytes\": %" PRIu64,
                 di.held, di.hold_limit, di.copied,
-                (double) di.copy_wait_ns / 1e9);
+                (double) di.copy_wait_ns / 1e9, di.reused);
     if (di.check[0]) {
         fputs(", \"check\": ", f);
         json_put_string(f, di.check);

@@ -276,13 +276,17 @@ static bool may_skip(struct fs_disk *d, struct warm *w)
 }
 
 static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
-                           const void *buf, size_t len)
+                           const void *buf, size_t len,
+                           struct digest_known *known)
 {
     struct blk v[MAX_BLOCKS];
     size_t n = classify(w, off, buf, len, v);
 
     if (n == 0)
         return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].whole && !v[i].zero)
+            digest_known_add(known, v[i].b, v[i].d);
     if (!may_skip(d, w))
         for (size_t i = 0; i < n; i++)
             v[i].skip = v[i].zero_kept = false;
@@ -333,7 +337,7 @@ static ssize_t write_piece(struct fs_disk *d, struct warm *w, uint64_t off,
 }
 
 ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
-                   size_t len)
+                   size_t len, struct digest_known *known)
 {
     struct warm *w = warm_live(d);
     if (!w)
@@ -343,7 +347,8 @@ ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
         size_t n = len - done;
         if (n > FS_MAX_WRITE)
             n = FS_MAX_WRITE - (size_t) (pos % BS);
-        ssize_t r = write_piece(d, w, pos, (const char *) buf + done, n);
+        ssize_t r = write_piece(d, w, pos, (const char *) buf + done, n,
+                                known);
         if (r < 0)
             return r;
         done += n;
@@ -405,7 +410,7 @@ static const unsigned char *from_holds(const struct pool_fill *f,
 }
 
 void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
-                 const struct pool_fill *f)
+                 const struct pool_fill *f, struct digest_known *known)
 {
     struct warm *w = warm_live(d);
     const unsigned char *mem[MAX_BLOCKS];
@@ -429,8 +434,10 @@ void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
             manifest_change(w->m, b, MF_NONE, NULL, gen);
     }
     warm_hash_blocks(mem, nh, dg);
-    for (size_t i = 0; i < nh; i++)
+    for (size_t i = 0; i < nh; i++) {
         manifest_change(w->m, blk[i], MF_DATA, dg[i], gen);
+        digest_known_add(known, blk[i], dg[i]);
+    }
     maybe_checkpoint(d, w, len);
 }
 

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "digest/known.h"
 #include "fs/fs.h"
 #include "transport/nbdx.h"
 
@@ -56,19 +57,22 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
 void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set);
 
 /* pool_write() of a raw write, sending only the blocks that changed.
- * Returns len or -errno, as pool_write(). */
+ * Returns len or -errno, as pool_write().  known (may be NULL) gets the
+ * digests of the write's whole blocks, hashed to decide: the inline
+ * digest takes them rather than hash the bytes again (digest/known.h). */
 ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
-                   size_t len);
+                   size_t len, struct digest_known *known);
 
 /* The zero-copy paths (a landed write, a write filled into pool
  * buffers: fs/rawfile.c) commit first and tell after: allowed only when
  * the manifest holds nothing about [off, off+len) (a first pass).  Then
  * warm_record() hashes the committed bytes from the holds (before they
- * are given to the digest) and records them as changed. */
+ * are given to the digest) and records them as changed; known, as
+ * warm_write()'s. */
 bool warm_zero_copy_ok(struct fs_disk *d, uint64_t off, uint64_t len);
 bool warm_wants_holds(struct fs_disk *d);
 void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
-                 const struct pool_fill *f);
+                 const struct pool_fill *f, struct digest_known *known);
 
 /* [off, off+len) is about to be zeroed now (fallocate, a view's zero):
  * _begin before the pool call, _end after it returned. */

@@ -179,3 +179,37 @@ def test_partial_writer_proof(setup, mount):
     assert written(srv, mark) == len(blocks) * BLOCK
     assert inline_digest(st) == verify_digest(src), (json.dumps(st["digest"]), json.dumps(st["manifest"]),
                                                       st["manifest"])
+
+
+def data_block_bytes(src):
+    """Bytes of the source's 64 KiB blocks that are not all zero."""
+    raw = src.read_bytes()
+    return sum(BLOCK for b in range(0, len(raw), BLOCK)
+               if raw[b:b + BLOCK].strip(b"\0"))
+
+
+@pytest.mark.parametrize("tool", ["cp", "dd_notrunc"])
+def test_blocks_hashed_once(setup, mount, tool):
+    """Every block is hashed once: the manifest hashes a write's whole
+    blocks (to decide what to send, and to record them) and hands the
+    digests to the inline digest, which stores them rather than hash the
+    same bytes again (digest/known.h): reused_bytes, on the first pass
+    (the landed path) and on the cutover (the copying path, unchanged
+    blocks not sent).  The value stays the proof; without a manifest
+    nothing is reused and the value is the same."""
+    src, disk, srv = setup
+    data = data_block_bytes(src)
+    st, _, _ = one_pass(mount, srv, src, tool)
+    assert inline_digest(st) == verify_digest(src), st["digest"]
+    assert st["digest"]["reused_bytes"] >= 0.9 * data, (st["digest"], data)
+    change_source(src, SIZE)
+    data = data_block_bytes(src)
+    st, _, _ = one_pass(mount, srv, src, tool)
+    assert sha256(disk) == sha256(src)
+    assert st["manifest"]["skipped_bytes"] > 0
+    assert inline_digest(st) == verify_digest(src), st["digest"]
+    assert st["digest"]["reused_bytes"] >= 0.9 * data, (st["digest"], data)
+    st, _, _ = one_pass(mount, srv, src, tool, "--no-manifest")
+    assert st["digest"]["reused_bytes"] == 0, st["digest"]
+    assert inline_digest(st) == verify_digest(src), st["digest"]
+    assert sha256(disk) == sha256(src)

@@ -42,7 +42,7 @@ static void reference(const char *md, uint64_t bs, char *hex)
 
 static void do_write(struct blkpass *p, uint64_t off, uint64_t len)
 {
-    int r = blkpass_write(p, off, data + off, len, why);
+    int r = blkpass_write(p, off, data + off, len, NULL, why);
     if (r < 0) {
         fprintf(stderr, "write %llu+%llu: %s\n", (unsigned long long) off,
                 (unsigned long long) len, why);
@@ -177,7 +177,7 @@ static void refusals(void)
     do_write(p, 0, N / 2);                 /* older data beyond */
     assert(blkpass_finish(p, size, hex, why) == -ENODATA);
     assert(strstr(why, "did not write"));
-    assert(blkpass_write(p, 5, data, 10, why) == -ESTALE);
+    assert(blkpass_write(p, 5, data, 10, NULL, why) == -ESTALE);
     assert(strstr(why, "after it was hashed"));
     blkpass_free(p);
 
@@ -196,7 +196,7 @@ static void refusals(void)
     p = fresh("sha256", 65536, 2 * 65536);
     do_write(p, 0, 100);
     do_write(p, 65536, 100);
-    assert(blkpass_write(p, 2 * 65536, data, 100, why) == -E2BIG);
+    assert(blkpass_write(p, 2 * 65536, data, 100, NULL, why) == -E2BIG);
     blkpass_free(p);
 
     /* The same after a truncate to 0: the rest is zero, so it goes. */
@@ -258,7 +258,7 @@ static void too_scattered(void)
     assert(blkpass_create("md5", 512, 1u << 20, &p) == 0);
     assert(blkpass_truncate(p, 0, why) == 0);
     for (i = 0; i < (1u << 20) && r == 0; i++)
-        r = blkpass_write(p, i * 1024, zero, 512, why);
+        r = blkpass_write(p, i * 1024, zero, 512, NULL, why);
     assert(r == -E2BIG && strstr(why, "too scattered"));
     assert(i > (1u << 19));
     blkpass_free(p);
@@ -278,7 +278,7 @@ static void random_changes(const char *md, uint64_t bs)
         if (off + len > N)
             len = N - off;
         if (op < 7) {
-            r = blkpass_write(p, off, data + off, len, why);
+            r = blkpass_write(p, off, data + off, len, NULL, why);
             if (r == 0) {
                 memcpy(model + off, data + off, len);
                 if (off + len > size)
@@ -351,7 +351,7 @@ static void fold_write(struct fold_case *c, uint64_t off, size_t len)
 {
     for (size_t i = 0; i + 8 <= len; i += FBS)
         memcpy(c->buf + i, &(uint64_t) { off + i }, 8);
-    if (blkpass_write(c->p, off, c->buf, len, why) < 0) {
+    if (blkpass_write(c->p, off, c->buf, len, NULL, why) < 0) {
         fprintf(stderr, "fold write %llu+%zu: %s\n",
                 (unsigned long long) off, len, why);
         abort();
@@ -417,7 +417,7 @@ static void fold_dense(void)
         fold_write(c, off, FPIECE);
     fold_write(c, FTOTAL, 100);                     /* a short last block */
     /* A block folded long ago cannot change any more. */
-    assert(blkpass_write(c->p, 0, c->buf, FBS, why) == -ESTALE);
+    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, why) == -ESTALE);
     assert(strstr(why, "folded"));
     fold_end(c);
 
@@ -531,7 +531,7 @@ static void fold_at_settle(void)
     }
     fold_value(c, b + (4u << 20));
     /* Folded at a settle: the first run is final now. */
-    assert(blkpass_write(c->p, 0, c->buf, FBS, why) == -ESTALE);
+    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, why) == -ESTALE);
     fold_end(c);
 }
 
@@ -617,6 +617,70 @@ static void with_filler(void)
     blkpass_free(p);
 }
 
+/* Writes that bring the digests of their whole blocks (known.h): the
+ * pass stores them, counts them as reused, and hashes the rest; its
+ * value is the file's.  A wrong digest given makes a wrong value: the
+ * pass did take it rather than hash the bytes (a pass that hashed them
+ * anyway would not save the work). */
+static void known_of(uint64_t off, uint64_t len, struct digest_known *k)
+{
+    memset(k, 0, sizeof *k);
+    for (uint64_t b = (off + 65535) / 65536; (b + 1) * 65536 <= off + len;
+         b++) {
+        unsigned char d[EVP_MAX_MD_SIZE];
+        unsigned n;
+        bool zero = true;
+        for (size_t i = 0; i < 65536 && zero; i++)
+            zero = data[b * 65536 + i] == 0;
+        if (zero)
+            continue;             /* a writer lists no zero block */
+        assert(EVP_Digest(data + b * 65536, 65536, d, &n, EVP_sha256(),
+                          NULL) == 1);
+        digest_known_add(k, b, d);
+    }
+}
+
+static void with_known(void)
+{
+    struct blkpass *p = fresh("sha256", 65536, 1u << 20);
+    struct digest_known k;
+    uint64_t len = 1u << 20, given = 0;
+    do_truncate(p, 0);                      /* O_TRUNC */
+    /* Unaligned 1 MiB writes: 15 whole blocks each, the ends in part. */
+    for (uint64_t off = 1000; off + len <= N; off += len) {
+        known_of(off, len, &k);
+        given += k.n * 65536;
+        assert(blkpass_write(p, off, data + off, len, &k, why) == 0);
+        memcpy(model + off, data + off, len);
+        size = off + len;
+    }
+    assert(given > 0 && blkpass_reused(p) == given);
+    expect_value(p, "sha256", 65536);
+    blkpass_free(p);
+
+    /* Another digest or block size: the pass hashes, whatever it is given. */
+    p = fresh("sha1", 3000, 1u << 20);
+    known_of(0, 1u << 20, &k);
+    assert(blkpass_write(p, 0, data, 1u << 20, &k, why) == 0);
+    assert(blkpass_reused(p) == 0);
+    blkpass_free(p);
+
+    /* A wrong digest is taken as given: the value is not the file's. */
+    char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
+    p = fresh("sha256", 65536, 1u << 20);
+    do_truncate(p, 0);
+    known_of(0, 1u << 20, &k);
+    assert(k.n > 0);
+    k.digest[0][0] ^= 1;
+    assert(blkpass_write(p, 0, data, 1u << 20, &k, why) == 0);
+    memcpy(model, data, 1u << 20);
+    size = 1u << 20;
+    assert(blkpass_finish(p, size, got, why) == 0);
+    reference("sha256", 65536, want);
+    assert(strcmp(got, want) != 0);
+    blkpass_free(p);
+}
+
 int main(void)
 {
     static const struct { const char *md; uint64_t bs; } kinds[] = {
@@ -637,6 +701,7 @@ int main(void)
     refusals();
     with_reader();
     with_filler();
+    with_known();
     too_scattered();
     fold_dense();
     fold_reordered();
