@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "daemon/cli.h"
@@ -467,7 +469,20 @@ static void command_line(struct cli_options *o, int argc, char **argv)
         exit(verdict_unmount(o->target, o->pidfile));
     case CLI_FORGET: {
         struct warm_config wc = { .state_dir = o->state_dir };
-        exit(warm_forget(o->target, &wc, &o->nbd));
+        struct stat st;
+        CLEANUP_FREE char *key = NULL;
+        if (stat(o->target, &st) < 0 || !S_ISDIR(st.st_mode)) {
+            /* A URI: the key its manifest is kept under. */
+            struct nbdx_config nc = o->nbd;
+            struct nbdx *x;
+            nc.mode = NBDX_URI;
+            nc.uri = o->target;
+            if (nbdx_open(&nc, &x) < 0)
+                exit(EXIT_FAILURE);       /* logged */
+            key = mountlock_record_key(x, &nc);
+            nbdx_close(x);
+        }
+        exit(warm_forget(o->target, &wc, key));
     }
     default:
         cli_print(o->action);
@@ -682,7 +697,10 @@ int main(int argc, char **argv)
         pools[i] = fs.disks[i].pool;
         pooled = i + 1;
         /* Before anything is written: the trust check reads the disk. */
-        warm_open(&fs.disks[i], &wc, fs.disks[i].x, &nc);
+        {
+            CLEANUP_FREE char *key = mountlock_record_key(fs.disks[i].x, &nc);
+            warm_open(&fs.disks[i], &wc, key);
+        }
         struct timespec t;
         if (warm_stored_mtime(&fs.disks[i], &t))
             rawfile_set_mtime(&fs.disks[i], &t);

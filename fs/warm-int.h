@@ -24,7 +24,6 @@
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/sha256x.h"
-#include "daemon/mountlock.h"
 #include "manifest/manifest.h"
 
 

@@ -250,7 +250,7 @@ static char *path_from_status(const char *mnt)
 }
 
 int warm_forget(const char *target, const struct warm_config *c,
-                const struct nbdx_config *base)
+                const char *key)
 {
     struct stat st;
     CLEANUP_FREE char *path = NULL;
@@ -262,15 +262,7 @@ int warm_forget(const char *target, const struct warm_config *c,
             return EXIT_FAILURE;
         }
     } else {
-        struct nbdx_config nc = *base;
-        struct nbdx *x;
         char name[64];
-        nc.mode = NBDX_URI;
-        nc.uri = target;
-        if (nbdx_open(&nc, &x) < 0)
-            return EXIT_FAILURE;  /* logged */
-        CLEANUP_FREE char *key = mountlock_record_key(x, &nc);
-        nbdx_close(x);
         CLEANUP_FREE char *dflt = c->state_dir ? NULL
                                                : warm_default_state_dir();
         const char *dir = c->state_dir ? c->state_dir : dflt;

@@ -86,12 +86,11 @@ static uint64_t checkpoint_bytes(void)
 }
 
 void warm_open(struct fs_disk *d, const struct warm_config *c,
-               struct nbdx *x, const struct nbdx_config *nc)
+               const char *key)
 {
     char why[PATH_MAX + 64] = "";
     if (c->off || d->readonly)
         return;
-    CLEANUP_FREE char *key = mountlock_record_key(x, nc);
     CLEANUP_FREE char *dflt = c->state_dir ? NULL : warm_default_state_dir();
     const char *dir = c->state_dir ? c->state_dir : dflt;
     if (!key || !dir) {

@@ -47,11 +47,12 @@ void warm_on_durable(void *disk, uint64_t gen);
 
 /* After the pool exists, before the mount: load the export's manifest,
  * check it against the server, start its journal; d->warm is set (NULL
- * when off, logged).  nc: how the disk was connected (its key,
- * daemon/mountlock.h).  Never fails the mount: a manifest that cannot be
- * kept is reported and the copy is a full one. */
+ * when off, logged).  key: the export's name for records kept across
+ * server restarts (the daemon's: daemon/mountlock.h), NULL when it has
+ * none (no manifest then).  Never fails the mount: a manifest that cannot
+ * be kept is reported and the copy is a full one. */
 void warm_open(struct fs_disk *d, const struct warm_config *c,
-               struct nbdx *x, const struct nbdx_config *nc);
+               const char *key);
 /* After the final flush: compact the manifest on disk, free. */
 /* mtime, set: what rawfile_stored_mtime() says at the end: stored. */
 void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set);
@@ -110,6 +111,9 @@ uint64_t warm_skipped(struct fs_disk *d);
 /* The status document's "manifest" key (a line, with its comma). */
 void warm_put_status(FILE *f, struct fs_disk *d);
 
-/* nbdferry --forget MNT|URI: drop the export's manifest.  Exit status. */
+/* nbdferry --forget MNT|URI: drop the export's manifest.  A mountpoint
+ * names its manifest in its status; a URI by key, the export's record
+ * key (the daemon connects and asks daemon/mountlock.h; NULL: none).
+ * Exit status. */
 int warm_forget(const char *target, const struct warm_config *c,
-                const struct nbdx_config *base);
+                const char *key);

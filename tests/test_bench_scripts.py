@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from lib.env import TOP
+import re
+
+from lib.env import BUILD, TOP
 
 BENCH = TOP / "bench"
 SCRIPTS = ["bench", "bench-cpu", "bench-verify", "bench-warm"]
@@ -114,3 +116,17 @@ def test_bench_keeps_manifests_in_its_workdir(script):
     earlier run's record of the same export and skips its writes."""
     text = (BENCH / script).read_text()
     assert "NBDFERRY_STATE_DIR" in text or "--state-dir" in text, script
+
+
+def test_default_binaries_are_built():
+    """The programs a script takes from the build tree by default are
+    where the build puts them (bench-warm once looked for the daemon at
+    its old place, build/fs/nbdferry, and failed without --nbdferry)."""
+    join = re.compile(r'os\.path\.join\(build, ((?:"[^"]+", )*"[^"]+")\)')
+    found = 0
+    for script in SCRIPTS:
+        for args in join.findall((BENCH / script).read_text()):
+            rel = [a.strip('"') for a in args.split(", ")]
+            found += 1
+            assert BUILD.joinpath(*rel).exists(), (script, rel)
+    assert found >= 3

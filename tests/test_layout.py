@@ -20,6 +20,7 @@
   format, stream and synth unit tests (tests/unit/*.cmake; the known gaps
   listed) and a fuzz target for its stream decoder;
 - no C file of the product (outside tests/) is over 800 lines;
+- each room of the product includes only the rooms below it;
 - docs/ holds no benchmark log (bench/results/ does).
 Only nm is run; the rest reads the source tree."""
 
@@ -306,3 +307,36 @@ def test_docs_hold_no_benchmark_log():
                   p.name.startswith("bench-") or p.suffix == ".png")
     assert not logs, f"benchmark logs in docs/: {logs}"
     assert (TOP / "bench" / "results" / "benchmarks-results.md").exists()
+
+
+# Which rooms each room of the product may include (docs/design/README.md,
+# "who calls whom"): calls go down only.  A room not listed may include
+# common/ only.
+MAY_INCLUDE = {
+    "transport": {"common"},
+    "vhdfile": {"common", "vhd"},
+    "digest": {"common", "transport"},
+    "views": {"common", "fs", "transport", "vhd", "vmdk", "qcow2", "vhdx"},
+    "fs": {"common", "digest", "manifest", "transport", "verify"},
+    "daemon": {"common", "digest", "fs", "views", "transport", "qcow2"},
+    "tools": {"common", "transport", "verify", "vhd", "vhdfile", "vmdk",
+              "qcow2", "vhdx"},
+}
+
+
+def test_rooms_include_only_rooms_below():
+    """No room reaches up: the mount (fs/) includes nothing of the
+    daemon's or the views', the libraries nothing of the mount's; the
+    daemon hands the mount what it needs (its view table, the export's
+    record key for the manifest)."""
+    inc = re.compile(r'^#include "([a-z0-9_]+)/', re.M)
+    bad = []
+    for src in list(TOP.glob("*/**/*.c")) + list(TOP.glob("*/**/*.h")):
+        room = src.relative_to(TOP).parts[0]
+        if room in ("tests", "bench", "build") or room.startswith("."):
+            continue
+        allowed = MAY_INCLUDE.get(room, {"common"}) | {room}
+        for other in inc.findall(src.read_text(errors="replace")):
+            if other not in allowed:
+                bad.append(f"{src.relative_to(TOP)} includes {other}/")
+    assert not bad, "\n".join(bad)
