@@ -1,4 +1,4 @@
-/* digest/hashers.c: the fork-join hasher pool (digest/hashers.h). */
+/* digest/hashers.c: the fork-join over the hasher threads (digest/hashers.h). */
 #include "digest/hashers.h"
 
 #include <unistd.h>
@@ -25,21 +25,16 @@ static void hash_some_locked(struct digest_hashers *hs)
     }
 }
 
-static void *hasher_main(void *arg)
+/* A helper, on a pool thread: hash what is left, then say it is done
+ * (and touch nothing of hs after: the run may return at once). */
+static void helper_run(struct workers_task *t)
 {
-    struct digest_hashers *hs = arg;
-    uint64_t seen = 0;
+    struct digest_hashers *hs = ((struct digest_hashers_helper *) t)->hs;
 
     LOCK_FOR_SCOPE(&hs->lock);
-    while (!hs->stop) {
-        if (hs->gen == seen) {
-            pthread_cond_wait(&hs->go, &hs->lock);
-            continue;
-        }
-        seen = hs->gen;
-        hash_some_locked(hs);
-    }
-    return NULL;
+    hash_some_locked(hs);
+    if (--hs->outstanding == 0)
+        pthread_cond_broadcast(&hs->done);
 }
 
 void digest_hashers_start(struct digest_hashers *hs)
@@ -48,27 +43,23 @@ void digest_hashers_start(struct digest_hashers *hs)
     unsigned want = cpus > 1 ? (unsigned) cpus - 1 : 0;
 
     pthread_mutex_init(&hs->lock, NULL);
-    pthread_cond_init(&hs->go, NULL);
     pthread_cond_init(&hs->done, NULL);
     if (want > DIGEST_HASHERS_MAX)
         want = DIGEST_HASHERS_MAX;
-    /* None started is fine: the pass's thread hashes every block. */
-    while (hs->n < want && pthread_create(&hs->tid[hs->n], NULL,
-                                          hasher_main, hs) == 0)
-        hs->n++;
+    hs->pool = workers_get(want);
+    hs->n = hs->pool ? workers_count(hs->pool) : 0;
+    if (hs->n > DIGEST_HASHERS_MAX)
+        hs->n = DIGEST_HASHERS_MAX;
+    for (unsigned i = 0; i < DIGEST_HASHERS_MAX; i++)
+        hs->helper[i] = (struct digest_hashers_helper) {
+            .task = { .run = helper_run }, .hs = hs };
 }
 
 void digest_hashers_stop(struct digest_hashers *hs)
 {
-    {
-        LOCK_FOR_SCOPE(&hs->lock);
-        hs->stop = true;
-        pthread_cond_broadcast(&hs->go);
-    }
-    for (unsigned i = 0; i < hs->n; i++)
-        pthread_join(hs->tid[i], NULL);
+    workers_put(hs->pool);        /* no job runs: no helper is posted */
+    hs->pool = NULL;
     pthread_mutex_destroy(&hs->lock);
-    pthread_cond_destroy(&hs->go);
     pthread_cond_destroy(&hs->done);
 }
 
@@ -77,17 +68,25 @@ int digest_hashers_run(struct digest_hashers *hs, struct blkhash *h,
                        size_t count)
 {
     LOCK_FOR_SCOPE(&hs->lock);
-    hs->gen++;
     hs->h = h;
     hs->blk = blk;
     hs->mem = mem;
     hs->count = count;
     hs->next = hs->finished = 0;
     hs->err = 0;
-    if (hs->n && count > 1)
-        pthread_cond_broadcast(&hs->go);
+    /* One helper per DIGEST_HASHERS_TAKE blocks beyond this thread's. */
+    size_t takes = (count + DIGEST_HASHERS_TAKE - 1) / DIGEST_HASHERS_TAKE;
+    unsigned k = takes > 1 ? (unsigned) (takes - 1 < hs->n ? takes - 1
+                                                           : hs->n) : 0;
+    hs->outstanding = k;
+    for (unsigned i = 0; i < k; i++)
+        workers_post(hs->pool, &hs->helper[i].task);
     hash_some_locked(hs);
-    while (hs->finished < hs->count)
+    /* Every block is taken: a helper no worker started has nothing to do. */
+    for (unsigned i = 0; i < k; i++)
+        if (workers_cancel(hs->pool, &hs->helper[i].task))
+            hs->outstanding--;
+    while (hs->finished < hs->count || hs->outstanding)
         pthread_cond_wait(&hs->done, &hs->lock);
     int r = hs->err;
     hs->count = hs->next = hs->finished = 0;   /* no job */

@@ -316,6 +316,7 @@ MAY_INCLUDE = {
     "transport": {"common"},
     "vhdfile": {"common", "vhd"},
     "digest": {"common", "transport"},
+    "verify": {"common", "digest"},
     "views": {"common", "fs", "transport", "vhd", "vmdk", "qcow2", "vhdx"},
     "fs": {"common", "digest", "manifest", "transport", "verify"},
     "daemon": {"common", "digest", "fs", "views", "transport", "qcow2"},

@@ -1,19 +1,20 @@
-/* verify/hasher.c: blkhash data blocks on worker threads.
+/* verify/hasher.c: blkhash data blocks on the process's hasher threads.
  *
  * THREAD MODEL
  * One producer (the sink's thread: sink.c) copies runs of data blocks into
- * jobs and queues them, or queues read jobs that name a range and a read
- * function safe on any thread (a file's pread); 'workers' threads take
- * jobs, do the read if there is one, and call blkhash_update(), which is
- * safe from any thread.  So for a file the copy out of the page cache runs
- * on every core too, straight into the buffer the worker hashes.  q->lock protects the
- * queue, the byte count, 'busy', 'err' and 'stop'; the producer waits on
- * q->room while the queue holds max_bytes or more (memory bound), workers
- * wait on q->work.  The producer waits on q->room in hasher_drain() too,
- * until the queue is empty and no worker is busy.  No lock is held while
- * hashing or copying.  Hashed jobs go to a free list and are reused: a
- * fresh 1 MiB malloc is an mmap, and faulting its pages in again for every
- * job costs more system time than the copy itself.
+ * jobs and posts them, or posts read jobs that name a range and a read
+ * function safe on any thread (a file's pread), to the process's one pool
+ * of hasher threads (digest/workers.h, shared with the inline digest);
+ * a worker runs a job: the read if there is one, then blkhash_update(),
+ * which is safe from any thread.  So for a file the copy out of the page
+ * cache runs on every core too, straight into the buffer the worker
+ * hashes.  q->lock protects the byte count, 'busy', 'pending', 'err',
+ * 'stop' and the free list; the producer waits on q->room while jobs not
+ * yet started hold max_bytes or more (memory bound), and in
+ * hasher_drain() and hasher_free() until no job is pending.  No lock is
+ * held while hashing or copying.  Hashed jobs go to a free list and are
+ * reused: a fresh 1 MiB malloc is an mmap, and faulting its pages in
+ * again for every job costs more system time than the copy itself.
  */
 #include <assert.h>
 #include <errno.h>
@@ -22,11 +23,13 @@
 #include <string.h>
 
 #include "common/cleanup.h"
-#include "common/list.h"
+#include "digest/workers.h"
 #include "verify/sink.h"
 
 struct job {
-    struct job *next;
+    struct workers_task task;            /* first: the pool's handle */
+    struct hasher *q;
+    struct job *next;                    /* the free list */
     uint64_t off;
     size_t len;
     hasher_read_fn *read;                /* NULL: data[] holds the bytes */
@@ -36,62 +39,50 @@ struct job {
 
 struct hasher {
     struct blkhash *bh;                  /* borrowed */
+    struct workers *pool;
     pthread_mutex_t lock;
-    pthread_cond_t work, room;
-    struct job *head, *tail;             /* FIFO */
+    pthread_cond_t room;
     struct job *free;                    /* hashed jobs, for reuse */
     size_t job_cap;                      /* data bytes per job */
-    size_t bytes, max_bytes;             /* queued jobs * job_cap, bound */
-    unsigned busy;                       /* workers hashing a job */
+    size_t bytes, max_bytes;             /* jobs not started * job_cap */
+    unsigned busy;                       /* jobs being run */
+    unsigned pending;                    /* posted and not yet run */
     int err;                             /* first failure, sticky */
-    bool stop;
-    unsigned nthreads;
-    pthread_t threads[];
+    bool stop;                           /* hasher_free(): skip the rest */
 };
 
-static struct job *take_locked(struct hasher *q)
+static void run_job(struct workers_task *t)
 {
-    struct job *j = q->head;
+    struct job *j = (struct job *) t;
+    struct hasher *q = j->q;
+    bool skip;
+    int r = 0;
 
-    q->head = j->next;
-    if (!q->head)
-        q->tail = NULL;
-    q->bytes -= q->job_cap;              /* a short job holds as much */
-    q->busy++;
-    return j;
-}
-
-static void *worker(void *arg)
-{
-    struct hasher *q = arg;
-
-    LOCK_FOR_SCOPE(&q->lock);
-    for (;;) {
-        while (!q->head && !q->stop)
-            pthread_cond_wait(&q->work, &q->lock);
-        if (!q->head)
-            break;                       /* stop, and nothing left */
-        struct job *j = take_locked(q);
-        pthread_mutex_unlock(&q->lock);
-        int r = j->read ? j->read(j->ctx, j->data, j->len, j->off) : 0;
-        if (r == 0 && (r = blkhash_update(q->bh, j->off, j->data,
-                                          j->len)) < 0)
-            verify_err("blkhash: %s", strerror(-r));   /* read() logs */
-        pthread_mutex_lock(&q->lock);
-        j->next = q->free;
-        q->free = j;
-        if (r < 0 && !q->err)
-            q->err = r;
-        q->busy--;
-        pthread_cond_broadcast(&q->room);
+    {
+        LOCK_FOR_SCOPE(&q->lock);
+        q->bytes -= q->job_cap;          /* a short job holds as much */
+        q->busy++;
+        skip = q->err || q->stop;        /* after a failure: drop it */
     }
-    return NULL;
+    if (!skip && j->read)
+        r = j->read(j->ctx, j->data, j->len, j->off);
+    if (!skip && r == 0 && (r = blkhash_update(q->bh, j->off, j->data,
+                                               j->len)) < 0)
+        verify_err("blkhash: %s", strerror(-r));   /* read() logs */
+    LOCK_FOR_SCOPE(&q->lock);
+    j->next = q->free;
+    q->free = j;
+    if (r < 0 && !q->err)
+        q->err = r;
+    q->busy--;
+    q->pending--;
+    pthread_cond_broadcast(&q->room);
 }
 
 int hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
                   size_t max_bytes, struct hasher **out)
 {
-    struct hasher *q = calloc(1, sizeof *q + workers * sizeof(pthread_t));
+    struct hasher *q = calloc(1, sizeof *q);
 
     *out = NULL;
     if (!q) {
@@ -102,15 +93,12 @@ int hasher_create(struct blkhash *bh, unsigned workers, size_t job_cap,
     q->max_bytes = max_bytes;
     q->job_cap = job_cap;
     pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->work, NULL);
     pthread_cond_init(&q->room, NULL);
-    for (; q->nthreads < workers; q->nthreads++) {
-        int err = pthread_create(&q->threads[q->nthreads], NULL, worker, q);
-        if (err) {
-            verify_err("pthread_create: %s", strerror(err));
-            hasher_free(q);
-            return -err;
-        }
+    q->pool = workers_get(workers ? workers : 1);
+    if (!q->pool || workers_count(q->pool) == 0) {
+        verify_err("cannot start hasher threads");
+        hasher_free(q);
+        return -EAGAIN;
     }
     *out = q;
     return 0;
@@ -136,7 +124,7 @@ static struct job *get_job(struct hasher *q)
     return j;
 }
 
-/* Queues a job filled by the caller; frees it if a worker has failed. */
+/* Posts a job filled by the caller; frees it if a worker has failed. */
 static int enqueue(struct hasher *q, struct job *j)
 {
     int r;
@@ -144,13 +132,17 @@ static int enqueue(struct hasher *q, struct job *j)
     {
         LOCK_FOR_SCOPE(&q->lock);
         if ((r = q->err) == 0) {
-            QUEUE_APPEND(q->head, q->tail, j);
             q->bytes += q->job_cap;
-            pthread_cond_signal(&q->work);
-            j = NULL;
+            q->pending++;
         }
     }
-    free(j);                             /* only after a failure */
+    if (r == 0) {
+        j->task.run = run_job;
+        j->q = q;
+        workers_post(q->pool, &j->task);
+    } else {
+        free(j);                         /* only after a failure */
+    }
     return r;
 }
 
@@ -192,7 +184,7 @@ int hasher_drain(struct hasher *q)
     int r;
 
     LOCK_FOR_SCOPE(&q->lock);
-    while ((q->head || q->busy) && !q->err)
+    while (q->pending && !q->err)
         pthread_cond_wait(&q->room, &q->lock);
     r = q->err;                          /* logged by the worker */
     return r;
@@ -204,23 +196,16 @@ void hasher_free(struct hasher *q)
         return;
     {
         LOCK_FOR_SCOPE(&q->lock);
-        q->stop = true;
-        while (q->head) {                /* after an error: drop the rest */
-            struct job *j = q->head;
-            q->head = j->next;
-            free(j);
-        }
-        q->tail = NULL;
-        pthread_cond_broadcast(&q->work);
+        q->stop = true;                  /* after an error: drop the rest */
+        while (q->pending)
+            pthread_cond_wait(&q->room, &q->lock);
     }
-    for (unsigned i = 0; i < q->nthreads; i++)
-        pthread_join(q->threads[i], NULL);
+    workers_put(q->pool);
     while (q->free) {
         struct job *j = q->free;
         q->free = j->next;
         free(j);
     }
-    pthread_cond_destroy(&q->work);
     pthread_cond_destroy(&q->room);
     pthread_mutex_destroy(&q->lock);
     free(q);
