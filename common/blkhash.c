@@ -91,7 +91,7 @@ static int parse_block_size(const char *s, uint64_t *out)
 }
 
 int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
-                       char *why, size_t why_len)
+                       struct nbdf_err *why)
 {
     size_t n = strcspn(spec, "/");
 
@@ -100,23 +100,18 @@ int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
         snprintf(name, BLKHASH_NAME_MAX, "%s", BLKHASH_DEFAULT_DIGEST);
         return 0;
     }
-    if (n == 0 || n >= BLKHASH_NAME_MAX) {
-        snprintf(why, why_len, "a digest name of 1 to %d characters is needed",
-                 BLKHASH_NAME_MAX - 1);
-        return -EINVAL;
-    }
+    if (n == 0 || n >= BLKHASH_NAME_MAX)
+        return nbdf_errf(why, -EINVAL, "a digest name of 1 to %d characters "
+                         "is needed", BLKHASH_NAME_MAX - 1);
     for (size_t i = 0; i < n; i++)
-        if (!name_char(spec[i])) {
-            snprintf(why, why_len, "bad character in digest name");
-            return -EINVAL;
-        }
+        if (!name_char(spec[i]))
+            return nbdf_errf(why, -EINVAL, "bad character in digest name");
     memcpy(name, spec, n);
     name[n] = '\0';
-    if (spec[n] == '/' && parse_block_size(spec + n + 1, block_size) < 0) {
-        snprintf(why, why_len, "bad block size '%.32s' (1 to %u bytes, "
-                 "suffix k, M or G)", spec + n + 1, BLKHASH_MAX_BLOCK);
-        return -EINVAL;
-    }
+    if (spec[n] == '/' && parse_block_size(spec + n + 1, block_size) < 0)
+        return nbdf_errf(why, -EINVAL, "bad block size '%.32s' (1 to %u "
+                         "bytes, suffix k, M or G)", spec + n + 1,
+                         BLKHASH_MAX_BLOCK);
     return 0;
 }
 

@@ -27,6 +27,8 @@
 
 #include <openssl/evp.h>
 
+#include "common/err.h"
+
 #define BLKHASH_DEFAULT_DIGEST "sha256"
 #define BLKHASH_DEFAULT_BLOCK  (64u << 10)
 #define BLKHASH_MAX_BLOCK      (64u << 20)
@@ -38,9 +40,9 @@ struct blkhash;
  * g/G suffix, powers of 1024; 1 <= SIZE <= BLKHASH_MAX_BLOCK) into name
  * (BLKHASH_NAME_MAX bytes) and *block_size; missing parts get the defaults.
  * Does not check that the digest exists (blkhash_create does).  Returns 0
- * or -EINVAL with a one-line reason in why (why_len bytes). */
+ * or -EINVAL with a one-line reason in why (may be NULL). */
 int blkhash_parse_spec(const char *spec, char *name, uint64_t *block_size,
-                       char *why, size_t why_len);
+                       struct nbdf_err *why);
 
 /* Any OpenSSL digest with a fixed output size (not an XOF such as shake).
  * Returns 0, -EINVAL (unknown digest, bad block size) or -ENOMEM. */

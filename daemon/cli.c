@@ -83,12 +83,11 @@ static int parse_uint(struct cli_options *o, const char *opt, const char *s,
  * command line rather than the mount. */
 static int parse_blkhash(struct cli_options *o, const char *spec)
 {
-    char why[128];
+    struct nbdf_err why;
     struct blkhash *h;
 
-    if (blkhash_parse_spec(spec, o->blkhash_md, &o->blkhash_block, why,
-                           sizeof why) < 0)
-        return usage_error(o, "--blkhash=%s: %s", spec, why);
+    if (blkhash_parse_spec(spec, o->blkhash_md, &o->blkhash_block, &why) < 0)
+        return usage_error(o, "--blkhash=%s: %s", spec, why.msg);
     if (blkhash_create(o->blkhash_md, o->blkhash_block, &h) < 0)
         return usage_error(o, "--blkhash=%s: no such digest in OpenSSL (or "
                            "one of variable length)", spec);

@@ -212,14 +212,14 @@ static const unsigned char *known_digest(const struct blkpass *p,
     return *j < k->n && k->block[*j] == b ? k->digest[*j] : NULL;
 }
 
-static int fail(char *why, int err, const char *fmt, ...)
+static int fail(struct nbdf_err *why, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int fail(char *why, int err, const char *fmt, ...)
+static int fail(struct nbdf_err *why, int err, const char *fmt, ...)
 {
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(why, BLKPASS_REASON_MAX, fmt, ap);
+    vsnprintf(why->msg, sizeof why->msg, fmt, ap);
     va_end(ap);
     return err;
 }
@@ -257,7 +257,7 @@ static bool gaps_are_zero(const struct blkpass *p, const struct part *pt,
 }
 
 static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
-                     char *why)
+                     struct nbdf_err *why)
 {
     int r = blkhash_update(p->h, pt->b * p->bs, pt->buf, len);
     if (r < 0)
@@ -268,12 +268,12 @@ static int hash_part(struct blkpass *p, const struct part *pt, size_t len,
 }
 
 static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
-                      char *why);
+                      struct nbdf_err *why);
 
 /* Let go of the least recently touched part: hashed whole, its unknown
  * bytes zero, or the pass fails.  The part holding the end of the data
  * stays: it is the file's last block, to be hashed short at the close. */
-static int evict_part(struct blkpass *p, char *why)
+static int evict_part(struct blkpass *p, struct nbdf_err *why)
 {
     uint64_t tail = p->data_end ? (p->data_end - 1) / p->bs : UINT64_MAX;
     size_t old = p->nparts;
@@ -303,7 +303,7 @@ static int evict_part(struct blkpass *p, char *why)
 }
 
 static int new_part(struct blkpass *p, uint64_t b, struct part **out,
-                    char *why)
+                    struct nbdf_err *why)
 {
     int r;
 
@@ -343,7 +343,7 @@ void blkpass_set_filler(struct blkpass *p,
 /* buf = block b as the disk holds it now (zeros past the disk's end);
  * the whole block is then known: written (zero's bytes included). */
 static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
-                      char *why)
+                      struct nbdf_err *why)
 {
     uint64_t start = b * p->bs;
     int r = 0;
@@ -366,7 +366,7 @@ static int read_block(struct blkpass *p, uint64_t b, unsigned char *buf,
 /* Block b's bytes were let go (hashed whole): a part holding the whole
  * block as the disk has it now, or the pass fails (no reader). */
 static int reload_part(struct blkpass *p, uint64_t b, struct part **out,
-                       const char *what, uint64_t off, char *why)
+                       const char *what, uint64_t off, struct nbdf_err *why)
 {
     struct part *pt;
     int r;
@@ -391,7 +391,7 @@ static int reload_part(struct blkpass *p, uint64_t b, struct part **out,
 }
 
 /* The part's block is known now: hash it and let its copy go. */
-static int settle_if_whole(struct blkpass *p, struct part *pt, char *why)
+static int settle_if_whole(struct blkpass *p, struct part *pt, struct nbdf_err *why)
 {
     uint64_t start = pt->b * p->bs;
 
@@ -436,7 +436,7 @@ static uint64_t lagged_end(const struct blkpass *p)
 
 /* Fold the known blocks far enough behind the data's end (FOLD_*, THE
  * VOLUME LAG). */
-static int maybe_fold(struct blkpass *p, char *why)
+static int maybe_fold(struct blkpass *p, struct nbdf_err *why)
 {
     uint64_t lag = p->fold_lag / p->bs > FOLD_LAG_MIN
                    ? p->fold_lag / p->bs : FOLD_LAG_MIN;
@@ -462,7 +462,7 @@ static int maybe_fold(struct blkpass *p, char *why)
 }
 
 static int folded_fail(struct blkpass *p, const char *what, uint64_t off,
-                       char *why)
+                       struct nbdf_err *why)
 {
     return fail(why, -ESTALE, "%s at %" PRIu64 " changed a block already "
                 "folded into the digest (blocks far behind the end of the "
@@ -472,7 +472,7 @@ static int folded_fail(struct blkpass *p, const char *what, uint64_t off,
 
 /* [s, e), inside block b, was written with buf. */
 static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
-                          uint64_t e, const unsigned char *buf, char *why)
+                          uint64_t e, const unsigned char *buf, struct nbdf_err *why)
 {
     uint64_t start = b * p->bs;
     struct part *pt = find_part(p, b);
@@ -500,7 +500,7 @@ static int write_in_block(struct blkpass *p, uint64_t b, uint64_t s,
 }
 
 int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
-                  size_t len, const struct digest_known *known, char *why)
+                  size_t len, const struct digest_known *known, struct nbdf_err *why)
 {
     const unsigned char *src = buf;
     uint64_t end = off + len;
@@ -560,7 +560,7 @@ int blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
 
 /* Zeroing [s, e) of one block: if the block has no part, nothing is
  * lost unless it was hashed with data there (invariant 3). */
-static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, char *why)
+static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, struct nbdf_err *why)
 {
     uint64_t b = s / p->bs;
     struct part *pt;
@@ -580,7 +580,7 @@ static int zero_edge(struct blkpass *p, uint64_t s, uint64_t e, char *why)
  * by zeroing, so the block holding the end of the file after a truncate
  * is still a copy when the close hashes it short. */
 static int zero_parts(struct blkpass *p, uint64_t off, uint64_t end,
-                      char *why)
+                      struct nbdf_err *why)
 {
     for (size_t i = 0; i < p->nparts;) {
         struct part *pt = &p->parts[i];
@@ -600,7 +600,7 @@ static int zero_parts(struct blkpass *p, uint64_t off, uint64_t end,
     return 0;
 }
 
-int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
+int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, struct nbdf_err *why)
 {
     uint64_t end = off + len;
     uint64_t first = (off + p->bs - 1) / p->bs;  /* whole blocks [first, */
@@ -644,7 +644,7 @@ int blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why)
     return 0;
 }
 
-int blkpass_truncate(struct blkpass *p, uint64_t size, char *why)
+int blkpass_truncate(struct blkpass *p, uint64_t size, struct nbdf_err *why)
 {
     int r;
 
@@ -664,7 +664,7 @@ void blkpass_fold_at_settle(struct blkpass *p, size_t state)
     p->settle_state = state;
 }
 
-int blkpass_settle(struct blkpass *p, char *why)
+int blkpass_settle(struct blkpass *p, struct nbdf_err *why)
 {
     if (blkhash_memory(p->h) < p->settle_state)
         return 0;                 /* every block stays open to change */
@@ -694,7 +694,7 @@ static uint64_t first_unknown(const struct blkpass *p, uint64_t from,
 
 /* THE FILLER: the whole blocks this pass knows nothing of, from the
  * filler, while it knows them.  0, or -errno with why. */
-static int fill_gaps(struct blkpass *p, uint64_t size, char *why)
+static int fill_gaps(struct blkpass *p, uint64_t size, struct nbdf_err *why)
 {
     uint64_t pos = 0;
 
@@ -721,7 +721,7 @@ static int fill_gaps(struct blkpass *p, uint64_t size, char *why)
     return 0;
 }
 
-int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why)
+int blkpass_finish(struct blkpass *p, uint64_t size, char *hex, struct nbdf_err *why)
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned n = 0;

@@ -30,11 +30,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "digest/known.h"
 
 struct blkpass;
 
-#define BLKPASS_REASON_MAX 160
 
 /* partial_budget: bytes of block copies kept at once (at least two
  * blocks are).  -EINVAL: unknown digest or bad block size; -ENOMEM. */
@@ -73,18 +73,20 @@ void blkpass_set_filler(struct blkpass *p,
 /* Forget everything: a new pass over a file whose content is unknown. */
 int  blkpass_reset(struct blkpass *p);
 
-/* Each returns 0, or a negative errno with why (BLKPASS_REASON_MAX bytes)
+/* Each returns 0, or a negative errno with why (common/err.h)
  * saying what the pass lost; the pass is then useless until a reset. */
 /* known (may be NULL): the digests of some of the write's whole blocks
  * (known.h), of a pass over SHA-256 of 64 KiB blocks only: stored
  * instead of hashing those blocks' bytes. */
 int  blkpass_write(struct blkpass *p, uint64_t off, const void *buf,
-                   size_t len, const struct digest_known *known, char *why);
+                   size_t len, const struct digest_known *known,
+                   struct nbdf_err *why);
 /* [off, off + len) reads as zero now (len may run to UINT64_MAX - off). */
-int  blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len, char *why);
+int  blkpass_zero(struct blkpass *p, uint64_t off, uint64_t len,
+                  struct nbdf_err *why);
 /* The file is size bytes long: every byte at or beyond size reads as zero
  * (size 0: the whole file is known to be zero). */
-int  blkpass_truncate(struct blkpass *p, uint64_t size, char *why);
+int  blkpass_truncate(struct blkpass *p, uint64_t size, struct nbdf_err *why);
 
 /* The changes of this pass come in groups (a view's write request:
  * decoded on several threads, its data arrive in any order) whose
@@ -98,13 +100,14 @@ int  blkpass_truncate(struct blkpass *p, uint64_t size, char *why);
                                           * state, a disk of 16 GiB
                                           * at 64 KiB blocks */
 void blkpass_fold_at_settle(struct blkpass *p, size_t state);
-int  blkpass_settle(struct blkpass *p, char *why);
+int  blkpass_settle(struct blkpass *p, struct nbdf_err *why);
 
 /* The value for a file of 'size' bytes, in hex (hex: 2 * EVP_MAX_MD_SIZE
  * + 1 bytes).  Returns 0; -ENODATA with why when bytes below size hold
  * data older than the pass (no value: "incomplete"); other negative
  * errno with why when the pass lost track.  The pass may go on after. */
-int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex, char *why);
+int  blkpass_finish(struct blkpass *p, uint64_t size, char *hex,
+                    struct nbdf_err *why);
 
 /* Bytes hashed so far (data blocks, whole or in part), and of them, those
  * whose digests the writer gave (known). */

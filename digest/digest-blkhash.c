@@ -70,7 +70,7 @@
 /* One change or close, on the thread, without the lock.  0, -ENODATA
  * (close: incomplete) or another -errno; why says what. */
 static int blk_apply(struct digest *d, const struct item *it, char *hex,
-                     char *why)
+                     struct nbdf_err *why)
 {
     switch (it->kind) {
     case ITEM_BLK_WRITE:
@@ -96,7 +96,7 @@ static int blk_apply(struct digest *d, const struct item *it, char *hex,
 
 /* The outcome of one item, with d->lock held and the pass unchanged. */
 static void blk_record_locked(struct digest *d, const struct item *it, int r,
-                              const char *hex, const char *why)
+                              const char *hex, const struct nbdf_err *why)
 {
     d->hashed = blkpass_hashed(d->bp);
     d->reused = blkpass_reused(d->bp);
@@ -104,9 +104,10 @@ static void blk_record_locked(struct digest *d, const struct item *it, int r,
         d->res_seq = it->seq;
         d->res_state = r == 0 ? DIGEST_COMPLETE : DIGEST_INCOMPLETE;
         snprintf(d->hex, sizeof d->hex, "%s", r == 0 ? hex : "");
-        snprintf(d->res_reason, sizeof d->res_reason, "%s", r ? why : "");
+        snprintf(d->res_reason, sizeof d->res_reason, "%s",
+                 r ? why->msg : "");
     } else if (r < 0) {
-        digest_fail_locked(d, DIGEST_CANNOT_COMPLETE, "%s", why);
+        digest_fail_locked(d, DIGEST_CANNOT_COMPLETE, "%s", why->msg);
     }
 }
 
@@ -120,7 +121,8 @@ static void *blk_thread(void *arg)
     LOCK_FOR_SCOPE(&d->lock);
     while (digest_take_locked(d, &it)) {
         uint64_t gen = d->gen;
-        char hex[DIGEST_HEX_MAX] = "", why[BLKPASS_REASON_MAX] = "";
+        char hex[DIGEST_HEX_MAX] = "";
+        struct nbdf_err why = { "" };
         pthread_mutex_unlock(&d->lock);
         digest_slow_down(d, &it);
 
@@ -128,9 +130,9 @@ static void *blk_thread(void *arg)
         {
             LOCK_FOR_SCOPE(&d->bp_lock);
             if (gen != pass_gen && (r = blkpass_reset(d->bp)) < 0)
-                snprintf(why, sizeof why, "cannot start: %s", strerror(-r));
+                nbdf_errf(&why, r, "cannot start: %s", strerror(-r));
             if (r == 0)
-                r = blk_apply(d, &it, hex, why);
+                r = blk_apply(d, &it, hex, &why);
         }
         if (it.data)
             digest_drop_data(&it);
@@ -139,7 +141,7 @@ static void *blk_thread(void *arg)
         pthread_mutex_lock(&d->lock);
         digest_done_item_locked(d, &it);
         if (gen == d->gen)        /* else the pass restarted or ended */
-            blk_record_locked(d, &it, r, hex, why);
+            blk_record_locked(d, &it, r, hex, &why);
     }
     return NULL;
 }

@@ -14,6 +14,7 @@
 #include "digest/blkpass.h"
 #include "digest/known.h"
 
+#define DIGEST_REASON_MAX 160     /* a reason in the status */
 #define ITEM_COST 64              /* bookkeeping of one queued item: the
                                    * item and the copy's malloc headers */
 #define ZERO_SLICE (64u << 20)    /* zero bytes hashed per lock round */
@@ -105,7 +106,7 @@ struct digest {
     struct held *held;            /* sha256, via a view: writes beyond pos
                                    * waiting for a barrier, by offset */
     size_t held_bytes;
-    char reason[BLKPASS_REASON_MAX];
+    char reason[DIGEST_REASON_MAX];
 
     struct item *head, *tail;
     size_t queued, limit;         /* payload + ITEM_COST per item */
@@ -134,7 +135,7 @@ struct digest {
     uint64_t seq, close_seq;      /* items queued; the last close's seq */
     uint64_t res_seq;             /* the close the thread answered ... */
     enum digest_state res_state;  /* ... COMPLETE (hex) or INCOMPLETE */
-    char res_reason[BLKPASS_REASON_MAX];
+    char res_reason[DIGEST_REASON_MAX];
 };
 
 /* digest/digest.c: the queue and the thread's side of it. */

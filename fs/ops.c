@@ -352,17 +352,17 @@ static void close_fh(struct fs *fs, struct fs_fh *fh)
  * up to WRITERS_RELEASE_WAIT_MS. */
 static int admit_writer(struct fs *fs, struct fs_fh *fh)
 {
-    char why[512];
+    struct nbdf_err why = { "" };
     struct timespec deadline =
         mono_deadline_ns(WRITERS_RELEASE_WAIT_MS * NS_PER_MS);
     int r;
 
     {
         LOCK_FOR_SCOPE(&fs->lock);
-        while ((r = writers_admit_locked(fs, fh, why, sizeof why)) == -EAGAIN)
+        while ((r = writers_admit_locked(fs, fh, &why)) == -EAGAIN)
             if (pthread_cond_timedwait(&fs->h.released, &fs->lock,
                                        &deadline) == ETIMEDOUT) {
-                r = writers_admit_locked(fs, fh, why, sizeof why);
+                r = writers_admit_locked(fs, fh, &why);
                 break;
             }
         if (r == -EAGAIN)
@@ -371,7 +371,7 @@ static int admit_writer(struct fs *fs, struct fs_fh *fh)
             remember_fh_locked(fs, fh);
     }
     if (r < 0)
-        log_err("%s", why);
+        log_err("%s", why.msg);
     return r;
 }
 

@@ -77,6 +77,6 @@ void warm_hash_blocks(const unsigned char *const *mem, size_t n,
                       unsigned char (*out)[MF_DIGEST]);
 /* The state directory dir, opened (created for root), checked: ours,
  * closed to others, no link; its fd, or -1 with why. */
-int warm_open_state_dir(const char *dir, char *why, size_t n);
+int warm_open_state_dir(const char *dir, struct nbdf_err *why);
 /* THE TRUST CHECK at mount: w->trust and w->why say the outcome. */
 void warm_check_trust(struct fs_disk *d, struct warm *w);

@@ -27,15 +27,13 @@ char *warm_default_state_dir(void)
 
 /* mkdir -p, the last component 0700; its fd, never through a link at
  * the end, and only if it is ours and closed to others.  -errno, why. */
-int warm_open_state_dir(const char *dir, char *why, size_t n)
+int warm_open_state_dir(const char *dir, struct nbdf_err *why)
 {
     char p[PATH_MAX];
     struct stat st;
 
-    if (snprintf(p, sizeof p, "%s", dir) >= (int) sizeof p || p[0] != '/') {
-        snprintf(why, n, "%s: not an absolute path", dir);
-        return -EINVAL;
-    }
+    if (snprintf(p, sizeof p, "%s", dir) >= (int) sizeof p || p[0] != '/')
+        return nbdf_errf(why, -EINVAL, "%s: not an absolute path", dir);
     for (char *s = p + 1; *s; s++) {
         if (*s != '/')
             continue;
@@ -48,14 +46,13 @@ int warm_open_state_dir(const char *dir, char *why, size_t n)
     int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         int err = errno;
-        snprintf(why, n, "%s: %s", dir, strerror(err));
-        return -err;
+        return nbdf_errf(why, -err, "%s: %s", dir, strerror(err));
     }
     if (fstat(fd, &st) < 0 || st.st_uid != geteuid() ||
         (st.st_mode & 022)) {
-        snprintf(why, n, "%s: not ours, or writable by others", dir);
         close(fd);
-        return -EPERM;
+        return nbdf_errf(why, -EPERM, "%s: not ours, or writable by others",
+                         dir);
     }
     return fd;
 }

@@ -48,8 +48,8 @@ void warm_on_durable(void *disk, uint64_t gen)
 
 static void load(struct fs_disk *d, struct warm *w)
 {
-    char why[MF_WHY_MAX] = "";
-    int r = manifest_load(w->m, w->dirfd, w->name, why);
+    struct nbdf_err why = { "" };
+    int r = manifest_load(w->m, w->dirfd, w->name, &why);
 
     if (r == -ENOENT) {
         snprintf(w->trust, sizeof w->trust, "new");
@@ -57,9 +57,9 @@ static void load(struct fs_disk *d, struct warm *w)
     }
     if (r < 0) {
         snprintf(w->trust, sizeof w->trust, "refused");
-        snprintf(w->why, sizeof w->why, "%s", why);
+        snprintf(w->why, sizeof w->why, "%s", why.msg);
         log_warn(DISK_FMT "manifest %s refused: %s: this pass is a full "
-                 "copy", DISK_ARG(d), w->path, why);
+                 "copy", DISK_ARG(d), w->path, why.msg);
         return;
     }
     warm_check_trust(d, w);
@@ -88,7 +88,7 @@ static uint64_t checkpoint_bytes(void)
 void warm_open(struct fs_disk *d, const struct warm_config *c,
                const char *key)
 {
-    char why[PATH_MAX + 64] = "";
+    struct nbdf_err why = { "" };
     if (c->off || d->readonly)
         return;
     CLEANUP_FREE char *dflt = c->state_dir ? NULL : warm_default_state_dir();
@@ -111,14 +111,14 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
     }
     manifest_file_name(key, w->name, sizeof w->name);
     snprintf(w->path, sizeof w->path, "%s/%s", dir, w->name);
-    w->dirfd = warm_open_state_dir(dir, why, sizeof why);
+    w->dirfd = warm_open_state_dir(dir, &why);
     w->checkpoint_bytes = checkpoint_bytes();
     w->checkpoint_ns = mono_now_ns();
     if (w->dirfd < 0) {
-        log_warn(DISK_FMT "no manifest kept: %s", DISK_ARG(d), why);
+        log_warn(DISK_FMT "no manifest kept: %s", DISK_ARG(d), why.msg);
         snprintf(w->trust, sizeof w->trust, "not kept");
-        size_t k = strnlen(why, sizeof w->why - 1);    /* cut to fit */
-        memcpy(w->why, why, k);
+        size_t k = strnlen(why.msg, sizeof w->why - 1);  /* cut to fit */
+        memcpy(w->why, why.msg, k);
         w->why[k] = '\0';
     } else {
         load(d, w);

@@ -86,9 +86,9 @@ static bool replaces(const struct fs_fh *o)
 }
 
 static void say_busy(const struct fs_fh *fh, const struct fs_fh *o,
-                     char *why, size_t n)
+                     struct nbdf_err *why)
 {
-    snprintf(why, n, "%s: a second writer refused: pid %d (%s) opens %s "
+    nbdf_errf(why, -EBUSY, "%s: a second writer refused: pid %d (%s) opens %s "
              "for writing%s while pid %d (%s) has %s open for writing%s; "
              "beside O_TRUNC or a view, one writer at a time (-o multiwriter "
              "allows several)", fh->disk->view_name[fh->ino],
@@ -97,8 +97,8 @@ static void say_busy(const struct fs_fh *fh, const struct fs_fh *o,
              o->disk->view_name[o->ino], o->trunc ? " with O_TRUNC" : "");
 }
 
-int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
-                         size_t n)
+int writers_admit_locked(struct fs *fs, const struct fs_fh *fh,
+                         struct nbdf_err *why)
 {
     int r = 0;
 
@@ -113,7 +113,7 @@ int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
             continue;                 /* one process: one copy */
         if (finished(o))
             continue;                 /* only its release is late */
-        say_busy(fh, o, why, n);
+        say_busy(fh, o, why);
         if (!closed(o))
             return -EBUSY;
         r = -EAGAIN;                  /* its release may be on its way */

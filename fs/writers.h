@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "common/err.h"
 #include "fs/fs.h"
 
 /* Fill fh->tgid and fh->comm for the request's pid (a thread id). */
@@ -44,8 +45,8 @@ void writers_identify(struct fs_fh *fh, pid_t pid);
 #define WRITERS_RELEASE_WAIT_MS 2000
 
 /* 0 if the writer fh may join fs->h.open_files; -EBUSY and the reason in
- * why (n bytes) if another process is writing; -EAGAIN (and the reason,
+ * why (common/err.h) if another process is writing; -EAGAIN (and the reason,
  * should the wait end) if the only others are closed handles of live
  * processes, whose release may be on its way.  Caller holds fs->lock. */
-int writers_admit_locked(struct fs *fs, const struct fs_fh *fh, char *why,
-                         size_t n);
+int writers_admit_locked(struct fs *fs, const struct fs_fh *fh,
+                         struct nbdf_err *why);

@@ -171,20 +171,20 @@ void mf_promoted_locked(struct manifest *m)
 }
 
 
-static int refuse(struct manifest *m, char *why, const char *fmt, ...)
+static int refuse(struct manifest *m, struct nbdf_err *why, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int refuse(struct manifest *m, char *why, const char *fmt, ...)
+static int refuse(struct manifest *m, struct nbdf_err *why, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why, MF_WHY_MAX, fmt, ap);
+    vsnprintf(why->msg, sizeof why->msg, fmt, ap);
     va_end(ap);
     mf_clear_locked(m);
     return -EINVAL;
 }
 
 static int parse_header(struct manifest *m, const unsigned char *p,
-                        size_t len, char *why)
+                        size_t len, struct nbdf_err *why)
 {
     if (len < HDR_LEN)
         return refuse(m, why, "truncated: %zu bytes, shorter than its "
@@ -223,7 +223,7 @@ static bool in_range(const struct manifest *m, uint64_t b, uint64_t n)
 
 /* Apply one record whose checksum is good.  0, or -EINVAL with why. */
 static int apply_rec(struct manifest *m, const unsigned char *p, size_t i,
-                     char *why)
+                     struct nbdf_err *why)
 {
     uint32_t t = get32(p);
     uint64_t b = get64(p + 8), n = get64(p + 16);
@@ -259,7 +259,8 @@ static bool all_zero(const unsigned char *p, size_t n)
     return true;
 }
 
-int manifest_parse(struct manifest *m, const void *buf, size_t len, char *why)
+int manifest_parse(struct manifest *m, const void *buf, size_t len,
+                   struct nbdf_err *why)
 {
     const unsigned char *p = buf;
     LOCK_FOR_SCOPE(&m->lock);
@@ -290,7 +291,8 @@ int manifest_parse(struct manifest *m, const void *buf, size_t len, char *why)
     return 0;
 }
 
-int manifest_load(struct manifest *m, int dirfd, const char *name, char *why)
+int manifest_load(struct manifest *m, int dirfd, const char *name,
+                  struct nbdf_err *why)
 {
     struct stat st;
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
@@ -298,19 +300,19 @@ int manifest_load(struct manifest *m, int dirfd, const char *name, char *why)
     if (fd < 0) {
         int err = errno;
         if (err == ELOOP || err == EMLINK)
-            snprintf(why, MF_WHY_MAX, "a symbolic link (never followed)");
+            nbdf_errf(why, 0, "a symbolic link (never followed)");
         else
-            snprintf(why, MF_WHY_MAX, "%s", strerror(err));
+            nbdf_errf(why, 0, "%s", strerror(err));
         return err == ENOENT ? -ENOENT : err == ELOOP ? -EINVAL : -err;
     }
     int r = 0;
     if (fstat(fd, &st) < 0) {
         r = -errno;
-        snprintf(why, MF_WHY_MAX, "%s", strerror(-r));
+        nbdf_errf(why, r, "%s", strerror(-r));
     } else if (!S_ISREG(st.st_mode) || st.st_nlink != 1 ||
                st.st_uid != geteuid() || (st.st_mode & 022)) {
-        snprintf(why, MF_WHY_MAX, "not a regular file of ours with one "
-                 "link, closed to others");
+        nbdf_errf(why, 0, "not a regular file of ours with one link, "
+                  "closed to others");
         r = -EINVAL;
     }
     CLEANUP_FREE unsigned char *buf = NULL;
@@ -327,7 +329,7 @@ int manifest_load(struct manifest *m, int dirfd, const char *name, char *why)
     }
     close(fd);
     if (r == -ENOMEM)
-        snprintf(why, MF_WHY_MAX, "out of memory");
+        nbdf_errf(why, r, "out of memory");
     return r < 0 ? r : manifest_parse(m, buf, got, why);
 }
 

@@ -39,9 +39,11 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "common/err.h"
+
 #define MF_DIGEST 32              /* SHA-256 */
 #define MF_KEY_MAX 1024           /* identity key, with its NUL */
-#define MF_WHY_MAX 256
+#define MF_WHY_MAX 256            /* a refusal's reason kept for the status */
 
 enum mf_kind {
     MF_NONE = 0,                  /* unknown */
@@ -75,17 +77,17 @@ int  manifest_create(const struct manifest_id *id, struct manifest **out);
 void manifest_free(struct manifest *m);       /* closes the journal */
 
 /* Read a manifest file (len bytes at buf) into m, which must be empty.
- * 0; -EINVAL with why (MF_WHY_MAX bytes) when the file is refused: bad
+ * 0; -EINVAL with why (common/err.h) when the file is refused: bad
  * magic, version, checksum, a record out of range, another export.  On
  * a refusal m is left empty. */
 int  manifest_parse(struct manifest *m, const void *buf, size_t len,
-                    char *why);
+                    struct nbdf_err *why);
 
 /* manifest_parse() of the file name in dirfd, never following a link:
  * it must be a regular file of ours with one link, not writable by group
  * or others.  -ENOENT: none; -EINVAL (why): refused; other -errno (why). */
 int  manifest_load(struct manifest *m, int dirfd, const char *name,
-                   char *why);
+                   struct nbdf_err *why);
 
 /* Write the whole state as name in dirfd, atomically (name.tmp, fsync,
  * rename, directory fsync), mode 0600, and keep it open to append the

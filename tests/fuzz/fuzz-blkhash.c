@@ -101,13 +101,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *nl = memchr(data, '\n', size);
     size_t slen = nl ? (size_t) (nl - data) : size;
     char *spec = malloc(slen + 1);
-    char name[BLKHASH_NAME_MAX], why[160] = "";
+    char name[BLKHASH_NAME_MAX];
+    struct nbdf_err why = { "" };
     uint64_t bs = 0;
 
     memcpy(spec, data, slen);
     spec[slen] = '\0';                    /* a NUL inside ends it early */
-    int r = blkhash_parse_spec(spec, name, &bs, why, sizeof why);
-    check_parse(spec, r, name, bs, why);
+    int r = blkhash_parse_spec(spec, name, &bs, &why);
+    check_parse(spec, r, name, bs, why.msg);
     /* Hash only what is cheap: small blocks, a few KiB of data. */
     if (r == 0 && nl && bs <= 4096 && size - slen - 1 <= 16384)
         check_hash(name, bs, nl + 1, size - slen - 1);

@@ -20,14 +20,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                            .block_size = 65536 };
     struct manifest *m;
     struct manifest_stats st;
-    char why[MF_WHY_MAX] = "";
+    struct nbdf_err why = { "" };
     unsigned char d[MF_DIGEST];
 
     if (manifest_create(&id, &m) < 0)
         abort();
-    int r = manifest_parse(m, data, size, why);
+    int r = manifest_parse(m, data, size, &why);
     manifest_get_stats(m, &st);
-    if (r < 0 && (why[0] == '\0' || st.data || st.zero))
+    if (r < 0 && (why.msg[0] == '\0' || st.data || st.zero))
         abort();
     if (st.data + st.zero > st.blocks || st.blocks != 64)
         abort();

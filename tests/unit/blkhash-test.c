@@ -227,29 +227,30 @@ static void test_errors(void)
 
 static void test_parse(void)
 {
-    char name[BLKHASH_NAME_MAX], why[128];
+    char name[BLKHASH_NAME_MAX];
+    struct nbdf_err why;
     uint64_t bs;
 
-    assert(blkhash_parse_spec("", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("", name, &bs, &why) == 0);
     assert(strcmp(name, "sha256") == 0 && bs == 64 << 10);
-    assert(blkhash_parse_spec("md5", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("md5", name, &bs, &why) == 0);
     assert(strcmp(name, "md5") == 0 && bs == 64 << 10);
-    assert(blkhash_parse_spec("sha512/4", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("sha512/4", name, &bs, &why) == 0);
     assert(strcmp(name, "sha512") == 0 && bs == 4);
-    assert(blkhash_parse_spec("SHA2-256/1M", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("SHA2-256/1M", name, &bs, &why) == 0);
     assert(bs == 1 << 20);
-    assert(blkhash_parse_spec("sha1/256k", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("sha1/256k", name, &bs, &why) == 0);
     assert(bs == 256 << 10);
-    assert(blkhash_parse_spec("sha1/64M", name, &bs, why, sizeof why) == 0);
+    assert(blkhash_parse_spec("sha1/64M", name, &bs, &why) == 0);
     const char *bad[] = { "/64k", "sha256/", "sha256/0", "sha256/65M",
                           "sha256/1G", "sha256/4x", "sha256/k", "sha 256",
                           "sha256/99999999999999999999999", "sha256/-1",
                           "sha256/1k/2" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        why[0] = '\0';
-        assert(blkhash_parse_spec(bad[i], name, &bs, why, sizeof why) ==
+        why.msg[0] = '\0';
+        assert(blkhash_parse_spec(bad[i], name, &bs, &why) ==
                -EINVAL);
-        assert(why[0] != '\0');
+        assert(why.msg[0] != '\0');
     }
 }
 

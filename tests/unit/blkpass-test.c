@@ -24,7 +24,7 @@
 static unsigned char model[N + 65536];
 static unsigned char data[N + 65536];
 static uint64_t size;
-static char why[BLKPASS_REASON_MAX];
+static struct nbdf_err why;
 
 static void reference(const char *md, uint64_t bs, char *hex)
 {
@@ -42,10 +42,10 @@ static void reference(const char *md, uint64_t bs, char *hex)
 
 static void do_write(struct blkpass *p, uint64_t off, uint64_t len)
 {
-    int r = blkpass_write(p, off, data + off, len, NULL, why);
+    int r = blkpass_write(p, off, data + off, len, NULL, &why);
     if (r < 0) {
         fprintf(stderr, "write %llu+%llu: %s\n", (unsigned long long) off,
-                (unsigned long long) len, why);
+                (unsigned long long) len, why.msg);
         abort();
     }
     memcpy(model + off, data + off, len);
@@ -55,14 +55,14 @@ static void do_write(struct blkpass *p, uint64_t off, uint64_t len)
 
 static void do_zero(struct blkpass *p, uint64_t off, uint64_t len)
 {
-    assert(blkpass_zero(p, off, len, why) == 0);
+    assert(blkpass_zero(p, off, len, &why) == 0);
     memset(model + off, 0, len);
 }
 
 static void do_truncate(struct blkpass *p, uint64_t to)
 {
-    if (blkpass_truncate(p, to, why) < 0) {
-        fprintf(stderr, "truncate %llu: %s\n", (unsigned long long) to, why);
+    if (blkpass_truncate(p, to, &why) < 0) {
+        fprintf(stderr, "truncate %llu: %s\n", (unsigned long long) to, why.msg);
         abort();
     }
     if (to < size)
@@ -73,11 +73,11 @@ static void do_truncate(struct blkpass *p, uint64_t to)
 static void expect_value(struct blkpass *p, const char *md, uint64_t bs)
 {
     char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
-    int r = blkpass_finish(p, size, got, why);
+    int r = blkpass_finish(p, size, got, &why);
 
     if (r < 0) {
         fprintf(stderr, "%s/%llu: no value: %s\n", md,
-                (unsigned long long) bs, why);
+                (unsigned long long) bs, why.msg);
         abort();
     }
     reference(md, bs, want);
@@ -175,20 +175,20 @@ static void refusals(void)
     struct blkpass *p = fresh("sha256", 65536, 64u << 20);
 
     do_write(p, 0, N / 2);                 /* older data beyond */
-    assert(blkpass_finish(p, size, hex, why) == -ENODATA);
-    assert(strstr(why, "did not write"));
-    assert(blkpass_write(p, 5, data, 10, NULL, why) == -ESTALE);
-    assert(strstr(why, "after it was hashed"));
+    assert(blkpass_finish(p, size, hex, &why) == -ENODATA);
+    assert(strstr(why.msg, "did not write"));
+    assert(blkpass_write(p, 5, data, 10, NULL, &why) == -ESTALE);
+    assert(strstr(why.msg, "after it was hashed"));
     blkpass_free(p);
 
     p = fresh("sha256", 65536, 64u << 20);
     do_write(p, 0, 65536);
-    assert(blkpass_zero(p, 100, 10, why) == -ESTALE);
+    assert(blkpass_zero(p, 100, 10, &why) == -ESTALE);
     blkpass_free(p);
 
     p = fresh("sha256", 65536, 64u << 20);
     do_write(p, 0, 3 * 65536);
-    assert(blkpass_truncate(p, 65536 + 7, why) == -ESTALE);
+    assert(blkpass_truncate(p, 65536 + 7, &why) == -ESTALE);
     blkpass_free(p);
 
     /* Two blocks of copies; a third block in part, with older data in
@@ -196,7 +196,7 @@ static void refusals(void)
     p = fresh("sha256", 65536, 2 * 65536);
     do_write(p, 0, 100);
     do_write(p, 65536, 100);
-    assert(blkpass_write(p, 2 * 65536, data, 100, NULL, why) == -E2BIG);
+    assert(blkpass_write(p, 2 * 65536, data, 100, NULL, &why) == -E2BIG);
     blkpass_free(p);
 
     /* The same after a truncate to 0: the rest is zero, so it goes. */
@@ -256,10 +256,10 @@ static void too_scattered(void)
     uint64_t i;
 
     assert(blkpass_create("md5", 512, 1u << 20, &p) == 0);
-    assert(blkpass_truncate(p, 0, why) == 0);
+    assert(blkpass_truncate(p, 0, &why) == 0);
     for (i = 0; i < (1u << 20) && r == 0; i++)
-        r = blkpass_write(p, i * 1024, zero, 512, NULL, why);
-    assert(r == -E2BIG && strstr(why, "too scattered"));
+        r = blkpass_write(p, i * 1024, zero, 512, NULL, &why);
+    assert(r == -E2BIG && strstr(why.msg, "too scattered"));
     assert(i > (1u << 19));
     blkpass_free(p);
 }
@@ -278,18 +278,18 @@ static void random_changes(const char *md, uint64_t bs)
         if (off + len > N)
             len = N - off;
         if (op < 7) {
-            r = blkpass_write(p, off, data + off, len, NULL, why);
+            r = blkpass_write(p, off, data + off, len, NULL, &why);
             if (r == 0) {
                 memcpy(model + off, data + off, len);
                 if (off + len > size)
                     size = off + len;
             }
         } else if (op < 9) {
-            r = blkpass_zero(p, off, len, why);
+            r = blkpass_zero(p, off, len, &why);
             if (r == 0)
                 memset(model + off, 0, len);
         } else {
-            r = blkpass_truncate(p, off, why);
+            r = blkpass_truncate(p, off, &why);
             if (r == 0) {
                 if (off < size)
                     memset(model + off, 0, size - off);
@@ -298,7 +298,7 @@ static void random_changes(const char *md, uint64_t bs)
         }
         if (r == 0 && rand() % 20 == 0) {
             char got[2 * EVP_MAX_MD_SIZE + 1], want[2 * EVP_MAX_MD_SIZE + 1];
-            r = blkpass_finish(p, size, got, why);
+            r = blkpass_finish(p, size, got, &why);
             if (r == 0) {
                 reference(md, bs, want);
                 assert(strcmp(got, want) == 0);
@@ -307,7 +307,7 @@ static void random_changes(const char *md, uint64_t bs)
         }
         if (r < 0) {                       /* lost track: a new pass */
             if (r != -ESTALE && r != -E2BIG && r != -ENODATA)
-                fprintf(stderr, "%d: %s\n", r, why);
+                fprintf(stderr, "%d: %s\n", r, why.msg);
             assert(r == -ESTALE || r == -E2BIG || r == -ENODATA);
             do_truncate(p, 0);
         }
@@ -340,7 +340,7 @@ static struct fold_case *fold_start(void)
     assert(c && blkpass_create("sha256", FBS, 1u << 20, &c->p) == 0);
     assert(blkhash_create("sha256", FBS, &c->h) == 0);
     blkpass_set_fold_lag(c->p, 1u << 20);
-    assert(blkpass_truncate(c->p, 0, why) == 0);
+    assert(blkpass_truncate(c->p, 0, &why) == 0);
     for (size_t i = 0; i < FPIECE; i++)
         c->buf[i] = (unsigned char) rand();
     return c;
@@ -351,9 +351,9 @@ static void fold_write(struct fold_case *c, uint64_t off, size_t len)
 {
     for (size_t i = 0; i + 8 <= len; i += FBS)
         memcpy(c->buf + i, &(uint64_t) { off + i }, 8);
-    if (blkpass_write(c->p, off, c->buf, len, NULL, why) < 0) {
+    if (blkpass_write(c->p, off, c->buf, len, NULL, &why) < 0) {
         fprintf(stderr, "fold write %llu+%zu: %s\n",
-                (unsigned long long) off, len, why);
+                (unsigned long long) off, len, why.msg);
         abort();
     }
     assert(blkhash_update(c->h, off, c->buf, len) == 0);
@@ -368,9 +368,9 @@ static void fold_check(struct fold_case *c, uint64_t len)
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned n;
 
-    assert(blkpass_truncate(c->p, len, why) == 0);
-    if (blkpass_finish(c->p, len, got, why) < 0) {
-        fprintf(stderr, "fold: no value: %s\n", why);
+    assert(blkpass_truncate(c->p, len, &why) == 0);
+    if (blkpass_finish(c->p, len, got, &why) < 0) {
+        fprintf(stderr, "fold: no value: %s\n", why.msg);
         abort();
     }
     assert(blkhash_finish(c->h, len, d, &n) == 0);
@@ -417,8 +417,8 @@ static void fold_dense(void)
         fold_write(c, off, FPIECE);
     fold_write(c, FTOTAL, 100);                     /* a short last block */
     /* A block folded long ago cannot change any more. */
-    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, why) == -ESTALE);
-    assert(strstr(why, "folded"));
+    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, &why) == -ESTALE);
+    assert(strstr(why.msg, "folded"));
     fold_end(c);
 
     c = fold_start();
@@ -426,7 +426,7 @@ static void fold_dense(void)
         fold_write(c, off, FPIECE);
     fold_write(c, FTOTAL, 100);
     fold_check(c, FTOTAL + 100);
-    assert(blkpass_zero(c->p, 0, FBS, why) == -ESTALE);
+    assert(blkpass_zero(c->p, 0, FBS, &why) == -ESTALE);
     fold_end(c);
 }
 
@@ -460,7 +460,7 @@ static void fold_sparse(void)
 
     for (uint64_t off = 0; off < total; off += FPIECE)
         fold_write(c, off, 4096);
-    assert(blkpass_zero(c->p, 8192, 65536, why) == 0);
+    assert(blkpass_zero(c->p, 8192, 65536, &why) == 0);
     fold_check(c, total);
     fold_end(c);
 }
@@ -481,9 +481,9 @@ static void fold_value(struct fold_case *c, uint64_t len)
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned n;
 
-    assert(blkpass_truncate(c->p, len, why) == 0);
-    if (blkpass_finish(c->p, len, got, why) < 0) {
-        fprintf(stderr, "fold: no value: %s\n", why);
+    assert(blkpass_truncate(c->p, len, &why) == 0);
+    if (blkpass_finish(c->p, len, got, &why) < 0) {
+        fprintf(stderr, "fold: no value: %s\n", why.msg);
         abort();
     }
     assert(blkhash_finish(c->h, len, d, &n) == 0);
@@ -521,17 +521,17 @@ static void fold_at_settle(void)
 
     blkpass_fold_at_settle(c->p, 0);
     fold_span(c, 0, late);
-    assert(blkpass_settle(c->p, why) == 0);
+    assert(blkpass_settle(c->p, &why) == 0);
     fold_write(c, b, FPIECE);                       /* 4096 blocks of B */
     fold_write(c, late, FBS);                       /* then A's last */
-    assert(blkpass_settle(c->p, why) == 0);
+    assert(blkpass_settle(c->p, &why) == 0);
     for (uint64_t off = b + FPIECE; off < b + (4u << 20); off += FPIECE) {
         fold_write(c, off, FPIECE);
-        assert(blkpass_settle(c->p, why) == 0);
+        assert(blkpass_settle(c->p, &why) == 0);
     }
     fold_value(c, b + (4u << 20));
     /* Folded at a settle: the first run is final now. */
-    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, why) == -ESTALE);
+    assert(blkpass_write(c->p, 0, c->buf, FBS, NULL, &why) == -ESTALE);
     fold_end(c);
 }
 
@@ -560,11 +560,11 @@ static void fold_any_order_below_state(void)
     }
     for (unsigned i = 0; i < n; i++) {
         fold_write(c, order[i] * piece, (size_t) piece);
-        assert(blkpass_settle(c->p, why) == 0);
+        assert(blkpass_settle(c->p, &why) == 0);
     }
     assert(blkpass_folded(c->p) == 0);
-    assert(blkpass_truncate(c->p, total, why) == 0);
-    assert(blkpass_finish(c->p, total, got, why) == 0);
+    assert(blkpass_truncate(c->p, total, &why) == 0);
+    assert(blkpass_finish(c->p, total, got, &why) == 0);
     assert(blkhash_finish(c->h, total, d, &len) == 0);
     for (unsigned i = 0; i < len; i++)
         sprintf(want + 2 * i, "%02x", d[i]);
@@ -607,11 +607,11 @@ static void with_filler(void)
     do_write(p, 7 * 65536, 2 * 65536);      /* two blocks changed */
     do_write(p, 20 * 65536 + 100, 1000);    /* part of a block */
     filler_calls = 0;
-    assert(blkpass_finish(p, size, got, why) == -ENODATA);
+    assert(blkpass_finish(p, size, got, &why) == -ENODATA);
     assert(filler_calls > 0);
     filler_knows_all = true;
     /* Block 20 is known in part: not filled, still incomplete. */
-    assert(blkpass_finish(p, size, got, why) == -ENODATA);
+    assert(blkpass_finish(p, size, got, &why) == -ENODATA);
     do_write(p, 20 * 65536, 65536);          /* now whole */
     expect_value(p, "sha256", 65536);
     blkpass_free(p);
@@ -650,7 +650,7 @@ static void with_known(void)
     for (uint64_t off = 1000; off + len <= N; off += len) {
         known_of(off, len, &k);
         given += k.n * 65536;
-        assert(blkpass_write(p, off, data + off, len, &k, why) == 0);
+        assert(blkpass_write(p, off, data + off, len, &k, &why) == 0);
         memcpy(model + off, data + off, len);
         size = off + len;
     }
@@ -661,7 +661,7 @@ static void with_known(void)
     /* Another digest or block size: the pass hashes, whatever it is given. */
     p = fresh("sha1", 3000, 1u << 20);
     known_of(0, 1u << 20, &k);
-    assert(blkpass_write(p, 0, data, 1u << 20, &k, why) == 0);
+    assert(blkpass_write(p, 0, data, 1u << 20, &k, &why) == 0);
     assert(blkpass_reused(p) == 0);
     blkpass_free(p);
 
@@ -672,10 +672,10 @@ static void with_known(void)
     known_of(0, 1u << 20, &k);
     assert(k.n > 0);
     k.digest[0][0] ^= 1;
-    assert(blkpass_write(p, 0, data, 1u << 20, &k, why) == 0);
+    assert(blkpass_write(p, 0, data, 1u << 20, &k, &why) == 0);
     memcpy(model, data, 1u << 20);
     size = 1u << 20;
-    assert(blkpass_finish(p, size, got, why) == 0);
+    assert(blkpass_finish(p, size, got, &why) == 0);
     reference("sha256", 65536, want);
     assert(strcmp(got, want) != 0);
     blkpass_free(p);

@@ -184,7 +184,7 @@ static size_t file_len(const char *name)
 }
 
 static int load_into(const struct manifest_id *id, const char *name,
-                     struct manifest **out, char *why)
+                     struct manifest **out, struct nbdf_err *why)
 {
     *out = fresh(id);
     return manifest_load(*out, dfd, name, why);
@@ -195,11 +195,11 @@ static void test_file(void)
 {
     struct manifest *m = fresh(NULL), *n;
     unsigned char a[MF_DIGEST], got[MF_DIGEST];
-    char why[MF_WHY_MAX];
+    struct nbdf_err why;
     struct manifest_stats st;
     dg(a, 7);
 
-    CHECK(load_into(NULL, "m", &n, why) == -ENOENT);
+    CHECK(load_into(NULL, "m", &n, &why) == -ENOENT);
     manifest_free(n);
     CHECK(manifest_store(m, dfd, "m") == 0);
     struct stat s;
@@ -214,7 +214,7 @@ static void test_file(void)
     CHECK(manifest_sync(m) == 0);
 
     /* A crash now (nothing more written): the replay has it all. */
-    CHECK(load_into(NULL, "m", &n, why) == 0);
+    CHECK(load_into(NULL, "m", &n, &why) == 0);
     manifest_get_stats(n, &st);
     CHECK(st.data == 4 && st.zero == 5);
     CHECK(manifest_lookup(n, 2, got) == MF_NONE);
@@ -226,57 +226,57 @@ static void test_file(void)
     /* A torn end: a partial record, or zero bytes, are ignored. */
     size_t len = file_len("m");
     sh("cp %s/m %s/torn && truncate -s %zu %s/torn", dir, dir, len - 10, dir);
-    CHECK(load_into(NULL, "torn", &n, why) == 0);
+    CHECK(load_into(NULL, "torn", &n, &why) == 0);
     manifest_get_stats(n, &st);
     CHECK(st.data + st.zero >= 8);           /* the mtime record lost */
     CHECK(!manifest_get_mtime(n, &t2) || t2.tv_sec == 1234);
     manifest_free(n);
     sh("cp %s/m %s/zeros && truncate -s %zu %s/zeros", dir, dir, len + 640,
        dir);
-    CHECK(load_into(NULL, "zeros", &n, why) == 0);
+    CHECK(load_into(NULL, "zeros", &n, &why) == 0);
     manifest_free(n);
 
     /* Refused: a truncated header, a flipped byte in the header or in a
      * record followed by others, another export, another size. */
     sh("head -c 100 %s/m > %s/short", dir, dir);
-    CHECK(load_into(NULL, "short", &n, why) == -EINVAL);
-    CHECK(strstr(why, "truncated"));
+    CHECK(load_into(NULL, "short", &n, &why) == -EINVAL);
+    CHECK(strstr(why.msg, "truncated"));
     manifest_free(n);
     sh("cp %s/m %s/hdr && printf 'X' | dd of=%s/hdr bs=1 seek=60 "
        "conv=notrunc status=none", dir, dir, dir);
-    CHECK(load_into(NULL, "hdr", &n, why) == -EINVAL);
+    CHECK(load_into(NULL, "hdr", &n, &why) == -EINVAL);
     manifest_free(n);
     sh("cp %s/m %s/rec && printf 'X' | dd of=%s/rec bs=1 seek=1100 "
        "conv=notrunc status=none", dir, dir, dir);
-    CHECK(load_into(NULL, "rec", &n, why) == -EINVAL);
-    CHECK(strstr(why, "corrupt record"));
+    CHECK(load_into(NULL, "rec", &n, &why) == -EINVAL);
+    CHECK(strstr(why.msg, "corrupt record"));
     manifest_get_stats(n, &st);
     CHECK(st.data == 0 && st.zero == 0);     /* left empty */
     manifest_free(n);
     struct manifest_id other = ID;
     other.key = "unix:1:2|other";
-    CHECK(load_into(&other, "m", &n, why) == -EINVAL);
-    CHECK(strstr(why, "another export"));
+    CHECK(load_into(&other, "m", &n, &why) == -EINVAL);
+    CHECK(strstr(why.msg, "another export"));
     manifest_free(n);
     other = ID;
     other.size += BS;
-    CHECK(load_into(&other, "m", &n, why) == -EINVAL);
+    CHECK(load_into(&other, "m", &n, &why) == -EINVAL);
     manifest_free(n);
 
     /* A planted link, a file open to others. */
     sh("ln -s m %s/link", dir);
-    CHECK(load_into(NULL, "link", &n, why) == -EINVAL);
-    CHECK(strstr(why, "link"));
+    CHECK(load_into(NULL, "link", &n, &why) == -EINVAL);
+    CHECK(strstr(why.msg, "link"));
     manifest_free(n);
     sh("cp %s/m %s/open && chmod 0666 %s/open", dir, dir, dir);
-    CHECK(load_into(NULL, "open", &n, why) == -EINVAL);
+    CHECK(load_into(NULL, "open", &n, &why) == -EINVAL);
     manifest_free(n);
 
     /* A store over a planted link replaces the link, never its target. */
     sh("echo precious > %s/target && ln -s target %s/planted", dir, dir);
     CHECK(manifest_store(m, dfd, "planted") == 0);
     sh("grep -q precious %s/target", dir);
-    CHECK(load_into(NULL, "planted", &n, why) == 0);
+    CHECK(load_into(NULL, "planted", &n, &why) == 0);
     manifest_get_stats(n, &st);
     CHECK(st.data == 4 && st.zero == 5);
     manifest_free(n);
@@ -290,7 +290,7 @@ static void test_compact_and_queries(void)
     big.size = (uint64_t) 200000 * BS;
     struct manifest *m = fresh(&big), *n;
     unsigned char a[MF_DIGEST], got[MF_DIGEST];
-    char why[MF_WHY_MAX];
+    struct nbdf_err why;
     struct manifest_stats st;
     CHECK(manifest_store(m, dfd, "big") == 0);
     for (unsigned round = 0; round < 3; round++)
@@ -302,7 +302,7 @@ static void test_compact_and_queries(void)
         }
     manifest_get_stats(m, &st);
     CHECK(st.stores >= 2);                   /* compacted at least once */
-    CHECK(load_into(&big, "big", &n, why) == 0);
+    CHECK(load_into(&big, "big", &n, &why) == 0);
     manifest_get_stats(n, &st);
     CHECK(st.data == 40000);
     CHECK(manifest_lookup(n, 39999, got) == MF_DATA && got[0] == 3);

@@ -273,12 +273,12 @@ static void format_block(uint64_t v, char *buf, size_t n)
 /* blkhash[/DIGEST[/SIZE]]: the digest must exist and not be an XOF. */
 static int blkhash_arg(struct options *o, const char *spec)
 {
-    char why[160], size[32];
+    char size[32];
+    struct nbdf_err why;
     struct blkhash *h;
 
-    if (blkhash_parse_spec(spec, o->bh_digest, &o->bh_block, why,
-                           sizeof why) < 0)
-        return usage_err("--blkhash: '%s': %s", spec, why);
+    if (blkhash_parse_spec(spec, o->bh_digest, &o->bh_block, &why) < 0)
+        return usage_err("--blkhash: '%s': %s", spec, why.msg);
     int r = blkhash_create(o->bh_digest, o->bh_block, &h);
     blkhash_free(h);
     if (r == -EINVAL)
