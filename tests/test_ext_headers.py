@@ -46,11 +46,19 @@ def need(*tools):
 
 
 def built_in():
-    """Whether this build can negotiate extended headers (--version)."""
+    """Whether this build can negotiate extended headers (--version).  A
+    build against libnbd 1.18 or later that says no fails: the build's
+    detection is broken, and the fallback must not pass for the
+    feature."""
     out = run(daemon_cmd("--version"), check=True).stdout
     m = re.search(r"^NBD extended headers: (.*)$", out, re.M)
     assert m, f"--version does not say: {out}"
-    return m.group(1) == "built in"
+    v = re.search(r"^libnbd (\d+)\.(\d+)", out, re.M)
+    assert v, out
+    has = m.group(1) == "built in"
+    assert has == ((int(v.group(1)), int(v.group(2))) >= (1, 18)), \
+        f"libnbd {v.group(1)}.{v.group(2)} but {m.group(0)!r}"
+    return has
 
 
 def qemu_nbd_version():
