@@ -366,6 +366,9 @@ static void version(void)
     if (h)
         printf("libnbd %s\n", nbd_get_version(h));
     printf("libfuse %s\n", fuse_pkgversion());
+    /* Tests decide what to expect of a server from this line. */
+    printf("NBD extended headers: %s\n",
+           HAVE_NBD_EXTENDED_HEADERS ? "built in" : "not built (libnbd < 1.18)");
     nbd_close(h);
 }
 

@@ -115,11 +115,16 @@ static void put_server(FILE *f, const struct nbdx_info *info)
     fprintf(f, "  \"connections\": %u,\n", info->connections);
     fprintf(f, "  \"server\": {\"tcp\": %s, \"can_zero\": %s, "
                "\"can_fast_zero\": %s, \"can_multi_conn\": %s, "
-               "\"can_extents\": %s, \"block_max\": %" PRIu32 "},\n",
+               "\"can_extents\": %s, \"block_max\": %" PRIu32 ", "
+               "\"extended_headers\": %s},\n",
             info->tcp ? "true" : "false", info->can_zero ? "true" : "false",
             info->can_fast_zero ? "true" : "false",
             info->can_multi_conn ? "true" : "false",
-            info->can_extents ? "true" : "false", info->block_max);
+            info->can_extents ? "true" : "false", info->block_max,
+            /* negotiated with the server, or not built in (libnbd < 1.18) */
+            !nbdx_ext_headers_built() ? "\"not built\""
+            : info->ext_headers       ? "true"
+                                      : "false");
 }
 
 static void put_progress(FILE *f, struct fs_disk *d, const struct pool_stats *s,

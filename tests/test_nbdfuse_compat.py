@@ -173,10 +173,12 @@ def test_version_lists_libraries(shortdir):
     r = run(daemon_cmd("--version"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 3, lines
+    assert len(lines) == 4, lines
     assert re.fullmatch(r"nbdferry \d+\.\d+\.\d+", lines[0]), lines
     assert re.fullmatch(r"libnbd \d+\.\d+\.\d+", lines[1]), lines
     assert re.fullmatch(r"libfuse \d+\.\d+\.\d+", lines[2]), lines
+    assert re.fullmatch(r"NBD extended headers: (built in|not built "
+                        r"\(libnbd < 1\.18\))", lines[3]), lines
 
 
 def test_long_and_short_options_match_help():

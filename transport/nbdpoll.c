@@ -48,6 +48,29 @@ int nbdpoll_extents(const char *metacontext, uint64_t offset,
     return 0;
 }
 
+#ifdef LIBNBD_HAVE_NBD_EXTENT64_CALLBACK
+int nbdpoll_extents64(const char *metacontext, uint64_t offset,
+                      const nbd_extent *entries, size_t nr_entries,
+                      int *error, nbdpoll_extent_fn fn, void *opaque)
+{
+    if (strcmp(metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
+        return 0;
+    for (size_t i = 0; i < nr_entries; i++) {
+        /* base:allocation flags are 32 bits (libnbd's docs). */
+        int r = fn(opaque, offset, entries[i].length,
+                   (uint32_t) entries[i].flags);
+        if (r > 0)
+            break;
+        if (r < 0) {
+            *error = -r;
+            return -1;
+        }
+        offset += entries[i].length;
+    }
+    return 0;
+}
+#endif
+
 int nbdpoll_handshake(struct nbd_handle *h, int64_t timeout_ms)
 {
     uint64_t due = mono_now_ns() +

@@ -45,6 +45,14 @@ int nbdpoll_extents(const char *metacontext, uint64_t offset,
                     const uint32_t *entries, size_t nr_entries, int *error,
                     nbdpoll_extent_fn fn, void *opaque);
 
+#ifdef LIBNBD_HAVE_NBD_EXTENT64_CALLBACK
+/* The same for an nbd_extent64_callback (libnbd >= 1.18): with NBD
+ * extended headers one extent may be longer than 4 GiB. */
+int nbdpoll_extents64(const char *metacontext, uint64_t offset,
+                      const nbd_extent *entries, size_t nr_entries,
+                      int *error, nbdpoll_extent_fn fn, void *opaque);
+#endif
+
 /* Drive the handshake of a handle that nbd_aio_connect_*() started until
  * it is ready, for at most timeout_ms (-1: no limit): a server that
  * accepts the connection and then says nothing (a paused process: the

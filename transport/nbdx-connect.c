@@ -22,7 +22,28 @@
 
 #include "common/log.h"
 #include "common/monotime.h"
+#include "config.h"
 #include "transport/nbdpoll.h"
+
+/* ---- extended headers ------------------------------------------------ */
+
+bool nbdx_ext_headers_built(void)
+{
+    return HAVE_NBD_EXTENDED_HEADERS;
+}
+
+/* libnbd >= 1.18 asks for extended headers by default
+ * (nbd_set_request_extended_headers()); whether the server agreed is
+ * known once the handshake is done. */
+static bool ext_headers_negotiated(struct nbd_handle *h)
+{
+#if HAVE_NBD_EXTENDED_HEADERS
+    return nbd_get_extended_headers_negotiated(h) == 1;
+#else
+    (void) h;
+    return false;
+#endif
+}
 
 /* ---- connecting ------------------------------------------------------ */
 
@@ -248,6 +269,7 @@ int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
                     describe(cfg, what, sizeof what), nbd_get_error());
         return err ? -err : -ECONNREFUSED;
     }
+    c->ext_headers = ext_headers_negotiated(c->h);
     return 0;
 }
 
@@ -266,6 +288,7 @@ static void read_first(struct nbd_handle *h, struct nbdx_first *f)
     f->block_pref = v > 0 ? (uint32_t) v : 0;
     v = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
     f->block_max = v > 0 ? (uint32_t) v : 0;
+    f->ext_headers = ext_headers_negotiated(h);
 }
 
 /* An offer (multi-conn, flush, FUA) the server made and no longer makes,
@@ -300,6 +323,12 @@ bool nbdx_server_changed(const struct nbdx *x, struct nbd_handle *h,
              offer_changed(b.can_flush, a->can_flush, "flush", why, len) ||
              offer_changed(b.can_fua, a->can_fua, "FUA", why, len))
         return true;
+    /* The pool's zero and block status requests may be longer than
+     * 4 GiB with extended headers, and cannot be sent without them;
+     * gaining them changes nothing. */
+    else if (a->ext_headers && !b.ext_headers)
+        snprintf(why, len, "the server no longer offers NBD extended "
+                 "headers");
     else if (b.block_min != a->block_min || b.block_pref != a->block_pref ||
              b.block_max != a->block_max)
         snprintf(why, len, "the block sizes (minimum, preferred, maximum) "
@@ -329,6 +358,8 @@ void nbdx_read_info(struct nbdx *x, struct nbd_handle *h,
     i->block_min = f->block_min;
     i->block_pref = f->block_pref;
     i->block_max = f->block_max;
+    i->ext_headers = f->ext_headers;   /* and every other connection's:
+                                        * nbdx_open() */
     i->tcp = nbdx_tune_socket(nbd_aio_get_fd(h), cfg);
 }
 

@@ -78,12 +78,15 @@ struct nbdx_first {
     uint64_t size;
     bool readonly, can_multi_conn, can_flush, can_fua;
     uint32_t block_min, block_pref, block_max;
+    bool ext_headers;     /* the pool sized its requests by it */
 };
 
 struct nbdx_conn {
     struct nbdx *x;
     unsigned index;
     struct nbd_handle *h;
+    bool ext_headers;                     /* negotiated on h (set with h,
+                                           * by nbdx_conn_connect()) */
     pthread_t thread;
     bool thread_started;
     int efd;                              /* kicked after queueing */

@@ -18,6 +18,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "common/monotime.h"
+#include "config.h"
 #include "transport/nbdpoll.h"
 
 const char *const nbdx_kind_name[NBDX_NKINDS] = {
@@ -87,6 +88,41 @@ static int op_extents(void *user_data, const char *metacontext,
                            op_extent, user_data);
 }
 
+/* Without extended headers a request length is 32 bits.  The pool makes
+ * longer ones only when every connection negotiated them, and a
+ * reconnection that loses them is refused (nbdx_server_changed()); a
+ * block status count is a hint, so one is cut here all the same (the
+ * scan asks again for the rest).  A longer zero is left to libnbd,
+ * which fails it (ERANGE): an error, never a short zero. */
+#define NBDX_LEN32_MAX (UINT32_MAX & ~0xfffffu) /* 1 MiB aligned */
+
+#if HAVE_NBD_EXTENDED_HEADERS
+/* The same, 64-bit: with extended headers one extent may exceed 4 GiB
+ * (the 32-bit callback would see it cut). */
+static int op_extents64(void *user_data, const char *metacontext,
+                        uint64_t offset, nbd_extent *entries, size_t nr,
+                        int *error)
+{
+    return nbdpoll_extents64(metacontext, offset, entries, nr, error,
+                             op_extent, user_data);
+}
+#endif
+
+static int64_t start_block_status(struct nbdx_conn *c, struct nbdx_op *op,
+                                  nbd_completion_callback cb)
+{
+#if HAVE_NBD_EXTENDED_HEADERS
+    if (c->ext_headers) {
+        nbd_extent64_callback ecb = { .callback = op_extents64,
+                                      .user_data = op };
+        return nbd_aio_block_status_64(c->h, op->len, op->off, ecb, cb, 0);
+    }
+#endif
+    nbd_extent_callback ecb = { .callback = op_extents, .user_data = op };
+    uint64_t len = op->len < NBDX_LEN32_MAX ? op->len : NBDX_LEN32_MAX;
+    return nbd_aio_block_status(c->h, len, op->off, ecb, cb, 0);
+}
+
 static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)
 {
     nbd_completion_callback cb = { .callback = op_completed,
@@ -102,11 +138,8 @@ static int64_t start_op(struct nbdx_conn *c, struct nbdx_op *op)
         return nbd_aio_zero(h, op->len, op->off, cb, op->flags);
     case NBDX_OP_FLUSH:
         return nbd_aio_flush(h, cb, 0);
-    case NBDX_OP_BLOCK_STATUS: {
-        nbd_extent_callback ecb = { .callback = op_extents,
-                                    .user_data = op };
-        return nbd_aio_block_status(h, op->len, op->off, ecb, cb, 0);
-    }
+    case NBDX_OP_BLOCK_STATUS:
+        return start_block_status(c, op, cb);
     }
     return -1;
 }

@@ -130,6 +130,9 @@ int nbdx_open(const struct nbdx_config *cfg, struct nbdx **out)
             goto fail;
     }
     x->info.connections = x->nconns;
+    for (unsigned i = 1; i < x->nconns; i++)
+        if (!x->conns[i].ext_headers)     /* the same server: not seen */
+            x->info.ext_headers = x->first.ext_headers = false;
     for (unsigned i = 0; i < x->nconns; i++) {
         r = pthread_create(&x->conns[i].thread, NULL, nbdx_conn_thread,
                            &x->conns[i]);

@@ -59,7 +59,15 @@ struct nbdx_info {
     bool tcp;                 /* the connections are TCP sockets */
     uint32_t block_min, block_pref, block_max;  /* 0 where not advertised */
     unsigned connections;     /* actually opened */
+    /* NBD extended headers negotiated on every connection (never when
+     * built without them: nbdx_ext_headers_built()).  Then write-zeroes
+     * and block status may cover more than 4 GiB each. */
+    bool ext_headers;
 };
+
+/* Whether this build can negotiate NBD extended headers (libnbd >= 1.18,
+ * decided by CMakeLists.txt from libnbd's API). */
+bool nbdx_ext_headers_built(void);
 
 enum nbdx_kind {
     NBDX_OP_READ,

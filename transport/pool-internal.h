@@ -160,6 +160,20 @@
 #define ZERO_MAX_LEN (1u << 30)   /* largest write-zeroes request */
 #define READ_MAX_LEN (32u << 20)  /* largest read request */
 #define SCAN_MAX_LEN (1u << 31)   /* largest block status request */
+/* With NBD extended headers, requests without a payload (write-zeroes,
+ * block status) are not held to max_len nor to 32 bits: the server's
+ * maximum block size bounds what it buffers, and QEMU's NBD client,
+ * once extended headers are negotiated, sends zero and trim of any
+ * length (block/nbd.c, nbd_refresh_limits()).  libnbd checks only the
+ * payload of writes against it.  A zero this long is made only while
+ * the server takes fast zeroes (LIBNBD_CMD_FLAG_FAST_ZERO: it fails at
+ * once rather than write zeroes slowly), so that one request cannot
+ * outlast --request-timeout on a server that would write every byte;
+ * 64 GiB makes a 17 TiB disk 272 requests.  XXX: a fast zero refused
+ * (ENOTSUP) is sent again whole without the flag (pool-req.c); a server
+ * that refuses fast zeroes only sometimes could then take long over it.
+ * The fix: split the request back to ZERO_MAX_LEN pieces there. */
+#define ZERO_EXT_MAX_LEN (64ull << 30)
 #define MAX_FAILURES 1024
 #define DAMAGE_RANGES 4096        /* bound of the damage and unflushed sets;
                                    * past it they merge to a covering range */
@@ -234,6 +248,9 @@ struct pool {
     bool can_zero, fast_zero;
     unsigned max_in_flight;
     uint64_t max_len;             /* longest request the server takes */
+    bool ext_headers;             /* nbdx_info: zero and block status may
+                                   * pass max_len and 4 GiB */
+    uint32_t block_min;           /* nbdx_info: 0 or 1 where none */
 
     pthread_mutex_t lock;
     pthread_cond_t cond;          /* a request completed, a buffer freed */

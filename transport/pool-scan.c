@@ -120,13 +120,32 @@ static bool scan_wait_locked(struct pool *p, uint64_t t0, uint64_t last,
     return false;
 }
 
+/* The length of a scan window.  With NBD extended headers a block status
+ * request may cover more than 4 GiB and is not held to the maximum block
+ * size (a count is a hint: the server answers for as much as it likes,
+ * and the rest is asked again): the disk is cut into SCAN_DEPTH windows,
+ * all asked at once, so a 17 TiB disk is 32 requests and not 557,056 of
+ * 32 MiB (qemu-nbd's maximum block size), and a fragmented disk, whose
+ * replies come back partial, still keeps every slot busy. */
+static uint64_t scan_window(const struct pool *p)
+{
+    uint64_t win = pool_max_request(p, SCAN_MAX_LEN);
+    uint64_t align = p->block_min > 1 ? p->block_min : 1;
+
+    if (!p->ext_headers)
+        return win;
+    uint64_t share = p->size / SCAN_DEPTH + 1;
+    share += align - 1 - (share + align - 1) % align;   /* round up */
+    return share > win ? share : win;
+}
+
 /* Learn which ranges read as zero, from base:allocation.  Runs before the
  * mount exists and before the idle thread starts.  0, or -ETIMEDOUT: the
  * server did not answer in time and was given up (nbdx_abandon()). */
 static int scan_slots(struct pool *p, struct scan *slots)
 {
     uint64_t pos = 0, t0 = mono_now_ns();
-    uint64_t win = pool_max_request(p, SCAN_MAX_LEN);
+    uint64_t win = scan_window(p);
     uint64_t last = t0;               /* the last reply */
     bool stop = false, abandoned = false;
 

@@ -17,6 +17,20 @@
 
 /* ---- zeroing --------------------------------------------------------- */
 
+/* The longest zero request to make now (pool-internal.h,
+ * ZERO_EXT_MAX_LEN). */
+static uint64_t zero_max_locked(const struct pool *p)
+{
+    if (!p->can_zero)
+        return p->cfg.request_size;
+    if (!p->ext_headers || !p->fast_zero)
+        return pool_max_request(p, ZERO_MAX_LEN);
+    uint64_t max = ZERO_EXT_MAX_LEN;
+    if (p->block_min > 1)
+        max -= max % p->block_min;
+    return max;
+}
+
 /* One step of zeroing [*pos, end): skip the known-zero range *pos is in,
  * or queue one zero request for the piece up to the next known-zero
  * range (or extend the last queued one).  Never sleeps, so it decides
@@ -25,8 +39,7 @@
 static int zero_piece_locked(struct pool *p, uint64_t *pos, uint64_t end,
                              bool from_tool)
 {
-    uint64_t max = p->can_zero ? pool_max_request(p, ZERO_MAX_LEN)
-                               : p->cfg.request_size;
+    uint64_t max = zero_max_locked(p);
     uint64_t start = *pos, stop = end;
     struct ext k;
 

@@ -482,6 +482,8 @@ int pool_create(const struct pool_config *cfg, struct nbdx *x, uint64_t size,
     /* Long ranges split into multiples of the minimum block size. */
     if (info->block_min > 1 && p->max_len >= info->block_min)
         p->max_len -= p->max_len % info->block_min;
+    p->ext_headers = info->ext_headers;
+    p->block_min = info->block_min;
     p->nbufs = (unsigned) (cfg->pool_size / cfg->request_size);
     if (p->nbufs < 2)
         p->nbufs = 2;
