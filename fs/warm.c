@@ -455,15 +455,23 @@ uint64_t warm_skipped(struct fs_disk *d)
 
 /* ---- other changes -------------------------------------------------- */
 
-/* Each block [off, off+len) touches: whole ones as kind, parts unknown. */
+/* [off, off+len) zeroed: whole blocks zero (manifest_change_zero(): its
+ * memory bounded however large the range), parts of blocks unknown. */
 static void change_range(struct warm *w, uint64_t off, uint64_t len,
                          uint64_t gen)
 {
-    uint64_t end = off + len;
-    for (uint64_t b = off / BS; b * BS < end; b++) {
-        bool whole = b * BS >= off && (b + 1) * BS <= end;
-        manifest_change(w->m, b, whole ? MF_ZERO : MF_NONE, NULL, gen);
+    uint64_t end = off + len, b0 = (off + BS - 1) / BS, b1 = end / BS;
+    if (b0 >= b1) {               /* within one block, or two parts */
+        manifest_change(w->m, off / BS, MF_NONE, NULL, gen);
+        if ((end - 1) / BS != off / BS)
+            manifest_change(w->m, (end - 1) / BS, MF_NONE, NULL, gen);
+        return;
     }
+    if (off % BS)
+        manifest_change(w->m, off / BS, MF_NONE, NULL, gen);
+    manifest_change_zero(w->m, b0, b1, gen);
+    if (end % BS)
+        manifest_change(w->m, end / BS, MF_NONE, NULL, gen);
 }
 
 void warm_zero_begin(struct fs_disk *d, uint64_t off, uint64_t len)

@@ -113,6 +113,20 @@ bool manifest_all_unknown(struct manifest *m, uint64_t b0, uint64_t b1);
 void manifest_change(struct manifest *m, uint64_t b, enum mf_kind kind,
                      const unsigned char *digest, uint64_t gen);
 
+/* Blocks [b0, b1) were zeroed through the mount (a zeroing or a punched
+ * hole, older than pool generation gen): manifest_change(MF_ZERO) of each
+ * block the manifest holds something about (a durable data entry, a
+ * change not yet durable, a cut); a block known zero with no change
+ * stays as it is.  A block it knows nothing about is recorded as zero
+ * only while fewer than MF_LEARN_PENDING changes are pending: learning
+ * that a block is zero is optional, its memory is bounded (a zeroing of
+ * a whole 17 TiB export would otherwise hold a pending change for each
+ * of its 285 million blocks).  Blocks with nothing to record cost a byte
+ * read each. */
+#define MF_LEARN_PENDING 65536u
+void manifest_change_zero(struct manifest *m, uint64_t b0, uint64_t b1,
+                          uint64_t gen);
+
 /* The FORGET records written since the last sync on stable storage.  0,
  * or -errno (the journal is then closed: nothing more is recorded, and
  * the manifest file is removed, as it may be wrong). */
@@ -125,7 +139,10 @@ int  manifest_sync(struct manifest *m);
 void manifest_durable(struct manifest *m, uint64_t gen);
 
 /* Truncates: blocks [b0, b1) will read as zero, lazily (the pool's
- * pending zero).  Their entries stay, flagged cut: a write of the same
+ * pending zero).  Blocks the manifest knows nothing about (no durable
+ * entry, no pending change) stay unknown (nothing to forget; the zero is
+ * not learned: a cut of a whole large export stays as cheap as its
+ * entries).  Their entries stay, flagged cut: a write of the same
  * bytes that cancels the pending zero (transport/pool.h,
  * pool_note_unchanged()) clears the flag (manifest_uncut()); a settle
  * (before the drain that sends what is still pending) turns each cut

@@ -174,9 +174,8 @@ def test_ext_headers_scan_of_17tib(qemu_nbd, mount):
     # One window per slot, plus a few re-asks of partial replies.
     assert bs <= 2 * SCAN_DEPTH, st
     # The zero map is right: a punch over each data run and 64 MiB either
-    # side skips what is known zero and must still zero the run.  (Not
-    # one punch of the whole disk: the inline digest and the manifest
-    # account a zeroing block by block, minutes for 17 TiB.)
+    # side skips what is known zero and must still zero the run.  (A
+    # punch of the whole disk: tests/test_warm_large.py.)
     pad = 64 * MiB
     for off, n in runs:
         lo = max(off - pad, 0)

@@ -114,6 +114,50 @@ static void test_cuts(void)
     manifest_free(m);
 }
 
+/* A large export (17 TiB: 285 million blocks): a zeroing and a cut of
+ * the whole of it record what the manifest holds (data entries, pending
+ * changes) and learn zeros only up to MF_LEARN_PENDING pending changes;
+ * a block known zero is left alone.  Memory in proportion to what is
+ * recorded: one pending change per block would take 18 GiB. */
+static void test_large_ranges(void)
+{
+    const struct manifest_id big = { .key = "unix:1:3|big",
+                                     .size = 17ull << 40, .block_size = BS };
+    uint64_t nb = big.size / BS, last = nb - 1;
+    struct manifest *m = fresh(&big);
+    struct manifest_stats st;
+    unsigned char a[MF_DIGEST], got[MF_DIGEST];
+    dg(a, 3);
+    manifest_change(m, 5, MF_DATA, a, 1);
+    manifest_change(m, last, MF_DATA, a, 1);
+    manifest_durable(m, 1);
+    manifest_change(m, nb / 2, MF_DATA, a, 2);       /* pending */
+    manifest_change_zero(m, 0, nb, 3);
+    manifest_get_stats(m, &st);
+    /* Learned up to the bound (the pending block counted in it), then
+     * the blocks with an entry past it: the last one. */
+    CHECK(st.pending == MF_LEARN_PENDING + 1);
+    manifest_durable(m, 3);
+    CHECK(manifest_lookup(m, 5, got) == MF_ZERO);
+    CHECK(manifest_lookup(m, last, got) == MF_ZERO);
+    CHECK(manifest_lookup(m, nb / 2, got) == MF_ZERO);
+    CHECK(manifest_lookup(m, MF_LEARN_PENDING + 100, got) == MF_NONE);
+    /* Zero over zero: nothing pending. */
+    manifest_change_zero(m, 0, 10, 4);
+    manifest_get_stats(m, &st);
+    CHECK(st.pending == 0);
+    /* A cut of the whole export flags only the blocks with an entry. */
+    manifest_change(m, last - 1, MF_DATA, a, 5);
+    manifest_durable(m, 5);
+    manifest_cut(m, 0, nb);
+    CHECK(manifest_is_cut(m, last - 1) && !manifest_is_cut(m, nb - 3));
+    CHECK(manifest_settle_cuts(m) == 1);             /* the data block */
+    manifest_settle_gen(m, 6);
+    manifest_durable(m, 6);
+    CHECK(manifest_lookup(m, last - 1, got) == MF_ZERO);
+    manifest_free(m);
+}
+
 /* Blocks written in part: listed once their change is sent, resolved by
  * a read-back unless changed again meanwhile. */
 static void test_resolve(void)
@@ -325,6 +369,7 @@ int main(void)
     CHECK(dfd >= 0);
     test_promotion();
     test_cuts();
+    test_large_ranges();
     test_resolve();
     test_resolve_after_durable();
     test_file();
