@@ -336,7 +336,8 @@ uint64_t manifest_settle_cuts(struct manifest *m)
 {
     LOCK_FOR_SCOPE(&m->lock);
     uint64_t n = 0;
-    for (uint64_t b = 0; m->ncut && b < m->nblocks; b++) {
+    for (uint64_t b = next_known(m, 0, m->nblocks); m->ncut && b < m->nblocks;
+         b = next_known(m, b + 1, m->nblocks)) {
         if (!(m->st[b] & ST_CUT))
             continue;
         if (mf_kind_of(m, b) == MF_ZERO) {   /* zeroing it changes nothing */
