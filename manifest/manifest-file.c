@@ -366,7 +366,7 @@ static uint64_t new_session(const struct manifest *m)
 /* Every durable entry as records, into fd (through jbuf). */
 static int write_state(struct manifest *m)
 {
-    uint64_t b = 0;
+    uint64_t b = mf_next_known(m, 0, m->nblocks);
     while (b < m->nblocks) {
         enum mf_kind k = mf_kind_of(m, b);
         uint64_t e = b + 1;
@@ -377,7 +377,7 @@ static int write_state(struct manifest *m)
             mf_jrec(m, REC_ZERO, b, e - b, NULL);
         else if (k == MF_DATA)
             mf_jrec(m, REC_DATA, b, 1, mf_digest_slot(m, b, false));
-        b = e;
+        b = mf_next_known(m, e, m->nblocks);
         if (m->io_error)
             return m->io_error;
     }

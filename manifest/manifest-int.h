@@ -71,6 +71,9 @@ struct manifest {
 
 /* Shared between the two files (manifest.c, manifest-file.c). */
 enum mf_kind mf_kind_of(const struct manifest *m, uint64_t b);
+/* The first block at or after b, below end, whose state byte is not 0
+ * (8 unknown blocks at a time); end if none. */
+uint64_t mf_next_known(const struct manifest *m, uint64_t b, uint64_t end);
 void mf_set_durable(struct manifest *m, uint64_t b, enum mf_kind k,
                     const unsigned char *d);
 unsigned char *mf_digest_slot(struct manifest *m, uint64_t b, bool make);

@@ -50,3 +50,23 @@ void mf_clear_locked(struct manifest *m)
         memset(m->hidx, 0, m->hcap * sizeof *m->hidx);
     m->has_mtime = false;
 }
+
+/* The first block at or after b (below end) whose state byte is not 0:
+ * 8 at a time over the unknown ones.  end if none. */
+uint64_t mf_next_known(const struct manifest *m, uint64_t b, uint64_t end)
+{
+    while (b < end && (b & 7))
+        if (m->st[b])
+            return b;
+        else
+            b++;
+    for (; b + 8 <= end; b += 8) {
+        uint64_t w;
+        memcpy(&w, m->st + b, 8);
+        if (w)
+            break;
+    }
+    while (b < end && !m->st[b])
+        b++;
+    return b;
+}

@@ -266,32 +266,12 @@ void manifest_durable(struct manifest *m, uint64_t gen)
         mf_store_locked(m, m->dirfd, m->name);
 }
 
-/* The first block at or after b (below end) whose state byte is not 0:
- * 8 at a time over the unknown ones.  end if none. */
-static uint64_t next_known(const struct manifest *m, uint64_t b, uint64_t end)
-{
-    while (b < end && (b & 7))
-        if (m->st[b])
-            return b;
-        else
-            b++;
-    for (; b + 8 <= end; b += 8) {
-        uint64_t w;
-        memcpy(&w, m->st + b, 8);
-        if (w)
-            break;
-    }
-    while (b < end && !m->st[b])
-        b++;
-    return b;
-}
-
 void manifest_cut(struct manifest *m, uint64_t b0, uint64_t b1)
 {
     LOCK_FOR_SCOPE(&m->lock);
     uint64_t end = b1 < m->nblocks ? b1 : m->nblocks;
-    for (uint64_t b = next_known(m, b0, end); b < end;
-         b = next_known(m, b + 1, end))
+    for (uint64_t b = mf_next_known(m, b0, end); b < end;
+         b = mf_next_known(m, b + 1, end))
         if ((m->st[b] & (ST_KIND | ST_PENDING)) && !(m->st[b] & ST_CUT)) {
             m->st[b] |= ST_CUT;
             m->ncut++;
@@ -305,7 +285,7 @@ void manifest_change_zero(struct manifest *m, uint64_t b0, uint64_t b1,
     uint64_t end = b1 < m->nblocks ? b1 : m->nblocks;
     for (uint64_t b = b0; b < end; b++) {
         if (!m->st[b] && m->npend >= MF_LEARN_PENDING) {
-            b = next_known(m, b, end);   /* nothing to learn past the bound */
+            b = mf_next_known(m, b, end);   /* nothing to learn past the bound */
             if (b == end)
                 break;
         }
@@ -336,8 +316,8 @@ uint64_t manifest_settle_cuts(struct manifest *m)
 {
     LOCK_FOR_SCOPE(&m->lock);
     uint64_t n = 0;
-    for (uint64_t b = next_known(m, 0, m->nblocks); m->ncut && b < m->nblocks;
-         b = next_known(m, b + 1, m->nblocks)) {
+    for (uint64_t b = mf_next_known(m, 0, m->nblocks); m->ncut && b < m->nblocks;
+         b = mf_next_known(m, b + 1, m->nblocks)) {
         if (!(m->st[b] & ST_CUT))
             continue;
         if (mf_kind_of(m, b) == MF_ZERO) {   /* zeroing it changes nothing */
