@@ -67,8 +67,9 @@ static uint8_t *synth_file(struct vhdx_synth *s, struct disk *d, size_t *len)
 }
 
 struct got { uint8_t *bytes; uint64_t size; };
-static int g_begin(void *o, const struct vhdx_info *info)
+static int g_begin(void *o, const struct nbdf_begin *b)
 {
+    const struct vhdx_info *info = b->info;
     struct got *g = o;
     CHECK(info->meta.disk_size == g->size && !info->meta.has_parent);
     memset(g->bytes, 0, g->size);
@@ -87,7 +88,7 @@ static void decode_equals(const uint8_t *f, size_t len, const uint8_t *disk,
 {
     struct got g = { malloc(size), size };
     memset(g.bytes, 0xEE, size);
-    struct vhdx_sink sink = { g_begin, g_data, NULL, NULL, NULL };
+    struct nbdf_sink sink = { .begin = g_begin, .data = g_data };
     struct vhdx_stream *s;
     CHECK(vhdx_stream_new(&sink, &g, NULL, &s) == 0);
     int r = vhdx_stream_feed(s, 0, f, len);

@@ -55,9 +55,12 @@ struct disk {
     int fail_after;                                 /* >0: data() -EIO then */
 };
 
-static int d_begin(void *o, enum vmdk_kind kind, uint64_t capacity)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
     struct disk *d = o;
+    enum vmdk_kind kind = (enum vmdk_kind) b->kind;
+    uint64_t capacity = b->size;
+    CHECK(!b->overlay && b->unit == VMDK_SECTOR);
     CHECK(!d->began);
     CHECK(capacity <= d->cap);
     d->began = true;
@@ -80,12 +83,14 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
     return 0;
 }
 
-static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
+static const struct nbdf_sink sink = { .begin = d_begin, .data = d_data };
 
 /* The same through the grain() hook, as the view uses it (inflated here,
  * synchronously, with the library's rules). */
-static int d_grain(void *o, const struct vmdk_grain *g)
+static int d_grain(void *o, const void *unit, const void *cdata, size_t clen)
 {
+    const struct vmdk_grain *g = unit;
+    CHECK(cdata == g->cdata && clen == g->clen);
     static struct vmdk_inflater *z;
     static uint8_t out[1 << 20];
     struct nbdf_err e;
@@ -97,8 +102,8 @@ static int d_grain(void *o, const struct vmdk_grain *g)
         return (int) n;
     return d_data(o, g->disk_off, out, (size_t) n);
 }
-static const struct vmdk_sink sink_g = { .begin = d_begin, .data = d_data,
-                                         .grain = d_grain };
+static const struct nbdf_sink sink_g = { .begin = d_begin, .data = d_data,
+                                         .compressed = d_grain };
 
 static void disk_init(struct disk *d, uint64_t cap)
 {
