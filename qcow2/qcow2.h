@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/format.h"
 
 #define QCOW2_MAGIC            0x514649fbu        /* "QFI\xfb" */
 #define QCOW2_MIN_CLUSTER_BITS 9u                 /* 512 B */
@@ -283,10 +284,13 @@ void qcow2_image_compressed(const struct qcow2_image *img,
  * opts.spool_max; a file that needs more fails with a message naming
  * opts.spool_option.
  *
- * Callbacks, on the thread that calls feed/hole/finish; a negative return
- * aborts decoding and is returned from that call (sticky):
+ * The sink is the contract's (common/format.h): begin, data, zero,
+ * compressed, map and the spool; on the thread that calls
+ * feed/hole/finish; a negative return aborts decoding and is returned
+ * from that call (sticky):
  *
- * begin(overlay, size): exactly once, just before the first data, zero
+ * begin(b): b->kind is the enum qcow2_kind (b->overlay: QCOW2_OVERLAY),
+ *   b->size the virtual size, b->info the struct qcow2_header; exactly once, just before the first data, zero
  *   or compressed call (at finish for a disk that needs none), so after
  *   the header and the active L1 table have arrived and passed validation
  *   (a file whose L1 table comes last is decoded into the spool first,
@@ -307,7 +311,8 @@ void qcow2_image_compressed(const struct qcow2_image *img,
  *   call only (it may point into the caller's feed buffer).  Never outside
  *   [0, size); each disk byte at most once.
  * zero(disk_off, len): overlay only, these bytes read as zero.
- * compressed(c): optional.  If set, each compressed cluster is handed over
+ * compressed(c, c->cdata, c->clen): optional (c: a struct
+ *   qcow2_compressed).  If set, each compressed cluster is handed over
  *   instead of being decompressed here and placed through data(), so that
  *   the caller can decompress on several threads with
  *   qcow2_compressed_decode() (clusters are independent; c->cdata is valid
@@ -320,33 +325,17 @@ void qcow2_image_compressed(const struct qcow2_image *img,
  *   subclusters; file_off 0), QCOW2_MAP_COMPRESSED (file_off: of the
  *   compressed data).  Disk ranges never reported are unallocated.
  *
- * Spool (optional; without one, or with spool_max 0, a file that needs
- * spooling fails): put(key, buf, len) stores one cluster (len = cluster
- * size) under key, the cluster's file offset; get(key, buf, len) returns
- * it; drop(key) forgets it.  Each key is put once and dropped once; the
+ * Spool (optional; without spool_put and spool_get, or with spool_max 0,
+ * a file that needs spooling fails): spool_put(key, buf, len) stores one
+ * cluster (len = cluster size) under key, the cluster's file offset;
+ * spool_get(key, buf, len) returns it; spool_drop(key), if set, forgets
+ * it.  Each key is put once and dropped once; the
  * decoder counts the bytes held against spool_max before calling put.
  */
 enum qcow2_kind { QCOW2_STANDALONE = 1, QCOW2_OVERLAY = 2 };
 enum qcow2_map { QCOW2_MAP_DATA = 1, QCOW2_MAP_ZERO, QCOW2_MAP_COMPRESSED };
 
-struct qcow2_sink {
-    int (*begin)(void *opaque, enum qcow2_kind kind, uint64_t size);
-    int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
-    int (*zero)(void *opaque, uint64_t disk_off, uint64_t len);
-    int (*compressed)(void *opaque, const struct qcow2_compressed *c);
-    int (*map)(void *opaque, uint64_t disk_off, uint64_t len,
-               enum qcow2_map what, uint64_t file_off);
-};
-
-struct qcow2_spool {
-    int  (*put)(void *opaque, uint64_t key, const void *buf, size_t len);
-    int  (*get)(void *opaque, uint64_t key, void *buf, size_t len);
-    void (*drop)(void *opaque, uint64_t key);
-};
-
 struct qcow2_stream_opts {
-    const struct qcow2_spool *spool;              /* may be NULL */
-    void *spool_opaque;
     uint64_t spool_max;                           /* bytes; 0: no spooling */
     const char *spool_option;                     /* named in the error,
                                                    * e.g. "--qcow2-spool" */
@@ -356,9 +345,9 @@ struct qcow2_stream_opts {
 
 struct qcow2_stream;
 
-/* sink, opts' spool and the opaques are borrowed and must outlive the
- * stream; opts is copied (spool_option must stay valid).  -ENOMEM. */
-int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
+/* sink and opaque are borrowed and must outlive the stream; opts is
+ * copied (spool_option must stay valid).  -ENOMEM. */
+int qcow2_stream_new(const struct nbdf_sink *sink, void *opaque,
                      const struct qcow2_stream_opts *opts,
                      struct qcow2_stream **out);
 
@@ -388,6 +377,9 @@ const char *qcow2_stream_error(const struct qcow2_stream *s);
 
 /* Decode position: every byte of the file before it has been consumed. */
 uint64_t qcow2_stream_position(const struct qcow2_stream *s);
+/* What the first write at offset 0 began with (common/imagekind.h),
+ * IMAGE_UNKNOWN before one: a refusal names what was written instead. */
+enum image_kind qcow2_stream_first_kind(const struct qcow2_stream *s);
 
 /* Once the header has been decoded (else NULL). */
 const struct qcow2_header *qcow2_stream_header(const struct qcow2_stream *s);
@@ -450,5 +442,8 @@ int64_t qcow2_synth_read(struct qcow2_synth *s, uint64_t off, void *buf,
                          void *opaque);
 
 void qcow2_synth_free(struct qcow2_synth *s);
+
+/* ---- the format contract's row (common/format.h; qcow2/table.c) ---------- */
+extern const struct nbdf_format qcow2_format;
 
 #endif /* NBDFERRY_QCOW2_H */

@@ -55,7 +55,7 @@ struct heap {
 };
 
 struct qcow2_stream {
-    const struct qcow2_sink *sink;
+    const struct nbdf_sink *sink;
     void *opaque;
     struct qcow2_stream_opts o;
     int err;                          /* sticky, negative */
@@ -64,6 +64,8 @@ struct qcow2_stream {
     uint64_t pos;                     /* next file byte expected */
 
     struct qcow2_header h;
+    enum image_kind first;              /* the first write's, if at 0 */
+    bool first_seen;
     bool have_header;
     uint64_t C;                       /* cluster size */
     unsigned cb;                      /* cluster bits */

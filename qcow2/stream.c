@@ -45,7 +45,7 @@
 #include "common/imagekind.h"
 #include "qcow2/stream-internal.h"
 
-int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
+int qcow2_stream_new(const struct nbdf_sink *sink, void *opaque,
                      const struct qcow2_stream_opts *opts,
                      struct qcow2_stream **out)
 {
@@ -58,7 +58,7 @@ int qcow2_stream_new(const struct qcow2_sink *sink, void *opaque,
         s->o = *opts;
     if (!s->o.spool_option)
         s->o.spool_option = "the spool limit";
-    if (!s->o.spool)
+    if (!sink->spool_put || !sink->spool_get)
         s->o.spool_max = 0;
     s->items.size = sizeof(struct item);
     s->citems.size = sizeof(struct citem);
@@ -476,7 +476,16 @@ static int accept(struct qcow2_stream *s, uint64_t off, const uint8_t *buf,
 int qcow2_stream_feed(struct qcow2_stream *s, uint64_t file_off,
                       const void *buf, size_t len)
 {
+    if (file_off == 0 && s->pos == 0 && !s->first_seen) {
+        s->first = image_kind(buf, len);      /* what a refusal names */
+        s->first_seen = true;
+    }
     return accept(s, file_off, buf, len);
+}
+
+enum image_kind qcow2_stream_first_kind(const struct qcow2_stream *s)
+{
+    return s->first;
 }
 
 int qcow2_stream_hole(struct qcow2_stream *s, uint64_t file_off, uint64_t len)

@@ -127,7 +127,7 @@ int qcow2_emit_map(struct qcow2_stream *s, uint64_t disk_off, uint64_t len,
     if (!s->sink->map || disk_off >= s->h.size)
         return 0;
     int r = s->sink->map(s->opaque, disk_off, MIN(len, s->h.size - disk_off),
-                         what, file_off);
+                         (int) what, file_off);
     return r < 0 ? qcow2_fail(s, r, "mapping disk offset %" PRIu64 ": %s",
                               disk_off, strerror(-r)) : 0;
 }
@@ -224,7 +224,8 @@ void qcow2_spool_drop_all(struct qcow2_stream *s)
 {
     for (size_t i = 0; i < s->nsp; i++)
         if (s->sp[i].state == SP_LIVE) {
-            s->o.spool->drop(s->o.spool_opaque, s->sp[i].off);
+            if (s->sink->spool_drop)
+                s->sink->spool_drop(s->opaque, s->sp[i].off);
             s->sp[i].state = SP_DEAD;
         }
     s->spool_bytes = 0;
@@ -260,7 +261,7 @@ int qcow2_spool_put(struct qcow2_stream *s, uint64_t off, const uint8_t *buf)
                     "the table that places it, and keeping it would take "
                     "more than %" PRIu64 " bytes of spool (raise %s)", off,
                     s->o.spool_max, s->o.spool_option);
-    int r = s->o.spool->put(s->o.spool_opaque, off, buf, (size_t) s->C);
+    int r = s->sink->spool_put(s->opaque, off, buf, (size_t) s->C);
     if (r < 0)
         return qcow2_fail(s, r, "spooling the cluster at byte %" PRIu64 ": %s", off,
                     strerror(-r));
@@ -316,8 +317,8 @@ int qcow2_read_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
         if (p->state == SP_ZERO)
             memset(out, 0, n);
         else {
-            int r = s->o.spool->get(s->o.spool_opaque, p->off, s->tbuf,
-                                    (size_t) s->C);
+            int r = s->sink->spool_get(s->opaque, p->off, s->tbuf,
+                                       (size_t) s->C);
             if (r < 0)
                 return qcow2_fail(s, r, "reading the spooled cluster at byte %"
                             PRIu64 ": %s", p->off, strerror(-r));
@@ -339,7 +340,8 @@ int qcow2_take_passed(struct qcow2_stream *s, uint64_t off, uint8_t *out,
         return r;
     struct spent *p = sp_find(s, off);
     if (p && p->state == SP_LIVE) {
-        s->o.spool->drop(s->o.spool_opaque, p->off);
+        if (s->sink->spool_drop)
+            s->sink->spool_drop(s->opaque, p->off);
         p->state = SP_DEAD;
         s->spool_bytes -= s->C;
     }
@@ -361,7 +363,7 @@ int qcow2_dispatch(struct qcow2_stream *s, const struct citem *c,
     if (s->sink->compressed) {
         if (!s->began && qcow2_begin(s) < 0)
             return s->err;
-        int r = s->sink->compressed(s->opaque, &q);
+        int r = s->sink->compressed(s->opaque, &q, q.cdata, q.clen);
         if (r < 0)
             return qcow2_fail(s, r, "compressed cluster for disk offset %" PRIu64
                         " (file byte %" PRIu64 "): %s", q.disk_off, c->off,
@@ -458,8 +460,12 @@ int qcow2_begin(struct qcow2_stream *s)
 {
     assert(!s->began);
     s->began = true;
-    int r = s->sink->begin(s->opaque, s->overlay ? QCOW2_OVERLAY
-                                                 : QCOW2_STANDALONE, s->h.size);
+    struct nbdf_begin b = {
+        .kind = s->overlay ? QCOW2_OVERLAY : QCOW2_STANDALONE,
+        .kind_name = s->overlay ? "overlay" : "standalone",
+        .size = s->h.size, .overlay = s->overlay, .info = &s->h,
+    };
+    int r = s->sink->begin(s->opaque, &b);
     if (r < 0)
         return qcow2_fail(s, r, "refused by the destination: %s", strerror(-r));
     return 0;

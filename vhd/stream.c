@@ -29,7 +29,7 @@ struct gap {
 };
 
 struct vhd_stream {
-    const struct vhd_sink *sink;        /* borrowed */
+    const struct nbdf_sink *sink;       /* borrowed */
     void *opaque;                       /* borrowed */
     enum st state;
     int error;
@@ -89,7 +89,7 @@ static int sink_failed(struct vhd_stream *s, int r, const char *what,
 
 /* ---- lifecycle -------------------------------------------------------------- */
 
-int vhd_stream_new(const struct vhd_sink *sink, void *opaque,
+int vhd_stream_new(const struct nbdf_sink *sink, void *opaque,
                    struct vhd_stream **out)
 {
     struct vhd_stream *s = calloc(1, sizeof *s);
@@ -200,12 +200,15 @@ static int begin(struct vhd_stream *s, enum vhd_kind kind, uint64_t size)
     s->kind = kind;
     s->vsize = size;
     s->began = true;
-    int r = s->sink->begin(s->opaque, kind, size);
+    const char *name = kind == VHD_FIXED ? "fixed" : kind == VHD_DIFF ?
+                       "differencing" : "dynamic";
+    struct nbdf_begin b = { .kind = kind, .kind_name = name, .size = size,
+                            .overlay = kind == VHD_DIFF,
+                            .file_len = s->expected_len };
+    int r = s->sink->begin(s->opaque, &b);
     if (r < 0)
         return sfail(s, r, "destination refused a %s disk of %llu bytes: %s",
-                     kind == VHD_FIXED ? "fixed" : kind == VHD_DIFF ?
-                     "differencing" : "dynamic", (unsigned long long) size,
-                     strerror(-r));
+                     name, (unsigned long long) size, strerror(-r));
     return 0;
 }
 

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/format.h"
 #include "common/imagekind.h"
 
 #define VHD_SECTOR          512u
@@ -258,10 +259,13 @@ int vhd_image_lookup(const struct vhd_image *img, uint64_t disk_off,
  * nbd.vhd view) into raw-disk writes, with bounded memory (the BAT, a
  * file-offset-sorted copy of it and one block bitmap; never block data).
  *
- * Callbacks, all on the thread that calls feed/hole/finish; any negative
- * return aborts decoding and is returned from that call (sticky):
+ * The sink is the contract's (common/format.h): begin, data and zero; all
+ * on the thread that calls feed/hole/finish; any negative return aborts
+ * decoding and is returned from that call (sticky):
  *
- * begin(kind, virtual_size): exactly once, before any data/zero.
+ * begin(b): exactly once, before any data/zero; b->kind is the enum
+ *   vhd_kind, b->size the virtual size, b->overlay set for DIFF and
+ *   b->file_len the file's length when the BAT says it.
  *   DYNAMIC / DIFF: once the footer copy, the dynamic header and the BAT
  *   have arrived and passed validation (so a malformed file is refused
  *   before anything touches the disk); virtual_size = current_size.
@@ -287,15 +291,10 @@ int vhd_image_lookup(const struct vhd_image *img, uint64_t disk_off,
  * FIXED caveat: its footer comes last, so data is emitted before the file
  * can be validated; finish() then fails if the footer is wrong.
  */
-struct vhd_sink {
-    int (*begin)(void *opaque, enum vhd_kind kind, uint64_t virtual_size);
-    int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
-    int (*zero)(void *opaque, uint64_t disk_off, uint64_t len);
-};
 struct vhd_stream;
 
 /* sink and opaque are borrowed and must outlive the stream.  -ENOMEM. */
-int vhd_stream_new(const struct vhd_sink *sink, void *opaque,
+int vhd_stream_new(const struct nbdf_sink *sink, void *opaque,
                    struct vhd_stream **out);
 
 /* Refuse at the first sector what cannot land, before any allocation or
@@ -394,5 +393,8 @@ int64_t vhd_synth_read(const struct vhd_synth *s, uint64_t off, void *buf,
                        size_t len, vhd_read_disk_fn read_disk, void *opaque);
 
 void vhd_synth_free(struct vhd_synth *s);
+
+/* ---- the format contract's row (common/format.h; vhd/table.c) ---------- */
+extern const struct nbdf_format vhd_format;
 
 #endif /* NBDFERRY_VHD_H */

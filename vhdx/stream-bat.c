@@ -164,7 +164,16 @@ static int get_ready(struct vhdx_stream *s)
     free(s->meta);
     s->meta = NULL;
     s->ready = true;
-    r = s->sink->begin(s->opaque, &s->info);
+    const struct vhdx_meta *m = &s->info.meta;
+    struct nbdf_begin b = {
+        .kind = m->has_parent ? VHDX_DIFF : m->leave_blocks_allocated
+                                            ? VHDX_FIXED : VHDX_DYNAMIC,
+        .kind_name = m->has_parent ? "differencing"
+                     : m->leave_blocks_allocated ? "fixed" : "dynamic",
+        .size = m->disk_size, .overlay = m->has_parent,
+        .unit = m->logical_sector, .info = &s->info,
+    };
+    r = s->sink->begin(s->opaque, &b);
     if (r < 0)
         return sink_fail(s, r, "begin");
     /* Blocks in state ZERO of a differencing file hide the parent. */

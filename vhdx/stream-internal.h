@@ -18,7 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileorder.h"
 #include "vhdx/vhdx-internal.h"
+
+#define FIRST_BYTES 512
 
 #define HEAD_BYTES (VHDX_REGION2_OFF + VHDX_REGION_BYTES)     /* 320 KiB */
 #define META_MAX   (32ull << 20)        /* metadata region we collect */
@@ -49,12 +52,16 @@ struct bitmap {                         /* a sector bitmap being collected */
 };
 
 struct vhdx_stream {
-    const struct vhdx_sink *sink;
+    const struct nbdf_sink *sink;
     void *opaque;
     struct vhdx_stream_config cfg;
     int err;                            /* sticky, negative */
     struct nbdf_err e;
     uint64_t pos;                       /* next file byte expected */
+    uint64_t end;                       /* the furthest byte fed or punched */
+    struct fileorder order;             /* recent gaps and holes */
+    uint8_t first[FIRST_BYTES];         /* to name another format */
+    size_t nfirst;
 
     uint8_t *head;                      /* HEAD_BYTES, freed after */
     bool id_checked, head_done;

@@ -26,6 +26,9 @@
  */
 #include "vhdx/stream-internal.h"
 
+static int feed_forward(struct vhdx_stream *s, uint64_t off,
+                        const void *vbuf, size_t len);
+
 /* End of input with a replayed log: the file is at least as long as the
  * log says it was, and its writes past the end we saw still count. */
 static int log_finish(struct vhdx_stream *s)
@@ -38,7 +41,7 @@ static int log_finish(struct vhdx_stream *s)
                     "its log says it was at least %" PRIu64 " bytes",
                     s->pos, p->flushed_file_offset);
     uint64_t end = p->last_file_offset > p->hi ? p->last_file_offset : p->hi;
-    return end > s->pos ? vhdx_stream_feed(s, end, NULL, 0) : 0;
+    return end > s->pos ? feed_forward(s, end, NULL, 0) : 0;
 }
 
 /* ---- the header section ------------------------------------------------- */
@@ -88,8 +91,8 @@ static int head_decode(struct vhdx_stream *s)
     return 0;
 }
 
-int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
-                     size_t len)
+static int feed_forward(struct vhdx_stream *s, uint64_t off,
+                        const void *vbuf, size_t len)
 {
     const uint8_t *buf = vbuf;
     if (s->err)
@@ -98,7 +101,7 @@ int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
         return fail(s, -EINVAL, "write at %" PRIu64 " goes back before %"
                     PRIu64 ": a VHDX must arrive in file order", off, s->pos);
     if (off > s->pos) {                 /* a gap: file zeros */
-        int r = vhdx_stream_feed(s, s->pos, NULL, off - s->pos);
+        int r = feed_forward(s, s->pos, NULL, off - s->pos);
         if (r < 0)
             return r;
     }
@@ -114,7 +117,7 @@ int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
         if (!s->id_checked && s->pos >= 8) {
             s->id_checked = true;
             if (vhdx_file_id_check(s->head, s->pos, &s->e) < 0)
-                return s->err = -EINVAL;
+                return s->err = -EMEDIUMTYPE;     /* not a VHDX at all */
         }
         if (s->pos == HEAD_BYTES && head_decode(s) < 0)
             return s->err;
@@ -125,8 +128,72 @@ int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *vbuf,
     return r < 0 ? r : s->err;
 }
 
+/* ---- the file order ------------------------------------------------------- */
+
+/* The first bytes, to name what was written when it is not a VHDX. */
+static void keep_first(struct vhdx_stream *s, uint64_t off, const void *buf,
+                       uint64_t len)
+{
+    if (off >= FIRST_BYTES)
+        return;
+    size_t n = len < FIRST_BYTES - off ? (size_t) len
+                                       : FIRST_BYTES - (size_t) off;
+    if (buf)
+        memcpy(s->first + off, buf, n);
+    else
+        memset(s->first + off, 0, n);
+    if (off + n > s->nfirst)
+        s->nfirst = (size_t) off + n;
+}
+
+/* [off, off+len) behind the furthest byte, inside a range that passed as
+ * zeros, and zeros again: nothing to do (cp --sparse=always punches what
+ * it skipped after the bytes that follow). */
+static bool zeros_again(const struct vhdx_stream *s, uint64_t off,
+                        const void *buf, uint64_t len)
+{
+    if (off + len > s->end || (buf && !is_zero(buf, (size_t) len)))
+        return false;
+    return fileorder_inside(&s->order, off, len);
+}
+
+static int accept_bytes(struct vhdx_stream *s, uint64_t off, const void *buf,
+                        uint64_t len)
+{
+    if (s->err)
+        return s->err;
+    if (off < s->end && zeros_again(s, off, buf, len))
+        return 0;
+    keep_first(s, off, buf, len);
+    if (off > s->end)
+        fileorder_remember(&s->order, s->end, off - s->end);
+    if (!buf && len)
+        fileorder_remember(&s->order, off, len);
+    if (off + len > s->end)
+        s->end = off + len;
+    return feed_forward(s, off, buf, (size_t) len);
+}
+
+int vhdx_stream_feed(struct vhdx_stream *s, uint64_t off, const void *buf,
+                     size_t len)
+{
+    return accept_bytes(s, off, buf, len);
+}
+
+int vhdx_stream_hole(struct vhdx_stream *s, uint64_t off, uint64_t len)
+{
+    return accept_bytes(s, off, NULL, len);
+}
+
+enum image_kind vhdx_stream_first_kind(const struct vhdx_stream *s)
+{
+    return image_kind(s->first, s->nfirst);
+}
+
 int vhdx_stream_finish(struct vhdx_stream *s)
 {
+    if (!s->err && s->end > s->pos)
+        feed_forward(s, s->end, NULL, 0);     /* a trailing hole: zeros */
     if (s->err || log_finish(s) < 0)
         return s->err;
     if (!s->head_done)
@@ -155,7 +222,7 @@ int vhdx_stream_finish(struct vhdx_stream *s)
     return 0;
 }
 
-int vhdx_stream_new(const struct vhdx_sink *sink, void *opaque,
+int vhdx_stream_new(const struct nbdf_sink *sink, void *opaque,
                     const struct vhdx_stream_config *cfg,
                     struct vhdx_stream **out)
 {

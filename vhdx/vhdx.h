@@ -23,6 +23,8 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/format.h"
+#include "common/imagekind.h"
 
 #define VHDX_MiB               (1ull << 20)
 #define VHDX_HEADER_SECTION    VHDX_MiB             /* file id .. region tables */
@@ -208,6 +210,32 @@ uint64_t vhdx_log_next(const struct vhdx_log_plan *p, uint64_t off,
 void vhdx_log_apply(const struct vhdx_log_plan *p, uint64_t off, uint8_t *buf,
                     size_t len);
 
+/* ---- random access: a fixed or dynamic VHDX, read in any order -------------
+ * The library does no I/O: the caller's reader gives the file's bytes
+ * [off, off+len) (0, or -errno; -EINVAL past the file's end).  Open reads
+ * and checks the header section, the current header, the region table,
+ * the metadata and the BAT; a header with a log GUID has its log planned
+ * (vhdx/log.c) and replayed over every later read of the file, which then
+ * reaches as far as the log says it did (zeros past its end); a log that
+ * writes into the header section or into itself is -ENOTSUP, a file
+ * shorter than the log says it was -EINVAL.  A differencing VHDX is
+ * -EMEDIUMTYPE (its parent is not followed).  Read-only after open:
+ * lookups and reads run on any thread if the reader does. */
+typedef int (*vhdx_read_file_fn)(void *opaque, void *buf, size_t len,
+                                 uint64_t off);
+struct vhdx_image;
+int vhdx_image_open(vhdx_read_file_fn rd, void *opaque, uint64_t file_size,
+                    struct vhdx_image **out, struct nbdf_err *err);
+const struct vhdx_meta *vhdx_image_meta(const struct vhdx_image *img);
+/* Payload block blk's file offset, 0 when it reads as zero (not present,
+ * zero, undefined, unmapped). */
+uint64_t vhdx_image_block(const struct vhdx_image *img, uint64_t blk);
+/* The virtual disk's bytes [off, off+len): the reader's error as is;
+ * -EINVAL past the disk. */
+int vhdx_image_read(const struct vhdx_image *img, void *buf, size_t len,
+                    uint64_t off);
+void vhdx_image_free(struct vhdx_image *img);
+
 /* ---- forward-only stream decoder ----------------------------------------
  * Turns a VHDX file arriving in file order (cp, dd, cat, a pipe) into
  * raw-disk writes.  The header section comes first (it is at offset 0);
@@ -220,10 +248,13 @@ void vhdx_log_apply(const struct vhdx_log_plan *p, uint64_t off, uint8_t *buf,
  * and a sorted map of present blocks (32 bytes each), at most
  * VHDX_BAT_MAX_BYTES of BAT.
  *
- * Callbacks run on the thread calling feed/hole/finish; a negative return
- * aborts decoding and is returned from that call (sticky).
+ * The sink is the contract's (common/format.h): begin, data, zero and the
+ * spool; callbacks run on the thread calling feed/hole/finish; a negative
+ * return aborts decoding and is returned from that call (sticky).
  *
- * begin(info): exactly once, before any data() or zero(), once the
+ * begin(b): b->kind is the enum vhdx_kind, b->size the virtual size,
+ *   b->overlay set for a differencing file, b->unit the logical sector,
+ *   b->info the struct vhdx_info; exactly once, before any data() or zero(), once the
  *   headers, region table, metadata and BAT have all arrived and been
  *   checked (BAT entries inside the file's reach, no block overlapping
  *   metadata or another block).  A malformed file is refused before
@@ -238,7 +269,7 @@ void vhdx_log_apply(const struct vhdx_log_plan *p, uint64_t off, uint8_t *buf,
  * spool_put(file_off, buf, len) / spool_get(file_off, buf, len): keep
  *   file bytes for later / give them back (exactly what was put, possibly
  *   in pieces).  Either NULL: nothing can be spooled, and a file that
- *   needs it fails with a message saying so.
+ *   needs it fails with a message saying so.  spool_drop is not used.
  */
 #define VHDX_BAT_MAX_BYTES (128ull << 20)
 
@@ -253,14 +284,8 @@ struct vhdx_info {
     uint64_t log_writes;              /* ... their descriptors */
 };
 
-struct vhdx_sink {
-    int (*begin)(void *opaque, const struct vhdx_info *info);
-    int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
-    int (*zero)(void *opaque, uint64_t disk_off, uint64_t len);
-    int (*spool_put)(void *opaque, uint64_t file_off, const void *buf,
-                     size_t len);
-    int (*spool_get)(void *opaque, uint64_t file_off, void *buf, size_t len);
-};
+/* What begin() says in nbdf_begin.kind. */
+enum vhdx_kind { VHDX_DYNAMIC = 1, VHDX_FIXED = 2, VHDX_DIFF = 3 };
 
 struct vhdx_stream_config {
     uint64_t spool_max;               /* bytes the spool may hold at once */
@@ -268,27 +293,36 @@ struct vhdx_stream_config {
 };
 
 struct vhdx_stream;
-int vhdx_stream_new(const struct vhdx_sink *sink, void *opaque,
+int vhdx_stream_new(const struct nbdf_sink *sink, void *opaque,
                     const struct vhdx_stream_config *cfg,
                     struct vhdx_stream **out);
 
-/* The next len bytes of the file, at file_off (in file order: file_off at
- * or past every byte already fed; a gap between is file zeros).  buf NULL
- * means len zero bytes.  A copy tool may leave the file's last bytes as a
- * hole (cp --sparse, then ftruncate): feed 0 bytes at the file's size
- * before finishing, so that they count as zeros.  0 or a sticky -errno: -EINVAL malformed,
- * -ENOTSUP unsupported (a log to replay that updates bytes before its
- * own end, which a one-pass stream has passed; an unknown required
- * region or item), -EFBIG past a limit or the spool bound, or the sink's. */
+/* The next len bytes of the file, at file_off: in file order (file_off
+ * at or past every byte already fed; a gap between is file zeros), or
+ * zeros again over a recent gap or hole (a copy tool that skipped zeros
+ * and punches them after the bytes that follow: no-op).  buf NULL means
+ * len zero bytes.  0 or a sticky -errno: -EMEDIUMTYPE the first 8 bytes
+ * are not "vhdxfile" (not a VHDX at all), -EINVAL malformed, -ENOTSUP
+ * unsupported (a log to replay that updates bytes before its own end,
+ * which a one-pass stream has passed; an unknown required region or
+ * item), -EFBIG past a limit or the spool bound, or the sink's. */
 int vhdx_stream_feed(struct vhdx_stream *s, uint64_t file_off,
                      const void *buf, size_t len);
 
+/* A punched, zeroed or skipped range of the file: zeros.  Same rules. */
+int vhdx_stream_hole(struct vhdx_stream *s, uint64_t file_off, uint64_t len);
+
 /* End of input: every region and every present block must have arrived
- * (a file cut short is -EINVAL), and every spooled byte been placed. */
+ * (a file cut short is -EINVAL), and every spooled byte been placed.  The
+ * file's last bytes may be a hole never fed (a writer that only seeks):
+ * up to the furthest byte fed or punched, they count as zeros. */
 int vhdx_stream_finish(struct vhdx_stream *s);
 
 const char *vhdx_stream_error(const struct vhdx_stream *s);
 uint64_t vhdx_stream_position(const struct vhdx_stream *s);
+/* What the file's first sector is (common/imagekind.h), as far as it has
+ * arrived: a refusal names what was written instead. */
+enum image_kind vhdx_stream_first_kind(const struct vhdx_stream *s);
 /* After begin(), else NULL. */
 const struct vhdx_info *vhdx_stream_info(const struct vhdx_stream *s);
 /* After begin(): payload block blk's BAT state and file offset (bytes).
@@ -342,5 +376,8 @@ typedef int (*vhdx_read_disk_fn)(void *opaque, uint64_t disk_off, void *buf,
 int64_t vhdx_synth_read(const struct vhdx_synth *s, uint64_t off, void *buf,
                         size_t len, vhdx_read_disk_fn read_disk, void *opaque);
 void vhdx_synth_free(struct vhdx_synth *s);
+
+/* ---- the format contract's row (common/format.h; vhdx/table.c) ---------- */
+extern const struct nbdf_format vhdx_format;
 
 #endif /* NBDFERRY_VHDX_H */

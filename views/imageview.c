@@ -1,6 +1,7 @@
 /* views/imageview.c: the skeleton every format view shares (views/imageview.h).
- * The format's decoder and synthesizer are reached through its struct
- * imageview_format only. */
+ * The format's decoder and synthesizer are reached through its library's
+ * row of the contract (common/format.h) only; the decoder's sink, one for
+ * every format, is views/imagesink.c's. */
 #include "views/imageview.h"
 
 #include <errno.h>
@@ -18,36 +19,11 @@
 #include "fs/foreign.h"
 #include "fs/rawfile.h"
 #include "transport/readahead.h"
+#include "views/spool.h"
 #include "views/unpackers.h"
 #include "fs/view.h"
 #include "fs/writers.h"
-
-struct imageview {
-    const struct imageview_format *f;
-    struct fs_disk *d;
-    void *priv;                   /* the format's */
-    struct synthcache *synths;    /* the read side's, shared */
-    struct unpackers *unpack;     /* the format's unpack workers, or NULL */
-    pthread_mutex_t read_lock;    /* f->serial_read: one read at a time */
-
-    pthread_mutex_t lock;
-    void *stream;                 /* the ingest in progress, or NULL */
-    struct fs_fh *writer;         /* the handle that owns it */
-    pid_t writer_pid;             /* the process that opened it */
-    int err;                      /* its sticky error (positive errno) */
-    bool logged;                  /* the sink already logged the error */
-    bool begun;                   /* the disk is being replaced (or the
-                                   * overlay applied): no refusal after
-                                   * this leaves it as it was */
-    uint64_t file_size;           /* high-water mark of the image written */
-};
-
-/* The log's rate limit is per call site; these are shared by every
- * format, so each view's messages are limited apart (common/log.h):
- * distinct addresses inside the view's own struct. */
-enum { SITE_TAKE, SITE_FITS, SITE_FAIL, SITE_SHRINK, SITE_BUSY,
-       SITE_RECEIVING, SITE_RECEIVED, SITE_STALE };
-#define SITE(iv, k) ((const char *) (iv) + (k))
+#include "views/imageview-internal.h"
 
 struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino)
 {
@@ -57,7 +33,6 @@ struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino)
 struct fs_disk *imageview_fs(const struct imageview *iv) { return iv->d; }
 void *imageview_priv(const struct imageview *iv) { return iv->priv; }
 void imageview_set_priv(struct imageview *iv, void *p) { iv->priv = p; }
-void *imageview_stream(const struct imageview *iv) { return iv->stream; }
 
 const char *imageview_name(const struct imageview *iv)
 {
@@ -132,17 +107,26 @@ struct imageview_count imageview_count_data(struct fs_disk *d, uint64_t size,
 static int synth_build(void *opaque, struct fs_disk *d, void **out)
 {
     struct imageview *iv = opaque;
-    const struct imageview_format *f = iv->f;
+    const struct nbdf_format *lib = iv->lib;
+    struct nbdf_synth_opts o = { .name = imageview_name(iv) };
+    struct nbdf_err e = { "" };
+    uint64_t size = rawfile_size(d);
     void *s;
 
-    int r = f->new_synth(iv, rawfile_size(d), &s);
-    if (r < 0)
-        return r;
-    r = imageview_each_data(d, rawfile_size(d), f->allocate, s);
-    if (r == 0)
-        r = f->seal(s);                       /* -ENOMEM */
+    iv->f->synth_opts(iv, &o);
+    int r = lib->synth_new(size, &o, &s, &e);
     if (r < 0) {
-        f->free_synth(s);
+        log_notice("%s: %s", imageview_name(iv),
+                   e.msg[0] ? e.msg : strerror(-r));
+        return r;
+    }
+    if (iv->f->synth_made)
+        iv->f->synth_made(iv, size);
+    r = imageview_each_data(d, size, lib->synth_allocate, s);
+    if (r == 0)
+        r = lib->synth_seal(s);               /* -ENOMEM */
+    if (r < 0) {
+        lib->synth_free(s);
         return r;
     }
     *out = s;
@@ -152,7 +136,7 @@ static int synth_build(void *opaque, struct fs_disk *d, void **out)
 static void synth_free(void *opaque, void *synth)
 {
     struct imageview *iv = opaque;
-    iv->f->free_synth(synth);
+    iv->lib->synth_free(synth);
 }
 
 static const struct synthcache_ops synth_ops = { .build = synth_build,
@@ -177,17 +161,23 @@ static uint64_t view_size(struct imageview *iv)
     void *s = synthcache_get(iv->synths, iv->d, true, &err, NULL);
     if (!s)
         return 0;
-    uint64_t n = iv->f->file_size(s);
+    uint64_t n = iv->lib->synth_file_size(s);
     synthcache_put(iv->synths, s);
     return n;
 }
 
+/* The synthesizer's disk reader. */
+struct disk_reader {
+    struct fs_disk *fs;
+    struct fs_fh *fh;             /* its read-ahead stream, if any */
+};
+
 /* Block data comes through the handle's read-ahead stream, if it has
  * one: a reader copying the image out reads the allocated blocks in disk
  * order. */
-int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len)
+static int read_disk(void *opaque, uint64_t off, void *buf, size_t len)
 {
-    struct imageview_reader *d = opaque;
+    struct disk_reader *d = opaque;
 
     if (d->fh && d->fh->ra)
         return ra_read(d->fs->ra, d->fh->ra, off, buf, len,
@@ -229,17 +219,18 @@ ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
                         size_t size, uint64_t off)
 {
     struct imageview *iv = iv_of_fh(d, fh);
+    struct disk_reader r = { .fs = d, .fh = fh };
     int64_t n;
 
     if (!fh->view_data)
         return -EBADF;
     if (!snapshot_holds(iv, fh))
         return -EIO;
-    if (!iv->f->serial_read) {
-        n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+    if (!iv->lib->synth_serial) {
+        n = iv->lib->synth_read(fh->view_data, off, buf, size, read_disk, &r);
     } else {
         LOCK_FOR_SCOPE(&iv->read_lock);
-        n = iv->f->read(iv, fh->view_data, fh, off, buf, size);
+        n = iv->lib->synth_read(fh->view_data, off, buf, size, read_disk, &r);
     }
     if (n >= 0 && !snapshot_holds(iv, fh))   /* after the bytes were read */
         return -EIO;
@@ -248,61 +239,6 @@ ssize_t imageview_pread(struct fs_disk *d, struct fs_fh *fh, char *buf,
 
 /* ---- the ingest (write) side ------------------------------------------ */
 
-void imageview_logged(struct imageview *iv)
-{
-    iv->logged = true;
-}
-
-int imageview_unpack(struct imageview *iv, const void *desc,
-                     const void *cdata, size_t clen)
-{
-    int r = unpackers_queue(iv->unpack, desc, cdata, clen);
-    if (r < 0)
-        iv->logged = true;            /* the workers said it */
-    return r;
-}
-
-int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
-                   bool overlay, uint64_t file_len)
-{
-    struct fs_disk *d = iv->d;
-
-    if (size > d->export_size) {
-        log_err_site(SITE(iv, SITE_TAKE), "%s: the %s's disk is %" PRIu64
-                     " bytes, larger than the export (%" PRIu64 "): nothing "
-                     "written", imageview_name(iv), iv->f->what, size,
-                     d->export_size);
-        iv->logged = true;
-        return -ENOSPC;
-    }
-    log_info_site(SITE(iv, SITE_RECEIVING), "%s: receiving a %s %s, disk "
-                  "size %" PRIu64, imageview_name(iv), kind, iv->f->what,
-                  size);
-    /* Under iv->lock (inside a feed): the stream is ours.  From here on
-     * the copy is this one (its writer's input file the total). */
-    iv->begun = true;
-    rawfile_view_begin(d, iv->writer, iv->writer_pid, iv->f->status_name);
-    if (file_len)
-        rawfile_view_length(d, file_len);
-    if (overlay)
-        return 0;                             /* applied over the parent */
-    return rawfile_replace(d, size);
-}
-
-int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len)
-{
-    struct fs_disk *d = iv->d;
-
-    if (off <= d->export_size && len <= d->export_size - off)
-        return 0;
-    log_err_site(SITE(iv, SITE_FITS), "%s: the %s's disk is larger than the "
-                 "export (%" PRIu64 " bytes): data at offset %" PRIu64
-                 " does not fit", imageview_name(iv), iv->f->what,
-                 d->export_size, off);
-    iv->logged = true;
-    return -ENOSPC;
-}
-
 /* For a refusal: the view or command for what was written instead, or
  * the format's own hint. */
 static const char *refusal_hint(struct imageview *iv, int r, char *buf,
@@ -310,7 +246,8 @@ static const char *refusal_hint(struct imageview *iv, int r, char *buf,
 {
     if (r != -EMEDIUMTYPE)
         return "";
-    const char *advice = foreign_advice(iv->d, iv->f->first_kind(iv->stream),
+    const char *advice = foreign_advice(iv->d,
+                                        iv->lib->stream_first_kind(iv->stream),
                                         iv->f->ino, buf + 2, n - 2);
     if (!advice) {
         const char *h = iv->f->refusal_hint ? iv->f->refusal_hint(iv->d)
@@ -351,7 +288,7 @@ static int fail_locked(struct imageview *iv, int r)
         iv->err = -r;
         if (iv->logged)                       /* the sink said it */
             return r;
-        const char *e = iv->f->error(iv->stream);
+        const char *e = iv->lib->stream_error(iv->stream);
         char msg[sizeof said];
         snprintf(msg, sizeof msg, "%s%s", e[0] ? e : strerror(-r),
                  refusal_hint(iv, r, hint, sizeof hint));
@@ -382,25 +319,50 @@ static void drop_stream_locked(struct imageview *iv)
     if (iv->unpack)
         unpackers_drain(iv->unpack, true);
     if (iv->stream)
-        iv->f->free_stream(iv->stream);
+        iv->lib->stream_free(iv->stream);
     iv->stream = NULL;
+    spool_free(iv->spool);
+    iv->spool = NULL;
 }
 
 /* A new ingest, fh its writer. */
 static int new_stream_locked(struct imageview *iv, struct fs_fh *fh,
                              pid_t pid)
 {
+    struct fs_disk *d = iv->d;
+    struct nbdf_stream_opts o = {
+        .max_size = d->export_size, .accept_fixed = d->cfg->vhd_fixed,
+        .spool_max = d->cfg->spool_max,
+        /* Named in "... bytes of spool (raise %s)". */
+        .spool_option = "--spool-max; past half of it the spool is a file "
+                        "in --spool-dir",
+    };
+    struct spool_config sc = {
+        .dir = d->cfg->spool_dir, .max = d->cfg->spool_max,
+        .mem_max = spool_mem_max(d->cfg->spool_max),
+        .name = imageview_name(iv),
+    };
+    int r = 0;
+
     drop_stream_locked(iv);
-    int r = iv->f->new_stream(iv, &iv->stream);
+    if (iv->f->spool)
+        r = spool_new(&sc, &iv->spool);
+    if (r == 0)
+        r = iv->lib->stream_new(iv->f->spool ? &imagesink_spooling
+                                             : &imagesink, iv, &o, &iv->stream);
     if (r == 0) {
         iv->writer = fh;
         iv->writer_pid = pid;
         iv->err = 0;
         iv->logged = false;
         iv->begun = false;
+        iv->overlay = false;
+        iv->clamped = false;
         iv->file_size = 0;
     } else {
         iv->stream = NULL;
+        spool_free(iv->spool);
+        iv->spool = NULL;
     }
     return r;
 }
@@ -418,7 +380,7 @@ static int open_writer(struct imageview *iv, struct fs_fh *fh, pid_t pid)
     }
     if (busy)                     /* logged without iv->lock */
         log_notice_site(SITE(iv, SITE_BUSY), "%s: a %s is already being "
-                        "written", imageview_name(iv), iv->f->what);
+                        "written", imageview_name(iv), iv->lib->name);
     return r;
 }
 
@@ -457,7 +419,7 @@ ssize_t imageview_write(struct fs_disk *d, struct fs_fh *fh, const char *buf,
             r = -EBADF;
         else if (iv->err)
             r = -iv->err;
-        else if ((r = iv->f->feed(iv->stream, off, buf, size)) < 0)
+        else if ((r = iv->lib->stream_feed(iv->stream, off, buf, size)) < 0)
             r = fail_locked(iv, r);
         else if (off + size > iv->file_size)
             iv->file_size = off + size;
@@ -484,7 +446,7 @@ static int view_hole(struct imageview *iv, struct fs_fh *fh, uint64_t off,
             r = -EBADF;
         else if (iv->err)
             r = -iv->err;
-        else if ((r = iv->f->hole(iv->stream, off, len)) < 0)
+        else if ((r = iv->lib->stream_hole(iv->stream, off, len)) < 0)
             r = fail_locked(iv, r);
         else if (off + len > iv->file_size)
             iv->file_size = off + len;
@@ -522,7 +484,7 @@ int imageview_truncate(struct fs_disk *d, enum fs_ino ino, uint64_t size)
     if (size < cur) {
         log_err_site(SITE(iv, SITE_SHRINK), "%s: cannot shrink a %s being "
                      "written (%" PRIu64 " < %" PRIu64 ")", imageview_name(iv),
-                     iv->f->what, size, cur);
+                     iv->lib->name, size, cur);
         return -EINVAL;
     }
     return size > cur ? view_hole(iv, NULL, cur, size - cur) : 0;
@@ -538,7 +500,7 @@ static int finish_locked(struct imageview *iv)
         return -iv->err;
     if (qerr)
         return qerr;
-    if ((r = iv->f->finish(iv->stream)) < 0)
+    if ((r = iv->lib->stream_finish(iv->stream)) < 0)
         return fail_locked(iv, r);
     /* finish may hand over the last compressed units (a qcow2 that ends
      * inside the padding of its last compressed cluster): placed, and
@@ -549,10 +511,10 @@ static int finish_locked(struct imageview *iv)
         return qerr;
     }
     char more[128] = "";
-    if (iv->f->received)
-        iv->f->received(iv, more, sizeof more);
+    if (iv->lib->stream_summary)
+        iv->lib->stream_summary(iv->stream, more, sizeof more);
     log_info_site(SITE(iv, SITE_RECEIVED), "%s: %s received, %" PRIu64
-                  " bytes%s", imageview_name(iv), iv->f->what, iv->file_size,
+                  " bytes%s", imageview_name(iv), iv->lib->name, iv->file_size,
                   more);
     rawfile_view_close(iv->d, iv->file_size);
     return 0;
@@ -567,7 +529,7 @@ int imageview_flush(struct fs_disk *d, struct fs_fh *fh, bool wrote)
     {
         LOCK_FOR_SCOPE(&iv->lock);
         if (iv->writer == fh && iv->stream && !iv->err &&
-            !iv->f->started(iv->stream)) {
+            iv->lib->stream_position(iv->stream) == 0) {
             /* Nothing written yet: a close of a duplicate (dd does
              * dup2(fd, 1); close(fd) before writing).  Keep the ingest. */
         } else if (iv->writer == fh && iv->stream) {
@@ -617,6 +579,7 @@ int imageview_init(struct fs_disk *d, const struct imageview_format *f)
     if (!iv)
         return -ENOMEM;
     iv->f = f;
+    iv->lib = f->lib;
     iv->d = d;
     pthread_mutex_init(&iv->lock, NULL);
     pthread_mutex_init(&iv->read_lock, NULL);
@@ -625,9 +588,18 @@ int imageview_init(struct fs_disk *d, const struct imageview_format *f)
                            &iv->synths);
     if (r == 0 && f->init)
         r = f->init(iv);
-    if (r == 0 && f->unpack)
-        r = unpackers_start(imageview_name(iv), iv, f->unpack,
+    if (r == 0 && f->lib->unpack) {
+        const struct nbdf_unpack *u = f->lib->unpack;
+        iv->unpack_ops = (struct unpackers_ops) {
+            .what = u->what, .desc_size = u->desc_size,
+            .disk_off_at = u->disk_off_at, .cdata_at = u->cdata_at,
+            .out_max = u->out_max, .new_ctx = u->new_ctx,
+            .free_ctx = u->free_ctx, .decode = u->decode,
+            .place = imagesink_unpacked,
+        };
+        r = unpackers_start(imageview_name(iv), iv, &iv->unpack_ops,
                             &iv->unpack);
+    }
     if (r < 0)
         imageview_fini(d, f->ino);
     return r;
@@ -640,7 +612,8 @@ void imageview_fini(struct fs_disk *d, enum fs_ino ino)
     if (!iv)
         return;
     if (iv->stream)
-        iv->f->free_stream(iv->stream);
+        iv->lib->stream_free(iv->stream);
+    spool_free(iv->spool);
     unpackers_stop(iv->unpack);       /* nothing is queued between requests */
     if (iv->f->fini)
         iv->f->fini(iv);

@@ -12,7 +12,7 @@
  *             starts a new stream (one at a
  *             time: EBUSY).  O_TRUNC does not touch the disk: only the
  *             decoder's begin, once the image's header says what arrives,
- *             replaces the disk's content (imageview_take()).
+ *             replaces the disk's content (the sink's begin, views/imagesink.c).
  *   write     feeds the decoder; its first error is latched, logged once
  *             (with foreign_advice() for "not this format") and returned
  *             by every later write and by close.
@@ -22,10 +22,16 @@
  *             except a close before anything was written (dd's dup2).
  *   release   drops the synthesizer and the stream.
  *
- * A format fills a struct imageview_format (decoder, synthesizer, names)
- * and defines its struct fs_view with IMAGEVIEW_DEFINE().  The decoder's
- * sink callbacks get the struct imageview * as their opaque and use the
- * helpers below.
+ * A format view fills a struct imageview_format: its library's row of the
+ * format contract (common/format.h: the decoder, the synthesizer) and only
+ * what that format says beyond it (its synthesizer's identity, what it
+ * logs at begin, a size without a synthesizer), and defines its struct
+ * fs_view with IMAGEVIEW_DEFINE().  The skeleton fills the decoder's sink
+ * (one struct nbdf_sink for every format): begin replaces the disk (or
+ * not, for an overlay) through fs/rawfile.h, data and zero place the
+ * decoded bytes (all-zero data skipped where the disk reads as zero),
+ * compressed units go to the unpack workers (views/unpackers.h), early
+ * bytes to a spool (views/spool.h).
  *
  * THREAD MODEL
  * The ingest arrives on the receive loop's threads (fs/fuseloop.c):
@@ -33,7 +39,9 @@
  * fallocates and flushes on its workers; reads on its workers.
  * iv->lock serializes everything about the ingest (decoders are not
  * thread-safe and their input must stay in order); every decoder hook and
- * the sink callbacks run under it.  It is held across pool writes (the
+ * the sink callbacks run under it (the unpack workers' placements, which
+ * run on any thread, excepted: they read iv->overlay, written at begin
+ * while no unit is queued).  It is held across pool writes (the
  * writer is throttled, as on the raw file) but never across a FUSE reply.
  * The synthesizers have their own lock (views/synthcache.c), never taken
  * with iv->lock held nor the other way round.  The unpack workers
@@ -42,103 +50,57 @@
  * is taken after iv->lock (inside the sink), never the other way round.
  * The kernel sends a writer's requests in order because async direct I/O
  * is off (fs/ops.c).  The synthesizer hooks (read) run without iv->lock,
- * several at once, unless the format asks for serial_read.
+ * several at once, unless the library's row says synth_serial.
  */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/format.h"
 #include "common/imagekind.h"
 #include "fs/fs.h"
+#include "fs/rawfile.h"        /* rawfile_fsync: IMAGEVIEW_DEFINE */
 #include "views/synthcache.h"
 
 struct imageview;
-struct unpackers_ops;
 
 struct imageview_format {
+    /* The library's row of the contract (common/format.h): its decoder,
+     * its synthesizer, its name ("VHD": in messages) and, if it hands
+     * compressed units over, their decoding (views/unpackers.h). */
+    const struct nbdf_format *lib;
     enum fs_ino ino;
-    const char *what;             /* "VHD": in messages */
     const char *status_name;      /* "the VHD view": the status's copy */
     bool readahead;               /* handles read the disk ahead (ra) */
+    bool spool;                   /* the decoder spools early bytes
+                                   * (views/spool.h: --spool-dir, -max) */
 
     /* Format state beside the skeleton's (imageview_priv(): malloc()ed,
      * freed by the skeleton after fini); both optional. */
     int  (*init)(struct imageview *iv);
     void (*fini)(struct imageview *iv);
-
-    /* The decoder.  new_stream: a stream whose sink's opaque is iv. */
-    int  (*new_stream)(struct imageview *iv, void **out);
-    int  (*feed)(void *st, uint64_t off, const void *buf, size_t len);
-    int  (*hole)(void *st, uint64_t off, uint64_t len);
-    int  (*finish)(void *st);
-    void (*free_stream)(void *st);
-    const char *(*error)(const void *st);         /* "" when none */
-    /* Something has been decoded: a close is the end of this stream. */
-    bool (*started)(const void *st);
-    enum image_kind (*first_kind)(const void *st); /* what arrived first */
+    /* The synthesizer's identity and layout, per mount. */
+    void (*synth_opts)(struct imageview *iv, struct nbdf_synth_opts *o);
+    /* Optional: what to say once a synthesizer of a disk of size bytes is
+     * made. */
+    void (*synth_made)(struct imageview *iv, uint64_t size);
+    /* Optional: what the format says at its decoder's begin, before the
+     * disk changes (a backing file, a replayed log). */
+    void (*begun)(struct imageview *iv, const struct nbdf_begin *b);
     /* Optional: what to say about a refusal foreign_advice() has no
      * advice for ("" or NULL: nothing). */
     const char *(*refusal_hint)(struct fs_disk *d);
-    /* Optional: ", 12 grains" after "VMDK received, N bytes". */
-    void (*received)(struct imageview *iv, char *buf, size_t n);
-    /* Optional: compressed units that worker threads decompress and
-     * place (views/unpackers.h); the sink queues them with
-     * imageview_unpack().  The skeleton starts the threads after init,
-     * stops them before fini, and waits for the queue after every write
-     * and hole, and at open, close and release: its first error fails
-     * the request and latches for the ingest. */
-    const struct unpackers_ops *unpack;
-
-    /* The synthesizer: the disk's allocation is frozen by new_synth,
-     * allocate (each data extent) and seal; free_synth frees it. */
-    int  (*new_synth)(struct imageview *iv, uint64_t disk_size, void **out);
-    int  (*allocate)(void *synth, uint64_t off, uint64_t len);
-    int  (*seal)(void *synth);
-    void (*free_synth)(void *synth);
-    uint64_t (*file_size)(const void *synth);
     /* Optional: the file's size without a synthesizer (stat is frequent);
      * NULL: the synthesizer's, built (and shared) for it. */
     uint64_t (*size)(struct imageview *iv);
-    /* The file's bytes; read the disk through imageview_read_disk(). */
-    int64_t (*read)(struct imageview *iv, void *synth, struct fs_fh *fh,
-                    uint64_t off, char *buf, size_t size);
-    /* The synthesizers keep a cache that handles share: the skeleton
-     * serializes read (its read lock, a leaf). */
-    bool serial_read;
 };
 
 struct fs_disk *imageview_fs(const struct imageview *iv);
 const char *imageview_name(const struct imageview *iv);  /* "disk.vhd" */
 void *imageview_priv(const struct imageview *iv);
 void imageview_set_priv(struct imageview *iv, void *priv);
-void *imageview_stream(const struct imageview *iv);      /* under iv->lock */
 struct imageview *imageview_of(struct fs_disk *d, enum fs_ino ino);
-
-/* Sink helpers, under iv->lock. */
-/* The sink logged its error itself: the skeleton does not log it again. */
-void imageview_logged(struct imageview *iv);
-/* The decoder accepted the image: a disk of size bytes (kind: "dynamic",
- * in the log).  Larger than the export: logged, -ENOSPC, nothing
- * touched.  Else the copy is this one (file_len: the image file's
- * length when known, else 0) and, unless overlay (applied over what the
- * disk holds), the disk's content is replaced by size bytes of zeros. */
-int imageview_take(struct imageview *iv, const char *kind, uint64_t size,
-                   bool overlay, uint64_t file_len);
-/* Data the decoder places at [off, off+len) must fit the export: else
- * logged, -ENOSPC. */
-int imageview_fits(struct imageview *iv, uint64_t off, uint64_t len);
-/* Queue a compressed unit for the format's unpack workers (see
- * unpackers_queue()). */
-int imageview_unpack(struct imageview *iv, const void *desc,
-                     const void *cdata, size_t clen);
-
-/* The synthesizer's disk reader: opaque is a struct imageview_reader. */
-struct imageview_reader {
-    struct fs_disk *fs;
-    struct fs_fh *fh;             /* its read-ahead stream, if any */
-};
-int imageview_read_disk(void *opaque, uint64_t off, void *buf, size_t len);
 
 /* Calls fn for each data extent of the disk in [0, size) (the zero maps:
  * block status and what was written since), in order, until fn fails. */
@@ -200,54 +162,3 @@ void imageview_release(struct fs_disk *d, struct fs_fh *fh);
         .fsync = rawfile_fsync,                                              \
         .release = imageview_release,                                        \
     }
-
-/* The decoder hooks of a library whose stream is struct P_stream with
- * P_stream_feed/_finish/_free/_error (and P_stream_hole): defines the
- * adapters; IMAGEVIEW_STREAM_HOOKS(P) fills them in a format. */
-#define IMAGEVIEW_STREAM_GLUE(P)                                             \
-    static int P##_glue_feed(void *s, uint64_t o, const void *b, size_t n)   \
-    {                                                                        \
-        return P##_stream_feed(s, o, b, n);                                  \
-    }                                                                        \
-    static int P##_glue_finish(void *s) { return P##_stream_finish(s); }     \
-    static void P##_glue_free(void *s) { P##_stream_free(s); }               \
-    static const char *P##_glue_error(const void *s)                         \
-    {                                                                        \
-        return P##_stream_error(s);                                          \
-    }
-#define IMAGEVIEW_STREAM_HOLE(P)                                             \
-    static int P##_glue_hole(void *s, uint64_t o, uint64_t n)                \
-    {                                                                        \
-        return P##_stream_hole(s, o, n);                                     \
-    }
-#define IMAGEVIEW_STREAM_HOOKS(P)                                            \
-    .feed = P##_glue_feed, .finish = P##_glue_finish,                        \
-    .free_stream = P##_glue_free, .error = P##_glue_error
-/* The synthesizer hooks of a library with P_synth_allocate (returning an
- * int), P_synth_seal and P_synth_free. */
-#define IMAGEVIEW_SYNTH_GLUE(P)                                              \
-    static int P##_allocate(void *s, uint64_t off, uint64_t len)             \
-    {                                                                        \
-        return P##_synth_allocate(s, off, len);                              \
-    }                                                                        \
-    static int P##_seal(void *s) { return P##_synth_seal(s); }               \
-    static void P##_free_synth(void *s) { P##_synth_free(s); }
-
-/* The read hook of a library with P_synth_read: the disk read through
- * imageview_read_disk(), with the handle's read-ahead. */
-#define IMAGEVIEW_SYNTH_READ(P)                                              \
-    static int64_t P##_read(struct imageview *iv, void *s, struct fs_fh *fh, \
-                            uint64_t off, char *buf, size_t size)            \
-    {                                                                        \
-        struct imageview_reader d = { .fs = imageview_fs(iv), .fh = fh };    \
-        return P##_synth_read(s, off, buf, size, imageview_read_disk, &d);   \
-    }
-
-/* The hooks a format P names by convention: P_new_stream, P_started,
- * P_first_kind, P_new_synth, P_allocate, P_seal, P_free_synth, P_read,
- * and the stream glue above. */
-#define IMAGEVIEW_FORMAT_HOOKS(P)                                            \
-    IMAGEVIEW_STREAM_HOOKS(P), .new_stream = P##_new_stream,                 \
-    .started = P##_started, .first_kind = P##_first_kind,                    \
-    .new_synth = P##_new_synth, .allocate = P##_allocate, .seal = P##_seal,  \
-    .free_synth = P##_free_synth, .read = P##_read

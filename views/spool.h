@@ -21,9 +21,10 @@
  *                       -ENOENT if a byte of it is not held;
  *   drop(key)           forget the entry put at key (its room is used
  *                       again by a put of the same length).
- * The two decoder interfaces fit: vhdx's spool_put/spool_get by file
- * offset, qcow2's struct qcow2_spool put/get/drop by cluster offset
- * (spool_cb_*: opaque is the struct spool *).
+ * The format contract's sink (common/format.h: spool_put, spool_get,
+ * spool_drop) fits: vhdx keys by file offset and never drops, qcow2 keys
+ * by cluster offset (views/imagesink.c; spool_cb_*: opaque is the struct
+ * spool *).
  *
  * Errors are logged once, prefixed by cfg.name, and returned as -errno.
  *

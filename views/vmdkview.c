@@ -14,67 +14,43 @@
  * The progress counts bytes of the VMDK file written, as for a VHD.
  *
  * Compressed grains are independent: the decoder hands each one over
- * (sink.grain) to inflater threads (views/unpackers.h), helped by the
- * writing thread; a damaged grain fails the write that completed it (and
- * every later one, and close()).
+ * (the sink's compressed) to inflater threads (views/unpackers.h, with
+ * vmdk/'s row's unpack hooks), helped by the writing thread; a damaged
+ * grain fails the write that completed it (and every later one, and
+ * close()).
  *
  * Reading: a synthesizer produces a streamOptimized VMDK of stored
  * deflate blocks (size known at open; see docs/design/format-vmdk.md); grain
  * data is read through the pool.
  *
- * The rest (open, holes, truncate, close, the shared synthesizers) is the
- * format-view skeleton's (views/imageview.h); this file is the glue to
- * vmdk/, its inflaters and its synthesizer.
+ * The rest (open, holes, truncate, close, the shared synthesizers, the
+ * decoder's sink) is the format-view skeleton's (views/imageview.h) over
+ * vmdk/'s row of the format contract (common/format.h); this file holds
+ * what only a VMDK says: the content id and the size without a
+ * synthesizer.
  *
  * THREAD MODEL
  * The skeleton's lock (views/imageview.h) serializes the ingest; the
  * inflater threads are views/unpackers.h's and place grains on any thread.
- * The skeleton serializes reads of synthesizers (serial_read: each
- * caches a grain, and handles share them).
+ * The skeleton serializes reads of synthesizers (the row's synth_serial:
+ * each caches a grain, and handles share them).
  * The disk is changed through fs/rawfile.c, whose size lock is taken
  * only around one placement, never across a wait for the queue.
  */
 #include "fs/view.h"
 
 #include <errno.h>
-#include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
-#include "common/iszero.h"
-#include "common/log.h"
 #include "views/imageview.h"
 #include "fs/rawfile.h"
-#include "views/unpackers.h"
 #include "vmdk/vmdk.h"
 
 /* The format's state beside the skeleton's (imageview_priv()). */
 struct vmdkview {
     uint32_t cid;                 /* of the synthesized VMDK, per mount */
 };
-
-static const struct vmdk_sink sink;
-
-static struct vmdkview *vmdk_of(struct imageview *iv)
-{
-    return imageview_priv(iv);
-}
-
-/* ---- inflater threads ------------------------------------------------ */
-
-static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len);
-
-UNPACKERS_OPS(inflaters, "inflater", struct vmdk_grain, struct vmdk_inflater,
-              vmdk_inflater_new, vmdk_inflater_free, vmdk_grain_inflate,
-              VMDK_GRAIN_MAX_SECTORS * VMDK_SECTOR, sink_data);
-
-/* sink.grain, on the FUSE thread under view->lock: queue a copy. */
-static int sink_grain(void *opaque, const struct vmdk_grain *g)
-{
-    return imageview_unpack(opaque, g, g->cdata, g->clen);
-}
 
 static int vmdk_init(struct imageview *iv)
 {
@@ -96,20 +72,13 @@ static int vmdk_init(struct imageview *iv)
     return 0;
 }
 
-/* ---- the synthesized (read) side -------------------------------------- */
-
-static int vmdk_new_synth(struct imageview *iv, uint64_t size, void **out)
+/* The synthesizer's content id and extent name (the view's file name). */
+static void vmdk_synth_opts(struct imageview *iv, struct nbdf_synth_opts *o)
 {
-    struct nbdf_err e = { "" };
+    const struct vmdkview *v = imageview_priv(iv);
 
-    int r = vmdk_synth_new(size, vmdk_of(iv)->cid, imageview_name(iv),
-                           (struct vmdk_synth **) out, &e);
-    if (r < 0)
-        log_notice("%s: %s", imageview_name(iv), e.msg);
-    return r;
+    o->cid = v->cid;
 }
-
-IMAGEVIEW_SYNTH_GLUE(vmdk)
 
 /* The synthesized file's size from the zero maps, counting grains and
  * tables without a synthesizer (getattr is frequent; a synthesizer holds
@@ -127,84 +96,12 @@ static uint64_t vmdk_size(struct imageview *iv)
     return vmdk_synth_size(size, c.units, c.tables);
 }
 
-/* Each synthesizer caches a grain, and handles share them: serial_read. */
-IMAGEVIEW_SYNTH_READ(vmdk)
-
-/* ---- the ingest (write) side ------------------------------------------ */
-
-static int sink_begin(void *opaque, enum vmdk_kind kind, uint64_t capacity)
-{
-    struct imageview *iv = opaque;
-    struct fs_disk *d = imageview_fs(iv);
-
-    /* A capacity is whole sectors: an export whose size is not a multiple
-     * of 512 takes a VMDK of itself back (place() checks the tail). */
-    if (capacity > d->export_size &&
-        capacity - d->export_size < VMDK_SECTOR)
-        capacity = d->export_size;
-    return imageview_take(iv, kind == VMDK_STREAM_OPTIMIZED
-                                  ? "streamOptimized" : "monolithicSparse",
-                          capacity, false, 0);
-}
-
-/* Decoded bytes to the disk; any thread.  All-zero runs are skipped. */
-static int place(struct fs_disk *d, uint64_t off, const void *buf, size_t len)
-{
-    if (off + len > d->export_size) {
-        /* The last sector's bytes past an export that ends mid-sector
-         * (begin() allowed that): they must be zero. */
-        size_t keep = off < d->export_size ? (size_t) (d->export_size - off)
-                                            : 0;
-        if (!is_zero((const char *) buf + keep, len - keep))
-            return -ENOSPC;
-        len = keep;
-    }
-    if (is_zero(buf, len))           /* reads as zero since begin() */
-        return 0;
-    return rawfile_place(d, off, buf, len);
-}
-
-static int sink_data(void *opaque, uint64_t off, const void *buf, size_t len)
-{
-    return place(imageview_fs(opaque), off, buf, len);
-}
-
-static const struct vmdk_sink sink = {
-    .begin = sink_begin,
-    .data = sink_data,
-    .grain = sink_grain,
-};
-
-static int vmdk_new_stream(struct imageview *iv, void **out)
-{
-    return vmdk_stream_new(&sink, iv, (struct vmdk_stream **) out);
-}
-
-IMAGEVIEW_STREAM_GLUE(vmdk)
-IMAGEVIEW_STREAM_HOLE(vmdk)
-static bool vmdk_started(const void *s) { return vmdk_stream_position(s); }
-
-static enum image_kind vmdk_first_kind(const void *s)
-{
-    return vmdk_stream_first_kind(s);
-}
-
-static void vmdk_received(struct imageview *iv, char *buf, size_t n)
-{
-    struct vmdk_stream_stats st;
-
-    vmdk_stream_stats(imageview_stream(iv), &st);
-    snprintf(buf, n, ", %" PRIu64 " grains", st.grains);
-}
-
-static const struct imageview_format vmdk_format = {
-    IMAGEVIEW_FORMAT_HOOKS(vmdk),
-    .ino = FS_INO_VMDK, .what = "VMDK", .status_name = "the VMDK view",
+static const struct imageview_format vmdk_view = {
+    .lib = &vmdk_format,
+    .ino = FS_INO_VMDK, .status_name = "the VMDK view",
     .init = vmdk_init,
-    .hole = vmdk_glue_hole,
-    .received = vmdk_received,
-    .unpack = &inflaters, .serial_read = true,
+    .synth_opts = vmdk_synth_opts,
     .size = vmdk_size,                /* no synthesizer for a stat */
 };
 
-IMAGEVIEW_DEFINE(fs_vmdk_view, vmdk_format, ".vmdk");
+IMAGEVIEW_DEFINE(fs_vmdk_view, vmdk_view, ".vmdk");

@@ -127,8 +127,8 @@ static int grain_done(struct vmdk_stream *s, const uint8_t *cdata)
     vmdk_grain_init(&g, &s->h, s->glba, s->gat, cdata, (size_t) s->cneed);
     s->stats.grains++;
     s->stats.compressed_bytes += s->cneed;
-    if (s->sink->grain) {             /* the caller inflates */
-        int r = s->sink->grain(s->opaque, &g);
+    if (s->sink->compressed) {        /* the caller inflates */
+        int r = s->sink->compressed(s->opaque, &g, g.cdata, g.clen);
         if (r < 0)
             return fail(s, r, "grain for LBA %" PRIu64 " (marker at byte %"
                         PRIu64 "): %s", s->glba, s->gat, strerror(-r));

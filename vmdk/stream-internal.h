@@ -32,7 +32,7 @@ struct grain {                                /* an allocated sparse grain */
 };
 
 struct vmdk_stream {
-    const struct vmdk_sink *sink;
+    const struct nbdf_sink *sink;
     void *opaque;
     int err;                                  /* sticky, negative */
     struct nbdf_err e;
@@ -100,7 +100,13 @@ static inline int begin(struct vmdk_stream *s)
 {
     assert(!s->began);
     s->began = true;
-    int r = s->sink->begin(s->opaque, vmdk_kind_of(s), s->capacity);
+    enum vmdk_kind k = vmdk_kind_of(s);
+    struct nbdf_begin b = {
+        .kind = k, .size = s->capacity, .unit = VMDK_SECTOR,
+        .kind_name = k == VMDK_STREAM_OPTIMIZED ? "streamOptimized"
+                                                : "monolithicSparse",
+    };
+    int r = s->sink->begin(s->opaque, &b);
     if (r < 0)
         return fail(s, r, "refused by the destination: %s", strerror(-r));
     return 0;

@@ -33,7 +33,7 @@
  */
 #include "vmdk/stream-internal.h"
 
-int vmdk_stream_new(const struct vmdk_sink *sink, void *opaque,
+int vmdk_stream_new(const struct nbdf_sink *sink, void *opaque,
                     struct vmdk_stream **out)
 {
     struct vmdk_stream *s = calloc(1, sizeof *s);

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/format.h"
 #include "common/imagekind.h"
 
 #define VMDK_SECTOR          512u
@@ -232,11 +233,13 @@ void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
  * directory lies in the overhead), and for monolithicSparse the grain
  * directory and 8 bytes per allocated grain.
  *
- * Callbacks, on the thread that calls feed/hole/finish; a negative return
+ * The sink is the contract's (common/format.h): begin, data and
+ * compressed; on the thread that calls feed/hole/finish; a negative return
  * aborts decoding and is returned from that call (sticky):
  *
- * begin(kind, capacity): exactly once, before any data().  capacity is the
- *   disk's size in bytes (header capacity * 512).  streamOptimized: at
+ * begin(b): exactly once, before any data().  b->kind is the enum
+ *   vmdk_kind; b->size the capacity, the disk's size in bytes (header
+ *   capacity * 512), so b->unit is 512.  streamOptimized: at
  *   the first marker, once the header and descriptor have been validated
  *   and the overhead has passed.  monolithicSparse: once
  *   the header, descriptor, grain directory and every grain table have
@@ -247,7 +250,8 @@ void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
  *   inside a grain) are NOT emitted.
  * data(disk_off, buf, len): place these bytes; buf is valid during the call
  *   only.  Never outside [0, capacity); each disk byte at most once.
- * grain(g): optional.  If set, each streamOptimized grain is handed over
+ * compressed(g, g->cdata, g->clen): optional (g: a struct vmdk_grain).
+ *   If set, each streamOptimized grain is handed over
  *   compressed instead of inflated and placed through data(), so that the
  *   caller can inflate grains on several threads with vmdk_grain_inflate()
  *   (grains are independent).  g->cdata is valid during the call only.  The
@@ -268,15 +272,10 @@ void vmdk_marker_decode(const void *buf, uint64_t *lba, uint32_t *size);
  *   overhead; each grain's file offset is mapped back to its LBA through
  *   the grain tables, which must lie (with the directory) in the overhead.
  */
-struct vmdk_sink {
-    int (*begin)(void *opaque, enum vmdk_kind kind, uint64_t capacity);
-    int (*data)(void *opaque, uint64_t disk_off, const void *buf, size_t len);
-    int (*grain)(void *opaque, const struct vmdk_grain *g);
-};
 struct vmdk_stream;
 
 /* sink and opaque are borrowed and must outlive the stream.  -ENOMEM. */
-int vmdk_stream_new(const struct vmdk_sink *sink, void *opaque,
+int vmdk_stream_new(const struct nbdf_sink *sink, void *opaque,
                     struct vmdk_stream **out);
 
 /* Bytes [file_off, file_off+len) of the VMDK file, any size and alignment.
@@ -381,5 +380,8 @@ int64_t vmdk_synth_read(struct vmdk_synth *s, uint64_t off, void *buf,
                         size_t len, vmdk_read_disk_fn read_disk, void *opaque);
 
 void vmdk_synth_free(struct vmdk_synth *s);
+
+/* ---- the format contract's row (common/format.h; vmdk/table.c) ---------- */
+extern const struct nbdf_format vmdk_format;
 
 #endif /* NBDFERRY_VMDK_H */

@@ -41,8 +41,10 @@ struct state {
     uint64_t held, limit;
 };
 
-static int s_begin(void *o, enum qcow2_kind kind, uint64_t size)
+static int s_begin(void *o, const struct nbdf_begin *b)
 {
+    enum qcow2_kind kind = (enum qcow2_kind) b->kind;
+    uint64_t size = b->size;
     struct state *st = o;
     if (st->began || (kind != QCOW2_STANDALONE && kind != QCOW2_OVERLAY))
         abort();
@@ -83,8 +85,11 @@ static int s_zero(void *o, uint64_t off, uint64_t len)
     return 0;
 }
 
-static int s_compressed(void *o, const struct qcow2_compressed *c)
+static int s_compressed(void *o, const void *unit, const void *cdata,
+                        size_t clen)
 {
+    const struct qcow2_compressed *c = unit;
+    (void) cdata, (void) clen;
     struct state *st = o;
     struct nbdf_err e = { "" };
     if (!st->dz && qcow2_decompressor_new(&st->dz) < 0)
@@ -147,7 +152,7 @@ static void sp_drop(void *o, uint64_t key)
 
 /* The map hook reports inside the disk (it may run before begin(), which
  * waits for the first write: the header says the size then). */
-static int s_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
+static int s_map(void *o, uint64_t off, uint64_t len, int what,
                  uint64_t file_off)
 {
     struct state *st = o;
@@ -159,11 +164,15 @@ static int s_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
     return 0;
 }
 
-static const struct qcow2_sink sink_sync = { s_begin, s_data, s_zero, NULL,
-                                             NULL };
-static const struct qcow2_sink sink_hook = { s_begin, s_data, s_zero,
-                                             s_compressed, s_map };
-static const struct qcow2_spool spool = { sp_put, sp_get, sp_drop };
+static const struct nbdf_sink sink_sync = {
+    .begin = s_begin, .data = s_data, .zero = s_zero,
+    .spool_put = sp_put, .spool_get = sp_get, .spool_drop = sp_drop,
+};
+static const struct nbdf_sink sink_hook = {
+    .begin = s_begin, .data = s_data, .zero = s_zero,
+    .compressed = s_compressed, .map = s_map,
+    .spool_put = sp_put, .spool_get = sp_get, .spool_drop = sp_drop,
+};
 
 static uint32_t next(uint32_t *x)
 {
@@ -199,7 +208,7 @@ static int run(const uint8_t *f, size_t len, uint32_t seed, bool whole,
 {
     struct qcow2_stream *s;
     struct qcow2_stream_opts o = {
-        .spool = &spool, .spool_opaque = st, .spool_option = "--spool",
+        .spool_option = "--spool",
         .spool_max = st->limit, .max_size = 1ull << 40,
     };
     if (qcow2_stream_new(seed & 0x10000 ? &sink_hook : &sink_sync, st, &o,

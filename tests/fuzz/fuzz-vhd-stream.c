@@ -52,8 +52,10 @@ static void bounds(struct sink_state *st, uint64_t off, uint64_t len)
         abort();
 }
 
-static int s_begin(void *o, enum vhd_kind kind, uint64_t size)
+static int s_begin(void *o, const struct nbdf_begin *b)
 {
+    enum vhd_kind kind = (enum vhd_kind) b->kind;
+    uint64_t size = b->size;
     struct sink_state *st = o;
     if (st->began)
         abort();
@@ -88,7 +90,8 @@ static int s_zero(void *o, uint64_t off, uint64_t len)
     return 0;
 }
 
-static const struct vhd_sink sink = { s_begin, s_data, s_zero };
+static const struct nbdf_sink sink = { .begin = s_begin, .data = s_data,
+                                       .zero = s_zero };
 
 CUTS_STREAM(stream_cuts, vhd);
 

@@ -44,8 +44,9 @@ struct st {
     uint64_t spooled;
 };
 
-static int s_begin(void *o, const struct vhdx_info *info)
+static int s_begin(void *o, const struct nbdf_begin *b)
 {
+    const struct vhdx_info *info = b->info;
     struct st *st = o;
     if (st->began || info->meta.disk_size == 0)
         abort();
@@ -92,7 +93,9 @@ static int s_get(void *o, uint64_t off, void *buf, size_t len)
     return 0;
 }
 
-static const struct vhdx_sink sink = { s_begin, s_data, s_zero, s_put, s_get };
+static const struct nbdf_sink sink = { .begin = s_begin, .data = s_data,
+                                       .zero = s_zero, .spool_put = s_put,
+                                       .spool_get = s_get };
 
 /* The log parser alone, on a small log (see the header). */
 static int log_only(const uint8_t *data, size_t size)

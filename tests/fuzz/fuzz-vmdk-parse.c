@@ -107,9 +107,9 @@ static int rd(void *o, uint64_t off, void *buf, size_t len)
     return 0;
 }
 
-static int o_begin(void *o, enum vmdk_kind k, uint64_t cap)
+static int o_begin(void *o, const struct nbdf_begin *b)
 {
-    (void) o, (void) k, (void) cap;
+    (void) o, (void) b;
     memset(out, 0, SYNTH_MAX + 512);
     return 0;
 }
@@ -157,7 +157,7 @@ static void synth(const uint8_t *data, size_t size)
         abort();
     vmdk_synth_free(s);
 
-    static const struct vmdk_sink sk = { .begin = o_begin, .data = o_data };
+    static const struct nbdf_sink sk = { .begin = o_begin, .data = o_data };
     struct vmdk_stream *st;
     if (vmdk_stream_new(&sk, NULL, &st) < 0)
         abort();

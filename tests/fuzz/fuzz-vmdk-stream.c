@@ -34,8 +34,10 @@ struct sink_state {
     uint8_t *seen;                      /* a byte per disk byte */
 };
 
-static int s_begin(void *o, enum vmdk_kind kind, uint64_t capacity)
+static int s_begin(void *o, const struct nbdf_begin *b)
 {
+    enum vmdk_kind kind = (enum vmdk_kind) b->kind;
+    uint64_t capacity = b->size;
     struct sink_state *st = o;
     if (st->began || (kind != VMDK_STREAM_OPTIMIZED &&
                       kind != VMDK_MONOLITHIC_SPARSE) || capacity == 0)
@@ -62,7 +64,7 @@ static int s_data(void *o, uint64_t off, const void *buf, size_t len)
     return 0;
 }
 
-static const struct vmdk_sink sink = { .begin = s_begin, .data = s_data };
+static const struct nbdf_sink sink = { .begin = s_begin, .data = s_data };
 
 CUTS_STREAM(stream_cuts, vmdk);
 

@@ -8,6 +8,11 @@ foreach(t iszero minmax rounding monotime list uuid cleanup imagekind err
   add_test(NAME common-${t} COMMAND common-test-${t})
 endforeach()
 
+# common/format.h: the format contract, run over every library's row.
+add_executable(common-test-format ${CMAKE_CURRENT_LIST_DIR}/common-test-format.c)
+target_link_libraries(common-test-format PRIVATE vhd vmdk qcow2 vhdx)
+add_test(NAME common-format COMMAND common-test-format)
+
 # fs/trace.h over common/log.c: the -v request trace.
 add_executable(trace-test ${CMAKE_CURRENT_LIST_DIR}/trace-test.c)
 target_link_libraries(trace-test PRIVATE common PkgConfig::DEPS

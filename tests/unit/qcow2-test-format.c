@@ -63,10 +63,10 @@ static int stream(const uint8_t *f, size_t len, bool *began, char *msg)
 {
     struct disk d;
     struct mspool ms = { 0 };
-    struct qcow2_stream_opts o = { &mspool_ops, &ms, 16u << 20, "--spool",
-                                   0 };
+    struct qcow2_stream_opts o = { 16u << 20, "--spool", 0 };
     struct qcow2_stream *st;
     disk_init(&d, 64u << 20, NULL);
+    d.ms = &ms;
     CHECK(qcow2_stream_new(&sink_sync, &d, &o, &st) == 0);
     int r = qcow2_stream_feed(st, 0, f, len);
     if (r == 0)
@@ -263,9 +263,10 @@ int main(void)
         CHECK(qcow2_header_decode(f, len, &h, NULL) == 0 && h.nb_snapshots == 1);
         struct disk d;
         struct mspool ms = { 0 };
-        struct qcow2_stream_opts o = { &mspool_ops, &ms, 16u << 20, "--s", 0 };
+        struct qcow2_stream_opts o = { 16u << 20, "--s", 0 };
         struct qcow2_stream *st;
         disk_init(&d, rlen, NULL);
+        d.ms = &ms;
         CHECK(qcow2_stream_new(&sink_sync, &d, &o, &st) == 0);
         CHECK(qcow2_stream_feed(st, 0, f, len) == 0);
         CHECK(qcow2_stream_finish(st) == 0);

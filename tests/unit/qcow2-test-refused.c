@@ -24,7 +24,7 @@
 
 static uint64_t maps;                             /* sink.map calls */
 
-static int d_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
+static int d_map(void *o, uint64_t off, uint64_t len, int what,
                  uint64_t file_off)
 {
     (void) o, (void) off, (void) len, (void) what, (void) file_off;
@@ -32,7 +32,10 @@ static int d_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
     return 0;
 }
 
-static const struct qcow2_sink sink = { d_begin, d_data, d_zero, NULL, d_map };
+static const struct nbdf_sink sink = {
+    .begin = d_begin, .data = d_data, .zero = d_zero, .spool_put = d_put,
+    .spool_get = d_get, .spool_drop = d_drop, .map = d_map,
+};
 
 /* Decode f[0, len) fed in pieces of 'chunk' onto a disk of DISK bytes
  * holding 'initial' (NULL: 0xee garbage); finish's result or the first
@@ -41,11 +44,12 @@ static int decode(const uint8_t *f, size_t len, size_t chunk,
                   const uint8_t *initial, struct disk *d, char msg[256])
 {
     struct mspool ms = { 0 };
-    struct qcow2_stream_opts o = { &mspool_ops, &ms, 64u << 20, "--spool", 0 };
+    struct qcow2_stream_opts o = { 64u << 20, "--spool", 0 };
     struct qcow2_stream *st;
 
     maps = 0;
     disk_init(d, DISK, initial);
+    d->ms = &ms;
     CHECK(qcow2_stream_new(&sink, d, &o, &st) == 0);
     int r = 0;
     for (size_t off = 0; off < len && r == 0; off += chunk)

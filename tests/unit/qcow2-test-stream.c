@@ -57,12 +57,12 @@ static int decode(const uint8_t *f, size_t len, const struct feedspec *fs,
 {
     struct mspool ms = { 0 };
     struct qcow2_stream_opts o = {
-        .spool = &mspool_ops, .spool_opaque = &ms,
         .spool_max = run->spool_max, .spool_option = "--test-spool",
     };
     struct qcow2_stream *st;
 
     disk_init(d, cap, initial);
+    d->ms = &ms;
     d->async_compressed = run->async;
     CHECK(qcow2_stream_new(run->async ? &sink_async : &sink_sync, d, &o,
                            &st) == 0);

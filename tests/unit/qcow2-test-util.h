@@ -83,13 +83,17 @@ struct disk {
     uint8_t *written;                               /* a byte per disk byte */
     uint64_t data_calls, zero_calls;
     bool async_compressed;                          /* use sink.compressed */
+    struct mspool *ms;                              /* the sink's spool */
     struct qcow2_decompressor *dz;
     uint8_t *zout;
 };
 
-static inline int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
+static inline int d_begin(void *o, const struct nbdf_begin *b)
 {
     struct disk *d = o;
+    enum qcow2_kind kind = (enum qcow2_kind) b->kind;
+    uint64_t size = b->size;
+    CHECK(b->overlay == (kind == QCOW2_OVERLAY) && b->info);
     CHECK(!d->began);
     CHECK(size <= d->cap);
     d->began = true;
@@ -131,9 +135,12 @@ static inline int d_zero(void *o, uint64_t off, uint64_t len)
 
 /* The view decompresses on worker threads; here, at once, but through
  * the same hook and qcow2_compressed_decode(). */
-static inline int d_compressed(void *o, const struct qcow2_compressed *c)
+static inline int d_compressed(void *o, const void *unit, const void *cdata,
+                               size_t clen)
 {
     struct disk *d = o;
+    const struct qcow2_compressed *c = unit;
+    CHECK(cdata == c->cdata && clen == c->clen);
     struct nbdf_err e = { "" };
     if (!d->dz)
         CHECK(qcow2_decompressor_new(&d->dz) == 0);
@@ -147,9 +154,6 @@ static inline int d_compressed(void *o, const struct qcow2_compressed *c)
     return d_data(o, c->disk_off, d->zout, (size_t) n);
 }
 
-static const struct qcow2_sink sink_sync = { d_begin, d_data, d_zero, NULL, NULL };
-static const struct qcow2_sink sink_async = { d_begin, d_data, d_zero,
-                                              d_compressed, NULL };
 
 static inline void disk_init(struct disk *d, uint64_t cap, const uint8_t *initial)
 {
@@ -227,7 +231,31 @@ static inline void ms_drop(void *o, uint64_t key)
     CHECK(!"drop of a key not held");
 }
 
-static const struct qcow2_spool mspool_ops = { ms_put, ms_get, ms_drop };
+/* The sink's spool: the disk's (d->ms). */
+static inline int d_put(void *o, uint64_t key, const void *buf, size_t len)
+{
+    return ms_put(((struct disk *) o)->ms, key, buf, len);
+}
+
+static inline int d_get(void *o, uint64_t key, void *buf, size_t len)
+{
+    return ms_get(((struct disk *) o)->ms, key, buf, len);
+}
+
+static inline void d_drop(void *o, uint64_t key)
+{
+    ms_drop(((struct disk *) o)->ms, key);
+}
+
+static const struct nbdf_sink sink_sync = {
+    .begin = d_begin, .data = d_data, .zero = d_zero,
+    .spool_put = d_put, .spool_get = d_get, .spool_drop = d_drop,
+};
+static const struct nbdf_sink sink_async = {
+    .begin = d_begin, .data = d_data, .zero = d_zero,
+    .compressed = d_compressed,
+    .spool_put = d_put, .spool_get = d_get, .spool_drop = d_drop,
+};
 
 static inline void ms_free(struct mspool *m)
 {

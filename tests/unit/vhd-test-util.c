@@ -94,9 +94,12 @@ static void disk_bounds(struct vt_disk *d, uint64_t off, uint64_t len)
         d->high = off + len;
 }
 
-static int disk_begin(void *opaque, enum vhd_kind kind, uint64_t size)
+static int disk_begin(void *opaque, const struct nbdf_begin *b)
 {
     struct vt_disk *d = opaque;
+    enum vhd_kind kind = (enum vhd_kind) b->kind;
+    uint64_t size = b->size;
+    CHECK(b->overlay == (kind == VHD_DIFF));
     CHECK(!d->began);
     CHECK(kind == VHD_FIXED ? size == 0 : size > 0 && size <= d->cap);
     d->began = true;
@@ -130,7 +133,9 @@ static int disk_zero(void *opaque, uint64_t off, uint64_t len)
     return 0;
 }
 
-const struct vhd_sink vt_disk_sink = { disk_begin, disk_data, disk_zero };
+const struct nbdf_sink vt_disk_sink = { .begin = disk_begin,
+                                        .data = disk_data,
+                                        .zero = disk_zero };
 
 uint64_t vt_rand(uint64_t *s)
 {

@@ -37,7 +37,7 @@ struct vt_disk {
     uint64_t high;                /* highest byte emitted + 1 */
     int fail_after;               /* >0: data() fails on that call (-EIO) */
 };
-extern const struct vhd_sink vt_disk_sink;
+extern const struct nbdf_sink vt_disk_sink;
 
 
 /* Deterministic PRNG (xorshift64*). */

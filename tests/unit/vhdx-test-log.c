@@ -41,8 +41,11 @@ struct disk {
     size_t nspool;
 };
 
-static int d_begin(void *o, const struct vhdx_info *info)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
+    const struct vhdx_info *info = b->info;
+    CHECK(b->size == info->meta.disk_size &&
+          b->overlay == info->meta.has_parent);
     struct disk *d = o;
     CHECK(info->meta.disk_size == d->size);
     memset(d->bytes, 0, d->size);
@@ -90,7 +93,9 @@ static int d_get(void *o, uint64_t off, void *buf, size_t len)
     return -EIO;
 }
 
-static const struct vhdx_sink sink = { d_begin, d_data, d_zero, d_put, d_get };
+static const struct nbdf_sink sink = { .begin = d_begin, .data = d_data,
+                                       .zero = d_zero, .spool_put = d_put,
+                                       .spool_get = d_get };
 
 /* Decode file[0, len) fed in pieces of 'cut' bytes; the disk must be want. */
 static void decode_as(const uint8_t *f, size_t len, uint64_t cut,

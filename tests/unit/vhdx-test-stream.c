@@ -42,8 +42,11 @@ struct disk {
     uint64_t written;
 };
 
-static int d_begin(void *o, const struct vhdx_info *info)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
+    const struct vhdx_info *info = b->info;
+    CHECK(b->size == info->meta.disk_size &&
+          b->overlay == info->meta.has_parent);
     struct disk *d = o;
     CHECK(!d->began);
     CHECK(info->meta.disk_size == d->size);
@@ -97,7 +100,9 @@ static int d_get(void *o, uint64_t off, void *buf, size_t len)
     return -EIO;
 }
 
-static const struct vhdx_sink sink = { d_begin, d_data, d_zero, d_put, d_get };
+static const struct nbdf_sink sink = { .begin = d_begin, .data = d_data,
+                                       .zero = d_zero, .spool_put = d_put,
+                                       .spool_get = d_get };
 
 static void disk_free(struct disk *d)
 {
@@ -300,7 +305,7 @@ static void refusals(void)
         expect_refusal(#mutate, f, len, code, needle, early, smax);      \
         free(f); } while (0)
 
-    CASE(memcpy(f, "qcow", 4), -EINVAL, "not a VHDX", true, 0);
+    CASE(memcpy(f, "qcow", 4), -EMEDIUMTYPE, "not a VHDX", true, 0);
     CASE((f[64 * 1024 + 20] ^= 1, f[128 * 1024 + 20] ^= 1), -EINVAL, "CRC-32C", true, 0);
     CASE((f[192 * 1024 + 8] = 0, fix_crc(f + 192 * 1024, 65536),
           f[256 * 1024 + 8] = 0, fix_crc(f + 256 * 1024, 65536)),

@@ -1,6 +1,7 @@
 /* tests/unit/vhdx-test-synth.c: the VHDX synthesizer, read back by two
  * independent readers: qemu-img (check clean, compare equal to the disk,
- * map showing only the allocated blocks) and our own stream decoder.
+ * map showing only the allocated blocks), our own stream decoder and our
+ * random-access reader (vhdx_image_*).
  * The synthesized file is read in random pieces, as a reader in any order
  * would.  A missing qemu-img is a failure. */
 #undef NDEBUG
@@ -67,8 +68,9 @@ static uint8_t *synth_file(struct vhdx_synth *s, struct disk *d, size_t *len)
 }
 
 struct got { uint8_t *bytes; uint64_t size; };
-static int g_begin(void *o, const struct vhdx_info *info)
+static int g_begin(void *o, const struct nbdf_begin *b)
 {
+    const struct vhdx_info *info = b->info;
     struct got *g = o;
     CHECK(info->meta.disk_size == g->size && !info->meta.has_parent);
     memset(g->bytes, 0, g->size);
@@ -82,12 +84,58 @@ static int g_data(void *o, uint64_t off, const void *buf, size_t len)
     return 0;
 }
 
+/* The random-access reader over the file in memory. */
+struct mem { const uint8_t *f; size_t len; };
+static int mem_read(void *o, void *buf, size_t len, uint64_t off)
+{
+    const struct mem *m = o;
+    if (off > m->len || len > m->len - off)
+        return -EINVAL;
+    memcpy(buf, m->f + off, len);
+    return 0;
+}
+
+/* vhdx_image_*: the same disk, read in odd pieces; blocks the
+ * synthesizer did not store read as zero without a file read. */
+static void image_equals(const uint8_t *f, size_t len, const uint8_t *disk,
+                         uint64_t size)
+{
+    struct mem m = { f, len };
+    struct vhdx_image *img;
+    struct nbdf_err e = { "" };
+    int r = vhdx_image_open(mem_read, &m, len, &img, &e);
+    if (r)
+        fprintf(stderr, "image: %s\n", e.msg);
+    CHECK(r == 0 && vhdx_image_meta(img)->disk_size >= size);
+    uint64_t bs = vhdx_image_meta(img)->block_size;
+    uint8_t *out = malloc(size);
+    for (uint64_t off = 0, n; off < size; off += n) {
+        n = 1 + (off * 7919 + 13) % 3000000;
+        if (n > size - off)
+            n = size - off;
+        CHECK(vhdx_image_read(img, out + off, (size_t) n, off) == 0);
+    }
+    CHECK(memcmp(out, disk, size) == 0);
+    for (uint64_t b = 0; b * bs < size; b++) {
+        uint64_t n = size - b * bs < bs ? size - b * bs : bs;
+        bool zero = true;
+        for (uint64_t i = 0; i < n && zero; i++)
+            zero = disk[b * bs + i] == 0;
+        if (!zero)
+            CHECK(vhdx_image_block(img, b) != 0);
+    }
+    CHECK(vhdx_image_read(img, out, 1, vhdx_image_meta(img)->disk_size) ==
+          -EINVAL);
+    free(out);
+    vhdx_image_free(img);
+}
+
 static void decode_equals(const uint8_t *f, size_t len, const uint8_t *disk,
                           uint64_t size)
 {
     struct got g = { malloc(size), size };
     memset(g.bytes, 0xEE, size);
-    struct vhdx_sink sink = { g_begin, g_data, NULL, NULL, NULL };
+    struct nbdf_sink sink = { .begin = g_begin, .data = g_data };
     struct vhdx_stream *s;
     CHECK(vhdx_stream_new(&sink, &g, NULL, &s) == 0);
     int r = vhdx_stream_feed(s, 0, f, len);
@@ -98,6 +146,7 @@ static void decode_equals(const uint8_t *f, size_t len, const uint8_t *disk,
     CHECK(r == 0 && memcmp(g.bytes, disk, size) == 0);
     vhdx_stream_free(s);
     free(g.bytes);
+    image_equals(f, len, disk, size);
 }
 
 static void small_disk(void)

@@ -21,3 +21,7 @@ target_link_libraries(vhdx-mkfile PRIVATE vhdx)
 add_executable(vhdx-test-log ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-log.c)
 target_link_libraries(vhdx-test-log PRIVATE vhdx)
 add_test(NAME vhdx-log COMMAND vhdx-test-log)
+
+add_executable(vhdx-test-format ${CMAKE_CURRENT_LIST_DIR}/vhdx-test-format.c)
+target_link_libraries(vhdx-test-format PRIVATE vhdx)
+add_test(NAME vhdx-format COMMAND vhdx-test-format)

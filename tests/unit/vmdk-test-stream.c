@@ -1,5 +1,5 @@
-/* tests/unit/vmdk-test-stream.c: the stream decoder and the synthesizer
- * against VMDKs made here by two independent writers, qemu-img
+/* tests/unit/vmdk-test-stream.c: the stream decoder and the random-access
+ * parser against VMDKs made here by two independent writers, qemu-img
  * (streamOptimized, monolithicSparse) and python3-vmdkstream, and read
  * back by qemu-img and vmdkinfo.
  *
@@ -27,29 +27,7 @@
 #include "vmdk/vmdk.h"
 #include "stream-cuts.h"
 #include "test-util.h"
-
-/* ---- files and tools ------------------------------------------------------- */
-
-/* 5 MiB + 12800 bytes: grains of random data, all-zero grains, a grain
- * half zero, and a short last grain. */
-#define RAW_SIZE ((5u << 20) + 12800u)
-static uint8_t *make_raw(void)
-{
-    uint8_t *raw = calloc(1, RAW_SIZE);
-    uint64_t x = 42;
-    for (size_t g = 0; g * 65536 < RAW_SIZE; g++) {
-        if (g % 5 == 2 || g == 7 || g == 8)
-            continue;                               /* zero grains */
-        size_t end = (g + 1) * 65536 < RAW_SIZE ? (g + 1) * 65536 : RAW_SIZE;
-        size_t start = g * 65536 + (g == 11 ? 32768 : 0);
-        for (size_t i = start; i < end; i += 8) {
-            uint64_t v = rnd(&x);
-            memcpy(raw + i, &v, end - i < 8 ? end - i : 8);
-        }
-    }
-    save("src.raw", raw, RAW_SIZE);
-    return raw;
-}
+#include "vmdk-test-util.h"
 
 static void make_fixtures(void)
 {
@@ -69,124 +47,6 @@ static void make_fixtures(void)
        "cmp vs.raw src.raw", dir);
 }
 
-/* ---- a disk the decoder writes into ------------------------------------ */
-
-struct disk {
-    uint8_t *buf;
-    uint64_t cap;
-    bool began;
-    enum vmdk_kind kind;
-    uint64_t capacity;
-    uint64_t calls, bytes;
-    uint8_t *written;                               /* a byte per disk byte */
-    int fail_after;                                 /* >0: data() -EIO then */
-};
-
-static int d_begin(void *o, enum vmdk_kind kind, uint64_t capacity)
-{
-    struct disk *d = o;
-    CHECK(!d->began);
-    CHECK(capacity <= d->cap);
-    d->began = true;
-    d->kind = kind;
-    d->capacity = capacity;
-    memset(d->buf, 0, capacity);                    /* "replace the disk" */
-    return 0;
-}
-
-static int d_data(void *o, uint64_t off, const void *buf, size_t len)
-{
-    struct disk *d = o;
-    CHECK(d->began && len > 0 && off + len <= d->capacity);
-    for (size_t i = 0; i < len; i++)
-        CHECK(!d->written[off + i]++);              /* each byte once */
-    if (d->fail_after && ++d->calls == (uint64_t) d->fail_after)
-        return -EIO;
-    memcpy(d->buf + off, buf, len);
-    d->bytes += len;
-    return 0;
-}
-
-static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
-
-/* The same through the grain() hook, as the view uses it (inflated here,
- * synchronously, with the library's rules). */
-static int d_grain(void *o, const struct vmdk_grain *g)
-{
-    static struct vmdk_inflater *z;
-    static uint8_t out[1 << 20];
-    struct nbdf_err e;
-    if (!z)
-        CHECK(vmdk_inflater_new(&z) == 0);
-    CHECK(g->grain_bytes <= sizeof out && g->disk_off < g->capacity);
-    int64_t n = vmdk_grain_inflate(z, g, out, &e);
-    if (n < 0)
-        return (int) n;
-    return d_data(o, g->disk_off, out, (size_t) n);
-}
-static const struct vmdk_sink sink_g = { .begin = d_begin, .data = d_data,
-                                         .grain = d_grain };
-
-static void disk_init(struct disk *d, uint64_t cap)
-{
-    memset(d, 0, sizeof *d);
-    d->cap = cap;
-    d->buf = malloc(cap);
-    d->written = calloc(1, cap);
-    memset(d->buf, 0xA5, cap);                      /* stale content */
-}
-
-static void disk_free(struct disk *d)
-{
-    free(d->buf);
-    free(d->written);
-}
-
-/* Feed f[0, len) cut by seed (0: one piece; tests/unit/stream-cuts.h),
- * pieces of 1..maxp bytes.  Returns the first error or finish()'s
- * result. */
-CUTS_STREAM(stream_cuts, vmdk);
-
-static int decode(struct vmdk_stream *s, const uint8_t *f, size_t len,
-                  uint64_t seed, size_t maxp)
-{
-    int r = cuts_feed(&stream_cuts, s, f, len, (uint32_t) seed,
-                      seed ? (unsigned) maxp : 0);
-    return r ? r : vmdk_stream_finish(s);
-}
-
-/* Decode a whole file; expect success and the raw disk back. */
-static void decode_ok(const char *name, const uint8_t *f, size_t len,
-                      const uint8_t *raw, size_t raw_len, enum vmdk_kind kind)
-{
-    static const size_t maxp[] = { 0, 1 << 20, 4096, 70000, 131072, 7 };
-    for (unsigned i = 0; i < sizeof maxp / sizeof *maxp; i++) {
-        if (maxp[i] == 7 && len > (8u << 20))
-            continue;                               /* 1-byte pieces: small only */
-        struct disk d;
-        struct vmdk_stream *s;
-        disk_init(&d, raw_len + 65536);
-        CHECK(vmdk_stream_new(i % 2 ? &sink_g : &sink, &d, &s) == 0);
-        int r = decode(s, f, len, i, maxp[i]);
-        if (r != 0) {
-            fprintf(stderr, "%s cut %u: %d %s\n", name, i, r,
-                    vmdk_stream_error(s));
-            abort();
-        }
-        CHECK(d.kind == kind && vmdk_stream_kind(s) == kind);
-        CHECK(d.capacity == (raw_len + 511) / 512 * 512);
-        CHECK(memcmp(d.buf, raw, raw_len) == 0);
-        CHECK(is_zero(d.buf + raw_len, d.capacity - raw_len));
-        struct vmdk_stream_stats st;
-        vmdk_stream_stats(s, &st);
-        if (kind == VMDK_STREAM_OPTIMIZED)         /* qemu-img: no EOS */
-            CHECK((st.eos || vmdk_stream_header(s)->gd_offset !=
-                   VMDK_GD_AT_END) && st.grains > 0);
-        vmdk_stream_free(s);
-        disk_free(&d);
-    }
-    printf("  %s: decoded with %zu cuttings\n", name, sizeof maxp / sizeof *maxp);
-}
 
 /* Decode; expect failure with a message containing needle; began says
  * whether the disk may have been touched. */
@@ -216,74 +76,6 @@ static uint8_t *dup_buf(const uint8_t *f, size_t len)
     uint8_t *c = malloc(len);
     memcpy(c, f, len);
     return c;
-}
-
-/* ---- the random-access parser, independent of the stream decoder ------ */
-
-/* Parse f with the image API; decode the disk into out (capacity bytes)
- * through lookups, inflating marker grains.  0 or -errno, e set. */
-static int image_decode(const uint8_t *f, size_t len, uint8_t *out,
-                        uint64_t *capacity, struct nbdf_err *e)
-{
-    struct vmdk_image *img;
-    static struct vmdk_inflater *z;
-    static uint8_t gbuf[1 << 20];
-    uint64_t off;
-    size_t n;
-    int r;
-
-    if (!z)
-        CHECK(vmdk_inflater_new(&z) == 0);
-    if (len < 512 || (r = vmdk_image_new(f, len, &img, e)) < 0)
-        return len < 512 ? -EINVAL : r;
-    while ((r = vmdk_image_next(img, &off, &n)) > 0) {
-        CHECK(off + n <= len);
-        if ((r = vmdk_image_supply(img, f + off, e)) < 0)
-            break;
-    }
-    const struct vmdk_header *h = vmdk_image_header(img);
-    *capacity = h->capacity * 512;
-    for (uint64_t d = 0; r == 0 && d < *capacity; ) {
-        struct vmdk_place p;
-        CHECK(vmdk_image_lookup(img, d, &p) == 0 && p.len > 0);
-        if (p.src == VMDK_SRC_ZERO)
-            memset(out + d, 0, p.len);
-        else if (p.src == VMDK_SRC_FILE)
-            memcpy(out + d, f + p.file_off, p.len);
-        else {
-            uint64_t lba;
-            uint32_t size;
-            CHECK(p.file_off + 12 <= len);
-            vmdk_marker_decode(f + p.file_off, &lba, &size);
-            CHECK(lba * 512 == d && size > 0 && p.file_off + 12 + size <= len);
-            struct vmdk_grain g;
-            vmdk_grain_init(&g, h, lba, p.file_off, f + p.file_off + 12, size);
-            memset(gbuf, 0, g.grain_bytes);
-            int64_t k = vmdk_grain_inflate(z, &g, gbuf, e);
-            CHECK(k >= 0);
-            memcpy(out + d, gbuf, p.len);
-        }
-        d += p.len;
-    }
-    vmdk_image_free(img);
-    return r;
-}
-
-static void image_ok(const char *name, const uint8_t *f, size_t len,
-                     const uint8_t *raw, size_t raw_len)
-{
-    struct nbdf_err e = { "" };
-    uint64_t cap = 0;
-    uint8_t *out = malloc(raw_len + 65536);
-    int r = image_decode(f, len, out, &cap, &e);
-    if (r != 0) {
-        fprintf(stderr, "%s: image parse: %d %s\n", name, r, e.msg);
-        abort();
-    }
-    CHECK(cap == (raw_len + 511) / 512 * 512);
-    CHECK(memcmp(out, raw, raw_len) == 0 && is_zero(out + raw_len, cap - raw_len));
-    free(out);
-    printf("  %s: random-access parse agrees\n", name);
 }
 
 static void image_bad(const char *what, const uint8_t *f, size_t len,
@@ -530,72 +322,6 @@ static void test_sparse_surgery(const uint8_t *f, size_t len,
     free(c);
 }
 
-/* ---- synthesizer ------------------------------------------------------------ */
-
-static const uint8_t *synth_disk;
-static int read_disk(void *o, uint64_t off, void *buf, size_t len)
-{
-    uint64_t size = *(uint64_t *) o;
-    CHECK(off + len <= size);
-    memcpy(buf, synth_disk + off, len);
-    return 0;
-}
-
-static void test_synth(const uint8_t *raw)
-{
-    uint64_t size = RAW_SIZE;
-    struct vmdk_synth *sy;
-    struct nbdf_err e;
-    CHECK(vmdk_synth_new(0, 1, "x", &sy, &e) == -EINVAL);
-    CHECK(vmdk_synth_new(1ull << 50, 1, "x", &sy, &e) == -EFBIG);
-    CHECK(vmdk_synth_new(size, 0x12345678, "nbd.vmdk", &sy, &e) == 0);
-    /* Allocate where the raw disk has data, as the view does from the
-     * zero maps (whole grains here, with one partial range). */
-    for (uint64_t g = 0; g * 65536 < size; g++) {
-        uint64_t end = (g + 1) * 65536 < size ? (g + 1) * 65536 : size;
-        if (!is_zero(raw + g * 65536, end - g * 65536))
-            CHECK(vmdk_synth_allocate(sy, g * 65536 + 100, 10) == 0);
-    }
-    CHECK(vmdk_synth_allocate(sy, size - 1, 1) == 0);   /* same grain: no-op */
-    CHECK(vmdk_synth_allocate(sy, 0, 1) == -EINVAL);    /* must increase */
-    CHECK(vmdk_synth_allocate(sy, size, 1) == -EINVAL);
-    CHECK(vmdk_synth_seal(sy) == 0);
-    CHECK(vmdk_synth_allocate(sy, 0, 1) == -EINVAL);
-    uint64_t fsize = vmdk_synth_file_size(sy);
-    uint64_t ng = vmdk_synth_grains_allocated(sy);
-    CHECK(fsize == (128 + ng * 129 + 5 + 2 + 3) * 512ull);
-    uint8_t *file = malloc(fsize);
-    synth_disk = raw;
-    uint64_t x = 9;
-    for (uint64_t off = 0; off < fsize; ) {
-        size_t n = 1 + rnd(&x) % 200000;
-        int64_t r = vmdk_synth_read(sy, off, file + off, n, read_disk, &size);
-        CHECK(r > 0 && (uint64_t) r == (n < fsize - off ? n : fsize - off));
-        off += (uint64_t) r;
-    }
-    CHECK(vmdk_synth_read(sy, fsize, file, 10, read_disk, &size) == 0);
-    /* Random re-reads agree with the sequential read. */
-    uint8_t piece[3000];
-    for (int i = 0; i < 200; i++) {
-        uint64_t off = rnd(&x) % fsize;
-        int64_t r = vmdk_synth_read(sy, off, piece, sizeof piece, read_disk,
-                                    &size);
-        CHECK(r > 0 && memcmp(piece, file + off, (size_t) r) == 0);
-    }
-    vmdk_synth_free(sy);
-    /* Our decoder, qemu-img and vmdkinfo read it back as the disk. */
-    decode_ok("synthesized", file, fsize, raw, RAW_SIZE, VMDK_STREAM_OPTIMIZED);
-    image_ok("synthesized", file, fsize, raw, RAW_SIZE);
-    save("synth.vmdk", file, fsize);
-    sh("cd %s && qemu-img convert -q -f vmdk -O raw synth.vmdk synth.raw && "
-       "truncate -s %u synth.raw && cmp synth.raw src.raw && "
-       "qemu-img check -q -f vmdk synth.vmdk && "
-       "vmdkinfo synth.vmdk | grep -q 'Stream optimized'", dir, RAW_SIZE);
-    free(file);
-    printf("  synthesized: %" PRIu64 " bytes, %" PRIu64 " grains; qemu-img "
-           "and vmdkinfo agree\n", fsize, ng);
-}
-
 /* VMDKstream of a file whose size is not a multiple of 512: the last
  * grain inflates to the file's remaining bytes, short of the capacity. */
 static void test_short_last_grain(void)
@@ -756,7 +482,6 @@ int main(void)
             test_stream_surgery(f, len, raw);
         free(f);
     }
-    test_synth(raw);
     test_short_last_grain();
     test_qemu_without_eos(raw);
     test_zero_grain_first();

@@ -2,7 +2,7 @@
 # are made at test time by qemu-img and python3-vmdkstream.
 set(VMDK_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 
-foreach(t format stream)
+foreach(t format stream synth)
   add_executable(vmdk-test-${t} ${VMDK_TEST_DIR}/vmdk-test-${t}.c)
   target_link_libraries(vmdk-test-${t} PRIVATE vmdk OpenSSL::Crypto)
   add_test(NAME vmdk-${t} COMMAND vmdk-test-${t})

@@ -49,10 +49,10 @@ struct decode {
     bool collect;
 };
 
-static int d_begin(void *o, enum qcow2_kind kind, uint64_t size)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
     struct decode *d = o;
-    (void) size;
+    enum qcow2_kind kind = (enum qcow2_kind) b->kind;
     if (d->refuse_backing && kind == QCOW2_OVERLAY) {
         imgtool_msg("%s: an image with a backing file (%s) holds only what "
                     "changed from it: land it onto a disk that holds the "
@@ -81,14 +81,14 @@ static int d_zero(void *o, uint64_t off, uint64_t len)
     return 0;
 }
 
-static int d_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
+static int d_map(void *o, uint64_t off, uint64_t len, int what,
                  uint64_t file_off)
 {
     struct decode *d = o;
     if (!d->collect)
         return 0;
     struct extent *l = d->next ? &d->ext[d->next - 1] : NULL;
-    if (l && l->what == what && l->disk_off + l->len == off &&
+    if (l && (int) l->what == what && l->disk_off + l->len == off &&
         (what != QCOW2_MAP_DATA || l->file_off + l->len == file_off)) {
         l->len += len;                  /* the run goes on */
         return 0;
@@ -100,12 +100,11 @@ static int d_map(void *o, uint64_t off, uint64_t len, enum qcow2_map what,
             return -ENOMEM;
         d->ext = e, d->cap = cap;
     }
-    d->ext[d->next++] = (struct extent) { off, len, file_off, what };
+    d->ext[d->next++] = (struct extent) { off, len, file_off,
+                                          (enum qcow2_map) what };
     return 0;
 }
 
-static const struct qcow2_sink sink = { .begin = d_begin, .data = d_data,
-                                        .zero = d_zero, .map = d_map };
 
 /* The spool: a file made on first use, deleted already (O_TMPFILE, else
  * mkstemp + unlink), in $TMPDIR.  Keys are file offsets of the qcow2, so
@@ -157,7 +156,10 @@ static void sp_drop(void *o, uint64_t key)
                      (off_t) key, (off_t) d->spool_unit);
 }
 
-static const struct qcow2_spool spool = { sp_put, sp_get, sp_drop };
+static const struct nbdf_sink sink = {
+    .begin = d_begin, .data = d_data, .zero = d_zero, .map = d_map,
+    .spool_put = sp_put, .spool_get = sp_get, .spool_drop = sp_drop,
+};
 
 /* Map a library error to the exit status. */
 static int exit_status(const struct decode *d, int r)
@@ -180,8 +182,7 @@ static int run_decode(struct decode *d, struct qcow2_stream_stats *st)
     int fd = imgtool_open_in(d->path);
     if (fd < 0)
         return IMGTOOL_EXIT_USAGE;
-    struct qcow2_stream_opts opts = { .spool = &spool, .spool_opaque = d,
-                                      .spool_max = imgtool_spool_max,
+    struct qcow2_stream_opts opts = { .spool_max = imgtool_spool_max,
                                       .spool_option = "--spool-max" };
     int r = qcow2_stream_new(&sink, d, &opts, &d->s);
     if (r < 0)

@@ -120,8 +120,10 @@ struct out {
     bool diff_ok;                       /* output holds the parent already */
 };
 
-static int out_begin(void *opaque, enum vhd_kind kind, uint64_t size)
+static int out_begin(void *opaque, const struct nbdf_begin *b)
 {
+    enum vhd_kind kind = (enum vhd_kind) b->kind;
+    uint64_t size = b->size;
     struct out *o = opaque;
     if (kind == VHD_DIFF) {
         if (!o->diff_ok)
@@ -160,7 +162,9 @@ static int out_zero(void *opaque, uint64_t off, uint64_t len)
     return 0;
 }
 
-static const struct vhd_sink out_sink = { out_begin, out_data, out_zero };
+static const struct nbdf_sink out_sink = { .begin = out_begin,
+                                           .data = out_data,
+                                           .zero = out_zero };
 
 /* Feed the file as cp --sparse=auto would: data extents in 128 KiB
  * writes, holes skipped (the decoder sees forward jumps). */

@@ -35,9 +35,10 @@ struct decode {
     bool refuse_parent;                 /* cat: a child needs its parent */
 };
 
-static int d_begin(void *o, const struct vhdx_info *info)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
     struct decode *d = o;
+    const struct vhdx_info *info = b->info;
     if (d->refuse_parent && info->meta.has_parent) {
         imgtool_msg("%s: a differencing VHDX holds only what changed from "
                     "its parent: land it onto a disk that holds the parent "
@@ -68,7 +69,7 @@ static int d_get(void *o, uint64_t off, void *buf, size_t len)
     return imgtool_pread_full(fileno(d->spool), buf, len, off);
 }
 
-static const struct vhdx_sink sink = { .begin = d_begin, .data = d_data,
+static const struct nbdf_sink sink = { .begin = d_begin, .data = d_data,
                                        .spool_put = d_put, .spool_get = d_get };
 
 static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
@@ -97,7 +98,7 @@ static int run_decode(struct decode *d, struct vhdx_stream_stats *st)
         const char *e = vhdx_stream_error(d->s);
         if (e[0] && !strstr(e, "the sink failed"))
             imgtool_msg("%s: %s", d->path, e);
-        r = r == -EINVAL || r == -ENOTSUP || r == -EFBIG
+        r = r == -EINVAL || r == -EMEDIUMTYPE || r == -ENOTSUP || r == -EFBIG
             ? (r == -ENOTSUP && d->refuse_parent && vhdx_stream_info(d->s) &&
                vhdx_stream_info(d->s)->meta.has_parent ? IMGTOOL_EXIT_USAGE
                                                        : IMGTOOL_EXIT_INVALID)

@@ -45,11 +45,11 @@ struct decode {
     enum vmdk_kind kind;
 };
 
-static int d_begin(void *o, enum vmdk_kind kind, uint64_t capacity)
+static int d_begin(void *o, const struct nbdf_begin *b)
 {
     struct decode *d = o;
-    d->kind = kind;
-    d->capacity = capacity;
+    d->kind = (enum vmdk_kind) b->kind;
+    d->capacity = b->size;
     if (d->map) {
         const struct vmdk_header *h = vmdk_stream_header(d->s);
         d->grain_bytes = vmdk_header_grain_bytes(h);
@@ -108,7 +108,7 @@ static int d_data(void *o, uint64_t off, const void *buf, size_t len)
     return write_at(d, off, buf, len);
 }
 
-static const struct vmdk_sink sink = { .begin = d_begin, .data = d_data };
+static const struct nbdf_sink sink = { .begin = d_begin, .data = d_data };
 
 /* Stream the whole input into s.  0, or the exit status. */
 static int feed_cb(void *s, uint64_t off, const void *buf, size_t len)
