@@ -6,9 +6,10 @@ start and shortens --request-timeout and --retry-timeout to fit below it
 the daemon while the mount stays up, instead of ENOTCONN from an aborted
 mount.
 
-The sysctl is global to the machine: it is set to 30 s (well above what
-any other test's request waits) only while the mount starts (the kernel
-takes it at FUSE_INIT), and restored at once, in a finally."""
+The sysctl is global to the machine: it is set to 30 s only while the
+mount starts (the kernel takes it at FUSE_INIT), restored at once in a
+finally, and under the knob lock held exclusively (tests/lib/mounts.py:
+no other test's mount starts meanwhile and gets the timeout)."""
 
 import os
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 from lib.env import MiB
 from lib.faults import wait_progress, written_bytes
 from lib.images import random_file
-from lib.mounts import is_mounted
+from lib.mounts import fuse_knobs, is_mounted
 
 KNOB = Path("/proc/sys/fs/fuse/default_request_timeout")
 MAXKNOB = Path("/proc/sys/fs/fuse/max_request_timeout")
@@ -31,14 +32,15 @@ def test_fuse_timeout_paused_server_fails_with_eio_mount_survives(
     assert MAXKNOB.read_text().strip() == "0", "a maximum is set: unexpected"
     k = kit("srv", ["--filter=delay", "memory", f"size={64 * MiB}",
                     "wdelay=10ms"])
-    old = KNOB.read_text().strip()
-    KNOB.write_text(str(KERNEL_T))
-    try:
-        # Defaults: 30 s + 60 s, far past the kernel's 30 s.
-        m = mount(k.target, "--request-size", "512K", expect_rc=1,
-                  expect_errors=True)
-    finally:
-        KNOB.write_text(old)
+    with fuse_knobs(exclusive=True):
+        old = KNOB.read_text().strip()
+        KNOB.write_text(str(KERNEL_T))
+        try:
+            # Defaults: 30 s + 60 s, far past the kernel's 30 s.
+            m = mount(k.target, "--request-size", "512K", expect_rc=1,
+                      expect_errors=True)
+        finally:
+            KNOB.write_text(old)
     text = m.stderr
     got = re.search(r"--request-timeout 30 s and --retry-timeout 60 s "
                     r"shortened to (\d+) s and (\d+) s", text)

@@ -5,6 +5,8 @@ checks, a memory sampler.
 start_mount() and finish_mounts() are the body of conftest's ``mount``
 fixture; the fixture owns the list of mounts."""
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -19,6 +21,33 @@ import pytest
 from lib import env
 from lib.env import daemon_cmd, timeout
 from lib.procs import nonempty, tail, wait_for
+
+# The kernel's FUSE knobs (/proc/sys/fs/fuse/*) are global to the machine
+# and taken by a mount when it starts.  A test that sets one for its own
+# mount (test_fuse_timeout) holds this lock exclusively while the knob is
+# set; every other mount start holds it shared, so that no test's mount
+# starts under a knob meant for another (a 30 s kernel request timeout,
+# under which a stalled request aborts the whole mount).
+KNOB_LOCK = Path("/tmp/nbdferry-tests-fuse-knobs.lock")
+_knobs_held = [False]
+
+
+@contextlib.contextmanager
+def fuse_knobs(exclusive=False):
+    """Hold the knob lock: exclusive to set a knob, shared to start a
+    mount (a no-op in the process that holds it exclusively)."""
+    if _knobs_held[0]:
+        yield
+        return
+    with open(KNOB_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        _knobs_held[0] = exclusive
+        try:
+            yield
+        finally:
+            _knobs_held[0] = False
+            fcntl.flock(f, fcntl.LOCK_UN)
+
 
 # Lines in the daemon's stderr that fail a test unless it expects errors.
 BAD_STDERR = re.compile(
@@ -164,17 +193,18 @@ def start_mount(d, mounts, target, *opts, filename=None, expect_rc=0,
         targs = [target.uri]
     spec = f"{mp}/{filename}" if filename else str(mp)
     cmd = daemon_cmd("-f", "-P", pidfile, *opts, spec, *targs)
-    with open(stderr_path, "wb") as errf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                stdout=errf, stderr=errf,
-                                pass_fds=pass_fds)
-    m = Mount(mp=mp, file=mp / (raw or filename or "nbd"), proc=proc,
-              pid=proc.pid, pidfile=pidfile, stderr_path=stderr_path,
-              expect_rc=expect_rc, expect_errors=expect_errors,
-              checked=False, cmd=cmd)
-    mounts.append(m)
-    wait_for(nonempty(pidfile), proc, "nbdferry mount", ready_timeout,
-             log=stderr_path)
+    with fuse_knobs():
+        with open(stderr_path, "wb") as errf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                    stdout=errf, stderr=errf,
+                                    pass_fds=pass_fds)
+        m = Mount(mp=mp, file=mp / (raw or filename or "nbd"), proc=proc,
+                  pid=proc.pid, pidfile=pidfile, stderr_path=stderr_path,
+                  expect_rc=expect_rc, expect_errors=expect_errors,
+                  checked=False, cmd=cmd)
+        mounts.append(m)
+        wait_for(nonempty(pidfile), proc, "nbdferry mount", ready_timeout,
+                 log=stderr_path)
     assert is_mounted(mp), f"pidfile written but {mp} is not mounted"
     pid = int(pidfile.read_text().split()[0])
     assert pid == proc.pid, f"pidfile holds {pid}, daemon is {proc.pid}"
