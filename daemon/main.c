@@ -8,7 +8,6 @@
  */
 #include "fs/fs.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -17,11 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "daemon/cli.h"
 #include "daemon/daemon.h"
+#include "daemon/fuseuring.h"
 #include "daemon/mountlock.h"
 #include "digest/digest.h"
 #include "fs/fuseloop.h"
@@ -43,7 +42,6 @@
 #define MAX_REQUEST_SIZE (32u << 20)  /* some servers drop the connection
                                        * beyond this */
 
-#define URING_PARAM "/sys/module/fuse/parameters/enable_uring"
 #define FUSE_WORKERS 16   /* threads serving requests other than writes */
 
 #define DIGEST_QUEUE_LIMIT (32u << 20)  /* bytes of copies waiting for the
@@ -287,77 +285,21 @@ static struct fuse_session *mount_fuse(struct fs *fs,
     return se;
 }
 
-/* Is io_uring asked for (--fuse-io-uring, -o io_uring, or libfuse's own
- * FUSE_URING_ENABLE), and can this build and kernel have it?  Asked but
- * not to be had: the mount is served through /dev/fuse, said here once;
- * the status's fuse_transport says which transport serves. */
-static bool uring_wanted(const struct cli_options *o)
+/* Is io_uring asked for: --fuse-io-uring, -o io_uring, or libfuse's own
+ * FUSE_URING_ENABLE (daemon/fuseuring.c decides whether it is had). */
+static bool uring_asked(const struct cli_options *o)
 {
     const char *env = getenv("FUSE_URING_ENABLE");
-    bool asked = o->fuse_io_uring ||
-                 (o->fo.pass && has_fuse_opt(o->fo.pass, "io_uring")) ||
-                 (env && atoi(env) != 0);
 
-    if (!asked)
-        return false;
-#if HAVE_FUSE_URING
-    char c = 'N';
-    FILE *f = fopen(URING_PARAM, "re");
-    if (f) {
-        if (fscanf(f, " %c", &c) != 1)
-            c = 'N';
-        fclose(f);
-    }
-    if (c != 'Y' && c != 'y' && c != '1') {
-        log_notice("--fuse-io-uring: the kernel's fuse module has io_uring "
-                   "off (%s is not Y; as root: echo Y > %s): serving "
-                   "through /dev/fuse", URING_PARAM, URING_PARAM);
-        return false;
-    }
-    /* libfuse 3.18 has the API whatever it was built with, but without
-     * liburing (Debian's libfuse3-4 3.18.3) its rings never start ("fuse:
-     * failed to start io-uring: Unknown error -95"): our loop then serves
-     * better than libfuse's.  Built with it, libfuse brought liburing in
-     * with it. */
-    if (dlsym(RTLD_DEFAULT, "io_uring_queue_init_params"))
-        return true;
-    log_notice("--fuse-io-uring: this libfuse was built without io_uring "
-               "(it does not load liburing): serving through /dev/fuse");
-#else
-    log_notice("--fuse-io-uring: this build's libfuse has no io_uring "
-               "(3.18 or later has): serving through /dev/fuse");
-#endif
-    return false;
-}
-
-/* io_uring: libfuse's loop, not ours.  libfuse starts its rings (a
- * thread and ring per CPU) while it serves INIT and stops them only at
- * the end of its own loops (fuse_uring_stop() is internal), so a mount
- * served by fs/fuseloop.c would leave them running into
- * fuse_session_destroy().  Once the rings run, every request but INIT
- * and INTERRUPT arrives in a ring buffer, not through /dev/fuse, so our
- * loop's landings could not apply anyway: a write is copied from the
- * ring's buffer into the pool (op_write_buf()), as from libfuse's. */
-static int serve_uring(struct fuse_session *se, bool single_thread)
-{
-    log_info("fuse: io_uring asked: libfuse's loop serves the mount");
-    if (single_thread)
-        return fuse_session_loop(se);
-    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
-    if (!cfg)
-        return -ENOMEM;
-    fuse_loop_cfg_set_max_threads(cfg, FUSE_WORKERS);
-    fuse_loop_cfg_set_clone_fd(cfg, 0);
-    int r = fuse_session_loop_mt(se, cfg);
-    fuse_loop_cfg_destroy(cfg);
-    fuse_session_reset(se);
-    return r;
+    return o->fuse_io_uring ||
+           (o->fo.pass && has_fuse_opt(o->fo.pass, "io_uring")) ||
+           (env && atoi(env) != 0);
 }
 
 static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
 {
     if (fs->cfg.fuse_io_uring)
-        return serve_uring(se, single_thread);
+        return fuseuring_serve(se, FUSE_WORKERS, single_thread);
     if (single_thread)
         return fuse_session_loop(se);
     struct fuseloop_landing landing;
@@ -765,7 +707,7 @@ int main(int argc, char **argv)
         if (start_watchers(&fs.disks[i], &o) < 0)
             goto out_pool;
     }
-    fs.cfg.fuse_io_uring = uring_wanted(&o);
+    fs.cfg.fuse_io_uring = fuseuring_wanted(uring_asked(&o));
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;

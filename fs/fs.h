@@ -79,7 +79,7 @@ struct fs_config {
                                * (fs/writers.c) */
     bool fuse_io_uring;       /* --fuse-io-uring, and the build and the
                                * kernel allow it: libfuse serves the
-                               * mount over io_uring (daemon/main.c) */
+                               * mount over io_uring (daemon/fuseuring.c) */
     uid_t uid;
     gid_t gid;
     struct timespec started;  /* the directory's times */

@@ -420,9 +420,9 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
 }
 
 /* Which transport brought req (the status's "fuse_transport").  Once
- * libfuse has started its rings every request but INIT and INTERRUPT
- * comes through them, so an open (the status file's own included) is
- * enough to know. */
+ * libfuse has started its rings every request but INIT, FORGET and
+ * INTERRUPT comes through them, so an open (the status file's own
+ * included) is enough to know. */
 static void note_transport(fuse_req_t req)
 {
 #if HAVE_FUSE_URING
