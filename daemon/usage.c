@@ -182,7 +182,7 @@ void cli_usage(void)
 "                         kernel's fuse module with enable_uring=Y), through\n"
 "                         libfuse's loop; else /dev/fuse, said in the log.\n"
 "                         The status's fuse_transport says which serves\n"
-"                         (off by default: not faster, docs/benchmarks.md)\n"
+"                         (experimental, off by default: docs/benchmarks.md)\n"
 "  -d                     debug: -f, -v -v and FUSE's debug output\n"
 "  -v, --verbose          more messages (twice: libnbd debug too)\n"
 "  -V, --version          print the versions and exit\n"
