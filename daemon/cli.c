@@ -237,7 +237,7 @@ enum {
     OPT_MULTIWRITER, OPT_SPOOL_DIR, OPT_SPOOL_MAX, OPT_DIGEST,
     OPT_STATE_DIR, OPT_NO_MANIFEST, OPT_FORGET,
     OPT_QCOW2_CLUSTER_SIZE, OPT_ALL_EXPORTS, OPT_VSOCK, OPT_LIST_TIMEOUT,
-    OPT_RAW_IMAGES,
+    OPT_RAW_IMAGES, OPT_FUSE_IO_URING,
 };
 
 /* "-": options anywhere, each operand returned in order as option 1
@@ -288,6 +288,7 @@ static const struct option long_options[] = {
     { "vsock", no_argument, NULL, OPT_VSOCK },
     { "log-file", required_argument, NULL, OPT_LOG_FILE },
     { "fuse-help", no_argument, NULL, OPT_FUSE_HELP },
+    { "fuse-io-uring", no_argument, NULL, OPT_FUSE_IO_URING },
     { "long-options", no_argument, NULL, OPT_LONG_OPTIONS },
     { "short-options", no_argument, NULL, OPT_SHORT_OPTIONS },
     { "readonly", no_argument, NULL, 'r' },
@@ -523,6 +524,7 @@ static int parse_option(struct cli_options *o, int c, char **argv)
         return r;
     switch (c) {
     case OPT_WRITE_THROUGH: o->write_through = true; break;
+    case OPT_FUSE_IO_URING: o->fuse_io_uring = true; break;
     case OPT_NO_NODELAY: o->nbd.nodelay = false; break;
     case OPT_DEST_ZERO: o->destination_is_zero = true; break;
     case OPT_NO_EXTENTS: o->no_extents = true; break;

@@ -161,6 +161,7 @@ struct cli_options {
     struct cli_fuse_opts fo;  /* -o: ours taken out, the rest libfuse's */
     const char *pidfile;
     bool foreground, single_thread, fuse_debug;
+    bool fuse_io_uring;       /* --fuse-io-uring (daemon/fuseuring.c) */
     char *vsock_uri;          /* --vsock CID PORT, as an nbd+vsock URI;
                                * owned */
     struct cli_mountpoint mp; /* owned */

@@ -22,6 +22,7 @@
 #include "common/monotime.h"
 #include "daemon/cli.h"
 #include "daemon/daemon.h"
+#include "daemon/fuseuring.h"
 #include "daemon/mountlock.h"
 #include "digest/digest.h"
 #include "fs/fuseloop.h"
@@ -256,6 +257,10 @@ static struct fuse_session *mount_fuse(struct fs *fs,
     }
     if (o->fuse_debug)
         fuse_opt_add_arg(&args, "-d");
+    if (fs->cfg.fuse_io_uring) {
+        fuse_opt_add_arg(&args, "-o");
+        fuse_opt_add_arg(&args, "io_uring");
+    }
     /* With allow_other, other users reach the files: let the kernel
      * enforce their modes (0600), or anyone could read and write the
      * disk. */
@@ -282,8 +287,21 @@ static struct fuse_session *mount_fuse(struct fs *fs,
     return se;
 }
 
+/* Is io_uring asked for: --fuse-io-uring, -o io_uring, or libfuse's own
+ * FUSE_URING_ENABLE (daemon/fuseuring.c decides whether it is had). */
+static bool uring_asked(const struct cli_options *o)
+{
+    const char *env = getenv("FUSE_URING_ENABLE");
+
+    return o->fuse_io_uring ||
+           (o->fo.pass && has_fuse_opt(o->fo.pass, "io_uring")) ||
+           (env && atoi(env) != 0);
+}
+
 static int serve(struct fs *fs, struct fuse_session *se, bool single_thread)
 {
+    if (fs->cfg.fuse_io_uring)
+        return fuseuring_serve(se, FUSE_WORKERS, single_thread);
     if (single_thread)
         return fuse_session_loop(se);
     struct fuseloop_landing landing;
@@ -707,6 +725,7 @@ int main(int argc, char **argv)
         if (start_watchers(&fs.disks[i], &o) < 0)
             goto out_pool;
     }
+    fs.cfg.fuse_io_uring = fuseuring_wanted(uring_asked(&o));
     struct fuse_session *se = mount_fuse(&fs, &o);
     if (!se)
         goto out_pool;

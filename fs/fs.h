@@ -77,6 +77,9 @@ struct fs_config {
     bool block_device;        /* -o block_device: O_TRUNC, truncate ignored */
     bool multiwriter;         /* -o multiwriter: several writers at once
                                * (fs/writers.c) */
+    bool fuse_io_uring;       /* --fuse-io-uring, and the build and the
+                               * kernel allow it: libfuse serves the
+                               * mount over io_uring (daemon/fuseuring.c) */
     uid_t uid;
     gid_t gid;
     struct timespec started;  /* the directory's times */
@@ -200,6 +203,10 @@ struct fs {
     struct fs_disk *land_disk;
     struct fs_disk *land_cur;
     struct fs_disk *ready_disk;
+    /* A request arrived through FUSE's io_uring (fs/ops.c: op_open()):
+     * the status says which transport serves the mount.  __atomic
+     * builtins. */
+    bool uring_seen;
 };
 
 /* The disk an inode belongs to, or NULL. */

@@ -419,10 +419,25 @@ static struct fs_fh *open_fh(fuse_req_t req, fuse_ino_t ino, int flags,
     return fh;
 }
 
+/* Which transport brought req (the status's "fuse_transport").  Once
+ * libfuse has started its rings every request but INIT, FORGET and
+ * INTERRUPT comes through them, so an open (the status file's own
+ * included) is enough to know. */
+static void note_transport(fuse_req_t req)
+{
+#if HAVE_FUSE_URING
+    if (fuse_req_is_uring(req))
+        __atomic_store_n(&fs_of(req)->uring_seen, true, __ATOMIC_RELAXED);
+#else
+    (void) req;
+#endif
+}
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     TRACE(req, "open ino=%" PRIu64 " flags=%#x", (uint64_t) ino, (unsigned) fi->flags);
     int err;
+    note_transport(req);
     /* A mount whose server was given up on tries it again here, so that
      * a new copy finds it healed.  The open succeeds either way: the
      * handle's writes and reads report a server still gone. */
@@ -698,6 +713,26 @@ static void conn_want(struct fuse_conn_info *conn, uint64_t flag, bool on)
 #endif
 }
 
+/* --fuse-io-uring: libfuse starts its rings after this callback if the
+ * kernel offers them (FUSE_CAP_OVER_IO_URING, on by default then); say
+ * so when it does not, so the log names the transport's reason. */
+static void uring_init(struct fs *fs, struct fuse_conn_info *conn)
+{
+#if HAVE_FUSE_URING
+    if (!fs->cfg.fuse_io_uring)
+        return;
+    if (conn->capable_ext & FUSE_CAP_OVER_IO_URING)
+        log_info("fuse: the kernel offers io_uring: libfuse starts its "
+                 "rings");
+    else
+        log_notice("fuse: the kernel does not offer io_uring: "
+                   "serving through /dev/fuse");
+#else
+    (void) fs;
+    (void) conn;
+#endif
+}
+
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     /* 1 MiB requests (libfuse negotiates max_pages to match). */
@@ -720,6 +755,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * moves pages of replies; SPLICE_WRITE is for reads. */
     conn_want(conn, FUSE_CAP_SPLICE_READ, false);
     conn_want(conn, FUSE_CAP_SPLICE_MOVE, false);
+    uring_init(userdata, conn);
 }
 
 const struct fuse_lowlevel_ops fs_ops = {

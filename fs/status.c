@@ -443,6 +443,9 @@ char *fs_status_json(struct fs *fs, size_t *len)
     double uptime = elapsed_s(&fs->cfg.started);
     fprintf(f, "{\n");
     fprintf(f, "  \"pid\": %ld,\n", (long) getpid());  /* --unmount */
+    fprintf(f, "  \"fuse_transport\": \"%s\",\n",
+            __atomic_load_n(&fs->uring_seen, __ATOMIC_RELAXED)
+                ? "io_uring" : "/dev/fuse");
     if (fs->ndisks == 1) {
         put_disk(f, &fs->disks[0], uptime);
     } else {

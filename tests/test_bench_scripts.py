@@ -1,5 +1,5 @@
 """The benchmark's scripts (bench/bench, bench-cpu, bench-verify,
-bench-warm) start and describe themselves (--help, exit 0, nothing run),
+bench-warm, bench-fuse-uring) start and describe themselves (--help, exit 0, nothing run),
 and the matrix says what docs/benchmarks.md claims: every preset's
 default cells use nbdkit file on tmpfs (memory only when asked), every
 cell where nbdcopy runs also runs nbdcopy >= 1.24 with and without
@@ -15,7 +15,8 @@ import re
 from lib.env import BUILD, TOP
 
 BENCH = TOP / "bench"
-SCRIPTS = ["bench", "bench-cpu", "bench-verify", "bench-warm"]
+SCRIPTS = ["bench", "bench-cpu", "bench-verify", "bench-warm",
+           "bench-fuse-uring"]
 
 
 def matrix():
