@@ -21,6 +21,7 @@
   listed) and a fuzz target for its stream decoder;
 - no C file of the product (outside tests/) is over 800 lines;
 - each room of the product includes only the rooms below it;
+- every relative link of the docs and READMEs names a file that exists;
 - docs/ holds no benchmark log (bench/results/ does).
 Only nm is run; the rest reads the source tree."""
 
@@ -337,4 +338,22 @@ def test_rooms_include_only_rooms_below():
         for other in inc.findall(src.read_text(errors="replace")):
             if other not in allowed:
                 bad.append(f"{src.relative_to(TOP)} includes {other}/")
+    assert not bad, "\n".join(bad)
+
+
+def test_docs_relative_links_resolve():
+    """Every relative link of the user docs, the design notes, the READMEs
+    and the benchmark pages names a file that exists (docs/benchmarks.md
+    once linked ../bench/results/bench/results/...)."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    pages = [TOP / "README.md", TESTS / "README.md"]
+    pages += list((TOP / "docs").rglob("*.md"))
+    pages += list((TOP / "bench").rglob("*.md"))
+    bad = []
+    for page in pages:
+        for target in link.findall(page.read_text(errors="replace")):
+            if re.match(r"[a-z]+:", target):      # http:, mailto:
+                continue
+            if not (page.parent / target).exists():
+                bad.append(f"{page.relative_to(TOP)}: {target}")
     assert not bad, "\n".join(bad)
