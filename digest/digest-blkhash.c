@@ -104,8 +104,9 @@ static void blk_record_locked(struct digest *d, const struct item *it, int r,
         d->res_seq = it->seq;
         d->res_state = r == 0 ? DIGEST_COMPLETE : DIGEST_INCOMPLETE;
         snprintf(d->hex, sizeof d->hex, "%s", r == 0 ? hex : "");
-        snprintf(d->res_reason, sizeof d->res_reason, "%s",
-                 r ? why->msg : "");
+        /* Cut to fit; the precision tells the compiler so. */
+        snprintf(d->res_reason, sizeof d->res_reason, "%.*s",
+                 (int)sizeof d->res_reason - 1, r ? why->msg : "");
     } else if (r < 0) {
         digest_fail_locked(d, DIGEST_CANNOT_COMPLETE, "%s", why->msg);
     }

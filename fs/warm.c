@@ -57,7 +57,8 @@ static void load(struct fs_disk *d, struct warm *w)
     }
     if (r < 0) {
         snprintf(w->trust, sizeof w->trust, "refused");
-        snprintf(w->why, sizeof w->why, "%s", why.msg);
+        snprintf(w->why, sizeof w->why, "%.*s", (int)sizeof w->why - 1,
+                 why.msg);                              /* cut to fit */
         log_warn(DISK_FMT "manifest %s refused: %s: this pass is a full "
                  "copy", DISK_ARG(d), w->path, why.msg);
         return;
