@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -203,6 +204,17 @@ def test_reconnect_impossible_fails_fast(mount, shm, bg, tally, how):
     assert rc != 0, "daemon exited 0 after losing writes"
 
 
+def assert_server_alive(srv):
+    """The server behind the proxy outlived the cuts: the proxy retires
+    its side of a cut connection without closing it under pending
+    replies, which Debian 12's nbdkit aborts on (tests/lib/faults.py
+    DropProxy).  A dead server would refuse every reconnect and fail the
+    copy for a reason that is not the daemon's."""
+    assert srv.proc.poll() is None, \
+        f"nbdkit exited {srv.proc.returncode}: " + \
+        Path(srv.stderr).read_text(errors="replace")[-800:]
+
+
 @pytest.mark.parametrize("limit_mib", [3, 8])
 def test_reconnect_connection_cut_after_n_requests(server, mount, shm,
                                                    drop_proxy, tally,
@@ -223,6 +235,7 @@ def test_reconnect_connection_cut_after_n_requests(server, mount, shm,
     judge(tally, f"connection-cut-{limit_mib}M", rc, src,
           sha256_prefix(disk, SRC), sha256_mount(m.file, SRC),
           (shm / "cp.err").read_text())
+    assert_server_alive(srv)
     assert rc == 0, (shm / "cp.err").read_text() + m.stderr + \
         f"\nthe proxy's own errors: {px.errors}"
     assert px.dropped >= 1, "the proxy never cut a connection"
@@ -245,6 +258,7 @@ def test_reconnect_reads_retry_after_cut(server, mount, shm, drop_proxy,
     judge(tally, "read-cut", rc, sha256_file(disk),
           sha256_file(out) if out.exists() else "missing", None,
           (shm / "cp.err").read_text())
+    assert_server_alive(srv)
     assert rc == 0, (shm / "cp.err").read_text() + m.stderr
     assert px.dropped >= 1
     m.unmount()                            # while the proxy is still up

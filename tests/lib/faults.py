@@ -277,13 +277,25 @@ class Kit:
 
 class DropProxy:
     """Unix-socket proxy in front of an NBD server that cuts each
-    connection (shutdown both ways, close) once `limit` bytes have passed
-    in the direction `direction` ("up": client to server, i.e. requests and
-    write payloads; "down": replies and read payloads), usually in the
-    middle of a request.  After `drops` connections have been cut it
-    forwards without limits, so a daemon that reconnects always finishes.
-    New connections are always accepted: the server stays up, only
-    connections die."""
+    connection once `limit` bytes have passed in the direction `direction`
+    ("up": client to server, i.e. requests and write payloads; "down":
+    replies and read payloads), usually in the middle of a request.  After
+    `drops` connections have been cut it forwards without limits, so a
+    daemon that reconnects always finishes.  New connections are always
+    accepted: the server stays up, only connections die.
+
+    The cut is the client's alone (its socket shut down both ways, as a
+    network or a server restart would cut it).  The server's side is
+    retired as the daemon retires a connection it gives up on: nothing
+    more is forwarded to it, its replies to what it already holds are read
+    and dropped, and only once it has been quiet for QUIET seconds is its
+    socket shut down.  Closing it at once, with replies pending, makes
+    Debian 12's nbdkit 1.32 abort (raw_send_socket: assertion 'sock >=
+    0'), and every later reconnect is refused: a failure of the test's
+    own making, not the daemon's."""
+
+    QUIET = 1.0                          # s without a reply: retire
+    TICK = 0.1                           # s between looks at the cut
 
     def __init__(self, path, target_sock, limit, direction="up", drops=4):
         self.path = str(path)
@@ -332,6 +344,8 @@ class DropProxy:
             self.errors.append(f"connect to the server: {e}")
             c.close()
             return
+        c.settimeout(self.TICK)
+        s.settimeout(self.TICK)
         with self.lock:
             self.accepted += 1
             limited = self.drops_left > 0
@@ -345,29 +359,70 @@ class DropProxy:
                                    d == self.direction, st, c, s),
                              daemon=True).start()
 
+    def _cut(self, st, c):
+        """Cut the client's side (once)."""
+        with self.lock:
+            if st["cut"]:
+                return
+            st["cut"] = True
+            self.dropped += 1
+        with contextlib.suppress(OSError):
+            c.shutdown(socket.SHUT_RDWR)
+
     def _pump(self, src, dst, counted, st, c, s):
         try:
-            while True:
-                b = src.recv(256 * 1024)
+            while not self.stopping:
+                try:
+                    b = src.recv(256 * 1024)
+                except socket.timeout:
+                    if st["cut"]:
+                        break
+                    continue
                 if not b:
+                    break
+                if st["cut"]:
                     break
                 if counted:
                     room = self.limit - st["n"]
                     if len(b) >= room:
                         dst.sendall(b[:max(room, 0)])
                         st["n"] = self.limit
-                        with self.lock:
-                            if not st["cut"]:
-                                st["cut"] = True
-                                self.dropped += 1
+                        self._cut(st, c)
                         break
                     st["n"] += len(b)
                 dst.sendall(b)
         except OSError:
             pass
-        for x in (c, s):
-            with contextlib.suppress(OSError):
-                x.shutdown(socket.SHUT_RDWR)
+        if not st["cut"]:
+            # An end closed by its owner (the daemon's unmount, the
+            # server's exit): pass the close on.
+            for x in (c, s):
+                with contextlib.suppress(OSError):
+                    x.shutdown(socket.SHUT_RDWR)
+            return
+        with contextlib.suppress(OSError):
+            c.shutdown(socket.SHUT_RDWR)
+        if src is s:
+            self._retire(s)
+
+    def _retire(self, s):
+        """Read and drop the server's replies until it has been quiet for
+        QUIET seconds (or closed), then shut its socket down."""
+        quiet = time.monotonic()
+        try:
+            while not self.stopping and \
+                    time.monotonic() - quiet < self.QUIET:
+                try:
+                    b = s.recv(256 * 1024)
+                except socket.timeout:
+                    continue
+                if not b:
+                    break
+                quiet = time.monotonic()
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
 
     def close(self):
         self.stopping = True
