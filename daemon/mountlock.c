@@ -319,7 +319,13 @@ int mountlock_take(struct nbdx *x, const struct nbdx_config *cfg,
                    const char *mountpoint, struct mountlock **out)
 {
     char name[64];
-    char *key = mountlock_key(x, cfg);
+    /* A Unix socket by its canonical path, not its inode: a restarted
+     * server binds a new inode at the same path (and the mount reconnects
+     * there), and an inode number outlives nothing: once a socket file is
+     * removed, the file system gives its number to the next file, so a
+     * mount whose server went away would hold the lock of whatever socket
+     * is made next. */
+    char *key = mountlock_record_key(x, cfg);
     int r = 0, fd = -1, dfd = -1;
 
     *out = NULL;

@@ -14,8 +14,14 @@
  *
  * The key is where the connection actually leads, not how it was spelled:
  * the peer address of the connected socket (getpeername): a Unix socket
- * by the device and inode of its file (so --unix SOCKET, ?socket=SOCKET,
- * a link or a relative path are one key), TCP by the numeric address and
+ * by the canonical path (realpath) of the file the connection reached (so
+ * --unix SOCKET, ?socket=SOCKET, a link or a relative path are one key,
+ * and so is the socket a restarted server binds at the same path; the
+ * device and inode only when the path given does not lead to the
+ * connected socket: an inode number is handed to the next file once the
+ * socket is removed, so it cannot name a socket for the life of a mount;
+ * a hard link or a bind mount of the socket is another key), TCP by the
+ * numeric address and
  * port (every loopback address is one: nbd://localhost:P, 127.0.0.1:P,
  * [::1]:P and --tcp LOCALHOST P are one export), vsock by CID and port;
  * then the export name, percent-decoded as it is sent.  So the lock is
@@ -55,11 +61,12 @@ int mountlock_take(struct nbdx *x, const struct nbdx_config *cfg,
                    const char *mountpoint, struct mountlock **out);
 void mountlock_release(struct mountlock *l);
 
-/* The key of x's export (x connected with cfg; malloc'd), or NULL when
- * it has none.  Logged with -v. */
+/* The key of x's export where the connection leads (x connected with
+ * cfg; malloc'd): a Unix socket by its inode; or NULL when it has none. */
 char *mountlock_key(struct nbdx *x, const struct nbdx_config *cfg);
 
-/* The key a record kept across server restarts uses (the manifest): the
+/* The key the lock and a record kept across server restarts (the
+ * manifest) use: the
  * same as mountlock_key(), except for a Unix socket spelled with a path
  * (--unix PATH, ?socket=PATH) that leads where the connection does: its
  * canonical path (realpath) and the export, since a restarted server

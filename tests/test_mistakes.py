@@ -40,6 +40,7 @@ import os
 import subprocess
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -371,8 +372,9 @@ def lock_path(key):
 
 
 def unix_key(sock, export=""):
-    st = os.stat(sock)
-    return f"unix:{st.st_dev}:{st.st_ino}|{export}"
+    """A Unix socket's key: its canonical path, not its inode (which the
+    file system gives the next file once the socket is removed)."""
+    return f"unix-path:{os.path.realpath(sock)}|{export}"
 
 
 def test_mount_lock_never_follows_a_planted_link(server, shortdir):
@@ -441,6 +443,33 @@ def test_second_writable_mount_refused_whatever_the_socket_spelling(
     for other, target in spell.items():
         if other != first:
             refused_second(shortdir, srv, m.pid, m.mp, *target)
+    assert m.unmount() == 0
+
+
+def test_second_writable_mount_refused_after_the_server_restarted(
+        kit, mount, shortdir):
+    """The server restarted on the same socket path (a new socket file,
+    another inode) while the first mount lives: the first mount reconnects
+    there, so a second writable mount of that path is still refused.  (A
+    lock keyed on the socket's inode let it in, and could refuse an
+    unrelated socket that was given a recycled inode number.)"""
+    k = kit("srv", ["memory", f"size={EXPORT}"])
+    m = mount(k.target, expect_errors=True)
+    ino = os.stat(k.sock).st_ino
+    k.kill()
+    k.start()
+    assert os.stat(k.sock).st_ino != ino
+    fill_random(k.uri, EXPORT)
+    srv = SimpleNamespace(uri=k.uri)
+    for target in (k.target, [k.uri]):
+        refused_second(shortdir, srv, m.pid, m.mp, *target)
+    # The first mount is on the restarted server: what it writes lands.
+    data = os.urandom(1 * MiB)
+    with open(m.file, "r+b") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    assert sha256_nbd(k.uri, len(data)) == \
+        hashlib.sha256(data).hexdigest()
     assert m.unmount() == 0
 
 
