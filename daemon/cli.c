@@ -48,13 +48,13 @@ static int usage_error(struct cli_options *o, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(o->msg, sizeof o->msg, fmt, ap);
+    vsnprintf(o->err.msg, sizeof o->err.msg, fmt, ap);
     va_end(ap);
     o->usage_mistake = true;
     return -EINVAL;
 }
 
-/* A helper of daemon/cliargs.c failed with its message in o->msg. */
+/* A helper of daemon/cliargs.c failed with its message in o->err. */
 static int usage_helper_error(struct cli_options *o, int r)
 {
     o->usage_mistake = true;
@@ -66,7 +66,7 @@ static int usage_helper_error(struct cli_options *o, int r)
 static int parse_size(struct cli_options *o, const char *opt, const char *s,
                       uint64_t *out)
 {
-    int r = cli_parse_size(opt, s, out, o->msg, sizeof o->msg);
+    int r = cli_parse_size(opt, s, out, &o->err);
 
     return r < 0 ? usage_helper_error(o, r) : 0;
 }
@@ -74,7 +74,7 @@ static int parse_size(struct cli_options *o, const char *opt, const char *s,
 static int parse_uint(struct cli_options *o, const char *opt, const char *s,
                       unsigned min, unsigned max, unsigned *out)
 {
-    int r = cli_parse_uint(opt, s, min, max, out, o->msg, sizeof o->msg);
+    int r = cli_parse_uint(opt, s, min, max, out, &o->err);
 
     return r < 0 ? usage_helper_error(o, r) : 0;
 }
@@ -184,7 +184,7 @@ static int parse_spool_dir(struct cli_options *o, const char *dir)
 
 static int add_fuse_opt(struct cli_options *o, const char *opt)
 {
-    int r = cli_add_fuse_opts(&o->fo, opt, o->msg, sizeof o->msg);
+    int r = cli_add_fuse_opts(&o->fo, opt, &o->err);
 
     return r < 0 ? usage_helper_error(o, r) : 0;
 }
@@ -307,7 +307,7 @@ static const struct option long_options[] = {
 
 static int set_mode(struct cli_options *o, enum nbdx_mode m)
 {
-    int r = cli_set_mode(&o->nbd, &o->mode_set, m, o->msg, sizeof o->msg);
+    int r = cli_set_mode(&o->nbd, &o->mode_set, m, &o->err);
 
     return r < 0 ? usage_helper_error(o, r) : 0;
 }
@@ -323,14 +323,13 @@ static int parse_server(struct cli_options *o, int argc, char **argv)
             return usage_error(o, "only one of --command, "
                                "--socket-activation, --unix, --tcp, --fd "
                                "and --vsock may be given");
-        r = cli_vsock_uri(argc + 1, v, &o->vsock_uri, o->msg, sizeof o->msg);
+        r = cli_vsock_uri(argc + 1, v, &o->vsock_uri, &o->err);
         if (r < 0)
             return usage_helper_error(o, r);
         argc = 1;
         argv = &o->vsock_uri;
     }
-    r = cli_parse_server(&o->nbd, &o->mode_set, argc, argv, o->msg,
-                         sizeof o->msg);
+    r = cli_parse_server(&o->nbd, &o->mode_set, argc, argv, &o->err);
     return r < 0 ? usage_helper_error(o, r) : 0;
 }
 
@@ -339,7 +338,7 @@ static int parse_server(struct cli_options *o, int argc, char **argv)
 static int parse_mountpoint(struct cli_options *o, const char *arg)
 {
     return cli_parse_mountpoint(arg, FS_STATUS_NAME, o->fo.nonempty, &o->mp,
-                                o->msg, sizeof o->msg);
+                                &o->err);
 }
 
 /* --long-options, --short-options: for the bash completion script, from
@@ -633,11 +632,9 @@ static int parse_disks(struct cli_options *o, int argc, char **argv)
                                "NAME=URI", argv[0]);
         o->all_exports = argv[0];
     } else {
-        r = disks_parse_named(argc, argv, &o->disks, &o->ndisks, o->msg,
-                              sizeof o->msg);
+        r = disks_parse_named(argc, argv, &o->disks, &o->ndisks, &o->err);
         if (r == 0)
-            r = disks_check_names(o->disks, o->ndisks, o->msg,
-                                  sizeof o->msg);
+            r = disks_check_names(o->disks, o->ndisks, &o->err);
         if (r < 0)
             return usage_helper_error(o, r);
     }

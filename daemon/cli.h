@@ -3,24 +3,28 @@
  * cli_parse_args() (daemon/cli.c) reads the whole command line into struct
  * cli_options: the option table, the defaults, every check that can be
  * made before anything forks, connects or mounts.  It prints nothing and
- * exits nowhere: a mistake comes back as one line in o->msg for main() to
+ * exits nowhere: a mistake comes back as one line in o->err for main() to
  * print.
  *
  * Below it, the helpers it is built from (daemon/cliargs.c, daemon/mountpoint.c),
  * without side effects beyond stat()/fcntl() checks: each returns 0 or
- * -errno and, on error, writes the one-line message into msg (msglen
- * bytes, always NUL-terminated).  Kept apart from cli.c so that they can
- * be fuzzed (tests/fuzz/fuzz-cli.c). */
+ * -errno and, on error, writes the one-line message into err (a 'struct
+ * nbdf_err', common/err.h; may be NULL: no message), as nbdf_errf()
+ * does.  Kept apart from cli.c so that they can be fuzzed
+ * (tests/fuzz/fuzz-cli.c). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/blkhash.h"
+#include "common/err.h"
 #include "daemon/disks.h"
 #include "fs/readback.h"
 #include "transport/nbdx.h"
 
+/* A command-line message is printed cut to CLI_MSG_MAX - 1 bytes (its
+ * struct nbdf_err holds more). */
 #define CLI_MSG_MAX 512
 #define CLI_PROGRAM "nbdferry"
 
@@ -40,35 +44,30 @@
                                        * server is noticed in half a
                                        * minute */
 
-/* Format msg (if msglen) and return -err: the helpers' one error path. */
-int cli_fail(int err, char *msg, size_t msglen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* "SIZE" with an optional K/M/G/T suffix (powers of 1024), optionally
  * followed by "i", "B" or "iB".  -EINVAL: not a size; -ERANGE: too large. */
 int cli_parse_size(const char *opt, const char *s, uint64_t *out,
-                   char *msg, size_t msglen);
+                   struct nbdf_err *err);
 
 /* A decimal number in [min, max].  -EINVAL: not a number; -ERANGE: out of
  * range. */
 int cli_parse_uint(const char *opt, const char *s, unsigned min,
-                   unsigned max, unsigned *out, char *msg, size_t msglen);
+                   unsigned max, unsigned *out, struct nbdf_err *err);
 
 /* Record the connection mode; -EINVAL if a different one was set. */
 int cli_set_mode(struct nbdx_config *nbd, bool *mode_set, enum nbdx_mode m,
-                 char *msg, size_t msglen);
+                 struct nbdf_err *err);
 
 /* The arguments after MOUNTPOINT: URI, [ CMD ARGS ], --command CMD ...,
  * --unix SOCKET, --tcp HOST PORT or --fd N.  Pointers into argv are kept
  * in nbd (borrowed); "[ CMD ARGS ]" replaces the closing "]" by NULL. */
 int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
-                     char **argv, char *msg, size_t msglen);
+                     char **argv, struct nbdf_err *err);
 
 /* "--vsock CID PORT" (argv[0] is "--vsock") as the equivalent
  * nbd+vsock:// URI, which libnbd connects with nbd_connect_vsock().
  * *uri is malloc'd, the caller's. */
-int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
-                  size_t msglen);
+int cli_vsock_uri(int argc, char **argv, char **uri, struct nbdf_err *err);
 
 /* MOUNTPOINT, MOUNTPOINT/FILENAME or FILE, resolved once (symlinks, ".."
  * and relative paths) and pinned (opened O_PATH|O_NOFOLLOW) before any
@@ -95,15 +94,15 @@ struct cli_mountpoint {
 };
 int cli_parse_mountpoint(const char *arg, const char *reserved_name,
                          bool nonempty, struct cli_mountpoint *out,
-                         char *msg, size_t msglen);
+                         struct nbdf_err *err);
 /* Right before the mount: the path still names the pinned inode (not a
  * symlink or another file put there since).  -EAGAIN if not. */
-int cli_mountpoint_recheck(const struct cli_mountpoint *m, char *msg,
-                           size_t msglen);
+int cli_mountpoint_recheck(const struct cli_mountpoint *m,
+                           struct nbdf_err *err);
 /* Right after the mount through the pin: the pinned inode is still at
  * the path (it was not renamed meanwhile).  -EAGAIN if not: unmount. */
-int cli_mountpoint_landed(const struct cli_mountpoint *m, char *msg,
-                          size_t msglen);
+int cli_mountpoint_landed(const struct cli_mountpoint *m,
+                          struct nbdf_err *err);
 void cli_mountpoint_free(struct cli_mountpoint *m);   /* closes fd */
 
 /* -o OPTIONS: the items nbdferry handles itself are taken out, the rest
@@ -123,8 +122,8 @@ struct cli_fuse_opts {
     bool set_uid, set_gid;    /* uid=N, gid=N: the files' owner */
     unsigned uid, gid;
 };
-int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
-                      size_t msglen);
+int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg,
+                      struct nbdf_err *err);
 void cli_fuse_opts_free(struct cli_fuse_opts *fo);
 
 /* For an unknown "--NAME[=VALUE]", the long option it is most likely a
@@ -201,15 +200,16 @@ struct cli_options {
      * ("nbdferry URI MOUNTPOINT -o OPTIONS", as mount.fuse3 runs it), 1
      * otherwise.  A usage mistake always exits 1. */
     int failure_status;
-    /* On a negative return: the one line to print, and whether it is a
-     * usage mistake (printed with "(see nbdferry --help)", exit 1) or a
-     * refused mountpoint (printed alone, exit failure_status). */
-    char msg[CLI_MSG_MAX];
+    /* On a negative return: the one line to print (cut to CLI_MSG_MAX - 1
+     * bytes), and whether it is a usage mistake (printed with "(see
+     * nbdferry --help)", exit 1) or a refused mountpoint (printed alone,
+     * exit failure_status). */
+    struct nbdf_err err;
     bool usage_mistake;
 };
 
 /* Parse argv into *o (zeroed by the caller).  0, with o->action set, or
- * -errno with o->msg.  Sets log_verbosity (-v, -d) as it goes. */
+ * -errno with o->err.  Sets log_verbosity (-v, -d) as it goes. */
 int cli_parse_args(struct cli_options *o, int argc, char **argv);
 
 /* The texts of CLI_HELP, CLI_VERSION, CLI_FUSE_HELP, CLI_LONG_OPTIONS and

@@ -7,7 +7,6 @@
 #include <fuse_opt.h>
 #include <getopt.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,22 +14,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-int cli_fail(int err, char *msg, size_t msglen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (msglen) {
-        va_start(ap, fmt);
-        vsnprintf(msg, msglen, fmt, ap);
-        va_end(ap);
-    }
-    return -err;
-}
-
-#define fail cli_fail      /* short: every error below is one */
-
 int cli_parse_size(const char *opt, const char *s, uint64_t *out,
-                   char *msg, size_t msglen)
+                   struct nbdf_err *err)
 {
     char *end;
     errno = 0;
@@ -38,7 +23,7 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out,
     uint64_t mul = 1;
 
     if (errno || end == s || !isdigit((unsigned char) s[0]))
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a size", opt, s);
+        return nbdf_errf(err, -EINVAL, "%s: '%s' is not a size", opt, s);
     switch (toupper((unsigned char) *end)) {
     case 'K': mul = 1ull << 10; end++; break;
     case 'M': mul = 1ull << 20; end++; break;
@@ -48,36 +33,36 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out,
     if (*end == 'i' || *end == 'B')
         end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
     if (*end != '\0')
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a size", opt, s);
+        return nbdf_errf(err, -EINVAL, "%s: '%s' is not a size", opt, s);
     if (v > UINT64_MAX / mul)
-        return fail(ERANGE, msg, msglen, "%s: '%s' is too large", opt, s);
+        return nbdf_errf(err, -ERANGE, "%s: '%s' is too large", opt, s);
     *out = v * mul;
     return 0;
 }
 
 int cli_parse_uint(const char *opt, const char *s, unsigned min,
-                   unsigned max, unsigned *out, char *msg, size_t msglen)
+                   unsigned max, unsigned *out, struct nbdf_err *err)
 {
     char *end;
     errno = 0;
     unsigned long v = strtoul(s, &end, 10);
 
     if (errno || end == s || *end || !isdigit((unsigned char) s[0]))
-        return fail(EINVAL, msg, msglen, "%s: '%s' is not a number", opt, s);
+        return nbdf_errf(err, -EINVAL, "%s: '%s' is not a number", opt, s);
     if (v < min || v > max)
-        return fail(ERANGE, msg, msglen, "%s: %s is out of range (%u to %u)",
-                    opt, s, min, max);
+        return nbdf_errf(err, -ERANGE, "%s: %s is out of range (%u to %u)",
+                         opt, s, min, max);
     *out = (unsigned) v;
     return 0;
 }
 
 int cli_set_mode(struct nbdx_config *nbd, bool *mode_set, enum nbdx_mode m,
-                 char *msg, size_t msglen)
+                 struct nbdf_err *err)
 {
     if (*mode_set && nbd->mode != m)
-        return fail(EINVAL, msg, msglen,
-                    "only one of --command, --socket-activation, --unix, "
-                    "--tcp and --fd may be given");
+        return nbdf_errf(err, -EINVAL,
+                         "only one of --command, --socket-activation, "
+                         "--unix, --tcp and --fd may be given");
     nbd->mode = m;
     *mode_set = true;
     return 0;
@@ -85,7 +70,7 @@ int cli_set_mode(struct nbdx_config *nbd, bool *mode_set, enum nbdx_mode m,
 
 /* 1 if arg is a mode flag (recorded), 0 if not, -errno on a conflict. */
 static int mode_flag(struct nbdx_config *nbd, bool *mode_set, const char *arg,
-                     char *msg, size_t msglen)
+                     struct nbdf_err *err)
 {
     static const struct { const char *name; enum nbdx_mode mode; } flags[] = {
         { "--command", NBDX_COMMAND },
@@ -96,19 +81,19 @@ static int mode_flag(struct nbdx_config *nbd, bool *mode_set, const char *arg,
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (strcmp(arg, flags[i].name) == 0) {
-            int r = cli_set_mode(nbd, mode_set, flags[i].mode, msg, msglen);
+            int r = cli_set_mode(nbd, mode_set, flags[i].mode, err);
             return r < 0 ? r : 1;
         }
     return 0;
 }
 
 int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
-                     char **argv, char *msg, size_t msglen)
+                     char **argv, struct nbdf_err *err)
 {
     int r;
 
     if (!*mode_set && argc > 0) {
-        r = mode_flag(nbd, mode_set, argv[0], msg, msglen);
+        r = mode_flag(nbd, mode_set, argv[0], err);
         if (r < 0)
             return r;
         if (r > 0) {
@@ -118,58 +103,58 @@ int cli_parse_server(struct nbdx_config *nbd, bool *mode_set, int argc,
     }
     if (!*mode_set && argc > 0 && strcmp(argv[0], "[") == 0) {
         if (argc < 3 || strcmp(argv[argc - 1], "]") != 0)
-            return fail(EINVAL, msg, msglen,
-                        "'[ CMD ARGS ]' needs a command and a closing ']'");
+            return nbdf_errf(err, -EINVAL, "'[ CMD ARGS ]' needs a command "
+                             "and a closing ']'");
         argv[argc - 1] = NULL;
-        r = cli_set_mode(nbd, mode_set, NBDX_SOCKET_ACTIVATION, msg, msglen);
+        r = cli_set_mode(nbd, mode_set, NBDX_SOCKET_ACTIVATION, err);
         if (r < 0)
             return r;
         nbd->argv = argv + 1;
         return 0;
     }
     if (!*mode_set) {
-        r = cli_set_mode(nbd, mode_set, NBDX_URI, msg, msglen);
+        r = cli_set_mode(nbd, mode_set, NBDX_URI, err);
         if (r < 0)
             return r;
     }
     switch (nbd->mode) {
     case NBDX_URI:
         if (argc != 1)
-            return fail(EINVAL, msg, msglen, "%s",
-                        argc ? "too many arguments after the URI"
-                             : "missing the server: URI, [ CMD ], --unix, "
-                               "--tcp, --command or --fd");
+            return nbdf_errf(err, -EINVAL, "%s",
+                             argc ? "too many arguments after the URI"
+                                  : "missing the server: URI, [ CMD ], "
+                                    "--unix, --tcp, --command or --fd");
         nbd->uri = argv[0];
         break;
     case NBDX_SOCKET_ACTIVATION:
     case NBDX_COMMAND:
         if (argc < 1)
-            return fail(EINVAL, msg, msglen, "missing the server command");
+            return nbdf_errf(err, -EINVAL, "missing the server command");
         nbd->argv = argv;
         break;
     case NBDX_UNIX:
         if (argc != 1)
-            return fail(EINVAL, msg, msglen, "--unix takes one socket path");
+            return nbdf_errf(err, -EINVAL, "--unix takes one socket path");
         nbd->path = argv[0];
         break;
     case NBDX_TCP:
         if (argc != 2)
-            return fail(EINVAL, msg, msglen, "--tcp takes a host and a port");
+            return nbdf_errf(err, -EINVAL, "--tcp takes a host and a port");
         nbd->host = argv[0];
         nbd->port = argv[1];
         break;
     case NBDX_FD: {
         unsigned fd;
         if (argc != 1)
-            return fail(EINVAL, msg, msglen,
-                        "--fd takes one file descriptor number");
-        r = cli_parse_uint("--fd", argv[0], 0, INT_MAX, &fd, msg, msglen);
+            return nbdf_errf(err, -EINVAL,
+                             "--fd takes one file descriptor number");
+        r = cli_parse_uint("--fd", argv[0], 0, INT_MAX, &fd, err);
         if (r < 0)
             return r;
         nbd->fd = (int) fd;
         if (fcntl(nbd->fd, F_GETFD) == -1)
-            return fail(EBADF, msg, msglen,
-                        "--fd %d: not an open file descriptor", nbd->fd);
+            return nbdf_errf(err, -EBADF,
+                             "--fd %d: not an open file descriptor", nbd->fd);
         break;
     }
     }
@@ -217,9 +202,8 @@ static const struct fuse_opt own_opts[] = {
 
 struct own_ctx {
     struct cli_fuse_opts *fo;
-    char *msg;
-    size_t msglen;
-    int err;                      /* set when own_opt() says -1 */
+    struct nbdf_err *err;
+    int code;                     /* set when own_opt() says -1 */
 };
 
 static int owner_opt(struct own_ctx *c, const char *item, unsigned *id,
@@ -227,9 +211,9 @@ static int owner_opt(struct own_ctx *c, const char *item, unsigned *id,
 {
     int r = cli_parse_uint(item[0] == 'u' ? "-o uid" : "-o gid",
                            strchr(item, '=') + 1, 0, UINT32_MAX - 1, id,
-                           c->msg, c->msglen);
+                           c->err);
     if (r < 0) {
-        c->err = r;
+        c->code = r;
         return -1;
     }
     *set = true;
@@ -244,7 +228,7 @@ static int own_opt(void *data, const char *item, int key,
     struct cli_fuse_opts *fo = c->fo;
 
     if (strlen(item) >= OPT_ITEM_MAX) {
-        c->err = fail(EINVAL, c->msg, c->msglen, "-o: option too long");
+        c->code = nbdf_errf(c->err, -EINVAL, "-o: option too long");
         return -1;
     }
     switch (key) {
@@ -259,7 +243,7 @@ static int own_opt(void *data, const char *item, int key,
     case KEY_DIGEST:              /* checked with the other digest options */
         free(fo->digest);
         if (!(fo->digest = strdup(item + strlen("digest=")))) {
-            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
+            c->code = nbdf_errf(c->err, -ENOMEM, "%s", strerror(ENOMEM));
             return -1;
         }
         return 0;
@@ -267,7 +251,7 @@ static int own_opt(void *data, const char *item, int key,
         free(fo->qcow2_cluster_size);
         fo->qcow2_cluster_size = strdup(strchr(item, '=') + 1);
         if (!fo->qcow2_cluster_size) {
-            c->err = fail(ENOMEM, c->msg, c->msglen, "%s", strerror(ENOMEM));
+            c->code = nbdf_errf(c->err, -ENOMEM, "%s", strerror(ENOMEM));
             return -1;
         }
         return 0;
@@ -276,20 +260,20 @@ static int own_opt(void *data, const char *item, int key,
     }
 }
 
-int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg, char *msg,
-                      size_t msglen)
+int cli_add_fuse_opts(struct cli_fuse_opts *fo, const char *arg,
+                      struct nbdf_err *err)
 {
     char *argv[] = { "nbdferry", "-o", (char *) arg, NULL };
     struct fuse_args args = FUSE_ARGS_INIT(3, argv);
-    struct own_ctx c = { .fo = fo, .msg = msg, .msglen = msglen };
+    struct own_ctx c = { .fo = fo, .err = err };
     int r = 0;
 
     /* Splits at commas (a backslash escapes one), calls own_opt() for each
      * item and leaves the kept ones, escaped again, as "-o" "LIST". */
     if (fuse_opt_parse(&args, &c, own_opts, own_opt) == -1)
-        r = c.err ? c.err : fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        r = c.code ? c.code : nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     else if (args.argc == 3 && pass_on(fo, args.argv[2]) < 0)
-        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        r = nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     fuse_opt_free_args(&args);
     return r;
 }
@@ -355,25 +339,23 @@ const char *cli_suggest_option(const char *arg, const struct option *opts)
     return best && best_d <= (n < 6 ? 1u : 2u) ? best : NULL;
 }
 
-int cli_vsock_uri(int argc, char **argv, char **uri, char *msg,
-                  size_t msglen)
+int cli_vsock_uri(int argc, char **argv, char **uri, struct nbdf_err *err)
 {
     unsigned cid = 0, port = 0;
     int r;
 
     *uri = NULL;
     if (argc != 3)
-        return fail(EINVAL, msg, msglen, "--vsock takes a CID and a port");
-    r = cli_parse_uint("--vsock CID", argv[1], 0, UINT32_MAX, &cid, msg,
-                       msglen);
+        return nbdf_errf(err, -EINVAL, "--vsock takes a CID and a port");
+    r = cli_parse_uint("--vsock CID", argv[1], 0, UINT32_MAX, &cid, err);
     if (r == 0)
         r = cli_parse_uint("--vsock PORT", argv[2], 0, UINT32_MAX, &port,
-                           msg, msglen);
+                           err);
     if (r < 0)
         return r;
     if (asprintf(uri, "nbd+vsock://%u:%u/", cid, port) == -1) {
         *uri = NULL;
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        return nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     }
     return 0;
 }

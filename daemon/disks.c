@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/cli.h"
 #include "fs/view.h"
 
 #define DISK_NAME_MAX 255     /* NAME_MAX: each view's name must fit */
@@ -48,26 +47,26 @@ void disks_free(struct cli_disk *v, unsigned n)
 }
 
 int disks_parse_named(int argc, char **argv, struct cli_disk **out,
-                      unsigned *n, char *msg, size_t msglen)
+                      unsigned *n, struct nbdf_err *err)
 {
     struct cli_disk *v = calloc((size_t) argc, sizeof *v);
 
     *out = NULL;
     *n = 0;
     if (!v)
-        return cli_fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        return nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     for (int i = 0; i < argc; i++) {
         const char *eq = strchr(argv[i], '=');
         if (!disks_is_named(argv[i])) {
             disks_free(v, (unsigned) i);
-            return cli_fail(EINVAL, msg, msglen, "'%s' is not NAME=URI: "
-                            "several disks are each NAME=URI", argv[i]);
+            return nbdf_errf(err, -EINVAL, "'%s' is not NAME=URI: "
+                             "several disks are each NAME=URI", argv[i]);
         }
         v[i].name = strndup(argv[i], (size_t) (eq - argv[i]));
         v[i].uri = strdup(eq + 1);
         if (!v[i].name || !v[i].uri) {
             disks_free(v, (unsigned) i + 1);
-            return cli_fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+            return nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
         }
     }
     *out = v;
@@ -103,7 +102,7 @@ char *disks_export_uri(const char *uri, const char *name)
 }
 
 /* One disk's name as a file name. */
-static int check_name(const char *name, char *msg, size_t msglen)
+static int check_name(const char *name, struct nbdf_err *err)
 {
     size_t longest = 0;
 
@@ -112,25 +111,25 @@ static int check_name(const char *name, char *msg, size_t msglen)
             strlen(nbdferry_views[i]->suffix) > longest)
             longest = strlen(nbdferry_views[i]->suffix);
     if (!name[0])
-        return cli_fail(EINVAL, msg, msglen, "a disk's name is empty: "
-                        "NAME=URI needs a NAME");
+        return nbdf_errf(err, -EINVAL, "a disk's name is empty: "
+                         "NAME=URI needs a NAME");
     if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-        return cli_fail(EINVAL, msg, msglen, "disk name '%s' cannot be a "
-                        "file name", name);
+        return nbdf_errf(err, -EINVAL, "disk name '%s' cannot be a "
+                         "file name", name);
     for (const unsigned char *s = (const unsigned char *) name; *s; s++) {
         if (*s == '/')
-            return cli_fail(EINVAL, msg, msglen, "disk name '%s' has a '/': "
-                            "a disk is a file in the mount, not in a "
-                            "directory of it", name);
+            return nbdf_errf(err, -EINVAL, "disk name '%s' has a '/': "
+                             "a disk is a file in the mount, not in a "
+                             "directory of it", name);
         if (*s < 0x20 || *s == 0x7f)
-            return cli_fail(EINVAL, msg, msglen, "disk name '%s' has a "
-                            "control character (0x%02x)", name, *s);
+            return nbdf_errf(err, -EINVAL, "disk name '%s' has a "
+                             "control character (0x%02x)", name, *s);
     }
     if (strlen(name) + longest > DISK_NAME_MAX)
-        return cli_fail(ENAMETOOLONG, msg, msglen, "disk name '%.40s...' is "
-                        "too long: %zu bytes, at most %zu (its views add a "
-                        "suffix)", name, strlen(name),
-                        (size_t) DISK_NAME_MAX - longest);
+        return nbdf_errf(err, -ENAMETOOLONG, "disk name '%.40s...' is "
+                         "too long: %zu bytes, at most %zu (its views add a "
+                         "suffix)", name, strlen(name),
+                         (size_t) DISK_NAME_MAX - longest);
     return 0;
 }
 
@@ -148,7 +147,7 @@ static char *file_name(const struct cli_disk *d, unsigned slot)
 /* Does any file of disk a have the name of a file of disk b (or, a == b
  * not asked, the status file's)? */
 static int check_clash(const struct cli_disk *v, unsigned a, unsigned b,
-                       char *msg, size_t msglen)
+                       struct nbdf_err *err)
 {
     int r = 0;
 
@@ -157,13 +156,13 @@ static int check_clash(const struct cli_disk *v, unsigned a, unsigned b,
         for (unsigned j = 0; x && j < FS_INO_COUNT && r == 0; j++) {
             char *y = a == b ? NULL : file_name(&v[b], j);
             if (a == b && j == 0 && strcmp(x, FS_STATUS_NAME) == 0)
-                r = cli_fail(EINVAL, msg, msglen, "disk name '%s': its "
-                             "file %s is the status file's name", v[a].name,
-                             x);
+                r = nbdf_errf(err, -EINVAL, "disk name '%s': its "
+                              "file %s is the status file's name", v[a].name,
+                              x);
             else if (y && strcmp(x, y) == 0)
-                r = cli_fail(EEXIST, msg, msglen, "disks '%s' and '%s' "
-                             "clash: both would show a file %s", v[a].name,
-                             v[b].name, x);
+                r = nbdf_errf(err, -EEXIST, "disks '%s' and '%s' "
+                              "clash: both would show a file %s", v[a].name,
+                              v[b].name, x);
             free(y);
         }
         free(x);
@@ -171,16 +170,16 @@ static int check_clash(const struct cli_disk *v, unsigned a, unsigned b,
     return r;
 }
 
-int disks_check_names(const struct cli_disk *v, unsigned n, char *msg,
-                      size_t msglen)
+int disks_check_names(const struct cli_disk *v, unsigned n,
+                      struct nbdf_err *err)
 {
     int r = 0;
 
     for (unsigned a = 0; a < n && r == 0; a++)
-        r = check_name(v[a].name, msg, msglen);
+        r = check_name(v[a].name, err);
     for (unsigned a = 0; a < n && r == 0; a++)
         for (unsigned b = a; b < n && r == 0; b++)
-            r = check_clash(v, a, b, msg, msglen);
+            r = check_clash(v, a, b, err);
     return r;
 }
 

@@ -8,10 +8,13 @@
  * (not empty, no '/', not "." or "..", no control character, short
  * enough for its longest view), and no file of one disk may have the name
  * of a file of another, nor the status file's.  Returns 0 or -errno with
- * the one-line message in msg (msglen bytes), as daemon/cli.h's helpers. */
+ * the one-line message in err (a 'struct nbdf_err', common/err.h; may be
+ * NULL), as daemon/cli.h's helpers. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "common/err.h"
 
 struct cli_disk {
     char *name;               /* the raw file's name; owned */
@@ -29,15 +32,15 @@ bool disks_uri_has_export(const char *uri);
 
 /* NAME=URI ... into *out (n of them, malloc'd). */
 int disks_parse_named(int argc, char **argv, struct cli_disk **out,
-                      unsigned *n, char *msg, size_t msglen);
+                      unsigned *n, struct nbdf_err *err);
 
 /* The URI of the export called name on the server of uri: uri with its
  * path replaced by "/" and the name, percent-encoded; malloc'd or NULL. */
 char *disks_export_uri(const char *uri, const char *name);
 
 /* The checks above, over every disk's files. */
-int disks_check_names(const struct cli_disk *v, unsigned n, char *msg,
-                      size_t msglen);
+int disks_check_names(const struct cli_disk *v, unsigned n,
+                      struct nbdf_err *err);
 
 void disks_free(struct cli_disk *v, unsigned n);
 /* Sort by name (strcmp): the status, the verdict and the log list a

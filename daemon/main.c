@@ -213,10 +213,11 @@ static bool has_fuse_opt(const char *opts, const char *name)
 static int mount_pinned(struct fuse_session *se,
                         const struct cli_mountpoint *mp)
 {
-    char msg[CLI_MSG_MAX], path[64];
+    struct nbdf_err err;
+    char path[64];
 
-    if (cli_mountpoint_recheck(mp, msg, sizeof msg) < 0) {
-        log_err("%s", msg);
+    if (cli_mountpoint_recheck(mp, &err) < 0) {
+        log_err("%.*s", CLI_MSG_MAX - 1, err.msg);
         return -1;
     }
     bool root = geteuid() == 0;
@@ -225,8 +226,8 @@ static int mount_pinned(struct fuse_session *se,
         log_err("cannot mount on %s", mp->mountpoint);
         return -1;
     }
-    if (cli_mountpoint_landed(mp, msg, sizeof msg) < 0) {
-        log_err("%s", msg);
+    if (cli_mountpoint_landed(mp, &err) < 0) {
+        log_err("%.*s", CLI_MSG_MAX - 1, err.msg);
         fuse_session_unmount(se);
         return -1;
     }
@@ -457,15 +458,19 @@ static int finish(struct fs_disk *d)
     return EXIT_SUCCESS;
 }
 
-/* A mistake on the command line: one line, exit 1 (or a refused
- * mountpoint: one line, the command line's failure status). */
+/* A mistake on the command line: one line (cut to CLI_MSG_MAX - 1
+ * bytes), exit 1 (or a refused mountpoint: one line, the command line's
+ * failure status). */
 static void __attribute__((noreturn))
 cli_exit(const struct cli_options *o, bool usage_mistake, const char *msg)
 {
+    int n = CLI_MSG_MAX - 1;
+
     if (usage_mistake)
-        fprintf(stderr, "%s: %s (see %s --help)\n", program, msg, program);
+        fprintf(stderr, "%s: %.*s (see %s --help)\n", program, n, msg,
+                program);
     else
-        fprintf(stderr, "%s: %s\n", program, msg);
+        fprintf(stderr, "%s: %.*s\n", program, n, msg);
     exit(usage_mistake ? EXIT_FAILURE : o->failure_status);
 }
 
@@ -473,7 +478,7 @@ cli_exit(const struct cli_options *o, bool usage_mistake, const char *msg)
 static void command_line(struct cli_options *o, int argc, char **argv)
 {
     if (cli_parse_args(o, argc, argv) < 0)
-        cli_exit(o, o->usage_mistake, o->msg);
+        cli_exit(o, o->usage_mistake, o->err.msg);
     switch (o->action) {
     case CLI_MOUNT:
         return;
@@ -535,7 +540,7 @@ static void prepare(struct cli_options *o, struct daemon *d)
  * 1 kept, 0 skipped, -1 out of memory. */
 static int add_listed(struct cli_options *o, char *name)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     struct cli_disk *d = &o->disks[o->ndisks];
     int r = 0;
 
@@ -543,14 +548,14 @@ static int add_listed(struct cli_options *o, char *name)
                             .uri = disks_export_uri(o->all_exports, name) };
     if (!d->uri)
         return -1;
-    r = disks_check_names(d, 1, msg, sizeof msg);
+    r = disks_check_names(d, 1, &err);
     for (unsigned j = 0; r == 0 && j < o->ndisks; j++) {
         struct cli_disk pair[2] = { o->disks[j], *d };
-        r = disks_check_names(pair, 2, msg, sizeof msg);
+        r = disks_check_names(pair, 2, &err);
     }
     if (r < 0) {
-        log_warn("--all-exports %s: export '%s' skipped: %s",
-                 o->all_exports, name, msg);
+        log_warn("--all-exports %s: export '%s' skipped: %.*s",
+                 o->all_exports, name, CLI_MSG_MAX - 1, err.msg);
         free(d->name);
         free(d->uri);
         return 0;

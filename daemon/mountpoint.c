@@ -16,8 +16,6 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 
-#define fail cli_fail      /* short: every error below is one */
-
 /* ---- mountpoint ------------------------------------------------------ */
 
 /* THE PIN
@@ -177,36 +175,36 @@ static const char *user_name(uid_t uid, char *buf, size_t n)
  * others unless sticky (as /tmp, where only an entry's owner may rename
  * it).  Otherwise another user could swap it (for a symlink to /etc)
  * between the checks and the mount. */
-static int check_owner(const char *path, int fd, int parent, char *msg,
-                       size_t msglen)
+static int check_owner(const char *path, int fd, int parent,
+                       struct nbdf_err *err)
 {
     struct stat st, up;
     uid_t me = geteuid();
     char a[64], b[64];
 
     if (fstat(fd, &st) == -1 || fstat(parent, &up) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", path,
-                    strerror(errno));
+        return nbdf_errf(err, -errno, "mountpoint %s: %s", path,
+                         strerror(errno));
     if (st.st_uid != me)
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: it "
-                    "belongs to %s, not to %s (its owner could replace it "
-                    "while nbdferry starts); mount on a %s of your own",
-                    path, user_name(st.st_uid, a, sizeof a),
-                    user_name(me, b, sizeof b),
-                    S_ISDIR(st.st_mode) ? "directory" : "file");
+        return nbdf_errf(err, -EPERM, "refusing to mount on %s: it "
+                         "belongs to %s, not to %s (its owner could replace it "
+                         "while nbdferry starts); mount on a %s of your own",
+                         path, user_name(st.st_uid, a, sizeof a),
+                         user_name(me, b, sizeof b),
+                         S_ISDIR(st.st_mode) ? "directory" : "file");
     if (me != 0)
         return 0;
     if (up.st_uid != 0)
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
-                    "directory belongs to %s, who could replace it while "
-                    "nbdferry starts; mount in a directory of root's",
-                    path, user_name(up.st_uid, a, sizeof a));
+        return nbdf_errf(err, -EPERM, "refusing to mount on %s: its "
+                         "directory belongs to %s, who could replace it while "
+                         "nbdferry starts; mount in a directory of root's",
+                         path, user_name(up.st_uid, a, sizeof a));
     if ((up.st_mode & (S_IWGRP | S_IWOTH)) && !(up.st_mode & S_ISVTX))
-        return fail(EPERM, msg, msglen, "refusing to mount on %s: its "
-                    "directory is writable by other users (mode %04o, not "
-                    "sticky), who could replace it while nbdferry starts; "
-                    "chmod go-w (or +t) its directory, or mount elsewhere",
-                    path, (unsigned) (up.st_mode & 07777));
+        return nbdf_errf(err, -EPERM, "refusing to mount on %s: its "
+                         "directory is writable by other users (mode %04o, not "
+                         "sticky), who could replace it while nbdferry starts; "
+                         "chmod go-w (or +t) its directory, or mount elsewhere",
+                         path, (unsigned) (up.st_mode & 07777));
     return 0;
 }
 
@@ -215,53 +213,55 @@ static int check_owner(const char *path, int fd, int parent, char *msg,
  * (without -o nonempty) not empty.  missing: the FILENAME that was taken
  * from the argument because it does not exist (NULL for DIR). */
 static int check_dir(const char *resolved, int fd, bool nonempty,
-                     const char *missing, char *msg, size_t msglen)
+                     const char *missing, struct nbdf_err *err)
 {
     struct stat st;
     int parent = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
     int r = 0;
 
     if (parent < 0 || fstat(fd, &st) == -1)
-        r = fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
-                 strerror(errno));
+        r = nbdf_errf(err, -errno, "mountpoint %s: %s", resolved,
+                      strerror(errno));
     else if (is_system_dir(&st))
-        r = fail(EPERM, msg, msglen,
-                 "refusing to mount on %s: a system directory (its "
-                 "files would be hidden from every program); mount on "
-                 "an empty directory of your own", resolved);
+        r = nbdf_errf(err, -EPERM,
+                      "refusing to mount on %s: a system directory (its "
+                      "files would be hidden from every program); mount on "
+                      "an empty directory of your own", resolved);
     else if (is_fuse_mount(fd, parent))
-        r = fail(EBUSY, msg, msglen,
-                 "%s is already a FUSE mount: unmount it first "
-                 "(fusermount3 -u %s) or choose another directory",
-                 resolved, resolved);
+        r = nbdf_errf(err, -EBUSY,
+                      "%s is already a FUSE mount: unmount it first "
+                      "(fusermount3 -u %s) or choose another directory",
+                      resolved, resolved);
     else
-        r = check_owner(resolved, fd, parent, msg, msglen);
+        r = check_owner(resolved, fd, parent, err);
     if (parent >= 0)
         close(parent);
     if (r < 0 || nonempty)
         return r;
     r = dir_has_entries(fd);
     if (r < 0)
-        return fail(-r, msg, msglen, "mountpoint %s: %s (add -o nonempty "
-                    "to mount without looking)", resolved, strerror(-r));
+        return nbdf_errf(err, r, "mountpoint %s: %s (add -o nonempty "
+                         "to mount without looking)", resolved, strerror(-r));
     if (r > 0 && missing)
-        return fail(ENOTEMPTY, msg, msglen,
-                    "%s/%s does not exist, so '%s' was taken as the "
-                    "FILENAME to show in %s, but %s is not empty: check the "
-                    "spelling, or mount on an empty directory, or name an "
-                    "existing file for file mode, or add -o nonempty",
-                    resolved, missing, missing, resolved, resolved);
+        return nbdf_errf(err, -ENOTEMPTY,
+                         "%s/%s does not exist, so '%s' was taken as the "
+                         "FILENAME to show in %s, but %s is not empty: check "
+                         "the spelling, or mount on an empty directory, or "
+                         "name an existing file for file mode, or add -o "
+                         "nonempty",
+                         resolved, missing, missing, resolved, resolved);
     if (r > 0)
-        return fail(ENOTEMPTY, msg, msglen,
-                    "%s is not empty: mount on an empty directory, or name "
-                    "an existing file for file mode, or add -o nonempty",
-                    resolved);
+        return nbdf_errf(err, -ENOTEMPTY,
+                         "%s is not empty: mount on an empty directory, or "
+                         "name an existing file for file mode, or add -o "
+                         "nonempty",
+                         resolved);
     return 0;
 }
 
 /* stat() said ENOTCONN: a FUSE mount whose daemon is gone.  Name the
  * dead mount itself, the highest path that still answers ENOTCONN. */
-static int dead_mount(const char *arg, char *msg, size_t msglen)
+static int dead_mount(const char *arg, struct nbdf_err *err)
 {
     char path[PATH_MAX], up[PATH_MAX];
     struct stat st;
@@ -272,8 +272,8 @@ static int dead_mount(const char *arg, char *msg, size_t msglen)
         cwd[0] = '\0';
     if (snprintf(path, sizeof path, "%s%s%s", cwd, cwd[0] ? "/" : "", arg) >=
         (int) sizeof path)
-        return fail(ENAMETOOLONG, msg, msglen, "mountpoint %s: %s", arg,
-                    strerror(ENAMETOOLONG));
+        return nbdf_errf(err, -ENAMETOOLONG, "mountpoint %s: %s", arg,
+                         strerror(ENAMETOOLONG));
     for (;;) {
         snprintf(up, sizeof up, "%s", path);
         char *d = dirname(up);
@@ -281,35 +281,34 @@ static int dead_mount(const char *arg, char *msg, size_t msglen)
             break;
         memmove(path, d, strlen(d) + 1);
     }
-    return fail(ENOTCONN, msg, msglen,
-                "%s is a dead nbdferry mount: run fusermount3 -u %s",
-                path, path);
+    return nbdf_errf(err, -ENOTCONN,
+                     "%s is a dead nbdferry mount: run fusermount3 -u %s",
+                     path, path);
 }
 
-static int resolve(const char *path, char **out, char *msg, size_t msglen)
+static int resolve(const char *path, char **out, struct nbdf_err *err)
 {
     *out = realpath(path, NULL);
     if (!*out)
-        return errno == ENOTCONN ? dead_mount(path, msg, msglen)
-                                 : fail(errno, msg, msglen, "mountpoint %s: %s",
-                                        path, strerror(errno));
+        return errno == ENOTCONN ? dead_mount(path, err)
+                                 : nbdf_errf(err, -errno, "mountpoint %s: %s",
+                                             path, strerror(errno));
     return 0;
 }
 
 /* Open what was resolved, not following a symlink put there since. */
 static int pin(const char *resolved, int dirfd, const char *name, int flags,
-               int *out, char *msg, size_t msglen)
+               int *out, struct nbdf_err *err)
 {
     *out = openat(dirfd, name, PIN_FLAGS | flags);
     if (*out >= 0)
         return 0;
-    int err = errno;
-    if (err == ELOOP || err == ENOTDIR)
-        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while being "
-                    "checked (now a symlink or not a directory); nothing was "
-                    "mounted", resolved);
-    return fail(err, msg, msglen, "mountpoint %s: %s", resolved,
-                strerror(err));
+    int e = errno;
+    if (e == ELOOP || e == ENOTDIR)
+        return nbdf_errf(err, -EAGAIN, "mountpoint %s: changed while being "
+                         "checked (now a symlink or not a directory); "
+                         "nothing was mounted", resolved);
+    return nbdf_errf(err, -e, "mountpoint %s: %s", resolved, strerror(e));
 }
 
 /* Data in the file: a non-zero byte in what SEEK_DATA finds (all of it
@@ -377,46 +376,46 @@ static bool holds_data(int pinned, const struct stat *st)
  * file with bytes in it is most likely the source image named by
  * mistake; one made by truncate -s (nbdfuse's usage) holds none. */
 static int check_file(const char *resolved, int fd, int dfd, bool nonempty,
-                      char *msg, size_t msglen)
+                      struct nbdf_err *err)
 {
     struct stat st, dir;
     const char *tree = system_tree_of(dfd);
 
     if (fstat(fd, &st) == -1 || fstat(dfd, &dir) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", resolved,
-                    strerror(errno));
+        return nbdf_errf(err, -errno, "mountpoint %s: %s", resolved,
+                         strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return fail(EAGAIN, msg, msglen, "mountpoint %s: changed while "
-                    "being checked (no longer a regular file); nothing was "
-                    "mounted", resolved);
+        return nbdf_errf(err, -EAGAIN, "mountpoint %s: changed while "
+                         "being checked (no longer a regular file); nothing "
+                         "was mounted", resolved);
     struct stat up;
     bool top = fstatat(dfd, "..", &up, 0) == 0 && same_inode(&dir, &up);
     if (tree || top)
-        return fail(EPERM, msg, msglen, "refusing to mount over %s: a "
-                    "system file (in %s; programs would see the disk "
-                    "instead); name an empty file of your own for file "
-                    "mode, or an empty directory", resolved,
-                    tree ? tree : "/");
+        return nbdf_errf(err, -EPERM, "refusing to mount over %s: a "
+                         "system file (in %s; programs would see the disk "
+                         "instead); name an empty file of your own for file "
+                         "mode, or an empty directory", resolved,
+                         tree ? tree : "/");
     if (is_fuse_mount(fd, dfd))
-        return fail(EBUSY, msg, msglen,
-                    "%s is already a FUSE mount: unmount it first "
-                    "(fusermount3 -u %s)", resolved, resolved);
-    int r = check_owner(resolved, fd, dfd, msg, msglen);
+        return nbdf_errf(err, -EBUSY,
+                         "%s is already a FUSE mount: unmount it first "
+                         "(fusermount3 -u %s)", resolved, resolved);
+    int r = check_owner(resolved, fd, dfd, err);
     if (r < 0 || nonempty || !holds_data(fd, &st))
         return r;
-    return fail(ENOTEMPTY, msg, msglen, "refusing to mount over %s: it "
-                "holds %lld bytes, which file mode would hide until the "
-                "unmount (is it the source image? the mountpoint comes "
-                "first: nbdferry MOUNTPOINT URI); name an empty file or a "
-                "directory, or add -o nonempty", resolved,
-                (long long) st.st_size);
+    return nbdf_errf(err, -ENOTEMPTY, "refusing to mount over %s: it "
+                     "holds %lld bytes, which file mode would hide until the "
+                     "unmount (is it the source image? the mountpoint comes "
+                     "first: nbdferry MOUNTPOINT URI); name an empty file or a "
+                     "directory, or add -o nonempty", resolved,
+                     (long long) st.st_size);
 }
 
 /* FILE: file mode, the disk appears over that regular file. */
 static int file_mode(const char *arg, bool nonempty,
-                     struct cli_mountpoint *out, char *msg, size_t msglen)
+                     struct cli_mountpoint *out, struct nbdf_err *err)
 {
-    int r = resolve(arg, &out->mountpoint, msg, msglen);
+    int r = resolve(arg, &out->mountpoint, err);
 
     if (r < 0)
         return r;
@@ -426,14 +425,13 @@ static int file_mode(const char *arg, bool nonempty,
                         : (size_t) (base - out->mountpoint));
     int dfd = -1;
     if (!out->filename || !dir)
-        r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        r = nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     else
-        r = pin(dir, AT_FDCWD, dir, O_DIRECTORY, &dfd, msg, msglen);
+        r = pin(dir, AT_FDCWD, dir, O_DIRECTORY, &dfd, err);
     if (r == 0)
-        r = pin(out->mountpoint, dfd, out->filename, 0, &out->fd, msg,
-                msglen);
+        r = pin(out->mountpoint, dfd, out->filename, 0, &out->fd, err);
     if (r == 0)
-        r = check_file(out->mountpoint, out->fd, dfd, nonempty, msg, msglen);
+        r = check_file(out->mountpoint, out->fd, dfd, nonempty, err);
     if (dfd >= 0)
         close(dfd);
     free(dir);
@@ -443,63 +441,64 @@ static int file_mode(const char *arg, bool nonempty,
 
 /* DIR: the disk appears as DIR/nbd. */
 static int dir_mode(const char *arg, bool nonempty, const char *missing,
-                    struct cli_mountpoint *out, char *msg, size_t msglen)
+                    struct cli_mountpoint *out, struct nbdf_err *err)
 {
-    int r = resolve(arg, &out->mountpoint, msg, msglen);
+    int r = resolve(arg, &out->mountpoint, err);
 
     if (r < 0)
         return r;
     out->filename = strdup("nbd");
     if (!out->filename)
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        return nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     r = pin(out->mountpoint, AT_FDCWD, out->mountpoint, O_DIRECTORY,
-            &out->fd, msg, msglen);
+            &out->fd, err);
     return r < 0 ? r : check_dir(out->mountpoint, out->fd, nonempty, missing,
-                                 msg, msglen);
+                                 err);
 }
 
 /* DIR/FILENAME with FILENAME missing: the disk appears as DIR/FILENAME. */
 static int name_mode(const char *arg, const char *reserved_name,
                      bool nonempty, struct cli_mountpoint *out,
-                     char *msg, size_t msglen)
+                     struct nbdf_err *err)
 {
     struct stat st;
     const char *slash = strrchr(arg, '/');
 
     if (!slash || slash[1] == '\0')
-        return fail(ENOENT, msg, msglen, "mountpoint %s: no such directory",
-                    arg);
+        return nbdf_errf(err, -ENOENT, "mountpoint %s: no such directory",
+                         arg);
     const char *fn = slash + 1;
     if (strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0 ||
         (reserved_name && strcmp(fn, reserved_name) == 0) ||
         strlen(fn) > 200)
-        return fail(EINVAL, msg, msglen, "'%s' cannot be the file name", fn);
+        return nbdf_errf(err, -EINVAL, "'%s' cannot be the file name", fn);
     char *dir = slash == arg ? strdup("/")
                 : strndup(arg, (size_t) (slash - arg));
     if (!dir)
-        return fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+        return nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     int r = 0;
     if (stat(dir, &st) == -1)
-        r = errno == ENOTCONN ? dead_mount(dir, msg, msglen)
-            : fail(errno, msg, msglen, "mountpoint %s: %s", dir,
-                   errno == ENOENT ? "no such directory" : strerror(errno));
+        r = errno == ENOTCONN ? dead_mount(dir, err)
+            : nbdf_errf(err, -errno, "mountpoint %s: %s", dir,
+                        errno == ENOENT ? "no such directory"
+                                        : strerror(errno));
     else if (!S_ISDIR(st.st_mode))
-        r = fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory", dir);
+        r = nbdf_errf(err, -ENOTDIR, "mountpoint %s: not a directory", dir);
     else
-        r = dir_mode(dir, nonempty, fn, out, msg, msglen);
+        r = dir_mode(dir, nonempty, fn, out, err);
     free(dir);
     if (r == 0) {                 /* dir_mode() set the default name */
         free(out->filename);
         out->filename = strdup(fn);
         if (!out->filename)
-            r = fail(ENOMEM, msg, msglen, "%s", strerror(ENOMEM));
+            r = nbdf_errf(err, -ENOMEM, "%s", strerror(ENOMEM));
     }
     return r;
 }
 
 int cli_parse_mountpoint(const char *arg, const char *reserved_name,
                          bool nonempty, struct cli_mountpoint *out,
-                         char *msg, size_t msglen)
+                         struct nbdf_err *err)
 {
     struct stat st;
     int r;
@@ -507,58 +506,56 @@ int cli_parse_mountpoint(const char *arg, const char *reserved_name,
     memset(out, 0, sizeof *out);
     out->fd = -1;
     if (!arg[0])
-        r = fail(EINVAL, msg, msglen, "the mountpoint is an empty string");
+        r = nbdf_errf(err, -EINVAL, "the mountpoint is an empty string");
     else if (stat(arg, &st) == 0)
-        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, NULL, out, msg,
-                                           msglen)
-            : S_ISREG(st.st_mode) ? file_mode(arg, nonempty, out, msg,
-                                              msglen)
-            : fail(ENOTDIR, msg, msglen, "mountpoint %s: not a directory "
-                   "or a regular file", arg);
+        r = S_ISDIR(st.st_mode) ? dir_mode(arg, nonempty, NULL, out, err)
+            : S_ISREG(st.st_mode) ? file_mode(arg, nonempty, out, err)
+            : nbdf_errf(err, -ENOTDIR, "mountpoint %s: not a directory "
+                        "or a regular file", arg);
     else if (errno == ENOTCONN)
-        r = dead_mount(arg, msg, msglen);
+        r = dead_mount(arg, err);
     else if (errno == ENOENT)
-        r = name_mode(arg, reserved_name, nonempty, out, msg, msglen);
+        r = name_mode(arg, reserved_name, nonempty, out, err);
     else
-        r = fail(errno, msg, msglen, "mountpoint %s: %s", arg,
-                 errno == ENOTDIR ? "not a directory" : strerror(errno));
+        r = nbdf_errf(err, -errno, "mountpoint %s: %s", arg,
+                      errno == ENOTDIR ? "not a directory" : strerror(errno));
     if (r < 0)
         cli_mountpoint_free(out);
     return r;
 }
 
-int cli_mountpoint_recheck(const struct cli_mountpoint *m, char *msg,
-                           size_t msglen)
+int cli_mountpoint_recheck(const struct cli_mountpoint *m,
+                           struct nbdf_err *err)
 {
     struct stat pinned, now;
 
     if (fstat(m->fd, &pinned) == -1)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
-                    strerror(errno));
+        return nbdf_errf(err, -errno, "mountpoint %s: %s", m->mountpoint,
+                         strerror(errno));
     if (lstat(m->mountpoint, &now) == 0 && same_inode(&pinned, &now))
         return 0;
-    return fail(EAGAIN, msg, msglen, "mountpoint %s changed after it was "
-                "checked (%s); nothing was mounted: make sure no one else "
-                "can write to its directory, and try again", m->mountpoint,
-                errno == ENOENT ? "it is gone" : "replaced");
+    return nbdf_errf(err, -EAGAIN, "mountpoint %s changed after it was "
+                     "checked (%s); nothing was mounted: make sure no one else "
+                     "can write to its directory, and try again", m->mountpoint,
+                     errno == ENOENT ? "it is gone" : "replaced");
 }
 
-int cli_mountpoint_landed(const struct cli_mountpoint *m, char *msg,
-                          size_t msglen)
+int cli_mountpoint_landed(const struct cli_mountpoint *m,
+                          struct nbdf_err *err)
 {
     char link[64], now[PATH_MAX];
 
     snprintf(link, sizeof link, "/proc/self/fd/%d", m->fd);
     ssize_t n = readlink(link, now, sizeof now - 1);
     if (n < 0)
-        return fail(errno, msg, msglen, "mountpoint %s: %s", m->mountpoint,
-                    strerror(errno));
+        return nbdf_errf(err, -errno, "mountpoint %s: %s", m->mountpoint,
+                         strerror(errno));
     now[n] = '\0';
     if (strcmp(now, m->mountpoint) == 0)
         return 0;
-    return fail(EAGAIN, msg, msglen, "mountpoint %s moved during the mount "
-                "(now %s): unmounted; make sure no one else can write to "
-                "its directory, and try again", m->mountpoint, now);
+    return nbdf_errf(err, -EAGAIN, "mountpoint %s moved during the mount "
+                     "(now %s): unmounted; make sure no one else can write to "
+                     "its directory, and try again", m->mountpoint, now);
 }
 
 void cli_mountpoint_free(struct cli_mountpoint *m)

@@ -22,12 +22,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ARGS 16
 
-static void check_msg(int r, const char *msg)
+static void check_msg(int r, const struct nbdf_err *err)
 {
     if (r >= 0)
         return;
-    size_t n = strnlen(msg, CLI_MSG_MAX);
-    if (n == 0 || n == CLI_MSG_MAX) {
+    size_t n = strnlen(err->msg, sizeof err->msg);
+    if (n == 0 || n == sizeof err->msg) {
         fprintf(stderr, "error %d without a proper message\n", r);
         abort();
     }
@@ -36,11 +36,11 @@ static void check_msg(int r, const char *msg)
 
 static void sizes(char **argv, int argc)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     for (int i = 0; i < argc; i++) {
         uint64_t v = 0;
-        int r = cli_parse_size("--x", argv[i], &v, msg, sizeof msg);
-        check_msg(r, msg);
+        int r = cli_parse_size("--x", argv[i], &v, &err);
+        check_msg(r, &err);
         if (r == 0 && !isdigit((unsigned char) argv[i][0]))
             abort();
         if (r == 0) {
@@ -49,8 +49,8 @@ static void sizes(char **argv, int argc)
                 abort();                  /* suffix times number */
         }
         unsigned u = 0, lo = (unsigned) i, hi = 1000u * (unsigned) i + 7;
-        r = cli_parse_uint("--y", argv[i], lo, hi, &u, msg, sizeof msg);
-        check_msg(r, msg);
+        r = cli_parse_uint("--y", argv[i], lo, hi, &u, &err);
+        check_msg(r, &err);
         if (r == 0 && (u < lo || u > hi))
             abort();
     }
@@ -58,13 +58,13 @@ static void sizes(char **argv, int argc)
 
 static void server(char **argv, int argc)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     struct nbdx_config c;
     bool set = false;
 
     memset(&c, 0, sizeof c);
-    int r = cli_parse_server(&c, &set, argc, argv, msg, sizeof msg);
-    check_msg(r, msg);
+    int r = cli_parse_server(&c, &set, argc, argv, &err);
+    check_msg(r, &err);
     if (r < 0)
         return;
     if (!set)
@@ -82,13 +82,13 @@ static void server(char **argv, int argc)
 /* The mountpoint, resolved and checked; sel picks -o nonempty. */
 static void mountpoint(const char *arg, bool nonempty)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     struct cli_mountpoint m;
     struct stat st;
 
-    int r = cli_parse_mountpoint(arg, ".nbdferry-status", nonempty, &m, msg,
-                                 sizeof msg);
-    check_msg(r, msg);
+    int r = cli_parse_mountpoint(arg, ".nbdferry-status", nonempty, &m,
+                                 &err);
+    check_msg(r, &err);
     if (r < 0) {
         if (m.mountpoint || m.filename || m.fd != -1)
             abort();
@@ -113,13 +113,13 @@ static void mountpoint(const char *arg, bool nonempty)
  * nbdferry takes never reaches libfuse, the rest arrives unchanged. */
 static void fuse_opts(char **argv, int argc)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     struct cli_fuse_opts fo;
 
     memset(&fo, 0, sizeof fo);
     for (int i = 0; i < argc; i++) {
-        int r = cli_add_fuse_opts(&fo, argv[i], msg, sizeof msg);
-        check_msg(r, msg);
+        int r = cli_add_fuse_opts(&fo, argv[i], &err);
+        check_msg(r, &err);
         if (r < 0)
             break;
     }
@@ -142,7 +142,7 @@ static void fuse_opts(char **argv, int argc)
  * options first, then the mountpoint with -o nonempty as they said. */
 static void fstab(char **argv, int argc)
 {
-    char msg[CLI_MSG_MAX];
+    struct nbdf_err err;
     struct cli_fuse_opts fo;
 
     if (argc < 2)
@@ -150,8 +150,8 @@ static void fstab(char **argv, int argc)
     memset(&fo, 0, sizeof fo);
     for (int i = 2; i + 1 < argc; i += 2)
         if (strcmp(argv[i], "-o") == 0 &&
-            cli_add_fuse_opts(&fo, argv[i + 1], msg, sizeof msg) < 0) {
-            check_msg(-1, msg);
+            cli_add_fuse_opts(&fo, argv[i + 1], &err) < 0) {
+            check_msg(-1, &err);
             cli_fuse_opts_free(&fo);
             return;
         }
@@ -163,10 +163,11 @@ static void fstab(char **argv, int argc)
 
 static void vsock(char **argv, int argc)
 {
-    char msg[CLI_MSG_MAX], *uri;
-    int r = cli_vsock_uri(argc, argv, &uri, msg, sizeof msg);
+    struct nbdf_err err;
+    char *uri;
+    int r = cli_vsock_uri(argc, argv, &uri, &err);
 
-    check_msg(r, msg);
+    check_msg(r, &err);
     if (r == 0 && strncmp(uri, "nbd+vsock://", 12) != 0)
         abort();
     free(r == 0 ? uri : NULL);

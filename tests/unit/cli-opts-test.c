@@ -9,12 +9,12 @@
 
 #include "daemon/cli.h"
 
-static char msg[CLI_MSG_MAX];
+static struct nbdf_err err;
 
 static int add(struct cli_fuse_opts *fo, const char *arg)
 {
-    msg[0] = '\0';
-    return cli_add_fuse_opts(fo, arg, msg, sizeof msg);
+    err.msg[0] = '\0';
+    return cli_add_fuse_opts(fo, arg, &err);
 }
 
 static void pass_is(const struct cli_fuse_opts *fo, const char *want)
@@ -57,11 +57,13 @@ int main(void)
     /* Bad owners: the message names the option. */
     memset(&fo, 0, sizeof fo);
     assert(add(&fo, "ro,uid=alice") == -EINVAL);
-    assert(strstr(msg, "-o uid") && strstr(msg, "alice"));
+    assert(strstr(err.msg, "-o uid") && strstr(err.msg, "alice"));
     assert(!fo.set_uid);
     assert(add(&fo, "gid=4294967295") == -ERANGE);
-    assert(strstr(msg, "-o gid"));
+    assert(strstr(err.msg, "-o gid"));
     assert(add(&fo, "gid=") == -EINVAL);
+    /* Without a struct nbdf_err: the same code, no message. */
+    assert(cli_add_fuse_opts(&fo, "uid=alice", NULL) == -EINVAL);
     cli_fuse_opts_free(&fo);
 
     /* An item of 1024 bytes or more is refused. */
@@ -71,7 +73,7 @@ int main(void)
     memset(&fo, 0, sizeof fo);
     assert(add(&fo, big) == 0);               /* 1023: fine */
     big[1023] = 'x';
-    assert(add(&fo, big) == -EINVAL && strstr(msg, "too long"));
+    assert(add(&fo, big) == -EINVAL && strstr(err.msg, "too long"));
     cli_fuse_opts_free(&fo);
     printf("cli-opts: ok\n");
     return 0;
