@@ -22,21 +22,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ARGS 16
 
-static void check_msg(int r, const struct nbdf_err *err)
+/* Then cleared, so that the next call's error is judged by its own
+ * message, never by one left over. */
+static void check_msg(int r, struct nbdf_err *err)
 {
-    if (r >= 0)
-        return;
     size_t n = strnlen(err->msg, sizeof err->msg);
-    if (n == 0 || n == sizeof err->msg) {
+    if (r < 0 && (n == 0 || n == sizeof err->msg)) {
         fprintf(stderr, "error %d without a proper message\n", r);
         abort();
     }
     /* One line, unless the user's own argument carried the newline. */
+    err->msg[0] = '\0';
 }
 
 static void sizes(char **argv, int argc)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     for (int i = 0; i < argc; i++) {
         uint64_t v = 0;
         int r = cli_parse_size("--x", argv[i], &v, &err);
@@ -58,7 +59,7 @@ static void sizes(char **argv, int argc)
 
 static void server(char **argv, int argc)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     struct nbdx_config c;
     bool set = false;
 
@@ -82,7 +83,7 @@ static void server(char **argv, int argc)
 /* The mountpoint, resolved and checked; sel picks -o nonempty. */
 static void mountpoint(const char *arg, bool nonempty)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     struct cli_mountpoint m;
     struct stat st;
 
@@ -113,7 +114,7 @@ static void mountpoint(const char *arg, bool nonempty)
  * nbdferry takes never reaches libfuse, the rest arrives unchanged. */
 static void fuse_opts(char **argv, int argc)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     struct cli_fuse_opts fo;
 
     memset(&fo, 0, sizeof fo);
@@ -142,7 +143,7 @@ static void fuse_opts(char **argv, int argc)
  * options first, then the mountpoint with -o nonempty as they said. */
 static void fstab(char **argv, int argc)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     struct cli_fuse_opts fo;
 
     if (argc < 2)
@@ -163,7 +164,7 @@ static void fstab(char **argv, int argc)
 
 static void vsock(char **argv, int argc)
 {
-    struct nbdf_err err;
+    struct nbdf_err err = { "" };
     char *uri;
     int r = cli_vsock_uri(argc, argv, &uri, &err);
 
