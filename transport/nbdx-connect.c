@@ -293,48 +293,48 @@ static void read_first(struct nbd_handle *h, struct nbdx_first *f)
 
 /* An offer (multi-conn, flush, FUA) the server made and no longer makes,
  * or the other way round: why says which. */
-static bool offer_changed(bool now, bool was, const char *what, char *why,
-                          size_t len)
+static bool offer_changed(bool now, bool was, const char *what,
+                          struct nbdf_err *why)
 {
     if (now == was)
         return false;
-    snprintf(why, len, "the server %s %s now",
-             now ? "offers" : "no longer offers", what);
+    nbdf_errf(why, 0, "the server %s %s now",
+              now ? "offers" : "no longer offers", what);
     return true;
 }
 
 /* Does the server behind h differ from the one first connected to?  If
  * so, why says how (for the log). */
 bool nbdx_server_changed(const struct nbdx *x, struct nbd_handle *h,
-                         char *why, size_t len)
+                         struct nbdf_err *why)
 {
     const struct nbdx_first *a = &x->first;
     struct nbdx_first b;
 
     read_first(h, &b);
     if (b.size != a->size)
-        snprintf(why, len, "the export's size is now %" PRIu64 " bytes, "
-                 "not %" PRIu64, b.size, a->size);
+        nbdf_errf(why, 0, "the export's size is now %" PRIu64 " bytes, "
+                  "not %" PRIu64, b.size, a->size);
     else if (b.readonly != a->readonly)
-        snprintf(why, len, "the export is now %s",
-                 b.readonly ? "read-only" : "writable");
+        nbdf_errf(why, 0, "the export is now %s",
+                  b.readonly ? "read-only" : "writable");
     else if (offer_changed(b.can_multi_conn, a->can_multi_conn, "multi-conn",
-                           why, len) ||
-             offer_changed(b.can_flush, a->can_flush, "flush", why, len) ||
-             offer_changed(b.can_fua, a->can_fua, "FUA", why, len))
+                           why) ||
+             offer_changed(b.can_flush, a->can_flush, "flush", why) ||
+             offer_changed(b.can_fua, a->can_fua, "FUA", why))
         return true;
     /* The pool's zero and block status requests may be longer than
      * 4 GiB with extended headers, and cannot be sent without them;
      * gaining them changes nothing. */
     else if (a->ext_headers && !b.ext_headers)
-        snprintf(why, len, "the server no longer offers NBD extended "
-                 "headers");
+        nbdf_errf(why, 0, "the server no longer offers NBD extended "
+                  "headers");
     else if (b.block_min != a->block_min || b.block_pref != a->block_pref ||
              b.block_max != a->block_max)
-        snprintf(why, len, "the block sizes (minimum, preferred, maximum) "
-                 "are now %" PRIu32 "/%" PRIu32 "/%" PRIu32 ", not %" PRIu32
-                 "/%" PRIu32 "/%" PRIu32, b.block_min, b.block_pref,
-                 b.block_max, a->block_min, a->block_pref, a->block_max);
+        nbdf_errf(why, 0, "the block sizes (minimum, preferred, maximum) "
+                  "are now %" PRIu32 "/%" PRIu32 "/%" PRIu32 ", not %" PRIu32
+                  "/%" PRIu32 "/%" PRIu32, b.block_min, b.block_pref,
+                  b.block_max, a->block_min, a->block_pref, a->block_max);
     else
         return false;
     return true;

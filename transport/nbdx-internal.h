@@ -66,6 +66,7 @@
 #include <time.h>
 
 #include "common/cleanup.h"
+#include "common/err.h"
 
 /* Sockets of handles given up on that a connection keeps open at once;
  * past that the oldest is closed. */
@@ -180,7 +181,7 @@ struct nbdx {
 static inline void nbdx_why_set(struct nbdx *x, const char *why)
 {
     LOCK_FOR_SCOPE(&x->health_lock);
-    snprintf(x->why, sizeof x->why, "%s", why);
+    snprintf(x->why, sizeof x->why, "%.*s", (int) sizeof x->why - 1, why);
 }
 
 /* x->retry_why: why a connection is being reconnected (the loss, then
@@ -228,9 +229,10 @@ bool nbdx_tune_socket(int fd, const struct nbdx_config *cfg);
  * attempt, logged at info level.  0 or -errno. */
 int nbdx_conn_connect(struct nbdx_conn *c, const struct nbdx_config *cfg,
                       bool quiet, int64_t timeout_ms);
-/* Does the server behind h differ from the one first connected to? */
+/* Does the server behind h differ from the one first connected to?  If
+ * so, why says how. */
 bool nbdx_server_changed(const struct nbdx *x, struct nbd_handle *h,
-                         char *why, size_t len);
+                         struct nbdf_err *why);
 void nbdx_read_info(struct nbdx *x, struct nbd_handle *h,
                     const struct nbdx_config *cfg);
 /* A polite NBD_CMD_DISC, then wait for the server to close until due.

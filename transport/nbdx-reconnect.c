@@ -371,14 +371,16 @@ static bool try_reconnect(struct nbdx_conn *c, int64_t timeout_ms)
         c->h = old;
         return false;
     }
-    char why[160];
-    if (nbdx_server_changed(c->x, c->h, why, sizeof why)) {
+    struct nbdf_err why;
+    if (nbdx_server_changed(c->x, c->h, &why)) {
         log_err("connection %u: refusing the server after reconnecting: %s",
-                c->index, why);
+                c->index, why.msg);
         nbd_close(c->h);
         c->h = old;
         c->gave_up = true;
-        snprintf(c->refused, sizeof c->refused, "%s", why);
+        /* cut to fit */
+        snprintf(c->refused, sizeof c->refused, "%.*s",
+                 (int) sizeof c->refused - 1, why.msg);
         return false;
     }
     nbdx_tune_socket(nbd_aio_get_fd(c->h), &c->x->cfg);
@@ -466,7 +468,7 @@ void nbdx_reconnect_step(struct nbdx_conn *c)
 
 /* One connection to the server, compared with the first: 0, or -errno
  * with why set. */
-static int heal_probe(struct nbdx *x, char *why, size_t len)
+static int heal_probe(struct nbdx *x, struct nbdf_err *why)
 {
     const struct nbdx_config *cfg = &x->cfg;
     struct nbdx_conn probe = { .x = x, .index = x->nconns };
@@ -475,9 +477,9 @@ static int heal_probe(struct nbdx *x, char *why, size_t len)
     int r = nbdx_conn_connect(&probe, cfg, true, ms);
 
     if (r < 0)
-        snprintf(why, len, "reconnecting failed: %s", strerror(-r));
-    else if (nbdx_server_changed(x, probe.h, why, len)) {
-        log_err("refusing the server: %s", why);
+        nbdf_errf(why, r, "reconnecting failed: %s", strerror(-r));
+    else if (nbdx_server_changed(x, probe.h, why)) {
+        log_err("refusing the server: %s", why->msg);
         r = -EIO;
     }
     if (probe.h) {
@@ -540,11 +542,12 @@ int nbdx_heal(struct nbdx *x)
         heal_refused(x, why);
         return -EIO;
     }
-    int r = heal_probe(x, why, sizeof why);
+    struct nbdf_err probe_why;
+    int r = heal_probe(x, &probe_why);
     atomic_fetch_add(&x->heal_tries, 1);
     if (r < 0) {
-        heal_refused(x, why);
-        nbdx_why_set(x, why);
+        heal_refused(x, probe_why.msg);
+        nbdx_why_set(x, probe_why.msg);
         return -EIO;
     }
     wait_parked_quiet(x);
