@@ -30,12 +30,16 @@
 #include "common/cleanup.h"
 #include "common/iszero.h"
 #include "common/sha256x.h"
+#include "common/vector.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
 #define HASH_GROUP 16u                   /* blocks hashed in one call: the
                                           * AVX-512 path takes 16 */
 #define FOLD_REGIONS (1u << 18)          /* fingerprints of folded blocks:
                                           * 2 MiB at most */
+
+DEFINE_VECTOR_TYPE(chunk_vector, unsigned char *, 16);
+DEFINE_VECTOR_TYPE(fp_vector, uint64_t, 64);
 
 struct blkhash {
     EVP_MD *md;                          /* owned (EVP_MD_fetch) */
@@ -45,14 +49,13 @@ struct blkhash {
     unsigned char zero_digest[EVP_MAX_MD_SIZE];  /* D(block_size zeros) */
     unsigned char *zero_run;             /* BLKHASH_CHUNK zero digests */
     pthread_mutex_t lock;
-    unsigned char **chunks;              /* [nchunks], NULL: all zero */
-    size_t nchunks;
+    struct chunk_vector chunks;          /* len == cap; NULL: all zero */
     uint64_t short_block;                /* index of the short last block */
     size_t short_len;                    /* its length; 0: none stored */
     EVP_MD_CTX *outer;                   /* digests of blocks [0, folded) */
     uint64_t folded;
-    uint64_t *fold_fp;                   /* fingerprints of folded blocks, */
-    size_t nfold_fp;                     /* regions of 2^fold_shift blocks */
+    struct fp_vector fold_fp;            /* fingerprints of folded blocks,
+                                          * regions of 2^fold_shift blocks */
     unsigned fold_shift;
 };
 
@@ -170,12 +173,12 @@ void blkhash_free(struct blkhash *h)
 {
     if (!h)
         return;
-    for (size_t i = 0; i < h->nchunks; i++)
-        free(h->chunks[i]);
-    free(h->chunks);
+    for (size_t i = 0; i < h->chunks.len; i++)
+        free(h->chunks.ptr[i]);
+    chunk_vector_reset(&h->chunks);
     free(h->zero_run);
     EVP_MD_CTX_free(h->outer);
-    free(h->fold_fp);
+    fp_vector_reset(&h->fold_fp);
     if (h->md) {
         EVP_MD_free(h->md);
         pthread_mutex_destroy(&h->lock);
@@ -199,25 +202,20 @@ static unsigned char *chunk_locked(struct blkhash *h, uint64_t b, bool alloc)
 {
     uint64_t ci = b / BLKHASH_CHUNK;
 
-    if (ci >= h->nchunks) {
-        if (!alloc)
+    if (ci >= h->chunks.len) {
+        struct chunk_vector *v = &h->chunks;
+        if (!alloc || chunk_vector_reserve(v, ci + 1 - v->len) < 0)
             return NULL;
-        size_t n = h->nchunks ? h->nchunks : 16;
-        while (n <= ci)
-            n *= 2;
-        unsigned char **c = realloc(h->chunks, n * sizeof *c);
-        if (!c)
-            return NULL;
-        memset(c + h->nchunks, 0, (n - h->nchunks) * sizeof *c);
-        h->chunks = c;
-        h->nchunks = n;
+        memset(v->ptr + v->len, 0, (v->cap - v->len) * sizeof *v->ptr);
+        v->len = v->cap;
     }
-    if (!h->chunks[ci] && alloc) {
-        h->chunks[ci] = malloc((size_t) BLKHASH_CHUNK * h->dsize);
-        if (h->chunks[ci])
-            memcpy(h->chunks[ci], h->zero_run, (size_t) BLKHASH_CHUNK * h->dsize);
+    if (!h->chunks.ptr[ci] && alloc) {
+        h->chunks.ptr[ci] = malloc((size_t) BLKHASH_CHUNK * h->dsize);
+        if (h->chunks.ptr[ci])
+            memcpy(h->chunks.ptr[ci], h->zero_run,
+                   (size_t) BLKHASH_CHUNK * h->dsize);
     }
-    return h->chunks[ci];
+    return h->chunks.ptr[ci];
 }
 
 /* Stores block b's digest; len < block_size marks it the short last block.
@@ -371,12 +369,12 @@ static bool slot_is_zero(const struct blkhash *h, const unsigned char *c,
 /* No block at or past 'nblocks' holds data. */
 static bool nothing_past_locked(const struct blkhash *h, uint64_t nblocks)
 {
-    for (uint64_t ci = nblocks / BLKHASH_CHUNK; ci < h->nchunks; ci++) {
-        if (!h->chunks[ci])
+    for (uint64_t ci = nblocks / BLKHASH_CHUNK; ci < h->chunks.len; ci++) {
+        if (!h->chunks.ptr[ci])
             continue;
         uint64_t b = ci * BLKHASH_CHUNK > nblocks ? ci * BLKHASH_CHUNK : nblocks;
         for (; b < (ci + 1) * BLKHASH_CHUNK; b++)
-            if (!slot_is_zero(h, h->chunks[ci], b))
+            if (!slot_is_zero(h, h->chunks.ptr[ci], b))
                 return false;
     }
     return true;
@@ -390,7 +388,8 @@ static int feed_full_locked(struct blkhash *h, EVP_MD_CTX *c, uint64_t from,
         uint64_t ci = b / BLKHASH_CHUNK, i = b % BLKHASH_CHUNK;
         uint64_t cnt = BLKHASH_CHUNK - i < n - b ? BLKHASH_CHUNK - i : n - b;
         const unsigned char *src =
-            ci < h->nchunks && h->chunks[ci] ? h->chunks[ci] : h->zero_run;
+            ci < h->chunks.len && h->chunks.ptr[ci] ? h->chunks.ptr[ci]
+                                                    : h->zero_run;
 
         if (EVP_DigestUpdate(c, src + i * h->dsize, cnt * h->dsize) != 1)
             return -EIO;
@@ -473,11 +472,11 @@ int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
     LOCK_FOR_SCOPE(&h->lock);
     if (h->folded && shift < h->fold_shift)
         return -EINVAL;
-    for (size_t i = 0; i < h->nfold_fp; i++)
+    for (size_t i = 0; i < h->fold_fp.len; i++)
         if ((i >> (shift - h->fold_shift)) < n)
-            fp[i >> (shift - h->fold_shift)] ^= h->fold_fp[i];
-    for (size_t ci = 0; ci < h->nchunks; ci++) {
-        const unsigned char *c = h->chunks[ci];
+            fp[i >> (shift - h->fold_shift)] ^= h->fold_fp.ptr[i];
+    for (size_t ci = 0; ci < h->chunks.len; ci++) {
+        const unsigned char *c = h->chunks.ptr[ci];
         for (uint64_t i = 0; c && i < BLKHASH_CHUNK; i++) {
             uint64_t b = (uint64_t) ci * BLKHASH_CHUNK + i;
             if (b < h->folded)
@@ -498,25 +497,25 @@ int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
 static int fold_fp_room_locked(struct blkhash *h, uint64_t b)
 {
     while ((b >> h->fold_shift) >= FOLD_REGIONS) {
-        for (size_t i = 0; i < h->nfold_fp; i++)
-            h->fold_fp[i / 2] = (i % 2 ? h->fold_fp[i / 2] : 0) ^ h->fold_fp[i];
-        h->nfold_fp = (h->nfold_fp + 1) / 2;
+        uint64_t *fp = h->fold_fp.ptr;
+        for (size_t i = 0; i < h->fold_fp.len; i++)
+            fp[i / 2] = (i % 2 ? fp[i / 2] : 0) ^ fp[i];
+        h->fold_fp.len = (h->fold_fp.len + 1) / 2;
         h->fold_shift++;
     }
+    struct fp_vector *v = &h->fold_fp;
     size_t need = (size_t) (b >> h->fold_shift) + 1;
-    if (need <= h->nfold_fp)
+    if (need <= v->len)
         return 0;
-    size_t cap = h->nfold_fp ? h->nfold_fp : 64;
-    while (cap < need)
-        cap *= 2;
-    if (cap > FOLD_REGIONS)
-        cap = FOLD_REGIONS;
-    uint64_t *fp = realloc(h->fold_fp, cap * sizeof *fp);
-    if (!fp)
+    size_t n = v->len ? v->len : 64;     /* folding halves len, not cap */
+    while (n < need)
+        n *= 2;
+    if (n > FOLD_REGIONS)
+        n = FOLD_REGIONS;
+    if (fp_vector_reserve(v, n - v->len) < 0)
         return -ENOMEM;
-    memset(fp + h->nfold_fp, 0, (cap - h->nfold_fp) * sizeof *fp);
-    h->fold_fp = fp;
-    h->nfold_fp = cap;
+    memset(v->ptr + v->len, 0, (n - v->len) * sizeof *v->ptr);
+    v->len = n;
     return 0;
 }
 
@@ -527,13 +526,13 @@ static int fold_fingerprints_locked(struct blkhash *h, uint64_t upto)
     if (upto > 0 && (r = fold_fp_room_locked(h, upto - 1)) < 0)
         return r;
     for (uint64_t ci = h->folded / BLKHASH_CHUNK;
-         ci < h->nchunks && ci * BLKHASH_CHUNK < upto; ci++) {
-        const unsigned char *c = h->chunks[ci];
+         ci < h->chunks.len && ci * BLKHASH_CHUNK < upto; ci++) {
+        const unsigned char *c = h->chunks.ptr[ci];
         for (uint64_t b = ci * BLKHASH_CHUNK > h->folded ? ci * BLKHASH_CHUNK
                                                         : h->folded;
              c && b < upto && b < (ci + 1) * BLKHASH_CHUNK; b++)
             if (!slot_is_zero(h, c, b))
-                h->fold_fp[b >> h->fold_shift] ^=
+                h->fold_fp.ptr[b >> h->fold_shift] ^=
                     blkhash_fp_term(b, c + (b % BLKHASH_CHUNK) * h->dsize);
     }
     return 0;
@@ -558,9 +557,9 @@ int blkhash_fold(struct blkhash *h, uint64_t upto)
         (r = feed_full_locked(h, h->outer, h->folded, upto)) < 0)
         return r;
     for (uint64_t ci = h->folded / BLKHASH_CHUNK;
-         ci < h->nchunks && (ci + 1) * BLKHASH_CHUNK <= upto; ci++) {
-        free(h->chunks[ci]);
-        h->chunks[ci] = NULL;
+         ci < h->chunks.len && (ci + 1) * BLKHASH_CHUNK <= upto; ci++) {
+        free(h->chunks.ptr[ci]);
+        h->chunks.ptr[ci] = NULL;
     }
     h->folded = upto;
     return 0;
@@ -583,10 +582,10 @@ unsigned blkhash_fp_min_shift(struct blkhash *h)
 size_t blkhash_memory(struct blkhash *h)
 {
     LOCK_FOR_SCOPE(&h->lock);
-    size_t m = h->nchunks * sizeof *h->chunks +
-               h->nfold_fp * sizeof *h->fold_fp;
-    for (size_t i = 0; i < h->nchunks; i++)
-        if (h->chunks[i])
+    size_t m = h->chunks.len * sizeof *h->chunks.ptr +
+               h->fold_fp.len * sizeof *h->fold_fp.ptr;
+    for (size_t i = 0; i < h->chunks.len; i++)
+        if (h->chunks.ptr[i])
             m += (size_t) BLKHASH_CHUNK * h->dsize;
     return m;
 }

@@ -38,6 +38,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
+#include "common/vector.h"
 #include "digest/digest.h"
 #include "verify/reader.h"
 #include "verify/sink.h"
@@ -199,6 +200,7 @@ static unsigned region_shift(uint64_t nblocks)
 /* ---- the read: the library's reader over the mount's connections ---- */
 
 struct rb_ext { uint64_t off, len; bool zero; };
+DEFINE_VECTOR_TYPE(rb_ext_vector, struct rb_ext, 64);
 
 struct rb_read {
     struct nbdx_op op;                /* first: done() finds the read */
@@ -217,8 +219,7 @@ struct run {
     struct rb_read reads[READBACK_SLOTS];
     unsigned in_flight;
     uint64_t events, seen;            /* completions; seen by wait() */
-    struct rb_ext *ext;               /* a block status reply's extents */
-    size_t n, cap;
+    struct rb_ext_vector ext;         /* a block status reply's extents */
 };
 
 static void read_done(struct nbdx_op *op, int err)
@@ -290,16 +291,8 @@ static void ext_cb(struct nbdx_op *op, uint64_t off, uint64_t len,
 {
     struct run *run = ((struct bs_op *) op)->run;
 
-    if (run->n == run->cap) {
-        size_t cap = run->cap ? 2 * run->cap : 64;
-        struct rb_ext *e = realloc(run->ext, cap * sizeof *e);
-        if (!e)
-            return;
-        run->ext = e;
-        run->cap = cap;
-    }
-    run->ext[run->n++] = (struct rb_ext) {
-        .off = off, .len = len, .zero = (flags & LIBNBD_STATE_ZERO) != 0 };
+    (void) rb_ext_vector_append(&run->ext, (struct rb_ext) {
+        .off = off, .len = len, .zero = (flags & LIBNBD_STATE_ZERO) != 0 });
 }
 
 /* Ask the server which of the window reads as zero.  A reply covering
@@ -315,12 +308,12 @@ static int rb_extents(void *ctx, struct vreader *r, uint64_t off,
                         .run = run };
     int err = 0;
 
-    run->n = 0;
+    run->ext.len = 0;
     if (nbdx_run(run->x, &bs.op) < 0)
         err = EIO;
-    for (size_t i = 0; !err && i < run->n; i++)
-        if (vr_extent(r, run->ext[i].off, run->ext[i].len,
-                      run->ext[i].zero) < 0)
+    for (size_t i = 0; !err && i < run->ext.len; i++)
+        if (vr_extent(r, run->ext.ptr[i].off, run->ext.ptr[i].len,
+                      run->ext.ptr[i].zero) < 0)
             err = ENOMEM;
     vr_extents_done(r, err);
     return 0;
@@ -409,7 +402,7 @@ static int stream(struct fs_disk *d, struct sink *k)
     if (r)
         vreader_drain(r, -1);         /* let the reads in flight land */
     vreader_free(r);
-    free(run.ext);
+    rb_ext_vector_reset(&run.ext);
     pthread_mutex_destroy(&run.lock);
     pthread_cond_destroy(&run.cond);
     return e;

@@ -264,7 +264,7 @@ int manifest_parse(struct manifest *m, const void *buf, size_t len,
 {
     const unsigned char *p = buf;
     LOCK_FOR_SCOPE(&m->lock);
-    assert(!m->ndata && !m->nzero && !m->npend);
+    assert(!m->ndata && !m->nzero && !m->pend.len);
     int r = parse_header(m, p, len, why);
     if (r < 0)
         return r;

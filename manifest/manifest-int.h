@@ -4,6 +4,7 @@
  * store).  Not for users of the library (manifest/manifest.h). */
 #pragma once
 
+#include "common/vector.h"
 #include "manifest/manifest.h"
 
 #include <pthread.h>
@@ -38,6 +39,7 @@ struct pend {
     uint8_t kind;
     unsigned char d[MF_DIGEST];
 };
+DEFINE_VECTOR_TYPE(pend_vector, struct pend, 1024);
 
 struct manifest {
     pthread_mutex_t lock;
@@ -49,10 +51,9 @@ struct manifest {
     uint64_t ndata, nzero, ncut;
     uint64_t changes;             /* manifest_change() calls: seq */
     uint64_t durable;             /* the last manifest_durable() gen */
-    struct pend *pend;            /* pending changes, unordered */
-    size_t npend, cappend;
+    struct pend_vector pend;      /* pending changes, unordered */
     uint32_t *hidx;               /* open addressing: pend index + 1 */
-    size_t hcap;                  /* power of two, > 2 * npend */
+    size_t hcap;                  /* power of two, > 2 * pend.len */
     unsigned char zero_digest[MF_DIGEST];
     struct timespec mtime;
     bool has_mtime;

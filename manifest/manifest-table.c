@@ -45,7 +45,7 @@ void mf_clear_locked(struct manifest *m)
 {
     memset(m->st, 0, m->nblocks ? m->nblocks : 1);
     m->ndata = m->nzero = m->ncut = 0;
-    m->npend = 0;
+    m->pend.len = 0;
     if (m->hidx)
         memset(m->hidx, 0, m->hcap * sizeof *m->hidx);
     m->has_mtime = false;

@@ -37,7 +37,7 @@ static size_t hslot(const struct manifest *m, uint64_t b)
 
 static void hindex(struct manifest *m, size_t i)
 {
-    size_t s = hslot(m, m->pend[i].b);
+    size_t s = hslot(m, m->pend.ptr[i].b);
     while (m->hidx[s])
         s = (s + 1) & (m->hcap - 1);
     m->hidx[s] = (uint32_t) (i + 1);
@@ -51,7 +51,7 @@ static int hrebuild(struct manifest *m, size_t cap)
     free(m->hidx);
     m->hidx = h;
     m->hcap = cap;
-    for (size_t i = 0; i < m->npend; i++)
+    for (size_t i = 0; i < m->pend.len; i++)
         hindex(m, i);
     return 0;
 }
@@ -61,28 +61,24 @@ static struct pend *pend_find(struct manifest *m, uint64_t b)
     if (!(m->st[b] & ST_PENDING))
         return NULL;
     for (size_t s = hslot(m, b); m->hidx[s]; s = (s + 1) & (m->hcap - 1))
-        if (m->pend[m->hidx[s] - 1].b == b)
-            return &m->pend[m->hidx[s] - 1];
+        if (m->pend.ptr[m->hidx[s] - 1].b == b)
+            return &m->pend.ptr[m->hidx[s] - 1];
     abort();                      /* ST_PENDING without an entry */
 }
 
 /* A new pending entry for b (not pending yet); NULL: out of memory. */
 static struct pend *pend_add(struct manifest *m, uint64_t b)
 {
-    if (m->npend == m->cappend) {
-        size_t n = m->cappend ? 2 * m->cappend : 1024;
-        struct pend *p = realloc(m->pend, n * sizeof *p);
-        if (!p || n >= UINT32_MAX)
-            return NULL;
-        m->pend = p;
-        m->cappend = n;
-    }
-    if (2 * (m->npend + 1) >= m->hcap &&
+    /* hidx holds index + 1 in 32 bits: at most 2^31 entries (the
+     * capacity, doubling from 1024, stays below 2^32). */
+    if (m->pend.len > UINT32_MAX / 2 || pend_vector_reserve(&m->pend, 1) < 0)
+        return NULL;
+    if (2 * (m->pend.len + 1) >= m->hcap &&
         hrebuild(m, m->hcap ? 2 * m->hcap : 4096) < 0)
         return NULL;
-    struct pend *p = &m->pend[m->npend++];
+    struct pend *p = &m->pend.ptr[m->pend.len++];
     p->b = b;
-    hindex(m, m->npend - 1);
+    hindex(m, m->pend.len - 1);
     m->st[b] |= ST_PENDING;
     return p;
 }
@@ -132,7 +128,7 @@ void manifest_free(struct manifest *m)
         free(m->chunk[i]);
     free(m->chunk);
     free(m->st);
-    free(m->pend);
+    pend_vector_reset(&m->pend);
     free(m->hidx);
     free(m);
 }
@@ -191,8 +187,8 @@ size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
 {
     LOCK_FOR_SCOPE(&m->lock);
     size_t k = 0;
-    for (size_t i = 0; i < m->npend && k < n; i++) {
-        const struct pend *p = &m->pend[i];
+    for (size_t i = 0; i < m->pend.len && k < n; i++) {
+        const struct pend *p = &m->pend.ptr[i];
         if (p->kind != MF_NONE || p->gen == GEN_UNSET || p->gen > gen)
             continue;
         b[k] = p->b;
@@ -236,14 +232,14 @@ void manifest_durable(struct manifest *m, uint64_t gen)
     size_t keep = 0, unresolved = 0;
     if (gen > m->durable)
         m->durable = gen;
-    for (size_t i = 0; i < m->npend; i++) {
-        struct pend *p = &m->pend[i];
+    for (size_t i = 0; i < m->pend.len; i++) {
+        struct pend *p = &m->pend.ptr[i];
         /* A block written in part stays a change to resolve (read back
          * after this very flush: manifest_resolve()), up to a bound;
          * past it, it is simply unknown. */
         if (p->gen == GEN_UNSET || p->gen > gen ||
             (p->kind == MF_NONE && unresolved++ < MF_UNRESOLVED_KEPT)) {
-            m->pend[keep++] = *p;
+            m->pend.ptr[keep++] = *p;
             continue;
         }
         m->st[p->b] &= (uint8_t) ~ST_PENDING;
@@ -253,10 +249,10 @@ void manifest_durable(struct manifest *m, uint64_t gen)
             mf_jrec(m, k == MF_ZERO ? REC_ZERO : REC_DATA, p->b, 1,
                  k == MF_DATA ? p->d : NULL);
     }
-    if (keep != m->npend) {
-        m->npend = keep;
+    if (keep != m->pend.len) {
+        m->pend.len = keep;
         memset(m->hidx, 0, m->hcap * sizeof *m->hidx);
-        for (size_t i = 0; i < m->npend; i++)
+        for (size_t i = 0; i < m->pend.len; i++)
             hindex(m, i);
     }
     mf_promoted_locked(m);
@@ -284,7 +280,7 @@ void manifest_change_zero(struct manifest *m, uint64_t b0, uint64_t b1,
     LOCK_FOR_SCOPE(&m->lock);
     uint64_t end = b1 < m->nblocks ? b1 : m->nblocks;
     for (uint64_t b = b0; b < end; b++) {
-        if (!m->st[b] && m->npend >= MF_LEARN_PENDING) {
+        if (!m->st[b] && m->pend.len >= MF_LEARN_PENDING) {
             b = mf_next_known(m, b, end);   /* nothing to learn past the bound */
             if (b == end)
                 break;
@@ -335,9 +331,9 @@ uint64_t manifest_settle_cuts(struct manifest *m)
 void manifest_settle_gen(struct manifest *m, uint64_t gen)
 {
     LOCK_FOR_SCOPE(&m->lock);
-    for (size_t i = 0; i < m->npend; i++)
-        if (m->pend[i].gen == GEN_UNSET)
-            m->pend[i].gen = gen;
+    for (size_t i = 0; i < m->pend.len; i++)
+        if (m->pend.ptr[i].gen == GEN_UNSET)
+            m->pend.ptr[i].gen = gen;
 }
 
 void manifest_forget_all(struct manifest *m)
@@ -420,10 +416,10 @@ void manifest_get_stats(struct manifest *m, struct manifest_stats *out)
 {
     LOCK_FOR_SCOPE(&m->lock);
     size_t pending = 0;           /* not counting parts left to resolve */
-    for (size_t i = 0; i < m->npend; i++)
-        pending += !(m->pend[i].kind == MF_NONE &&
-                     m->pend[i].gen != GEN_UNSET &&
-                     m->pend[i].gen <= m->durable);
+    for (size_t i = 0; i < m->pend.len; i++)
+        pending += !(m->pend.ptr[i].kind == MF_NONE &&
+                     m->pend.ptr[i].gen != GEN_UNSET &&
+                     m->pend.ptr[i].gen <= m->durable);
     *out = (struct manifest_stats) {
         .blocks = m->nblocks, .data = m->ndata, .zero = m->nzero,
         .pending = pending, .cut = m->ncut, .records = m->records,

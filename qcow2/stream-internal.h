@@ -8,6 +8,7 @@
 #define NBDFERRY_QCOW2_STREAM_INTERNAL_H
 
 #include "common/fileorder.h"
+#include "common/vector.h"
 #include "qcow2/qcow2-internal.h"
 
 enum st { ST_HEAD, ST_BODY };
@@ -48,6 +49,8 @@ struct spent {                        /* a passed cluster run kept for later */
     uint64_t off, len;                /* LIVE: one cluster; ZERO: a run */
     int state;
 };
+DEFINE_VECTOR_TYPE(spent_vector, struct spent, 64);
+DEFINE_VECTOR_TYPE(page_vector, uint64_t *, 16);
 
 struct heap {
     void *v;
@@ -97,11 +100,9 @@ struct qcow2_stream {
     uint64_t **rczero;                /* refcount 0, from blocks arrived */
     uint8_t *rb_seen;                 /* a byte per refcount table entry */
     unsigned rb_shift;                /* log2(refcount entries per block) */
-    uint64_t **pages;                 /* every page made, to free */
-    size_t npages, pages_cap;
+    struct page_vector pages;         /* every page made, to free */
 
-    struct spent *sp;                 /* increasing off */
-    size_t nsp, sp_cap;
+    struct spent_vector sp;           /* increasing off */
     uint64_t spool_bytes;
 
     /* The last NLOOK passed clusters that held only compressed data of

@@ -84,9 +84,9 @@ void qcow2_stream_free(struct qcow2_stream *s)
     free(s->reftable);
     for (unsigned i = 0; i < NLOOK; i++)
         free(s->look[i].buf);
-    for (size_t i = 0; i < s->npages; i++)
-        free(s->pages[i]);
-    free(s->pages);
+    for (size_t i = 0; i < s->pages.len; i++)
+        free(s->pages.ptr[i]);
+    page_vector_reset(&s->pages);
     free(s->rczero);
     free(s->rb_seen);
     free(s->used);

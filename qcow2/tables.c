@@ -33,16 +33,10 @@ static void hswap(struct heap *h, size_t i, size_t j)
 
 int qcow2_heap_push(struct heap *h, const void *e)
 {
-    if (h->n == h->cap) {
-        if (h->cap >= MAX_ITEMS)
-            return -EFBIG;
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        void *v = realloc(h->v, cap * h->size);
-        if (!v)
-            return -ENOMEM;
-        h->v = v;
-        h->cap = cap;
-    }
+    if (h->n == h->cap && h->cap >= MAX_ITEMS)
+        return -EFBIG;
+    if (vector_grow(&h->v, &h->cap, h->n, 1, h->size, 256) < 0)
+        return -ENOMEM;
     size_t i = h->n++;
     memcpy((uint8_t *) h->v + i * h->size, e, h->size);
     while (i > 0 && hkey(h, (i - 1) / 2) > hkey(h, i)) {
@@ -142,17 +136,11 @@ static int page_of(struct qcow2_stream *s, uint64_t **pages, uint64_t hc,
                     "decoder's limit of 2^30 host clusters", hc << s->cb);
     uint64_t **p = &pages[hc >> PAGE_SHIFT];
     if (!*p) {
-        if (s->npages == s->pages_cap) {
-            size_t cap = s->pages_cap ? s->pages_cap * 2 : 16;
-            uint64_t **l = realloc(s->pages, cap * sizeof *l);
-            if (!l)
-                return qcow2_fail(s, -ENOMEM, "out of memory for the cluster bitmap");
-            s->pages = l;
-            s->pages_cap = cap;
-        }
+        if (page_vector_reserve(&s->pages, 1) < 0)
+            return qcow2_fail(s, -ENOMEM, "out of memory for the cluster bitmap");
         if (!(*p = calloc(1, (1u << PAGE_SHIFT) / 8)))
             return qcow2_fail(s, -ENOMEM, "out of memory for the cluster bitmap");
-        s->pages[s->npages++] = *p;
+        s->pages.ptr[s->pages.len++] = *p;
     }
     *out = *p;
     return 0;
@@ -222,35 +210,27 @@ int qcow2_claim(struct qcow2_stream *s, uint64_t off, uint64_t len, int what)
 /* Every spooled cluster dropped (the stream is failing or done). */
 void qcow2_spool_drop_all(struct qcow2_stream *s)
 {
-    for (size_t i = 0; i < s->nsp; i++)
-        if (s->sp[i].state == SP_LIVE) {
+    for (size_t i = 0; i < s->sp.len; i++)
+        if (s->sp.ptr[i].state == SP_LIVE) {
             if (s->sink->spool_drop)
-                s->sink->spool_drop(s->opaque, s->sp[i].off);
-            s->sp[i].state = SP_DEAD;
+                s->sink->spool_drop(s->opaque, s->sp.ptr[i].off);
+            s->sp.ptr[i].state = SP_DEAD;
         }
     s->spool_bytes = 0;
-    free(s->sp);
-    s->sp = NULL;
-    s->nsp = s->sp_cap = 0;
+    spent_vector_reset(&s->sp);
 }
 
 int qcow2_spool_zero_run(struct qcow2_stream *s, uint64_t off, uint64_t len,
                      int state)
 {
-    if (state == SP_ZERO && s->nsp && s->sp[s->nsp - 1].state == SP_ZERO &&
-        s->sp[s->nsp - 1].off + s->sp[s->nsp - 1].len == off) {
-        s->sp[s->nsp - 1].len += len;
+    struct spent *last = s->sp.len ? &s->sp.ptr[s->sp.len - 1] : NULL;
+    if (state == SP_ZERO && last && last->state == SP_ZERO &&
+        last->off + last->len == off) {
+        last->len += len;
         return 0;
     }
-    if (s->nsp == s->sp_cap) {
-        size_t cap = s->sp_cap ? s->sp_cap * 2 : 64;
-        struct spent *p = realloc(s->sp, cap * sizeof *p);
-        if (!p)
-            return qcow2_fail(s, -ENOMEM, "out of memory for the spool index");
-        s->sp = p;
-        s->sp_cap = cap;
-    }
-    s->sp[s->nsp++] = (struct spent) { off, len, state };
+    if (spent_vector_append(&s->sp, (struct spent) { off, len, state }) < 0)
+        return qcow2_fail(s, -ENOMEM, "out of memory for the spool index");
     return 0;
 }
 
@@ -273,16 +253,17 @@ int qcow2_spool_put(struct qcow2_stream *s, uint64_t off, const uint8_t *buf)
 
 static struct spent *sp_find(struct qcow2_stream *s, uint64_t off)
 {
-    size_t lo = 0, hi = s->nsp;
+    size_t lo = 0, hi = s->sp.len;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (s->sp[mid].off + s->sp[mid].len <= off)
+        if (s->sp.ptr[mid].off + s->sp.ptr[mid].len <= off)
             lo = mid + 1;
         else
             hi = mid;
     }
-    if (lo < s->nsp && s->sp[lo].off <= off && s->sp[lo].state != SP_DEAD)
-        return &s->sp[lo];
+    if (lo < s->sp.len && s->sp.ptr[lo].off <= off &&
+        s->sp.ptr[lo].state != SP_DEAD)
+        return &s->sp.ptr[lo];
     return NULL;
 }
 

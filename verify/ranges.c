@@ -2,24 +2,19 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "common/vector.h"
 #include "verify/sink.h"
 
-static int push_range(struct verify_range **v, size_t *n, size_t *cap,
-                      uint64_t off, uint64_t len)
+DEFINE_VECTOR_TYPE(range_vector, struct verify_range, 16);
+
+static int push_range(struct range_vector *v, uint64_t off, uint64_t len)
 {
-    if (*n && (*v)[*n - 1].off + (*v)[*n - 1].len == off) {
-        (*v)[*n - 1].len += len;
+    if (v->len && v->ptr[v->len - 1].off + v->ptr[v->len - 1].len == off) {
+        v->ptr[v->len - 1].len += len;
         return 0;
     }
-    if (*n == *cap) {
-        size_t c = *cap ? 2 * *cap : 16;
-        struct verify_range *nv = realloc(*v, c * sizeof *nv);
-        if (!nv)
-            return -ENOMEM;
-        *v = nv;
-        *cap = c;
-    }
-    (*v)[(*n)++] = (struct verify_range) { off, len };
+    if (range_vector_append(v, (struct verify_range) { off, len }) < 0)
+        return -ENOMEM;
     return 0;
 }
 
@@ -28,21 +23,23 @@ int verify_name_ranges(size_t nregions, uint64_t region, uint64_t length,
                        const void *ctx, struct verify_range **out, size_t *n,
                        uint64_t *bytes)
 {
-    size_t cap = 0;
+    struct range_vector v = { 0 };
+    int r = 0;
 
-    *out = NULL;
-    *n = 0;
     *bytes = 0;
     for (size_t i = 0; i < nregions; i++) {
         if (!differs(ctx, i))
             continue;
         uint64_t off = (uint64_t) i * region;
         uint64_t len = length - off < region ? length - off : region;
-        if (push_range(out, n, &cap, off, len) < 0) {
+        if (push_range(&v, off, len) < 0) {
             verify_err("out of memory");
-            return -ENOMEM;
+            r = -ENOMEM;
+            break;
         }
         *bytes += len;
     }
-    return 0;
+    *out = v.ptr;                 /* on failure too: the ranges so far */
+    *n = v.len;
+    return r;
 }

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/vector.h"
+
 struct extent {
     uint64_t off, len;
     bool zero;
@@ -54,12 +56,11 @@ static int ext_append(struct vreader *r, uint64_t len, bool zero)
             memmove(r->ext, r->ext + r->ext_head, r->ext_count * sizeof *r->ext);
             r->ext_head = 0;
         } else {
-            size_t cap = r->ext_cap ? 2 * r->ext_cap : 256;
-            struct extent *e = realloc(r->ext, cap * sizeof *e);
-            if (!e)
+            void *e = r->ext;
+            if (vector_grow(&e, &r->ext_cap, r->ext_count, 1, sizeof *r->ext,
+                            256) < 0)
                 return -ENOMEM;
             r->ext = e;
-            r->ext_cap = cap;
         }
     }
     r->ext[r->ext_head + r->ext_count++] =

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vector.h"
 #include "vhdx/vhdx-internal.h"
 
 #define SEC VHDX_LOG_SECTOR
@@ -140,23 +141,11 @@ static bool entry_at(struct ring *r, uint64_t at, const uint8_t guid[16],
            entry_crc(r, at, e->nsec) == vhdx_le32(h + 4);
 }
 
-struct run {
-    struct entry *v;
-    size_t n, cap;
-};
+DEFINE_VECTOR_TYPE(run, struct entry, 16);
 
 static int run_push(struct run *run, const struct entry *e)
 {
-    if (run->n == run->cap) {
-        size_t cap = run->cap ? run->cap * 2 : 16;
-        struct entry *v = realloc(run->v, cap * sizeof *v);
-        if (!v)
-            return -ENOMEM;
-        run->v = v;
-        run->cap = cap;
-    }
-    run->v[run->n++] = *e;
-    return 0;
+    return run_append(run, *e) < 0 ? -ENOMEM : 0;
 }
 
 /* The run of valid entries starting with 'first'; marks the sectors of
@@ -165,7 +154,7 @@ static int run_push(struct run *run, const struct entry *e)
 static int run_from(struct ring *r, const uint8_t guid[16],
                     const struct entry *first, struct run *run, bool *covered)
 {
-    run->n = 0;
+    run->len = 0;
     int rc = run_push(run, first);
     uint64_t used = first->nsec;
     struct entry e = *first, next;
@@ -183,9 +172,9 @@ static int run_from(struct ring *r, const uint8_t guid[16],
 /* Index in run of the entry the last one names as tail, or -1. */
 static long run_tail(const struct run *run)
 {
-    uint64_t tail = run->v[run->n - 1].tail;
-    for (size_t i = 0; i < run->n; i++)
-        if (run->v[i].at == tail)
+    uint64_t tail = run->ptr[run->len - 1].tail;
+    for (size_t i = 0; i < run->len; i++)
+        if (run->ptr[i].at == tail)
             return (long) i;
     return -1;
 }
@@ -197,14 +186,10 @@ static int plan_push(struct vhdx_log_plan *p, size_t *cap, uint64_t off,
 {
     if (len == 0)
         return 0;
-    if (p->npatches == *cap) {
-        size_t n = *cap ? *cap * 2 : 64;
-        struct vhdx_log_patch *v = realloc(p->patches, n * sizeof *v);
-        if (!v)
-            return -ENOMEM;
-        p->patches = v;
-        *cap = n;
-    }
+    void *v = p->patches;
+    if (vector_grow(&v, cap, p->npatches, 1, sizeof *p->patches, 64) < 0)
+        return -ENOMEM;
+    p->patches = v;
     p->patches[p->npatches++] = (struct vhdx_log_patch){ off, len, data };
     if (p->lo > off)
         p->lo = off;
@@ -247,22 +232,22 @@ static int plan_run(const struct ring *r, const struct run *run, size_t from,
                     struct vhdx_log_plan *p, struct nbdf_err *err)
 {
     uint64_t ndata = 0;
-    for (size_t i = from; i < run->n; i++)
-        ndata += run->v[i].nsec;        /* at least the data sectors */
+    for (size_t i = from; i < run->len; i++)
+        ndata += run->ptr[i].nsec;      /* at least the data sectors */
     if (!(p->sectors = malloc((ndata + 1) * SEC)))
         return nbdf_errf(err, -ENOMEM, "log: out of memory for its sectors");
     uint8_t *next = p->sectors;
     size_t cap = 0;
-    for (size_t i = from; i < run->n; i++) {
-        int rc = plan_entry(r, &run->v[i], p, &cap, &next);
+    for (size_t i = from; i < run->len; i++) {
+        int rc = plan_entry(r, &run->ptr[i], p, &cap, &next);
         if (rc == -EINVAL)
             return nbdf_errf(err, rc, "log entry %" PRIu64 " writes past "
-                             "the end of the address space", run->v[i].seq);
+                             "the end of the address space", run->ptr[i].seq);
         if (rc < 0)
             return nbdf_errf(err, rc, "log: out of memory for its writes");
     }
-    const struct entry *head = &run->v[run->n - 1];
-    p->entries = run->n - from;
+    const struct entry *head = &run->ptr[run->len - 1];
+    p->entries = run->len - from;
     p->head_seq = head->seq;
     p->flushed_file_offset = head->flushed;
     p->last_file_offset = head->last;
@@ -290,8 +275,9 @@ int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
         if ((rc = run_from(&r, guid, &e, &run, covered)) < 0)
             break;
         long from = run_tail(&run);
-        if (from < 0 || (best.n &&
-                         run.v[run.n - 1].seq <= best.v[best.n - 1].seq))
+        if (from < 0 ||
+            (best.len &&
+             run.ptr[run.len - 1].seq <= best.ptr[best.len - 1].seq))
             continue;
         struct run t = best;            /* keep run's buffer for reuse */
         best = run;
@@ -299,21 +285,21 @@ int vhdx_log_plan(const void *log, size_t len, const uint8_t guid[16],
         best_from = from;
     }
     free(covered);
-    free(run.v);
+    run_reset(&run);
     if (rc < 0) {
-        free(best.v);
+        run_reset(&best);
         return nbdf_errf(err, rc, "log: out of memory searching it");
     }
     if (r.exhausted) {
         /* Not knowing the active sequence, replaying nothing could be
          * wrong: refuse. */
-        free(best.v);
+        run_reset(&best);
         return nbdf_errf(err, -EINVAL, "log: too many entry headers with "
                          "the log's GUID that do not check to search it");
     }
     if (best_from >= 0)
         rc = plan_run(&r, &best, (size_t) best_from, p, err);
-    free(best.v);
+    run_reset(&best);
     if (rc < 0)
         vhdx_log_plan_free(p);
     return rc;

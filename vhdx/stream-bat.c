@@ -35,22 +35,15 @@ static int check_place(struct vhdx_stream *s, uint64_t i, uint64_t off,
     return 0;
 }
 
-static int add_blk(struct vhdx_stream *s, size_t *cap, struct blk b)
+static int add_blk(struct vhdx_stream *s, struct blk b)
 {
-    if (s->nblks == *cap) {
-        size_t n = *cap ? *cap * 2 : 256;
-        struct blk *v = realloc(s->blks, n * sizeof *v);
-        if (!v)
-            return fail(s, -ENOMEM, "out of memory for the block map");
-        s->blks = v;
-        *cap = n;
-    }
-    s->blks[s->nblks++] = b;
+    if (blk_vector_append(&s->blks, b) < 0)
+        return fail(s, -ENOMEM, "out of memory for the block map");
     return 0;
 }
 
 static int bat_payload(struct vhdx_stream *s, uint64_t i, uint64_t blk,
-                       uint64_t e, size_t *cap)
+                       uint64_t e)
 {
     const struct vhdx_meta *m = &s->info.meta;
     unsigned st = vhdx_bat_state(e);
@@ -71,7 +64,7 @@ static int bat_payload(struct vhdx_stream *s, uint64_t i, uint64_t blk,
         if (r < 0)
             return r;
         s->info.present_blocks++;
-        return add_blk(s, cap, (struct blk){
+        return add_blk(s, (struct blk){
             .file_off = vhdx_bat_offset(e), .len = m->block_size,
             .index = blk,
             .kind = st == VHDX_PB_FULLY_PRESENT ? BLK_FULL : BLK_PARTIAL });
@@ -83,7 +76,7 @@ static int bat_payload(struct vhdx_stream *s, uint64_t i, uint64_t blk,
 }
 
 static int bat_bitmap(struct vhdx_stream *s, uint64_t i, uint64_t chunk,
-                      uint64_t e, size_t *cap)
+                      uint64_t e)
 {
     unsigned st = vhdx_bat_state(e);
     if (st == VHDX_SB_NOT_PRESENT || !s->info.meta.has_parent)
@@ -94,29 +87,29 @@ static int bat_bitmap(struct vhdx_stream *s, uint64_t i, uint64_t chunk,
     int r = check_place(s, i, vhdx_bat_offset(e), VHDX_BITMAP_BYTES);
     if (r < 0)
         return r;
-    return add_blk(s, cap, (struct blk){ .file_off = vhdx_bat_offset(e),
-                                         .len = VHDX_BITMAP_BYTES,
-                                         .index = chunk, .kind = BLK_BITMAP });
+    return add_blk(s, (struct blk){ .file_off = vhdx_bat_offset(e),
+                                    .len = VHDX_BITMAP_BYTES,
+                                    .index = chunk, .kind = BLK_BITMAP });
 }
 
 static int bat_decode(struct vhdx_stream *s)
 {
     const struct vhdx_geom *g = &s->info.geom;
-    size_t cap = 0;
     for (uint64_t i = 0, blk = 0; i < g->bat_entries; i++) {
         uint64_t e = vhdx_le64(s->bat + 8 * i);
         int r = vhdx_bat_is_bitmap(g, i)
-            ? bat_bitmap(s, i, i / (g->chunk_ratio + 1), e, &cap)
-            : blk < g->payload_blocks ? bat_payload(s, i, blk++, e, &cap) : 0;
+            ? bat_bitmap(s, i, i / (g->chunk_ratio + 1), e)
+            : blk < g->payload_blocks ? bat_payload(s, i, blk++, e) : 0;
         if (r < 0)
             return r;
     }
-    if (s->nblks)                       /* blks is NULL without blocks */
-        qsort(s->blks, s->nblks, sizeof *s->blks, blk_cmp);
-    for (size_t i = 1; i < s->nblks; i++)
-        if (s->blks[i - 1].file_off + s->blks[i - 1].len > s->blks[i].file_off)
+    const struct blk *b = s->blks.ptr;
+    if (s->blks.len)                    /* ptr is NULL without blocks */
+        qsort(s->blks.ptr, s->blks.len, sizeof *b, blk_cmp);
+    for (size_t i = 1; i < s->blks.len; i++)
+        if (b[i - 1].file_off + b[i - 1].len > b[i].file_off)
             return fail(s, -EINVAL, "BAT: two blocks overlap at %" PRIu64,
-                        s->blks[i].file_off);
+                        b[i].file_off);
     return 0;
 }
 
@@ -133,16 +126,16 @@ static int check_bitmaps(struct vhdx_stream *s)
     bool *have = calloc(s->nchunks, 1);
     if (!have)
         return fail(s, -ENOMEM, "out of memory for the bitmap index");
-    for (size_t i = 0; i < s->nblks; i++)
-        if (s->blks[i].kind == BLK_BITMAP)
-            have[s->blks[i].index] = true;
+    for (size_t i = 0; i < s->blks.len; i++)
+        if (s->blks.ptr[i].kind == BLK_BITMAP)
+            have[s->blks.ptr[i].index] = true;
     int r = 0;
-    for (size_t i = 0; i < s->nblks && r == 0; i++)
-        if (s->blks[i].kind == BLK_PARTIAL &&
-            !have[s->blks[i].index / s->info.geom.chunk_ratio])
+    for (size_t i = 0; i < s->blks.len && r == 0; i++)
+        if (s->blks.ptr[i].kind == BLK_PARTIAL &&
+            !have[s->blks.ptr[i].index / s->info.geom.chunk_ratio])
             r = fail(s, -EINVAL, "payload block %" PRIu64 " is partially "
                      "present but its chunk has no sector bitmap",
-                     s->blks[i].index);
+                     s->blks.ptr[i].index);
     free(have);
     return r;
 }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/fileorder.h"
+#include "common/vector.h"
 #include "vhdx/vhdx-internal.h"
 
 #define FIRST_BYTES 512
@@ -44,6 +45,8 @@ struct spooled {                        /* a range handed to the spool */
     bool zero;                          /* file zeros: nothing was put */
     bool done;
 };
+DEFINE_VECTOR_TYPE(blk_vector, struct blk, 256);
+DEFINE_VECTOR_TYPE(spooled_vector, struct spooled, 64);
 
 struct bitmap {                         /* a sector bitmap being collected */
     uint8_t *bits;                      /* VHDX_BITMAP_BYTES */
@@ -77,14 +80,12 @@ struct vhdx_stream {
     uint64_t bat_need, bat_got;
     bool ready;                         /* begin() called */
 
-    struct blk *blks;                   /* sorted by file_off */
-    size_t nblks;
+    struct blk_vector blks;             /* sorted by file_off */
     size_t cur;                         /* search hint */
     struct bitmap *bitmaps;             /* per chunk, differencing only */
     uint64_t nchunks;
 
-    struct spooled *sp;
-    size_t nsp, capsp;
+    struct spooled_vector sp;
     uint64_t spool_held;                /* bytes in the spool and bitmaps */
     struct vhdx_stream_stats stats;
 };

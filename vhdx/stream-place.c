@@ -10,19 +10,20 @@
 static const struct blk *find_blk(struct vhdx_stream *s, uint64_t off)
 {
     /* Input mostly moves forward: try the hint, then search. */
-    if (s->cur < s->nblks && s->blks[s->cur].file_off <= off &&
-        off < s->blks[s->cur].file_off + s->blks[s->cur].len)
-        return &s->blks[s->cur];
-    size_t lo = 0, hi = s->nblks;
+    if (s->cur < s->blks.len && s->blks.ptr[s->cur].file_off <= off &&
+        off < s->blks.ptr[s->cur].file_off + s->blks.ptr[s->cur].len)
+        return &s->blks.ptr[s->cur];
+    size_t lo = 0, hi = s->blks.len;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (s->blks[mid].file_off + s->blks[mid].len <= off)
+        if (s->blks.ptr[mid].file_off + s->blks.ptr[mid].len <= off)
             lo = mid + 1;
         else
             hi = mid;
     }
     s->cur = lo;
-    return lo < s->nblks && s->blks[lo].file_off <= off ? &s->blks[lo] : NULL;
+    return lo < s->blks.len && s->blks.ptr[lo].file_off <= off
+           ? &s->blks.ptr[lo] : NULL;
 }
 
 /* Bytes up to the next block start after off (or UINT64_MAX). */
@@ -30,9 +31,9 @@ static uint64_t next_blk_start(struct vhdx_stream *s, uint64_t off)
 {
     find_blk(s, off);
     size_t i = s->cur;
-    while (i < s->nblks && s->blks[i].file_off <= off)
+    while (i < s->blks.len && s->blks.ptr[i].file_off <= off)
         i++;
-    return i < s->nblks ? s->blks[i].file_off : UINT64_MAX;
+    return i < s->blks.len ? s->blks.ptr[i].file_off : UINT64_MAX;
 }
 
 int vhdx_emit(struct vhdx_stream *s, uint64_t disk_off, const uint8_t *buf,
@@ -122,11 +123,11 @@ int vhdx_replay(struct vhdx_stream *s, uint64_t chunk)
     int r = 0;
     /* vhdx_body_bytes() may spool again (s->sp may move) and replay another
      * chunk: work on a copy of each entry, by index. */
-    for (size_t i = 0; i < s->nsp && r == 0; i++) {
-        if (s->sp[i].done || s->sp[i].chunk != chunk)
+    for (size_t i = 0; i < s->sp.len && r == 0; i++) {
+        if (s->sp.ptr[i].done || s->sp.ptr[i].chunk != chunk)
             continue;
-        struct spooled sp = s->sp[i];
-        s->sp[i].done = true;
+        struct spooled sp = s->sp.ptr[i];
+        s->sp.ptr[i].done = true;
         if (sp.zero) {
             r = vhdx_body_bytes(s, sp.file_off, NULL, sp.len);
             continue;

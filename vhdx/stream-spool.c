@@ -33,14 +33,8 @@ int vhdx_spool(struct vhdx_stream *s, uint64_t off, const uint8_t *buf,
         return fail(s, -ENOTSUP,
                     "block data at %" PRIu64 " arrives before the table "
                     "that places it, and this reader cannot spool", off);
-    if (s->nsp == s->capsp) {
-        size_t cap = s->capsp ? s->capsp * 2 : 64;
-        struct spooled *n = realloc(s->sp, cap * sizeof *n);
-        if (!n)
-            return fail(s, -ENOMEM, "out of memory for the spool index");
-        s->sp = n;
-        s->capsp = cap;
-    }
+    if (spooled_vector_reserve(&s->sp, 1) < 0)
+        return fail(s, -ENOMEM, "out of memory for the spool index");
     if (!zero) {
         int r = vhdx_spool_hold(s, len);
         if (r < 0)
@@ -50,7 +44,7 @@ int vhdx_spool(struct vhdx_stream *s, uint64_t off, const uint8_t *buf,
             return sink_fail(s, r, "spool");
         s->stats.spooled_bytes += len;
     }
-    s->sp[s->nsp++] = (struct spooled){ .file_off = off, .len = len,
-                                        .chunk = chunk, .zero = zero };
+    s->sp.ptr[s->sp.len++] = (struct spooled){ .file_off = off, .len = len,
+                                               .chunk = chunk, .zero = zero };
     return 0;
 }

@@ -204,8 +204,8 @@ int vhdx_stream_finish(struct vhdx_stream *s)
                     "arrived", s->pos,
                     s->meta_got < s->meta_len ? "metadata" : "BAT");
     uint64_t bs = s->info.meta.block_size, size = s->info.meta.disk_size;
-    for (size_t i = 0; i < s->nblks; i++) {
-        const struct blk *b = &s->blks[i];
+    for (size_t i = 0; i < s->blks.len; i++) {
+        const struct blk *b = &s->blks.ptr[i];
         uint64_t need = b->len;
         if (b->kind != BLK_BITMAP && size - b->index * bs < need)
             need = size - b->index * bs;      /* the disk's last block */
@@ -214,11 +214,11 @@ int vhdx_stream_finish(struct vhdx_stream *s)
                         "a block at %" PRIu64 " is missing", s->pos,
                         b->file_off);
     }
-    for (size_t i = 0; i < s->nsp; i++)
-        if (!s->sp[i].done)
+    for (size_t i = 0; i < s->sp.len; i++)
+        if (!s->sp.ptr[i].done)
             return fail(s, -EINVAL, "bytes at %" PRIu64 " were never placed "
                         "(their sector bitmap never arrived)",
-                        s->sp[i].file_off);
+                        s->sp.ptr[i].file_off);
     return 0;
 }
 
@@ -278,8 +278,8 @@ void vhdx_stream_free(struct vhdx_stream *s)
     for (uint64_t i = 0; s->bitmaps && i < s->nchunks; i++)
         free(s->bitmaps[i].bits);
     free(s->bitmaps);
-    free(s->blks);
-    free(s->sp);
+    blk_vector_reset(&s->blks);
+    spooled_vector_reset(&s->sp);
     free(s->bat);
     free(s->log);
     vhdx_log_plan_free(&s->plan);

@@ -20,23 +20,25 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/vector.h"
 
 struct entry {
     uint64_t key, len;            /* len 0: a tombstone */
     uint64_t pos;                 /* in the file, when !mem */
     uint8_t *mem;                 /* in memory, or NULL */
 };
+DEFINE_VECTOR_TYPE(entry_vector, struct entry, 64);
 
 struct room {
     uint64_t pos, len;
 };
+DEFINE_VECTOR_TYPE(room_vector, struct room, 16);
 
 struct spool {
     struct spool_config cfg;
-    struct entry *e;
-    size_t n, cap, dead;          /* entries, room, tombstones */
-    struct room *free;            /* file room to use again */
-    size_t nfree, capfree;
+    struct entry_vector e;
+    size_t dead;                  /* tombstones in e */
+    struct room_vector free;      /* file room to use again */
     int fd;                       /* -1 until the first byte spills */
     uint64_t file_end;
     uint64_t mem, held, peak, in_file;
@@ -59,10 +61,10 @@ void spool_free(struct spool *sp)
 {
     if (!sp)
         return;
-    for (size_t i = 0; i < sp->n; i++)
-        free(sp->e[i].mem);
-    free(sp->e);
-    free(sp->free);
+    for (size_t i = 0; i < sp->e.len; i++)
+        free(sp->e.ptr[i].mem);
+    entry_vector_reset(&sp->e);
+    room_vector_reset(&sp->free);
     if (sp->fd >= 0)
         close(sp->fd);
     free(sp);
@@ -104,14 +106,14 @@ static int open_file(struct spool *sp)
     return 0;
 }
 
-/* The first entry whose range ends past off (sp->n if none). */
+/* The first entry whose range ends past off (sp->e.len if none). */
 static size_t find(const struct spool *sp, uint64_t off)
 {
-    size_t lo = 0, hi = sp->n;
+    size_t lo = 0, hi = sp->e.len;
 
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        const struct entry *m = &sp->e[mid];
+        const struct entry *m = &sp->e.ptr[mid];
         if (m->key + m->len <= off && (m->len || m->key < off))
             lo = mid + 1;
         else
@@ -135,10 +137,10 @@ static int too_much(struct spool *sp)
  * the end. */
 static int file_room(struct spool *sp, uint64_t len, uint64_t *pos)
 {
-    for (size_t i = sp->nfree; i-- > 0;) {
-        if (sp->free[i].len == len) {
-            *pos = sp->free[i].pos;
-            sp->free[i] = sp->free[--sp->nfree];
+    for (size_t i = sp->free.len; i-- > 0;) {
+        if (sp->free.ptr[i].len == len) {
+            *pos = sp->free.ptr[i].pos;
+            sp->free.ptr[i] = sp->free.ptr[--sp->free.len];
             return 0;
         }
     }
@@ -185,10 +187,10 @@ static void compact(struct spool *sp)
 {
     size_t j = 0;
 
-    for (size_t i = 0; i < sp->n; i++)
-        if (sp->e[i].len)
-            sp->e[j++] = sp->e[i];
-    sp->n = j;
+    for (size_t i = 0; i < sp->e.len; i++)
+        if (sp->e.ptr[i].len)
+            sp->e.ptr[j++] = sp->e.ptr[i];
+    sp->e.len = j;
     sp->dead = 0;
 }
 
@@ -200,32 +202,27 @@ int spool_put(struct spool *sp, uint64_t key, const void *buf, size_t len)
         return -EINVAL;
     if (len > sp->cfg.max || sp->held > sp->cfg.max - len)
         return too_much(sp);
-    if (sp->dead > 64 && sp->dead * 2 > sp->n)
+    if (sp->dead > 64 && sp->dead * 2 > sp->e.len)
         compact(sp);
     size_t i = find(sp, key);
     /* Live entries past i must start at or past key + len. */
-    for (size_t k = i; k < sp->n; k++) {
-        if (!sp->e[k].len)
+    for (size_t k = i; k < sp->e.len; k++) {
+        if (!sp->e.ptr[k].len)
             continue;
-        if (sp->e[k].key < key + len)
+        if (sp->e.ptr[k].key < key + len)
             return -EINVAL;               /* overlaps what is held */
         break;
     }
-    if (sp->n == sp->cap) {
-        size_t cap = sp->cap ? sp->cap * 2 : 64;
-        struct entry *e = realloc(sp->e, cap * sizeof *e);
-        if (!e)
-            return -ENOMEM;
-        sp->e = e;
-        sp->cap = cap;
-    }
+    if (entry_vector_reserve(&sp->e, 1) < 0)
+        return -ENOMEM;
     struct entry n = { .key = key, .len = len };
     int r = store(sp, &n, buf);
     if (r < 0)
         return r;
-    memmove(&sp->e[i + 1], &sp->e[i], (sp->n - i) * sizeof *sp->e);
-    sp->e[i] = n;
-    sp->n++;
+    memmove(&sp->e.ptr[i + 1], &sp->e.ptr[i],
+            (sp->e.len - i) * sizeof *sp->e.ptr);
+    sp->e.ptr[i] = n;
+    sp->e.len++;
     sp->held += len;
     if (sp->held > sp->peak)
         sp->peak = sp->held;
@@ -261,11 +258,11 @@ int spool_get(struct spool *sp, uint64_t key, void *buf, size_t len)
     uint64_t off = key, end = key + len;
 
     for (size_t i = find(sp, key); off < end; i++) {
-        while (i < sp->n && !sp->e[i].len)
+        while (i < sp->e.len && !sp->e.ptr[i].len)
             i++;
-        if (i == sp->n || sp->e[i].key > off)
+        if (i == sp->e.len || sp->e.ptr[i].key > off)
             return -ENOENT;               /* a byte not held */
-        const struct entry *e = &sp->e[i];
+        const struct entry *e = &sp->e.ptr[i];
         uint64_t at = off - e->key;
         uint64_t n = e->len - at < end - off ? e->len - at : end - off;
         int r = read_entry(sp, e, at, out + (off - key), (size_t) n);
@@ -280,26 +277,18 @@ void spool_drop(struct spool *sp, uint64_t key)
 {
     size_t i = find(sp, key);
 
-    while (i < sp->n && !sp->e[i].len)
+    while (i < sp->e.len && !sp->e.ptr[i].len)
         i++;
-    if (i == sp->n || sp->e[i].key != key)
+    if (i == sp->e.len || sp->e.ptr[i].key != key)
         return;
-    struct entry *e = &sp->e[i];
+    struct entry *e = &sp->e.ptr[i];
     if (e->mem) {
         free(e->mem);
         sp->mem -= e->len;
     } else {
         sp->in_file -= e->len;
-        if (sp->nfree == sp->capfree) {
-            size_t cap = sp->capfree ? sp->capfree * 2 : 16;
-            struct room *f = realloc(sp->free, cap * sizeof *f);
-            if (f) {
-                sp->free = f;
-                sp->capfree = cap;
-            }
-        }
-        if (sp->nfree < sp->capfree)      /* else the room is lost */
-            sp->free[sp->nfree++] = (struct room) { e->pos, e->len };
+        /* Out of memory: the room is lost. */
+        (void) room_vector_append(&sp->free, (struct room) { e->pos, e->len });
     }
     sp->held -= e->len;
     e->len = 0;

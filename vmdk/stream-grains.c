@@ -25,9 +25,9 @@ static int emit(struct vmdk_stream *s, uint64_t disk_off, const void *buf,
 int64_t vmdk_step_grains(struct vmdk_stream *s, const uint8_t *buf,
                          uint64_t len)
 {
-    if (s->a_cur == s->nalloc)
+    if (s->a_cur == s->grains.len)
         return (int64_t) len;         /* after the last grain: dropped */
-    const struct grain *g = &s->grains[s->a_cur];
+    const struct grain *g = &s->grains.ptr[s->a_cur];
     uint64_t start = (uint64_t) g->sector * VMDK_SECTOR;
     uint64_t end = start + s->grain_bytes;
     if (s->pos < start)

@@ -193,17 +193,11 @@ static int add_grain(struct vmdk_stream *s, uint32_t sector, uint64_t index)
         return fail(s, -EINVAL, "grain %" PRIu64 " at sector %" PRIu32
                     " lies inside the overhead (%" PRIu64 " sectors)", index,
                     sector, s->h.overhead);
-    if (s->nalloc == s->alloc_cap) {
-        if (s->alloc_cap >= ALLOC_MAX)
-            return fail(s, -EFBIG, "more than %u allocated grains", ALLOC_MAX);
-        uint64_t cap = s->alloc_cap ? s->alloc_cap * 2 : 1024;
-        struct grain *g = realloc(s->grains, cap * sizeof *g);
-        if (!g)
-            return fail(s, -ENOMEM, "out of memory for the grain map");
-        s->grains = g;
-        s->alloc_cap = cap;
-    }
-    s->grains[s->nalloc++] = (struct grain) { sector, (uint32_t) index };
+    struct grain_vector *v = &s->grains;
+    if (v->len == v->cap && v->cap >= ALLOC_MAX)
+        return fail(s, -EFBIG, "more than %u allocated grains", ALLOC_MAX);
+    if (grain_vector_append(v, (struct grain) { sector, (uint32_t) index }) < 0)
+        return fail(s, -ENOMEM, "out of memory for the grain map");
     return 0;
 }
 
@@ -255,16 +249,16 @@ int vmdk_pre_done(struct vmdk_stream *s)
         s->st = ST_MARKER;
         return 0;
     }
-    if (s->nalloc)
-        qsort(s->grains, s->nalloc, sizeof *s->grains, cmp_grain);
-    for (uint64_t i = 1; i < s->nalloc; i++)
-        if ((uint64_t) s->grains[i].sector * VMDK_SECTOR <
-            (uint64_t) s->grains[i - 1].sector * VMDK_SECTOR + s->grain_bytes)
+    const struct grain *g = s->grains.ptr;
+    if (s->grains.len)
+        qsort(s->grains.ptr, s->grains.len, sizeof *g, cmp_grain);
+    for (uint64_t i = 1; i < s->grains.len; i++)
+        if ((uint64_t) g[i].sector * VMDK_SECTOR <
+            (uint64_t) g[i - 1].sector * VMDK_SECTOR + s->grain_bytes)
             return fail(s, -EINVAL, "grains %" PRIu32 " and %" PRIu32
                         " overlap in the file (sectors %" PRIu32 " and %"
-                        PRIu32 ")", s->grains[i - 1].index,
-                        s->grains[i].index, s->grains[i - 1].sector,
-                        s->grains[i].sector);
+                        PRIu32 ")", g[i - 1].index, g[i].index,
+                        g[i - 1].sector, g[i].sector);
     s->st = ST_GRAINS;
     return begin(s);
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "common/fileorder.h"
+#include "common/vector.h"
 #include "vmdk/vmdk-internal.h"
 
 enum st { ST_HEADER, ST_PRE, ST_GRAINS, ST_MARKER, ST_GRAIN, ST_SKIP,
@@ -30,6 +31,7 @@ struct grain {                                /* an allocated sparse grain */
     uint32_t sector;                          /* file sector (a GTE) */
     uint32_t index;                           /* grain number (LBA / grain) */
 };
+DEFINE_VECTOR_TYPE(grain_vector, struct grain, 1024);
 
 struct vmdk_stream {
     const struct nbdf_sink *sink;
@@ -59,8 +61,8 @@ struct vmdk_stream {
     struct gtloc *gts;
     uint64_t ngtlocs, gt_cur, gt_len;
     uint8_t *gtbuf;
-    struct grain *grains;
-    uint64_t nalloc, alloc_cap, a_cur;
+    struct grain_vector grains;
+    uint64_t a_cur;
 
     /* streamOptimized */
     uint8_t *cbuf, *gbuf;                     /* compressed, inflated grain */

@@ -54,7 +54,7 @@ void vmdk_stream_free(struct vmdk_stream *s)
     free(s->gd);
     free(s->gts);
     free(s->gtbuf);
-    free(s->grains);
+    grain_vector_reset(&s->grains);
     free(s->cbuf);
     free(s->gbuf);
     free(s->seen);
@@ -183,7 +183,7 @@ int vmdk_stream_finish(struct vmdk_stream *s)
         bool sparse = !(s->h.flags & VMDK_FLAG_MARKERS);
         if (s->pos >= s->overhead ||
             (sparse && s->desc_done && s->gd_done && s->gt_cur == s->ngtlocs &&
-             s->nalloc == 0)) {
+             s->grains.len == 0)) {
             if (vmdk_pre_done(s) < 0)
                 return s->err;
         } else
@@ -192,13 +192,14 @@ int vmdk_stream_finish(struct vmdk_stream *s)
                         !s->desc_done ? "descriptor" : !sparse ? "overhead"
                         : !s->gd_done ? "grain directory" : "grain tables");
     }
-    if (s->st == ST_GRAINS && s->a_cur < s->nalloc) {
-        const struct grain *g = &s->grains[s->a_cur];
+    if (s->st == ST_GRAINS && s->a_cur < s->grains.len) {
+        const struct grain *g = &s->grains.ptr[s->a_cur];
         return fail(s, -EINVAL, "the file ended at byte %" PRIu64 " but grain "
                     "%" PRIu32 " lies at byte %" PRIu64 " (%" PRIu64 " of %"
                     PRIu64 " grains missing)", s->pos, g->index,
-                    (uint64_t) g->sector * VMDK_SECTOR, s->nalloc - s->a_cur,
-                    s->nalloc);
+                    (uint64_t) g->sector * VMDK_SECTOR,
+                    (uint64_t) s->grains.len - s->a_cur,
+                    (uint64_t) s->grains.len);
     }
     if (s->tables)
         return finish_tables(s);

@@ -1,8 +1,8 @@
 # The small helper headers in common/ (iszero.h, minmax.h, rounding.h,
 # monotime.h, list.h, uuid.h, cleanup.h, imagekind.h, err.h, fileorder.h,
-# unitlist.h, bigbuf.h): one test program each.
+# unitlist.h, bigbuf.h, vector.h): one test program each.
 foreach(t iszero minmax rounding monotime list uuid cleanup imagekind err
-          fileorder unitlist bigbuf)
+          fileorder unitlist bigbuf vector)
   add_executable(common-test-${t} ${CMAKE_CURRENT_LIST_DIR}/common-test-${t}.c)
   target_link_libraries(common-test-${t} PRIVATE Threads::Threads)
   add_test(NAME common-${t} COMMAND common-test-${t})

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/vector.h"
 #include "qcow2/qcow2.h"
 #include "tools/imgtool/imgtool.h"
 
@@ -34,6 +35,7 @@ struct extent {
     uint64_t disk_off, len, file_off;
     enum qcow2_map what;
 };
+DEFINE_VECTOR_TYPE(extent_vector, struct extent, 1024);
 
 struct decode {
     const char *path;
@@ -44,8 +46,7 @@ struct decode {
     bool refuse_backing;                /* cat: an overlay needs its base */
     bool refused;                       /* begin refused it (message given) */
     bool sink_failed;                   /* the output said why already */
-    struct extent *ext;                 /* map only */
-    size_t next, cap;
+    struct extent_vector ext;           /* map only */
     bool collect;
 };
 
@@ -87,21 +88,15 @@ static int d_map(void *o, uint64_t off, uint64_t len, int what,
     struct decode *d = o;
     if (!d->collect)
         return 0;
-    struct extent *l = d->next ? &d->ext[d->next - 1] : NULL;
+    struct extent *l = d->ext.len ? &d->ext.ptr[d->ext.len - 1] : NULL;
     if (l && (int) l->what == what && l->disk_off + l->len == off &&
         (what != QCOW2_MAP_DATA || l->file_off + l->len == file_off)) {
         l->len += len;                  /* the run goes on */
         return 0;
     }
-    if (d->next == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 1024;
-        struct extent *e = realloc(d->ext, cap * sizeof *e);
-        if (!e)
-            return -ENOMEM;
-        d->ext = e, d->cap = cap;
-    }
-    d->ext[d->next++] = (struct extent) { off, len, file_off,
-                                          (enum qcow2_map) what };
+    if (extent_vector_append(&d->ext, (struct extent) {
+            off, len, file_off, (enum qcow2_map) what }) < 0)
+        return -ENOMEM;
     return 0;
 }
 
@@ -213,7 +208,7 @@ static void decode_free(struct decode *d)
     qcow2_stream_free(d->s);
     if (d->spool_fd >= 0)
         close(d->spool_fd);
-    free(d->ext);
+    extent_vector_reset(&d->ext);
 }
 
 static const char *compression_name(const struct qcow2_header *h)
@@ -324,15 +319,15 @@ static int cmd_map(const char *path)
     int r = run_decode(&d, NULL);
     const struct qcow2_header *h = d.s ? qcow2_stream_header(d.s) : NULL;
     if (r == 0 && h) {
-        qsort(d.ext, d.next, sizeof *d.ext, extent_cmp);
+        qsort(d.ext.ptr, d.ext.len, sizeof *d.ext.ptr, extent_cmp);
         uint64_t pos = 0;
-        for (size_t i = 0; i < d.next; i++) {
-            struct extent e = d.ext[i];
-            while (i + 1 < d.next && d.ext[i + 1].what == e.what &&
-                   d.ext[i + 1].disk_off == e.disk_off + e.len &&
+        for (size_t i = 0; i < d.ext.len; i++) {
+            struct extent e = d.ext.ptr[i];
+            while (i + 1 < d.ext.len && d.ext.ptr[i + 1].what == e.what &&
+                   d.ext.ptr[i + 1].disk_off == e.disk_off + e.len &&
                    (e.what != QCOW2_MAP_DATA ||
-                    d.ext[i + 1].file_off == e.file_off + e.len))
-                e.len += d.ext[++i].len;         /* tables out of order */
+                    d.ext.ptr[i + 1].file_off == e.file_off + e.len))
+                e.len += d.ext.ptr[++i].len;     /* tables out of order */
             if (e.disk_off > pos)
                 print_run(pos, e.disk_off - pos, "unallocated", NULL);
             print_run(e.disk_off, e.len, map_name(e.what), &e);
