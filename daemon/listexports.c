@@ -21,30 +21,29 @@
 
 #include "common/log.h"
 #include "common/monotime.h"
+#include "common/vector.h"
 #include "daemon/listexports.h"
 
 struct export {
     char *name, *desc;
 };
+DEFINE_VECTOR_TYPE(export_vector, struct export, 16);
 
 struct list {
-    struct export *v;
-    size_t n;
+    struct export_vector v;
     bool oom;
 };
 
 static int add_export(void *opaque, const char *name, const char *desc)
 {
     struct list *l = opaque;
-    struct export *v = realloc(l->v, (l->n + 1) * sizeof *v);
-    if (!v || !(name = strdup(name)) || !(desc = strdup(desc ? desc : ""))) {
+    char *n = strdup(name), *d = strdup(desc ? desc : "");
+
+    if (!n || !d || export_vector_append(&l->v, (struct export){ n, d }) < 0) {
+        free(n);
+        free(d);
         l->oom = true;
-        if (v)
-            l->v = v;
-        return 0;
     }
-    l->v = v;
-    l->v[l->n++] = (struct export){ (char *) name, (char *) desc };
     return 0;
 }
 
@@ -142,7 +141,7 @@ static int get_list(struct lister *ls, const struct nbdx_config *cfg,
         log_err("%s: out of memory", ls->what);
         return -1;
     }
-    if (l->n == 0) {
+    if (l->v.len == 0) {
         log_err("%s %s: the server lists no exports", ls->what, ls->uri);
         return -1;
     }
@@ -151,11 +150,11 @@ static int get_list(struct lister *ls, const struct nbdx_config *cfg,
 
 static void free_list(struct list *l)
 {
-    for (size_t i = 0; i < l->n; i++) {
-        free(l->v[i].name);
-        free(l->v[i].desc);
+    for (size_t i = 0; i < l->v.len; i++) {
+        free(l->v.ptr[i].name);
+        free(l->v.ptr[i].desc);
     }
-    free(l->v);
+    export_vector_reset(&l->v);
 }
 
 static void lister_init(struct lister *ls, const char *what,
@@ -194,7 +193,7 @@ static int64_t export_size(struct lister *ls, const char *name, bool *late)
 int list_exports(const struct nbdx_config *cfg, unsigned timeout_s)
 {
     struct lister ls;
-    struct list l = { NULL, 0, false };
+    struct list l = { .oom = false };
     int status = 1;
     bool late = false;
     size_t unasked = 0;
@@ -202,22 +201,22 @@ int list_exports(const struct nbdx_config *cfg, unsigned timeout_s)
     lister_init(&ls, "--list", cfg, timeout_s);
     if (get_list(&ls, cfg, &l) < 0)
         goto out;
-    for (size_t i = 0; i < l.n; i++) {
-        int64_t size = export_size(&ls, l.v[i].name, &late);
+    for (size_t i = 0; i < l.v.len; i++) {
+        int64_t size = export_size(&ls, l.v.ptr[i].name, &late);
         unasked += late;
-        put_field(l.v[i].name);
+        put_field(l.v.ptr[i].name);
         if (size >= 0)
             printf("\t%" PRId64 "\t", size);
         else
             printf("\t?\t");
-        put_field(l.v[i].desc);
+        put_field(l.v.ptr[i].desc);
         putchar('\n');
     }
     status = fflush(stdout) == 0 ? 0 : 1;
     if (late)
         log_warn("--list %s: %u s passed (--list-timeout): the sizes of "
                  "the last %zu of %zu exports are shown as '?'", cfg->uri,
-                 timeout_s, unasked, l.n);
+                 timeout_s, unasked, l.v.len);
 out:
     lister_close(&ls, status == 0 && !late);
     free_list(&l);
@@ -228,7 +227,7 @@ int list_export_names(const struct nbdx_config *cfg, unsigned timeout_s,
                       char ***names, size_t *n)
 {
     struct lister ls;
-    struct list l = { NULL, 0, false };
+    struct list l = { .oom = false };
     int r = -1;
 
     *names = NULL;
@@ -236,15 +235,15 @@ int list_export_names(const struct nbdx_config *cfg, unsigned timeout_s,
     lister_init(&ls, "--all-exports", cfg, timeout_s);
     if (get_list(&ls, cfg, &l) < 0)
         goto out;                               /* logged */
-    if (!(*names = calloc(l.n, sizeof **names))) {
+    if (!(*names = calloc(l.v.len, sizeof **names))) {
         log_err("--all-exports: out of memory");
         goto out;
     }
-    for (size_t i = 0; i < l.n; i++) {
-        (*names)[i] = l.v[i].name;              /* moved */
-        l.v[i].name = NULL;
+    for (size_t i = 0; i < l.v.len; i++) {
+        (*names)[i] = l.v.ptr[i].name;              /* moved */
+        l.v.ptr[i].name = NULL;
     }
-    *n = l.n;
+    *n = l.v.len;
     r = 0;
 out:
     lister_close(&ls, r == 0);
