@@ -1,8 +1,9 @@
 /* common/format.h: the one contract every image format library fills (vhd/,
  * vmdk/, qcow2/, vhdx/): a sink its stream decoder writes the decoded disk
- * into, and a table (const struct nbdf_format) of its decoder and its
- * synthesizer that the views (views/imageview.c) and the tools use without
- * knowing which format they hold.  QEMU's BlockDriver, in our words.
+ * into, and a table (const struct nbdf_format) of its decoder, its
+ * random-access reader and its synthesizer that the views
+ * (views/imageview.c), the file reader (imagefile/) and the tools use
+ * without knowing which format they hold.  QEMU's BlockDriver, in our words.
  *
  * Adding a format: its library, its table (X/table.c), one view file
  * (views/Xview.c: only what that format says beyond the contract), its
@@ -109,6 +110,47 @@ struct nbdf_unpack {
                       struct nbdf_err *err);
 };
 
+/* ---- random access: where each disk byte lives ---------------------------- */
+
+/* What image_lookup() says about the disk bytes from the offset asked. */
+enum nbdf_place_kind {
+    NBDF_PLACE_FILE,              /* len bytes at file_off of this file */
+    NBDF_PLACE_ZERO,              /* read as zero */
+    NBDF_PLACE_BACKING,           /* the backing image's bytes at the same
+                                   * disk offset (zero past its end, or
+                                   * when the image has no backing file) */
+    NBDF_PLACE_COMPRESSED,        /* a compressed unit: its bytes are
+                                   * [file_off, +clen), it decodes (with
+                                   * the table's unpack) to the unit
+                                   * starting at disk offset unit_off */
+    NBDF_PLACE_NEED,              /* metadata first: image_next() names it,
+                                   * image_supply() takes it, then look up
+                                   * again */
+};
+
+struct nbdf_place {
+    enum nbdf_place_kind kind;
+    uint64_t len;                 /* disk bytes from the offset asked with
+                                   * this placement (NEED: 0); never past a
+                                   * unit or the disk's end */
+    uint64_t file_off;            /* FILE, COMPRESSED */
+    uint64_t clen;                /* COMPRESSED */
+    uint64_t unit_off;            /* COMPRESSED */
+};
+
+/* How a format names its backing file, which the reader follows. */
+enum nbdf_backing_rule {
+    NBDF_BACKING_NONE,            /* never has one */
+    NBDF_BACKING_LOCATED,         /* VHD: candidate names (locators, then
+                                   * the parent's name), each resolved
+                                   * inside the child's directory; the
+                                   * parent's identity checked */
+    NBDF_BACKING_NAMED,           /* qcow2: one name, relative to the
+                                   * child's directory (absolute as it is),
+                                   * of the format the header says (this
+                                   * format or raw; probed when unsaid) */
+};
+
 typedef int (*nbdf_read_disk_fn)(void *opaque, uint64_t disk_off, void *buf,
                                  size_t len);
 
@@ -138,8 +180,56 @@ struct nbdf_format {
     enum image_kind (*stream_first_kind)(const void *s);
     /* Optional: ", 12 grains" for "VMDK received, N bytes". */
     void (*stream_summary)(const void *s, char *buf, size_t n);
-    /* Optional: compressed units the caller decodes (sink.compressed). */
+    /* Optional: compressed units the caller decodes (sink.compressed,
+     * NBDF_PLACE_COMPRESSED). */
     const struct nbdf_unpack *unpack;
+
+    /* The random-access reader, pull-style and I/O-free: image_new for a
+     * file of file_size bytes; while image_next() returns 1, read the
+     * file's bytes [*off, +*len) and hand them to image_supply(); at 0
+     * the image is open (its header, tables, log checked).  Then
+     * image_lookup() places each disk byte (disk_off < image_size()); a
+     * NEED answer (a VHD block's bitmap, a qcow2 L2 table, a VMDK grain
+     * marker) is served the same way and the lookup asked again.  The
+     * object keeps what its lookups last needed: one thread at a time.
+     * -EINVAL with err->msg: the image breaks a rule. */
+    int  (*image_new)(uint64_t file_size, void **out, struct nbdf_err *err);
+    int  (*image_next)(const void *img, uint64_t *off, size_t *len);
+    int  (*image_supply)(void *img, const void *buf, struct nbdf_err *err);
+    int  (*image_lookup)(void *img, uint64_t disk_off, struct nbdf_place *out,
+                         struct nbdf_err *err);
+    void (*image_free)(void *img);
+    uint64_t (*image_size)(const void *img);      /* the virtual disk */
+    uint64_t (*image_unit)(const void *img);      /* block, grain, cluster */
+    /* COMPRESSED: the descriptor unpack->decode takes for the place's
+     * bytes, read into cdata (p->clen bytes); desc has unpack->desc_size
+     * bytes.  Optional: formats without compressed units. */
+    int  (*image_unpack_desc)(const void *img, const struct nbdf_place *p,
+                              const void *cdata, void *desc,
+                              struct nbdf_err *err);
+    enum nbdf_backing_rule image_backing_rule;
+    /* Does this image read through to a backing file (a differencing
+     * VHD, a qcow2 naming one)?  Optional: NULL is never. */
+    bool (*image_has_backing)(const void *img);
+    /* Its candidate names, i = 0, 1, ...: > 0 the name's length in buf
+     * (NUL-terminated), 0 no more.  Untrusted: the reader confines them
+     * as image_backing_rule says. */
+    int  (*image_backing)(const void *img, unsigned i, char *buf, size_t n);
+    /* Optional hooks, where a format needs them:
+     * the backing file's format as the header says it ("" unsaid; qcow2),
+     * whether a file not of this format may be the backing file (raw;
+     * VHD: a parent without an id, blktap's raw parents),
+     * the backing image's identity (VHD: the parent's id), 0 or -EINVAL
+     * with the rule,
+     * the file's bytes [file_off, +len) as the image reads them (VHDX:
+     * its log replayed over them); then the image may reach past the
+     * file's end (zeros there, before the patch). */
+    const char *(*image_backing_format)(const void *img);
+    bool (*image_backing_raw_ok)(const void *img);
+    int  (*image_check_backing)(const void *img, const void *backing,
+                                struct nbdf_err *err);
+    void (*image_patch)(const void *img, uint64_t file_off, void *buf,
+                        size_t len);
 
     /* The synthesizer: an image of a disk, its allocation frozen by
      * synth_allocate (each data extent, in order) and synth_seal. */

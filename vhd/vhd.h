@@ -396,5 +396,9 @@ void vhd_synth_free(struct vhd_synth *s);
 
 /* ---- the format contract's row (common/format.h; vhd/table.c) ---------- */
 extern const struct nbdf_format vhd_format;
+/* The vhd_image inside an object of vhd_format's random-access reader
+ * (its image_new), for the inspector's VHD-only views; NULL before the
+ * footer was supplied. */
+const struct vhd_image *vhd_format_image(const void *ra);
 
 #endif /* NBDFERRY_VHD_H */

@@ -211,27 +211,50 @@ void vhdx_log_apply(const struct vhdx_log_plan *p, uint64_t off, uint8_t *buf,
                     size_t len);
 
 /* ---- random access: a fixed or dynamic VHDX, read in any order -------------
- * The library does no I/O: the caller's reader gives the file's bytes
- * [off, off+len) (0, or -errno; -EINVAL past the file's end).  Open reads
- * and checks the header section, the current header, the region table,
- * the metadata and the BAT; a header with a log GUID has its log planned
- * (vhdx/log.c) and replayed over every later read of the file, which then
- * reaches as far as the log says it did (zeros past its end); a log that
- * writes into the header section or into itself is -ENOTSUP, a file
- * shorter than the log says it was -EINVAL.  A differencing VHDX is
- * -EMEDIUMTYPE (its parent is not followed).  Read-only after open:
- * lookups and reads run on any thread if the reader does. */
+ * The library does no I/O.  Pull-style (the format contract's loop):
+ *
+ *     vhdx_image_new(file_size, &img);
+ *     while ((r = vhdx_image_next(img, &off, &len)) > 0) {
+ *         pread(fd, buf, len, off);
+ *         if ((r = vhdx_image_supply(img, buf, &e)) < 0) break;
+ *     }
+ *
+ * or through a reader of the file's bytes [off, off+len) (0, or -errno;
+ * -EINVAL past the file's end) with vhdx_image_open().  Either reads and
+ * checks the header section, the current header, the region table, the
+ * metadata and the BAT; a header with a log GUID has its log planned
+ * (vhdx/log.c) and replayed over every later read of the file
+ * (vhdx_image_patch()), which then reaches as far as the log says it did
+ * (vhdx_image_reach(); zeros past the file's end); a log that writes into
+ * the header section or into itself is -ENOTSUP, a file shorter than the
+ * log says it was -EINVAL.  A request past the file's end (its reach) is
+ * -EINVAL from vhdx_image_next().  A differencing VHDX is -EMEDIUMTYPE (its
+ * parent is not followed).  Read-only once open: lookups and reads run on
+ * any thread if the reader does. */
 typedef int (*vhdx_read_file_fn)(void *opaque, void *buf, size_t len,
                                  uint64_t off);
 struct vhdx_image;
+int vhdx_image_new(uint64_t file_size, struct vhdx_image **out); /* -ENOMEM */
+/* 1 and (*off, *len): supply these bytes next; 0: open. */
+int vhdx_image_next(const struct vhdx_image *img, uint64_t *off, size_t *len);
+/* buf holds exactly the *len bytes last requested. */
+int vhdx_image_supply(struct vhdx_image *img, const void *buf,
+                      struct nbdf_err *err);
 int vhdx_image_open(vhdx_read_file_fn rd, void *opaque, uint64_t file_size,
                     struct vhdx_image **out, struct nbdf_err *err);
 const struct vhdx_meta *vhdx_image_meta(const struct vhdx_image *img);
 /* Payload block blk's file offset, 0 when it reads as zero (not present,
  * zero, undefined, unmapped). */
 uint64_t vhdx_image_block(const struct vhdx_image *img, uint64_t blk);
-/* The virtual disk's bytes [off, off+len): the reader's error as is;
- * -EINVAL past the disk. */
+/* The file's bytes end here for the image: its size, or further where its
+ * log says the file reached. */
+uint64_t vhdx_image_reach(const struct vhdx_image *img);
+/* Replay the log onto buf, the file's bytes [off, off+len) (zeros past
+ * the file's end); nothing without a log. */
+void vhdx_image_patch(const struct vhdx_image *img, uint64_t off, void *buf,
+                      size_t len);
+/* The virtual disk's bytes [off, off+len) (vhdx_image_open only): the
+ * reader's error as is; -EINVAL past the disk. */
 int vhdx_image_read(const struct vhdx_image *img, void *buf, size_t len,
                     uint64_t off);
 void vhdx_image_free(struct vhdx_image *img);
