@@ -134,19 +134,16 @@ static int ra_supply(void *ra, const void *buf, struct nbdf_err *err)
     struct vhd_ra *v = ra;
     int r;
 
-    if (v->need_len) {
+    if (v->need_len) {                  /* a bitmap: one size per image */
+        if (!v->bm && !(v->bm = malloc(v->need_len)))
+            return -ENOMEM;
         memcpy(v->bm, buf, v->need_len);
         v->bm_off = v->need_off;
         v->need_len = 0;
         return 0;
     }
-    if (v->img)
-        r = vhd_image_supply(v->img, buf, err);
-    else if ((r = vhd_image_new(buf, v->file_size, &v->img, err)) == 0) {
-        uint32_t bmb = vhd_image_bitmap_bytes(v->img);
-        if (!(v->bm = malloc(bmb ? bmb : 1)))
-            r = -ENOMEM;
-    }
+    r = v->img ? vhd_image_supply(v->img, buf, err)
+               : vhd_image_new(buf, v->file_size, &v->img, err);
     return r == -EFBIG ? -EINVAL : r;
 }
 

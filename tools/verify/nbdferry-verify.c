@@ -25,8 +25,8 @@
 #include "common/monotime.h"
 #include "common/optlist.h"
 #include "config.h"
+#include "imagefile/imagefile.h"
 #include "tools/verify/verify.h"
-#include "vhdfile/vhdfile.h"
 
 struct options {
     const char *algorithm;
@@ -46,7 +46,7 @@ struct options {
     bool quiet;
     uint64_t block_size;
     size_t max_ranges;
-    const char *parents[VHDFILE_CHAIN_MAX];  /* --parent, borrowed from argv */
+    const char *parents[IMAGEFILE_CHAIN_MAX];  /* --parent, borrowed from argv */
     struct source_options src;
     struct source_options dst;          /* src without the --parent list */
 };
@@ -330,8 +330,8 @@ static int parent_arg(struct options *o)
 {
     size_t n = o->src.vhd_nparents;
 
-    if (n == VHDFILE_CHAIN_MAX)
-        return usage_err("--parent: more than %d levels", VHDFILE_CHAIN_MAX);
+    if (n == IMAGEFILE_CHAIN_MAX)
+        return usage_err("--parent: more than %d levels", IMAGEFILE_CHAIN_MAX);
     o->parents[n] = optarg;
     o->src.vhd_nparents = n + 1;
     return 0;

@@ -114,12 +114,7 @@ static int open_path(const char *path, const struct source_options *opt,
         verify_err("%s: dup: %s", path, strerror(err));
         return -err;
     }
-    if (f == SOURCE_FORMAT_VHDX)
-        return src_vhdx_open(path, dfd, opt, out);
-    if (f == SOURCE_FORMAT_QCOW2)
-        return src_qcow2_open(path, dfd, opt, out);
-    return f == SOURCE_FORMAT_VHD ? src_vhd_open(path, dfd, opt, out)
-                                  : src_vmdk_open(path, dfd, size, opt, out);
+    return src_image_open(path, dfd, (enum source_format) f, opt, out);
 }
 
 int source_open(const char *operand, const struct source_options *opt,

@@ -8,10 +8,7 @@ add_executable(nbdferry-verify
   ${CMAKE_CURRENT_LIST_DIR}/source-stream.c
   ${CMAKE_CURRENT_LIST_DIR}/source-file.c
   ${CMAKE_CURRENT_LIST_DIR}/source-nbd.c
-  ${CMAKE_CURRENT_LIST_DIR}/source-vhd.c
-  ${CMAKE_CURRENT_LIST_DIR}/source-vmdk.c
-  ${CMAKE_CURRENT_LIST_DIR}/source-vhdx.c
-  ${CMAKE_CURRENT_LIST_DIR}/source-qcow2.c)
+  ${CMAKE_CURRENT_LIST_DIR}/source-image.c)
 target_link_libraries(nbdferry-verify PRIVATE
-  verify transport vhdfile vhd vmdk vhdx qcow2 blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
+  verify transport imagefile vhd vmdk vhdx qcow2 blkhash PkgConfig::DEPS OpenSSL::Crypto Threads::Threads)
 install(TARGETS nbdferry-verify DESTINATION ${CMAKE_INSTALL_BINDIR})

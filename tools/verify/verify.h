@@ -121,33 +121,18 @@ int src_stream_open(const char *name, int fd, const struct source_options *opt,
 int src_file_open(const char *path, int fd, const struct source_options *opt,
                   struct verify_source **out);   /* takes fd, even on error */
 
-/* source-vhd.c: fixed, dynamic and differencing VHDs (vhdfile/vhdfile.c),
- * decoded to the virtual disk; holes known zero without reading. */
+/* source-image.c: VHD (fixed, dynamic, differencing), VMDK
+ * (streamOptimized, monolithicSparse), VHDX (fixed, dynamic) and qcow2
+ * (versions 2 and 3, compressed clusters, backing chains of qcow2 or raw
+ * files) over imagefile/, decoded to the virtual disk; what the image maps
+ * as zero is known zero without reading. */
 /* 1 if fd looks like a VHD ("conectix" cookie in the first sector or the
  * last one), 0 if not, -errno if it cannot be read. */
 int src_vhd_probe(int fd, uint64_t size);
-int src_vhd_open(const char *path, int fd, const struct source_options *opt,
-                 struct verify_source **out);    /* takes fd, even on error */
-
-/* source-vmdk.c: streamOptimized and monolithicSparse VMDKs, decoded to
- * the virtual disk through the grain tables; unallocated grains known
- * zero without reading. */
-int src_vmdk_open(const char *path, int fd, uint64_t file_size,
-                  const struct source_options *opt,
-                  struct verify_source **out);   /* takes fd, even on error */
-
-/* source-vhdx.c: fixed and dynamic VHDX, decoded to the virtual disk
- * through the BAT (a log to replay replayed first); blocks not present
- * known zero without reading. */
-int src_vhdx_open(const char *path, int fd, const struct source_options *opt,
-                  struct verify_source **out);   /* takes fd, even on error */
-
-/* source-qcow2.c: qcow2 versions 2 and 3 (qcow2/qcow2.h, qcow2_image_*),
- * decoded to the virtual disk through the L1 and L2 tables: compressed
- * clusters decompressed, extended L2 entries, a backing chain of qcow2 or
- * raw files followed (names relative to the naming image's directory);
- * zero and unallocated clusters known zero without reading. */
-int src_qcow2_open(const char *path, int fd, const struct source_options *opt,
+/* f: SOURCE_FORMAT_VHD, _VMDK, _VHDX or _QCOW2.  The chain of a VHD takes
+ * opt->vhd_parents. */
+int src_image_open(const char *path, int fd, enum source_format f,
+                   const struct source_options *opt,
                    struct verify_source **out);  /* takes fd, even on error */
 
 /* source-nbd.c: libnbd, pipelined reads, base:allocation block status. */
