@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz-vhd-locator.c: libFuzzer target for parent-locator path
  * handling: vhd_locator_path() and vhd_parent_name() (vhd/) and the VHD
- * tool's resolution of the resulting untrusted path inside the child's
- * directory (vhdfile/vhdfile.c, included here to reach its static
+ * readers' resolution of the resulting untrusted path inside the child's
+ * directory (imagefile/chain.c, included here to reach its static
  * resolve_inside()).
  *
  * Input: 1 byte selecting the platform code, 1 byte the output buffer
@@ -24,10 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vhd/vhd.h"
-#include "../../vhdfile/vhdfile.c"
+#include "../../imagefile/chain.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

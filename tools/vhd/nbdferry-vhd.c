@@ -8,7 +8,7 @@
  *
  * Exit status: 0 ok, 1 invalid VHD or mismatch, 2 usage or I/O error.
  * The library never does I/O; this file, tools/imgtool/ (the inspectors'
- * shared I/O and export) and vhdfile/vhdfile.c (the chain reader
+ * shared I/O and export) and imagefile/ (the chain reader
  * shared with nbdferry-verify) do all of it (pread, pwrite).
  */
 #include <errno.h>
@@ -27,13 +27,20 @@
 #include "common/uuid.h"
 #include "config.h"
 #include "tools/imgtool/imgtool.h"
-#include "vhdfile/vhdfile.h"
+#include "imagefile/imagefile.h"
 #include "vhd/vhd.h"
 
 #define EXIT_INVALID IMGTOOL_EXIT_INVALID
 #define EXIT_USAGE   IMGTOOL_EXIT_USAGE
 #define CHUNK        (2u << 20)
 
+
+/* The VHD inside a chain member the inspector opened (never raw: open_top
+ * takes VHDs only, and only cat reads the parents). */
+static const struct vhd_image *vimg(const struct imagefile *m)
+{
+    return vhd_format_image(m->img);
+}
 
 /* ---- I/O helpers ------------------------------------------------------------ */
 
@@ -93,8 +100,9 @@ static int pwrite_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
 }
 
 /* Decode the whole chain to out_fd (sparse if it is a regular file). */
-static int decode_to(struct vhdfile *top, int out_fd, bool sparse)
+static int decode_to(struct imagefile *top, int out_fd, bool sparse)
 {
+    struct nbdf_err err;                /* a VHD's reads break no rule */
     uint8_t *buf = malloc(CHUNK);
     if (!buf)
         return -ENOMEM;
@@ -103,7 +111,7 @@ static int decode_to(struct vhdfile *top, int out_fd, bool sparse)
         r = -errno;
     for (uint64_t off = 0; r == 0 && off < top->size; off += CHUNK) {
         size_t n = top->size - off < CHUNK ? top->size - off : CHUNK;
-        r = vhdfile_read(top, off, buf, n);
+        r = imagefile_read(top, off, buf, n, &err);
         if (r == 0)
             r = sparse ? pwrite_sparse(out_fd, buf, n, off)
                        : write_full(out_fd, buf, n);
@@ -188,7 +196,7 @@ static int feed_file(struct vhd_stream *s, int fd, uint64_t size)
         }
         for (pos = d; r == 0 && pos < (uint64_t) h; ) {
             size_t n = (uint64_t) h - pos < (128 << 10) ? h - pos : 128 << 10;
-            r = vhdfile_pread(fd, buf, n, pos);
+            r = imagefile_pread(fd, buf, n, pos);
             if (r == 0 && vhd_stream_feed(s, pos, buf, n) < 0)
                 r = -EINVAL;
             pos += n;
@@ -201,16 +209,16 @@ static int feed_file(struct vhd_stream *s, int fd, uint64_t size)
     return r;
 }
 
-static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
+static int stream_to(struct imagefile *top, int out_fd, const char *out_path)
 {
     struct out o = { out_fd, 0, false };
-    if (vhd_image_kind(top->img) == VHD_DIFF) {
-        int r = decode_to(top->parent, out_fd, true);
+    if (vhd_image_kind(vimg(top)) == VHD_DIFF) {
+        int r = decode_to(top->backing, out_fd, true);
         if (r < 0) {
             imgtool_msg("%s: %s", out_path, strerror(-r));
             return EXIT_USAGE;
         }
-        o.size = top->parent->size;
+        o.size = top->backing->size;
         o.diff_ok = true;
     }
     struct vhd_stream *s;
@@ -236,16 +244,16 @@ static int stream_to(struct vhdfile *top, int out_fd, const char *out_path)
 
 /* ---- commands ---------------------------------------------------------------------- */
 
-static int open_top(const char *path, struct vhdfile **m)
+static int open_top(const char *path, struct imagefile **m)
 {
     struct nbdf_err err = { "" };
-    int r = vhdfile_open(path, false, m, &err);
+    int r = imagefile_open(path, &vhd_format, false, m, &err);
     if (r == 0)
         return 0;
     if (r == -EINVAL)
         imgtool_msg("%s: invalid: %s", path, err.msg);
     else
-        imgtool_msg("%s", err.msg);
+        imgtool_msg("%s: %s", path, strerror(-r));
     return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
 }
 
@@ -330,21 +338,21 @@ static const char *plat_name(uint32_t c)
     return "?";
 }
 
-static void info_header(const struct vhdfile *m)
+static void info_header(const struct imagefile *m)
 {
-    const struct vhd_header *h = vhd_image_header(m->img);
+    const struct vhd_header *h = vhd_image_header(vimg(m));
     uint64_t batmap;
     printf("%-18s 0x%016" PRIx64 "\n", "table offset:", h->table_offset);
     printf("%-18s %u (%u needed)\n", "max table entries:", h->max_entries,
-           vhd_image_blocks(m->img));
+           vhd_image_blocks(vimg(m)));
     printf("%-18s %u\n", "block size:", h->block_size);
-    printf("%-18s %u of %u\n", "allocated blocks:", vhd_image_allocated(m->img),
-           vhd_image_blocks(m->img));
-    if (vhd_image_has_batmap(m->img, &batmap))
+    printf("%-18s %u of %u\n", "allocated blocks:", vhd_image_allocated(vimg(m)),
+           vhd_image_blocks(vimg(m)));
+    if (vhd_image_has_batmap(vimg(m), &batmap))
         printf("%-18s map at %" PRIu64 "\n", "batmap:", batmap);
     else
         printf("%-18s none\n", "batmap:");
-    if (vhd_image_kind(m->img) != VHD_DIFF)
+    if (vhd_image_kind(vimg(m)) != VHD_DIFF)
         return;
     char name[2048];
     print_uuid("parent id:", h->parent_uuid);
@@ -355,7 +363,7 @@ static void info_header(const struct vhdfile *m)
     for (int i = 0; i < 8; i++) {
         const struct vhd_locator *l = &h->loc[i];
         size_t len;
-        const uint8_t *p = vhd_image_locator_payload(m->img, i, &len);
+        const uint8_t *p = vhd_image_locator_payload(vimg(m), i, &len);
         if (l->code == VHD_PLAT_NONE)
             continue;
         struct nbdf_err e = { "" };
@@ -370,18 +378,18 @@ static void info_header(const struct vhdfile *m)
 
 static int cmd_info(const char *path)
 {
-    struct vhdfile *m;
+    struct imagefile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
     printf("%-18s %s\n", "file:", path);
     printf("%-18s %" PRIu64 "\n", "file size:", m->file_size);
-    printf("%-18s %s\n", "kind:", kind_name(vhd_image_kind(m->img)));
+    printf("%-18s %s\n", "kind:", kind_name(vhd_image_kind(vimg(m))));
     printf("%-18s %" PRIu64 "\n", "virtual size:", m->size);
-    info_footer(vhd_image_footer(m->img));
-    if (vhd_image_header(m->img))
+    info_footer(vhd_image_footer(vimg(m)));
+    if (vhd_image_header(vimg(m)))
         info_header(m);
-    vhdfile_free(m);
+    imagefile_free(m);
     return 0;
 }
 
@@ -392,34 +400,33 @@ static void warn_cb(void *opaque, const char *w)
 
 static int cmd_check(const char *path)
 {
-    struct vhdfile *m;
+    struct imagefile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
-    vhd_lint(vhd_image_footer(m->img), vhd_image_header(m->img), warn_cb,
+    vhd_lint(vhd_image_footer(vimg(m)), vhd_image_header(vimg(m)), warn_cb,
              (void *) path);
     printf("%s: ok (%s, %" PRIu64 " bytes", path,
-           kind_name(vhd_image_kind(m->img)), m->size);
-    if (vhd_image_kind(m->img) != VHD_FIXED)
-        printf(", %u of %u blocks allocated", vhd_image_allocated(m->img),
-               vhd_image_blocks(m->img));
+           kind_name(vhd_image_kind(vimg(m))), m->size);
+    if (vhd_image_kind(vimg(m)) != VHD_FIXED)
+        printf(", %u of %u blocks allocated", vhd_image_allocated(vimg(m)),
+               vhd_image_blocks(vimg(m)));
     printf(")\n");
-    vhdfile_free(m);
+    imagefile_free(m);
     return 0;
 }
 
-static int map_block(struct vhdfile *m, uint32_t i)
+static int map_block(struct imagefile *m, uint8_t *bm, uint32_t i)
 {
-    uint64_t off = vhd_image_block_offset(m->img, i);
-    uint32_t bs = vhd_image_block_size(m->img), spb = bs / 512, set = 0;
+    uint64_t off = vhd_image_block_offset(vimg(m), i);
+    uint32_t bs = vhd_image_block_size(vimg(m)), spb = bs / 512, set = 0;
     if (off == VHD_NO_BLOCK)
         return 0;
-    int r = vhdfile_pread(m->fd, m->bm, vhd_image_bitmap_bytes(m->img), off);
+    int r = imagefile_pread(m->fd, bm, vhd_image_bitmap_bytes(vimg(m)), off);
     if (r < 0)
         return r;
-    m->bm_block = UINT32_MAX;
     for (uint32_t j = 0; j < spb; j++)
-        set += vhd_bitmap_test(m->bm, j);
+        set += vhd_bitmap_test(bm, j);
     printf("%8u %16" PRIu64 " %16" PRIu64 " %6u/%u\n", i, (uint64_t) i * bs,
            off, set, spb);
     return 0;
@@ -427,47 +434,52 @@ static int map_block(struct vhdfile *m, uint32_t i)
 
 static int cmd_map(const char *path)
 {
-    struct vhdfile *m;
+    struct imagefile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
-    if (vhd_image_kind(m->img) == VHD_FIXED) {
+    if (vhd_image_kind(vimg(m)) == VHD_FIXED) {
         printf("fixed: virtual [0, %" PRIu64 ") at file offset 0\n", m->size);
-        vhdfile_free(m);
+        imagefile_free(m);
         return 0;
     }
-    printf("%8s %16s %16s %s\n", "block", "virtual", "file", "sectors");
-    for (uint32_t i = 0; r == 0 && i < vhd_image_blocks(m->img); i++)
-        r = map_block(m, i);
+    uint8_t *bm = malloc(vhd_image_bitmap_bytes(vimg(m)));
+    if (!bm)
+        r = -ENOMEM;
+    else
+        printf("%8s %16s %16s %s\n", "block", "virtual", "file", "sectors");
+    for (uint32_t i = 0; r == 0 && i < vhd_image_blocks(vimg(m)); i++)
+        r = map_block(m, bm, i);
+    free(bm);
     if (r < 0)
         imgtool_msg("%s: %s", path, strerror(-r));
-    vhdfile_free(m);
+    imagefile_free(m);
     return r < 0 ? EXIT_USAGE : 0;
 }
 
 static int cmd_cat(const char *path, const char *out, const char *parent,
                    bool stream)
 {
-    struct vhdfile *m;
+    struct imagefile *m;
     int r = open_top(path, &m);
     if (r)
         return r;
     if (stream && !out) {
         imgtool_msg("cat --stream needs -o OUT (blocks arrive out of order)");
-        vhdfile_free(m);
+        imagefile_free(m);
         return EXIT_USAGE;
     }
     struct nbdf_err err = { "" };
-    if ((r = vhdfile_open_chain(m, &parent, parent ? 1 : 0, &err)) < 0) {
+    if ((r = imagefile_open_chain(m, &parent, parent ? 1 : 0, &err)) < 0) {
         imgtool_msg("%s", err.msg);
-        vhdfile_free(m);
+        imagefile_free(m);
         return r == -EINVAL ? EXIT_INVALID : EXIT_USAGE;
     }
     int fd = out ? open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
                  : STDOUT_FILENO;
     if (fd < 0) {
         imgtool_msg("%s: %s", out, strerror(errno));
-        vhdfile_free(m);
+        imagefile_free(m);
         return EXIT_USAGE;
     }
     struct stat st;
@@ -484,7 +496,7 @@ static int cmd_cat(const char *path, const char *out, const char *parent,
         imgtool_msg("%s: %s", out, strerror(errno));
         r = EXIT_USAGE;
     }
-    vhdfile_free(m);
+    imagefile_free(m);
     return r;
 }
 
