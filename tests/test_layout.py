@@ -296,6 +296,43 @@ def test_every_format_has_its_contract_unit_and_fuzz_tests():
     assert not missing, "\n".join(missing)
 
 
+# The random-access members every format's table fills (common/format.h):
+# imagefile/ reads any image through them and nothing else.
+RANDOM_ACCESS_MEMBERS = ("image_new", "image_next", "image_supply",
+                         "image_lookup", "image_free", "image_size",
+                         "image_unit")
+
+
+def format_table_members(fmt):
+    """The members X/table.c's 'const struct nbdf_format X_format = {...}'
+    initializer sets."""
+    text = (TOP / fmt / "table.c").read_text()
+    m = re.search(r"const struct nbdf_format \w+_format = \{(.*?)\n\};",
+                  text, re.S)
+    assert m, f"{fmt}/table.c: no 'const struct nbdf_format' table"
+    return set(re.findall(r"\.(\w+)\s*=", m[1]))
+
+
+def test_every_format_table_has_the_random_access_members():
+    """Each format of the contract table (tests/lib/formats.py) fills the
+    random-access members in its table file (X/table.c), so imagefile/ and
+    nbdferry-verify read it without knowing which format it is; one with
+    compressed units (.unpack) says how to decode them
+    (.image_unpack_desc), one with a backing rule names its backing file
+    (.image_has_backing, .image_backing)."""
+    from lib.formats import FORMATS
+    missing = []
+    for fmt in FORMATS:
+        have = format_table_members(fmt)
+        want = set(RANDOM_ACCESS_MEMBERS)
+        if "unpack" in have:
+            want.add("image_unpack_desc")
+        if "image_backing_rule" in have:
+            want |= {"image_has_backing", "image_backing"}
+        missing += [f"{fmt}/table.c: no .{m}" for m in sorted(want - have)]
+    assert not missing, "\n".join(missing)
+
+
 def test_docs_hold_no_benchmark_log():
     """docs/ is for users: the benchmark's generated tables, its history
     and plots live in bench/results/ (docs/benchmarks.md is the summary
@@ -312,13 +349,13 @@ def test_docs_hold_no_benchmark_log():
 # common/ only.
 MAY_INCLUDE = {
     "transport": {"common"},
-    "vhdfile": {"common", "vhd"},
+    "imagefile": {"common"},
     "digest": {"common", "transport"},
     "verify": {"common", "digest"},
     "views": {"common", "fs", "transport", "vhd", "vmdk", "qcow2", "vhdx"},
     "fs": {"common", "digest", "manifest", "transport", "verify"},
     "daemon": {"common", "digest", "fs", "views", "transport", "qcow2"},
-    "tools": {"common", "transport", "verify", "vhd", "vhdfile", "vmdk",
+    "tools": {"common", "transport", "verify", "vhd", "imagefile", "vmdk",
               "qcow2", "vhdx"},
 }
 
