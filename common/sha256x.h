@@ -14,7 +14,7 @@
  *
  * Only plain SHA-256 is done here; every other digest, and a CPU without
  * the extensions, stay with OpenSSL (blkhash.c asks sha256x_available()).
- * The result is SHA-256 exactly: tests/unit/sha256x-test.c compares every
+ * The result is SHA-256 exactly: tests/unit/test-sha256x.c compares every
  * length from 0 to a few blocks, and random blocks, with OpenSSL's.
  *
  * THREAD MODEL: no state; any thread, any number at once.

@@ -251,6 +251,36 @@ def unit_test_names():
     return {n for n in names if "$" not in n}
 
 
+# Programs under tests/unit that are not tests, and what runs them.
+UNIT_PROGRAMS_NOT_TESTS = {
+    "vhdx-mkfile.c": "builds VHDX files for test_vhdx_view.py and "
+                     "test_verify_views.py (tests/unit/vhdx-build.h)",
+}
+
+
+def test_unit_tests_named_test_module():
+    """Every C unit test is tests/unit/test-MODULE[-ASPECT].c and built
+    by a tests/unit/*.cmake; a file with a main() of another name is a
+    test misnamed (the helpers define none)."""
+    cmake = "\n".join(p.read_text() for p in (TESTS / "unit").glob("*.cmake"))
+    bad = []
+    for c in sorted((TESTS / "unit").glob("*.c")):
+        has_main = re.search(r"^int\s+main\s*\(", c.read_text(), re.M)
+        if c.name.startswith("test-"):
+            stem = c.stem[len("test-"):]
+            built = re.search(rf"(?<![\w-]){re.escape(c.stem)}(?![\w-])",
+                              cmake) or any(
+                re.search(rf"test-{re.escape(head)}-\$\{{\w+\}}\.c", cmake)
+                for head in [stem.rsplit("-", 1)[0]] if "-" in stem)
+            if not has_main:
+                bad.append(f"{c.name}: named as a test, has no main()")
+            elif not built:
+                bad.append(f"{c.name}: no tests/unit/*.cmake builds it")
+        elif has_main and c.name not in UNIT_PROGRAMS_NOT_TESTS:
+            bad.append(f"{c.name}: a test not named test-MODULE[-ASPECT].c")
+    assert not bad, "\n".join(bad)
+
+
 # Parts of a format's code without a unit test of that name, and where
 # they are tested instead.  A part that gets its test leaves this list
 # (the layout test fails until it does); a new format gets no entry.

@@ -1,6 +1,6 @@
 """Every bound the VMDK stream decoder checks, through MNT/nbd.vmdk.
 
-tests/unit/vmdk-test-stream.c and vmdk-test-format.c check each rule of a
+tests/unit/test-vmdk-stream.c and test-vmdk-format.c check each rule of a
 grain marker, of the metadata after the grains and of the header's
 layout on the decoder alone; here each one lands a crafted file through
 the view (test_vmdk_view.py covers the magic, version, newline test,

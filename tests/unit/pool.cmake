@@ -4,22 +4,22 @@
 set(POOL_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(TRANSPORT_DIR ${CMAKE_SOURCE_DIR}/transport)
 
-add_executable(extmap-test ${POOL_TEST_DIR}/extmap-test.c
+add_executable(test-extmap ${POOL_TEST_DIR}/test-extmap.c
                ${TRANSPORT_DIR}/extmap.c)
-target_compile_options(extmap-test PRIVATE -UNDEBUG)
-target_link_options(extmap-test PRIVATE -Wl,--wrap=malloc)
-add_test(NAME extmap COMMAND extmap-test)
+target_compile_options(test-extmap PRIVATE -UNDEBUG)
+target_link_options(test-extmap PRIVATE -Wl,--wrap=malloc)
+add_test(NAME extmap COMMAND test-extmap)
 
 # transport/pool*.c (POOL_SOURCES, from transport/CMakeLists.txt) over
 # the scripted transport tests/unit/fake-nbdx.c instead of nbdx.c (but for nbdx-run.c, its nbdx_run() over the fake's
 # nbdx_submit()), with the before-wait hook and allocation failure
-# injection (--wrap) the fake provides: pool-test (interleavings, the
-# model), pool-test-fill (zero-copy writes, holds), pool-test-aread
-# (reads started without waiting), pool-test-land (writes received
-# straight into their buffer), pool-test-damage (failures kept as damage
-# until repaired, retries, writes lost at a reconnect), pool-test-own (lent
+# injection (--wrap) the fake provides: test-pool (interleavings, the
+# model), test-pool-fill (zero-copy writes, holds), test-pool-aread
+# (reads started without waiting), test-pool-land (writes received
+# straight into their buffer), test-pool-damage (failures kept as damage
+# until repaired, retries, writes lost at a reconnect), test-pool-own (lent
 # memory keeps its bytes while the rest of the pool is reused),
-# pool-test-resend (acknowledged writes kept until a flush covers them,
+# test-pool-resend (acknowledged writes kept until a flush covers them,
 # resent after a reconnect; the pool's own flushes).
 function(pool_unit_test name exe timeout)
   add_executable(${exe} ${POOL_TEST_DIR}/${exe}.c
@@ -36,10 +36,10 @@ function(pool_unit_test name exe timeout)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout})
 endfunction()
 
-pool_unit_test(pool pool-test 900)
-pool_unit_test(pool-fill pool-test-fill 300)
-pool_unit_test(pool-aread pool-test-aread 300)
-pool_unit_test(pool-land pool-test-land 300)
-pool_unit_test(pool-damage pool-test-damage 120)
-pool_unit_test(pool-own pool-test-own 300)
-pool_unit_test(pool-resend pool-test-resend 120)
+pool_unit_test(pool test-pool 900)
+pool_unit_test(pool-fill test-pool-fill 300)
+pool_unit_test(pool-aread test-pool-aread 300)
+pool_unit_test(pool-land test-pool-land 300)
+pool_unit_test(pool-damage test-pool-damage 120)
+pool_unit_test(pool-own test-pool-own 300)
+pool_unit_test(pool-resend test-pool-resend 120)

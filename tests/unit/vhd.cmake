@@ -3,22 +3,22 @@
 set(VHD_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(VHD_FIXTURE_DIR ${CMAKE_CURRENT_LIST_DIR}/../fixtures/vhd)
 
-add_library(vhd-test-util STATIC ${VHD_TEST_DIR}/vhd-test-util.c)
-target_compile_definitions(vhd-test-util PUBLIC
+add_library(vhd-util STATIC ${VHD_TEST_DIR}/vhd-util.c)
+target_compile_definitions(vhd-util PUBLIC
   VHD_FIXTURE_DIR="${VHD_FIXTURE_DIR}")
-target_include_directories(vhd-test-util PUBLIC ${VHD_TEST_DIR})
-target_link_libraries(vhd-test-util PUBLIC vhd OpenSSL::Crypto)
+target_include_directories(vhd-util PUBLIC ${VHD_TEST_DIR})
+target_link_libraries(vhd-util PUBLIC vhd OpenSSL::Crypto)
 
 foreach(t format stream synth)
-  add_executable(vhd-test-${t} ${VHD_TEST_DIR}/vhd-test-${t}.c)
-  target_link_libraries(vhd-test-${t} PRIVATE vhd-test-util)
+  add_executable(test-vhd-${t} ${VHD_TEST_DIR}/test-vhd-${t}.c)
+  target_link_libraries(test-vhd-${t} PRIVATE vhd-util)
 endforeach()
 
-add_test(NAME vhd-format COMMAND vhd-test-format)
-add_test(NAME vhd-synth COMMAND vhd-test-synth)
+add_test(NAME vhd-format COMMAND test-vhd-format)
+add_test(NAME vhd-synth COMMAND test-vhd-synth)
 foreach(fx tap-dyn-64m tap-diff-64m vhdtool-delta-64m vhdtool-raw-100m3s
            tap-fixed-8m qemu-dyn-10m)
-  add_test(NAME vhd-stream-${fx} COMMAND vhd-test-stream ${fx})
+  add_test(NAME vhd-stream-${fx} COMMAND test-vhd-stream ${fx})
   set_tests_properties(vhd-stream-${fx} PROPERTIES TIMEOUT 600)
 endforeach()
 

@@ -3,9 +3,9 @@
 set(VMDK_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 foreach(t format stream synth)
-  add_executable(vmdk-test-${t} ${VMDK_TEST_DIR}/vmdk-test-${t}.c)
-  target_link_libraries(vmdk-test-${t} PRIVATE vmdk OpenSSL::Crypto)
-  add_test(NAME vmdk-${t} COMMAND vmdk-test-${t})
+  add_executable(test-vmdk-${t} ${VMDK_TEST_DIR}/test-vmdk-${t}.c)
+  target_link_libraries(test-vmdk-${t} PRIVATE vmdk OpenSSL::Crypto)
+  add_test(NAME vmdk-${t} COMMAND test-vmdk-${t})
   set_tests_properties(vmdk-${t} PROPERTIES TIMEOUT 600)
 endforeach()
 
