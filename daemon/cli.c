@@ -28,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/log.h"
 #include "common/optlist.h"
 #include "qcow2/qcow2.h"

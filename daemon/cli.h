@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/err.h"
 #include "daemon/disks.h"
 #include "fs/readback.h"

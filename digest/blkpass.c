@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/cleanup.h"
 #include "digest/blkpass.h"
 #include "digest/hashers.h"

@@ -1,7 +1,7 @@
 /* digest/blkpass.h: what the inline blkhash knows about the raw file's
  * content, fed the file's changes in the order they were made.
  *
- * The blkhash (common/blkhash.h) is kept per block, so writes may come in
+ * The blkhash (digest/blkhash.h) is kept per block, so writes may come in
  * any order; the pass only has to know, for every block, the bytes it
  * ends up holding.  It tracks the bytes written in this pass, the bytes
  * known to read as zero (beyond a truncate, punched, zeroed) and, for a
@@ -14,7 +14,7 @@
  * truncate) after the block was hashed and its bytes let go; a block in
  * part written whose other bytes hold data older than the pass.
  *
- * Memory: one digest per block written and not yet folded (common/blkhash:
+ * Memory: one digest per block written and not yet folded (digest/blkhash:
  * known blocks more than 256 MiB behind the end of the data, and behind
  * where it ended 256 blocks of writing ago, are folded into the outer
  * digest and freed; a later change to one of them ends the pass), the block copies (partial_budget), and the written and
@@ -115,7 +115,7 @@ uint64_t blkpass_hashed(const struct blkpass *p);
 uint64_t blkpass_reused(const struct blkpass *p);
 
 /* The region fingerprints of the blocks hashed so far, for a file of
- * 'size' bytes (common/blkhash.h, blkhash_fingerprints()): after a
+ * 'size' bytes (digest/blkhash.h, blkhash_fingerprints()): after a
  * blkpass_finish() at that size they cover the whole file. */
 int  blkpass_fingerprints(struct blkpass *p, uint64_t size, unsigned shift,
                           uint64_t *fp, size_t n);

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "digest/blkpass.h"
 #include "digest/known.h"
 

@@ -57,7 +57,7 @@ struct digest_info {
  * seconds; past that the digest is abandoned rather than the copy held
  * up.  Starts the digest thread. */
 int  digest_create(size_t queue_limit, struct digest **out);
-/* The same, computing blkhash (common/blkhash.h) with this OpenSSL digest
+/* The same, computing blkhash (digest/blkhash.h) with this OpenSSL digest
  * and block size instead of sha256: writes may come in any order; see
  * digest.c, THE BLKHASH PASS.  -EINVAL: unknown digest or bad size. */
 int  digest_create_blkhash(size_t queue_limit, const char *md,

@@ -3,7 +3,7 @@
 
 #include <unistd.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/cleanup.h"
 
 /* Take and hash blocks of the current job until none are left.  With

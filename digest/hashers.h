@@ -1,4 +1,4 @@
-/* digest/hashers.h: a fork-join over a blkhash (common/blkhash.h) on the
+/* digest/hashers.h: a fork-join over a blkhash (digest/blkhash.h) on the
  * process's hasher threads: the caller hands it a batch of whole blocks
  * and gets them back all stored, hashed side by side on the helpers and
  * its own thread.  Used by the inline digest's pass (digest/blkpass.c). */

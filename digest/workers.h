@@ -2,7 +2,7 @@
  *
  * Everything that hashes bytes on more than one thread runs on it: the
  * inline digest's fork-join over a write's blocks (digest/hashers.h) and
- * the verification engine's queue of copies and reads (verify/hasher.c,
+ * the verification engine's queue of copies and reads (digest/verify-hasher.c,
  * for nbdferry-verify and the mount's read-back).  A user takes the pool
  * (workers_get), posts tasks it owns (a struct workers_task embedded in
  * its own job), and before it lets a task go takes back any not yet

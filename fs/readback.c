@@ -3,8 +3,8 @@
  * THREAD MODEL
  * A verification runs on the thread that asks for it (a FUSE worker in
  * close/fsync, main() at unmount); rb->run serializes them.  It drives
- * the verify library's reader (verify/reader.h) and sink (verify/sink.h)
- * on that thread; the blkhash sink hashes on its hasher threads.  The
+ * the verify library's reader (digest/verify-reader.h) and sink
+ * (digest/verify-sink.h) on that thread; the blkhash sink hashes on its hasher threads.  The
  * reads go to nbdx directly; their done() runs on nbdx I/O threads and
  * only publishes the entry (vr_done) and signals run->cond under
  * run->lock.  The block status extent callback runs inside libnbd on an
@@ -33,15 +33,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/cleanup.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
 #include "common/vector.h"
 #include "digest/digest.h"
-#include "verify/reader.h"
-#include "verify/sink.h"
+#include "digest/verify-reader.h"
+#include "digest/verify-sink.h"
 
 #define BS_WINDOW (32u << 20)         /* block status request length */
 #define MAX_REGIONS (1u << 18)        /* fingerprints: 2 MiB a side */
@@ -159,7 +159,7 @@ void readback_put_status(FILE *f, struct fs_disk *d)
     fputs("},\n", f);
 }
 
-/* ---- the sink: the verify library's (verify/sink.h) ------------------ */
+/* ---- the sink: the verify library's (digest/verify-sink.h) ---------- */
 
 #define HASH_WORKERS 2                /* blkhash: hasher threads */
 
@@ -209,7 +209,7 @@ struct rb_read {
     bool busy;                        /* under run->lock */
 };
 
-/* The reader's backend (verify/reader.h). */
+/* The reader's backend (digest/verify-reader.h). */
 struct run {
     struct readback *rb;
     struct nbdx *x;

@@ -11,8 +11,8 @@
  * acknowledges a zeroing it did not do would report the range as zero
  * too.  With --no-extents block status is never trusted.  Reads are pipelined in a
  * fixed window (READBACK_SLOTS x READBACK_CHUNK bytes) by the verify
- * library's reader, hashed by its sink (verify/), as nbdferry-verify
- * does.  With --blkhash
+ * library's reader, hashed by its sink (digest/verify-sink.h), as
+ * nbdferry-verify does.  With --blkhash
  * the differing ranges are named (block granularity up to 2^18 blocks,
  * coarser beyond); with sha256 only the verdict is known.
  *

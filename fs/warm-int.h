@@ -23,7 +23,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/monotime.h"
-#include "common/sha256x.h"
+#include "digest/sha256x.h"
 #include "manifest/manifest.h"
 
 

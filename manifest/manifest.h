@@ -2,7 +2,7 @@
  * by block: the record that lets a second pass over the same export send
  * only what changed (docs/design/README.md, "The manifest").
  *
- * For each block (64 KiB, the blkhash digest's blocks: common/blkhash.h)
+ * For each block (64 KiB, the blkhash digest's blocks: digest/blkhash.h)
  * the manifest knows one of: nothing (MF_NONE), "reads as zero"
  * (MF_ZERO), or the SHA-256 of its bytes (MF_DATA).  A block is known
  * only once the server acknowledged a FLUSH covering its last change: a

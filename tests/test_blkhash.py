@@ -3,7 +3,7 @@
 The reference below is the definition (blksum's, libblkhash's, nbdcopy
 --blkhash's): DIGEST of each BLOCK-byte block, then DIGEST over those
 digests in order and the length as a little-endian 64-bit integer.  It is
-a few lines over hashlib, independent of common/blkhash.c, which both the
+a few lines over hashlib, independent of digest/blkhash.c, which both the
 tool and the mount's inline digest use (so comparing those two with each
 other could not see a wrong construction).  The tool must agree with it on
 random sparse images of odd lengths for every digest and block size tried,

@@ -74,7 +74,7 @@ def test_default_cp_sparse_always(target, shm):
 @pytest.mark.parametrize("hasher", ["lanes", "openssl"])
 def test_default_digest_either_hasher(target, shm, monkeypatch, hasher):
     """The daemon and nbdferry-verify hash blkhash's blocks two at a time
-    with the SHA instructions (common/sha256x.c), or one at a time with
+    with the SHA instructions (digest/sha256x.c), or one at a time with
     OpenSSL when NBDFERRY_SHA256=openssl: the value is the same, and
     equal to an independent reference (Python's hashlib), for a file
     whose size is no multiple of the block (a short last block), with

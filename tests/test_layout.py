@@ -381,11 +381,11 @@ MAY_INCLUDE = {
     "transport": {"common"},
     "imagefile": {"common"},
     "digest": {"common", "transport"},
-    "verify": {"common", "digest"},
+    "manifest": {"common", "digest"},
     "views": {"common", "fs", "transport", "vhd", "vmdk", "qcow2", "vhdx"},
-    "fs": {"common", "digest", "manifest", "transport", "verify"},
+    "fs": {"common", "digest", "manifest", "transport"},
     "daemon": {"common", "digest", "fs", "views", "transport", "qcow2"},
-    "tools": {"common", "transport", "verify", "vhd", "imagefile", "vmdk",
+    "tools": {"common", "transport", "digest", "vhd", "imagefile", "vmdk",
               "qcow2", "vhdx"},
 }
 

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz-blkhash.c: libFuzzer target for the --blkhash option
- * parser (common/blkhash.c: blkhash_parse_spec) and the hash behind it.
+ * parser (digest/blkhash.c: blkhash_parse_spec) and the hash behind it.
  * Input: the option value up to the first newline (or all of it), then
  * data.  Checks, besides ASan/UBSan/LeakSanitizer: every error comes with
  * a message; a successful parse gives a plain digest name and a block size
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -68,7 +68,7 @@ function(nbdferry_fuzz t)
       get_target_property(libdir ${F_LIBRARY} SOURCE_DIR)
       foreach(src ${${upper}_SOURCES})
         # Source properties belong to a directory: carry the library's
-        # own (common/sha256x.c: -mno-avx) over to this copy.
+        # own (digest/sha256x.c: -mno-avx) over to this copy.
         get_source_file_property(opts ${src} DIRECTORY ${libdir}
                                  COMPILE_OPTIONS)
         if(opts)

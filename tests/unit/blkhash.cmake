@@ -1,4 +1,4 @@
-# blkhash library unit test (common/blkhash.c), public check values included.
+# blkhash library unit test (digest/blkhash.c), public check values included.
 add_executable(test-blkhash ${CMAKE_CURRENT_LIST_DIR}/test-blkhash.c)
 target_link_libraries(test-blkhash PRIVATE blkhash)
 add_test(NAME blkhash COMMAND test-blkhash)
@@ -6,7 +6,7 @@ add_test(NAME blkhash COMMAND test-blkhash)
 # Its fuzz targets: replayed here, libFuzzer with -DFUZZ=ON.
 include(${CMAKE_CURRENT_LIST_DIR}/../fuzz/blkhash-fuzz.cmake)
 
-# SHA-256 side by side (common/sha256x.c) against OpenSSL; test-blkhash
+# SHA-256 side by side (digest/sha256x.c) against OpenSSL; test-blkhash
 # again on OpenSSL's path alone and on the SHA-NI lanes alone (without
 # the variable: what the CPU here chooses, AVX-512 where it has it).
 add_executable(test-sha256x ${CMAKE_CURRENT_LIST_DIR}/test-sha256x.c)

@@ -1,4 +1,4 @@
-/* tests/unit/test-blkhash.c: common/blkhash against the public check
+/* tests/unit/test-blkhash.c: digest/blkhash against the public check
  * values (libnbd's copy-blkhash-known) and against a straightforward
  * in-order reference, for updates in any order, from several threads,
  * with holes, zeroed ranges and rewrites; and every SHA-256 lane of the
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/blkhash.h"
-#include "common/sha256x.h"
+#include "digest/blkhash.h"
+#include "digest/sha256x.h"
 
 static void hex(const unsigned char *d, unsigned n, char *out)
 {

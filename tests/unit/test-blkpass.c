@@ -1,7 +1,7 @@
 /* tests/unit/test-blkpass.c: digest/blkpass against a model of the file.
  *
  * Each case applies writes, zeroings and truncates to a blkpass and to a
- * byte array; a value the pass gives must be the blkhash (common/blkhash,
+ * byte array; a value the pass gives must be the blkhash (digest/blkhash,
  * itself checked against the public values) of the array at that size.
  * The cases a copy tool produces (a truncate then pieces in any order, a
  * write over the whole file then a truncate, holes punched where nothing
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "digest/blkpass.h"
 
 #define N (3u * 1024 * 1024 + 777)

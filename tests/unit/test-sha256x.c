@@ -1,4 +1,4 @@
-/* tests/unit/test-sha256x.c: common/sha256x (SHA-256 of several messages
+/* tests/unit/test-sha256x.c: digest/sha256x (SHA-256 of several messages
  * side by side) against OpenSSL's SHA-256: every length from 0 to past
  * two blocks in every message count to 35 (two groups of sixteen on the
  * AVX-512 path and the rest on the SHA lanes; the padding's one-block
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sha256x.h"
+#include "digest/sha256x.h"
 
 #define MAXN 40
 

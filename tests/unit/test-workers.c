@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "digest/hashers.h"
 #include "digest/workers.h"
 

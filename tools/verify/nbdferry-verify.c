@@ -9,7 +9,7 @@
  * read-only tables.  The report is built after pthread_join(), so it reads
  * both sinks without locks.  With one operand there is only the main thread.
  * With --blkhash each side's sink also runs its own hasher threads
- * (verify/hasher.c) and joins them before sink_finish() returns.
+ * (digest/verify-hasher.c) and joins them before sink_finish() returns.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -10,7 +10,7 @@
  * sleeping; we don't use it).
  *
  * PIPELINE
- * The verify library's reader (verify/reader.h) keeps up to 'requests'
+ * The verify library's reader (digest/verify-reader.h) keeps up to 'requests'
  * reads in flight and feeds the sink in order; this file is its libnbd
  * backend: reads spread round-robin over the connections, block status
  * on the first, and the poll loop (on the poll pieces the mount's
@@ -43,7 +43,7 @@
 #include "common/monotime.h"
 #include "tools/verify/verify.h"
 #include "transport/nbdpoll.h"
-#include "verify/reader.h"
+#include "digest/verify-reader.h"
 
 #define NBD_MAX_CONN   16
 /* Shorter zero extents are read as data: one request beats a split. */
@@ -72,7 +72,7 @@ struct nbd_src {
     bool timed_out;                     /* the server stopped answering */
 };
 
-/* ---- the reader's backend (verify/reader.h) ---- */
+/* ---- the reader's backend (digest/verify-reader.h) ---- */
 
 static unsigned in_flight(const struct nbd_src *ns)
 {

@@ -23,8 +23,8 @@
 
 #include <openssl/evp.h>
 
-#include "common/blkhash.h"
-#include "verify/sink.h"
+#include "digest/blkhash.h"
+#include "digest/verify-sink.h"
 
 #define VERIFY_EXIT_MATCH    0
 #define VERIFY_EXIT_MISMATCH 1

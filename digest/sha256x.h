@@ -1,5 +1,5 @@
-/* common/sha256x.h: SHA-256 of several messages at once, with the x86 SHA
- * extensions, for blkhash's blocks (common/blkhash.c).
+/* digest/sha256x.h: SHA-256 of several messages at once, with the x86 SHA
+ * extensions, for blkhash's blocks (digest/blkhash.c).
  *
  * Why not OpenSSL: OpenSSL hashes one message at a time, and one SHA-256
  * is a single chain of dependent rounds, so a core with the SHA
@@ -31,7 +31,7 @@
 bool sha256x_available(void);
 
 /* Which code hashes: "avx512+sha-ni" (sixteen messages at a time with
- * AVX-512, common/sha256x16.c, the rest two at a time on the SHA
+ * AVX-512, digest/sha256x16.c, the rest two at a time on the SHA
  * lanes), "avx512", "sha-ni" or "openssl".  NBDFERRY_SHA256=sha-ni
  * keeps to the SHA lanes. */
 const char *sha256x_path(void);

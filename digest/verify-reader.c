@@ -1,4 +1,4 @@
-/* verify/reader.c: the pipelined reader (reader.h).
+/* digest/verify-reader.c: the pipelined reader (verify-reader.h).
  *
  * OWNERSHIP
  * A buffer belongs to the backend from read() until vr_done(); it
@@ -7,7 +7,7 @@
  * caller drains them (vreader_drain) and, if some never answer, closes
  * the backend before vreader_free() frees their buffers.
  */
-#include "verify/reader.h"
+#include "digest/verify-reader.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* verify/reader.h: the pipelined reader of the verify library.
+/* digest/verify-reader.h: the pipelined reader of the verify library.
  *
  * Delivers [0, k->end) of a disk to a sink in offset order while up to
  * 'requests' reads are in flight: the disk is cut into entries, in a
@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "verify/sink.h"
+#include "digest/verify-sink.h"
 
 struct vreader;
 

@@ -1,4 +1,4 @@
-/* verify/fingerprint.c: per-block fingerprints (see sink.h).
+/* digest/verify-fingerprint.c: per-block fingerprints (digest/fingerprint.h).
  *
  * Word i of a block (byte offset 8i) gets multiplier m_i = K[i % 1024] *
  * P(i / 1024) mod 2^128: a small table that stays in L1 for the inner loop,
@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "verify/sink.h"
+#include "digest/fingerprint.h"
 
 #define FP_WORDS (FP_SUB_BYTES / 8)
 

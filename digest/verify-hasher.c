@@ -1,8 +1,8 @@
-/* verify/hasher.c: blkhash data blocks on the process's hasher threads.
+/* digest/verify-hasher.c: blkhash data blocks on the process's hasher threads.
  *
  * THREAD MODEL
- * One producer (the sink's thread: sink.c) copies runs of data blocks into
- * jobs and posts them, or posts read jobs that name a range and a read
+ * One producer (the sink's thread: verify-sink.c) copies runs of data
+ * blocks into jobs and posts them, or posts read jobs that name a range and a read
  * function safe on any thread (a file's pread), to the process's one pool
  * of hasher threads (digest/workers.h, shared with the inline digest);
  * a worker runs a job: the read if there is one, then blkhash_update(),
@@ -24,7 +24,7 @@
 
 #include "common/cleanup.h"
 #include "digest/workers.h"
-#include "verify/sink.h"
+#include "digest/verify-sink.h"
 
 struct job {
     struct workers_task task;            /* first: the pool's handle */

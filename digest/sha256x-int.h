@@ -1,4 +1,4 @@
-/* common/sha256x-int.h: between sha256x.c (the SHA-NI lanes and the
+/* digest/sha256x-int.h: between sha256x.c (the SHA-NI lanes and the
  * choice of path) and sha256x16.c (sixteen messages with AVX-512). */
 #pragma once
 #include <stdbool.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sha256x.h"
+#include "digest/sha256x.h"
 
 /* SHA-256's round constants and initial hash value (FIPS 180-4), defined
  * in sha256x-k.c. */

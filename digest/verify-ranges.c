@@ -1,9 +1,9 @@
-/* verify/ranges.c: naming where two sides differ (sink.h). */
+/* digest/verify-ranges.c: naming where two sides differ (verify-sink.h). */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "common/vector.h"
-#include "verify/sink.h"
+#include "digest/verify-sink.h"
 
 DEFINE_VECTOR_TYPE(range_vector, struct verify_range, 16);
 

@@ -1,4 +1,4 @@
-/* common/blkhash.h: the block-based hash "blkhash" over OpenSSL EVP digests.
+/* digest/blkhash.h: the block-based hash "blkhash" over OpenSSL EVP digests.
  *
  * The data is cut into blocks of block_size bytes (the last one may be
  * shorter); each block is hashed with the digest D; the result is
@@ -28,6 +28,7 @@
 #include <openssl/evp.h>
 
 #include "common/err.h"
+#include "digest/fingerprint.h"
 
 #define BLKHASH_DEFAULT_DIGEST "sha256"
 #define BLKHASH_DEFAULT_BLOCK  (64u << 10)
@@ -64,7 +65,7 @@ int blkhash_update(struct blkhash *h, uint64_t off, const void *buf,
 /* n whole blocks (block_size bytes each), block blk[i] at mem[i], in any
  * order: as blkhash_update() of each (zero blocks stored without
  * hashing).  With sha256 on a CPU with the SHA extensions, blocks are
- * hashed several at once (common/sha256x.h), so callers with many
+ * hashed several at once (digest/sha256x.h), so callers with many
  * blocks pass them together.  Returns 0, -ENOMEM or -EIO. */
 int blkhash_update_blocks(struct blkhash *h, const uint64_t *blk,
                           const unsigned char *const *mem, size_t n);
@@ -88,31 +89,9 @@ int blkhash_finish(struct blkhash *h, uint64_t length, unsigned char *out,
                    unsigned *out_len);
 
 /* ---- fingerprints: where two blkhashes differ ------------------------
- * A region is 2^shift consecutive blocks; its fingerprint is the XOR of
- * blkhash_fp_term(b, D(block b)) over its blocks that hold data (an
- * all-zero block, full or short, adds nothing).  Two streams whose
- * region fingerprints differ differ in that region; equal fingerprints
- * say nothing for certain (the final value decides).  Fingerprints of a
- * region merge by XOR, so a coarser shift is computed from a finer one. */
-static inline uint64_t blkhash_fp_term(uint64_t b, const unsigned char *d)
-{
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t) d[i] << (8 * i);
-    v ^= (b + 1) * 0x9e3779b97f4a7c15ull;     /* position matters */
-    v ^= v >> 31;
-    v *= 0xbf58476d1ce4e5b9ull;
-    return v ^ (v >> 29);
-}
-
-/* fp[i] ^= the fingerprint of region i of a stream of 'length' bytes, for
- * i < n (regions past n are left out).  Does not run concurrently with
- * updates (like blkhash_finish).  Returns 0, or -EINVAL if shift is below
- * blkhash_fp_min_shift() (folded blocks are known only that coarsely). */
-int blkhash_fingerprints(struct blkhash *h, uint64_t length, unsigned shift,
-                         uint64_t *fp, size_t n);
-unsigned blkhash_fp_min_shift(struct blkhash *h);
+ * blkhash_fingerprints() and blkhash_fp_min_shift() are declared in
+ * digest/fingerprint.h (included above), beside the verification
+ * engine's other scheme. */
 
 /* ---- folding: bounded memory for long streams -------------------------
  * Blocks [0, upto) are final: their digests go into the outer digest now

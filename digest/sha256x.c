@@ -1,4 +1,4 @@
-/* common/sha256x.c: SHA-256 of several messages at once (sha256x.h).
+/* digest/sha256x.c: SHA-256 of several messages at once (sha256x.h).
  *
  * FIPS 180-4 SHA-256 with the SHA extensions' instructions
  * (sha256rnds2, sha256msg1, sha256msg2: Intel's "New Instructions
@@ -15,8 +15,8 @@
  * Only the x86-64 build has the code; elsewhere sha256x_available() is
  * false and blkhash stays with OpenSSL.
  */
-#include "common/sha256x.h"
-#include "common/sha256x-int.h"
+#include "digest/sha256x.h"
+#include "digest/sha256x-int.h"
 
 #include <stdint.h>
 #include <stdlib.h>

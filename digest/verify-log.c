@@ -1,9 +1,9 @@
-/* verify/log.c: the one place the verify library writes diagnostics.
+/* digest/verify-log.c: the one place the verify library writes diagnostics.
  * The hook is set once, before any thread uses the library. */
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "verify/sink.h"
+#include "digest/verify-sink.h"
 
 static void (*log_fn)(const char *line);
 

@@ -1,4 +1,4 @@
-/* common/blkhash.c: blkhash over OpenSSL EVP (see blkhash.h).
+/* digest/blkhash.c: blkhash over OpenSSL EVP (see blkhash.h).
  *
  * Block digests live in chunks of BLKHASH_CHUNK consecutive blocks,
  * allocated when a block in them first gets data; every slot of a chunk
@@ -26,10 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
 #include "common/cleanup.h"
 #include "common/iszero.h"
-#include "common/sha256x.h"
+#include "digest/sha256x.h"
 #include "common/vector.h"
 
 #define BLKHASH_CHUNK 1024u              /* blocks per chunk */
@@ -45,7 +45,7 @@ struct blkhash {
     EVP_MD *md;                          /* owned (EVP_MD_fetch) */
     uint64_t block_size;
     unsigned dsize;                      /* bytes per block digest */
-    bool lanes;                          /* sha256 on common/sha256x.c */
+    bool lanes;                          /* sha256 on digest/sha256x.c */
     unsigned char zero_digest[EVP_MAX_MD_SIZE];  /* D(block_size zeros) */
     unsigned char *zero_run;             /* BLKHASH_CHUNK zero digests */
     pthread_mutex_t lock;

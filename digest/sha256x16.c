@@ -1,4 +1,4 @@
-/* common/sha256x16.c: SHA-256 of sixteen messages at once with AVX-512
+/* digest/sha256x16.c: SHA-256 of sixteen messages at once with AVX-512
  * (sha256x.h, sha256x_many()'s path where the CPU has it).
  *
  * FIPS 180-4 SHA-256 written out with 512-bit integer vectors: each of
@@ -10,13 +10,13 @@
  * vector j holds word j of every message.  Measured on this project's
  * 2-core machine (64 KiB blocks, 96 MiB buffer, -O3, the rounds
  * unrolled): 3.3-3.4 GB/s, against 2.2 for the two interleaved SHA-NI
- * lanes of common/sha256x.c.  Built with -O3 and its own target
+ * lanes of digest/sha256x.c.  Built with -O3 and its own target
  * attribute (common/CMakeLists.txt); sha256x.c, which must stay SSE-only
  * (its header says why), never inlines it.
  *
  * THREAD MODEL: no state; any thread.
  */
-#include "common/sha256x-int.h"
+#include "digest/sha256x-int.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,13 +1,13 @@
-/* verify/sink.c: digest, block fingerprints and tail check of one side
- * (sink.h).  Used by exactly one thread (nbdferry-verify's side worker,
+/* digest/verify-sink.c: digest, block fingerprints and tail check of one side
+ * (verify-sink.h).  Used by exactly one thread (nbdferry-verify's side worker,
  * or the thread verifying a mount's read-back); in blkhash mode that
- * thread hands data blocks to the hasher's threads (hasher.c). */
+ * thread hands data blocks to the hasher's threads (verify-hasher.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/iszero.h"
-#include "verify/sink.h"
+#include "digest/verify-sink.h"
 
 /* Read-only once the program starts: fed to EVP for known-zero ranges. */
 static unsigned char zero_buf[1 << 20];

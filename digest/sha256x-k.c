@@ -1,10 +1,10 @@
-/* common/sha256x-k.c: SHA-256's round constants and initial hash value
+/* digest/sha256x-k.c: SHA-256's round constants and initial hash value
  * (FIPS 180-4, sections 4.2.2 and 5.3.3), for both of blkhash's SHA-256
  * paths: the SHA-NI lanes (sha256x.c) and sixteen messages with AVX-512
  * (sha256x16.c).  A file of their own, so that neither path's object
  * depends on the other's.
  */
-#include "common/sha256x-int.h"
+#include "digest/sha256x-int.h"
 
 #include <stdint.h>
 

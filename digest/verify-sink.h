@@ -1,4 +1,4 @@
-/* verify/sink.h: the verify library, shared by nbdferry-verify
+/* digest/verify-sink.h: the verify library, shared by nbdferry-verify
  * (tools/verify/) and the mount's read-back (fs/readback.c).
  *
  * A sink takes the byte range [0, end) of one side in offset order, as
@@ -11,7 +11,7 @@
  * THREAD MODEL
  * A sink is used by one thread at a time (its producer); in blkhash mode
  * that thread hands data blocks to the hasher's worker threads
- * (hasher.c).  verify_set_log() is called before any sink exists.
+ * (verify-hasher.c).  verify_set_log() is called before any sink exists.
  */
 #pragma once
 
@@ -22,31 +22,20 @@
 
 #include <openssl/evp.h>
 
-#include "common/blkhash.h"
+#include "digest/blkhash.h"
+#include "digest/fingerprint.h"
 
-/* log.c */
+/* verify-log.c */
 /* One line of diagnostics; embedded newlines (libnbd and OpenSSL
  * messages) are folded into spaces.  It goes to the function set with
  * verify_set_log(), by default to stderr prefixed "nbdferry-verify: ". */
 void verify_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void verify_set_log(void (*fn)(const char *line));
 
-/* fingerprint.c
- *
- * A block fingerprint is a 128-bit multilinear hash of the block's bytes,
- * read as little-endian 64-bit words w_i at their offset inside the block:
- *     F = sum_i w_i * m_i  (mod 2^128),  every m_i odd and pseudo-random.
- * It is linear, so zero bytes contribute nothing (holes are never hashed)
- * and the result does not depend on how the block was cut into segments.
- * A difference in a single word always changes F (m_i is odd).  It only
- * locates mismatches; the verdict comes from the EVP digest. */
-typedef unsigned __int128 fp_t;
-#define FP_SUB_BYTES 8192u               /* one multiplier table span */
-void fp_init(void);                      /* idempotent, thread-safe */
-/* 'off' is the offset of p[0] inside its block; off + len <= block size. */
-fp_t fp_update(fp_t acc, uint64_t off, const void *p, size_t len);
+/* verify-fingerprint.c: the multilinear block fingerprint (fp_t,
+ * fp_update()), declared in digest/fingerprint.h. */
 
-/* hasher.c: blkhash_update() on worker threads, fed by one producer. */
+/* verify-hasher.c: blkhash_update() on worker threads, fed by one producer. */
 struct hasher;
 /* Jobs hold up to job_cap bytes; at most max_bytes / job_cap jobs wait in
  * the queue (memory: that many jobs, plus one per worker and the one being
@@ -67,7 +56,7 @@ int  hasher_submit_read(struct hasher *q, uint64_t off, size_t len,
 int  hasher_drain(struct hasher *q);     /* waits until all are hashed */
 void hasher_free(struct hasher *q);      /* drops queued jobs; NULL is fine */
 
-/* sink.c */
+/* verify-sink.c */
 #define SINK_STOP 1                      /* sink_*() result: stop reading */
 
 struct sink {
@@ -128,7 +117,7 @@ int  sink_finish(struct sink *k);        /* -EIO if the range is incomplete */
 bool sink_aborted(const struct sink *k); /* the other side failed */
 void sink_free(struct sink *k);
 
-/* ranges.c: naming where two sides differ. */
+/* verify-ranges.c: naming where two sides differ. */
 struct verify_range {
     uint64_t off, len;
 };
