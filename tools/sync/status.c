@@ -18,7 +18,7 @@
 #include "tools/sync/sync.h"
 
 #define STATUS_NAME ".nbdferry-status"
-#define POLL_MS     200
+#define POLL_MS     200                 /* the longest wait between reads */
 
 /* The whole file, NUL-terminated; NULL with errno. */
 static char *slurp(const char *path)
@@ -189,13 +189,17 @@ void sync_digest_read(const char *dest, unsigned timeout_s,
     int dirlen = slash ? (int) (slash - dest) : 1;
     const char *dir = slash ? dest : ".";
     uint64_t covered = 0, last = 0;
-    unsigned still_ms = 0;
+    unsigned still_ms = 0, wait_ms = 1;
 
     memset(d, 0, sizeof *d);
     if (slash == dest)
         dirlen = 0;                     /* "/FILE": the root */
     snprintf(path, sizeof path, "%.*s/%s", dirlen, dir, STATUS_NAME);
-    /* The digest thread catches up after the close: wait while it moves. */
+    /* The digest thread catches up after the close: wait while it moves.
+     * It usually has within milliseconds (a cutover's few blocks, the
+     * rest from the manifest): the first waits are short and double up
+     * to POLL_MS, so that a cutover does not idle a whole poll period,
+     * and a long catch-up still costs a read per POLL_MS. */
     while (read_once(path, base, d, &covered) &&
            strcmp(d->state, "computing") == 0) {
         if (covered != last) {
@@ -204,8 +208,9 @@ void sync_digest_read(const char *dest, unsigned timeout_s,
         }
         if (still_ms >= timeout_s * 1000u)
             return;
-        struct timespec ts = { 0, POLL_MS * 1000000L };
+        struct timespec ts = { wait_ms / 1000, (wait_ms % 1000) * 1000000L };
         nanosleep(&ts, NULL);
-        still_ms += POLL_MS;
+        still_ms += wait_ms;
+        wait_ms = wait_ms * 2 < POLL_MS ? wait_ms * 2 : POLL_MS;
     }
 }
