@@ -187,6 +187,11 @@ static int place(struct imagefile *f, uint64_t off, struct nbdf_place *p,
 {
     for (int i = 0; i <= NEED_MAX; i++) {
         int r = f->fmt->image_lookup(f->img, off, p, e);
+        /* A placement of no bytes would have the readers above loop on
+         * the same offset for ever: a broken adapter, refused. */
+        if (r == 0 && p->kind != NBDF_PLACE_NEED && p->len == 0)
+            return nbdf_errf(e, -EIO, "%s: disk byte %llu placed in no "
+                             "bytes", f->path, (unsigned long long) off);
         if (r == 0 && p->kind != NBDF_PLACE_NEED)
             return 0;
         if (r == 0)
@@ -194,7 +199,8 @@ static int place(struct imagefile *f, uint64_t off, struct nbdf_place *p,
         if (r < 0)
             return rule(f, r, e);
     }
-    return -EIO;                        /* a lookup that keeps asking */
+    return nbdf_errf(e, -EIO, "%s: disk byte %llu: the image keeps asking "
+                     "for metadata", f->path, (unsigned long long) off);
 }
 
 /* File bytes [foff, +n) as the image reads them: a format with a patch

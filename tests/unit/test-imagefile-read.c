@@ -246,6 +246,64 @@ static void check_qcow2_loop(void)
     printf("ok: qcow2 backing loop refused\n");
 }
 
+/* A table whose lookup places no bytes, or keeps asking for metadata:
+ * the reader refuses it with -EIO and a message instead of looping on
+ * the same offset. */
+static int stub_new(uint64_t size, void **out, struct nbdf_err *err)
+{
+    (void) err;
+    static uint64_t disk;
+    disk = size;
+    *out = &disk;
+    return 0;
+}
+static int stub_next(const void *img, uint64_t *off, size_t *len)
+{
+    (void) img; (void) off; (void) len;
+    return 0;
+}
+static int stub_supply(void *img, const void *buf, struct nbdf_err *err)
+{
+    (void) img; (void) buf; (void) err;
+    return 0;
+}
+static enum nbdf_place_kind stub_kind;
+static int stub_lookup(void *img, uint64_t off, struct nbdf_place *p,
+                       struct nbdf_err *err)
+{
+    (void) img; (void) off; (void) err;
+    *p = (struct nbdf_place){ .kind = stub_kind, .len = 0 };
+    return 0;
+}
+static void stub_free(void *img) { (void) img; }
+static uint64_t stub_size(const void *img) { return *(const uint64_t *) img; }
+static uint64_t stub_unit(const void *img) { (void) img; return 65536; }
+
+static void check_broken_lookup(void)
+{
+    static const struct nbdf_format stub = {
+        .name = "stub", .image_new = stub_new, .image_next = stub_next,
+        .image_supply = stub_supply, .image_lookup = stub_lookup,
+        .image_free = stub_free, .image_size = stub_size,
+        .image_unit = stub_unit,
+    };
+    char path[512];
+    snprintf(path, sizeof path, "%s/src.raw", dir);
+    for (int k = 0; k < 2; k++) {
+        struct imagefile *f;
+        struct nbdf_err e;
+        uint8_t buf[4096];
+        uint64_t len;
+        bool zero;
+        stub_kind = k ? NBDF_PLACE_NEED : NBDF_PLACE_FILE;
+        CHECK(imagefile_open(path, &stub, false, &f, &e) == 0);
+        CHECK(imagefile_read(f, 0, buf, sizeof buf, &e) == -EIO);
+        CHECK(strstr(e.msg, k ? "keeps asking" : "placed in no bytes"));
+        CHECK(imagefile_extent(f, 0, 1 << 20, &len, &zero, &e) == -EIO);
+        imagefile_free(f);
+    }
+}
+
 int main(void)
 {
     CHECK(mkdtemp(dir));
@@ -283,6 +341,7 @@ int main(void)
     check_image("top.qcow2", &qcow2_format, "qcow2", true, true);
     check_vhd_chain();
     check_qcow2_loop();
+    check_broken_lookup();
     sh("rm -rf '%s'", dir);
     return 0;
 }
