@@ -74,8 +74,10 @@ static int blk_apply(struct digest *d, const struct item *it, char *hex,
 {
     switch (it->kind) {
     case ITEM_BLK_WRITE:
-        return blkpass_write(d->bp, it->off, it->data, it->len, it->known,
-                             why);
+        if (it->later)
+            it->later->wait(it->later);  /* on the workers: short */
+        return blkpass_write(d->bp, it->off, it->data, it->len,
+                             it->later ? &it->later->known : it->known, why);
     case ITEM_BLK_ZERO:
         return blkpass_zero(d->bp, it->off, it->len, why);
     case ITEM_BLK_TRUNCATE: {

@@ -41,6 +41,8 @@ struct item {
     size_t pool_bytes;            /* len if data is a pool hold, else 0 */
     struct digest_known *known;   /* blkhash: digests of its blocks the
                                    * writer had (known.h); owned, or NULL */
+    struct digest_later *later;   /* blkhash: ... or is making (known.h):
+                                   * one count of it, or NULL */
 };
 
 /* A write of a view's pass that came before the bytes below it (THE

@@ -82,6 +82,8 @@ const char *digest_state_name(enum digest_state s)
 void digest_drop_data(const struct item *it)
 {
     free(it->known);
+    if (it->later)
+        it->later->put(it->later);
     if (it->release)
         it->release(it->ref);
     else
@@ -277,7 +279,12 @@ void digest_push_data_locked(struct digest *d, uint64_t off, const void *buf,
     it->release = release;
     it->ref = ref;
     it->pool_bytes = hold ? len : 0;
-    it->known = d->takes_known ? known_within(known, off, len) : NULL;
+    if (d->takes_known && known && known->later) {
+        it->later = known->later;
+        it->later->get(it->later);
+    } else {
+        it->known = d->takes_known ? known_within(known, off, len) : NULL;
+    }
     it->kind = d->ops->any_order ? ITEM_BLK_WRITE : ITEM_STREAM;
     it->off = off;
     it->len = len;

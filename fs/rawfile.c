@@ -525,7 +525,7 @@ static int fill_from(struct pool_fill *f, struct fuse_bufvec *src)
 }
 
 /* The digest reads each pool buffer in place until it lets go; known:
- * the digests warm_record() made of the write's blocks. */
+ * the digests warm_record() is making of the write's blocks. */
 void rf_digest_holds(struct fs_disk *d, const struct pool_fill *f,
                      const struct digest_known *known)
 {
@@ -590,9 +590,11 @@ ssize_t rawfile_write_landed(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
     }
     if (n > 0) {
         land_note(d, off, off + (uint64_t) n);
-        struct digest_known known = { .n = 0 };
-        warm_record(d, off, (uint64_t) n, &f, &known);
+        struct digest_known known = { .later =
+                                            warm_record(d, off, (uint64_t) n, &f) };
         rf_digest_holds(d, &f, &known);
+        if (known.later)
+            known.later->put(known.later);
         progress_write(d->progress, off, (uint64_t) n);
     }
     return n;
@@ -642,9 +644,11 @@ ssize_t rawfile_write_bufv(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
         return r;                 /* -EAGAIN: the caller copies */
     if (size > 0) {
         land_note(d, off, off + (uint64_t) size);
-        struct digest_known known = { .n = 0 };
-        warm_record(d, off, (uint64_t) size, &f, &known);
+        struct digest_known known = { .later =
+                                            warm_record(d, off, (uint64_t) size, &f) };
         rf_digest_holds(d, &f, &known);
+        if (known.later)
+            known.later->put(known.later);
         progress_write(d->progress, off, (uint64_t) size);
     }
     return size;

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,12 @@ struct warm {
     bool dead;                    /* an image view changed the disk: the
                                    * manifest forgot everything and
                                    * follows nothing more; __atomic */
+    /* THE LATER DIGEST (fs/warm-later.c) */
+    struct workers *workers;
+    pthread_mutex_t jobs_lock;
+    pthread_cond_t jobs_cond;
+    unsigned jobs;                /* posted and not done (jobs_lock) */
+    unsigned later_delay_us;      /* NBDFERRY_DEBUG_LATER_DELAY_US */
 };
 
 /* The disk's manifest, if it is still followed. */
@@ -71,6 +78,15 @@ static inline struct warm *warm_live(struct fs_disk *d)
     struct warm *w = __atomic_load_n(&d->warm, __ATOMIC_ACQUIRE);
     return w && !__atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) ? w : NULL;
 }
+
+/* THE LATER DIGEST: its workers and job count, taken at open; fini
+ * waits for every job and promotes what came after the last flush. */
+void warm_later_init(struct warm *w);
+void warm_later_fini(struct warm *w);
+/* warm_record()'s work: the blocks recorded, their digests posted. */
+struct digest_later *warm_later_record(struct fs_disk *d, struct warm *w,
+                                       uint64_t off, uint64_t len,
+                                       const struct pool_fill *f);
 
 /* SHA-256 of n whole blocks (mem[i], BS bytes each) into out[i]. */
 void warm_hash_blocks(const unsigned char *const *mem, size_t n,

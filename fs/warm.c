@@ -110,6 +110,7 @@ void warm_open(struct fs_disk *d, const struct warm_config *c,
         log_warn(DISK_FMT "no manifest: out of memory", DISK_ARG(d));
         return;
     }
+    warm_later_init(w);
     manifest_file_name(key, w->name, sizeof w->name);
     snprintf(w->path, sizeof w->path, "%s/%s", dir, w->name);
     w->dirfd = warm_open_state_dir(dir, &why);
@@ -149,6 +150,7 @@ void warm_close(struct fs_disk *d, const struct timespec *mtime, bool set)
     if (!w)
         return;
     __atomic_store_n(&d->warm, NULL, __ATOMIC_RELEASE);
+    warm_later_fini(w);           /* every later digest in */
     /* Forgotten meanwhile (nbdferry --forget MNT): not written again. */
     if (w->dirfd >= 0 && fstatat(w->dirfd, w->name, &st,
                                  AT_SYMLINK_NOFOLLOW) == 0) {
@@ -386,59 +388,15 @@ bool warm_wants_holds(struct fs_disk *d)
     return warm_live(d) != NULL;
 }
 
-/* Bytes [pos, pos+n) of a committed write, from its holds: in place if
- * one hold has them all, else copied into tmp. */
-static const unsigned char *from_holds(const struct pool_fill *f,
-                                       uint64_t pos, size_t n,
-                                       unsigned char *tmp)
-{
-    size_t done = 0;
-    for (unsigned i = 0; i < f->nhold && done < n; i++) {
-        const struct pool_hold *h = &f->hold[i];
-        uint64_t at = pos + done;
-        if (at < h->off || at >= h->off + h->len)
-            continue;
-        size_t k = (size_t) (h->off + h->len - at);
-        if (k > n - done)
-            k = n - done;
-        if (done == 0 && k == n)
-            return (const unsigned char *) h->mem + (at - h->off);
-        memcpy(tmp + done, (const char *) h->mem + (at - h->off), k);
-        done += k;
-    }
-    return done == n ? tmp : NULL;
-}
-
-void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
-                 const struct pool_fill *f, struct digest_known *known)
+struct digest_later *warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
+                                 const struct pool_fill *f)
 {
     struct warm *w = warm_live(d);
-    const unsigned char *mem[MAX_BLOCKS];
-    uint64_t blk[MAX_BLOCKS];
-    unsigned char dg[MAX_BLOCKS][MF_DIGEST];
-    size_t nh = 0;
     if (!w || !len)
-        return;
-    uint64_t gen = pool_gen(d->pool), end = off + len;
-    CLEANUP_FREE unsigned char *tmp = malloc((size_t) MAX_BLOCKS * BS);
-    for (uint64_t b = off / BS; b * BS < end; b++) {
-        bool whole = b * BS >= off && (b + 1) * BS <= end;
-        const unsigned char *p = whole && tmp && nh < MAX_BLOCKS
-            ? from_holds(f, b * BS, BS, tmp + nh * BS) : NULL;
-        if (p && is_zero(p, BS))
-            manifest_change(w->m, b, MF_ZERO, NULL, gen);
-        else if (p) {
-            blk[nh] = b;
-            mem[nh++] = p;
-        } else
-            manifest_change(w->m, b, MF_NONE, NULL, gen);
-    }
-    warm_hash_blocks(mem, nh, dg);
-    for (size_t i = 0; i < nh; i++) {
-        manifest_change(w->m, blk[i], MF_DATA, dg[i], gen);
-        digest_known_add(known, blk[i], dg[i]);
-    }
+        return NULL;
+    struct digest_later *l = warm_later_record(d, w, off, len, f);
     maybe_checkpoint(d, w, len);
+    return l;
 }
 
 void warm_note_mtime(struct fs_disk *d, const struct timespec *mtime)

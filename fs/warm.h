@@ -67,13 +67,15 @@ ssize_t warm_write(struct fs_disk *d, uint64_t off, const void *buf,
 /* The zero-copy paths (a landed write, a write filled into pool
  * buffers: fs/rawfile.c) commit first and tell after: allowed only when
  * the manifest holds nothing about [off, off+len) (a first pass).  Then
- * warm_record() hashes the committed bytes from the holds (before they
- * are given to the digest) and records them as changed; known, as
- * warm_write()'s. */
+ * warm_record() records the committed blocks as changed, their digests
+ * made from the holds on the hasher workers (fs/warm-later.c, THE LATER
+ * DIGEST): it returns them for the inline digest (known.later, before
+ * the holds are given to it), one count of them the caller's to put, or
+ * NULL. */
 bool warm_zero_copy_ok(struct fs_disk *d, uint64_t off, uint64_t len);
 bool warm_wants_holds(struct fs_disk *d);
-void warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
-                 const struct pool_fill *f, struct digest_known *known);
+struct digest_later *warm_record(struct fs_disk *d, uint64_t off, uint64_t len,
+                                 const struct pool_fill *f);
 
 /* [off, off+len) is about to be zeroed now (fallocate, a view's zero):
  * _begin before the pool call, _end after it returned. */

@@ -37,6 +37,10 @@ struct pend {
     uint64_t b, gen;
     uint64_t seq;                 /* the change's number (m->changes) */
     uint8_t kind;
+    bool later;                   /* MF_NONE whose digest is being made
+                                   * (manifest_change_later()): kept
+                                   * pending past any flush until
+                                   * resolved */
     unsigned char d[MF_DIGEST];
 };
 DEFINE_VECTOR_TYPE(pend_vector, struct pend, 1024);

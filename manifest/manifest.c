@@ -176,10 +176,25 @@ static void change_locked(struct manifest *m, uint64_t b, enum mf_kind kind,
     if (!p && !(p = pend_add(m, b)))
         return;                   /* out of memory: the block stays unknown */
     p->kind = (uint8_t) kind;
+    p->later = false;
     p->gen = gen;
     p->seq = ++m->changes;
     if (kind == MF_DATA)
         memcpy(p->d, digest, MF_DIGEST);
+}
+
+uint64_t manifest_change_later(struct manifest *m, uint64_t b, uint64_t gen)
+{
+    LOCK_FOR_SCOPE(&m->lock);
+    if (b >= m->nblocks)
+        return 0;
+    uint64_t seq = m->changes + 1;
+    change_locked(m, b, MF_NONE, NULL, gen);
+    struct pend *p = pend_find(m, b);
+    if (!p || p->seq != seq)
+        return 0;                 /* out of memory: unknown, no resolve */
+    p->later = true;
+    return seq;
 }
 
 size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
@@ -189,7 +204,8 @@ size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
     size_t k = 0;
     for (size_t i = 0; i < m->pend.len && k < n; i++) {
         const struct pend *p = &m->pend.ptr[i];
-        if (p->kind != MF_NONE || p->gen == GEN_UNSET || p->gen > gen)
+        if (p->kind != MF_NONE || p->later || p->gen == GEN_UNSET ||
+            p->gen > gen)
             continue;
         b[k] = p->b;
         seq[k++] = p->seq;
@@ -205,6 +221,7 @@ bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
     struct pend *p = b < m->nblocks ? pend_find(m, b) : NULL;
     if (!p || p->seq != seq || p->kind != MF_NONE)
         return false;
+    p->later = false;
     p->kind = (uint8_t) kind;
     p->gen = gen;
     if (kind == MF_DATA)
@@ -232,12 +249,15 @@ void manifest_durable(struct manifest *m, uint64_t gen)
     size_t keep = 0, unresolved = 0;
     if (gen > m->durable)
         m->durable = gen;
+    gen = m->durable;             /* durable is for good: a call with an
+                                   * older gen promotes what resolved */
     for (size_t i = 0; i < m->pend.len; i++) {
         struct pend *p = &m->pend.ptr[i];
         /* A block written in part stays a change to resolve (read back
          * after this very flush: manifest_resolve()), up to a bound;
-         * past it, it is simply unknown. */
-        if (p->gen == GEN_UNSET || p->gen > gen ||
+         * past it, it is simply unknown.  One whose digest is being
+         * made stays until it comes (bounded by the writes in flight). */
+        if (p->gen == GEN_UNSET || p->gen > gen || p->later ||
             (p->kind == MF_NONE && unresolved++ < MF_UNRESOLVED_KEPT)) {
             m->pend.ptr[keep++] = *p;
             continue;

@@ -113,6 +113,14 @@ bool manifest_all_unknown(struct manifest *m, uint64_t b0, uint64_t b1);
 void manifest_change(struct manifest *m, uint64_t b, enum mf_kind kind,
                      const unsigned char *digest, uint64_t gen);
 
+/* Block b was changed through the mount to whole bytes whose digest is
+ * still being made (fs/warm.c, THE LATER DIGEST), older than pool
+ * generation gen: manifest_change(MF_NONE), kept pending past any flush
+ * until manifest_resolve(b, seq) says what it holds (MF_DATA and its
+ * digest; MF_NONE if the digest could not be made).  Returns seq, or 0
+ * (out of memory: the block just stays unknown). */
+uint64_t manifest_change_later(struct manifest *m, uint64_t b, uint64_t gen);
+
 /* Blocks [b0, b1) were zeroed through the mount (a zeroing or a punched
  * hole, older than pool generation gen): manifest_change(MF_ZERO) of each
  * block the manifest holds something about (a durable data entry, a
@@ -133,7 +141,8 @@ void manifest_change_zero(struct manifest *m, uint64_t b0, uint64_t b1,
 int  manifest_sync(struct manifest *m);
 
 /* Every change older than gen is durable on the server: pending entries
- * with gen <= this become the durable state (appended to the journal;
+ * with gen <= this (or an earlier call's, if larger) become the durable
+ * state (appended to the journal;
  * fdatasync'd at most every 5 s: a record lost to a power cut is only a
  * block sent again).  May compact the journal. */
 void manifest_durable(struct manifest *m, uint64_t gen);
@@ -166,10 +175,12 @@ void manifest_settle_gen(struct manifest *m, uint64_t gen);
 size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
                                 uint64_t *b, uint64_t *seq, size_t n);
 /* Block b was read back whole after its change seq, at a moment when
- * pool_gen() read gen: it holds kind (digest for MF_DATA).  Applied only
- * if no change of b came since (seq is still its last); the change takes
- * generation gen (durable with the next flush that covers gen: what was
- * read may hold a write that was not yet flushed).  true if applied. */
+ * pool_gen() read gen (or its later digest was made, gen the write's):
+ * it holds kind (digest for MF_DATA).  Applied only if no change of b
+ * came since (seq is still its last); the change takes generation gen
+ * (durable with the next manifest_durable() call, of any gen, once a
+ * flush covered gen: what was read may hold a write that was not yet
+ * flushed).  true if applied. */
 bool manifest_resolve(struct manifest *m, uint64_t b, uint64_t seq,
                       enum mf_kind kind, const unsigned char *digest,
                       uint64_t gen);

@@ -213,3 +213,33 @@ def test_blocks_hashed_once(setup, mount, tool):
     assert st["digest"]["reused_bytes"] == 0, st["digest"]
     assert inline_digest(st) == verify_digest(src), st["digest"]
     assert sha256(disk) == sha256(src)
+
+
+@pytest.mark.parametrize("opts", [(), ("--no-digest",)],
+                         ids=["defaults", "no-digest"])
+def test_later_digest_slow_hasher(setup, mount, monkeypatch, opts):
+    """The manifest's digests of a first pass are made on the hasher
+    workers after the write was answered (fs/warm-later.c, THE LATER
+    DIGEST).  With each of those jobs slowed on purpose, the copy's pool
+    buffers go on to later writes meanwhile: the digests must still be of
+    the bytes sent (the job holds them), the inline digest must wait for
+    them (its value stays the proof, and it hashes nothing again), and
+    every block must be known at the end (the unmount waits for the
+    jobs): a second pass of the same source sends nothing."""
+    src, disk, srv = setup
+    data = data_block_bytes(src)
+    monkeypatch.setenv("NBDFERRY_DEBUG_LATER_DELAY_US", "20000")
+    # A pool of 8 MiB: its buffers are reused many times over in the copy.
+    st, full, _ = one_pass(mount, srv, src, "cp", "--pool-size=8M", *opts)
+    assert sha256(disk) == sha256(src)
+    assert full >= 0.9 * data
+    if not opts:
+        assert inline_digest(st) == verify_digest(src), st["digest"]
+        assert st["digest"]["reused_bytes"] >= 0.9 * data, st["digest"]
+    monkeypatch.delenv("NBDFERRY_DEBUG_LATER_DELAY_US")
+    st, again, _ = one_pass(mount, srv, src, "cp", *opts)
+    assert st["manifest"]["trust"] == "trusted", st["manifest"]
+    assert again <= SLACK, f"sent {again} B of an unchanged source"
+    assert st["manifest"]["skipped_bytes"] >= 0.9 * data, st["manifest"]
+    assert sha256(disk) == sha256(src)
+

@@ -282,6 +282,15 @@ void pool_hold_release(void *ref)
     }
 }
 
+void pool_hold_dup(void *ref)
+{
+    struct pool_req *r = ref;
+
+    LOCK_FOR_SCOPE(&r->p->lock);
+    assert(r->holds > 0);
+    r->holds++;
+}
+
 /* ---- landings: writes received straight into a buffer --------------- */
 
 int pool_land_begin(struct pool *p, uint64_t next_off, size_t want,

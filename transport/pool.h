@@ -224,6 +224,9 @@ ssize_t pool_fill_commit(struct pool *p, struct pool_fill *f, int err,
 /* Give back one hold from pool_fill_commit().  Any thread; takes the
  * pool's lock. */
 void pool_hold_release(void *ref);
+/* One more hold on the same bytes (a second reader of them), given back
+ * by its own pool_hold_release(ref).  Only while a hold on ref is kept. */
+void pool_hold_dup(void *ref);
 
 /* ---- landings: writes received straight into a pool buffer ------------
  * The FUSE receive loop reads each request not knowing what it is.  A

@@ -181,6 +181,59 @@ static void test_resolve(void)
     manifest_free(m);
 }
 
+/* THE LATER DIGEST (fs/warm-later.c): a whole block whose digest is
+ * made after the write was answered.  Until it comes the block is
+ * unknown, whatever flush covers it; the digest is durable with the
+ * first durable call once a flush covered the write; a change of the
+ * block meanwhile wins; a digest that never comes leaves it unknown. */
+static void test_change_later(void)
+{
+    struct manifest *m = fresh(NULL);
+    unsigned char a[MF_DIGEST], c[MF_DIGEST], got[MF_DIGEST];
+    uint64_t b[8], seq[8];
+    dg(a, 3);
+    dg(c, 4);
+    uint64_t s5 = manifest_change_later(m, 5, 10);
+    CHECK(s5 != 0);
+    CHECK(manifest_lookup(m, 5, got) == MF_NONE);
+    manifest_durable(m, 20);                     /* covers the write */
+    CHECK(manifest_lookup(m, 5, got) == MF_NONE);   /* digest not in */
+    CHECK(manifest_unknown_changes(m, 20, b, seq, 8) == 0);  /* no read */
+    CHECK(manifest_resolve(m, 5, s5, MF_DATA, a, 10));
+    CHECK(!manifest_resolve(m, 5, s5, MF_DATA, c, 10));     /* once */
+    manifest_durable(m, 0);                      /* no new flush needed */
+    CHECK(manifest_lookup(m, 5, got) == MF_DATA && memcmp(got, a, 32) == 0);
+    /* Before the flush: durable only once a flush covers gen. */
+    uint64_t s7 = manifest_change_later(m, 7, 30);
+    CHECK(manifest_resolve(m, 7, s7, MF_DATA, a, 30));
+    manifest_durable(m, 29);
+    CHECK(manifest_lookup(m, 7, got) == MF_NONE);
+    manifest_durable(m, 30);
+    CHECK(manifest_lookup(m, 7, got) == MF_DATA && memcmp(got, a, 32) == 0);
+    /* Changed again before the digest came: the newer change wins. */
+    uint64_t s6 = manifest_change_later(m, 6, 40);
+    manifest_change(m, 6, MF_DATA, c, 41);
+    CHECK(!manifest_resolve(m, 6, s6, MF_DATA, a, 40));
+    manifest_durable(m, 41);
+    CHECK(manifest_lookup(m, 6, got) == MF_DATA && memcmp(got, c, 32) == 0);
+    /* ... and a later digest over a durable entry forgets it first. */
+    uint64_t s6b = manifest_change_later(m, 6, 50);
+    CHECK(manifest_lookup(m, 6, got) == MF_NONE);
+    manifest_durable(m, 60);
+    CHECK(manifest_lookup(m, 6, got) == MF_NONE);
+    /* A digest that could not be made: an ordinary unknown change. */
+    CHECK(manifest_resolve(m, 6, s6b, MF_NONE, NULL, 50));
+    CHECK(manifest_unknown_changes(m, 60, b, seq, 8) == 1 && b[0] == 6);
+    /* Forgotten meanwhile: nothing to resolve. */
+    uint64_t s8 = manifest_change_later(m, 8, 70);
+    manifest_forget_all(m);
+    CHECK(!manifest_resolve(m, 8, s8, MF_DATA, a, 70));
+    manifest_durable(m, 80);
+    CHECK(manifest_lookup(m, 8, got) == MF_NONE);
+    CHECK(manifest_change_later(m, 1u << 30, 1) == 0);      /* past the end */
+    manifest_free(m);
+}
+
 /* The mount's order: the flush that drained the parts tells them
  * durable first, the read-back comes after it.  The part stays to be
  * resolved; the resolved bytes are durable with the next flush that
@@ -372,6 +425,7 @@ int main(void)
     test_large_ranges();
     test_resolve();
     test_resolve_after_durable();
+    test_change_later();
     test_file();
     test_compact_and_queries();
     sh("rm -rf %s", dir);
