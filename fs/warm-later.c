@@ -115,22 +115,12 @@ static void job_run(struct workers_task *t)
     job_put(&j->later);
 }
 
-/* The hold of f that has all of [pos, pos+n), or NULL. */
-static const unsigned char *in_one_hold(const struct pool_fill *f,
-                                        uint64_t pos, size_t n)
-{
-    for (unsigned i = 0; i < f->nhold; i++) {
-        const struct pool_hold *h = &f->hold[i];
-        if (pos >= h->off && pos + n <= h->off + h->len)
-            return (const unsigned char *) h->mem + (pos - h->off);
-    }
-    return NULL;
-}
-
-/* Bytes [pos, pos+n) gathered from the holds into out; false if the
- * holds do not have them all. */
-static bool gather(const struct pool_fill *f, uint64_t pos, size_t n,
-                   unsigned char *out)
+/* Bytes [pos, pos+n) of a committed write, from its holds: in place if
+ * one hold has them all, else copied into tmp (NULL: none, and NULL is
+ * returned). */
+static const unsigned char *from_holds(const struct pool_fill *f,
+                                       uint64_t pos, size_t n,
+                                       unsigned char *tmp)
 {
     size_t done = 0;
     for (unsigned i = 0; i < f->nhold && done < n; i++) {
@@ -141,10 +131,14 @@ static bool gather(const struct pool_fill *f, uint64_t pos, size_t n,
         size_t k = (size_t) (h->off + h->len - at);
         if (k > n - done)
             k = n - done;
-        memcpy(out + done, (const char *) h->mem + (at - h->off), k);
+        if (done == 0 && k == n)
+            return (const unsigned char *) h->mem + (at - h->off);
+        if (!tmp)
+            return NULL;
+        memcpy(tmp + done, (const char *) h->mem + (at - h->off), k);
         done += k;
     }
-    return done == n;
+    return done == n ? tmp : NULL;
 }
 
 void warm_later_init(struct warm *w)
@@ -184,19 +178,17 @@ struct digest_later *warm_later_record(struct fs_disk *d, struct warm *w,
     struct later_job *j = calloc(1, sizeof *j);
     size_t ncopy = 0;
 
+    /* A block across two holds is copied: at most one per boundary. */
+    if (j && f->nhold > 1)
+        j->copy = malloc((size_t) (f->nhold - 1) * BS);
     for (uint64_t b = off / BS; b * BS < end; b++) {
         bool whole = b * BS >= off && (b + 1) * BS <= end;
-        const unsigned char *p = NULL;
-        if (whole && j && j->n < MAX_BLOCKS) {
-            p = in_one_hold(f, b * BS, BS);
-            if (!p && f->nhold > 1) {     /* across two holds: a copy */
-                if (!j->copy)
-                    j->copy = malloc((size_t) (f->nhold - 1) * BS);
-                if (j->copy && ncopy + 1 < f->nhold &&
-                    gather(f, b * BS, BS, j->copy + ncopy * BS))
-                    p = j->copy + ncopy++ * BS;
-            }
-        }
+        unsigned char *slot = j && j->copy && ncopy + 1 < f->nhold
+            ? j->copy + ncopy * BS : NULL;
+        const unsigned char *p = whole && j && j->n < MAX_BLOCKS
+            ? from_holds(f, b * BS, BS, slot) : NULL;
+        if (p && p == slot)
+            ncopy++;
         if (p && is_zero(p, BS)) {
             manifest_change(w->m, b, MF_ZERO, NULL, gen);
         } else if (p) {

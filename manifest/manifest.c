@@ -164,8 +164,11 @@ static void forget_locked(struct manifest *m, uint64_t b)
     mf_jrec(m, REC_FORGET, b, 1, NULL);
 }
 
-static void change_locked(struct manifest *m, uint64_t b, enum mf_kind kind,
-                          const unsigned char *digest, uint64_t gen)
+/* The block's pending change, or NULL (out of memory: it stays
+ * unknown). */
+static struct pend *change_locked(struct manifest *m, uint64_t b,
+                                  enum mf_kind kind,
+                                  const unsigned char *digest, uint64_t gen)
 {
     forget_locked(m, b);
     if (m->st[b] & ST_CUT) {
@@ -174,27 +177,25 @@ static void change_locked(struct manifest *m, uint64_t b, enum mf_kind kind,
     }
     struct pend *p = pend_find(m, b);
     if (!p && !(p = pend_add(m, b)))
-        return;                   /* out of memory: the block stays unknown */
+        return NULL;
     p->kind = (uint8_t) kind;
     p->later = false;
     p->gen = gen;
     p->seq = ++m->changes;
     if (kind == MF_DATA)
         memcpy(p->d, digest, MF_DIGEST);
+    return p;
 }
 
 uint64_t manifest_change_later(struct manifest *m, uint64_t b, uint64_t gen)
 {
     LOCK_FOR_SCOPE(&m->lock);
-    if (b >= m->nblocks)
-        return 0;
-    uint64_t seq = m->changes + 1;
-    change_locked(m, b, MF_NONE, NULL, gen);
-    struct pend *p = pend_find(m, b);
-    if (!p || p->seq != seq)
-        return 0;                 /* out of memory: unknown, no resolve */
+    struct pend *p = b < m->nblocks ? change_locked(m, b, MF_NONE, NULL, gen)
+                                    : NULL;
+    if (!p)
+        return 0;                 /* unknown, nothing to resolve */
     p->later = true;
-    return seq;
+    return p->seq;
 }
 
 size_t manifest_unknown_changes(struct manifest *m, uint64_t gen,
