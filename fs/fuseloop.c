@@ -28,8 +28,9 @@
  * the read-ahead (landing->read(): nothing to wait for, only a copy to
  * the reader), since handing it to a worker costs more (a wakeup and a
  * switch) than the copy; a read that would wait for the server goes to a
- * worker.  Only the receiver calls that hook (the spare hands every
- * request off).  Workers (started on demand, up to max_workers, kept
+ * worker.  So is an LSEEK (SEEK_DATA, SEEK_HOLE) of the raw file
+ * (landing->seek(): the pool's map of holes, in memory).  Only the
+ * receiver calls those hooks (the spare hands every request off).  Workers (started on demand, up to max_workers, kept
  * until the loop ends) take the other requests from a FIFO queue and
  * serve them with fuse_session_process_buf() on their copy, as libfuse's
  * own workers do.  loop->lock protects the queue and the counters; it is
@@ -284,12 +285,45 @@ static bool read_inline(struct loop *l, const struct fuse_buf *b)
     return served;
 }
 
+/* An LSEEK whose answer is in memory is served here too: cp
+ * --sparse=always asks two per extent (SEEK_DATA, then SEEK_HOLE), and a
+ * worker's wakeup and switch each way cost more than the answer. */
+static bool seek_inline(struct loop *l, const struct fuse_buf *b)
+{
+    const struct fuse_in_header *in = b->mem;
+    const struct fuse_lseek_in *sk = (const void *) (in + 1);
+    const struct fuseloop_landing *h = l->hooks;
+    int64_t res;
+
+    if (!h || !h->seek || in->opcode != FUSE_LSEEK ||
+        b->size < sizeof *in + sizeof *sk)
+        return false;
+    atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+    bool served = h->seek(h->opaque, in->nodeid, sk->fh, sk->offset,
+                          sk->whence, in->pid, &res) == 1;
+    if (served) {
+        struct fuse_out_header out = { .unique = in->unique };
+        struct fuse_lseek_out lo = { .offset = res >= 0 ? (uint64_t) res
+                                                       : 0 };
+        struct iovec iov[2] = { { &out, sizeof out }, { &lo, sizeof lo } };
+        int n = res >= 0 ? 2 : 1;
+
+        out.error = res < 0 ? (int32_t) res : 0;
+        out.len = (uint32_t) (sizeof out + (n == 2 ? sizeof lo : 0));
+        if (writev(fuse_session_fd(l->se), iov, n) == -1 &&
+            errno != ENOENT && !fuse_session_exited(l->se))
+            log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+    }
+    atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
+    return served;
+}
+
 static void dispatch(struct loop *l, struct fuse_buf *b)
 {
     const struct fuse_in_header *in = b->mem;
 
     if (!(b->flags & FUSE_BUF_IS_FD) && b->size >= sizeof *in &&
-        read_inline(l, b))
+        (read_inline(l, b) || seek_inline(l, b)))
         return;
     if ((b->flags & FUSE_BUF_IS_FD) || b->size < sizeof *in ||
         (served_inline(in->opcode) && !write_is_sync(l, b->mem, b->size)) ||

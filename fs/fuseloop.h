@@ -27,6 +27,12 @@ struct fuseloop_landing {
                 uint32_t size, uint32_t pid, struct iovec *iov,
                 unsigned *niov);
     void (*read_done)(void *opaque);
+    /* An LSEEK (SEEK_DATA or SEEK_HOLE) answered without waiting (the raw
+     * file's map of holes is in memory): 1 and *res, the offset or
+     * -errno to reply with; 0: the usual way, to a worker.  NULL: every
+     * lseek goes to a worker. */
+    int (*seek)(void *opaque, uint64_t nodeid, uint64_t fh, uint64_t off,
+                uint32_t whence, uint32_t pid, int64_t *res);
     void *opaque;
 };
 #define FUSELOOP_READ_IOV 2

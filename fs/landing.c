@@ -1,8 +1,9 @@
 /* fs/landing.c: the receive loop's landing (fs/fuseloop.h): raw-file
  * writes whose payload the loop reads straight into a pool buffer, and
- * raw-file reads it answers from arrived read-ahead chunks, without a
- * worker.  What op_write_buf() and op_read() (fs/ops.c) would do, for
- * those requests only; anything else goes to libfuse.
+ * raw-file reads it answers from arrived read-ahead chunks, and the
+ * raw file's SEEK_DATA / SEEK_HOLE, without a worker.  What
+ * op_write_buf(), op_read() and op_lseek() (fs/ops.c) would do, for those
+ * requests only; anything else goes to libfuse.
  *
  * THREAD MODEL: every hook runs on the loop's receiving thread. */
 #include "fs/view.h"
@@ -125,6 +126,26 @@ static void land_read_done(void *opaque)
     raw_read_ready_done(fs->ready_disk);
 }
 
+/* What op_lseek() does for the raw file: its lseek reads the pool's map
+ * of holes under the pool's lock and never waits for the server. */
+static int land_seek(void *opaque, uint64_t nodeid, uint64_t fhv,
+                     uint64_t off, uint32_t whence, uint32_t pid,
+                     int64_t *res)
+{
+    struct fs *fs = opaque;
+    struct fs_fh *fh = loop_raw_fh(fs, nodeid, fhv);
+
+    if (!fh)
+        return 0;
+    if (__builtin_expect(log_verbosity >= 1, 0))
+        log_trace("pid %d: lseek ino=%" PRIu64 " off=%jd whence=%d",
+                  (int) pid, (uint64_t) loop_ino(fs, nodeid),
+                  (intmax_t) off, (int) whence);
+    *res = off > INT64_MAX ? -ENXIO
+                           : raw_seek(fh->disk, fh, (off_t) off, (int) whence);
+    return 1;
+}
+
 void fs_landing(struct fs *fs, struct fuseloop_landing *out)
 {
     fs->land_disk = fs->land_cur = &fs->disks[0];
@@ -135,5 +156,6 @@ void fs_landing(struct fs *fs, struct fuseloop_landing *out)
                                        .end = land_end,
                                        .read = land_read,
                                        .read_done = land_read_done,
+                                       .seek = land_seek,
                                        .opaque = fs };
 }

@@ -173,9 +173,9 @@ static int raw_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
     return r;
 }
 
-static int64_t raw_lseek(struct fs_disk *d, struct fs_fh *fh, off_t off,
-                         int whence)
+int64_t raw_seek(struct fs_disk *d, struct fs_fh *fh, off_t off, int whence)
 {
+    (void) fh;
     if (whence != SEEK_DATA && whence != SEEK_HOLE)
         return -EINVAL;
     if (off < 0)
@@ -231,7 +231,7 @@ const struct fs_view fs_raw_view = {
     .write_buf = raw_write_buf,
     .fallocate = raw_fallocate,
     .truncate = raw_truncate,
-    .lseek = raw_lseek,
+    .lseek = raw_seek,
     .flush = raw_flush,
     .fsync = raw_fsync,
     .release = raw_release,

@@ -93,6 +93,9 @@ void fs_views_fini(struct fs_disk *d);
 int raw_read_ready(struct fs_disk *d, struct fs_fh *fh, uint64_t off,
                    size_t size, struct iovec *iov, unsigned *niov);
 void raw_read_ready_done(struct fs_disk *d);
+/* The raw file's lseek (SEEK_DATA, SEEK_HOLE): from the pool's map of
+ * holes, never waiting, so the receiving thread may answer it too. */
+int64_t raw_seek(struct fs_disk *d, struct fs_fh *fh, off_t off, int whence);
 
 extern const struct fs_view fs_raw_view, fs_status_view, fs_vhd_view,
                             fs_vmdk_view, fs_qcow2_view, fs_vhdx_view;
