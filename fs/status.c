@@ -369,8 +369,10 @@ static void put_disk(FILE *f, struct fs_disk *d, double uptime)
     ra_get_stats(d->ra, &ra);
     fprintf(f, "  \"readahead\": {\"budget\": %zu, \"in_use\": %zu, "
             "\"hit_bytes\": %" PRIu64 ", \"miss_bytes\": %" PRIu64 ", "
-            "\"chunks\": %" PRIu64 ", \"dropped\": %" PRIu64 "},\n",
-            ra.budget, ra.in_use, ra.hits, ra.misses, ra.chunks, ra.dropped);
+            "\"chunks\": %" PRIu64 ", \"dropped\": %" PRIu64 ", "
+            "\"waits\": %" PRIu64 "},\n",
+            ra.budget, ra.in_use, ra.hits, ra.misses, ra.chunks, ra.dropped,
+            ra.waits);
     fprintf(f, "  \"pool_buffers_in_use\": %u,\n", s.bufs_in_use);
     fprintf(f, "  \"pool_buffers\": %u,\n", s.nbufs);
     fprintf(f, "  \"pool_hold_buffers\": %u,\n", s.hold_bufs);

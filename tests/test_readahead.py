@@ -172,6 +172,37 @@ def test_read_ahead_goes_on_across_long_holes(server, mount, shm):
     assert_read_data_only(t, data, runs)
 
 
+def test_window_is_bytes_of_data_not_chunks(server, mount, shm):
+    """The window ahead of a reader is 16 MiB of data (8 chunks of 2 MiB),
+    however the data lies: a disk 25% full in 1 MiB pieces gets 16 reads of
+    1 MiB ahead, as many bytes as a dense disk, not 8 (which hid only half
+    the server's latency).  Never more than 16 reads however small the
+    pieces, and each holds a whole chunk's buffer of the budget."""
+    size = 128 * MiB
+    runs = [(k * 4 * MiB, MiB) for k in range(size // (4 * MiB))]
+    src = make_sparse_image(shm / "src.img", size, runs=runs)
+    srv = server("memory", f"size={size}", "rdelay=400ms",
+                 filters=["delay"], log=True)
+    r = run(["nbdcopy", src.path, srv.uri])
+    assert r.returncode == 0, r.stderr
+    with open(src.path, "rb") as f:
+        first = f.read(MiB)
+    m = mount(srv)
+    mark = log_mark(srv)
+    with open(m.mp / "nbd", "rb", buffering=0) as f:
+        got = b"".join(f.read(128 * 1024) for _ in range(8))  # as cp reads
+        assert got == first, "the first piece differs"
+        time.sleep(1.0)                   # what was started has arrived
+        ra = status(m)["readahead"]
+        t = traffic(srv, since=mark)
+        starts = sorted(q.offset for q in t.reqs if q.op == "Read")
+        assert starts == [k * 4 * MiB for k in range(16)], starts
+        assert all(q.count == MiB for q in t.reqs if q.op == "Read")
+        assert ra["in_use"] == 16 * 2 * MiB, ra
+    ra = status(m)["readahead"]
+    assert ra["in_use"] == 0 and ra["waits"] >= 1, ra
+
+
 def test_vhd_export_reads_ahead(server, mount, shm):
     size = 24 * MiB
     srv = server("memory", f"size={size}", "rdelay=2ms", filters=["delay"],

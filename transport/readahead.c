@@ -50,6 +50,13 @@
  * request more costs about what reading it does): a disk whose data is
  * scattered in small pieces is still read in large chunks. */
 #define RA_MERGE_HOLE (64u << 10)
+/* The window is depth x chunk bytes of data ahead of the reader, not
+ * depth chunks: data in pieces smaller than a chunk (a disk 25% full in 1
+ * MiB extents) still has as many bytes in flight as a dense disk, which
+ * is what hides the server's latency.  At most twice depth chunks,
+ * however small (each holds a whole chunk's buffer of the budget). */
+#define RA_STREAM_CHUNKS(ra) \
+    ((ra)->depth * 2 < RA_MAX_DEPTH ? (ra)->depth * 2 : RA_MAX_DEPTH)
 /* The window opens gradually: 1 chunk at the first sequential read, then
  * 2, 4, ... up to depth, so that a reader that happens to read twice in a
  * row costs a chunk, not a full window. */
@@ -75,6 +82,7 @@ struct ra_stream {
     uint64_t next;                /* where the last read ended */
     unsigned seq;                 /* sequential reads in a row */
     unsigned nchunks;
+    uint64_t nbytes;              /* of the live chunks */
     struct ra_chunk *chunks;      /* live chunks, by offset */
     struct ra_stream *prev, *next_s;  /* ra->streams */
 };
@@ -110,8 +118,8 @@ static void free_chunk_locked(struct readahead *ra, struct ra_chunk *c)
         ra->free_bufs[ra->nfree++] = c->buf;
     else
         free(c->buf);
-    assert(ra->used >= c->len);
-    ra->used -= c->len;
+    assert(ra->used >= ra->chunk);
+    ra->used -= ra->chunk;
     free(c);
 }
 
@@ -128,6 +136,7 @@ static void drop_locked(struct ra_stream *s, struct ra_chunk **pp)
 
     *pp = c->next;
     s->nchunks--;
+    s->nbytes -= c->len;
     c->next = NULL;
     c->stale = true;
     maybe_free_locked(s->ra, c);
@@ -161,8 +170,8 @@ static struct ra_chunk *new_chunk_locked(struct ra_stream *s, uint64_t off,
 {
     struct readahead *ra = s->ra;
 
-    if (ra->used + len > ra->budget)
-        return NULL;
+    if (ra->used + ra->chunk > ra->budget)
+        return NULL;                  /* every chunk has a whole buffer */
     struct ra_chunk *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
@@ -177,7 +186,7 @@ static struct ra_chunk *new_chunk_locked(struct ra_stream *s, uint64_t off,
     c->state = CHUNK_LOADING;
     c->a = (struct pool_aread) { .off = off, .len = len, .buf = c->buf,
                                  .done = chunk_landed, .opaque = c };
-    ra->used += len;
+    ra->used += ra->chunk;
     ra->st.chunks++;
     return c;
 }
@@ -194,10 +203,11 @@ static void plan_locked(struct ra_stream *s, const struct pool_range *d,
     unsigned window = s->seq >= 8 ? ra->depth : 1u << (s->seq - 1);
     if (window > ra->depth)
         window = ra->depth;
+    uint64_t bytes = (uint64_t) window * ra->chunk;
     for (unsigned i = 0; i < nd; i++) {
         uint64_t pos = d[i].start, limit = d[i].end;
         while (pos < limit) {
-            if (s->nchunks >= window)
+            if (s->nbytes >= bytes || s->nchunks >= RA_STREAM_CHUNKS(ra))
                 return;
             while (*pp && (*pp)->off + (*pp)->len <= pos)
                 pp = &(*pp)->next;
@@ -215,6 +225,7 @@ static void plan_locked(struct ra_stream *s, const struct pool_range *d,
             c->next = *pp;
             *pp = c;
             s->nchunks++;
+            s->nbytes += c->len;
             c->start_next = *start;
             *start = c;
             pos = end;
@@ -279,9 +290,10 @@ static struct ra_chunk **find_locked(struct ra_stream *s, uint64_t pos)
     return NULL;
 }
 
-/* Serve [*pos, end) from chunks as far as they reach; *pos advances. */
+/* Serve [*pos, end) from chunks as far as they reach; *pos advances.
+ * *waited: set (and counted) the first time it waits for a chunk. */
 static void serve_locked(struct ra_stream *s, uint64_t base, char *buf,
-                         uint64_t *pos, uint64_t end)
+                         uint64_t *pos, uint64_t end, bool *waited)
 {
     struct readahead *ra = s->ra;
 
@@ -291,6 +303,10 @@ static void serve_locked(struct ra_stream *s, uint64_t base, char *buf,
             return;
         struct ra_chunk *c = *pp;
         if (c->state == CHUNK_LOADING) {
+            if (!*waited) {
+                *waited = true;
+                ra->st.waits++;
+            }
             pthread_cond_wait(&ra->cond, &ra->lock);
             continue;                        /* it may be gone now */
         }
@@ -334,7 +350,7 @@ static void prepare(struct readahead *ra, struct ra_stream *s, uint64_t off,
         zero_from = next;                 /* the reader skipped a hole */
     unsigned nd = pool_data_ranges(ra->pool, off, limit, RA_MERGE_HOLE,
                                    (uint64_t) ra->depth * ra->chunk, d,
-                                   ra->depth + 1);
+                                   RA_STREAM_CHUNKS(ra) + 1);
     {
         LOCK_FOR_SCOPE(&ra->lock);
         follow_locked(s, off, len, zero_from);
@@ -361,12 +377,13 @@ static int copy_out(struct readahead *ra, struct ra_stream *s, uint64_t off,
                     void *buf, size_t len)
 {
     uint64_t pos = off, end = off + len;
+    bool waited = false;
 
     for (;;) {
         uint64_t gap;
         {
             LOCK_FOR_SCOPE(&ra->lock);
-            serve_locked(s, off, buf, &pos, end);
+            serve_locked(s, off, buf, &pos, end, &waited);
             gap = pos < end ? next_chunk_locked(s, pos, end) : end;
             ra->st.misses += gap - pos;
         }
@@ -408,6 +425,7 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
     struct readahead *ra = s->ra;
     uint64_t pos = off;
     unsigned n = 0;
+    bool waited = false;
 
     while (pos < end && n < RA_SPANS) {
         struct ra_chunk **pp = find_locked(s, pos);
@@ -415,6 +433,10 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
             break;
         struct ra_chunk *c = *pp;
         if (c->state == CHUNK_LOADING && wait) {
+            if (!waited) {
+                waited = true;
+                ra->st.waits++;
+            }
             pthread_cond_wait(&ra->cond, &ra->lock);
             continue;
         }

@@ -2,15 +2,17 @@
  *
  * Each open handle that reads the disk (the raw file, the VHD view's
  * block data) gets a stream.  A stream that reads sequentially (each read
- * starting where the last ended, or skipping forward) keeps up to depth
- * chunk-sized NBD reads in flight ahead of the reader, through
- * pool_read_start(); reads are served from the arrived chunks.  A read
- * elsewhere drops the stream's chunks and reads on demand until the
- * reader is sequential again.  Ranges the pool knows read as zero are
+ * starting where the last ended, or skipping forward) keeps NBD reads of
+ * up to a chunk each ahead of the reader, through pool_read_start():
+ * depth x chunk bytes of data, in at most 2 x depth requests (data in
+ * smaller pieces makes smaller requests); reads are served from the
+ * arrived chunks.  A read elsewhere drops the stream's chunks and reads
+ * on demand until the reader is sequential again.  Ranges the pool knows read as zero are
  * zero-filled without a request.
  *
- * Memory: every chunk, in flight or arrived, comes from one budget shared
- * by all streams (--readahead SIZE); a stream that finds it spent reads on
+ * Memory: every chunk, in flight or arrived, holds a buffer of chunk
+ * bytes (however short its request) from one budget shared by all
+ * streams (--readahead SIZE); a stream that finds it spent reads on
  * demand.  Chunks are freed as the reader passes them.
  *
  * Coherence: every change to the disk (write, zeroing, truncate, the VHD
@@ -81,6 +83,7 @@ void ra_invalidate(struct readahead *ra, uint64_t off, uint64_t len);
 struct ra_stats {
     uint64_t hits, misses;    /* bytes served from chunks / on demand */
     uint64_t chunks, dropped; /* chunks started / dropped unread */
+    uint64_t waits;           /* reads that waited for a chunk in flight */
     size_t budget, in_use;    /* bytes */
 };
 void ra_get_stats(struct readahead *ra, struct ra_stats *out);
