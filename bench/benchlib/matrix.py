@@ -137,6 +137,12 @@ ND = ("--no-digest",)
 SHA = ("--digest=sha256",)
 FERRY_CP = Arm("ferry-cp", "nbdferry + cp (--no-digest)", CP, "nbdferry",
                ND, needs=ND, family="nbdferry")
+# Nothing hashed at all: no digest, and no manifest (whose block digests
+# --no-digest still makes, for the next pass): the FUSE path's own cost.
+FERRY_CP_NOHASH = Arm("ferry-cp-nohash", "nbdferry + cp (--no-digest "
+                      "--no-manifest: hashes nothing)", CP, "nbdferry",
+                      ND + ("--no-manifest",), needs=ND + ("--no-manifest",),
+                      family="nbdferry")
 FERRY_CP_DIGEST = Arm("ferry-cp-digest", "nbdferry + cp (inline sha256)", CP,
                       "nbdferry", SHA, needs=("--digest",), family="digest")
 FERRY_CP_BLKHASH = Arm("ferry-cp-blkhash", "nbdferry + cp (inline blkhash)",
@@ -300,7 +306,8 @@ COPYOUT_DEFAULTS_SPARSE = Arm("out-ferry-defaults-sparse", "nbdferry + cp "
                               "nbdferry", family="nbdferry", direction="out")
 DEFAULTS_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, *NBDCOPY_ARMS, QEMU_W]
 DEFAULTS_OUT_ARMS = [COPYOUT_DEFAULTS, *COPYOUT_NBDCOPY_ARMS, COPYOUT_QEMU]
-HEADLINE_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, *NBDCOPY_ARMS]
+HEADLINE_IN_ARMS = [FERRY_DEFAULTS, FERRY_CP, FERRY_CP_NOHASH,
+                    *NBDCOPY_ARMS]
 HEADLINE_OUT_ARMS = [COPYOUT_DEFAULTS_SPARSE, *COPYOUT_NBDCOPY_ARMS]
 
 # Every arm of the latency sweep (full preset); ALL_ARMS adds those only
@@ -442,7 +449,9 @@ def headline_preset(size=None, runs=5):
             "inline blkhash is complete (and equals nbdferry-verify "
             "SOURCE); nbdcopy --blkhash prints the copy's blkhash "
             "(sha256/64k, the same digest), which must equal it too; "
-            "--no-digest and plain nbdcopy hash nothing.  Copying out: "
+            "--no-digest still hashes each block for the manifest (the "
+            "next pass's record), --no-digest --no-manifest and plain "
+            "nbdcopy hash nothing.  Copying out: "
             "the export holds the image (written by nbdcopy, untimed); "
             "`cp --sparse=always MNT/nbd out` from a fresh mount with no "
             "options against `nbdcopy URI out`, onto tmpfs.  The server is "

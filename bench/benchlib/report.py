@@ -384,8 +384,8 @@ def fmt_cell(s, seconds=False):
 # Throughput ratios: (label, arm a, arm b) -> MiB/s of a over MiB/s of b.
 # nbdferry arms run with --no-digest unless the label says sha256.
 RATIOS = [
-    ("nbdferry+cp --no-digest / nbdcopy (neither hashes)", "ferry-cp",
-     "nbdcopy"),
+    ("nbdferry+cp --no-digest / nbdcopy (the manifest still hashes each "
+     "block)", "ferry-cp", "nbdcopy"),
     ("nbdferry+cp inline sha256 / nbdcopy", "ferry-cp-digest", "nbdcopy"),
     ("nbdferry+cp inline sha256 / --no-digest (the digest's cost)",
      "ferry-cp-digest", "ferry-cp"),
@@ -415,8 +415,12 @@ RATIOS = [
      "nbdcopy-new-blkhash"),
     ("no options, until the inline blkhash is ready / nbdcopy 1.24+",
      "ferry-defaults", "nbdcopy-new"),
-    ("nbdferry+cp --no-digest / nbdcopy 1.24+ (neither hashes)", "ferry-cp",
-     "nbdcopy-new"),
+    ("nbdferry+cp --no-digest / nbdcopy 1.24+ (the manifest still hashes "
+     "each block)", "ferry-cp", "nbdcopy-new"),
+    ("nbdferry+cp --no-digest --no-manifest / nbdcopy 1.24+ (neither "
+     "hashes: the FUSE path's own cost)", "ferry-cp-nohash", "nbdcopy-new"),
+    ("nbdferry+cp --no-digest / --no-digest --no-manifest (the manifest's "
+     "cost)", "ferry-cp", "ferry-cp-nohash"),
     ("nbdcopy 1.24+ / Debian's nbdcopy", "nbdcopy-new", "nbdcopy"),
     ("nbdcopy 1.24+ --blkhash / without (its hash's cost)",
      "nbdcopy-new-blkhash", "nbdcopy-new"),
