@@ -30,8 +30,8 @@
  * switch) than the copy; a read that would wait for the server goes to a
  * worker.  So is an LSEEK (SEEK_DATA, SEEK_HOLE) of the raw file
  * (landing->seek(): the pool's map of holes, in memory).  Only the
- * receiver calls those hooks (the spare hands every request off).  Workers (started on demand, up to max_workers, kept
- * until the loop ends) take the other requests from a FIFO queue and
+ * receiver calls those hooks (the spare hands every request off).
+ * Workers (started on demand, up to max_workers, kept until the loop ends) take the other requests from a FIFO queue and
  * serve them with fuse_session_process_buf() on their copy, as libfuse's
  * own workers do.  loop->lock protects the queue and the counters; it is
  * a leaf lock, never held while serving a request.
@@ -245,6 +245,15 @@ static int hand_off(struct loop *l, const struct fuse_buf *b)
     return 0;
 }
 
+/* Write a reply (iov[0] its header).  ENOENT: the request was
+ * interrupted and is gone; not an error. */
+static void send_reply(struct loop *l, const struct iovec *iov, int n)
+{
+    if (writev(fuse_session_fd(l->se), iov, n) == -1 && errno != ENOENT &&
+        !fuse_session_exited(l->se))
+        log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+}
+
 /* The reply to a read, as fuse_reply_iov() sends it. */
 static void reply_data(struct loop *l, uint64_t unique, struct iovec *iov,
                        unsigned n)
@@ -254,9 +263,29 @@ static void reply_data(struct loop *l, uint64_t unique, struct iovec *iov,
     iov[0] = (struct iovec) { &out, sizeof out };
     for (unsigned i = 1; i <= n; i++)
         out.len += (uint32_t) iov[i].iov_len;
-    if (writev(fuse_session_fd(l->se), iov, (int) n + 1) == -1 &&
-        errno != ENOENT && !fuse_session_exited(l->se))
-        log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+    send_reply(l, iov, (int) n + 1);
+}
+
+/* A reply of one struct (arg, size bytes), or for res < 0 the error
+ * alone, as fuse_reply_write(), fuse_reply_lseek() and fuse_reply_err()
+ * send them. */
+static void reply_struct(struct loop *l, uint64_t unique, int64_t res,
+                         const void *arg, size_t size)
+{
+    struct fuse_out_header out = { .unique = unique };
+    struct iovec iov[2] = { { &out, sizeof out }, { (void *) arg, size } };
+    int n = res >= 0 ? 2 : 1;
+
+    out.error = res < 0 ? (int32_t) res : 0;
+    out.len = (uint32_t) (sizeof out + (n == 2 ? size : 0));
+    send_reply(l, iov, n);
+}
+
+/* The reply to a write, as fuse_reply_write() / fuse_reply_err() send it. */
+static void reply_write(struct loop *l, uint64_t unique, ssize_t res)
+{
+    struct fuse_write_out wo = { .size = res > 0 ? (uint32_t) res : 0 };
+    reply_struct(l, unique, res, &wo, sizeof wo);
 }
 
 /* A READ whose bytes have arrived is served here: handing it to a worker
@@ -302,17 +331,9 @@ static bool seek_inline(struct loop *l, const struct fuse_buf *b)
     bool served = h->seek(h->opaque, in->nodeid, sk->fh, sk->offset,
                           sk->whence, in->pid, &res) == 1;
     if (served) {
-        struct fuse_out_header out = { .unique = in->unique };
         struct fuse_lseek_out lo = { .offset = res >= 0 ? (uint64_t) res
                                                        : 0 };
-        struct iovec iov[2] = { { &out, sizeof out }, { &lo, sizeof lo } };
-        int n = res >= 0 ? 2 : 1;
-
-        out.error = res < 0 ? (int32_t) res : 0;
-        out.len = (uint32_t) (sizeof out + (n == 2 ? sizeof lo : 0));
-        if (writev(fuse_session_fd(l->se), iov, n) == -1 &&
-            errno != ENOENT && !fuse_session_exited(l->se))
-            log_err("fuse: writing /dev/fuse: %s", strerror(errno));
+        reply_struct(l, in->unique, res, &lo, sizeof lo);
     }
     atomic_fetch_add_explicit(&l->seq, 1, memory_order_relaxed);
     return served;
@@ -404,22 +425,6 @@ static ssize_t read_split(struct loop *l, void *hdr, void *zone, size_t room,
             log_err("fuse: reading /dev/fuse: %s", strerror(err));
         return -err;
     }
-}
-
-/* The reply to a write, as fuse_reply_write() / fuse_reply_err() send it. */
-static void reply_write(struct loop *l, uint64_t unique, ssize_t res)
-{
-    struct fuse_out_header out = { .unique = unique };
-    struct fuse_write_out wo = { .size = res > 0 ? (uint32_t) res : 0 };
-    struct iovec iov[2] = { { &out, sizeof out }, { &wo, sizeof wo } };
-    int n = res >= 0 ? 2 : 1;
-
-    out.error = res < 0 ? (int32_t) res : 0;
-    out.len = (uint32_t) (sizeof out + (n == 2 ? sizeof wo : 0));
-    /* ENOENT: the request was interrupted and is gone; not an error. */
-    if (writev(fuse_session_fd(l->se), iov, n) == -1 && errno != ENOENT &&
-        !fuse_session_exited(l->se))
-        log_err("fuse: writing /dev/fuse: %s", strerror(errno));
 }
 
 /* Serve the n bytes read by read_split(), then end the landing. */

@@ -175,7 +175,6 @@ static int raw_truncate(struct fs_disk *d, struct fs_fh *fh, uint64_t size)
 
 int64_t raw_seek(struct fs_disk *d, struct fs_fh *fh, off_t off, int whence)
 {
-    (void) fh;
     if (whence != SEEK_DATA && whence != SEEK_HOLE)
         return -EINVAL;
     if (off < 0)

@@ -290,6 +290,16 @@ static struct ra_chunk **find_locked(struct ra_stream *s, uint64_t pos)
     return NULL;
 }
 
+/* A reader is about to wait for a chunk in flight: counted once per
+ * read (*waited). */
+static void count_wait_locked(struct readahead *ra, bool *waited)
+{
+    if (!*waited) {
+        *waited = true;
+        ra->st.waits++;
+    }
+}
+
 /* Serve [*pos, end) from chunks as far as they reach; *pos advances.
  * *waited: set (and counted) the first time it waits for a chunk. */
 static void serve_locked(struct ra_stream *s, uint64_t base, char *buf,
@@ -303,10 +313,7 @@ static void serve_locked(struct ra_stream *s, uint64_t base, char *buf,
             return;
         struct ra_chunk *c = *pp;
         if (c->state == CHUNK_LOADING) {
-            if (!*waited) {
-                *waited = true;
-                ra->st.waits++;
-            }
+            count_wait_locked(ra, waited);
             pthread_cond_wait(&ra->cond, &ra->lock);
             continue;                        /* it may be gone now */
         }
@@ -433,10 +440,7 @@ static bool hold_locked(struct ra_stream *s, uint64_t off, uint64_t end,
             break;
         struct ra_chunk *c = *pp;
         if (c->state == CHUNK_LOADING && wait) {
-            if (!waited) {
-                waited = true;
-                ra->st.waits++;
-            }
+            count_wait_locked(ra, &waited);
             pthread_cond_wait(&ra->cond, &ra->lock);
             continue;
         }
