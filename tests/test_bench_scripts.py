@@ -101,9 +101,12 @@ def test_headline_preset_holds_the_issues_cells():
     thin = m.thin(16 * G)
     assert thin.size // 64 == 256 * M
     arms = {a.name for e in m.preset("headline") for a in e.arms}
-    assert {"ferry-defaults", "ferry-cp", "nbdcopy", "nbdcopy-new",
-            "nbdcopy-new-blkhash", "out-ferry-defaults-sparse",
+    assert {"ferry-defaults", "ferry-cp", "ferry-cp-nohash", "nbdcopy",
+            "nbdcopy-new", "nbdcopy-new-blkhash", "out-ferry-defaults-sparse",
             "out-nbdcopy", "out-nbdcopy-new"} <= arms
+    nohash = next(a for e in m.preset("headline") for a in e.arms
+                  if a.name == "ferry-cp-nohash")
+    assert {"--no-digest", "--no-manifest"} <= set(nohash.daemon_opts)
     sparse_out = next(a for e in m.preset("headline") for a in e.arms
                       if a.name == "out-ferry-defaults-sparse")
     assert sparse_out.client[:2] == ("cp", "--sparse=always")
@@ -131,3 +134,19 @@ def test_default_binaries_are_built():
             found += 1
             assert BUILD.joinpath(*rel).exists(), (script, rel)
     assert found >= 3
+
+
+def test_cpu_breakdown_roles(monkeypatch):
+    """bench-cpu's breakdown: a thread ever seen reading /dev/fuse is the
+    FUSE receiver even when it was seen more often on a futex (waiting for
+    a pool buffer), then a poller, then a worker."""
+    from importlib.machinery import SourceFileLoader
+    monkeypatch.syspath_prepend(str(BENCH))     # its benchlib
+    spec = importlib.util.spec_from_loader(
+        "bench_cpu", SourceFileLoader("bench_cpu", str(BENCH / "bench-cpu")))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert m.role_of({"futex": 9, "fuse": 1}) == "fuse"
+    assert m.role_of({"futex": 9, "poll": 2, "7": 4}) == "poll"
+    assert m.role_of({"futex": 1, "61": 5}) == "futex"
+    assert m.role_of({"61": 5}) == "other"
